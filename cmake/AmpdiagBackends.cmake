@@ -1,0 +1,74 @@
+# Chooses the optional backends at configure time. Each option is AUTO (use it when it
+# is found), ON (it is an error if it is missing) or OFF: never a silent half-build.
+
+set(AMPDIAG_WITH_CUDA AUTO CACHE STRING "Build the CUDA kernels: AUTO, ON or OFF")
+set(AMPDIAG_WITH_TORCH AUTO CACHE STRING "Build what links LibTorch (torch tests, benchmarks): AUTO, ON or OFF")
+set_property(CACHE AMPDIAG_WITH_CUDA PROPERTY STRINGS AUTO ON OFF)
+set_property(CACHE AMPDIAG_WITH_TORCH PROPERTY STRINGS AUTO ON OFF)
+
+function(ampdiag_check_choice name)
+  if(NOT ${name} MATCHES "^(AUTO|ON|OFF)$")
+    message(FATAL_ERROR "${name} must be AUTO, ON or OFF, not '${${name}}'")
+  endif()
+endfunction()
+ampdiag_check_choice(AMPDIAG_WITH_CUDA)
+ampdiag_check_choice(AMPDIAG_WITH_TORCH)
+
+# --- CUDA -------------------------------------------------------------------------
+set(AMPDIAG_HAVE_CUDA OFF)
+if(NOT AMPDIAG_WITH_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    # "native" fails on machines without a GPU: name the architectures.
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    # The default (Static) ends up linking libcudart.so and cudart_static together.
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    find_package(CUDAToolkit REQUIRED)
+    set(AMPDIAG_HAVE_CUDA ON)
+  elseif(AMPDIAG_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "AMPDIAG_WITH_CUDA=ON but no CUDA compiler was found; "
+                        "install the CUDA toolkit or set -DAMPDIAG_WITH_CUDA=OFF")
+  else()
+    message(STATUS "ampdiag: no CUDA compiler found, building the CPU kernels only")
+  endif()
+endif()
+
+# --- LibTorch ---------------------------------------------------------------------
+set(AMPDIAG_HAVE_TORCH OFF)
+if(NOT AMPDIAG_WITH_TORCH STREQUAL "OFF")
+  # TorchConfig appends its own -gencode list (including architectures CUDA 13 dropped)
+  # to CMAKE_CUDA_FLAGS; our CUDA code takes CMAKE_CUDA_ARCHITECTURES only.
+  set(ampdiag_cuda_flags_before_torch "${CMAKE_CUDA_FLAGS}")
+  if(AMPDIAG_WITH_TORCH STREQUAL "ON")
+    find_package(Torch REQUIRED)
+  else()
+    find_package(Torch QUIET)
+  endif()
+  set(CMAKE_CUDA_FLAGS "${ampdiag_cuda_flags_before_torch}")
+  if(Torch_FOUND)
+    set(AMPDIAG_HAVE_TORCH ON)
+    # torch_cpu is all the CPU-side code needs; keep the CUDA libraries out of the link.
+    find_library(AMPDIAG_TORCH_CPU_LIB torch_cpu PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH REQUIRED)
+    find_library(AMPDIAG_C10_LIB c10 PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH REQUIRED)
+    add_library(ampdiag_torch_cpu INTERFACE)
+    target_include_directories(ampdiag_torch_cpu SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+    target_link_libraries(ampdiag_torch_cpu INTERFACE ${AMPDIAG_TORCH_CPU_LIB} ${AMPDIAG_C10_LIB})
+    target_compile_options(ampdiag_torch_cpu INTERFACE ${TORCH_CXX_FLAGS})
+    # ATen's headers require C++20; only what includes them is built as C++20.
+    target_compile_features(ampdiag_torch_cpu INTERFACE cxx_std_20)
+    set_target_properties(ampdiag_torch_cpu PROPERTIES INTERFACE_LINK_OPTIONS
+      "LINKER:-rpath,${TORCH_INSTALL_PREFIX}/lib")
+  else()
+    message(STATUS "ampdiag: LibTorch not found (set CMAKE_PREFIX_PATH to torch.utils.cmake_prefix_path); "
+                   "building without the torch tests and benchmarks")
+  endif()
+endif()
