@@ -1,0 +1,76 @@
+// ampdiag::Agent: rides along with a LibTorch training loop. Attached to a model and an
+// ampdiag::GradScaler, it takes per-layer gradient statistics between backward and
+// unscale (fused with the unscale when it can), activation statistics at explicit
+// probes, the loss scale and skipped steps, and streams them to a run.db.
+//
+//   ampdiag::GradScaler scaler;
+//   ampdiag::Agent agent(*model, scaler, {.db_path = "run.db"});
+//   ... x = agent.probe("blocks.0.attn", x); ...   // in forward, optional
+//   scaler.scale(loss).backward(); scaler.step(opt); scaler.update();
+//
+// It never changes the training: parameters after N steps are bit-identical to a run
+// without it. The training thread never waits on the disk: when the writer falls behind
+// the agent drops samples and counts them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace ampdiag {
+
+class GradScaler;
+
+struct AgentOptions {
+  std::string db_path = "run.db";   // under torchrun: run.rank{N}.db
+  bool overwrite = false;           // replace an existing file instead of refusing
+  std::int64_t every = 1;           // record per-layer statistics every N steps
+  std::int64_t context_steps = 2;   // ...and this many steps before/after an overflow or scale change
+  bool fused_unscale = true;        // do the scaler's unscale in the statistics pass
+  bool histogram = false;           // record exponent histograms of the gradients
+  std::size_t queue_capacity = 1 << 15;  // records between the training and the writer thread
+  int threads = 0;                  // CPU threads of the statistics pass; 0 = all cores
+  std::string amp_dtype = "float16";  // recorded in the run's metadata
+};
+
+struct AgentStatus {
+  std::string db_path;
+  std::int64_t steps = 0;
+  std::int64_t rows_written = 0;
+  std::int64_t dropped = 0;        // records dropped because the writer fell behind or failed
+  std::int64_t write_errors = 0;
+  std::string first_error;
+};
+
+class Agent {
+ public:
+  // Throws std::invalid_argument (bad options, a disabled or already-observed scaler, a
+  // model without parameters, malformed RANK/WORLD_SIZE) or rundb::RunDbError (the db
+  // cannot be created) before anything is attached.
+  Agent(torch::nn::Module& model, GradScaler& scaler, AgentOptions options = {});
+  ~Agent();  // detaches, then drains the queue and finishes the run.db
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Records the statistics of x as the output of module `module_path` in this step's
+  // forward order, and returns x itself (LibTorch modules have no forward hooks).
+  at::Tensor probe(const std::string& module_path, const at::Tensor& x);
+
+  // Detaches from the model and scaler and finishes the run.db. Idempotent.
+  void close();
+
+  AgentStatus status() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ampdiag

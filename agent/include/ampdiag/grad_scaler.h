@@ -1,0 +1,116 @@
+// ampdiag::GradScaler: a C++ dynamic loss scaler with the semantics of Python's
+// torch.amp.GradScaler (same ops, same numbers, step for step), plus the hook the agent
+// needs: the moment between backward and unscale.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace ampdiag {
+
+struct GradScalerOptions {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;    // must be > 1
+  double backoff_factor = 0.5;   // must be < 1
+  std::int64_t growth_interval = 2000;
+  bool enabled = true;
+};
+
+// What state_dict() returns and load_state_dict() takes (Python's five entries).
+struct GradScalerState {
+  double scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  std::int64_t growth_interval = 2000;
+  std::int64_t growth_tracker = 0;
+};
+
+// The gradients unscale_() is about to unscale, as the observer sees them.
+struct UnscaleBatch {
+  std::vector<at::Tensor> params;  // the parameters whose gradients follow
+  std::vector<at::Tensor> grads;   // dense gradients, or the values of sparse ones
+  at::Tensor found_inf;            // float, one element, on the scale's device
+  at::Tensor inv_scale;            // float, one element, on the scale's device
+};
+
+// Implemented by the agent. Callbacks run on the training thread.
+class ScalerObserver {
+ public:
+  virtual ~ScalerObserver() = default;
+  virtual void on_scale(const at::Tensor& outputs) = 0;
+  // Before the gradients are unscaled. Return true if the observer has unscaled them in
+  // place and set found_inf itself (exactly as torch's op would); false to let the scaler
+  // run torch._amp_foreach_non_finite_check_and_unscale_.
+  virtual bool on_unscale(UnscaleBatch& batch) = 0;
+  virtual void on_step(bool skipped) = 0;
+  virtual void on_update(double scale_before, double scale_after, bool found_inf) = 0;
+};
+
+class GradScaler {
+ public:
+  explicit GradScaler(const GradScalerOptions& options = {});  // throws std::invalid_argument
+
+  // outputs * scale (outputs unchanged when disabled).
+  at::Tensor scale(const at::Tensor& outputs);
+  // Unscales the optimizer's gradients in place and checks them for Inf/NaN.
+  void unscale_(torch::optim::Optimizer& optimizer);
+  // Unscales if not done yet, then runs optimizer.step() unless a gradient was non-finite.
+  // Returns true if the optimizer step ran.
+  bool step(torch::optim::Optimizer& optimizer);
+  // Backs the scale off after a skipped step, grows it after growth_interval good ones.
+  void update();
+  void update(double new_scale);
+
+  double get_scale() const;  // 1.0 when disabled; reads the device value
+  std::int64_t growth_tracker() const;
+  bool is_enabled() const { return enabled_; }
+  // Whether the last step() skipped the optimizer (torch's own scaler does not say).
+  bool last_step_skipped() const { return last_step_skipped_; }
+
+  double get_growth_factor() const { return growth_factor_; }
+  double get_backoff_factor() const { return backoff_factor_; }
+  std::int64_t get_growth_interval() const { return growth_interval_; }
+  void set_growth_factor(double f) { growth_factor_ = f; }
+  void set_backoff_factor(double f) { backoff_factor_ = f; }
+  void set_growth_interval(std::int64_t n) { growth_interval_ = n; }
+
+  GradScalerState state_dict() const;
+  void load_state_dict(const GradScalerState& state);
+
+  // At most one observer (the agent); null detaches.
+  void set_observer(ScalerObserver* observer) { observer_ = observer; }
+  ScalerObserver* observer() const { return observer_; }
+
+ private:
+  enum class Stage { kReady, kUnscaled, kStepped };
+  struct OptimizerState {
+    Stage stage = Stage::kReady;
+    std::vector<at::Tensor> found_inf_per_device;
+  };
+
+  void check_initialized(const char* function) const;
+  void lazy_init(const at::Device& device);
+  std::vector<at::Tensor> unscale_grads(torch::optim::Optimizer& optimizer, const at::Tensor& inv_scale,
+                                        const at::Tensor& found_inf);
+
+  bool enabled_;
+  double init_scale_;
+  double growth_factor_;
+  double backoff_factor_;
+  std::int64_t growth_interval_;
+  std::int64_t init_growth_tracker_ = 0;
+  at::Tensor scale_;           // float32 0-dim, created by the first scale()
+  at::Tensor growth_tracker_;  // int32 0-dim
+  std::map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
+  bool last_step_skipped_ = false;
+  ScalerObserver* observer_ = nullptr;
+};
+
+}  // namespace ampdiag

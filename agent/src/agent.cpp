@@ -1,0 +1,492 @@
+// Agent: attaches to a model and a GradScaler, stages each step's statistics, decides
+// what to record at update() and hands fixed-size records to the writer thread.
+#include "ampdiag/agent.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/version.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <fstream>
+#include <limits>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ampdiag/grad_scaler.h"
+#include "ampdiag/kernels/cpu_stats.h"
+#include "ampdiag/rundb/writer.h"
+#include "run_paths.h"
+#include "sampling.h"
+#include "tensor_views.h"
+#include "writer_thread.h"
+
+namespace ampdiag {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::int64_t ns_since(Clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+}
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// "torch::nn::LinearImpl" -> "Linear"; user modules keep their own name.
+std::string module_type_name(const torch::nn::Module& m) {
+  std::string name = m.name();
+  const auto colon = name.rfind("::");
+  if (colon != std::string::npos) name = name.substr(colon + 2);
+  if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0) name.resize(name.size() - 4);
+  return name;
+}
+
+std::string shape_text(const at::Tensor& t) {
+  std::string s = "[";
+  for (std::int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
+std::string command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (char& c : raw)
+    if (c == '\0') c = ' ';
+  while (!raw.empty() && raw.back() == ' ') raw.pop_back();
+  return raw;
+}
+
+// Last-arrival bookkeeping shared with the gradient hooks, which may run on autograd's
+// worker threads.
+struct ArrivalOrder {
+  explicit ArrivalOrder(std::size_t layers) : order(layers) { reset(); }
+  void reset() {
+    next.store(0, std::memory_order_relaxed);
+    for (auto& o : order) o.store(-1, std::memory_order_relaxed);
+  }
+  void arrived(std::size_t layer) {
+    std::int32_t expected = -1;
+    const std::int32_t mine = next.fetch_add(1, std::memory_order_relaxed);
+    order[layer].compare_exchange_strong(expected, mine, std::memory_order_relaxed);
+  }
+  std::atomic<std::int32_t> next{0};
+  std::vector<std::atomic<std::int32_t>> order;
+};
+
+struct StagedStep {
+  std::int64_t step = -1;
+  agent::Record step_record{};
+  std::vector<agent::Record> stats;
+};
+
+}  // namespace
+
+class Agent::Impl final : public ScalerObserver {
+ public:
+  Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions options);
+  ~Impl() override { close(); }
+
+  at::Tensor probe(const std::string& path, const at::Tensor& x);
+  void close();
+  AgentStatus status() const;
+
+  void on_scale(const at::Tensor& outputs) override;
+  bool on_unscale(UnscaleBatch& batch) override;
+  void on_step(bool skipped) override { skipped_ = skipped; }
+  void on_update(double scale_before, double scale_after, bool found_inf) override;
+
+ private:
+  void register_layers(torch::nn::Module& model);
+  std::int64_t layer_of(const at::Tensor& param);
+  std::int64_t module_id(const std::string& path);
+  void post_event_once(const std::string& key, const std::string& kind, const std::string& detail);
+  void stage_stats(agent::RecordKind kind, std::int64_t id, std::int64_t order, const kernels::TensorStats& s,
+                   const std::uint64_t* histogram);
+  void push(const agent::Record& r);
+  void write_meta(const GradScaler& scaler);
+
+  AgentOptions options_;
+  GradScaler* scaler_;
+  std::string db_path_;
+  agent::RankInfo rank_;
+  kernels::CpuStatsEngine engine_;
+  agent::SamplingPolicy policy_;
+  std::unique_ptr<agent::WriterThread> writer_;
+
+  std::unordered_map<const void*, std::int64_t> layer_ids_;  // TensorImpl* -> layer id
+  std::vector<at::Tensor> params_;                           // by layer id
+  std::vector<std::pair<at::Tensor, unsigned>> hooks_;
+  std::shared_ptr<ArrivalOrder> arrival_;
+  std::unordered_map<std::string, std::string> module_types_;  // path -> type, from the model
+  std::unordered_map<std::string, std::int64_t> module_ids_;
+  std::unordered_set<std::string> events_posted_;
+
+  // This step, and the recent unrecorded ones that an overflow may still ask for.
+  StagedStep current_;
+  std::deque<StagedStep> history_;
+  std::vector<StagedStep> spare_;  // recycled buffers: no allocation once warm
+  std::int64_t step_ = 0;
+  std::int32_t fwd_order_ = 0;
+  double loss_ = std::numeric_limits<double>::quiet_NaN();
+  bool skipped_ = false;
+  std::int64_t agent_ns_ = 0;
+  Clock::time_point step_start_ = Clock::now();
+  bool closed_ = false;
+
+  // Per-call scratch, kept to avoid allocating on the training thread.
+  std::vector<kernels::TensorRef> refs_;
+  std::vector<kernels::MutableTensorRef> mutable_refs_;
+  std::vector<kernels::TensorStats> stats_;
+  std::vector<std::uint64_t> histograms_;
+  std::vector<at::Tensor> copies_;
+  std::vector<std::int64_t> ids_;
+};
+
+Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions options)
+    : options_(std::move(options)),
+      scaler_(&scaler),
+      rank_(agent::rank_from_environment()),
+      engine_([&] {
+        kernels::CpuEngineOptions o;
+        if (options_.threads < 0) throw std::invalid_argument("AgentOptions.threads must be >= 0 (0: all cores)");
+        o.threads = options_.threads;
+        return o;
+      }()),
+      policy_(options_.every, options_.context_steps) {
+  if (!scaler.is_enabled())
+    throw std::invalid_argument(
+        "ampdiag::Agent: the GradScaler is disabled, so there is no loss scale to watch; enable it "
+        "(fp16) or train without a scaler (bf16)");
+  if (scaler.observer())
+    throw std::invalid_argument("ampdiag::Agent: this GradScaler already has an agent attached; close() it first");
+  if (options_.queue_capacity < 16)
+    throw std::invalid_argument("AgentOptions.queue_capacity must be at least 16 records");
+  if (model.parameters(/*recurse=*/true).empty())
+    throw std::invalid_argument("ampdiag::Agent: the model has no parameters: nothing to watch");
+
+  db_path_ = agent::rank_db_path(options_.db_path, rank_);
+  // Opened here, on the caller's thread: a bad path fails now, before training starts.
+  auto writer = std::make_unique<rundb::RunDbWriter>(db_path_, options_.overwrite);
+  writer_ = std::make_unique<agent::WriterThread>(std::move(writer), options_.queue_capacity + 1);
+
+  register_layers(model);
+  write_meta(scaler);
+  current_.stats.reserve(params_.size() + 64);
+  scaler.set_observer(this);
+}
+
+void Agent::Impl::register_layers(torch::nn::Module& model) {
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true))
+    module_types_[item.key()] = module_type_name(*item.value());
+  std::int64_t frozen = 0;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    const std::string& name = item.key();
+    const auto found = layer_ids_.find(p.unsafeGetTensorImpl());
+    if (found != layer_ids_.end()) {
+      post_event_once("shared:" + name, "shared-parameter",
+                      name + " is the same tensor as " + std::string(params_[std::size_t(found->second)].name()) +
+                          "; its statistics are recorded once, under layer " + std::to_string(found->second));
+      continue;
+    }
+    const std::int64_t id = std::int64_t(params_.size());
+    layer_ids_[p.unsafeGetTensorImpl()] = id;
+    params_.push_back(p);
+    rundb::LayerRow row;
+    row.id = id;
+    row.name = name;
+    const auto dot = name.rfind('.');
+    row.module_path = dot == std::string::npos ? "" : name.substr(0, dot);
+    const auto type = module_types_.find(row.module_path);
+    row.module_type = type == module_types_.end() ? "" : type->second;
+    row.dtype = std::string(c10::toString(p.scalar_type()));
+    row.shape = shape_text(p);
+    row.numel = p.numel();
+    row.trainable = p.requires_grad();
+    frozen += row.trainable ? 0 : 1;
+    writer_->post_layer(std::move(row));
+  }
+  arrival_ = std::make_shared<ArrivalOrder>(params_.size());
+  for (std::size_t id = 0; id < params_.size(); ++id) {
+    at::Tensor& p = params_[id];
+    if (!p.requires_grad()) continue;
+    std::shared_ptr<ArrivalOrder> arrival = arrival_;
+    const unsigned handle = p.register_hook([arrival, id](const at::Tensor&) { arrival->arrived(id); });
+    hooks_.emplace_back(p, handle);
+  }
+  if (frozen > 0)
+    writer_->post_event({-1, "frozen-parameters",
+                         std::to_string(frozen) + " parameters do not require grad; they are listed but have no statistics", 0.0});
+}
+
+void Agent::Impl::write_meta(const GradScaler& scaler) {
+  auto meta = [&](const char* k, const std::string& v) { writer_->post_meta(k, v); };
+  meta("ampdiag_version", "0.1.0");
+  meta("torch_version", TORCH_VERSION);
+  meta("device", params_.empty() ? "cpu" : params_.front().device().str());
+  meta("amp_dtype", options_.amp_dtype);
+  meta("scaler_init_scale", std::to_string(scaler.get_scale()));
+  meta("scaler_growth_factor", std::to_string(scaler.get_growth_factor()));
+  meta("scaler_backoff_factor", std::to_string(scaler.get_backoff_factor()));
+  meta("scaler_growth_interval", std::to_string(scaler.get_growth_interval()));
+  meta("scaler_enabled", scaler.is_enabled() ? "1" : "0");
+  meta("rank", std::to_string(rank_.rank));
+  meta("world_size", std::to_string(rank_.world_size));
+  meta("command_line", command_line());
+  meta("pid", std::to_string(::getpid()));
+  meta("every", std::to_string(options_.every));
+  meta("context_steps", std::to_string(options_.context_steps));
+  meta("fused_unscale", options_.fused_unscale ? "1" : "0");
+  meta("histogram", options_.histogram ? "1" : "0");
+  meta("stats_isa", kernels::cpu_isa_name(engine_.isa()));
+  meta("source", "ampdiag C++ agent");
+}
+
+void Agent::Impl::post_event_once(const std::string& key, const std::string& kind, const std::string& detail) {
+  if (!events_posted_.insert(key).second) return;
+  writer_->post_event({step_, kind, detail, 0.0});
+}
+
+std::int64_t Agent::Impl::layer_of(const at::Tensor& param) {
+  const auto found = layer_ids_.find(param.unsafeGetTensorImpl());
+  if (found != layer_ids_.end()) return found->second;
+  // The optimizer holds a parameter the model does not: record it under a made-up name.
+  const std::int64_t id = std::int64_t(params_.size());
+  layer_ids_[param.unsafeGetTensorImpl()] = id;
+  params_.push_back(param);
+  // No hook covers it (it is not a model parameter): its bwd_order stays -1.
+  rundb::LayerRow row;
+  row.id = id;
+  row.name = "optimizer.param" + std::to_string(id);
+  row.dtype = std::string(c10::toString(param.scalar_type()));
+  row.shape = shape_text(param);
+  row.numel = param.numel();
+  row.trainable = true;
+  writer_->post_layer(row);
+  post_event_once("foreign:" + std::to_string(id), "foreign-parameter",
+                  row.name + " is optimized but is not a parameter of the attached model");
+  return id;
+}
+
+std::int64_t Agent::Impl::module_id(const std::string& path) {
+  const auto found = module_ids_.find(path);
+  if (found != module_ids_.end()) return found->second;
+  const std::int64_t id = std::int64_t(module_ids_.size());
+  module_ids_[path] = id;
+  const auto type = module_types_.find(path);
+  writer_->post_module({id, path, type == module_types_.end() ? "" : type->second, ""});
+  return id;
+}
+
+void Agent::Impl::push(const agent::Record& r) {
+  if (!writer_->queue().push(r)) writer_->dropped().fetch_add(1, std::memory_order_relaxed);
+}
+
+void Agent::Impl::stage_stats(agent::RecordKind kind, std::int64_t id, std::int64_t order,
+                              const kernels::TensorStats& s, const std::uint64_t* histogram) {
+  agent::Record r;
+  r.kind = kind;
+  r.step = step_;
+  r.stat.id = id;
+  r.stat.order = order;
+  r.stat.stats = s;
+  r.stat.has_histogram = histogram != nullptr;
+  if (histogram)
+    for (int b = 0; b < kernels::kHistBins; ++b)
+      r.stat.histogram[b] = std::uint32_t(std::min<std::uint64_t>(histogram[b], 0xffffffffu));
+  current_.stats.push_back(r);
+}
+
+at::Tensor Agent::Impl::probe(const std::string& path, const at::Tensor& x) {
+  if (closed_ || !x.defined()) return x;
+  if (!at::isFloatingType(x.scalar_type())) {
+    post_event_once("probe-type:" + path, "warning",
+                    "probe " + path + " saw a " + std::string(c10::toString(x.scalar_type())) +
+                        " tensor; only floating-point outputs have statistics");
+    return x;
+  }
+  const auto t0 = Clock::now();
+  at::Tensor copy;
+  const kernels::TensorRef ref = agent::stats_view(x, copy);
+  kernels::TensorStats s;
+  engine_.compute(&ref, 1, &s);
+  stage_stats(agent::RecordKind::kAct, module_id(path), fwd_order_++, s, nullptr);
+  agent_ns_ += ns_since(t0);
+  return x;
+}
+
+void Agent::Impl::on_scale(const at::Tensor& outputs) {
+  const auto t0 = Clock::now();
+  arrival_->reset();
+  // The loss before scaling; reading it is free on CPU and one sync on CUDA, where the
+  // scaler's step() synchronises anyway.
+  loss_ = outputs.numel() == 1 ? outputs.detach().to(at::kDouble).item<double>()
+                               : std::numeric_limits<double>::quiet_NaN();
+  agent_ns_ += ns_since(t0);
+}
+
+bool Agent::Impl::on_unscale(UnscaleBatch& batch) {
+  const auto t0 = Clock::now();
+  const std::size_t n = batch.grads.size();
+  refs_.clear();
+  ids_.clear();
+  copies_.assign(n, at::Tensor());
+  bool fusable = options_.fused_unscale && batch.found_inf.device().is_cpu() && batch.inv_scale.device().is_cpu();
+  for (std::size_t i = 0; i < n; ++i) {
+    const at::Tensor& g = batch.grads[i];
+    const std::int64_t id = layer_of(batch.params[i]);
+    ids_.push_back(id);
+    if (batch.params[i].grad().is_sparse())
+      post_event_once("sparse:" + std::to_string(id), "sparse-gradient",
+                      "layer " + std::to_string(id) + " has sparse gradients: statistics cover their stored values");
+    if (!agent::directly_readable(g)) {
+      fusable = false;
+      post_event_once("copied:" + std::to_string(id), "slow-path",
+                      "layer " + std::to_string(id) + " has a " + std::string(c10::toString(g.scalar_type())) + " " +
+                          g.device().str() + (g.is_contiguous() ? "" : " non-contiguous") +
+                          " gradient: its statistics are taken on a CPU copy and torch unscales it");
+    }
+    refs_.push_back(agent::stats_view(g, copies_[i]));
+  }
+  stats_.resize(n);
+  std::uint64_t* hist = nullptr;
+  if (options_.histogram) {
+    histograms_.resize(n * kernels::kHistBins);
+    hist = histograms_.data();
+  }
+  bool handled = false;
+  if (fusable) {
+    // Same bits as torch's op; the statistics are those of the values before unscale.
+    mutable_refs_.clear();
+    for (std::size_t i = 0; i < n; ++i) mutable_refs_.push_back({batch.grads[i].data_ptr(), refs_[i].numel, refs_[i].dtype});
+    const float inv = batch.inv_scale.item<float>();
+    if (engine_.unscale_and_compute(mutable_refs_.data(), n, inv, stats_.data(), hist)) batch.found_inf.fill_(1.0);
+    handled = true;
+  } else {
+    engine_.compute(refs_.data(), n, stats_.data(), hist);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t id = std::size_t(ids_[i]);
+    const std::int32_t order = id < arrival_->order.size() ? arrival_->order[id].load(std::memory_order_relaxed) : -1;
+    stage_stats(agent::RecordKind::kGrad, ids_[i], order, stats_[i], hist ? hist + i * kernels::kHistBins : nullptr);
+  }
+  copies_.clear();
+  agent_ns_ += ns_since(t0);
+  return handled;
+}
+
+void Agent::Impl::on_update(double scale_before, double scale_after, bool found_inf) {
+  const auto t0 = Clock::now();
+  agent::Record step_record;
+  step_record.kind = agent::RecordKind::kStep;
+  step_record.step = step_;
+  auto& d = step_record.step_data;
+  d.loss = loss_;
+  d.scale_before = scale_before;
+  d.scale_after = scale_after;
+  d.found_inf = found_inf;
+  d.skipped = skipped_;
+  d.wall_time = unix_seconds();
+  d.step_ns = ns_since(step_start_);
+
+  const auto decision = policy_.decide(step_, found_inf, scale_after != scale_before);
+  if (decision.record) {
+    // Earlier unrecorded steps first, so rows arrive in step order.
+    const std::size_t keep = history_.size() - std::min<std::size_t>(history_.size(), std::size_t(decision.flush_before));
+    for (std::size_t h = keep; h < history_.size(); ++h) {
+      StagedStep& old = history_[h];
+      old.step_record.step_data.sampled = true;
+      for (const auto& r : old.stats) push(r);
+      push(old.step_record);
+    }
+    while (!history_.empty()) {
+      spare_.push_back(std::move(history_.front()));
+      history_.pop_front();
+    }
+  }
+  d.sampled = decision.record;
+  d.agent_ns = agent_ns_ + ns_since(t0);
+  if (decision.record) {
+    for (const auto& r : current_.stats) push(r);
+    current_.stats.clear();
+  } else if (policy_.context() > 0) {
+    current_.step = step_;
+    current_.step_record = step_record;
+    history_.push_back(std::move(current_));
+    if (std::int64_t(history_.size()) > policy_.context()) {
+      spare_.push_back(std::move(history_.front()));
+      history_.pop_front();
+    }
+    if (!spare_.empty()) {
+      current_ = std::move(spare_.back());
+      spare_.pop_back();
+    } else {
+      current_ = StagedStep();
+    }
+    current_.stats.clear();
+  } else {
+    current_.stats.clear();
+  }
+  push(step_record);
+
+  ++step_;
+  fwd_order_ = 0;
+  skipped_ = false;
+  agent_ns_ = 0;
+  step_start_ = Clock::now();
+}
+
+void Agent::Impl::close() {
+  if (closed_) return;
+  closed_ = true;
+  if (scaler_ && scaler_->observer() == this) scaler_->set_observer(nullptr);
+  for (auto& [param, handle] : hooks_) {
+    try {
+      param.remove_hook(handle);
+    } catch (...) {
+      // A parameter whose autograd meta is gone has no hook left to remove.
+    }
+  }
+  hooks_.clear();
+  if (writer_) {
+    const std::int64_t dropped = writer_->dropped().load();
+    if (dropped > 0)
+      writer_->post_event({step_, "dropped",
+                           std::to_string(dropped) + " records were dropped because the writer fell behind "
+                           "(raise queue_capacity or record less often with every=N)", 0.0});
+    writer_->post_meta("steps", std::to_string(step_));
+    writer_->stop();
+  }
+}
+
+AgentStatus Agent::Impl::status() const {
+  AgentStatus s;
+  s.db_path = db_path_;
+  s.steps = step_;
+  if (writer_) {
+    s.rows_written = writer_->rows_written();
+    s.dropped = writer_->dropped().load();
+    s.write_errors = writer_->write_errors();
+    s.first_error = writer_->first_error();
+  }
+  return s;
+}
+
+Agent::Agent(torch::nn::Module& model, GradScaler& scaler, AgentOptions options)
+    : impl_(std::make_unique<Impl>(model, scaler, std::move(options))) {}
+
+Agent::~Agent() = default;
+
+at::Tensor Agent::probe(const std::string& module_path, const at::Tensor& x) { return impl_->probe(module_path, x); }
+
+void Agent::close() { impl_->close(); }
+
+AgentStatus Agent::status() const { return impl_->status(); }
+
+}  // namespace ampdiag

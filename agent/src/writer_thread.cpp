@@ -1,0 +1,163 @@
+// WriterThread; see writer_thread.h.
+#include "writer_thread.h"
+
+#include <chrono>
+#include <cstdio>
+
+namespace ampdiag::agent {
+
+namespace {
+
+// A commit every ~50 ms keeps readers current and bounds what a killed process loses.
+constexpr auto kCommitEvery = std::chrono::milliseconds(50);
+constexpr auto kIdleSleep = std::chrono::milliseconds(2);
+
+rundb::StatValues to_values(const kernels::TensorStats& s) {
+  return {s.numel, s.nan, s.inf, s.zeros, s.fp16_subnormal, double(s.absmax), double(s.amin_nz), s.l2};
+}
+
+}  // namespace
+
+WriterThread::WriterThread(std::unique_ptr<rundb::RunDbWriter> writer, std::size_t queue_capacity)
+    : writer_(std::move(writer)), queue_(queue_capacity) {
+  thread_ = std::thread([this] { run(); });
+}
+
+WriterThread::~WriterThread() { stop(); }
+
+void WriterThread::post_layer(rundb::LayerRow row) {
+  std::lock_guard<std::mutex> lock(posted_mutex_);
+  layers_.push_back(std::move(row));
+}
+
+void WriterThread::post_module(rundb::ModuleRow row) {
+  std::lock_guard<std::mutex> lock(posted_mutex_);
+  modules_.push_back(std::move(row));
+}
+
+void WriterThread::post_event(rundb::EventRow row) {
+  std::lock_guard<std::mutex> lock(posted_mutex_);
+  events_.push_back(std::move(row));
+}
+
+void WriterThread::post_meta(std::string key, std::string value) {
+  std::lock_guard<std::mutex> lock(posted_mutex_);
+  meta_.emplace_back(std::move(key), std::move(value));
+}
+
+std::string WriterThread::first_error() const {
+  std::lock_guard<std::mutex> lock(error_mutex_);
+  return first_error_;
+}
+
+void WriterThread::write(const Record& r) {
+  if (r.kind == RecordKind::kStep) {
+    rundb::StepRow row;
+    row.step = r.step;
+    row.loss = r.step_data.loss;
+    row.scale_before = r.step_data.scale_before;
+    row.scale_after = r.step_data.scale_after;
+    row.found_inf = r.step_data.found_inf;
+    row.skipped = r.step_data.skipped;
+    row.sampled = r.step_data.sampled;
+    row.step_ns = r.step_data.step_ns;
+    row.agent_ns = r.step_data.agent_ns;
+    row.wall_time = r.step_data.wall_time;
+    writer_->add_step(row);
+  } else if (r.kind == RecordKind::kGrad) {
+    rundb::GradStatRow row;
+    row.step = r.step;
+    row.layer_id = r.stat.id;
+    row.bwd_order = r.stat.order;
+    row.stats = to_values(r.stat.stats);
+    if (r.stat.has_histogram) row.histogram.assign(r.stat.histogram, r.stat.histogram + kernels::kHistBins);
+    writer_->add_grad_stat(row);
+  } else {
+    rundb::ActStatRow row;
+    row.step = r.step;
+    row.module_id = r.stat.id;
+    row.fwd_order = r.stat.order;
+    row.stats = to_values(r.stat.stats);
+    writer_->add_act_stat(row);
+  }
+  rows_written_.fetch_add(1, std::memory_order_relaxed);
+}
+
+// One pass: posted rows, then queued records. Returns whether anything was written.
+bool WriterThread::drain_once() {
+  std::vector<rundb::LayerRow> layers;
+  std::vector<rundb::ModuleRow> modules;
+  std::vector<rundb::EventRow> events;
+  std::vector<std::pair<std::string, std::string>> meta;
+  {
+    std::lock_guard<std::mutex> lock(posted_mutex_);
+    layers.swap(layers_);
+    modules.swap(modules_);
+    events.swap(events_);
+    meta.swap(meta_);
+  }
+  bool any = !(layers.empty() && modules.empty() && events.empty() && meta.empty());
+  for (const auto& [k, v] : meta) writer_->set_meta(k, v);
+  for (const auto& row : layers) writer_->add_layer(row);
+  for (const auto& row : modules) writer_->add_module(row);
+  for (const auto& row : events) writer_->add_event(row);
+  const std::int64_t dropped = dropped_.load(std::memory_order_relaxed);
+  if (dropped != dropped_reported_) {
+    writer_->set_meta("dropped_records", std::to_string(dropped));
+    dropped_reported_ = dropped;
+    any = true;
+  }
+  Record r;
+  for (int n = 0; n < 100000 && queue_.pop(r); ++n) {
+    write(r);
+    any = true;
+  }
+  return any;
+}
+
+void WriterThread::run() {
+  auto last_commit = std::chrono::steady_clock::now();
+  bool failed = false;
+  for (;;) {
+    const bool stopping = stopping_.load(std::memory_order_acquire);
+    if (!failed) {
+      try {
+        const bool wrote = drain_once();
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last_commit >= kCommitEvery || stopping) {
+          writer_->commit();
+          last_commit = now;
+        }
+        if (stopping && queue_.empty()) {
+          drain_once();
+          writer_->finish();
+          return;
+        }
+        if (!wrote) std::this_thread::sleep_for(kIdleSleep);
+        continue;
+      } catch (const std::exception& e) {
+        // Training goes on: log once, then count what can no longer be written.
+        failed = true;
+        write_errors_.fetch_add(1);
+        std::lock_guard<std::mutex> lock(error_mutex_);
+        first_error_ = e.what();
+        std::fprintf(stderr, "ampdiag: writing %s failed, no more records will be written: %s\n",
+                     writer_->path().c_str(), e.what());
+      }
+    }
+    Record r;
+    while (queue_.pop(r)) dropped_.fetch_add(1, std::memory_order_relaxed);
+    if (stopping) return;
+    std::this_thread::sleep_for(kIdleSleep);
+  }
+}
+
+void WriterThread::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  stopping_.store(true, std::memory_order_release);
+  if (thread_.joinable()) thread_.join();
+  writer_.reset();
+}
+
+}  // namespace ampdiag::agent

@@ -1,0 +1,63 @@
+// The agent's writer thread: drains the record queue into the run.db in batched
+// transactions. Everything slow (SQLite, strings, allocation) happens here.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ampdiag/rundb/writer.h"
+#include "record_queue.h"
+
+namespace ampdiag::agent {
+
+class WriterThread {
+ public:
+  // Takes the opened writer: opening happens on the caller's thread so that a bad path
+  // fails at attach time, before training starts.
+  WriterThread(std::unique_ptr<rundb::RunDbWriter> writer, std::size_t queue_capacity);
+  ~WriterThread();  // = stop()
+
+  RecordQueue& queue() { return queue_; }
+
+  // Rare, string-carrying rows from any thread (layer/module definitions, events).
+  void post_layer(rundb::LayerRow row);
+  void post_module(rundb::ModuleRow row);
+  void post_event(rundb::EventRow row);
+  void post_meta(std::string key, std::string value);
+
+  // Drains everything, marks the run finished and closes the file. Idempotent.
+  void stop();
+
+  std::int64_t rows_written() const { return rows_written_.load(); }
+  std::int64_t write_errors() const { return write_errors_.load(); }
+  std::string first_error() const;
+  std::atomic<std::int64_t>& dropped() { return dropped_; }
+
+ private:
+  void run();
+  bool drain_once();
+  void write(const Record& r);
+
+  std::unique_ptr<rundb::RunDbWriter> writer_;
+  RecordQueue queue_;
+  std::mutex posted_mutex_;
+  std::vector<rundb::LayerRow> layers_;
+  std::vector<rundb::ModuleRow> modules_;
+  std::vector<rundb::EventRow> events_;
+  std::vector<std::pair<std::string, std::string>> meta_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<std::int64_t> rows_written_{0};
+  std::atomic<std::int64_t> write_errors_{0};
+  std::atomic<std::int64_t> dropped_{0};
+  std::int64_t dropped_reported_ = 0;
+  mutable std::mutex error_mutex_;
+  std::string first_error_;
+  std::thread thread_;
+  bool stopped_ = false;
+};
+
+}  // namespace ampdiag::agent

@@ -1,0 +1,13 @@
+// The run.db format version and identity. docs/FORMAT.md is the full description.
+#pragma once
+
+#include <cstdint>
+
+namespace ampdiag::rundb {
+
+// Bumped on any change a reader of the previous version would misread.
+constexpr int kSchemaVersion = 1;
+// PRAGMA application_id of every run.db: "AMPD".
+constexpr std::int32_t kApplicationId = 0x414d5044;
+
+}  // namespace ampdiag::rundb

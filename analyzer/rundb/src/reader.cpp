@@ -1,0 +1,157 @@
+// RunDbReader; see reader.h.
+#include "ampdiag/rundb/reader.h"
+
+#include <sys/stat.h>
+
+#include <cstring>
+
+#include "ampdiag/rundb/schema.h"
+#include "sqlite.h"
+
+namespace ampdiag::rundb {
+
+namespace {
+
+StatValues read_stats(const Statement& s, int first) {
+  StatValues v;
+  v.numel = s.int64(first);
+  v.nan = s.int64(first + 1);
+  v.inf = s.int64(first + 2);
+  v.zeros = s.int64(first + 3);
+  v.fp16_subnormal = s.int64(first + 4);
+  v.absmax = s.real(first + 5);
+  v.amin_nz = s.real(first + 6);
+  v.l2 = s.real(first + 7);
+  return v;
+}
+
+}  // namespace
+
+RunDbReader::RunDbReader(const std::string& path) : path_(path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw RunDbError(path + ": no such file");
+  if (S_ISDIR(st.st_mode)) throw RunDbError(path + ": is a directory, not a run.db");
+  if (st.st_size == 0) throw RunDbError(path + ": is empty, not a run.db (was the training process started?)");
+  db_ = std::make_unique<Database>(path, Database::Mode::kReadOnly);
+  std::int64_t app_id = 0;
+  try {
+    Statement q(*db_, "PRAGMA application_id");
+    if (q.next()) app_id = q.int64(0);
+  } catch (const RunDbError&) {
+    throw RunDbError(path + ": not a SQLite database (is it a run.db? it may be truncated or corrupted)");
+  }
+  if (app_id != kApplicationId) throw RunDbError(path + ": a SQLite database, but not an ampdiag run.db");
+  std::string version;
+  try {
+    Statement q(*db_, "SELECT value FROM meta WHERE key = 'schema_version'");
+    if (q.next()) version = q.text(0);
+  } catch (const RunDbError& e) {
+    throw RunDbError(path + ": run.db is incomplete or corrupted (" + e.what() + ")");
+  }
+  if (version.empty()) throw RunDbError(path + ": run.db has no schema_version: incomplete or corrupted");
+  version_ = std::atoi(version.c_str());
+  if (version_ > kSchemaVersion)
+    throw RunDbError(path + ": written in run.db format " + version + ", newer than this ampdiag reads (" +
+                     std::to_string(kSchemaVersion) + "): upgrade ampdiag");
+  if (version_ < 1) throw RunDbError(path + ": run.db has an invalid schema_version '" + version + "'");
+}
+
+RunDbReader::~RunDbReader() = default;
+
+bool RunDbReader::finished() {
+  Statement q(*db_, "SELECT 1 FROM meta WHERE key = 'finished_at'");
+  return q.next();
+}
+
+std::map<std::string, std::string> RunDbReader::meta() {
+  std::map<std::string, std::string> out;
+  Statement q(*db_, "SELECT key, value FROM meta");
+  while (q.next()) out[q.text(0)] = q.text(1);
+  return out;
+}
+
+std::vector<LayerRow> RunDbReader::layers() {
+  std::vector<LayerRow> out;
+  Statement q(*db_, "SELECT id, name, module_path, module_type, dtype, shape, numel, trainable, source FROM layers ORDER BY id");
+  while (q.next())
+    out.push_back({q.int64(0), q.text(1), q.text(2), q.text(3), q.text(4), q.text(5), q.int64(6), q.int64(7) != 0, q.text(8)});
+  return out;
+}
+
+std::vector<ModuleRow> RunDbReader::modules() {
+  std::vector<ModuleRow> out;
+  Statement q(*db_, "SELECT id, path, module_type, source FROM modules ORDER BY id");
+  while (q.next()) out.push_back({q.int64(0), q.text(1), q.text(2), q.text(3)});
+  return out;
+}
+
+std::vector<StepRow> RunDbReader::steps() {
+  std::vector<StepRow> out;
+  Statement q(*db_,
+              "SELECT step, loss, scale_before, scale_after, found_inf, skipped, sampled, step_ns, agent_ns, wall_time "
+              "FROM steps ORDER BY step");
+  while (q.next()) {
+    StepRow r;
+    r.step = q.int64(0);
+    r.loss = q.real(1);
+    r.scale_before = q.real(2);
+    r.scale_after = q.real(3);
+    r.found_inf = q.int64(4) != 0;
+    r.skipped = q.int64(5) != 0;
+    r.sampled = q.int64(6) != 0;
+    r.step_ns = q.int64(7);
+    r.agent_ns = q.int64(8);
+    r.wall_time = q.real(9);
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<EventRow> RunDbReader::events() {
+  std::vector<EventRow> out;
+  Statement q(*db_, "SELECT step, kind, detail, wall_time FROM events ORDER BY id");
+  while (q.next()) out.push_back({q.int64(0), q.text(1), q.text(2), q.real(3)});
+  return out;
+}
+
+void RunDbReader::for_each_grad_stat(const std::function<void(const GradStatRow&)>& visit) {
+  Statement q(*db_,
+              "SELECT step, layer_id, bwd_order, numel, nan, inf, zeros, fp16_subnormal, absmax, amin_nz, l2, histogram "
+              "FROM grad_stats ORDER BY step, layer_id");
+  GradStatRow r;
+  while (q.next()) {
+    r.step = q.int64(0);
+    r.layer_id = q.int64(1);
+    r.bwd_order = q.int64(2);
+    r.stats = read_stats(q, 3);
+    int bytes = 0;
+    const void* blob = q.blob(11, &bytes);
+    r.histogram.assign(std::size_t(bytes) / sizeof(std::uint32_t), 0);
+    if (bytes > 0) std::memcpy(r.histogram.data(), blob, r.histogram.size() * sizeof(std::uint32_t));
+    visit(r);
+  }
+}
+
+std::vector<GradStatRow> RunDbReader::grad_stats() {
+  std::vector<GradStatRow> out;
+  for_each_grad_stat([&](const GradStatRow& r) { out.push_back(r); });
+  return out;
+}
+
+std::vector<ActStatRow> RunDbReader::act_stats() {
+  std::vector<ActStatRow> out;
+  Statement q(*db_,
+              "SELECT step, fwd_order, module_id, numel, nan, inf, zeros, fp16_subnormal, absmax, amin_nz, l2 "
+              "FROM act_stats ORDER BY step, fwd_order");
+  while (q.next()) {
+    ActStatRow r;
+    r.step = q.int64(0);
+    r.fwd_order = q.int64(1);
+    r.module_id = q.int64(2);
+    r.stats = read_stats(q, 3);
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace ampdiag::rundb

@@ -1,0 +1,61 @@
+// Thin RAII owners of SQLite handles: errors become RunDbError naming the file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ampdiag/rundb/rows.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace ampdiag::rundb {
+
+class Database {
+ public:
+  enum class Mode { kCreate, kReadOnly };
+  Database(const std::string& path, Mode mode);
+  ~Database();
+  Database(const Database&) = delete;
+  Database& operator=(const Database&) = delete;
+
+  void exec(const char* sql);
+  sqlite3* handle() const { return db_; }
+  const std::string& path() const { return path_; }
+  [[noreturn]] void fail(const std::string& what) const;  // throws with SQLite's message
+
+ private:
+  sqlite3* db_ = nullptr;
+  std::string path_;
+};
+
+class Statement {
+ public:
+  Statement(Database& db, const char* sql);
+  ~Statement();
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  Statement& bind(int index, std::int64_t value);
+  Statement& bind(int index, double value);
+  Statement& bind(int index, const std::string& value);
+  Statement& bind_blob(int index, const void* data, int bytes);
+  Statement& bind_null(int index);
+  // Runs an insert/update to completion and resets the statement for reuse.
+  void run();
+  // Steps a query: true while a row is available.
+  bool next();
+  void reset();
+
+  std::int64_t int64(int column) const;
+  double real(int column) const;  // NULL reads as NaN
+  std::string text(int column) const;
+  bool is_null(int column) const;
+  const void* blob(int column, int* bytes) const;
+
+ private:
+  Database& db_;
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+}  // namespace ampdiag::rundb

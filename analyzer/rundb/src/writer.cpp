@@ -1,0 +1,148 @@
+// RunDbWriter; see writer.h.
+#include "ampdiag/rundb/writer.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "schema.h"
+#include "sqlite.h"
+
+namespace ampdiag::rundb {
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void bind_stats(Statement& s, int first, const StatValues& v) {
+  s.bind(first, v.numel).bind(first + 1, v.nan).bind(first + 2, v.inf).bind(first + 3, v.zeros);
+  s.bind(first + 4, v.fp16_subnormal).bind(first + 5, v.absmax).bind(first + 6, v.amin_nz).bind(first + 7, v.l2);
+}
+
+void remove_db_files(const std::string& path) {
+  for (const char* suffix : {"", "-wal", "-shm", "-journal"}) {
+    const std::string file = path + suffix;
+    if (::unlink(file.c_str()) != 0 && errno != ENOENT)
+      throw RunDbError(file + ": cannot remove the old run: " + std::strerror(errno));
+  }
+}
+
+}  // namespace
+
+RunDbWriter::RunDbWriter(const std::string& path, bool overwrite) : path_(path) {
+  if (path.empty()) throw RunDbError("run.db path is empty: give a file name such as run.db");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) throw RunDbError(path + ": is a directory; give a file name such as " + path + "/run.db");
+    if (!overwrite) throw RunDbError(path + ": already exists; choose another path or allow overwriting it");
+    remove_db_files(path);
+  }
+  db_ = std::make_unique<Database>(path, Database::Mode::kCreate);
+  // WAL: readers see committed batches while training writes; NORMAL is durable against
+  // a killed process (only a power cut can lose the last commits).
+  db_->exec("PRAGMA journal_mode = WAL;");
+  db_->exec("PRAGMA synchronous = NORMAL;");
+  create_schema(*db_);
+  meta_ = std::make_unique<Statement>(*db_, "INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)");
+  layer_ = std::make_unique<Statement>(
+      *db_, "INSERT INTO layers VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
+  module_ = std::make_unique<Statement>(*db_, "INSERT INTO modules VALUES (?1, ?2, ?3, ?4)");
+  step_ = std::make_unique<Statement>(
+      *db_, "INSERT OR REPLACE INTO steps VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)");
+  grad_ = std::make_unique<Statement>(
+      *db_, "INSERT OR REPLACE INTO grad_stats VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)");
+  act_ = std::make_unique<Statement>(
+      *db_, "INSERT OR REPLACE INTO act_stats VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+  event_ = std::make_unique<Statement>(*db_, "INSERT INTO events (step, kind, detail, wall_time) VALUES (?1, ?2, ?3, ?4)");
+  set_meta("started_at", std::to_string(now_seconds()));
+  commit();
+}
+
+RunDbWriter::~RunDbWriter() {
+  try {
+    commit();
+  } catch (...) {
+    // Destructors must not throw; the caller learns of write errors from commit().
+  }
+  // Statements must go before the database they belong to.
+  meta_.reset();
+  layer_.reset();
+  module_.reset();
+  step_.reset();
+  grad_.reset();
+  act_.reset();
+  event_.reset();
+}
+
+void RunDbWriter::begin_if_needed() {
+  if (!in_transaction_) {
+    db_->exec("BEGIN;");
+    in_transaction_ = true;
+  }
+}
+
+void RunDbWriter::commit() {
+  if (in_transaction_) {
+    in_transaction_ = false;
+    db_->exec("COMMIT;");
+  }
+}
+
+void RunDbWriter::set_meta(const std::string& key, const std::string& value) {
+  begin_if_needed();
+  meta_->bind(1, key).bind(2, value).run();
+}
+
+void RunDbWriter::add_layer(const LayerRow& r) {
+  begin_if_needed();
+  layer_->bind(1, r.id).bind(2, r.name).bind(3, r.module_path).bind(4, r.module_type).bind(5, r.dtype);
+  layer_->bind(6, r.shape).bind(7, r.numel).bind(8, std::int64_t(r.trainable)).bind(9, r.source).run();
+}
+
+void RunDbWriter::add_module(const ModuleRow& r) {
+  begin_if_needed();
+  module_->bind(1, r.id).bind(2, r.path).bind(3, r.module_type).bind(4, r.source).run();
+}
+
+void RunDbWriter::add_step(const StepRow& r) {
+  begin_if_needed();
+  step_->bind(1, r.step).bind(2, r.loss).bind(3, r.scale_before).bind(4, r.scale_after);
+  step_->bind(5, std::int64_t(r.found_inf)).bind(6, std::int64_t(r.skipped)).bind(7, std::int64_t(r.sampled));
+  step_->bind(8, r.step_ns).bind(9, r.agent_ns).bind(10, r.wall_time).run();
+}
+
+void RunDbWriter::add_grad_stat(const GradStatRow& r) {
+  begin_if_needed();
+  grad_->bind(1, r.step).bind(2, r.layer_id).bind(3, r.bwd_order);
+  bind_stats(*grad_, 4, r.stats);
+  if (r.histogram.empty())
+    grad_->bind_null(12);
+  else
+    grad_->bind_blob(12, r.histogram.data(), int(r.histogram.size() * sizeof(std::uint32_t)));
+  grad_->run();
+}
+
+void RunDbWriter::add_act_stat(const ActStatRow& r) {
+  begin_if_needed();
+  act_->bind(1, r.step).bind(2, r.fwd_order).bind(3, r.module_id);
+  bind_stats(*act_, 4, r.stats);
+  act_->run();
+}
+
+void RunDbWriter::add_event(const EventRow& r) {
+  begin_if_needed();
+  event_->bind(1, r.step).bind(2, r.kind).bind(3, r.detail).bind(4, r.wall_time == 0.0 ? now_seconds() : r.wall_time).run();
+}
+
+void RunDbWriter::finish() {
+  set_meta("finished_at", std::to_string(now_seconds()));
+  commit();
+  db_->exec("PRAGMA wal_checkpoint(TRUNCATE);");
+}
+
+}  // namespace ampdiag::rundb

@@ -1,0 +1,130 @@
+// The agent attached to a real fp16-autocast training loop: it changes no number, and it
+// records what happened in the order it happened.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "../rundb/temp_dir.h"
+#include "ampdiag/rundb/reader.h"
+#include "tiny_training.h"
+
+using namespace ampdiag;
+using namespace ampdiag::test;
+
+namespace {
+
+std::function<std::unique_ptr<Agent>(TinyNet&, GradScaler&)> attach(const std::string& db, bool fused) {
+  return [db, fused](TinyNet& net, GradScaler& scaler) {
+    AgentOptions o;
+    o.db_path = db;
+    o.fused_unscale = fused;
+    return std::make_unique<Agent>(*net, scaler, o);
+  };
+}
+
+}  // namespace
+
+TEST_CASE("training with the agent gives bit-identical parameters, fused unscale or not", "[agent]") {
+  TempDir dir;
+  const auto without = train_tiny(30, nullptr);
+  REQUIRE(without.skipped > 0);  // the comparison covers skipped steps too
+  for (bool fused : {true, false}) {
+    INFO("fused unscale " << fused);
+    const auto with = train_tiny(30, attach(dir.file(fused ? "fused.db" : "plain.db"), fused));
+    CHECK(with.skipped == without.skipped);
+    REQUIRE(with.params.size() == without.params.size());
+    for (std::size_t i = 0; i < with.params.size(); ++i) CHECK(bitwise_equal(with.params[i], without.params[i]));
+  }
+}
+
+TEST_CASE("every step is recorded with its loss scale and whether it was skipped", "[agent]") {
+  TempDir dir;
+  const auto result = train_tiny(12, attach(dir.file("run.db"), true));
+  rundb::RunDbReader r(dir.file("run.db"));
+  CHECK(r.finished());
+  const auto steps = r.steps();
+  REQUIRE(steps.size() == 12);
+  std::int64_t skipped = 0;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    CHECK(steps[i].step == std::int64_t(i));
+    CHECK(std::isfinite(steps[i].loss));
+    if (steps[i].skipped) {
+      ++skipped;
+      CHECK(steps[i].scale_after == steps[i].scale_before * 0.5);
+    }
+    if (i > 0) CHECK(steps[i].scale_before == steps[i - 1].scale_after);
+    CHECK(steps[i].agent_ns > 0);
+  }
+  CHECK(skipped == result.skipped);
+  CHECK(steps[0].scale_before == 1e9);
+}
+
+TEST_CASE("gradient statistics are taken before unscale and name the overflowing layers", "[agent]") {
+  TempDir dir;
+  train_tiny(3, attach(dir.file("run.db"), true));
+  rundb::RunDbReader r(dir.file("run.db"));
+  const auto layers = r.layers();
+  REQUIRE(layers.size() == 6);
+  CHECK(layers[0].name == "a.weight");
+  CHECK(layers[0].module_path == "a");
+  CHECK(layers[0].module_type == "Linear");
+  CHECK(layers[0].shape == "[32, 16]");
+  const auto grads = r.grad_stats();
+  REQUIRE(grads.size() == 3 * 6);
+  std::int64_t nonfinite_step0 = 0;
+  for (const auto& g : grads)
+    if (g.step == 0) nonfinite_step0 += g.stats.nan + g.stats.inf;
+  CHECK(nonfinite_step0 > 0);  // at a scale of 1e9 the fp16 backward overflows
+}
+
+TEST_CASE("bwd_order is the order in which gradients arrive in backward", "[agent]") {
+  TempDir dir;
+  train_tiny(1, attach(dir.file("run.db"), true));
+  rundb::RunDbReader r(dir.file("run.db"));
+  std::map<std::string, std::int64_t> order;
+  const auto layers = r.layers();
+  for (const auto& g : r.grad_stats()) order[layers[std::size_t(g.layer_id)].module_path] = std::max(order[layers[std::size_t(g.layer_id)].module_path], g.bwd_order);
+  // Backward runs from the loss: c's gradients arrive first, a's last.
+  CHECK(order["c"] < order["b"]);
+  CHECK(order["b"] < order["a"]);
+}
+
+TEST_CASE("probes record activation statistics in forward order and return their input", "[agent]") {
+  TempDir dir;
+  train_tiny(2, attach(dir.file("run.db"), true));
+  rundb::RunDbReader r(dir.file("run.db"));
+  const auto modules = r.modules();
+  REQUIRE(modules.size() == 2);
+  CHECK(modules[0].path == "a");
+  CHECK(modules[0].module_type == "Linear");
+  const auto acts = r.act_stats();
+  REQUIRE(acts.size() == 4);
+  CHECK(acts[0].fwd_order == 0);
+  CHECK(acts[1].fwd_order == 1);
+  CHECK(acts[0].stats.numel == 64 * 32);
+  CHECK(acts[0].stats.zeros > 0);  // relu output
+}
+
+TEST_CASE("sampling every N steps still records overflowing steps and their neighbours", "[agent]") {
+  TempDir dir;
+  const auto db = dir.file("sparse.db");
+  train_tiny(40, [db](TinyNet& net, GradScaler& scaler) {
+    AgentOptions o;
+    o.db_path = db;
+    o.every = 1000;
+    o.context_steps = 1;
+    return std::make_unique<Agent>(*net, scaler, o);
+  });
+  rundb::RunDbReader r(db);
+  std::set<std::int64_t> with_stats;
+  for (const auto& g : r.grad_stats()) with_stats.insert(g.step);
+  for (const auto& s : r.steps()) {
+    INFO("step " << s.step);
+    if (s.skipped || s.scale_after != s.scale_before) {
+      CHECK(with_stats.count(s.step) == 1);
+      CHECK(s.sampled);
+    }
+    CHECK(s.sampled == (with_stats.count(s.step) == 1));
+  }
+  CHECK(with_stats.size() < 40);  // and not every step
+}
