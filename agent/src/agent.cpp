@@ -3,6 +3,7 @@
 #include "ampdiag/agent.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/nn/module.h>
 #include <torch/version.h>
 #include <unistd.h>
@@ -154,8 +155,16 @@ Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions opt
       rank_(agent::rank_from_environment()),
       engine_([&] {
         kernels::CpuEngineOptions o;
-        if (options_.threads < 0) throw std::invalid_argument("AgentOptions.threads must be >= 0 (0: all cores)");
+        if (options_.threads < 0) throw std::invalid_argument("AgentOptions.threads must be >= 0 (0: torch's threads)");
         o.threads = options_.threads;
+        if (options_.threads == 0) {
+          // torch's intra-op pool: see CpuEngineOptions::parallel_for.
+          o.parallel_for = [](std::int64_t count, const std::function<void(std::int64_t)>& task) {
+            at::parallel_for(0, count, 1, [&](std::int64_t begin, std::int64_t end) {
+              for (std::int64_t i = begin; i < end; ++i) task(i);
+            });
+          };
+        }
         return o;
       }()),
       policy_(options_.every, options_.context_steps) {

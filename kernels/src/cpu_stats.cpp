@@ -88,7 +88,8 @@ CpuStatsEngine::CpuStatsEngine(const CpuEngineOptions& options)
   if (chunk_elements_ < 1024 || chunk_elements_ > (std::int64_t(1) << 24))
     throw std::invalid_argument("CpuEngineOptions.chunk_elements is " + std::to_string(chunk_elements_) +
                                 "; it must be in [1024, 16777216]");
-  pool_ = std::make_unique<ThreadPool>(resolve_threads(options.threads));
+  parallel_for_ = options.parallel_for;
+  pool_ = std::make_unique<ThreadPool>(parallel_for_ ? 1 : resolve_threads(options.threads));
 }
 
 CpuStatsEngine::~CpuStatsEngine() = default;
@@ -121,7 +122,7 @@ bool CpuStatsEngine::run(const TensorRef* tensors, std::size_t count, bool unsca
   if (histograms) job_histograms_.assign(jobs_.size() * kHistBins, 0u);
 
   const ChunkFn fn = chunk_fn(isa_);
-  pool_->parallel_for(std::int64_t(jobs_.size()), [&](std::int64_t j) {
+  const std::function<void(std::int64_t)> run_job = [&](std::int64_t j) {
     const Job& job = jobs_[std::size_t(j)];
     const TensorRef& t = tensors[job.tensor];
     const std::size_t offset = std::size_t(job.begin) * element_size(t.dtype);
@@ -134,7 +135,11 @@ bool CpuStatsEngine::run(const TensorRef* tensors, std::size_t count, bool unsca
     work.histogram = histograms ? &job_histograms_[std::size_t(j) * kHistBins] : nullptr;
     partials_[std::size_t(j)].reset();
     fn(work, partials_[std::size_t(j)]);
-  });
+  };
+  if (parallel_for_)
+    parallel_for_(std::int64_t(jobs_.size()), run_job);
+  else
+    pool_->parallel_for(std::int64_t(jobs_.size()), run_job);
 
   // Jobs are in tensor order and chunk order: merging them in sequence is deterministic.
   bool any_nonfinite = false;

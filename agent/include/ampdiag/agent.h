@@ -36,7 +36,7 @@ struct AgentOptions {
   bool fused_unscale = true;        // do the scaler's unscale in the statistics pass
   bool histogram = false;           // record exponent histograms of the gradients
   std::size_t queue_capacity = 1 << 15;  // records between the training and the writer thread
-  int threads = 0;                  // CPU threads of the statistics pass; 0 = all cores
+  int threads = 0;                  // own CPU threads for the statistics pass; 0 = torch's intra-op pool
   std::string amp_dtype = "float16";  // recorded in the run's metadata
 };
 

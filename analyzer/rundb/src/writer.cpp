@@ -45,8 +45,13 @@ RunDbWriter::RunDbWriter(const std::string& path, bool overwrite) : path_(path) 
   db_ = std::make_unique<Database>(path, Database::Mode::kCreate);
   // WAL: readers see committed batches while training writes; NORMAL is durable against
   // a killed process (only a power cut can lose the last commits).
+  // Set before the first table exists. 16 KiB pages: 1.11 M rows/s against 1.00 M at the
+  // default 4 KiB (ampdiag_agent_bench), and fewer pages for a reader to walk.
+  db_->exec("PRAGMA page_size = 16384;");
   db_->exec("PRAGMA journal_mode = WAL;");
   db_->exec("PRAGMA synchronous = NORMAL;");
+  // Batches of ~100 k rows: a 64 MiB page cache keeps a batch's B-tree pages in memory.
+  db_->exec("PRAGMA cache_size = -65536;");
   create_schema(*db_);
   meta_ = std::make_unique<Statement>(*db_, "INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)");
   layer_ = std::make_unique<Statement>(
@@ -55,9 +60,9 @@ RunDbWriter::RunDbWriter(const std::string& path, bool overwrite) : path_(path) 
   step_ = std::make_unique<Statement>(
       *db_, "INSERT OR REPLACE INTO steps VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)");
   grad_ = std::make_unique<Statement>(
-      *db_, "INSERT OR REPLACE INTO grad_stats VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)");
+      *db_, "INSERT INTO grad_stats VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)");
   act_ = std::make_unique<Statement>(
-      *db_, "INSERT OR REPLACE INTO act_stats VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+      *db_, "INSERT INTO act_stats VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
   event_ = std::make_unique<Statement>(*db_, "INSERT INTO events (step, kind, detail, wall_time) VALUES (?1, ?2, ?3, ?4)");
   set_meta("started_at", std::to_string(now_seconds()));
   commit();

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -19,7 +20,15 @@ const char* cpu_isa_name(CpuIsa isa);
 bool cpu_isa_supported(CpuIsa isa);  // kAuto and kBaseline are always supported
 CpuIsa best_cpu_isa();
 
+// Runs task(i) for every i in [0, count) in parallel; returns when all are done.
+using ParallelFor = std::function<void(std::int64_t count, const std::function<void(std::int64_t)>& task)>;
+
 struct CpuEngineOptions {
+  // The host's own thread pool, when it has one. An in-process agent passes torch's
+  // intra-op pool, so that a training process does not run two pools on the same cores
+  // (on the 2-core benchmark machine both choices measured the same). Null: the engine's
+  // own `threads` threads.
+  ParallelFor parallel_for;
   int threads = 0;                       // 0: std::thread::hardware_concurrency()
   CpuIsa isa = CpuIsa::kAuto;            // a forced ISA must be supported by this CPU
   std::int64_t chunk_elements = 1 << 16; // work unit per thread; must be in [1024, 2^24]
@@ -62,6 +71,7 @@ class CpuStatsEngine {
   CpuIsa isa_;
   std::int64_t chunk_elements_;
   std::unique_ptr<ThreadPool> pool_;
+  ParallelFor parallel_for_;
   std::vector<Job> jobs_;
   std::vector<math::Partial> partials_;  // one per job
   std::vector<std::uint32_t> job_histograms_;
