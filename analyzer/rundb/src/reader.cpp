@@ -63,6 +63,13 @@ bool RunDbReader::finished() {
   return q.next();
 }
 
+std::string RunDbReader::integrity_check() {
+  Statement q(*db_, "PRAGMA quick_check");
+  std::string out;
+  while (q.next()) out += (out.empty() ? "" : "; ") + q.text(0);
+  return out;
+}
+
 std::map<std::string, std::string> RunDbReader::meta() {
   std::map<std::string, std::string> out;
   Statement q(*db_, "SELECT key, value FROM meta");

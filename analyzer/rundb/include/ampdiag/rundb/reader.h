@@ -27,6 +27,8 @@ class RunDbReader {
   bool finished();
 
   std::map<std::string, std::string> meta();
+  // SQLite's quick_check: "ok", or what is damaged.
+  std::string integrity_check();
   std::vector<LayerRow> layers();
   std::vector<ModuleRow> modules();
   std::vector<StepRow> steps();

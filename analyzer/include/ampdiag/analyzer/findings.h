@@ -1,0 +1,71 @@
+// What the analyzer concludes: findings with evidence and a suggested fix, the cause of
+// every skipped step, and a verdict. Plain structs: the CLI and GUI render them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ampdiag::analyzer {
+
+enum class Severity { kInfo = 0, kWarning = 1, kError = 2 };
+const char* severity_name(Severity s);
+
+struct Suggestion {
+  std::string summary;  // one line: what to do
+  std::string python;   // copy-paste snippet
+  std::string cpp;      // copy-paste snippet
+};
+
+struct Finding {
+  std::string rule;       // e.g. "overflow-origin"
+  Severity severity = Severity::kWarning;
+  std::string layer;      // parameter name, when the finding is about one
+  std::string module;     // module path to act on (pin, inspect)
+  std::vector<std::int64_t> ranks;  // ranks it was seen on (multi-rank runs)
+  std::string title;      // one line
+  std::string evidence;   // numbers and steps, one or a few lines
+  std::vector<std::int64_t> steps;  // the steps the evidence cites (first few)
+  double score = 0.0;     // orders findings: the most likely culprit first
+  std::vector<Suggestion> suggestions;
+};
+
+struct SkippedStep {
+  std::int64_t rank = 0;
+  std::int64_t step = 0;
+  double scale = 0.0;
+  double loss = 0.0;
+  std::vector<std::string> nonfinite_layers;  // earliest in backward order first (a few)
+  std::int64_t nonfinite_layer_count = 0;
+  std::string forward_module;                 // first module with non-finite output, if probed
+};
+
+// Rule thresholds, with the defaults documented in docs/ANALYZER.md.
+struct Thresholds {
+  double scale_floor = 128.0;        // scale-collapse: a scale below this is a collapse
+  std::int64_t backoff_run = 8;      // scale-collapse: this many back-offs without recovering
+  double headroom_bits = 1.0;        // low-headroom: abs-max within this many bits of the max
+  double headroom_fraction = 0.5;    // low-headroom: ...in at least this share of sampled steps
+  double underflow_fraction = 0.5;   // underflow: zeros + fp16 subnormals above this share
+  double skip_rate = 0.10;           // skip-rate: skipped share of steps after calibration
+  double rank_bits = 4.0;            // rank-disagreement: abs-max this many bits from the others
+};
+
+struct RunOverview {
+  std::string path;
+  std::int64_t rank = 0;
+  std::int64_t steps = 0, skipped = 0, calibration_skips = 0;
+  double first_scale = 0, last_scale = 0, min_scale = 0;
+  std::int64_t layers = 0, modules = 0, grad_rows = 0, act_rows = 0;
+  bool finished = true;
+  std::string amp_dtype, device;
+};
+
+struct Report {
+  std::vector<RunOverview> runs;
+  std::vector<Finding> findings;     // most important first
+  std::vector<SkippedStep> skipped;  // every skipped step with its cause
+  bool healthy() const;              // no warning or error
+};
+
+}  // namespace ampdiag::analyzer

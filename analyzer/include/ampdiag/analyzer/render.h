@@ -1,0 +1,39 @@
+// Renders a Report: text (terminal), JSON, Markdown, JUnit XML, self-contained HTML.
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ampdiag/analyzer/findings.h"
+#include "ampdiag/analyzer/run.h"
+
+namespace ampdiag::analyzer {
+
+// Which findings fail the gate: "error" (default: any error), "all" (any warning or
+// error), "none", or a comma-separated list of rule ids (any warning or error of those).
+class Gate {
+ public:
+  explicit Gate(const std::string& spec = "error");  // throws std::invalid_argument
+  bool fails(const Finding& f) const;
+  bool fails(const Report& r) const;
+  const std::string& spec() const { return spec_; }
+
+ private:
+  std::string spec_;
+  std::set<std::string> rules_;
+  bool all_ = false, errors_ = false, none_ = false;
+};
+
+struct RenderOptions {
+  bool color = false;            // ANSI colour (text only)
+  std::size_t max_skipped = 20;  // skipped steps listed in text/markdown
+};
+
+std::string render_text(const Report& r, const Gate& gate, const RenderOptions& o = {});
+std::string render_markdown(const Report& r, const Gate& gate);
+std::string render_json(const Report& r, const Gate& gate);
+std::string render_junit(const Report& r, const Gate& gate);
+std::string render_html(const Report& r, const Gate& gate, const std::vector<Run>& runs);
+
+}  // namespace ampdiag::analyzer

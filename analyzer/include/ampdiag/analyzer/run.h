@@ -1,0 +1,77 @@
+// The in-memory model of one run.db (one rank), summarised for the rules and renderers:
+// per-layer sample series, per-step causes of overflow, per-module forward overflow.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ampdiag/rundb/rows.h"
+
+namespace ampdiag::analyzer {
+
+// One sampled step of one layer's gradient (12 bytes: a 10 M-row run fits in memory).
+struct GradSample {
+  std::int32_t step;
+  float absmax;            // before unscale; 0 if nothing finite
+  std::uint16_t zero_q;    // zeros / numel, in 1/65535
+  std::uint8_t nonfinite;  // 1 if the gradient held NaN or Inf
+  std::uint8_t sub_q;      // fp16 subnormals / numel, in 1/255
+};
+
+struct LayerSummary {
+  rundb::LayerRow info;
+  std::vector<GradSample> samples;  // in step order
+  std::int64_t nonfinite_steps = 0;
+  std::int64_t first_nonfinite = 0;  // skipped steps where it went non-finite first in backward
+};
+
+struct ModuleSummary {
+  rundb::ModuleRow info;
+  std::int64_t nonfinite_steps = 0;   // steps whose output held NaN/Inf
+  std::int64_t first_nonfinite = 0;   // steps where it was the first such module in forward order
+  std::int64_t first_step = -1;       // the first step it was first
+  float max_absmax = 0.0f;            // largest finite |output|
+};
+
+struct StepSummary {
+  rundb::StepRow row;
+  // Layers whose gradient held NaN/Inf, earliest in backward order first (ids).
+  std::vector<std::int64_t> nonfinite_layers;
+  std::int64_t first_nonfinite_module = -1;  // forward order; -1: none or not probed
+};
+
+struct Run {
+  std::string path;
+  std::map<std::string, std::string> meta;
+  bool finished = false;
+  std::int64_t rank = 0, world_size = 1;
+  double fp_max = 65504.0;  // largest finite value of the AMP dtype (fp16 or bf16)
+  std::vector<StepSummary> steps;
+  std::vector<LayerSummary> layers;   // by layer id
+  std::vector<ModuleSummary> modules; // by module id
+  std::vector<rundb::EventRow> events;
+  std::int64_t grad_rows = 0, act_rows = 0;
+
+  std::string meta_or(const std::string& key, const std::string& fallback) const;
+  double init_scale() const;
+};
+
+struct LoadOptions {
+  int threads = 0;             // 0: all cores
+  bool allow_unfinished = false;
+  // Called now and then with rows read so far and an estimate of the total.
+  std::function<void(std::int64_t done, std::int64_t total)> progress;
+};
+
+// Reads and summarises a run.db. Throws rundb::RunDbError with one line naming the file
+// for anything it cannot use (including a run still being written, unless allowed, and a
+// run without steps).
+Run load_run(const std::string& path, const LoadOptions& options = {});
+
+// log2(fp_max / absmax): how many doublings of the scale the values could still take.
+double headroom_bits(double absmax, double fp_max);
+
+}  // namespace ampdiag::analyzer

@@ -1,0 +1,230 @@
+// load_run: scans grad_stats in parallel over disjoint step ranges (one SQLite connection
+// per thread; a 10 M-row run needs ~2.3 s on one thread), then merges in step order.
+#include <sqlite3.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "ampdiag/analyzer/run.h"
+#include "ampdiag/rundb/reader.h"
+
+namespace ampdiag::analyzer {
+
+namespace {
+
+struct Connection {
+  sqlite3* db = nullptr;
+  explicit Connection(const std::string& path) {
+    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK)
+      throw rundb::RunDbError(path + ": cannot open");
+    sqlite3_busy_timeout(db, 2000);
+    sqlite3_exec(db, "PRAGMA mmap_size = 1073741824; PRAGMA cache_size = -65536;", nullptr, nullptr, nullptr);
+  }
+  ~Connection() { sqlite3_close_v2(db); }
+  std::int64_t scalar(const char* sql) const {
+    sqlite3_stmt* st = nullptr;
+    std::int64_t v = -1;
+    if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW &&
+        sqlite3_column_type(st, 0) != SQLITE_NULL)
+      v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return v;
+  }
+};
+
+// What one thread gathers from its step range.
+struct Partial {
+  std::vector<std::vector<GradSample>> samples;                     // by layer
+  std::vector<std::pair<std::int64_t, std::vector<std::pair<std::int64_t, std::int64_t>>>> nonfinite;  // step -> (bwd_order, layer)
+  std::int64_t rows = 0;
+  std::string error;
+};
+
+std::uint16_t quantise16(double frac) { return std::uint16_t(std::lround(std::clamp(frac, 0.0, 1.0) * 65535.0)); }
+std::uint8_t quantise8(double frac) { return std::uint8_t(std::lround(std::clamp(frac, 0.0, 1.0) * 255.0)); }
+
+void scan_range(const std::string& path, std::int64_t first, std::int64_t last, std::size_t layer_count, Partial& out,
+                std::atomic<std::int64_t>& progress, std::atomic<int>& finished) {
+  struct Done {
+    std::atomic<int>& n;
+    ~Done() { n.fetch_add(1); }
+  } done{finished};
+  try {
+    Connection c(path);
+    sqlite3_stmt* st = nullptr;
+    const char* sql =
+        "SELECT step, layer_id, bwd_order, numel, nan + inf, zeros, fp16_subnormal, absmax FROM grad_stats "
+        "WHERE step >= ?1 AND step <= ?2";
+    if (sqlite3_prepare_v2(c.db, sql, -1, &st, nullptr) != SQLITE_OK)
+      throw rundb::RunDbError(path + ": cannot read grad_stats: " + sqlite3_errmsg(c.db));
+    sqlite3_bind_int64(st, 1, first);
+    sqlite3_bind_int64(st, 2, last);
+    out.samples.assign(layer_count, {});
+    std::int64_t current_step = -1;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+      const std::int64_t step = sqlite3_column_int64(st, 0);
+      const std::int64_t layer = sqlite3_column_int64(st, 1);
+      const std::int64_t numel = std::max<std::int64_t>(1, sqlite3_column_int64(st, 3));
+      const bool nonfinite = sqlite3_column_int64(st, 4) > 0;
+      if (layer < 0) continue;
+      if (std::size_t(layer) >= out.samples.size()) out.samples.resize(std::size_t(layer) + 1);
+      out.samples[std::size_t(layer)].push_back({std::int32_t(step), float(sqlite3_column_double(st, 7)),
+                                                 quantise16(double(sqlite3_column_int64(st, 5)) / double(numel)),
+                                                 std::uint8_t(nonfinite ? 1 : 0),
+                                                 quantise8(double(sqlite3_column_int64(st, 6)) / double(numel))});
+      if (nonfinite) {
+        if (out.nonfinite.empty() || current_step != step) {
+          out.nonfinite.push_back({step, {}});
+          current_step = step;
+        }
+        std::int64_t order = sqlite3_column_int64(st, 2);
+        if (order < 0) order = INT64_MAX;  // no hook saw it: after everything that did
+        out.nonfinite.back().second.push_back({order, layer});
+      }
+      if ((++out.rows & 0xffff) == 0) progress.fetch_add(0x10000, std::memory_order_relaxed);
+    }
+    const bool ok = rc == SQLITE_DONE;
+    const std::string why = ok ? "" : sqlite3_errmsg(c.db);
+    sqlite3_finalize(st);
+    if (!ok) throw rundb::RunDbError(path + ": reading grad_stats failed (truncated or corrupted?): " + why);
+  } catch (const std::exception& e) {
+    out.error = e.what();
+  }
+}
+
+bool process_alive(const std::string& pid_text) {
+  const long pid = std::atol(pid_text.c_str());
+  return pid > 0 && (::kill(pid_t(pid), 0) == 0 || errno == EPERM);
+}
+
+}  // namespace
+
+std::string Run::meta_or(const std::string& key, const std::string& fallback) const {
+  const auto it = meta.find(key);
+  return it == meta.end() ? fallback : it->second;
+}
+
+double Run::init_scale() const { return std::atof(meta_or("scaler_init_scale", "65536").c_str()); }
+
+double headroom_bits(double absmax, double fp_max) {
+  if (!(absmax > 0.0)) return INFINITY;
+  return std::log2(fp_max / absmax);
+}
+
+Run load_run(const std::string& path, const LoadOptions& options) {
+  rundb::RunDbReader reader(path);  // validates identity and version, one clear line if not
+  Run run;
+  run.path = path;
+  run.meta = reader.meta();
+  run.finished = reader.finished();
+  if (!run.finished && !options.allow_unfinished) {
+    const std::string pid = run.meta_or("pid", "");
+    const bool alive = !pid.empty() && process_alive(pid);
+    throw rundb::RunDbError(path + (alive ? ": still being written by process " + pid
+                                          : ": was not closed (its training process stopped or was killed)") +
+                            "; pass --allow-partial to report on what it holds so far");
+  }
+  run.rank = std::atoll(run.meta_or("rank", "0").c_str());
+  run.world_size = std::atoll(run.meta_or("world_size", "1").c_str());
+  run.fp_max = run.meta_or("amp_dtype", "float16") == "bfloat16" ? 3.3895313892515355e38 : 65504.0;
+  try {
+    for (auto& row : reader.steps()) run.steps.push_back({row, {}, -1});
+    for (auto& row : reader.layers()) run.layers.push_back({row, {}, 0, 0});
+    for (auto& row : reader.modules()) run.modules.push_back({row, 0, 0, -1, 0.0f});
+    run.events = reader.events();
+  } catch (const rundb::RunDbError& e) {
+    throw rundb::RunDbError(std::string(e.what()) + " (truncated or corrupted?)");
+  }
+  if (run.steps.empty())
+    throw rundb::RunDbError(path + ": holds no steps (the training never reached scaler.update())");
+  for (std::size_t i = 0; i < run.layers.size(); ++i)
+    if (run.layers[i].info.id != std::int64_t(i)) throw rundb::RunDbError(path + ": layer ids are not dense: corrupted");
+  for (std::size_t i = 0; i < run.modules.size(); ++i)
+    if (run.modules[i].info.id != std::int64_t(i)) throw rundb::RunDbError(path + ": module ids are not dense: corrupted");
+
+  // Gradient statistics, in parallel over step ranges.
+  Connection probe(path);
+  const std::int64_t first = probe.scalar("SELECT MIN(step) FROM grad_stats");
+  const std::int64_t last = probe.scalar("SELECT MAX(step) FROM grad_stats");
+  const int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<Partial> parts;
+  if (first >= 0) {
+    const std::int64_t span = last - first + 1;
+    const int n = int(std::min<std::int64_t>(threads, span));
+    parts.resize(std::size_t(n));
+    std::atomic<std::int64_t> progress{0};
+    std::atomic<int> finished{0};
+    std::vector<std::thread> workers;
+    const std::int64_t estimate = span * std::int64_t(std::max<std::size_t>(1, run.layers.size()));
+    for (int t = 0; t < n; ++t) {
+      const std::int64_t lo = first + span * t / n, hi = first + span * (t + 1) / n - 1;
+      workers.emplace_back(scan_range, path, lo, hi, run.layers.size(), std::ref(parts[std::size_t(t)]), std::ref(progress),
+                           std::ref(finished));
+    }
+    while (options.progress && finished.load() < n) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      options.progress(progress.load(), estimate);
+    }
+    for (auto& w : workers) w.join();
+  }
+  for (const auto& p : parts)
+    if (!p.error.empty()) throw rundb::RunDbError(p.error);
+
+  std::map<std::int64_t, std::size_t> step_index;
+  for (std::size_t i = 0; i < run.steps.size(); ++i) step_index[run.steps[i].row.step] = i;
+  for (auto& p : parts) {
+    run.grad_rows += p.rows;
+    if (p.samples.size() > run.layers.size()) throw rundb::RunDbError(path + ": gradient rows name unknown layers: corrupted");
+    for (std::size_t l = 0; l < p.samples.size(); ++l) {
+      auto& dst = run.layers[l].samples;
+      dst.insert(dst.end(), p.samples[l].begin(), p.samples[l].end());
+    }
+    for (auto& [step, list] : p.nonfinite) {
+      std::sort(list.begin(), list.end());
+      const auto it = step_index.find(step);
+      for (const auto& [order, layer] : list) run.layers[std::size_t(layer)].nonfinite_steps += 1;
+      if (it == step_index.end()) continue;  // a step row not committed yet
+      StepSummary& s = run.steps[it->second];
+      for (const auto& [order, layer] : list) s.nonfinite_layers.push_back(layer);
+      if (s.row.skipped && !list.empty()) run.layers[std::size_t(list.front().second)].first_nonfinite += 1;
+    }
+  }
+
+  // Activation statistics: per step, the first module (forward order) with NaN/Inf.
+  rundb::RunDbReader acts(path);
+  std::int64_t current = -1;
+  bool found_in_step = false;
+  try {
+    for (const auto& a : acts.act_stats()) {
+      ++run.act_rows;
+      if (a.module_id < 0 || std::size_t(a.module_id) >= run.modules.size())
+        throw rundb::RunDbError(path + ": activation rows name unknown modules: corrupted");
+      ModuleSummary& m = run.modules[std::size_t(a.module_id)];
+      if (a.step != current) {
+        current = a.step;
+        found_in_step = false;
+      }
+      if (std::isfinite(a.stats.absmax)) m.max_absmax = std::max(m.max_absmax, float(a.stats.absmax));
+      if (a.stats.nan + a.stats.inf == 0) continue;
+      ++m.nonfinite_steps;
+      if (found_in_step) continue;
+      found_in_step = true;
+      ++m.first_nonfinite;
+      if (m.first_step < 0) m.first_step = a.step;
+      const auto it = step_index.find(a.step);
+      if (it != step_index.end()) run.steps[it->second].first_nonfinite_module = a.module_id;
+    }
+  } catch (const rundb::RunDbError& e) {
+    const std::string what = e.what();
+    throw rundb::RunDbError(what.find("corrupted") != std::string::npos ? what : what + " (truncated or corrupted?)");
+  }
+  return run;
+}
+
+}  // namespace ampdiag::analyzer

@@ -1,0 +1,103 @@
+// JSON and JUnit XML reports, for scripts and CI.
+#include <map>
+
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/render.h"
+#include "json_writer.h"
+
+namespace ampdiag::analyzer {
+
+namespace {
+
+using json::number;
+using json::quote;
+
+std::string xml(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string render_json(const Report& r, const Gate& gate) {
+  std::string o = "{\n  \"format\": \"ampdiag-report\",\n  \"version\": 1,\n";
+  o += "  \"healthy\": " + std::string(r.healthy() ? "true" : "false") + ",\n";
+  o += "  \"gate\": {\"fail_on\": " + quote(gate.spec()) + ", \"fails\": " + (gate.fails(r) ? "true" : "false") + "},\n";
+  o += "  \"runs\": [";
+  for (std::size_t i = 0; i < r.runs.size(); ++i) {
+    const auto& x = r.runs[i];
+    o += std::string(i ? "," : "") + "\n    {\"path\": " + quote(x.path) + ", \"rank\": " + number(x.rank) +
+         ", \"steps\": " + number(x.steps) + ", \"skipped\": " + number(x.skipped) +
+         ", \"calibration_skips\": " + number(x.calibration_skips) + ", \"first_scale\": " + number(x.first_scale) +
+         ", \"last_scale\": " + number(x.last_scale) + ", \"min_scale\": " + number(x.min_scale) +
+         ", \"layers\": " + number(x.layers) + ", \"modules\": " + number(x.modules) + ", \"grad_rows\": " +
+         number(x.grad_rows) + ", \"act_rows\": " + number(x.act_rows) + ", \"finished\": " + (x.finished ? "true" : "false") +
+         ", \"amp_dtype\": " + quote(x.amp_dtype) + ", \"device\": " + quote(x.device) + "}";
+  }
+  o += "\n  ],\n  \"findings\": [";
+  for (std::size_t i = 0; i < r.findings.size(); ++i) {
+    const auto& f = r.findings[i];
+    o += std::string(i ? "," : "") + "\n    {\"rule\": " + quote(f.rule) + ", \"severity\": " + quote(severity_name(f.severity)) +
+         ", \"fails_gate\": " + (gate.fails(f) ? "true" : "false") + ", \"module\": " + quote(f.module) +
+         ", \"layer\": " + quote(f.layer) + ", \"title\": " + quote(f.title) + ", \"evidence\": " + quote(f.evidence) +
+         ", \"score\": " + number(f.score) + ",\n     \"ranks\": [";
+    for (std::size_t k = 0; k < f.ranks.size(); ++k) o += (k ? ", " : "") + number(f.ranks[k]);
+    o += "], \"steps\": [";
+    for (std::size_t k = 0; k < f.steps.size(); ++k) o += (k ? ", " : "") + number(f.steps[k]);
+    o += "],\n     \"suggestions\": [";
+    for (std::size_t k = 0; k < f.suggestions.size(); ++k) {
+      const auto& s = f.suggestions[k];
+      o += std::string(k ? ", " : "") + "{\"summary\": " + quote(s.summary) + ", \"python\": " + quote(s.python) +
+           ", \"cpp\": " + quote(s.cpp) + "}";
+    }
+    o += "]}";
+  }
+  o += "\n  ],\n  \"skipped_steps\": [";
+  for (std::size_t i = 0; i < r.skipped.size(); ++i) {
+    const auto& k = r.skipped[i];
+    o += std::string(i ? "," : "") + "\n    {\"rank\": " + number(k.rank) + ", \"step\": " + number(k.step) +
+         ", \"scale\": " + number(k.scale) + ", \"loss\": " + number(k.loss) + ", \"forward_module\": " +
+         quote(k.forward_module) + ", \"nonfinite_layer_count\": " + number(k.nonfinite_layer_count) +
+         ", \"nonfinite_layers\": [";
+    for (std::size_t j = 0; j < k.nonfinite_layers.size(); ++j) o += (j ? ", " : "") + quote(k.nonfinite_layers[j]);
+    o += "]}";
+  }
+  o += "\n  ]\n}\n";
+  return o;
+}
+
+std::string render_junit(const Report& r, const Gate& gate) {
+  std::map<std::string, std::vector<const Finding*>> by_rule;
+  for (const auto& f : r.findings) by_rule[f.rule].push_back(&f);
+  int failures = 0;
+  std::string cases;
+  for (const auto& id : rule_ids()) {
+    cases += "    <testcase classname=\"ampdiag\" name=\"" + id + "\">\n";
+    std::string failing, notes;
+    for (const Finding* f : by_rule[id]) {
+      const std::string line = std::string(severity_name(f->severity)) + ": " + f->title + " -- " + f->evidence + "\n";
+      (gate.fails(*f) ? failing : notes) += line;
+    }
+    if (!failing.empty()) {
+      ++failures;
+      cases += "      <failure message=\"" + xml(by_rule[id].front()->title) + "\">" + xml(failing) + "</failure>\n";
+    }
+    if (!notes.empty()) cases += "      <system-out>" + xml(notes) + "</system-out>\n";
+    cases += "    </testcase>\n";
+  }
+  std::string name = r.runs.empty() ? "run" : r.runs.front().path;
+  return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n  <testsuite name=\"ampdiag " + xml(name) +
+         "\" tests=\"" + std::to_string(rule_ids().size()) + "\" failures=\"" + std::to_string(failures) +
+         "\" errors=\"0\">\n" + cases + "  </testsuite>\n</testsuites>\n";
+}
+
+}  // namespace ampdiag::analyzer

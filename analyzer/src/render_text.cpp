@@ -1,0 +1,117 @@
+// Text and Markdown reports: the verdict, then the unstable layers with evidence and the
+// fix, then every skipped step's cause.
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "ampdiag/analyzer/render.h"
+
+namespace ampdiag::analyzer {
+
+namespace {
+
+std::string fmt(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+std::string indent(const std::string& text, const std::string& pad) {
+  std::string out;
+  std::stringstream in(text);
+  for (std::string line; std::getline(in, line);) out += pad + line + "\n";
+  return out;
+}
+
+std::string ranks_text(const Finding& f, std::size_t runs) {
+  if (runs < 2) return "";
+  std::string s = " [rank";
+  for (auto r : f.ranks) s += " " + std::to_string(r);
+  return s + "]";
+}
+
+std::string overview_line(const RunOverview& o) {
+  return o.path + ": " + std::to_string(o.steps) + " steps, " + std::to_string(o.skipped) + " skipped, loss scale " +
+         fmt(o.first_scale) + " -> " + fmt(o.last_scale) + " (lowest " + fmt(o.min_scale) + "), " + o.amp_dtype + " on " +
+         (o.device.empty() ? "?" : o.device) + (o.finished ? "" : ", NOT FINISHED (partial)");
+}
+
+std::string skipped_line(const SkippedStep& k, bool show_rank) {
+  std::string s = (show_rank ? "rank " + std::to_string(k.rank) + " " : "") + "step " + std::to_string(k.step) +
+                  " (scale " + fmt(k.scale) + "): ";
+  if (!k.forward_module.empty()) s += "forward went non-finite at " + k.forward_module + "; ";
+  if (k.nonfinite_layers.empty()) return s + "no gradient statistics recorded for this step";
+  s += "first non-finite gradient " + k.nonfinite_layers.front();
+  if (k.nonfinite_layer_count > 1) s += " (+" + std::to_string(k.nonfinite_layer_count - 1) + " more layers after it)";
+  return s;
+}
+
+}  // namespace
+
+std::string render_text(const Report& r, const Gate& gate, const RenderOptions& o) {
+  const char* red = o.color ? "\033[31;1m" : "";
+  const char* yellow = o.color ? "\033[33;1m" : "";
+  const char* green = o.color ? "\033[32;1m" : "";
+  const char* bold = o.color ? "\033[1m" : "";
+  const char* dim = o.color ? "\033[2m" : "";
+  const char* reset = o.color ? "\033[0m" : "";
+  std::string out;
+  const bool fails = gate.fails(r);
+  if (r.healthy())
+    out += std::string(green) + "HEALTHY" + reset + ": no overflow, underflow or loss-scale problem found.\n";
+  else
+    out += std::string(fails ? red : yellow) + (fails ? "UNHEALTHY" : "WARNINGS") + reset + ": " +
+           std::to_string(r.findings.size()) + " finding(s)" + (fails ? " fail the gate (--fail-on " + gate.spec() + ")" : "") +
+           ".\n";
+  for (const auto& run : r.runs) out += std::string(dim) + overview_line(run) + reset + "\n";
+  int n = 0;
+  for (const auto& f : r.findings) {
+    const char* colour = f.severity == Severity::kError ? red : (f.severity == Severity::kWarning ? yellow : dim);
+    out += "\n" + std::string(bold) + std::to_string(++n) + ". " + reset + colour + severity_name(f.severity) + reset + " " +
+           bold + "[" + f.rule + "]" + reset + ranks_text(f, r.runs.size()) + " " + f.title + "\n";
+    if (!f.module.empty()) out += "   module:   " + f.module + "\n";
+    if (!f.layer.empty()) out += "   layer:    " + f.layer + "\n";
+    out += "   evidence: " + f.evidence + "\n";
+    for (const auto& s : f.suggestions) {
+      out += "   fix:      " + s.summary + "\n";
+      if (!s.python.empty()) out += std::string(dim) + "   Python:\n" + reset + indent(s.python, "      ");
+      if (!s.cpp.empty()) out += std::string(dim) + "   C++:\n" + reset + indent(s.cpp, "      ");
+    }
+  }
+  if (!r.skipped.empty()) {
+    out += "\n" + std::string(bold) + "Skipped steps" + reset + " (" + std::to_string(r.skipped.size()) + "), and why:\n";
+    for (std::size_t i = 0; i < r.skipped.size() && i < o.max_skipped; ++i)
+      out += "  " + skipped_line(r.skipped[i], r.runs.size() > 1) + "\n";
+    if (r.skipped.size() > o.max_skipped)
+      out += "  ... " + std::to_string(r.skipped.size() - o.max_skipped) + " more (--format json lists them all)\n";
+  }
+  return out;
+}
+
+std::string render_markdown(const Report& r, const Gate& gate) {
+  std::string out = "# ampdiag report\n\n";
+  out += r.healthy() ? "**Healthy**: no overflow, underflow or loss-scale problem found.\n\n"
+                     : std::string("**") + (gate.fails(r) ? "Unhealthy" : "Warnings") + "**: " +
+                           std::to_string(r.findings.size()) + " finding(s).\n\n";
+  for (const auto& run : r.runs) out += "- " + overview_line(run) + "\n";
+  int n = 0;
+  for (const auto& f : r.findings) {
+    out += "\n## " + std::to_string(++n) + ". " + severity_name(f.severity) + " `" + f.rule + "`: " + f.title + "\n\n";
+    if (!f.module.empty()) out += "- module: `" + f.module + "`\n";
+    if (!f.layer.empty()) out += "- layer: `" + f.layer + "`\n";
+    out += "- evidence: " + f.evidence + "\n";
+    for (const auto& s : f.suggestions) {
+      out += "- fix: " + s.summary + "\n";
+      if (!s.python.empty()) out += "\n```python\n" + s.python + "\n```\n";
+      if (!s.cpp.empty()) out += "\n```cpp\n" + s.cpp + "\n```\n";
+    }
+  }
+  if (!r.skipped.empty()) {
+    out += "\n## Skipped steps\n\n";
+    for (std::size_t i = 0; i < r.skipped.size() && i < 50; ++i) out += "- " + skipped_line(r.skipped[i], r.runs.size() > 1) + "\n";
+    if (r.skipped.size() > 50) out += "- ... " + std::to_string(r.skipped.size() - 50) + " more\n";
+  }
+  return out;
+}
+
+}  // namespace ampdiag::analyzer

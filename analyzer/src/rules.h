@@ -1,0 +1,29 @@
+// The analyzer's rules: each reads one run (or all ranks) and appends findings.
+#pragma once
+
+#include <vector>
+
+#include "ampdiag/analyzer/findings.h"
+#include "ampdiag/analyzer/run.h"
+
+namespace ampdiag::analyzer::rules {
+
+// Steps skipped at the start while the scaler halves its way down from init_scale.
+std::int64_t calibration_skips(const Run& run);
+// A skip right after the scale grew: the scaler probing for room, normal behaviour.
+bool is_growth_probe(const Run& run, std::size_t step_index);
+// Skipped steps that are neither calibration nor growth probes.
+std::int64_t harmful_skips(const Run& run);
+// Whether the run's overflows hurt it: the scale fell below the floor, or harmful skips
+// exceed the skip-rate threshold.
+bool overflow_hurts(const Run& run, const Thresholds& t);
+
+void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out);
+void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out);
+void forward_nonfinite(const Run& run, const Thresholds& t, std::vector<Finding>& out);
+void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out);
+void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out);
+void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out);
+void rank_disagreement(const std::vector<Run>& runs, const Thresholds& t, std::vector<Finding>& out);
+
+}  // namespace ampdiag::analyzer::rules

@@ -1,0 +1,98 @@
+// low-headroom and underflow: the two ends of the fp16 range, per layer.
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "rules.h"
+#include "suggestions.h"
+
+namespace ampdiag::analyzer::rules {
+
+namespace {
+
+std::string pct(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.0f%%", v * 100.0);
+  return b;
+}
+
+}  // namespace
+
+void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
+  // A dynamic scaler grows until the largest gradient nears the top, so some layer always
+  // runs close to it once the scale has room. It matters when that layer holds the scale
+  // below where the run started.
+  std::map<std::int64_t, double> scale_at;
+  for (const auto& s : run.steps) scale_at[s.row.step] = s.row.scale_before;
+  const double init = run.steps.front().row.scale_before;
+  for (const auto& layer : run.layers) {
+    std::int64_t finite = 0, low = 0, low_scale = 0, first = -1;
+    double least = INFINITY;
+    for (const auto& s : layer.samples) {
+      if (s.nonfinite || !(s.absmax > 0.0f)) continue;
+      ++finite;
+      const double h = headroom_bits(s.absmax, run.fp_max);
+      least = std::min(least, h);
+      if (h < t.headroom_bits) {
+        ++low;
+        const auto it = scale_at.find(s.step);
+        if (it != scale_at.end() && it->second < init) ++low_scale;
+        if (first < 0) first = s.step;
+      }
+    }
+    if (finite == 0 || double(low) / double(finite) < t.headroom_fraction || 2 * low_scale < low) continue;
+    Finding f;
+    f.rule = "low-headroom";
+    f.severity = Severity::kWarning;
+    f.layer = layer.info.name;
+    f.module = suggest::module_for_layer(run, layer.info);
+    f.score = 40.0 + 10.0 * double(low) / double(finite);
+    char least_text[32];
+    std::snprintf(least_text, sizeof least_text, "%.2f", least);
+    f.title = layer.info.name + " runs within " + std::to_string(int(t.headroom_bits)) + " bit(s) of the largest fp value";
+    f.evidence = "scaled abs-max within " + std::to_string(int(t.headroom_bits)) + " bit(s) of " +
+                 std::to_string(std::lround(run.fp_max)) + " in " + std::to_string(low) + " of " + std::to_string(finite) +
+                 " sampled steps (least headroom " + least_text + " bits), mostly while the loss scale was below its initial " +
+                 std::to_string(std::lround(init));
+    f.steps.push_back(first);
+    f.suggestions.push_back(suggest::pin_fp32(run, f.module));
+    out.push_back(f);
+  }
+}
+
+void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
+  for (const auto& layer : run.layers) {
+    if (layer.info.numel < 16) continue;  // a handful of values says nothing about a distribution
+    std::int64_t finite = 0;
+    double sum = 0.0, zeros = 0.0;
+    std::int64_t first = -1;
+    for (const auto& s : layer.samples) {
+      if (s.nonfinite) continue;
+      ++finite;
+      const double z = double(s.zero_q) / 65535.0, sub = double(s.sub_q) / 255.0;
+      zeros += z;
+      sum += z + sub;
+      if (first < 0 && z + sub > t.underflow_fraction) first = s.step;
+    }
+    if (finite == 0 || sum / double(finite) <= t.underflow_fraction) continue;
+    const double mean = sum / double(finite), mean_zero = zeros / double(finite);
+    Finding f;
+    f.rule = "underflow";
+    f.severity = Severity::kWarning;
+    f.layer = layer.info.name;
+    f.module = suggest::module_for_layer(run, layer.info);
+    f.score = 30.0 + 10.0 * mean;
+    f.title = layer.info.name + ": most of its gradient is zero or below fp16's normal range at the current scale";
+    f.evidence = "on average " + pct(mean) + " of its values were zero (" + pct(mean_zero) +
+                 ") or fp16-subnormal over " + std::to_string(finite) + " sampled steps";
+    f.steps.push_back(first);
+    const double scale = run.steps.back().row.scale_after;
+    f.suggestions.push_back(suggest::scaler_settings(
+        run, std::max(scale * 256.0, 65536.0), 500,
+        "Let the scale grow: a higher init_scale and a shorter growth_interval keep small gradients in range."));
+    f.suggestions.push_back(suggest::use_bf16(run));
+    out.push_back(f);
+  }
+}
+
+}  // namespace ampdiag::analyzer::rules

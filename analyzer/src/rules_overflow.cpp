@@ -1,0 +1,120 @@
+// overflow-origin (backward) and forward-nonfinite (forward): where NaN/Inf first appear.
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "rules.h"
+#include "suggestions.h"
+
+namespace ampdiag::analyzer::rules {
+
+namespace {
+
+std::string step_list(const std::vector<std::int64_t>& steps, std::size_t limit = 6) {
+  std::string s;
+  for (std::size_t i = 0; i < steps.size() && i < limit; ++i) s += (i ? ", " : "") + std::to_string(steps[i]);
+  if (steps.size() > limit) s += ", ...";
+  return s;
+}
+
+// A step whose forward already went non-finite is a forward problem: every gradient is
+// NaN then, and "first in backward" would only name the loss's last layer.
+bool forward_failed(const StepSummary& s) { return s.first_nonfinite_module >= 0 || !std::isfinite(s.row.loss); }
+
+}  // namespace
+
+void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
+  // Overflows that only calibrate the scale or answer its growth probes are the scaler
+  // working as designed: still reported, as information.
+  const bool hurts = overflow_hurts(run, t);
+  struct PerModule {
+    std::int64_t first = 0;
+    std::map<std::string, std::int64_t> layers;  // parameter -> times first
+    std::vector<std::int64_t> steps;
+  };
+  std::map<std::string, PerModule> modules;
+  std::int64_t considered = 0;
+  for (const auto& s : run.steps) {
+    if (!s.row.skipped || s.nonfinite_layers.empty() || forward_failed(s)) continue;
+    ++considered;
+    const auto& layer = run.layers[std::size_t(s.nonfinite_layers.front())].info;
+    PerModule& m = modules[suggest::module_for_layer(run, layer)];
+    ++m.first;
+    ++m.layers[layer.name];
+    m.steps.push_back(s.row.step);
+  }
+  std::vector<std::pair<std::string, PerModule>> ranked(modules.begin(), modules.end());
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  bool top = true;
+  for (const auto& [module, m] : ranked) {
+    const auto layer = std::max_element(m.layers.begin(), m.layers.end(),
+                                        [](const auto& a, const auto& b) { return a.second < b.second; });
+    Finding f;
+    f.rule = "overflow-origin";
+    f.severity = !hurts ? Severity::kInfo : (top ? Severity::kError : Severity::kWarning);
+    f.module = module;
+    f.layer = layer->first;
+    const double share = double(m.first) / double(considered);
+    f.score = 90.0 * share + (top ? 5.0 : 0.0);
+    f.title = module + " overflows first in backward: its gradients go non-finite before any other layer's";
+    f.evidence = layer->first + " was the first gradient (in backward order) to hold NaN/Inf in " + std::to_string(m.first) +
+                 " of " + std::to_string(considered) + " skipped steps (steps " + step_list(m.steps) + ")";
+    if (!hurts) {
+      f.title = module + " is where the occasional overflow starts; the loss scale copes with it";
+      f.evidence += "; the scale stays above the floor and these skips only calibrate it or answer its growth probes";
+    }
+    f.steps.assign(m.steps.begin(), m.steps.begin() + std::min<std::size_t>(m.steps.size(), 20));
+    f.suggestions.push_back(suggest::pin_fp32(run, module));
+    f.suggestions.push_back(suggest::use_bf16(run));
+    out.push_back(f);
+    top = false;
+  }
+}
+
+void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& out) {
+  std::int64_t nonfinite_loss = 0, first_bad_loss = -1;
+  for (const auto& s : run.steps)
+    if (!std::isfinite(s.row.loss)) {
+      ++nonfinite_loss;
+      if (first_bad_loss < 0) first_bad_loss = s.row.step;
+    }
+  std::vector<const ModuleSummary*> ranked;
+  for (const auto& m : run.modules)
+    if (m.first_nonfinite > 0) ranked.push_back(&m);
+  std::sort(ranked.begin(), ranked.end(), [](auto* a, auto* b) { return a->first_nonfinite > b->first_nonfinite; });
+  std::int64_t with_module = 0;
+  for (const auto& s : run.steps) with_module += s.first_nonfinite_module >= 0;
+  bool top = true;
+  for (const ModuleSummary* m : ranked) {
+    Finding f;
+    f.rule = "forward-nonfinite";
+    f.severity = top ? Severity::kError : Severity::kWarning;
+    f.module = m->info.path;
+    f.score = 95.0 * double(m->first_nonfinite) / double(std::max<std::int64_t>(1, with_module)) + (top ? 5.0 : 0.0);
+    f.title = m->info.path + " is the first module whose output is NaN/Inf in forward";
+    f.evidence = "first non-finite output in forward order in " + std::to_string(m->first_nonfinite) + " of " +
+                 std::to_string(run.steps.size()) + " steps, from step " + std::to_string(m->first_step) +
+                 "; the loss was NaN/Inf in " + std::to_string(nonfinite_loss) + " steps";
+    f.steps.push_back(m->first_step);
+    f.suggestions.push_back(suggest::pin_fp32(run, m->info.path));
+    f.suggestions.push_back(suggest::use_bf16(run));
+    out.push_back(f);
+    top = false;
+  }
+  if (ranked.empty() && nonfinite_loss > 0) {
+    Finding f;
+    f.rule = "forward-nonfinite";
+    f.severity = Severity::kError;
+    f.score = 80.0;
+    f.title = "The loss is NaN/Inf, but no module output was probed to say where it started";
+    f.evidence = "loss non-finite in " + std::to_string(nonfinite_loss) + " of " + std::to_string(run.steps.size()) +
+                 " steps, first at step " + std::to_string(first_bad_loss);
+    f.steps.push_back(first_bad_loss);
+    f.suggestions.push_back({"Record activations: in Python attach with activations=True (the default); in C++ wrap module "
+                             "outputs with agent.probe(\"path\", x).",
+                             "handle = ampdiag.attach(model, scaler, activations=True)", "x = agent.probe(\"encoder.0\", x);"});
+    out.push_back(f);
+  }
+}
+
+}  // namespace ampdiag::analyzer::rules

@@ -1,0 +1,145 @@
+// scale-collapse and skip-rate: what the loss-scale timeline says.
+#include <cmath>
+#include <cstdio>
+
+#include "rules.h"
+#include "suggestions.h"
+
+namespace ampdiag::analyzer::rules {
+
+namespace {
+
+std::string fmt(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+}  // namespace
+
+std::int64_t calibration_skips(const Run& run) {
+  std::int64_t n = 0;
+  for (const auto& s : run.steps) {
+    if (!s.row.skipped || s.row.scale_after >= s.row.scale_before) break;
+    ++n;
+  }
+  return n;
+}
+
+bool is_growth_probe(const Run& run, std::size_t i) {
+  return i > 0 && run.steps[i].row.skipped && run.steps[i].row.scale_before > run.steps[i - 1].row.scale_before;
+}
+
+std::int64_t harmful_skips(const Run& run) {
+  std::int64_t n = 0;
+  for (std::size_t i = std::size_t(calibration_skips(run)); i < run.steps.size(); ++i)
+    n += run.steps[i].row.skipped && !is_growth_probe(run, i);
+  return n;
+}
+
+bool overflow_hurts(const Run& run, const Thresholds& t) {
+  for (const auto& s : run.steps)
+    if (s.row.scale_after < t.scale_floor) return true;
+  const std::int64_t considered = std::int64_t(run.steps.size()) - calibration_skips(run);
+  return considered <= 0 || double(harmful_skips(run)) / double(considered) > t.skip_rate;
+}
+
+void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
+  double lowest = INFINITY;
+  std::int64_t lowest_step = -1, below = 0, first_below = -1;
+  std::int64_t run_backoffs = 0, longest_run = 0, longest_end = -1;
+  double peak_since = 0.0;
+  for (const auto& s : run.steps) {
+    if (s.row.scale_after < lowest) {
+      lowest = s.row.scale_after;
+      lowest_step = s.row.step;
+    }
+    if (s.row.scale_after < t.scale_floor) {
+      ++below;
+      if (first_below < 0) first_below = s.row.step;
+    }
+    // Back-offs that never climb back to where the run started.
+    if (s.row.scale_after < s.row.scale_before) {
+      ++run_backoffs;
+      if (run_backoffs > longest_run) {
+        longest_run = run_backoffs;
+        longest_end = s.row.step;
+      }
+    } else if (s.row.scale_after > s.row.scale_before) {
+      peak_since = std::max(peak_since, s.row.scale_after);
+      if (s.row.scale_after >= run.steps.front().row.scale_before) run_backoffs = 0;
+    }
+  }
+  const bool collapsed = below > 0;
+  const bool sliding = longest_run >= t.backoff_run && run.steps.back().row.scale_after < run.steps.front().row.scale_before;
+  if (!collapsed && !sliding) return;
+  Finding f;
+  f.rule = "scale-collapse";
+  f.severity = Severity::kError;
+  f.score = 100.0;
+  if (lowest < 1.0)
+    f.title = "The loss scale fell below 1 (" + fmt(lowest) + "): fp16 gradients are being shrunk, not protected";
+  else if (collapsed)
+    f.title = "The loss scale collapsed to " + fmt(lowest) + ", below the floor of " + fmt(t.scale_floor);
+  else
+    f.title = "The loss scale keeps backing off without recovering (" + std::to_string(longest_run) + " back-offs)";
+  f.evidence = "scale " + fmt(run.steps.front().row.scale_before) + " at step " + std::to_string(run.steps.front().row.step) +
+               ", lowest " + fmt(lowest) + " at step " + std::to_string(lowest_step) + ", " +
+               std::to_string(below) + " steps below " + fmt(t.scale_floor) + ", now " + fmt(run.steps.back().row.scale_after) +
+               "; " + std::to_string(longest_run) + " back-offs since the scale was last at its initial value";
+  bool stuck = run.steps.size() >= 4;
+  for (std::size_t i = run.steps.size() >= 4 ? run.steps.size() - 4 : 0; i < run.steps.size(); ++i)
+    stuck = stuck && run.steps[i].row.scale_after == lowest;
+  if (stuck) f.evidence += "; it has stayed at its lowest value for the last steps";
+  if (first_below >= 0) f.steps.push_back(first_below);
+  if (longest_end >= 0) f.steps.push_back(longest_end);
+  f.suggestions.push_back({"Find the layer that overflows (see overflow-origin / forward-nonfinite) and pin it to FP32; "
+                           "the scale recovers once nothing overflows.", "", ""});
+  out.push_back(f);
+}
+
+void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
+  const std::int64_t calibration = calibration_skips(run);
+  std::int64_t skipped = 0, probes = 0, considered = 0, first = -1;
+  for (std::size_t i = std::size_t(calibration); i < run.steps.size(); ++i) {
+    ++considered;
+    if (!run.steps[i].row.skipped) continue;
+    if (is_growth_probe(run, i)) {
+      ++probes;
+      continue;
+    }
+    ++skipped;
+    if (first < 0) first = run.steps[i].row.step;
+  }
+  if (considered == 0) {
+    // Every step was skipped while backing off from init_scale.
+    skipped = calibration;
+    considered = std::int64_t(run.steps.size());
+    first = run.steps.front().row.step;
+  }
+  const double rate = considered ? double(skipped) / double(considered) : 0.0;
+  if (rate <= t.skip_rate) return;
+  Finding f;
+  f.rule = "skip-rate";
+  f.severity = rate >= 0.5 ? Severity::kError : Severity::kWarning;
+  f.score = 50.0 + rate * 10.0;
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.0f%%", rate * 100.0);
+  f.title = std::string(pct) + " of optimizer steps were skipped";
+  f.evidence = std::to_string(skipped) + " of " + std::to_string(considered) + " steps skipped";
+  if (calibration > 0 && considered < std::int64_t(run.steps.size()))
+    f.evidence += " (not counting " + std::to_string(calibration) + " skipped at the start while the scale came down from " +
+                  fmt(run.steps.front().row.scale_before) + ")";
+  if (probes > 0) f.evidence += " (not counting " + std::to_string(probes) + " right after the scale grew: the scaler probing)";
+  f.evidence += "; threshold " + fmt(t.skip_rate * 100.0) + "%";
+  if (first >= 0) f.steps.push_back(first);
+  if (calibration >= 4 && rate <= 0.5) {
+    const double settled = run.steps[std::size_t(calibration - 1)].row.scale_after;
+    f.suggestions.push_back(suggest::scaler_settings(
+        run, settled, std::atoll(run.meta_or("scaler_growth_interval", "2000").c_str()),
+        "Start the scaler where it settled instead of halving down to it for " + std::to_string(calibration) + " steps."));
+  }
+  out.push_back(f);
+}
+
+}  // namespace ampdiag::analyzer::rules

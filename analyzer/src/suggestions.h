@@ -1,0 +1,22 @@
+// Copy-paste fixes, with the exact module path in them.
+#pragma once
+
+#include <string>
+
+#include "ampdiag/analyzer/findings.h"
+#include "ampdiag/analyzer/run.h"
+
+namespace ampdiag::analyzer::suggest {
+
+// "block1.0.attn" -> "model.block1[0].attn"
+std::string python_attribute(const std::string& module_path);
+
+Suggestion pin_fp32(const Run& run, const std::string& module_path);
+Suggestion use_bf16(const Run& run);
+Suggestion scaler_settings(const Run& run, double init_scale, std::int64_t growth_interval, const std::string& why);
+
+// The module to act on for a parameter: the innermost probed module containing it, else
+// the parameter's own module.
+std::string module_for_layer(const Run& run, const rundb::LayerRow& layer);
+
+}  // namespace ampdiag::analyzer::suggest

@@ -1,0 +1,109 @@
+// ampdiag diff: what got worse from one run to the next (exit 1 on a regression).
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/render.h"
+#include "commands.h"
+#include "terminal.h"
+
+namespace ampdiag::cli {
+
+namespace {
+
+constexpr const char* kHelp = R"(usage: ampdiag diff BASE.db NEW.db [options]
+
+Compares NEW with BASE and lists regressions: findings NEW has that BASE does not, a
+higher skip rate, a lower loss scale, layers that lost headroom. Exit 1 when there is a
+regression, 0 when there is none.
+
+options:
+  --skip-rate-delta X   a regression when the skip rate rises by more than X (default 0.05)
+  --headroom-delta X    a regression when a layer's least headroom drops by more than X bits (default 2)
+  --format F            text (default) or json
+  --allow-partial       read run.db files still being written
+)";
+
+double skip_rate(const analyzer::RunOverview& o) {
+  const std::int64_t considered = o.steps - o.calibration_skips;
+  return considered > 0 ? double(o.skipped - o.calibration_skips) / double(considered) : 1.0;
+}
+
+std::map<std::string, double> least_headroom(const analyzer::Run& run) {
+  std::map<std::string, double> out;
+  for (const auto& l : run.layers) {
+    double least = INFINITY;
+    for (const auto& s : l.samples)
+      if (!s.nonfinite && s.absmax > 0) least = std::min(least, analyzer::headroom_bits(s.absmax, run.fp_max));
+    out[l.info.name] = least;
+  }
+  return out;
+}
+
+}  // namespace
+
+int cmd_diff(int argc, char** argv) {
+  const Args args(argc, argv, {"--skip-rate-delta", "--headroom-delta", "--format"}, {"--allow-partial"});
+  if (args.help()) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  if (args.positionals().size() != 2) throw UsageError("give BASE.db and NEW.db (see --help)");
+  const double skip_delta = args.number("--skip-rate-delta", 0.05, 0.0, 1.0);
+  const double headroom_delta = args.number("--headroom-delta", 2.0, 0.0, 64.0);
+  const std::string format = args.choice("--format", "text", {"text", "json"});
+  const auto base_runs = load_runs({args.positionals()[0]}, args.flag("--allow-partial"), 0);
+  const auto new_runs = load_runs({args.positionals()[1]}, args.flag("--allow-partial"), 0);
+  const auto base = analyzer::analyze(base_runs), now = analyzer::analyze(new_runs);
+
+  std::vector<std::string> regressions, improvements;
+  std::set<std::string> base_keys, new_keys;
+  auto key = [](const analyzer::Finding& f) { return f.rule + " " + (f.module.empty() ? f.layer : f.module); };
+  for (const auto& f : base.findings) base_keys.insert(key(f));
+  for (const auto& f : now.findings) {
+    new_keys.insert(key(f));
+    if (f.severity != analyzer::Severity::kInfo && !base_keys.count(key(f)))
+      regressions.push_back("new " + std::string(analyzer::severity_name(f.severity)) + " [" + f.rule + "] " + f.title);
+  }
+  for (const auto& f : base.findings)
+    if (!new_keys.count(key(f))) improvements.push_back("gone: [" + f.rule + "] " + f.title);
+  const double base_skip = skip_rate(base.runs.front()), new_skip = skip_rate(now.runs.front());
+  char line[256];
+  if (new_skip > base_skip + skip_delta) {
+    std::snprintf(line, sizeof line, "skip rate %.1f%% -> %.1f%%", base_skip * 100, new_skip * 100);
+    regressions.push_back(line);
+  }
+  if (now.runs.front().min_scale < base.runs.front().min_scale / 2) {
+    std::snprintf(line, sizeof line, "lowest loss scale %g -> %g", base.runs.front().min_scale, now.runs.front().min_scale);
+    regressions.push_back(line);
+  }
+  const auto base_h = least_headroom(base_runs.front()), new_h = least_headroom(new_runs.front());
+  for (const auto& [name, h] : new_h) {
+    const auto b = base_h.find(name);
+    if (b == base_h.end() || !std::isfinite(b->second) || !std::isfinite(h)) continue;
+    if (h < b->second - headroom_delta) {
+      std::snprintf(line, sizeof line, "%s: least headroom %.1f -> %.1f bits", name.c_str(), b->second, h);
+      regressions.push_back(line);
+    }
+  }
+  if (format == "json") {
+    std::string o = "{\"regression\": " + std::string(regressions.empty() ? "false" : "true") + ", \"regressions\": [";
+    for (std::size_t i = 0; i < regressions.size(); ++i) {
+      std::string esc;
+      for (char c : regressions[i]) esc += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+      o += (i ? ", \"" : "\"") + esc + "\"";
+    }
+    o += "]}\n";
+    std::fputs(o.c_str(), stdout);
+  } else {
+    std::printf("%s vs %s: %s\n", args.positionals()[1].c_str(), args.positionals()[0].c_str(),
+                regressions.empty() ? "no regression" : (std::to_string(regressions.size()) + " regression(s)").c_str());
+    for (const auto& r : regressions) std::printf("  worse:  %s\n", r.c_str());
+    for (const auto& r : improvements) std::printf("  better: %s\n", r.c_str());
+  }
+  return regressions.empty() ? 0 : 1;
+}
+
+}  // namespace ampdiag::cli
