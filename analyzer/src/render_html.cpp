@@ -45,7 +45,7 @@ std::vector<const LayerSummary*> offender_layers(const Report& report, const Run
     if (!f.layer.empty()) names.insert(f.layer);
   for (const auto& l : run.layers)
     if (names.count(l.info.name) && out.size() < 5) out.push_back(&l);
-  if (out.empty()) {
+  {
     std::vector<std::pair<double, const LayerSummary*>> ranked;
     for (const auto& l : run.layers) {
       double least = INFINITY;
@@ -54,7 +54,8 @@ std::vector<const LayerSummary*> offender_layers(const Report& report, const Run
       if (std::isfinite(least)) ranked.push_back({least, &l});
     }
     std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (std::size_t i = 0; i < ranked.size() && i < 5; ++i) out.push_back(ranked[i].second);
+    for (std::size_t i = 0; i < ranked.size() && out.size() < 5; ++i)
+      if (!names.count(ranked[i].second->info.name)) out.push_back(ranked[i].second);
   }
   return out;
 }
@@ -89,15 +90,15 @@ std::string offenders_chart(const Run& run) {
     if (m.first_nonfinite > 0) modules[m.info.path] += m.first_nonfinite;
   if (!modules.empty()) {
     for (const auto& [path, n] : modules) bars.push_back({path, double(n), "first non-finite output in forward"});
-    unit = "steps first non-finite in forward";
+    unit = "steps (first NaN/Inf, forward)";
   } else {
     for (const auto& l : run.layers)
       if (l.first_nonfinite > 0) bars.push_back({l.info.name, double(l.first_nonfinite), "first non-finite gradient in backward"});
-    unit = "skipped steps where first non-finite in backward";
+    unit = "steps (first NaN/Inf, backward)";
   }
   if (bars.empty()) {
     for (const auto& l : run.layers) bars.push_back({l.info.name, double(l.nonfinite_steps), "steps with a non-finite gradient"});
-    unit = "steps with non-finite gradients";
+    unit = "steps with NaN/Inf";
   }
   std::sort(bars.begin(), bars.end(), [](const auto& a, const auto& b) { return a.value > b.value; });
   if (bars.size() > 10) bars.resize(10);

@@ -49,7 +49,7 @@ std::string line_plot(const LinePlot& p) {
     }
   for (double x : p.markers_x) x0 = std::min(x0, x), x1 = std::max(x1, x);
   for (const auto& [y, label] : p.hlines) y0 = std::min(y0, y), y1 = std::max(y1, y);
-  for (const auto& [x, y] : p.crosses) y0 = std::min(y0, y), y1 = std::max(y1, y);
+  for (const auto& [x, y] : p.crosses) x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
   if (!std::isfinite(x0)) x0 = 0, x1 = 1;
   if (!std::isfinite(y0)) y0 = 0, y1 = 1;
   if (x1 <= x0) x1 = x0 + 1;
@@ -133,7 +133,7 @@ std::string bar_chart(const std::string& title, const std::vector<Bar>& bars, co
                   "\" viewBox=\"0 0 " + n(width) + " " + n(height) + "\">\n";
   o += "<text x=\"8\" y=\"18\" class=\"ptitle\">" + escape(title) + "</text>\n";
   for (std::size_t i = 0; i < bars.size(); ++i) {
-    const double y = top + row * double(i), bw = (width - left - 120) * bars[i].value / max;
+    const double y = top + row * double(i), bw = (width - left - 240) * bars[i].value / max;
     o += "<text x=\"" + n(left - 8) + "\" y=\"" + n(y + 15) + "\" class=\"tick\" text-anchor=\"end\">" + escape(bars[i].label) + "</text>\n";
     o += "<path class=\"bar\" d=\"M" + n(left) + " " + n(y + 3) + " h" + n(std::max(bw, 1.0)) + " v16 h" + n(-std::max(bw, 1.0)) +
          " z\"><title>" + escape(bars[i].note) + "</title></path>\n";

@@ -21,7 +21,8 @@ regression, 0 when there is none.
 
 options:
   --skip-rate-delta X   a regression when the skip rate rises by more than X (default 0.05)
-  --headroom-delta X    a regression when a layer's least headroom drops by more than X bits (default 2)
+  --headroom-delta X    a regression when a layer's gradient grows by more than X bits, i.e. it
+                        leaves the loss scale that much less room (default 2)
   --format F            text (default) or json
   --allow-partial       read run.db files still being written
 )";
@@ -31,12 +32,19 @@ double skip_rate(const analyzer::RunOverview& o) {
   return considered > 0 ? double(o.skipped - o.calibration_skips) / double(considered) : 1.0;
 }
 
-std::map<std::string, double> least_headroom(const analyzer::Run& run) {
+// Per layer, the least headroom with the loss scale taken out: log2(fp_max * scale /
+// absmax), the scale the layer could take. A run whose scale grew is not a regression.
+std::map<std::string, double> least_unscaled_headroom(const analyzer::Run& run) {
+  std::map<std::int64_t, double> scale;
+  for (const auto& s : run.steps) scale[s.row.step] = s.row.scale_before;
   std::map<std::string, double> out;
   for (const auto& l : run.layers) {
     double least = INFINITY;
-    for (const auto& s : l.samples)
-      if (!s.nonfinite && s.absmax > 0) least = std::min(least, analyzer::headroom_bits(s.absmax, run.fp_max));
+    for (const auto& s : l.samples) {
+      const auto it = scale.find(s.step);
+      if (s.nonfinite || !(s.absmax > 0) || it == scale.end() || !(it->second > 0)) continue;
+      least = std::min(least, analyzer::headroom_bits(s.absmax, run.fp_max) + std::log2(it->second));
+    }
     out[l.info.name] = least;
   }
   return out;
@@ -79,12 +87,12 @@ int cmd_diff(int argc, char** argv) {
     std::snprintf(line, sizeof line, "lowest loss scale %g -> %g", base.runs.front().min_scale, now.runs.front().min_scale);
     regressions.push_back(line);
   }
-  const auto base_h = least_headroom(base_runs.front()), new_h = least_headroom(new_runs.front());
+  const auto base_h = least_unscaled_headroom(base_runs.front()), new_h = least_unscaled_headroom(new_runs.front());
   for (const auto& [name, h] : new_h) {
     const auto b = base_h.find(name);
     if (b == base_h.end() || !std::isfinite(b->second) || !std::isfinite(h)) continue;
     if (h < b->second - headroom_delta) {
-      std::snprintf(line, sizeof line, "%s: least headroom %.1f -> %.1f bits", name.c_str(), b->second, h);
+      std::snprintf(line, sizeof line, "%s: gradient grew, room for the loss scale %.1f -> %.1f bits", name.c_str(), b->second, h);
       regressions.push_back(line);
     }
   }

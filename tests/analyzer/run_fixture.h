@@ -1,0 +1,106 @@
+// Builds run.db fixtures step by step for the analyzer tests: the test says what each
+// step looks like, the builder writes it through the real RunDbWriter.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ampdiag/rundb/writer.h"
+
+namespace ampdiag::test {
+
+class RunFixture {
+ public:
+  RunFixture(const std::string& path, std::vector<std::string> layers, std::int64_t rank = 0, std::int64_t world = 1)
+      : writer_(path, true), layers_(std::move(layers)) {
+    writer_.set_meta("amp_dtype", "float16");
+    writer_.set_meta("device", "cpu");
+    writer_.set_meta("rank", std::to_string(rank));
+    writer_.set_meta("world_size", std::to_string(world));
+    writer_.set_meta("scaler_growth_interval", "2000");
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const auto dot = layers_[i].rfind('.');
+      writer_.add_layer({std::int64_t(i), layers_[i], dot == std::string::npos ? "" : layers_[i].substr(0, dot), "Linear",
+                         "Float", "[64, 64]", 4096, true, ""});
+    }
+  }
+
+  // One step: every listed layer gets a gradient row (scaled abs-max `absmax`); the
+  // layers in `nonfinite` (in backward order) hold Inf; skipped follows from them.
+  RunFixture& step(double scale_before, double scale_after, double absmax = 1000.0,
+                   const std::vector<std::string>& nonfinite = {}, double loss = 0.5,
+                   const std::vector<std::string>& only_layers = {}) {
+    rundb::StepRow s;
+    s.step = step_;
+    s.loss = loss;
+    s.scale_before = scale_before;
+    s.scale_after = scale_after;
+    s.found_inf = s.skipped = !nonfinite.empty() || !std::isfinite(loss);
+    s.sampled = true;
+    s.wall_time = 1.7e9 + double(step_);
+    std::int64_t order = 0;
+    for (const auto& name : nonfinite) grad(name, order++, absmax, true);
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      if (!only_layers.empty() && std::find(only_layers.begin(), only_layers.end(), layers_[i]) == only_layers.end()) continue;
+      if (std::find(nonfinite.begin(), nonfinite.end(), layers_[i]) != nonfinite.end()) continue;
+      grad(layers_[i], order++, absmax, false);
+    }
+    writer_.add_step(s);
+    ++step_;
+    return *this;
+  }
+
+  // Forward probe outputs for the current step (call before step()).
+  RunFixture& activation(const std::string& module, bool nonfinite) {
+    std::int64_t id = -1;
+    for (std::size_t i = 0; i < modules_.size(); ++i)
+      if (modules_[i] == module) id = std::int64_t(i);
+    if (id < 0) {
+      id = std::int64_t(modules_.size());
+      modules_.push_back(module);
+      writer_.add_module({id, module, "Module", ""});
+    }
+    rundb::ActStatRow a;
+    a.step = step_;
+    a.module_id = id;
+    a.fwd_order = fwd_order_[step_]++;
+    a.stats = {4096, nonfinite ? 3 : 0, 0, 0, 0, 10.0, 0.1, 100.0};
+    writer_.add_act_stat(a);
+    return *this;
+  }
+
+  RunFixture& zeros_fraction(const std::string& layer, double fraction) {
+    zero_fraction_[layer] = fraction;
+    return *this;
+  }
+
+  void finish() { writer_.finish(); }
+  void commit() { writer_.commit(); }
+
+ private:
+  void grad(const std::string& name, std::int64_t order, double absmax, bool nonfinite) {
+    std::int64_t id = 0;
+    for (std::size_t i = 0; i < layers_.size(); ++i)
+      if (layers_[i] == name) id = std::int64_t(i);
+    rundb::GradStatRow g;
+    g.step = step_;
+    g.layer_id = id;
+    g.bwd_order = order;
+    const auto z = zero_fraction_.find(name);
+    const std::int64_t zeros = z == zero_fraction_.end() ? 0 : std::int64_t(z->second * 4096);
+    g.stats = {4096, nonfinite ? 5 : 0, nonfinite ? 2 : 0, zeros, 0, absmax, 1e-3, 10.0};
+    writer_.add_grad_stat(g);
+  }
+
+  rundb::RunDbWriter writer_;
+  std::vector<std::string> layers_;
+  std::vector<std::string> modules_;
+  std::map<std::int64_t, std::int64_t> fwd_order_;
+  std::map<std::string, double> zero_fraction_;
+  std::int64_t step_ = 0;
+};
+
+}  // namespace ampdiag::test

@@ -1,0 +1,221 @@
+// The analyzer's rules on hand-built run.db fixtures, one situation per test.
+#include <catch2/catch.hpp>
+
+#include <limits>
+
+#include "../rundb/temp_dir.h"
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/render.h"
+#include "run_fixture.h"
+
+using namespace ampdiag;
+using namespace ampdiag::analyzer;
+using ampdiag::test::RunFixture;
+using ampdiag::test::TempDir;
+
+namespace {
+
+const std::vector<std::string> kLayers = {"a.weight", "a.bias", "b.weight", "head.weight"};
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+Report report_of(const std::string& path) { return analyze({load_run(path)}); }
+
+const Finding* find(const Report& r, const std::string& rule) {
+  for (const auto& f : r.findings)
+    if (f.rule == rule) return &f;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("a run without skipped steps is healthy", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 20; ++i) f.step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(r.healthy());
+  CHECK(r.skipped.empty());
+}
+
+TEST_CASE("every step skipped: the first layer in backward order is named, the scale collapses", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"b.weight", "a.weight"});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  REQUIRE_FALSE(r.findings.empty());
+  CHECK(r.findings.front().rule == "overflow-origin");
+  CHECK(r.findings.front().module == "b");
+  CHECK(r.findings.front().layer == "b.weight");
+  CHECK(find(r, "scale-collapse") != nullptr);
+  REQUIRE(find(r, "skip-rate") != nullptr);
+  CHECK(find(r, "skip-rate")->severity == Severity::kError);
+  REQUIRE(r.skipped.size() == 12);
+  CHECK(r.skipped[0].nonfinite_layers == std::vector<std::string>{"b.weight", "a.weight"});
+}
+
+TEST_CASE("a scale stuck at its floor is a collapse", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 10; ++i) f.step(64, 64);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* c = find(r, "scale-collapse");
+  REQUIRE(c != nullptr);
+  CHECK(c->severity == Severity::kError);
+  CHECK_THAT(c->evidence, Catch::Contains("stayed at its lowest"));
+}
+
+TEST_CASE("a scale below 1 is called out as such", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(2, 1, 1000, {"a.weight"}).step(1, 0.5, 1000, {"a.weight"}).step(0.5, 0.25, 1000, {"a.weight"});
+  f.finish();
+  const Finding* c = find(report_of(dir.file("run.db")), "scale-collapse");
+  REQUIRE(c != nullptr);
+  CHECK_THAT(c->title, Catch::Contains("below 1"));
+}
+
+TEST_CASE("a single step loads and analyzes", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(r.runs.front().steps == 1);
+  CHECK(r.healthy());
+}
+
+TEST_CASE("a NaN loss with probes names the first non-finite module in forward order", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < 5; ++i, scale /= 2) {
+    f.activation("enc.0", false).activation("enc.1", true).activation("head", true);
+    f.step(scale, scale / 2, 1000, {"head.weight", "b.weight"}, kNaN);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  REQUIRE_FALSE(r.findings.empty());
+  CHECK(r.findings.front().rule == "forward-nonfinite");
+  CHECK(r.findings.front().module == "enc.1");
+  // A forward failure is not blamed on the last layer of backward.
+  CHECK(find(r, "overflow-origin") == nullptr);
+  CHECK(r.skipped.front().forward_module == "enc.1");
+}
+
+TEST_CASE("a NaN loss without probes says that no module was probed", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 32768, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const Finding* fw = find(report_of(dir.file("run.db")), "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module.empty());
+  CHECK_THAT(fw->title, Catch::Contains("no module output was probed"));
+}
+
+TEST_CASE("a layer that appears mid-run is summarised from where it starts", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 10; ++i) f.step(65536, 65536, 1000, {}, 0.5, {"a.weight", "a.bias", "b.weight"});
+  for (int i = 0; i < 5; ++i) f.step(65536, 65536);
+  f.finish();
+  const auto run = load_run(dir.file("run.db"));
+  REQUIRE(run.layers[3].samples.size() == 5);
+  CHECK(run.layers[3].samples.front().step == 10);
+  CHECK(analyze({run}).healthy());
+}
+
+TEST_CASE("a layer whose gradient is mostly zero is an underflow", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.9);
+  for (int i = 0; i < 10; ++i) f.step(65536, 65536);
+  f.finish();
+  const Finding* u = find(report_of(dir.file("run.db")), "underflow");
+  REQUIRE(u != nullptr);
+  CHECK(u->layer == "b.weight");
+}
+
+TEST_CASE("a layer near the fp16 maximum while the scale is held low has low headroom", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 1024, 50000, {"a.weight"});
+  for (int i = 0; i < 10; ++i) f.step(1024, 1024, 50000);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* h = find(r, "low-headroom");
+  REQUIRE(h != nullptr);
+  CHECK(h->severity == Severity::kWarning);
+}
+
+TEST_CASE("calibration and growth-probe skips are not harmful", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 32768, 1000, {"head.weight"}).step(32768, 16384, 1000, {"head.weight"});
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 9; ++i) f.step(16384, 16384);
+    f.step(16384, 32768);
+    f.step(32768, 16384, 1000, {"head.weight"});  // the growth probe overflows
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(r.healthy());
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->severity == Severity::kInfo);
+}
+
+TEST_CASE("a rank that disagrees with the others is named", "[rules][ranks]") {
+  TempDir dir;
+  {
+    RunFixture r0(dir.file("run.rank0.db"), kLayers, 0, 2);
+    RunFixture r1(dir.file("run.rank1.db"), kLayers, 1, 2);
+    for (int i = 0; i < 10; ++i) {
+      r0.step(65536, 65536);
+      if (i == 3 || i == 4)
+        r1.step(65536, 65536, 1000, {"b.weight"});
+      else
+        r1.step(65536, 65536);
+    }
+    r0.finish();
+    r1.finish();
+  }
+  const auto r = analyze({load_run(dir.file("run.rank0.db")), load_run(dir.file("run.rank1.db"))});
+  const Finding* d = find(r, "rank-disagreement");
+  REQUIRE(d != nullptr);
+  CHECK(d->ranks == std::vector<std::int64_t>{1});
+  CHECK(d->layer == "b.weight");
+  CHECK(d->severity == Severity::kError);
+}
+
+TEST_CASE("the gate fails on the rules it names and only those", "[rules][gate]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.9);
+  for (int i = 0; i < 5; ++i) f.step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK_FALSE(Gate("error").fails(r));  // underflow is a warning
+  CHECK(Gate("all").fails(r));
+  CHECK(Gate("underflow").fails(r));
+  CHECK_FALSE(Gate("skip-rate,scale-collapse").fails(r));
+  CHECK_FALSE(Gate("none").fails(r));
+  CHECK_THROWS_WITH(Gate("no-such-rule"), Catch::Contains("unknown rule"));
+}
+
+TEST_CASE("suggestions name the exact module path in Python and C++", "[rules][suggestions]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"blocks.3.attn.qkv.weight", "head.weight"});
+  double scale = 65536;
+  for (int i = 0; i < 10; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"blocks.3.attn.qkv.weight"});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const auto& s = r.findings.front().suggestions.front();
+  CHECK_THAT(s.python, Catch::Contains("torch.autocast(device_type=\"cpu\", enabled=False)"));
+  CHECK_THAT(s.python, Catch::Contains("model.blocks[3].attn.qkv(x.float())"));
+  CHECK_THAT(s.cpp, Catch::Contains("ampdiag::Fp32Pins pins({\"blocks.3.attn.qkv\"})"));
+}

@@ -1,0 +1,65 @@
+"""Shared fixtures for the `ampdiag` CLI tests: the binaries under test and run.db files
+made by really running the C++ samples (once per session)."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+
+def _binary(variable: str) -> Path:
+    path = os.environ.get(variable)
+    if not path or not Path(path).exists():
+        pytest.fail(f"{variable} must name a built binary (ctest sets it); got {path!r}")
+    return Path(path)
+
+
+@pytest.fixture(scope="session")
+def ampdiag_cli() -> Path:
+    return _binary("AMPDIAG_CLI")
+
+
+@pytest.fixture(scope="session")
+def samples_dir() -> Path:
+    return _binary("AMPDIAG_SAMPLES_DIR")
+
+
+SAMPLES = {
+    # name: (binary, module to pin)
+    "vit": ("ampdiag_vit_overflow", "block1.0.attn"),
+    "linear_attention": ("ampdiag_linear_attention_nan", "encoder.0.linear_attn"),
+    "camera": ("ampdiag_camera_projection", "projection"),
+}
+
+
+@pytest.fixture(scope="session")
+def sample_dbs(samples_dir, tmp_path_factory) -> dict:
+    """{(sample, pinned): path of its run.db}, each produced by running the sample."""
+    out = tmp_path_factory.mktemp("samples")
+    dbs = {}
+    for name, (binary, pin) in SAMPLES.items():
+        for pinned in (False, True):
+            db = out / f"{name}{'-pinned' if pinned else ''}.db"
+            cmd = [str(samples_dir / binary), "--db", str(db)] + (["--pin-fp32", pin] if pinned else [])
+            subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+            dbs[(name, pinned)] = db
+    return dbs
+
+
+@pytest.fixture()
+def run(ampdiag_cli):
+    """Runs `ampdiag ARGS...`; returns the CompletedProcess (text mode, 60 s limit)."""
+
+    def _run(*args, **kwargs):
+        return subprocess.run([str(ampdiag_cli), *map(str, args)], capture_output=True, text=True, timeout=60, **kwargs)
+
+    return _run
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    path = shutil.which("chromium")
+    if not path:
+        pytest.fail("Debian's chromium is needed for the HTML test: run scripts/bootstrap")
+    return path

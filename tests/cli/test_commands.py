@@ -1,0 +1,82 @@
+"""The other commands: help, layers, timeline, diff, export, info."""
+import csv
+import io
+import json
+
+import pytest
+
+
+@pytest.mark.parametrize("command", ["report", "layers", "timeline", "diff", "export", "info"])
+def test_every_command_has_help(run, command):
+    result = run(command, "--help")
+    assert result.returncode == 0
+    assert result.stdout.startswith(f"usage: ampdiag {command}")
+
+
+def test_top_level_help_and_version(run):
+    assert run("--help").stdout.startswith("ampdiag: find the layer")
+    assert run("--version").stdout.startswith("ampdiag 0.1.0")
+
+
+def test_layers_sorts_least_headroom_first(run, sample_dbs):
+    rows = list(csv.DictReader(io.StringIO(run("layers", sample_dbs[("vit", True)], "--csv").stdout)))
+    assert len(rows) == 28  # embed 2, two blocks of 12, head 2
+    least = [float(r["least_headroom_bits"]) for r in rows if r["least_headroom_bits"] != "-"]
+    assert least == sorted(least)
+
+
+def test_layers_sort_by_first_in_backward(run, sample_dbs):
+    rows = list(csv.DictReader(io.StringIO(run("layers", sample_dbs[("vit", False)], "--csv", "--sort", "first", "--top", "1").stdout)))
+    assert len(rows) == 1
+    assert rows[0]["layer"].startswith("block1.0.attn.")
+
+
+def test_timeline_has_a_row_per_step(run, sample_dbs):
+    rows = list(csv.DictReader(io.StringIO(run("timeline", sample_dbs[("vit", False)], "--csv").stdout)))
+    assert len(rows) == 60
+    assert rows[0]["skipped"] == "1" and rows[0]["first_nonfinite_gradient"].startswith("block1.0.attn.")
+
+
+def test_timeline_every_keeps_skipped_steps(run, sample_dbs):
+    rows = list(csv.DictReader(io.StringIO(run("timeline", sample_dbs[("vit", False)], "--csv", "--every", "1000").stdout)))
+    assert {r["step"] for r in rows} >= {"0", "20", "41"}
+
+
+def test_diff_flags_a_regression(run, sample_dbs):
+    result = run("diff", sample_dbs[("vit", True)], sample_dbs[("vit", False)])
+    assert result.returncode == 1
+    assert "worse" in result.stdout and "overflow-origin" in result.stdout
+
+
+def test_diff_of_a_run_with_itself_is_clean(run, sample_dbs):
+    result = run("diff", sample_dbs[("vit", False)], sample_dbs[("vit", False)])
+    assert result.returncode == 0
+    assert "no regression" in result.stdout
+
+
+def test_diff_the_other_way_is_an_improvement(run, sample_dbs):
+    result = run("diff", sample_dbs[("vit", False)], sample_dbs[("vit", True)], "--format", "json")
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["regression"] is False
+
+
+def test_export_steps_as_json(run, sample_dbs):
+    steps = json.loads(run("export", sample_dbs[("linear_attention", False)], "--format", "json").stdout)
+    assert len(steps) == 40
+    assert steps[0]["loss"] is None  # NaN has no JSON form
+    assert steps[0]["skipped"] == 1
+
+
+def test_export_grad_stats_as_csv_to_a_file(run, sample_dbs, tmp_path):
+    out = tmp_path / "grads.csv"
+    assert run("export", sample_dbs[("camera", True)], "--format", "csv", "--table", "grad_stats", "-o", out).returncode == 0
+    rows = list(csv.DictReader(out.open()))
+    assert rows and set(rows[0]) >= {"step", "layer_id", "bwd_order", "absmax", "nan", "inf"}
+
+
+def test_info_shows_meta_counts_and_integrity(run, sample_dbs):
+    out = run("info", sample_dbs[("vit", False)]).stdout
+    assert "state:           finished" in out
+    assert "integrity:       ok" in out
+    assert "meta amp_dtype:" in out
+    assert "steps:           60" in out
