@@ -20,7 +20,9 @@ namespace {
 struct Connection {
   sqlite3* db = nullptr;
   explicit Connection(const std::string& path) {
-    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK)
+    // One connection per thread, never shared: no need for SQLite to lock it on every call
+    // (the mutex took ~38% of a 10 M-row load).
+    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr) != SQLITE_OK)
       throw rundb::RunDbError(path + ": cannot open");
     sqlite3_busy_timeout(db, 2000);
     sqlite3_exec(db, "PRAGMA mmap_size = 1073741824; PRAGMA cache_size = -65536;", nullptr, nullptr, nullptr);
@@ -58,7 +60,7 @@ void scan_range(const std::string& path, std::int64_t first, std::int64_t last, 
     Connection c(path);
     sqlite3_stmt* st = nullptr;
     const char* sql =
-        "SELECT step, layer_id, bwd_order, numel, nan + inf, zeros, fp16_subnormal, absmax FROM grad_stats "
+        "SELECT step, layer_id, bwd_order, numel, nan, inf, zeros, fp16_subnormal, absmax FROM grad_stats "
         "WHERE step >= ?1 AND step <= ?2";
     if (sqlite3_prepare_v2(c.db, sql, -1, &st, nullptr) != SQLITE_OK)
       throw rundb::RunDbError(path + ": cannot read grad_stats: " + sqlite3_errmsg(c.db));
@@ -71,13 +73,13 @@ void scan_range(const std::string& path, std::int64_t first, std::int64_t last, 
       const std::int64_t step = sqlite3_column_int64(st, 0);
       const std::int64_t layer = sqlite3_column_int64(st, 1);
       const std::int64_t numel = std::max<std::int64_t>(1, sqlite3_column_int64(st, 3));
-      const bool nonfinite = sqlite3_column_int64(st, 4) > 0;
+      const bool nonfinite = (sqlite3_column_int64(st, 4) | sqlite3_column_int64(st, 5)) != 0;
       if (layer < 0) continue;
       if (std::size_t(layer) >= out.samples.size()) out.samples.resize(std::size_t(layer) + 1);
-      out.samples[std::size_t(layer)].push_back({std::int32_t(step), float(sqlite3_column_double(st, 7)),
-                                                 quantise16(double(sqlite3_column_int64(st, 5)) / double(numel)),
+      out.samples[std::size_t(layer)].push_back({std::int32_t(step), float(sqlite3_column_double(st, 8)),
+                                                 quantise16(double(sqlite3_column_int64(st, 6)) / double(numel)),
                                                  std::uint8_t(nonfinite ? 1 : 0),
-                                                 quantise8(double(sqlite3_column_int64(st, 6)) / double(numel))});
+                                                 quantise8(double(sqlite3_column_int64(st, 7)) / double(numel))});
       if (nonfinite) {
         if (out.nonfinite.empty() || current_step != step) {
           out.nonfinite.push_back({step, {}});

@@ -64,8 +64,10 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       f.evidence += "; the scale stays above the floor and these skips only calibrate it or answer its growth probes";
     }
     f.steps.assign(m.steps.begin(), m.steps.begin() + std::min<std::size_t>(m.steps.size(), 20));
-    f.suggestions.push_back(suggest::pin_fp32(run, module));
-    f.suggestions.push_back(suggest::use_bf16(run));
+    if (hurts) {  // nothing to fix when the scaler copes
+      f.suggestions.push_back(suggest::pin_fp32(run, module));
+      f.suggestions.push_back(suggest::use_bf16(run));
+    }
     out.push_back(f);
     top = false;
   }
