@@ -10,7 +10,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <deque>
 #include <fstream>
 #include <limits>
 #include <stdexcept>
@@ -21,9 +20,8 @@
 #include "ampdiag/kernels/cpu_stats.h"
 #include "ampdiag/rundb/writer.h"
 #include "run_paths.h"
-#include "sampling.h"
+#include "step_recorder.h"
 #include "tensor_views.h"
-#include "writer_thread.h"
 
 namespace ampdiag {
 
@@ -80,12 +78,6 @@ struct ArrivalOrder {
   std::vector<std::atomic<std::int32_t>> order;
 };
 
-struct StagedStep {
-  std::int64_t step = -1;
-  agent::Record step_record{};
-  std::vector<agent::Record> stats;
-};
-
 }  // namespace
 
 class Agent::Impl final : public ScalerObserver {
@@ -107,18 +99,15 @@ class Agent::Impl final : public ScalerObserver {
   std::int64_t layer_of(const at::Tensor& param);
   std::int64_t module_id(const std::string& path);
   void post_event_once(const std::string& key, const std::string& kind, const std::string& detail);
-  void stage_stats(agent::RecordKind kind, std::int64_t id, std::int64_t order, const kernels::TensorStats& s,
-                   const std::uint64_t* histogram);
-  void push(const agent::Record& r);
   void write_meta(const GradScaler& scaler);
+  agent::WriterThread& writer() { return recorder_->writer(); }
 
   AgentOptions options_;
   GradScaler* scaler_;
   std::string db_path_;
   agent::RankInfo rank_;
   kernels::CpuStatsEngine engine_;
-  agent::SamplingPolicy policy_;
-  std::unique_ptr<agent::WriterThread> writer_;
+  std::unique_ptr<agent::StepRecorder> recorder_;
 
   std::unordered_map<const void*, std::int64_t> layer_ids_;  // TensorImpl* -> layer id
   std::vector<at::Tensor> params_;                           // by layer id
@@ -128,12 +117,6 @@ class Agent::Impl final : public ScalerObserver {
   std::unordered_map<std::string, std::int64_t> module_ids_;
   std::unordered_set<std::string> events_posted_;
 
-  // This step, and the recent unrecorded ones that an overflow may still ask for.
-  StagedStep current_;
-  std::deque<StagedStep> history_;
-  std::vector<StagedStep> spare_;  // recycled buffers: no allocation once warm
-  std::int64_t step_ = 0;
-  std::int32_t fwd_order_ = 0;
   double loss_ = std::numeric_limits<double>::quiet_NaN();
   bool skipped_ = false;
   std::int64_t agent_ns_ = 0;
@@ -166,8 +149,8 @@ Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions opt
           };
         }
         return o;
-      }()),
-      policy_(options_.every, options_.context_steps) {
+      }()) {
+  (void)agent::SamplingPolicy(options_.every, options_.context_steps);  // validates before anything is created
   if (!scaler.is_enabled())
     throw std::invalid_argument(
         "ampdiag::Agent: the GradScaler is disabled, so there is no loss scale to watch; enable it "
@@ -182,11 +165,11 @@ Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions opt
   db_path_ = agent::rank_db_path(options_.db_path, rank_);
   // Opened here, on the caller's thread: a bad path fails now, before training starts.
   auto writer = std::make_unique<rundb::RunDbWriter>(db_path_, options_.overwrite);
-  writer_ = std::make_unique<agent::WriterThread>(std::move(writer), options_.queue_capacity + 1);
+  recorder_ = std::make_unique<agent::StepRecorder>(std::move(writer), options_.queue_capacity, options_.every,
+                                                    options_.context_steps);
 
   register_layers(model);
   write_meta(scaler);
-  current_.stats.reserve(params_.size() + 64);
   scaler.set_observer(this);
 }
 
@@ -219,7 +202,7 @@ void Agent::Impl::register_layers(torch::nn::Module& model) {
     row.numel = p.numel();
     row.trainable = p.requires_grad();
     frozen += row.trainable ? 0 : 1;
-    writer_->post_layer(std::move(row));
+    writer().post_layer(std::move(row));
   }
   arrival_ = std::make_shared<ArrivalOrder>(params_.size());
   for (std::size_t id = 0; id < params_.size(); ++id) {
@@ -230,12 +213,12 @@ void Agent::Impl::register_layers(torch::nn::Module& model) {
     hooks_.emplace_back(p, handle);
   }
   if (frozen > 0)
-    writer_->post_event({-1, "frozen-parameters",
+    writer().post_event({-1, "frozen-parameters",
                          std::to_string(frozen) + " parameters do not require grad; they are listed but have no statistics", 0.0});
 }
 
 void Agent::Impl::write_meta(const GradScaler& scaler) {
-  auto meta = [&](const char* k, const std::string& v) { writer_->post_meta(k, v); };
+  auto meta = [&](const char* k, const std::string& v) { writer().post_meta(k, v); };
   meta("ampdiag_version", "0.1.0");
   meta("torch_version", TORCH_VERSION);
   meta("device", params_.empty() ? "cpu" : params_.front().device().str());
@@ -259,7 +242,7 @@ void Agent::Impl::write_meta(const GradScaler& scaler) {
 
 void Agent::Impl::post_event_once(const std::string& key, const std::string& kind, const std::string& detail) {
   if (!events_posted_.insert(key).second) return;
-  writer_->post_event({step_, kind, detail, 0.0});
+  writer().post_event({recorder_->step(), kind, detail, 0.0});
 }
 
 std::int64_t Agent::Impl::layer_of(const at::Tensor& param) {
@@ -277,7 +260,7 @@ std::int64_t Agent::Impl::layer_of(const at::Tensor& param) {
   row.shape = shape_text(param);
   row.numel = param.numel();
   row.trainable = true;
-  writer_->post_layer(row);
+  writer().post_layer(row);
   post_event_once("foreign:" + std::to_string(id), "foreign-parameter",
                   row.name + " is optimized but is not a parameter of the attached model");
   return id;
@@ -289,27 +272,8 @@ std::int64_t Agent::Impl::module_id(const std::string& path) {
   const std::int64_t id = std::int64_t(module_ids_.size());
   module_ids_[path] = id;
   const auto type = module_types_.find(path);
-  writer_->post_module({id, path, type == module_types_.end() ? "" : type->second, ""});
+  writer().post_module({id, path, type == module_types_.end() ? "" : type->second, ""});
   return id;
-}
-
-void Agent::Impl::push(const agent::Record& r) {
-  if (!writer_->queue().push(r)) writer_->dropped().fetch_add(1, std::memory_order_relaxed);
-}
-
-void Agent::Impl::stage_stats(agent::RecordKind kind, std::int64_t id, std::int64_t order,
-                              const kernels::TensorStats& s, const std::uint64_t* histogram) {
-  agent::Record r;
-  r.kind = kind;
-  r.step = step_;
-  r.stat.id = id;
-  r.stat.order = order;
-  r.stat.stats = s;
-  r.stat.has_histogram = histogram != nullptr;
-  if (histogram)
-    for (int b = 0; b < kernels::kHistBins; ++b)
-      r.stat.histogram[b] = std::uint32_t(std::min<std::uint64_t>(histogram[b], 0xffffffffu));
-  current_.stats.push_back(r);
 }
 
 at::Tensor Agent::Impl::probe(const std::string& path, const at::Tensor& x) {
@@ -325,7 +289,7 @@ at::Tensor Agent::Impl::probe(const std::string& path, const at::Tensor& x) {
   const kernels::TensorRef ref = agent::stats_view(x, copy);
   kernels::TensorStats s;
   engine_.compute(&ref, 1, &s);
-  stage_stats(agent::RecordKind::kAct, module_id(path), fwd_order_++, s, nullptr);
+  recorder_->stage_act(module_id(path), recorder_->next_forward_order(), s);
   agent_ns_ += ns_since(t0);
   return x;
 }
@@ -383,7 +347,7 @@ bool Agent::Impl::on_unscale(UnscaleBatch& batch) {
   for (std::size_t i = 0; i < n; ++i) {
     const std::size_t id = std::size_t(ids_[i]);
     const std::int32_t order = id < arrival_->order.size() ? arrival_->order[id].load(std::memory_order_relaxed) : -1;
-    stage_stats(agent::RecordKind::kGrad, ids_[i], order, stats_[i], hist ? hist + i * kernels::kHistBins : nullptr);
+    recorder_->stage_grad(ids_[i], order, stats_[i], hist ? hist + i * kernels::kHistBins : nullptr);
   }
   copies_.clear();
   agent_ns_ += ns_since(t0);
@@ -392,60 +356,15 @@ bool Agent::Impl::on_unscale(UnscaleBatch& batch) {
 
 void Agent::Impl::on_update(double scale_before, double scale_after, bool found_inf) {
   const auto t0 = Clock::now();
-  agent::Record step_record;
-  step_record.kind = agent::RecordKind::kStep;
-  step_record.step = step_;
-  auto& d = step_record.step_data;
-  d.loss = loss_;
-  d.scale_before = scale_before;
-  d.scale_after = scale_after;
-  d.found_inf = found_inf;
-  d.skipped = skipped_;
-  d.wall_time = unix_seconds();
-  d.step_ns = ns_since(step_start_);
-
-  const auto decision = policy_.decide(step_, found_inf, scale_after != scale_before);
-  if (decision.record) {
-    // Earlier unrecorded steps first, so rows arrive in step order.
-    const std::size_t keep = history_.size() - std::min<std::size_t>(history_.size(), std::size_t(decision.flush_before));
-    for (std::size_t h = keep; h < history_.size(); ++h) {
-      StagedStep& old = history_[h];
-      old.step_record.step_data.sampled = true;
-      for (const auto& r : old.stats) push(r);
-      push(old.step_record);
-    }
-    while (!history_.empty()) {
-      spare_.push_back(std::move(history_.front()));
-      history_.pop_front();
-    }
-  }
-  d.sampled = decision.record;
-  d.agent_ns = agent_ns_ + ns_since(t0);
-  if (decision.record) {
-    for (const auto& r : current_.stats) push(r);
-    current_.stats.clear();
-  } else if (policy_.context() > 0) {
-    current_.step = step_;
-    current_.step_record = step_record;
-    history_.push_back(std::move(current_));
-    if (std::int64_t(history_.size()) > policy_.context()) {
-      spare_.push_back(std::move(history_.front()));
-      history_.pop_front();
-    }
-    if (!spare_.empty()) {
-      current_ = std::move(spare_.back());
-      spare_.pop_back();
-    } else {
-      current_ = StagedStep();
-    }
-    current_.stats.clear();
-  } else {
-    current_.stats.clear();
-  }
-  push(step_record);
-
-  ++step_;
-  fwd_order_ = 0;
+  agent::StepOutcome o;
+  o.loss = loss_;
+  o.scale_before = scale_before;
+  o.scale_after = scale_after;
+  o.found_inf = found_inf;
+  o.skipped = skipped_;
+  o.step_ns = ns_since(step_start_);
+  o.agent_ns = agent_ns_ + ns_since(t0);
+  recorder_->end_step(o);
   skipped_ = false;
   agent_ns_ = 0;
   step_start_ = Clock::now();
@@ -463,26 +382,19 @@ void Agent::Impl::close() {
     }
   }
   hooks_.clear();
-  if (writer_) {
-    const std::int64_t dropped = writer_->dropped().load();
-    if (dropped > 0)
-      writer_->post_event({step_, "dropped",
-                           std::to_string(dropped) + " records were dropped because the writer fell behind "
-                           "(raise queue_capacity or record less often with every=N)", 0.0});
-    writer_->post_meta("steps", std::to_string(step_));
-    writer_->stop();
-  }
+  if (recorder_) recorder_->close();
 }
 
 AgentStatus Agent::Impl::status() const {
   AgentStatus s;
   s.db_path = db_path_;
-  s.steps = step_;
-  if (writer_) {
-    s.rows_written = writer_->rows_written();
-    s.dropped = writer_->dropped().load();
-    s.write_errors = writer_->write_errors();
-    s.first_error = writer_->first_error();
+  if (recorder_) {
+    const auto c = recorder_->counters();
+    s.steps = c.steps;
+    s.rows_written = c.rows_written;
+    s.dropped = c.dropped;
+    s.write_errors = c.write_errors;
+    s.first_error = c.first_error;
   }
   return s;
 }
