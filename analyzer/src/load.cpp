@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <map>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -43,6 +44,7 @@ struct Connection {
 struct Partial {
   std::vector<std::vector<GradSample>> samples;                     // by layer
   std::vector<std::pair<std::int64_t, std::vector<std::pair<std::int64_t, std::int64_t>>>> nonfinite;  // step -> (bwd_order, layer)
+  std::map<std::int64_t, std::int64_t> last_finite_before;          // step -> layer
   std::int64_t rows = 0;
   std::string error;
 };
@@ -68,9 +70,27 @@ void scan_range(const std::string& path, std::int64_t first, std::int64_t last, 
     sqlite3_bind_int64(st, 2, last);
     out.samples.assign(layer_count, {});
     std::int64_t current_step = -1;
+    // This step's finite rows as (bwd_order, layer): once the step ends, the one just
+    // before its first non-finite gradient is kept.
+    std::int64_t row_step = -1;
+    std::vector<std::pair<std::int64_t, std::int64_t>> finite_rows;
+    auto close_step = [&] {
+      if (!out.nonfinite.empty() && out.nonfinite.back().first == row_step) {
+        const std::int64_t first = std::min_element(out.nonfinite.back().second.begin(), out.nonfinite.back().second.end())->first;
+        std::pair<std::int64_t, std::int64_t> best{-1, -1};
+        for (const auto& r : finite_rows)
+          if (r.first < first && r.first > best.first) best = r;
+        if (best.second >= 0) out.last_finite_before[row_step] = best.second;
+      }
+      finite_rows.clear();
+    };
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
       const std::int64_t step = sqlite3_column_int64(st, 0);
+      if (step != row_step) {
+        close_step();
+        row_step = step;
+      }
       const std::int64_t layer = sqlite3_column_int64(st, 1);
       const std::int64_t numel = std::max<std::int64_t>(1, sqlite3_column_int64(st, 3));
       const bool nonfinite = (sqlite3_column_int64(st, 4) | sqlite3_column_int64(st, 5)) != 0;
@@ -88,9 +108,12 @@ void scan_range(const std::string& path, std::int64_t first, std::int64_t last, 
         std::int64_t order = sqlite3_column_int64(st, 2);
         if (order < 0) order = INT64_MAX;  // no hook saw it: after everything that did
         out.nonfinite.back().second.push_back({order, layer});
+      } else if (sqlite3_column_int64(st, 2) >= 0) {
+        finite_rows.push_back({sqlite3_column_int64(st, 2), layer});
       }
       if ((++out.rows & 0xffff) == 0) progress.fetch_add(0x10000, std::memory_order_relaxed);
     }
+    close_step();
     const bool ok = rc == SQLITE_DONE;
     const std::string why = ok ? "" : sqlite3_errmsg(c.db);
     sqlite3_finalize(st);
@@ -194,6 +217,8 @@ Run load_run(const std::string& path, const LoadOptions& options) {
       if (it == step_index.end()) continue;  // a step row not committed yet
       StepSummary& s = run.steps[it->second];
       for (const auto& [order, layer] : list) s.nonfinite_layers.push_back(layer);
+      const auto before = p.last_finite_before.find(step);
+      if (before != p.last_finite_before.end()) s.last_finite_before = before->second;
       if (s.row.skipped && !list.empty()) run.layers[std::size_t(list.front().second)].first_nonfinite += 1;
     }
   }

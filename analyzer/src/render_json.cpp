@@ -49,6 +49,7 @@ std::string render_json(const Report& r, const Gate& gate) {
     o += std::string(i ? "," : "") + "\n    {\"rule\": " + quote(f.rule) + ", \"severity\": " + quote(severity_name(f.severity)) +
          ", \"fails_gate\": " + (gate.fails(f) ? "true" : "false") + ", \"module\": " + quote(f.module) +
          ", \"layer\": " + quote(f.layer) + ", \"title\": " + quote(f.title) + ", \"evidence\": " + quote(f.evidence) +
+         ", \"confirmation\": " + quote(f.confirmation) +
          ", \"score\": " + number(f.score) + ",\n     \"ranks\": [";
     for (std::size_t k = 0; k < f.ranks.size(); ++k) o += (k ? ", " : "") + number(f.ranks[k]);
     o += "], \"steps\": [";

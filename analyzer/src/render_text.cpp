@@ -73,7 +73,7 @@ std::string render_text(const Report& r, const Gate& gate, const RenderOptions& 
     if (!f.layer.empty()) out += "   layer:    " + f.layer + "\n";
     out += "   evidence: " + f.evidence + "\n";
     for (const auto& s : f.suggestions) {
-      out += "   fix:      " + s.summary + "\n";
+      out += "   fix:      " + s.summary + (f.confirmation == "confirmed" && &s == &f.suggestions.front() ? " (confirmed by replay)" : "") + "\n";
       if (!s.python.empty()) out += std::string(dim) + "   Python:\n" + reset + indent(s.python, "      ");
       if (!s.cpp.empty()) out += std::string(dim) + "   C++:\n" + reset + indent(s.cpp, "      ");
     }

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <string>
 
 #include "rules.h"
 #include "suggestions.h"
@@ -38,7 +39,15 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     if (!s.row.skipped || s.nonfinite_layers.empty() || forward_failed(s)) continue;
     ++considered;
     const auto& layer = run.layers[std::size_t(s.nonfinite_layers.front())].info;
-    PerModule& m = modules[suggest::module_for_layer(run, layer)];
+    // The overflow happened in backward between the last finite gradient and this one: in
+    // the innermost module holding both, unless that is only the model itself.
+    std::string module = suggest::module_for_layer(run, layer);
+    if (s.last_finite_before >= 0) {
+      const std::string common =
+          suggest::common_module(run.layers[std::size_t(s.last_finite_before)].info.module_path, layer.module_path);
+      if (!common.empty()) module = common;
+    }
+    PerModule& m = modules[module];
     ++m.first;
     ++m.layers[layer.name];
     m.steps.push_back(s.row.step);
@@ -73,6 +82,18 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
   }
 }
 
+namespace {
+
+// The agent's replay event for a module: "module=PATH fp32_finite=0|1 fp32_absmax=X".
+const rundb::EventRow* replay_of(const Run& run, const std::string& module) {
+  const std::string prefix = "module=" + module + " ";
+  for (const auto& e : run.events)
+    if (e.kind == "replay" && e.detail.rfind(prefix, 0) == 0) return &e;
+  return nullptr;
+}
+
+}  // namespace
+
 void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& out) {
   std::int64_t nonfinite_loss = 0, first_bad_loss = -1;
   for (const auto& s : run.steps)
@@ -80,25 +101,68 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
       ++nonfinite_loss;
       if (first_bad_loss < 0) first_bad_loss = s.row.step;
     }
-  std::vector<const ModuleSummary*> ranked;
-  for (const auto& m : run.modules)
-    if (m.first_nonfinite > 0) ranked.push_back(&m);
-  std::sort(ranked.begin(), ranked.end(), [](auto* a, auto* b) { return a->first_nonfinite > b->first_nonfinite; });
+  // The first module whose output is non-finite may only have received NaN/Inf from its
+  // parent's own code. When the agent replayed it in FP32 and that did not help, but an
+  // enclosing module's replay did, that enclosing module is the culprit.
+  struct Culprit {
+    std::int64_t first = 0, first_step = -1;
+    std::string received_by;  // the child that showed it first, when different
+  };
+  std::map<std::string, Culprit> culprits;
+  for (const auto& m : run.modules) {
+    if (m.first_nonfinite == 0) continue;
+    std::string culprit = m.info.path;
+    const rundb::EventRow* own = replay_of(run, m.info.path);
+    if (own && own->detail.find("fp32_finite=0") != std::string::npos) {
+      for (const auto& e : run.events) {
+        if (e.kind != "replay" || e.detail.find("fp32_finite=1") == std::string::npos) continue;
+        const std::string path = e.detail.substr(7, e.detail.find(' ') - 7);
+        if (path.size() < m.info.path.size() && m.info.path.compare(0, path.size() + 1, path + ".") == 0 &&
+            (culprit == m.info.path || path.size() > culprit.size()))
+          culprit = path;
+      }
+    }
+    Culprit& c = culprits[culprit];
+    c.first += m.first_nonfinite;
+    if (c.first_step < 0 || m.first_step < c.first_step) c.first_step = m.first_step;
+    if (culprit != m.info.path) c.received_by = m.info.path;
+  }
+  std::vector<std::pair<std::string, Culprit>> ranked(culprits.begin(), culprits.end());
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
   std::int64_t with_module = 0;
   for (const auto& s : run.steps) with_module += s.first_nonfinite_module >= 0;
   bool top = true;
-  for (const ModuleSummary* m : ranked) {
+  for (const auto& [path, c] : ranked) {
     Finding f;
     f.rule = "forward-nonfinite";
     f.severity = top ? Severity::kError : Severity::kWarning;
-    f.module = m->info.path;
-    f.score = 95.0 * double(m->first_nonfinite) / double(std::max<std::int64_t>(1, with_module)) + (top ? 5.0 : 0.0);
-    f.title = m->info.path + " is the first module whose output is NaN/Inf in forward";
-    f.evidence = "first non-finite output in forward order in " + std::to_string(m->first_nonfinite) + " of " +
-                 std::to_string(run.steps.size()) + " steps, from step " + std::to_string(m->first_step) +
+    f.module = path;
+    f.score = 95.0 * double(c.first) / double(std::max<std::int64_t>(1, with_module)) + (top ? 5.0 : 0.0);
+    f.title = path + " is the first module whose output is NaN/Inf in forward";
+    f.evidence = "first non-finite output in forward order in " + std::to_string(c.first) + " of " +
+                 std::to_string(run.steps.size()) + " steps, from step " + std::to_string(c.first_step) +
                  "; the loss was NaN/Inf in " + std::to_string(nonfinite_loss) + " steps";
-    f.steps.push_back(m->first_step);
-    f.suggestions.push_back(suggest::pin_fp32(run, m->info.path));
+    if (!c.received_by.empty()) {
+      f.title = path + " produces the first NaN/Inf in forward, in its own code";
+      f.evidence += "; its child " + c.received_by + " showed it first, but only received it (its FP32 replay was still "
+                    "NaN/Inf)";
+    }
+    f.steps.push_back(c.first_step);
+    if (const rundb::EventRow* replay = replay_of(run, path)) {
+      const std::string& d = replay->detail;
+      if (d.find("fp32_finite=1") != std::string::npos) {
+        f.confirmation = "confirmed";
+        const auto at = d.find("fp32_absmax=");
+        f.evidence += "; confirmed: re-run once in FP32 on the same inputs, its output was finite" +
+                      (at == std::string::npos ? std::string() : " (max |x| " + d.substr(at + 12) + ")");
+        f.score += 1.0;
+      } else if (d.find("fp32_finite=0") != std::string::npos) {
+        f.confirmation = "not-confirmed";
+        f.evidence += "; re-run once in FP32 on the same inputs, its output was still NaN/Inf: the inputs or weights "
+                      "are already broken, look upstream";
+      }
+    }
+    f.suggestions.push_back(suggest::pin_fp32(run, path));
     f.suggestions.push_back(suggest::use_bf16(run));
     out.push_back(f);
     top = false;

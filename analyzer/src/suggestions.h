@@ -19,4 +19,7 @@ Suggestion scaler_settings(const Run& run, double init_scale, std::int64_t growt
 // the parameter's own module.
 std::string module_for_layer(const Run& run, const rundb::LayerRow& layer);
 
+// The innermost module containing both paths ("a.b.c", "a.b.d" -> "a.b"); empty if only the root does.
+std::string common_module(const std::string& a, const std::string& b);
+
 }  // namespace ampdiag::analyzer::suggest

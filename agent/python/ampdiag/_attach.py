@@ -293,6 +293,7 @@ class AttachHandle:
         self._loss = None
         self._python_ns = 0
         self._first_nonfinite = None
+        self._escalate = None
 
     def _arrived(self, layer, grad):
         if self._arrival[layer] < 0:
@@ -410,16 +411,26 @@ class AttachHandle:
                 view = _readable_view(tensor)
                 stats = self._session.activation(self._module_id(path, module), view.data_ptr(), view.numel(),
                                                  _DTYPE_CODE[view.dtype])
-                if (stats["nan"] or stats["inf"]) and self._first_nonfinite is None:
-                    self._first_nonfinite = path
-                    if self._replay and path not in self._replayed:
-                        self._replay_fp32(path, module, args, kwargs)
+                if stats["nan"] or stats["inf"]:
+                    self._on_nonfinite_output(path, module, args, kwargs)
             self._python_ns += time.perf_counter_ns() - t0
             return None
 
         return hook
 
-    def _replay_fp32(self, path, module, args, kwargs):
+    def _on_nonfinite_output(self, path, module, args, kwargs):
+        # Hooks fire as modules finish: a child before its parent. When the first module
+        # with a non-finite output is not fixed by FP32 (it only received NaN/Inf), its
+        # enclosing modules are replayed as they finish, until one is.
+        if self._first_nonfinite is None:
+            self._first_nonfinite = path
+            self._escalate = None
+            if self._replay and path not in self._replayed and not self._replay_fp32(path, module, args, kwargs):
+                self._escalate = path
+        elif self._escalate and self._escalate.startswith(path + ".") and path not in self._replayed:
+            self._escalate = None if self._replay_fp32(path, module, args, kwargs) else path
+
+    def _replay_fp32(self, path, module, args, kwargs) -> bool:
         """Runs the first module with a non-finite output again, once, in FP32 on the same
         inputs, and records whether that output is finite: evidence that pinning it helps.
         Eval mode and a restored RNG keep the training's numbers untouched."""
@@ -436,8 +447,10 @@ class AttachHandle:
             finite = out is not None and bool(torch.isfinite(out).all())
             absmax = float(out.abs().max()) if finite and out.numel() else math.nan
             self._session.add_event("replay", f"module={path} fp32_finite={int(finite)} fp32_absmax={absmax:.6g}")
+            return finite
         except Exception as error:  # a replay must never break the training
             self._session.add_event("replay", f"module={path} error={type(error).__name__}: {error}")
+            return False
         finally:
             module.train(was_training)
             torch.set_rng_state(cpu_rng)

@@ -27,6 +27,9 @@ struct Finding {
   std::string evidence;   // numbers and steps, one or a few lines
   std::vector<std::int64_t> steps;  // the steps the evidence cites (first few)
   double score = 0.0;     // orders findings: the most likely culprit first
+  // What a replay of the module in FP32 showed, when the agent did one: "confirmed" (its
+  // FP32 output was finite), "not-confirmed" (still NaN/Inf in FP32), or empty.
+  std::string confirmation;
   std::vector<Suggestion> suggestions;
 };
 

@@ -40,6 +40,9 @@ struct StepSummary {
   rundb::StepRow row;
   // Layers whose gradient held NaN/Inf, earliest in backward order first (ids).
   std::vector<std::int64_t> nonfinite_layers;
+  // The layer whose gradient arrived just before the first non-finite one and was still
+  // finite: the overflow happened in the backward code between the two. -1: none.
+  std::int64_t last_finite_before = -1;
   std::int64_t first_nonfinite_module = -1;  // forward order; -1: none or not probed
 };
 

@@ -1,0 +1,34 @@
+"""What the Python samples share: their command line and the end-of-run summary."""
+import argparse
+import math
+
+
+def parse_args(description: str, default_db: str, default_steps: int, pinnable: list) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--db", default=default_db, help=f"run.db to write (default {default_db}; replaced if it exists)")
+    parser.add_argument("--steps", type=int, default=default_steps, help=f"training steps (default {default_steps})")
+    parser.add_argument("--pin-fp32", action="append", default=[], choices=pinnable, metavar="MODULE",
+                        help="run MODULE in FP32 (autocast off, fp32 inputs); one of: " + ", ".join(pinnable))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    return args
+
+
+class Summary:
+    def __init__(self):
+        self.losses, self.skipped, self.scales = [], 0, []
+
+    def step(self, loss: float, skipped: bool, scale: float) -> None:
+        self.losses.append(loss)
+        self.skipped += skipped
+        self.scales.append(scale)
+
+    def print(self, name: str, args, handle) -> None:
+        bad = sum(1 for x in self.losses if not math.isfinite(x))
+        print(f"{name}: pinned to fp32: {', '.join(args.pin_fp32) or 'nothing'}")
+        print(f"  steps {len(self.losses)}, skipped {self.skipped}, non-finite losses {bad}")
+        print(f"  loss {self.losses[0]:.4g} -> {self.losses[-1]:.4g}, loss scale now {self.scales[-1]:g} "
+              f"(lowest {min(self.scales):g})")
+        print(f"  run.db: {handle.db_path}  ->  ampdiag report {handle.db_path}")
