@@ -1,0 +1,230 @@
+"""ampdiag.attach() on real torch.amp training loops: it records, it detaches cleanly, and
+it changes no number of the training."""
+import sqlite3
+
+import pytest
+import torch
+from torch import nn
+
+import ampdiag
+from conftest import Tiny, train
+
+
+def rows(db, sql):
+    with sqlite3.connect(db) as c:
+        return c.execute(sql).fetchall()
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_training_is_bit_identical_with_the_agent(tmp_path, fused):
+    without, skipped, _ = train(25)
+    assert skipped > 0  # the comparison covers skipped steps
+    with_agent, skipped_with, _ = train(
+        25, lambda m, s, o: ampdiag.attach(m, s, db=tmp_path / "run.db", fused_unscale=fused))
+    assert skipped_with == skipped
+    for a, b in zip(without, with_agent):
+        assert torch.equal(bits(a), bits(b))
+
+
+def test_every_step_is_recorded_with_scale_and_skips(tmp_path):
+    db = tmp_path / "run.db"
+    _, skipped, handle = train(10, lambda m, s, o: ampdiag.attach(m, s, db=db))
+    steps = rows(db, "SELECT step, scale_before, scale_after, skipped, loss FROM steps ORDER BY step")
+    assert [r[0] for r in steps] == list(range(10))
+    assert sum(r[3] for r in steps) == skipped
+    assert steps[0][1] == 1e9
+    assert all(r[4] is not None for r in steps)
+    assert handle.status["steps"] == 10
+
+
+def test_last_step_skipped_tells_what_torch_does_not(tmp_path):
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1e30)
+    with ampdiag.attach(model, scaler, db=tmp_path / "run.db") as handle:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.randn(8, 16)).float().mean()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        assert handle.last_step_skipped
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.randn(8, 16)).float().mean()
+        scaler.scale(loss * 0).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        assert not handle.last_step_skipped
+
+
+def test_gradient_and_activation_statistics_are_recorded_in_order(tmp_path):
+    db = tmp_path / "run.db"
+    train(2, lambda m, s, o: ampdiag.attach(m, s, db=db))
+    layers = dict(rows(db, "SELECT id, name FROM layers"))
+    assert set(layers.values()) == {"a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias"}
+    order = {layers[i]: o for i, o in rows(db, "SELECT layer_id, bwd_order FROM grad_stats WHERE step = 1")}
+    assert order["c.weight"] < order["b.weight"] < order["a.weight"]  # backward runs from the loss
+    modules = [p for (p,) in rows(db, "SELECT path FROM modules ORDER BY id")]
+    assert modules == ["a", "b", "c"]
+    acts = rows(db, "SELECT fwd_order, module_id FROM act_stats WHERE step = 1 ORDER BY fwd_order")
+    assert [m for _, m in acts] == [0, 1, 2]
+
+
+def test_detach_restores_the_scaler_and_removes_every_hook(tmp_path):
+    model = Tiny()
+    scaler = torch.amp.GradScaler("cpu")
+    handle = ampdiag.attach(model, scaler, db=tmp_path / "run.db")
+    assert "update" in scaler.__dict__
+    handle.close()
+    assert not {"update", "scale", "_unscale_grads_"} & set(scaler.__dict__)
+    assert all(not m._forward_hooks for m in model.modules())
+    assert all(not p._backward_hooks for p in model.parameters())
+    handle.close()  # idempotent
+    again = ampdiag.attach(model, scaler, db=tmp_path / "again.db")  # attachable again
+    again.close()
+
+
+def test_context_manager_finishes_the_run(tmp_path):
+    db = tmp_path / "run.db"
+    with ampdiag.attach(Tiny(), torch.amp.GradScaler("cpu"), db=db):
+        pass
+    assert rows(db, "SELECT COUNT(*) FROM meta WHERE key = 'finished_at'") == [(1,)]
+
+
+def test_bf16_without_a_scaler_still_localises_nonfinite_values(tmp_path, report):
+    class Exploding(Tiny):
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            return self.c(torch.relu(self.b(h * 1e38 * 10)))  # beyond bf16's (and fp32's) range
+
+    db = tmp_path / "bf16.db"
+    torch.manual_seed(0)
+    model = Exploding()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with ampdiag.attach(model, optimizer=optimizer, db=db) as handle:
+        for _ in range(3):
+            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(torch.randn(8, 16)).float().mean()
+            loss.backward()
+            optimizer.step()
+    assert rows(db, "SELECT value FROM meta WHERE key = 'amp_dtype'") == [("bfloat16",)]
+    assert rows(db, "SELECT COUNT(*) FROM steps WHERE found_inf = 1") == [(3,)]
+    code, rep = report(db)
+    assert code == 1
+    assert rep["findings"][0]["rule"] == "forward-nonfinite" and rep["findings"][0]["module"] == "b"
+
+
+def test_frozen_unused_and_shared_parameters(tmp_path):
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(10, 8)
+            self.frozen = nn.Linear(8, 8)
+            self.frozen.requires_grad_(False)
+            self.unused = nn.Linear(8, 8)
+            self.out = nn.Linear(8, 10, bias=False)
+            self.out.weight = self.embed.weight  # tied
+
+        def forward(self, ids):
+            return self.out(self.frozen(self.embed(ids)))
+
+    db = tmp_path / "run.db"
+    model = Odd()
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(2):
+            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.tensor([1, 2, 3])).float().logsumexp(-1).mean()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    names = {n: t for n, t in rows(db, "SELECT name, trainable FROM layers")}
+    assert "out.weight" not in names and "embed.weight" in names  # the tied weight, once
+    assert names["frozen.weight"] == 0
+    kinds = {k for (k,) in rows(db, "SELECT kind FROM events")}
+    assert {"shared-parameter", "frozen-parameters"} <= kinds
+    with_stats = {n for (n,) in rows(db, "SELECT DISTINCT l.name FROM grad_stats g JOIN layers l ON l.id = g.layer_id")}
+    assert with_stats == {"embed.weight"}  # frozen: no grad; unused: no grad this step
+
+
+def test_pins_run_a_module_in_fp32_while_attached(tmp_path):
+    model = Tiny()
+    with ampdiag.attach(model, torch.amp.GradScaler("cpu"), db=tmp_path / "run.db", pins=["b"]):
+        with torch.autocast("cpu", dtype=torch.float16):
+            assert model.b(torch.randn(2, 32)).dtype == torch.float32
+            assert model.a(torch.randn(2, 16)).dtype == torch.float16
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert model.b(torch.randn(2, 32)).dtype == torch.float16  # unpinned at close
+
+
+def test_pin_fp32_casts_inputs_and_disables_autocast():
+    layer = ampdiag.pin_fp32(nn.Linear(4, 4))
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert layer(torch.randn(2, 4).half()).dtype == torch.float32
+    ampdiag.unpin_fp32(layer)
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert layer(torch.randn(2, 4)).dtype == torch.float16
+
+
+# --- misuse: a clear Python exception, never a crash -----------------------------------
+
+
+def test_attaching_twice_is_refused(tmp_path):
+    model, scaler = Tiny(), torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=tmp_path / "a.db"):
+        with pytest.raises(RuntimeError, match="already has an ampdiag handle"):
+            ampdiag.attach(model, torch.amp.GradScaler("cpu"), db=tmp_path / "b.db")
+        with pytest.raises(RuntimeError, match="already has an ampdiag handle"):
+            ampdiag.attach(Tiny(), scaler, db=tmp_path / "c.db")
+
+
+def test_a_disabled_scaler_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="disabled"):
+        ampdiag.attach(Tiny(), torch.amp.GradScaler("cpu", enabled=False), db=tmp_path / "run.db")
+
+
+def test_a_model_on_an_unsupported_device_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="'meta' device"):
+        ampdiag.attach(Tiny().to("meta"), torch.amp.GradScaler("cpu"), db=tmp_path / "run.db")
+
+
+def test_an_unwritable_db_path_is_refused_and_nothing_is_attached(tmp_path):
+    model, scaler = Tiny(), torch.amp.GradScaler("cpu")
+    with pytest.raises(ampdiag.RunDbError, match="no-such-dir"):
+        ampdiag.attach(model, scaler, db=tmp_path / "no-such-dir" / "run.db")
+    assert "update" not in scaler.__dict__
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_an_existing_db_is_not_overwritten_unless_asked(tmp_path):
+    db = tmp_path / "run.db"
+    ampdiag.attach(Tiny(), torch.amp.GradScaler("cpu"), db=db).close()
+    with pytest.raises(ampdiag.RunDbError, match="already exists"):
+        ampdiag.attach(Tiny(), torch.amp.GradScaler("cpu"), db=db)
+    ampdiag.attach(Tiny(), torch.amp.GradScaler("cpu"), db=db, overwrite=True).close()
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"every": 0}, ValueError, "every"),
+    ({"queue_capacity": 3}, ValueError, "queue_capacity"),
+    ({"pins": ["no.such"]}, ValueError, "no module 'no.such'"),
+    ({"scaler": None}, ValueError, "pass scaler="),
+    ({"scaler": "fp16"}, TypeError, "GradScaler"),
+])
+def test_bad_arguments_are_refused(tmp_path, kwargs, error, match):
+    args = dict(scaler=torch.amp.GradScaler("cpu"), db=tmp_path / "run.db")
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        ampdiag.attach(Tiny(), **args)
+
+
+def test_a_model_that_is_not_a_module_is_refused(tmp_path):
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        ampdiag.attach(lambda x: x, torch.amp.GradScaler("cpu"), db=tmp_path / "run.db")
