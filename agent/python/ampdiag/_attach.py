@@ -402,16 +402,19 @@ class AttachHandle:
         return module_id
 
     def _forward_hook(self, path):
+        module_id = None  # resolved on the first call, when the module first runs
+
         def hook(module, args, kwargs, output):
+            nonlocal module_id
             if self._in_replay or self._closed:
                 return None
             t0 = time.perf_counter_ns()
-            tensor = _first_float_tensor(output)
-            if tensor is not None:
-                view = _readable_view(tensor)
-                stats = self._session.activation(self._module_id(path, module), view.data_ptr(), view.numel(),
-                                                 _DTYPE_CODE[view.dtype])
-                if stats["nan"] or stats["inf"]:
+            tensor = output if type(output) is torch.Tensor else _first_float_tensor(output)
+            if tensor is not None and tensor.is_floating_point():
+                if module_id is None:
+                    module_id = self._module_id(path, module)
+                view = tensor if _directly_readable(tensor) else _readable_view(tensor)
+                if self._session.activation(module_id, view.data_ptr(), view.numel(), _DTYPE_CODE[view.dtype]):
                     self._on_nonfinite_output(path, module, args, kwargs)
             self._python_ns += time.perf_counter_ns() - t0
             return None

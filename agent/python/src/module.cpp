@@ -100,8 +100,9 @@ class Session {
     return found;
   }
 
-  // Statistics of one module output, staged at the next forward position; returns them.
-  py::dict activation(std::int64_t module_id, std::uintptr_t ptr, std::int64_t numel, int dtype) {
+  // Statistics of one module output, staged at the next forward position. Returns whether
+  // it holds NaN/Inf (a bool, not the statistics: this runs for every module every step).
+  bool activation(std::int64_t module_id, std::uintptr_t ptr, std::int64_t numel, int dtype) {
     const auto t0 = std::chrono::steady_clock::now();
     const kernels::TensorRef ref{reinterpret_cast<const void*>(ptr), numel, dtype_code(dtype)};
     kernels::TensorStats s;
@@ -111,7 +112,7 @@ class Session {
     }
     recorder_->stage_act(module_id, recorder_->next_forward_order(), s);
     agent_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-    return stats_dict(s);
+    return s.has_nonfinite();
   }
 
   bool end_step(double loss, double scale_before, double scale_after, bool found_inf, bool skipped, std::int64_t step_ns,
