@@ -67,7 +67,8 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
       k.nonfinite_layer_count = std::int64_t(s.nonfinite_layers.size());
       for (std::size_t i = 0; i < s.nonfinite_layers.size() && i < 5; ++i)
         k.nonfinite_layers.push_back(run.layers[std::size_t(s.nonfinite_layers[i])].info.name);
-      if (s.first_nonfinite_module >= 0) k.forward_module = run.modules[std::size_t(s.first_nonfinite_module)].info.path;
+      if (s.first_nonfinite_module >= 0)
+        k.forward_module = rules::forward_culprit(run, run.modules[std::size_t(s.first_nonfinite_module)].info.path);
       report.skipped.push_back(k);
     }
     o.layers = std::int64_t(run.layers.size());

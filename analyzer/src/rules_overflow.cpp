@@ -94,6 +94,20 @@ const rundb::EventRow* replay_of(const Run& run, const std::string& module) {
 
 }  // namespace
 
+std::string forward_culprit(const Run& run, const std::string& module_path) {
+  std::string culprit = module_path;
+  const rundb::EventRow* own = replay_of(run, module_path);
+  if (!own || own->detail.find("fp32_finite=0") == std::string::npos) return culprit;
+  for (const auto& e : run.events) {
+    if (e.kind != "replay" || e.detail.find("fp32_finite=1") == std::string::npos) continue;
+    const std::string path = e.detail.substr(7, e.detail.find(' ') - 7);
+    if (path.size() < module_path.size() && module_path.compare(0, path.size() + 1, path + ".") == 0 &&
+        (culprit == module_path || path.size() > culprit.size()))
+      culprit = path;
+  }
+  return culprit;
+}
+
 void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& out) {
   std::int64_t nonfinite_loss = 0, first_bad_loss = -1;
   for (const auto& s : run.steps)
@@ -111,17 +125,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
   std::map<std::string, Culprit> culprits;
   for (const auto& m : run.modules) {
     if (m.first_nonfinite == 0) continue;
-    std::string culprit = m.info.path;
-    const rundb::EventRow* own = replay_of(run, m.info.path);
-    if (own && own->detail.find("fp32_finite=0") != std::string::npos) {
-      for (const auto& e : run.events) {
-        if (e.kind != "replay" || e.detail.find("fp32_finite=1") == std::string::npos) continue;
-        const std::string path = e.detail.substr(7, e.detail.find(' ') - 7);
-        if (path.size() < m.info.path.size() && m.info.path.compare(0, path.size() + 1, path + ".") == 0 &&
-            (culprit == m.info.path || path.size() > culprit.size()))
-          culprit = path;
-      }
-    }
+    const std::string culprit = forward_culprit(run, m.info.path);
     Culprit& c = culprits[culprit];
     c.first += m.first_nonfinite;
     if (c.first_step < 0 || m.first_step < c.first_step) c.first_step = m.first_step;
