@@ -24,6 +24,8 @@ def test_report_names_the_planted_module(sample, tmp_path, report):
     rule, module, confirmation = CASES[sample]
     first = rep["findings"][0]
     assert (first["rule"], first["module"], first["confirmation"]) == (rule, module, confirmation)
+    if rule == "forward-nonfinite":  # each skipped step's cause names the same module, not a child
+        assert {s["forward_module"] for s in rep["skipped_steps"]} == {module}
 
 
 @pytest.mark.parametrize("sample", sorted(CASES))
