@@ -2,6 +2,8 @@
 // math instantiated for that ISA's native GCC vector; the tail uses the scalar one.
 #include "cpu_chunk.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 
 namespace ampdiag::kernels {
@@ -40,6 +42,24 @@ AMPDIAG_HD typename LanesOf<N>::U load_lanes(const void* src, std::int64_t i) {
     if constexpr (D == DType::kFloat16) return math::f16_to_f32_bits(wide);
     return math::bf16_to_f32_bits(wide);
   }
+}
+
+// fp16 loads through F16C's exact vcvtph2ps in the AVX2 and AVX-512 variants: one
+// instruction instead of ~12 vector operations (fp16 went at 2.2 G values/s with the
+// portable widening). NaN stays NaN (quietened), which is all the statistics and the
+// unscale need. Not always_inline: GCC checks targets per call edge, and these can only
+// be inlined once the generic loop sits inside the AVX2/AVX-512 variant.
+template <>
+__attribute__((target("avx2,f16c"))) inline math::u32x8 load_lanes<8, DType::kFloat16>(const void* src, std::int64_t i) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const char*>(src) + 2 * i));
+  return reinterpret_cast<math::u32x8>(_mm256_cvtph_ps(h));
+}
+
+template <>
+__attribute__((target("avx512f,f16c"))) inline math::u32x16 load_lanes<16, DType::kFloat16>(const void* src,
+                                                                                           std::int64_t i) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const char*>(src) + 2 * i));
+  return reinterpret_cast<math::u32x16>(_mm512_cvtph_ps(h));
 }
 
 template <int N, DType D>
