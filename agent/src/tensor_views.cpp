@@ -3,6 +3,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 namespace ampdiag::agent {
 
 namespace {
@@ -18,9 +22,26 @@ bool kernel_dtype(at::ScalarType t, kernels::DType& out) {
 
 }  // namespace
 
+// Whether t's elements fill one gap-free block in any order (contiguous, or a permutation
+// such as a transpose). Every statistic is independent of element order, and the unscale
+// is elementwise, so such a block is read (and rewritten) in place.
+bool dense(const at::Tensor& t) {
+  if (t.is_contiguous()) return true;
+  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, size)
+  for (std::int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) != 1) dims.push_back({t.stride(d), t.size(d)});
+  std::sort(dims.begin(), dims.end());
+  std::int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
 bool directly_readable(const at::Tensor& t) {
   kernels::DType d;
-  return t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() && kernel_dtype(t.scalar_type(), d);
+  return t.device().is_cpu() && t.layout() == at::kStrided && kernel_dtype(t.scalar_type(), d) && dense(t);
 }
 
 kernels::TensorRef stats_view(const at::Tensor& t, at::Tensor& copy) {

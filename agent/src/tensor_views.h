@@ -7,7 +7,8 @@
 
 namespace ampdiag::agent {
 
-// A dense CPU tensor of float32/float16/bfloat16 the kernels can read (and unscale) in place.
+// A CPU tensor of float32/float16/bfloat16 whose elements fill one gap-free block (in any
+// order), which the kernels can read (and unscale) in place.
 bool directly_readable(const at::Tensor& t);
 
 // A view of t for the statistics kernels. When t is not directly readable (a CUDA tensor,

@@ -228,3 +228,19 @@ def test_bad_arguments_are_refused(tmp_path, kwargs, error, match):
 def test_a_model_that_is_not_a_module_is_refused(tmp_path):
     with pytest.raises(TypeError, match="torch.nn.Module"):
         ampdiag.attach(lambda x: x, torch.amp.GradScaler("cpu"), db=tmp_path / "run.db")
+
+
+def test_permuted_outputs_are_read_in_place_with_the_same_statistics():
+    from ampdiag import _ampdiag
+    from ampdiag._attach import _directly_readable, _readable_view
+
+    base = torch.randn(4, 8, 16).half()
+    base[1, 2, 3] = float("inf")
+    permuted = base.transpose(0, 2)  # a transpose: non-contiguous, but one dense block
+    assert not permuted.is_contiguous() and _directly_readable(permuted)
+    assert _readable_view(permuted) is permuted
+    strided = base[:, ::2]  # every other row: gaps, so it is copied
+    assert not _directly_readable(strided)
+    a = _ampdiag.tensor_stats(permuted.data_ptr(), permuted.numel(), 1)
+    b = _ampdiag.tensor_stats(base.contiguous().data_ptr(), base.numel(), 1)
+    assert a == b and a["inf"] == 1

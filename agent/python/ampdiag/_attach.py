@@ -68,12 +68,27 @@ def _first_float_tensor(value):
     return None
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill one gap-free block of memory, in any order (contiguous,
+    or a permutation of a contiguous tensor, such as a transpose)."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _directly_readable(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and t.layout == torch.strided and t.is_contiguous() and t.dtype in _DTYPE_CODE
+    """Every statistic is independent of element order, so a dense block is read in place."""
+    return t.device.type == "cpu" and t.layout == torch.strided and t.dtype in _DTYPE_CODE and _dense(t)
 
 
 def _readable_view(t: torch.Tensor) -> torch.Tensor:
-    """t itself when the engine can read it in place, else a contiguous CPU copy."""
+    """t itself when the engine can read it in place (data_ptr() is then the block's first
+    element: all strides are positive), else a contiguous CPU copy."""
     if _directly_readable(t):
         return t
     copy = t.detach().to("cpu")
