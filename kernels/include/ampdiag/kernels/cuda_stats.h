@@ -49,7 +49,9 @@ class CudaStatsEngine {
   CudaStatsEngine& operator=(const CudaStatsEngine&) = delete;
 
   // Enqueues the pass over `tensors` (device pointers, element-aligned) on launch.stream.
-  // Returns null when every slot is still in flight: the caller drops this sample.
+  // Returns null when every slot is still in flight: the caller drops this sample. A slot's
+  // device and pinned buffers grow on demand (cudaMalloc / cudaMallocHost, which may
+  // synchronise): that happens on the first launches of a given size, not in steady state.
   // Throws std::invalid_argument for a malformed TensorRef, std::runtime_error on CUDA errors.
   CudaTicket* launch(const TensorRef* tensors, std::size_t count, const CudaLaunch& launch);
 
