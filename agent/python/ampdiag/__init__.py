@@ -7,6 +7,8 @@
 
 See attach() for the options and pin_fp32() for the usual fix.
 """
+import torch  # noqa: F401  first: the extension then shares torch's OpenMP runtime
+
 from ._ampdiag import RunDbError
 from ._attach import AttachHandle, attach
 from ._pin import pin_fp32, unpin_fp32

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -40,14 +41,27 @@ py::dict stats_dict(const kernels::TensorStats& s) {
   return d;
 }
 
+#ifdef _OPENMP
+// The pass runs on the process's OpenMP team, which is torch's (torch is imported first and
+// ships libgomp under the usual soname). A pool of our own would fight torch's threads,
+// which spin-wait after each parallel region: measured, it gave no speed-up in training.
+void openmp_parallel_for(std::int64_t count, const std::function<void(std::int64_t)>& task) {
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::int64_t i = 0; i < count; ++i) task(i);
+}
+#endif
+
 class Session {
  public:
   Session(const std::string& db_path, bool overwrite, std::size_t queue_capacity, std::int64_t every,
           std::int64_t context_steps, int threads, bool histogram)
       : histogram_(histogram), engine_([&] {
           kernels::CpuEngineOptions o;
-          if (threads < 0) throw std::invalid_argument("threads must be >= 0 (0: all cores)");
+          if (threads < 0) throw std::invalid_argument("threads must be >= 0 (0: torch's threads)");
           o.threads = threads;
+#ifdef _OPENMP
+          if (threads == 0) o.parallel_for = openmp_parallel_for;
+#endif
           return o;
         }()) {
     (void)agent::SamplingPolicy(every, context_steps);  // validates before the file is created
