@@ -141,7 +141,8 @@ Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions opt
         if (options_.threads < 0) throw std::invalid_argument("AgentOptions.threads must be >= 0 (0: torch's threads)");
         o.threads = options_.threads;
         if (options_.threads == 0) {
-          // torch's intra-op pool: see CpuEngineOptions::parallel_for.
+          // torch's intra-op (OpenMP) team: see CpuEngineOptions::parallel_for. This file is
+          // compiled with OpenMP, or at::parallel_for would run serially.
           o.parallel_for = [](std::int64_t count, const std::function<void(std::int64_t)>& task) {
             at::parallel_for(0, count, 1, [&](std::int64_t begin, std::int64_t end) {
               for (std::int64_t i = begin; i < end; ++i) task(i);

@@ -25,8 +25,9 @@ using ParallelFor = std::function<void(std::int64_t count, const std::function<v
 
 struct CpuEngineOptions {
   // The host's own thread pool, when it has one. An in-process agent passes torch's
-  // intra-op pool, so that a training process does not run two pools on the same cores
-  // (on the 2-core benchmark machine both choices measured the same). Null: the engine's
+  // intra-op (OpenMP) team: a pool of our own fights torch's threads, which spin-wait
+  // after each parallel region (measured: no faster than one thread inside a training
+  // step; on torch's team the fused pass beats torch's own unscale). Null: the engine's
   // own `threads` threads.
   ParallelFor parallel_for;
   int threads = 0;                       // 0: std::thread::hardware_concurrency()
