@@ -7,13 +7,13 @@
 #include <set>
 
 #include "ampdiag/analyzer/render.h"
+#include "markup.h"
 #include "svg_plot.h"
 
 namespace ampdiag::analyzer {
 
 namespace {
 
-using svg::escape;
 
 const char* kColours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2"};
 
@@ -136,8 +136,8 @@ table{border-collapse:collapse;font-size:13px} td,th{border-bottom:1px solid #ee
   for (const auto& x : r.runs) {
     char scale[96];
     std::snprintf(scale, sizeof scale, "%g &rarr; %g (lowest %g)", x.first_scale, x.last_scale, x.min_scale);
-    o += "<tr><td>" + escape(x.path) + "</td><td>" + std::to_string(x.steps) + "</td><td>" + std::to_string(x.skipped) +
-         "</td><td>" + scale + "</td><td>" + escape(x.amp_dtype) + " on " + escape(x.device) + "</td><td>" +
+    o += "<tr><td>" + escape_markup(x.path) + "</td><td>" + std::to_string(x.steps) + "</td><td>" + std::to_string(x.skipped) +
+         "</td><td>" + scale + "</td><td>" + escape_markup(x.amp_dtype) + " on " + escape_markup(x.device) + "</td><td>" +
          (x.finished ? "finished" : "partial") + "</td></tr>\n";
   }
   o += "</table>\n<h2>Loss scale</h2>\n" + scale_plot(runs);
@@ -146,14 +146,14 @@ table{border-collapse:collapse;font-size:13px} td,th{border-bottom:1px solid #ee
   if (r.findings.empty()) o += "<p>None.</p>\n";
   for (const auto& f : r.findings) {
     o += "<div class=\"finding\"><div><span class=\"sev-" + std::string(severity_name(f.severity)) + "\">" +
-         severity_name(f.severity) + "</span> <code>" + escape(f.rule) + "</code> " + escape(f.title) + "</div>\n";
-    if (!f.module.empty()) o += "<div>module: <code>" + escape(f.module) + "</code></div>\n";
-    if (!f.layer.empty()) o += "<div>layer: <code>" + escape(f.layer) + "</code></div>\n";
-    o += "<div>evidence: " + escape(f.evidence) + "</div>\n";
+         severity_name(f.severity) + "</span> <code>" + escape_markup(f.rule) + "</code> " + escape_markup(f.title) + "</div>\n";
+    if (!f.module.empty()) o += "<div>module: <code>" + escape_markup(f.module) + "</code></div>\n";
+    if (!f.layer.empty()) o += "<div>layer: <code>" + escape_markup(f.layer) + "</code></div>\n";
+    o += "<div>evidence: " + escape_markup(f.evidence) + "</div>\n";
     for (const auto& s : f.suggestions) {
-      o += "<div>fix: " + escape(s.summary) + "</div>\n";
-      if (!s.python.empty()) o += "<pre>" + escape(s.python) + "</pre>\n";
-      if (!s.cpp.empty()) o += "<pre>" + escape(s.cpp) + "</pre>\n";
+      o += "<div>fix: " + escape_markup(s.summary) + "</div>\n";
+      if (!s.python.empty()) o += "<pre>" + escape_markup(s.python) + "</pre>\n";
+      if (!s.cpp.empty()) o += "<pre>" + escape_markup(s.cpp) + "</pre>\n";
     }
     o += "</div>\n";
   }
@@ -164,9 +164,9 @@ table{border-collapse:collapse;font-size:13px} td,th{border-bottom:1px solid #ee
       char scale[32];
       std::snprintf(scale, sizeof scale, "%g", k.scale);
       o += "<tr><td>" + std::to_string(k.rank) + "</td><td>" + std::to_string(k.step) + "</td><td>" + scale + "</td><td>" +
-           escape(k.nonfinite_layers.empty() ? "-" : k.nonfinite_layers.front()) +
+           escape_markup(k.nonfinite_layers.empty() ? "-" : k.nonfinite_layers.front()) +
            (k.nonfinite_layer_count > 1 ? " (+" + std::to_string(k.nonfinite_layer_count - 1) + ")" : "") + "</td><td>" +
-           escape(k.forward_module) + "</td></tr>\n";
+           escape_markup(k.forward_module) + "</td></tr>\n";
     }
     o += "</table>\n";
   }

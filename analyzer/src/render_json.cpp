@@ -4,6 +4,7 @@
 #include "ampdiag/analyzer/analyze.h"
 #include "ampdiag/analyzer/render.h"
 #include "json_writer.h"
+#include "markup.h"
 
 namespace ampdiag::analyzer {
 
@@ -11,20 +12,6 @@ namespace {
 
 using json::number;
 using json::quote;
-
-std::string xml(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -90,13 +77,13 @@ std::string render_junit(const Report& r, const Gate& gate) {
     }
     if (!failing.empty()) {
       ++failures;
-      cases += "      <failure message=\"" + xml(by_rule[id].front()->title) + "\">" + xml(failing) + "</failure>\n";
+      cases += "      <failure message=\"" + escape_markup(by_rule[id].front()->title) + "\">" + escape_markup(failing) + "</failure>\n";
     }
-    if (!notes.empty()) cases += "      <system-out>" + xml(notes) + "</system-out>\n";
+    if (!notes.empty()) cases += "      <system-out>" + escape_markup(notes) + "</system-out>\n";
     cases += "    </testcase>\n";
   }
   std::string name = r.runs.empty() ? "run" : r.runs.front().path;
-  return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n  <testsuite name=\"ampdiag " + xml(name) +
+  return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n  <testsuite name=\"ampdiag " + escape_markup(name) +
          "\" tests=\"" + std::to_string(rule_ids().size()) + "\" failures=\"" + std::to_string(failures) +
          "\" errors=\"0\">\n" + cases + "  </testsuite>\n</testsuites>\n";
 }

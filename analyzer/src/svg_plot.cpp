@@ -1,6 +1,8 @@
 // svg_plot.h: decimated polylines, markers, axes, bars.
 #include "svg_plot.h"
 
+#include "markup.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,20 +28,6 @@ std::string g(double v) {
 
 }  // namespace
 
-std::string escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
 std::string line_plot(const LinePlot& p) {
   double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
   for (const auto& s : p.series)
@@ -62,18 +50,18 @@ std::string line_plot(const LinePlot& p) {
 
   std::string o = "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"plot\" width=\"" + n(p.width) + "\" height=\"" +
                   n(p.height) + "\" viewBox=\"0 0 " + n(p.width) + " " + n(p.height) + "\">\n";
-  o += "<text x=\"" + n(kLeft) + "\" y=\"18\" class=\"ptitle\">" + escape(p.title) + "</text>\n";
+  o += "<text x=\"" + n(kLeft) + "\" y=\"18\" class=\"ptitle\">" + escape_markup(p.title) + "</text>\n";
   o += "<path class=\"axis\" d=\"M" + n(kLeft) + " " + n(kTop) + " V" + n(kTop + h) + " H" + n(kLeft + w) + "\"/>\n";
   for (int i = 0; i <= 4; ++i) {
     const double yv = y0 + (y1 - y0) * i / 4.0, xv = x0 + (x1 - x0) * i / 4.0;
     o += "<text x=\"" + n(kLeft - 6) + "\" y=\"" + n(Y(yv) + 4) + "\" class=\"tick\" text-anchor=\"end\">" + g(std::round(yv * 10) / 10) + "</text>\n";
     o += "<text x=\"" + n(X(xv)) + "\" y=\"" + n(kTop + h + 16) + "\" class=\"tick\" text-anchor=\"middle\">" + g(std::round(xv)) + "</text>\n";
   }
-  o += "<text x=\"" + n(kLeft + w / 2) + "\" y=\"" + n(p.height - 4) + "\" class=\"tick\" text-anchor=\"middle\">" + escape(p.x_label) + "</text>\n";
-  o += "<text x=\"14\" y=\"" + n(kTop + h / 2) + "\" class=\"tick\" transform=\"rotate(-90 14 " + n(kTop + h / 2) + ")\" text-anchor=\"middle\">" + escape(p.y_label) + "</text>\n";
+  o += "<text x=\"" + n(kLeft + w / 2) + "\" y=\"" + n(p.height - 4) + "\" class=\"tick\" text-anchor=\"middle\">" + escape_markup(p.x_label) + "</text>\n";
+  o += "<text x=\"14\" y=\"" + n(kTop + h / 2) + "\" class=\"tick\" transform=\"rotate(-90 14 " + n(kTop + h / 2) + ")\" text-anchor=\"middle\">" + escape_markup(p.y_label) + "</text>\n";
   for (const auto& [y, label] : p.hlines) {
     o += "<path class=\"ref\" d=\"M" + n(kLeft) + " " + n(Y(y)) + " H" + n(kLeft + w) + "\"/>\n";
-    o += "<text x=\"" + n(kLeft + w + 4) + "\" y=\"" + n(Y(y) + 4) + "\" class=\"tick\">" + escape(label) + "</text>\n";
+    o += "<text x=\"" + n(kLeft + w + 4) + "\" y=\"" + n(Y(y) + 4) + "\" class=\"tick\">" + escape_markup(label) + "</text>\n";
   }
   // Markers: one tick per pixel column that holds any, so none is lost when they crowd.
   std::map<int, int> columns;
@@ -81,7 +69,7 @@ std::string line_plot(const LinePlot& p) {
   if (!columns.empty()) {
     std::string d;
     for (const auto& [col, count] : columns) d += "M" + n(col) + " " + n(kTop - 8) + " v10 ";
-    o += "<path class=\"marker\" d=\"" + d + "\"><title>" + escape(p.markers_label) + "</title></path>\n";
+    o += "<path class=\"marker\" d=\"" + d + "\"><title>" + escape_markup(p.markers_label) + "</title></path>\n";
   }
   int legend = 0;
   for (const auto& s : p.series) {
@@ -107,10 +95,10 @@ std::string line_plot(const LinePlot& p) {
       if (lo != hi) d += "L" + n(order[i]) + " " + n(Y(lo));
     }
     if (!d.empty())
-      o += "<path class=\"line\" stroke=\"" + s.colour + "\" d=\"" + d + "\"><title>" + escape(s.label) + "</title></path>\n";
+      o += "<path class=\"line\" stroke=\"" + s.colour + "\" d=\"" + d + "\"><title>" + escape_markup(s.label) + "</title></path>\n";
     o += "<path d=\"M" + n(kLeft + w + 8) + " " + n(kTop + 10 + legend * 16) + " h14\" stroke=\"" + s.colour +
          "\" stroke-width=\"3\"/><text x=\"" + n(kLeft + w + 26) + "\" y=\"" + n(kTop + 14 + legend * 16) +
-         "\" class=\"tick\">" + escape(s.label.size() > 20 ? "…" + s.label.substr(s.label.size() - 19) : s.label) + "</text>\n";
+         "\" class=\"tick\">" + escape_markup(s.label.size() > 20 ? "…" + s.label.substr(s.label.size() - 19) : s.label) + "</text>\n";
     ++legend;
   }
   if (!p.crosses.empty()) {
@@ -131,14 +119,14 @@ std::string bar_chart(const std::string& title, const std::vector<Bar>& bars, co
   if (max <= 0) max = 1;
   std::string o = "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"plot\" width=\"" + n(width) + "\" height=\"" + n(height) +
                   "\" viewBox=\"0 0 " + n(width) + " " + n(height) + "\">\n";
-  o += "<text x=\"8\" y=\"18\" class=\"ptitle\">" + escape(title) + "</text>\n";
+  o += "<text x=\"8\" y=\"18\" class=\"ptitle\">" + escape_markup(title) + "</text>\n";
   for (std::size_t i = 0; i < bars.size(); ++i) {
     const double y = top + row * double(i), bw = (width - left - 240) * bars[i].value / max;
-    o += "<text x=\"" + n(left - 8) + "\" y=\"" + n(y + 15) + "\" class=\"tick\" text-anchor=\"end\">" + escape(bars[i].label) + "</text>\n";
+    o += "<text x=\"" + n(left - 8) + "\" y=\"" + n(y + 15) + "\" class=\"tick\" text-anchor=\"end\">" + escape_markup(bars[i].label) + "</text>\n";
     o += "<path class=\"bar\" d=\"M" + n(left) + " " + n(y + 3) + " h" + n(std::max(bw, 1.0)) + " v16 h" + n(-std::max(bw, 1.0)) +
-         " z\"><title>" + escape(bars[i].note) + "</title></path>\n";
+         " z\"><title>" + escape_markup(bars[i].note) + "</title></path>\n";
     o += "<text x=\"" + n(left + std::max(bw, 1.0) + 6) + "\" y=\"" + n(y + 15) + "\" class=\"tick\">" + g(bars[i].value) + " " +
-         escape(unit) + "</text>\n";
+         escape_markup(unit) + "</text>\n";
   }
   return o + "</svg>\n";
 }

@@ -34,6 +34,4 @@ struct Bar {
 
 std::string bar_chart(const std::string& title, const std::vector<Bar>& bars, const std::string& unit);
 
-std::string escape(const std::string& s);
-
 }  // namespace ampdiag::analyzer::svg
