@@ -63,7 +63,6 @@ class RecordQueue {
   }
 
   bool empty() const { return tail_.load(std::memory_order_acquire) == head_.load(std::memory_order_acquire); }
-  std::size_t capacity() const { return capacity_ - 1; }
 
  private:
   const std::size_t capacity_;

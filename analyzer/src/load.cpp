@@ -224,11 +224,10 @@ Run load_run(const std::string& path, const LoadOptions& options) {
   }
 
   // Activation statistics: per step, the first module (forward order) with NaN/Inf.
-  rundb::RunDbReader acts(path);
   std::int64_t current = -1;
   bool found_in_step = false;
   try {
-    for (const auto& a : acts.act_stats()) {
+    for (const auto& a : reader.act_stats()) {
       ++run.act_rows;
       if (a.module_id < 0 || std::size_t(a.module_id) >= run.modules.size())
         throw rundb::RunDbError(path + ": activation rows name unknown modules: corrupted");

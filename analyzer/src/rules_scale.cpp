@@ -48,7 +48,6 @@ void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& o
   double lowest = INFINITY;
   std::int64_t lowest_step = -1, below = 0, first_below = -1;
   std::int64_t run_backoffs = 0, longest_run = 0, longest_end = -1;
-  double peak_since = 0.0;
   for (const auto& s : run.steps) {
     if (s.row.scale_after < lowest) {
       lowest = s.row.scale_after;
@@ -65,9 +64,8 @@ void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& o
         longest_run = run_backoffs;
         longest_end = s.row.step;
       }
-    } else if (s.row.scale_after > s.row.scale_before) {
-      peak_since = std::max(peak_since, s.row.scale_after);
-      if (s.row.scale_after >= run.steps.front().row.scale_before) run_backoffs = 0;
+    } else if (s.row.scale_after > s.row.scale_before && s.row.scale_after >= run.steps.front().row.scale_before) {
+      run_backoffs = 0;
     }
   }
   const bool collapsed = below > 0;

@@ -86,11 +86,6 @@ bool Statement::next() {
   db_.fail("read failed");
 }
 
-void Statement::reset() {
-  sqlite3_reset(stmt_);
-  sqlite3_clear_bindings(stmt_);
-}
-
 std::int64_t Statement::int64(int column) const { return sqlite3_column_int64(stmt_, column); }
 
 double Statement::real(int column) const {
@@ -102,8 +97,6 @@ std::string Statement::text(int column) const {
   const auto* p = sqlite3_column_text(stmt_, column);
   return p ? std::string(reinterpret_cast<const char*>(p), std::size_t(sqlite3_column_bytes(stmt_, column))) : std::string();
 }
-
-bool Statement::is_null(int column) const { return sqlite3_column_type(stmt_, column) == SQLITE_NULL; }
 
 const void* Statement::blob(int column, int* bytes) const {
   const void* p = sqlite3_column_blob(stmt_, column);

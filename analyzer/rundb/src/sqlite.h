@@ -45,12 +45,10 @@ class Statement {
   void run();
   // Steps a query: true while a row is available.
   bool next();
-  void reset();
 
   std::int64_t int64(int column) const;
   double real(int column) const;  // NULL reads as NaN
   std::string text(int column) const;
-  bool is_null(int column) const;
   const void* blob(int column, int* bytes) const;
 
  private:
