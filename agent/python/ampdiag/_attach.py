@@ -336,8 +336,9 @@ class AttachHandle:
         return layer
 
     def _gradients(self, optimizer):
-        """(layer ids, gradients to read) of the optimizer's parameters that have one."""
-        layers, grads = [], []
+        """(layer ids, gradients to read, whether any was sparse) of the optimizer's
+        parameters that have a gradient. A sparse gradient is read through its values."""
+        layers, grads, sparse = [], [], False
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -345,12 +346,13 @@ class AttachHandle:
                 grad = p.grad
                 layer = self._layer_id(p)
                 if grad.is_sparse:
+                    sparse = True
                     self._event("sparse-gradient", f"layer {layer} has sparse gradients: statistics cover their "
                                                    "stored values", key=("sparse", layer))
                     grad = grad._values()
                 layers.append(layer)
                 grads.append(grad)
-        return layers, grads
+        return layers, grads, sparse
 
     def _stats(self, layers, grads, inv_scale=None):
         views = [_readable_view(g) for g in grads]
@@ -364,9 +366,8 @@ class AttachHandle:
 
     def _on_unscale(self, original, optimizer, inv_scale, found_inf, allow_fp16):
         t0 = time.perf_counter_ns()
-        layers, grads = self._gradients(optimizer)
-        special = any(g.dtype == torch.float16 for g in grads) or any(p.grad is not None and p.grad.is_sparse
-                                                                      for g in optimizer.param_groups for p in g["params"])
+        layers, grads, sparse = self._gradients(optimizer)
+        special = sparse or any(g.dtype == torch.float16 for g in grads)
         fusable = (self._fused and grads and not special and all(_directly_readable(g) for g in grads)
                    and inv_scale.device.type == "cpu" and found_inf.device.type == "cpu")
         if fusable:
@@ -388,7 +389,7 @@ class AttachHandle:
 
     def _before_optimizer_step(self, optimizer, args, kwargs):
         t0 = time.perf_counter_ns()
-        layers, grads = self._gradients(optimizer)
+        layers, grads, _ = self._gradients(optimizer)
         self._bf16_found = bool(self._stats(layers, grads)) if grads else False
         self._python_ns += time.perf_counter_ns() - t0
 
