@@ -48,11 +48,7 @@ int main(int argc, char** argv) {
   PoseModel model;
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-2));
   GradScaler scaler;
-  AgentOptions agent_options;
-  agent_options.db_path = args.db;
-  agent_options.overwrite = true;
-  agent_options.every = args.every;
-  Agent agent(*model, scaler, agent_options);
+  Agent agent(*model, scaler, samples::agent_options(args));
   const Fp32Pins pins(args.pins);
 
   const auto intrinsic = torch::tensor({{5000.0f, 0.0f, 960.0f}, {0.0f, 5000.0f, 540.0f}, {0.0f, 0.0f, 1.0f}})

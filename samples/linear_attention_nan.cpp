@@ -71,11 +71,7 @@ int main(int argc, char** argv) {
   Model model;
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-3));
   GradScaler scaler;
-  AgentOptions agent_options;
-  agent_options.db_path = args.db;
-  agent_options.overwrite = true;
-  agent_options.every = args.every;
-  Agent agent(*model, scaler, agent_options);
+  Agent agent(*model, scaler, samples::agent_options(args));
   const Fp32Pins pins(args.pins);
 
   // Inputs with a positive mean: the key features phi(k) are ~5-10 on every token.

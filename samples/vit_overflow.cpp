@@ -84,11 +84,7 @@ int main(int argc, char** argv) {
   GradScalerOptions scaler_options;
   scaler_options.growth_interval = 10;  // short, so a 60-step demo shows the scale trying to recover
   GradScaler scaler(scaler_options);
-  AgentOptions agent_options;
-  agent_options.db_path = args.db;
-  agent_options.overwrite = true;
-  agent_options.every = args.every;
-  Agent agent(*model, scaler, agent_options);
+  Agent agent(*model, scaler, samples::agent_options(args));
   const Fp32Pins pins(args.pins);
 
   const auto inputs = torch::randn({kBatch, kTokens, kDim});

@@ -66,6 +66,14 @@ SampleArgs parse_sample_args(int argc, char** argv, const SampleInfo& info) {
   return args;
 }
 
+AgentOptions agent_options(const SampleArgs& args) {
+  AgentOptions o;
+  o.db_path = args.db;
+  o.overwrite = true;
+  o.every = args.every;
+  return o;
+}
+
 CpuAutocast::CpuAutocast(at::ScalarType dtype)
     : was_enabled_(at::autocast::is_autocast_enabled(at::kCPU)), was_dtype_(at::autocast::get_autocast_dtype(at::kCPU)) {
   at::autocast::set_autocast_dtype(at::kCPU, dtype);

@@ -34,6 +34,9 @@ struct SampleInfo {
 // Parses argv; prints usage and exits 0 for --help, 2 for a bad argument.
 SampleArgs parse_sample_args(int argc, char** argv, const SampleInfo& info);
 
+// The agent settings the command line asks for (the db is replaced if it exists).
+AgentOptions agent_options(const SampleArgs& args);
+
 // fp16 autocast on the CPU for its lifetime (the C++ twin of torch.autocast("cpu")).
 class CpuAutocast {
  public:
