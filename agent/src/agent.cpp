@@ -33,10 +33,6 @@ std::int64_t ns_since(Clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
 }
 
-double unix_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 // "torch::nn::LinearImpl" -> "Linear"; user modules keep their own name.
 std::string module_type_name(const torch::nn::Module& m) {
   std::string name = m.name();
@@ -100,6 +96,9 @@ class Agent::Impl final : public ScalerObserver {
   std::int64_t module_id(const std::string& path);
   void post_event_once(const std::string& key, const std::string& kind, const std::string& detail);
   void write_meta(const GradScaler& scaler);
+  // The first hook of an optimizer cycle: records the step that ended, if any, and
+  // resets what is gathered per cycle.
+  void begin_cycle();
   agent::WriterThread& writer() { return recorder_->writer(); }
 
   AgentOptions options_;
@@ -117,7 +116,13 @@ class Agent::Impl final : public ScalerObserver {
   std::unordered_map<std::string, std::int64_t> module_ids_;
   std::unordered_set<std::string> events_posted_;
 
-  double loss_ = std::numeric_limits<double>::quiet_NaN();
+  // Per cycle: the sum of the losses given to scale() (micro-batches, several losses), how
+  // many, and whether gradients were checked (an update() without a check is an extra
+  // one that only changes the scale).
+  bool cycle_open_ = false;
+  double loss_sum_ = 0.0;
+  std::int64_t losses_ = 0;
+  bool checked_ = false;
   bool skipped_ = false;
   std::int64_t agent_ns_ = 0;
   Clock::time_point step_start_ = Clock::now();
@@ -231,6 +236,7 @@ void Agent::Impl::write_meta(const GradScaler& scaler) {
   meta("scaler_enabled", scaler.is_enabled() ? "1" : "0");
   meta("rank", std::to_string(rank_.rank));
   meta("world_size", std::to_string(rank_.world_size));
+  meta("run_id", options_.run_id.empty() ? agent::default_run_id(rank_) : options_.run_id);
   meta("command_line", command_line());
   meta("pid", std::to_string(::getpid()));
   meta("every", std::to_string(options_.every));
@@ -273,7 +279,7 @@ std::int64_t Agent::Impl::module_id(const std::string& path) {
   const std::int64_t id = std::int64_t(module_ids_.size());
   module_ids_[path] = id;
   const auto type = module_types_.find(path);
-  writer().post_module({id, path, type == module_types_.end() ? "" : type->second, ""});
+  writer().post_module({id, path, type == module_types_.end() ? "" : type->second, "", ""});
   return id;
 }
 
@@ -286,27 +292,42 @@ at::Tensor Agent::Impl::probe(const std::string& path, const at::Tensor& x) {
     return x;
   }
   const auto t0 = Clock::now();
+  begin_cycle();
   at::Tensor copy;
   const kernels::TensorRef ref = agent::stats_view(x, copy);
   kernels::TensorStats s;
   engine_.compute(&ref, 1, &s);
-  recorder_->stage_act(module_id(path), recorder_->next_forward_order(), s);
+  // The forward of micro-batch k runs before its k-th scale() call.
+  recorder_->stage_act(module_id(path), recorder_->next_forward_order(), s, std::int32_t(losses_));
   agent_ns_ += ns_since(t0);
   return x;
 }
 
+void Agent::Impl::begin_cycle() {
+  if (cycle_open_) return;
+  cycle_open_ = true;
+  recorder_->begin_step();
+  arrival_->reset();
+  loss_sum_ = 0.0;
+  losses_ = 0;
+  checked_ = false;
+}
+
 void Agent::Impl::on_scale(const at::Tensor& outputs) {
   const auto t0 = Clock::now();
-  arrival_->reset();
+  begin_cycle();
   // The loss before scaling; reading it is free on CPU and one sync on CUDA, where the
-  // scaler's step() synchronises anyway.
-  loss_ = outputs.numel() == 1 ? outputs.detach().to(at::kDouble).item<double>()
-                               : std::numeric_limits<double>::quiet_NaN();
+  // scaler's step() synchronises anyway. A non-scalar output counts as a loss not known.
+  loss_sum_ += outputs.numel() == 1 ? outputs.detach().to(at::kDouble).item<double>()
+                                    : std::numeric_limits<double>::quiet_NaN();
+  ++losses_;
   agent_ns_ += ns_since(t0);
 }
 
 bool Agent::Impl::on_unscale(UnscaleBatch& batch) {
   const auto t0 = Clock::now();
+  begin_cycle();
+  checked_ = true;
   const std::size_t n = batch.grads.size();
   refs_.clear();
   ids_.clear();
@@ -357,8 +378,16 @@ bool Agent::Impl::on_unscale(UnscaleBatch& batch) {
 
 void Agent::Impl::on_update(double scale_before, double scale_after, bool found_inf) {
   const auto t0 = Clock::now();
+  if (!checked_) {
+    // update(new_scale) after the cycle's update(), e.g. to hold a minimum scale: the
+    // same optimizer cycle, ending at this scale.
+    recorder_->amend_scale_after(scale_after);
+    agent_ns_ += ns_since(t0);
+    return;
+  }
   agent::StepOutcome o;
-  o.loss = loss_;
+  o.loss = losses_ > 0 ? loss_sum_ : std::numeric_limits<double>::quiet_NaN();
+  o.losses = losses_;
   o.scale_before = scale_before;
   o.scale_after = scale_after;
   o.found_inf = found_inf;
@@ -367,6 +396,7 @@ void Agent::Impl::on_update(double scale_before, double scale_after, bool found_
   o.agent_ns = agent_ns_ + ns_since(t0);
   recorder_->end_step(o);
   skipped_ = false;
+  cycle_open_ = false;
   agent_ns_ = 0;
   step_start_ = Clock::now();
 }

@@ -16,13 +16,14 @@ enum class RecordKind : std::uint8_t { kStep, kGrad, kAct };
 
 struct StepPayload {
   double loss, scale_before, scale_after, wall_time;
-  std::int64_t step_ns, agent_ns;
+  std::int64_t losses, step_ns, agent_ns;
   bool found_inf, skipped, sampled;
 };
 
 struct StatPayload {
   std::int64_t id;     // layer id (kGrad) or module id (kAct)
   std::int64_t order;  // bwd_order or fwd_order
+  std::int32_t micro_batch;  // kAct: which forward of the step
   kernels::TensorStats stats;
   bool has_histogram;
   std::uint32_t histogram[kernels::kHistBins];

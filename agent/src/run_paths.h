@@ -17,4 +17,11 @@ RankInfo rank_from_environment();
 // "run.db" -> "run.rank3.db" when world_size > 1; unchanged otherwise.
 std::string rank_db_path(const std::string& path, const RankInfo& rank);
 
+// The id every rank of one run shares (meta run_id), so that a reader never merges ranks
+// of different runs. One process: random. Several: derived from what the launcher gives
+// every rank alike (torchrun's run id, the rendezvous address and port, the world size,
+// and on one node the launcher process and its start time), so ranks agree without
+// talking to each other.
+std::string default_run_id(const RankInfo& rank);
+
 }  // namespace ampdiag::agent

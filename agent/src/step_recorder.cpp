@@ -29,12 +29,14 @@ void StepRecorder::push(const Record& r) {
 }
 
 void StepRecorder::stage(RecordKind kind, std::int64_t id, std::int64_t order, const kernels::TensorStats& s,
-                         const std::uint64_t* histogram) {
+                         const std::uint64_t* histogram, std::int32_t micro_batch) {
+  begin_step();
   Record r;
   r.kind = kind;
   r.step = step_;
   r.stat.id = id;
   r.stat.order = order;
+  r.stat.micro_batch = micro_batch;
   r.stat.stats = s;
   r.stat.has_histogram = histogram != nullptr;
   if (histogram)
@@ -45,24 +47,45 @@ void StepRecorder::stage(RecordKind kind, std::int64_t id, std::int64_t order, c
 
 void StepRecorder::stage_grad(std::int64_t layer, std::int64_t bwd_order, const kernels::TensorStats& s,
                               const std::uint64_t* histogram) {
-  stage(RecordKind::kGrad, layer, bwd_order, s, histogram);
+  stage(RecordKind::kGrad, layer, bwd_order, s, histogram, 0);
 }
 
-void StepRecorder::stage_act(std::int64_t module, std::int64_t fwd_order, const kernels::TensorStats& s) {
-  stage(RecordKind::kAct, module, fwd_order, s, nullptr);
+void StepRecorder::stage_act(std::int64_t module, std::int64_t fwd_order, const kernels::TensorStats& s,
+                             std::int32_t micro_batch) {
+  stage(RecordKind::kAct, module, fwd_order, s, nullptr, micro_batch);
 }
 
-bool StepRecorder::end_step(const StepOutcome& o) {
+void StepRecorder::end_step(const StepOutcome& o) {
+  begin_step();  // a cycle without statistics still ends the one before it
+  pending_ = true;
+  pending_outcome_ = o;
+  pending_wall_time_ = unix_seconds();
+}
+
+bool StepRecorder::amend_scale_after(double scale_after) {
+  if (!pending_) return false;
+  pending_outcome_.scale_after = scale_after;
+  return true;
+}
+
+void StepRecorder::begin_step() {
+  if (!pending_) return;
+  pending_ = false;
+  record_step(pending_outcome_, pending_wall_time_);
+}
+
+void StepRecorder::record_step(const StepOutcome& o, double wall_time) {
   Record step_record;
   step_record.kind = RecordKind::kStep;
   step_record.step = step_;
   auto& d = step_record.step_data;
   d.loss = o.loss;
+  d.losses = o.losses;
   d.scale_before = o.scale_before;
   d.scale_after = o.scale_after;
   d.found_inf = o.found_inf;
   d.skipped = o.skipped;
-  d.wall_time = unix_seconds();
+  d.wall_time = wall_time;
   d.step_ns = o.step_ns;
   d.agent_ns = o.agent_ns;
 
@@ -106,11 +129,11 @@ bool StepRecorder::end_step(const StepOutcome& o) {
   push(step_record);
   ++step_;
   fwd_order_ = 0;
-  return decision.record;
 }
 
 void StepRecorder::close() {
   if (closed_) return;
+  begin_step();
   closed_ = true;
   const std::int64_t dropped = writer_->dropped().load();
   if (dropped > 0)
@@ -125,7 +148,7 @@ void StepRecorder::close() {
 
 RecorderCounters StepRecorder::counters() const {
   RecorderCounters c;
-  c.steps = step_;
+  c.steps = steps_seen();
   c.rows_written = writer_->rows_written();
   c.dropped = writer_->dropped().load();
   c.write_errors = writer_->write_errors();

@@ -1,6 +1,11 @@
 // The torch-free half of the agent: stages one step's statistics, asks the sampling
 // policy what to keep, and hands fixed-size records to the writer thread. Shared by the
 // C++ Agent and the Python binding. Used from the training thread only.
+//
+// A step is one optimizer cycle. end_step() leaves the step pending until the next cycle
+// begins (begin_step(), or the first statistics staged for it) or the recorder closes:
+// an extra `scaler.update(new_scale)` after the cycle's update() then amends that step's
+// scale (amend_scale_after) instead of counting as a step of its own.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +22,8 @@
 namespace ampdiag::agent {
 
 struct StepOutcome {
-  double loss = 0.0;  // NaN when unknown
+  double loss = 0.0;         // sum of the cycle's losses; NaN when non-finite or none
+  std::int64_t losses = 0;   // how many losses were summed (0: none seen)
   double scale_before = 1.0, scale_after = 1.0;
   bool found_inf = false, skipped = false;
   std::int64_t step_ns = 0, agent_ns = 0;
@@ -36,16 +42,27 @@ class StepRecorder {
   ~StepRecorder();
 
   WriterThread& writer() { return *writer_; }
+  // The step events belong to: the pending step until the next cycle begins.
   std::int64_t step() const { return step_; }
-  // Position of the next activation in this step's forward order.
-  std::int32_t next_forward_order() { return fwd_order_++; }
+  // Steps ended so far, the pending one included.
+  std::int64_t steps_seen() const { return step_ + (pending_ ? 1 : 0); }
+
+  // The next cycle begins: records the pending step, if any. Idempotent.
+  void begin_step();
+  // Position of the next activation in this step's forward order (begins the step).
+  std::int32_t next_forward_order() {
+    begin_step();
+    return fwd_order_++;
+  }
 
   void stage_grad(std::int64_t layer, std::int64_t bwd_order, const kernels::TensorStats& s,
                   const std::uint64_t* histogram = nullptr);
-  void stage_act(std::int64_t module, std::int64_t fwd_order, const kernels::TensorStats& s);
-  // Ends the step: records what the policy keeps and the step row; returns whether this
-  // step's statistics were recorded.
-  bool end_step(const StepOutcome& outcome);
+  void stage_act(std::int64_t module, std::int64_t fwd_order, const kernels::TensorStats& s, std::int32_t micro_batch = 0);
+  // Ends the step; it stays pending (see above).
+  void end_step(const StepOutcome& outcome);
+  // An update() after the step ended changed the scale again: the pending step ends at
+  // `scale_after`. Returns false when no step is pending (before the first step).
+  bool amend_scale_after(double scale_after);
   // Reports drops, finishes the run.db. Idempotent.
   void close();
   RecorderCounters counters() const;
@@ -56,8 +73,9 @@ class StepRecorder {
     std::vector<Record> stats;
   };
   void stage(RecordKind kind, std::int64_t id, std::int64_t order, const kernels::TensorStats& s,
-             const std::uint64_t* histogram);
+             const std::uint64_t* histogram, std::int32_t micro_batch);
   void push(const Record& r);
+  void record_step(const StepOutcome& outcome, double wall_time);
 
   std::unique_ptr<WriterThread> writer_;
   SamplingPolicy policy_;
@@ -66,6 +84,9 @@ class StepRecorder {
   std::vector<StagedStep> spare_;   // recycled buffers: no allocation once warm
   std::int64_t step_ = 0;
   std::int32_t fwd_order_ = 0;
+  bool pending_ = false;
+  StepOutcome pending_outcome_;
+  double pending_wall_time_ = 0.0;
   bool closed_ = false;
 };
 

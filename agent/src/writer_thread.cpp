@@ -40,6 +40,11 @@ void WriterThread::post_event(rundb::EventRow row) {
   events_.push_back(std::move(row));
 }
 
+void WriterThread::post_replay(rundb::ReplayRow row) {
+  std::lock_guard<std::mutex> lock(posted_mutex_);
+  replays_.push_back(std::move(row));
+}
+
 void WriterThread::post_meta(std::string key, std::string value) {
   std::lock_guard<std::mutex> lock(posted_mutex_);
   meta_.emplace_back(std::move(key), std::move(value));
@@ -55,6 +60,7 @@ void WriterThread::write(const Record& r) {
     rundb::StepRow row;
     row.step = r.step;
     row.loss = r.step_data.loss;
+    row.losses = r.step_data.losses;
     row.scale_before = r.step_data.scale_before;
     row.scale_after = r.step_data.scale_after;
     row.found_inf = r.step_data.found_inf;
@@ -77,6 +83,7 @@ void WriterThread::write(const Record& r) {
     row.step = r.step;
     row.module_id = r.stat.id;
     row.fwd_order = r.stat.order;
+    row.micro_batch = r.stat.micro_batch;
     row.stats = to_values(r.stat.stats);
     writer_->add_act_stat(row);
   }
@@ -88,19 +95,22 @@ bool WriterThread::drain_once() {
   std::vector<rundb::LayerRow> layers;
   std::vector<rundb::ModuleRow> modules;
   std::vector<rundb::EventRow> events;
+  std::vector<rundb::ReplayRow> replays;
   std::vector<std::pair<std::string, std::string>> meta;
   {
     std::lock_guard<std::mutex> lock(posted_mutex_);
     layers.swap(layers_);
     modules.swap(modules_);
     events.swap(events_);
+    replays.swap(replays_);
     meta.swap(meta_);
   }
-  bool any = !(layers.empty() && modules.empty() && events.empty() && meta.empty());
+  bool any = !(layers.empty() && modules.empty() && events.empty() && replays.empty() && meta.empty());
   for (const auto& [k, v] : meta) writer_->set_meta(k, v);
   for (const auto& row : layers) writer_->add_layer(row);
   for (const auto& row : modules) writer_->add_module(row);
   for (const auto& row : events) writer_->add_event(row);
+  for (const auto& row : replays) writer_->add_replay(row);
   const std::int64_t dropped = dropped_.load(std::memory_order_relaxed);
   if (dropped != dropped_reported_) {
     writer_->set_meta("dropped_records", std::to_string(dropped));

@@ -27,6 +27,7 @@ class WriterThread {
   void post_layer(rundb::LayerRow row);
   void post_module(rundb::ModuleRow row);
   void post_event(rundb::EventRow row);
+  void post_replay(rundb::ReplayRow row);
   void post_meta(std::string key, std::string value);
 
   // Drains everything, marks the run finished and closes the file. Idempotent.
@@ -48,6 +49,7 @@ class WriterThread {
   std::vector<rundb::LayerRow> layers_;
   std::vector<rundb::ModuleRow> modules_;
   std::vector<rundb::EventRow> events_;
+  std::vector<rundb::ReplayRow> replays_;
   std::vector<std::pair<std::string, std::string>> meta_;
   std::atomic<bool> stopping_{false};
   std::atomic<std::int64_t> rows_written_{0};

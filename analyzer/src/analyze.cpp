@@ -6,6 +6,8 @@
 #include <cmath>
 #include <map>
 
+#include "ampdiag/analyzer/causes.h"
+#include "ampdiag/rundb/rows.h"
 #include "rules.h"
 
 namespace ampdiag::analyzer {
@@ -26,10 +28,88 @@ bool Report::healthy() const {
 }
 
 const std::vector<std::string>& rule_ids() {
-  static const std::vector<std::string> ids = {"scale-collapse", "overflow-origin", "forward-nonfinite", "low-headroom",
-                                               "underflow",      "skip-rate",       "rank-disagreement"};
+  static const std::vector<std::string> ids = {"scale-collapse", "overflow-origin",   "forward-nonfinite", "low-headroom",
+                                               "underflow",      "skip-rate",         "rank-disagreement", "missing-ranks"};
   return ids;
 }
+
+void check_one_run(const std::vector<Run>& runs) {
+  if (runs.size() < 2) return;
+  std::map<std::int64_t, const Run*> by_rank;
+  for (const auto& run : runs) {
+    const auto [it, fresh] = by_rank.emplace(run.rank, &run);
+    if (!fresh)
+      throw rundb::RunDbError(it->second->path == run.path
+                                  ? run.path + " is given twice: give each rank's run.db once"
+                                  : run.path + " and " + it->second->path + " are both rank " + std::to_string(run.rank) +
+                                        ": give one run.db per rank of one run");
+    const Run& first = runs.front();
+    if (run.run_id != first.run_id || run.world_size != first.world_size)
+      throw rundb::RunDbError(run.path + " is not from the same run as " + first.path + " (" +
+                              (run.run_id != first.run_id ? "run id " + (run.run_id.empty() ? "none" : run.run_id) +
+                                                                " vs " + (first.run_id.empty() ? "none" : first.run_id)
+                                                          : "world size " + std::to_string(run.world_size) + " vs " +
+                                                                std::to_string(first.world_size)) +
+                              "): report on each run separately, or compare them with ampdiag diff");
+  }
+}
+
+namespace {
+
+// The findings must agree: a fix that cannot work while another finding holds is
+// replaced by the one that can, and a symptom names its cause.
+void make_consistent(Report& report) {
+  const Finding* culprit = nullptr;
+  for (const auto& f : report.findings)
+    if ((f.rule == "overflow-origin" || f.rule == "forward-nonfinite") && f.severity != Severity::kInfo &&
+        (!f.module.empty() || f.rule == "forward-nonfinite")) {
+      culprit = &f;
+      break;
+    }
+  if (!culprit) return;
+  const std::string name = culprit->module.empty() ? "the model's own forward()" : culprit->module;
+  for (auto& f : report.findings) {
+    if (&f == culprit) continue;
+    if (f.rule == "scale-collapse" && !f.suggestions.empty() && f.suggestions.front().python.empty()) {
+      f.suggestions.front().summary = "Fix the overflow in " + name + " (see " + culprit->rule +
+                                      "); the scale recovers once nothing overflows.";
+    } else if (f.rule == "underflow") {
+      f.suggestions.clear();
+      f.suggestions.push_back({"Fix the overflow in " + name + " first (see " + culprit->rule +
+                                   "): it holds the loss scale down; once it no longer overflows the scale grows and "
+                                   "lifts these gradients back into fp16's range.",
+                               "", ""});
+    }
+  }
+}
+
+void missing_ranks(const std::vector<Run>& runs, std::vector<Finding>& out) {
+  const std::int64_t world = runs.front().world_size;
+  if (world <= 1 || std::int64_t(runs.size()) >= world) return;
+  std::vector<bool> have(std::size_t(world), false);
+  for (const auto& r : runs)
+    if (r.rank >= 0 && r.rank < world) have[std::size_t(r.rank)] = true;
+  std::string missing;
+  std::int64_t n = 0;
+  for (std::int64_t r = 0; r < world; ++r)
+    if (!have[std::size_t(r)]) {
+      if (n < 8) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      ++n;
+    }
+  Finding f;
+  f.rule = "missing-ranks";
+  f.severity = Severity::kWarning;
+  f.score = 20.0;
+  f.title = "The run had " + std::to_string(world) + " ranks; " + rules::plural(n, "rank") + " not given";
+  f.evidence = "missing rank(s): " + missing + (n > 8 ? ", ..." : "") +
+               "; this report covers only the ranks given, so a layer that overflows only there is not seen";
+  f.suggestions.push_back({"Give every rank's run.db: ampdiag report " + runs.front().path.substr(0, runs.front().path.rfind(".rank")) +
+                               ".rank*.db",
+                           "", ""});
+  out.push_back(f);
+}
+
+}  // namespace
 
 Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
   Report report;
@@ -67,8 +147,9 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
       k.nonfinite_layer_count = std::int64_t(s.nonfinite_layers.size());
       for (std::size_t i = 0; i < s.nonfinite_layers.size() && i < 5; ++i)
         k.nonfinite_layers.push_back(run.layers[std::size_t(s.nonfinite_layers[i])].info.name);
-      if (s.first_nonfinite_module >= 0)
-        k.forward_module = rules::forward_culprit(run, run.modules[std::size_t(s.first_nonfinite_module)].info.path);
+      const StepCause cause = step_cause(run, s);
+      k.forward_known = cause.forward_known;
+      k.forward_module = cause.forward_module;
       report.skipped.push_back(k);
     }
     o.layers = std::int64_t(run.layers.size());
@@ -77,10 +158,17 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     o.act_rows = run.act_rows;
     o.finished = run.finished;
     o.amp_dtype = run.meta_or("amp_dtype", "float16");
+    o.has_scaler = run.has_scaler();
+    o.world_size = run.world_size;
+    o.run_id = run.run_id;
+    const std::int64_t considered = o.steps - o.calibration_skips;
+    o.harmful_skips = rules::harmful_skips(run);
+    o.skip_rate = considered > 0 ? double(o.harmful_skips) / double(considered) : (o.skipped > 0 ? 1.0 : 0.0);
     o.device = run.meta_or("device", "");
     report.runs.push_back(o);
   }
   rules::rank_disagreement(runs, t, all);
+  if (!runs.empty()) missing_ranks(runs, all);
 
   // The same finding on several ranks is one finding seen on those ranks.
   std::map<std::string, std::size_t> seen;
@@ -103,6 +191,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     if (a_names != b_names) return a_names;
     return a.score > b.score;
   });
+  make_consistent(report);
   return report;
 }
 

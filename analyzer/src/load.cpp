@@ -137,6 +137,24 @@ std::string Run::meta_or(const std::string& key, const std::string& fallback) co
 
 double Run::init_scale() const { return std::atof(meta_or("scaler_init_scale", "65536").c_str()); }
 
+bool Run::loss_known(const rundb::StepRow& row) const {
+  if (row.losses >= 0) return row.losses > 0;
+  // Format 1 stored NULL for a NaN loss and for one never seen; only the scaler recorded it.
+  return std::isfinite(row.loss) || has_scaler();
+}
+
+const rundb::ReplayRow* Run::replay_of(const std::string& module) const {
+  for (const auto& r : replays)
+    if (r.module == module) return &r;
+  return nullptr;
+}
+
+const ModuleSummary* Run::module_named(const std::string& path) const {
+  for (const auto& m : modules)
+    if (m.info.path == path) return &m;
+  return nullptr;
+}
+
 double headroom_bits(double absmax, double fp_max) {
   if (!(absmax > 0.0)) return INFINITY;
   return std::log2(fp_max / absmax);
@@ -157,12 +175,14 @@ Run load_run(const std::string& path, const LoadOptions& options) {
   }
   run.rank = std::atoll(run.meta_or("rank", "0").c_str());
   run.world_size = std::atoll(run.meta_or("world_size", "1").c_str());
+  run.run_id = run.meta_or("run_id", "");
   run.fp_max = run.meta_or("amp_dtype", "float16") == "bfloat16" ? 3.3895313892515355e38 : 65504.0;
   try {
     for (auto& row : reader.steps()) run.steps.push_back({row, {}, -1});
     for (auto& row : reader.layers()) run.layers.push_back({row, {}, 0, 0});
     for (auto& row : reader.modules()) run.modules.push_back({row, 0, 0, -1, 0.0f});
     run.events = reader.events();
+    run.replays = reader.replays();
   } catch (const rundb::RunDbError& e) {
     throw rundb::RunDbError(std::string(e.what()) + " (truncated or corrupted?)");
   }

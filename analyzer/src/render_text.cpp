@@ -31,15 +31,19 @@ std::string ranks_text(const Finding& f, std::size_t runs) {
 }
 
 std::string overview_line(const RunOverview& o) {
-  return o.path + ": " + std::to_string(o.steps) + " steps, " + std::to_string(o.skipped) + " skipped, loss scale " +
-         fmt(o.first_scale) + " -> " + fmt(o.last_scale) + " (lowest " + fmt(o.min_scale) + "), " + o.amp_dtype + " on " +
-         (o.device.empty() ? "?" : o.device) + (o.finished ? "" : ", NOT FINISHED (partial)");
+  return o.path + ": " + std::to_string(o.steps) + (o.steps == 1 ? " step, " : " steps, ") + std::to_string(o.skipped) +
+         " skipped, " +
+         (o.has_scaler ? "loss scale " + fmt(o.first_scale) + " -> " + fmt(o.last_scale) + " (lowest " + fmt(o.min_scale) + ")"
+                       : std::string("no loss scaler")) +
+         ", " + o.amp_dtype + " on " + (o.device.empty() ? "?" : o.device) + (o.finished ? "" : ", NOT FINISHED (partial)");
 }
 
 std::string skipped_line(const SkippedStep& k, bool show_rank) {
   std::string s = (show_rank ? "rank " + std::to_string(k.rank) + " " : "") + "step " + std::to_string(k.step) +
                   " (scale " + fmt(k.scale) + "): ";
-  if (!k.forward_module.empty()) s += "forward went non-finite at " + k.forward_module + "; ";
+  if (k.forward_known)
+    s += "forward went non-finite at " + (k.forward_module.empty() ? std::string("the model's own forward()") : k.forward_module) +
+         "; ";
   if (k.nonfinite_layers.empty()) return s + "no gradient statistics recorded for this step";
   s += "first non-finite gradient " + k.nonfinite_layers.front();
   if (k.nonfinite_layer_count > 1) s += " (+" + std::to_string(k.nonfinite_layer_count - 1) + " more layers after it)";

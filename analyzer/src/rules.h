@@ -18,9 +18,8 @@ std::int64_t harmful_skips(const Run& run);
 // exceed the skip-rate threshold.
 bool overflow_hurts(const Run& run, const Thresholds& t);
 
-// The module to blame for a non-finite output first seen at `module_path`: itself, or,
-// when its FP32 replay did not help but an enclosing module's did, that module.
-std::string forward_culprit(const Run& run, const std::string& module_path);
+// "1 step", "3 steps".
+std::string plural(std::int64_t n, const std::string& noun);
 
 void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out);

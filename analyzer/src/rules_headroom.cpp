@@ -60,22 +60,39 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
   }
 }
 
+namespace {
+
+// Rows a batch does not touch (tokens, positions not in it) get exact-zero gradients that
+// no loss scale would change: an embedding's zeros are not underflow.
+bool embedding_like(const rundb::LayerRow& layer) { return layer.module_type.find("Embedding") != std::string::npos; }
+
+}  // namespace
+
 void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
+  // bf16 has fp32's exponent range: its zeros are not the loss scale's to fix.
+  if (!run.fp16()) return;
   for (const auto& layer : run.layers) {
     if (layer.info.numel < 16) continue;  // a handful of values says nothing about a distribution
+    const bool embedding = embedding_like(layer.info);
     std::int64_t finite = 0;
-    double sum = 0.0, zeros = 0.0;
+    double sum = 0.0, zeros = 0.0, subnormal = 0.0;
     std::int64_t first = -1;
     for (const auto& s : layer.samples) {
-      if (s.nonfinite) continue;
+      // An all-zero gradient is a layer this step did not use (zero_grad(set_to_none=False),
+      // a branch not taken), not values that fell below fp16's range.
+      if (s.nonfinite || s.zero_q == 65535) continue;
       ++finite;
-      const double z = double(s.zero_q) / 65535.0, sub = double(s.sub_q) / 255.0;
+      const double z = embedding ? 0.0 : double(s.zero_q) / 65535.0, sub = double(s.sub_q) / 255.0;
       zeros += z;
+      subnormal += sub;
       sum += z + sub;
       if (first < 0 && z + sub > t.underflow_fraction) first = s.step;
     }
-    if (finite == 0 || sum / double(finite) <= t.underflow_fraction) continue;
-    const double mean = sum / double(finite), mean_zero = zeros / double(finite);
+    if (finite == 0) continue;
+    const double mean = sum / double(finite), mean_zero = zeros / double(finite), mean_sub = subnormal / double(finite);
+    // Underflow leaves a trace at the bottom of the range: values flushing to zero pass
+    // through fp16's subnormals. Zeros without any are structural (dead units, masks).
+    if (mean <= t.underflow_fraction || mean_sub < 0.01) continue;
     Finding f;
     f.rule = "underflow";
     f.severity = Severity::kWarning;
@@ -83,13 +100,20 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
     f.module = suggest::module_for_layer(run, layer.info);
     f.score = 30.0 + 10.0 * mean;
     f.title = layer.info.name + ": most of its gradient is zero or below fp16's normal range at the current scale";
-    f.evidence = "on average " + pct(mean) + " of its values were zero (" + pct(mean_zero) +
-                 ") or fp16-subnormal over " + std::to_string(finite) + " sampled steps";
+    f.evidence = "on average " + pct(mean) + " of its values were zero (" + pct(mean_zero) + ") or fp16-subnormal (" +
+                 pct(mean_sub) + ") over " + plural(finite, "sampled step");
     f.steps.push_back(first);
-    const double scale = run.steps.back().row.scale_after;
-    f.suggestions.push_back(suggest::scaler_settings(
-        run, std::max(scale * 256.0, 65536.0), 500,
-        "Let the scale grow: a higher init_scale and a shorter growth_interval keep small gradients in range."));
+    if (!run.has_scaler()) {
+      f.suggestions.push_back({"Use a loss scaler: fp16 without one keeps small gradients at their true size, below "
+                               "fp16's range.", "scaler = torch.amp.GradScaler(\"" + std::string(run.meta_or("device", "cpu").rfind("cuda", 0) == 0 ? "cuda" : "cpu") +
+                               "\")\nscaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()", "ampdiag::GradScaler scaler;"});
+    } else {
+      // analyze() replaces this when an overflow holds the scale down (the findings must agree).
+      const double scale = run.steps.back().row.scale_after;
+      f.suggestions.push_back(suggest::scaler_settings(
+          run, std::max(scale * 256.0, 65536.0), 500,
+          "Let the scale grow: a higher init_scale and a shorter growth_interval keep small gradients in range."));
+    }
     f.suggestions.push_back(suggest::use_bf16(run));
     out.push_back(f);
   }

@@ -4,6 +4,9 @@
 #include <map>
 #include <string>
 
+#include <cstdio>
+
+#include "ampdiag/analyzer/causes.h"
 #include "rules.h"
 #include "suggestions.h"
 
@@ -67,7 +70,8 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     f.score = 90.0 * share + (top ? 5.0 : 0.0);
     f.title = module + " overflows first in backward: its gradients go non-finite before any other layer's";
     f.evidence = layer->first + " was the first gradient (in backward order) to hold NaN/Inf in " + std::to_string(m.first) +
-                 " of " + std::to_string(considered) + " skipped steps (steps " + step_list(m.steps) + ")";
+                 " of " + plural(considered, "skipped step") + " (" + (m.steps.size() == 1 ? "step " : "steps ") +
+                 step_list(m.steps) + ")";
     if (!hurts) {
       f.title = module + " is where the occasional overflow starts; the loss scale copes with it";
       f.evidence += "; the scale stays above the floor and these skips only calibrate it or answer its growth probes";
@@ -82,54 +86,28 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
   }
 }
 
-namespace {
-
-// The agent's replay event for a module: "module=PATH fp32_finite=0|1 fp32_absmax=X".
-const rundb::EventRow* replay_of(const Run& run, const std::string& module) {
-  const std::string prefix = "module=" + module + " ";
-  for (const auto& e : run.events)
-    if (e.kind == "replay" && e.detail.rfind(prefix, 0) == 0) return &e;
-  return nullptr;
-}
-
-}  // namespace
-
-std::string forward_culprit(const Run& run, const std::string& module_path) {
-  std::string culprit = module_path;
-  const rundb::EventRow* own = replay_of(run, module_path);
-  if (!own || own->detail.find("fp32_finite=0") == std::string::npos) return culprit;
-  for (const auto& e : run.events) {
-    if (e.kind != "replay" || e.detail.find("fp32_finite=1") == std::string::npos) continue;
-    const std::string path = e.detail.substr(7, e.detail.find(' ') - 7);
-    if (path.size() < module_path.size() && module_path.compare(0, path.size() + 1, path + ".") == 0 &&
-        (culprit == module_path || path.size() > culprit.size()))
-      culprit = path;
-  }
-  return culprit;
-}
-
 void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& out) {
-  std::int64_t nonfinite_loss = 0, first_bad_loss = -1;
-  for (const auto& s : run.steps)
+  std::int64_t nonfinite_loss = 0, first_bad_loss = -1, known_losses = 0;
+  for (const auto& s : run.steps) {
+    if (!run.loss_known(s.row)) continue;
+    ++known_losses;
     if (!std::isfinite(s.row.loss)) {
       ++nonfinite_loss;
       if (first_bad_loss < 0) first_bad_loss = s.row.step;
     }
-  // The first module whose output is non-finite may only have received NaN/Inf from its
-  // parent's own code. When the agent replayed it in FP32 and that did not help, but an
-  // enclosing module's replay did, that enclosing module is the culprit.
+  }
   struct Culprit {
+    ForwardCause cause;
     std::int64_t first = 0, first_step = -1;
-    std::string received_by;  // the child that showed it first, when different
   };
   std::map<std::string, Culprit> culprits;
   for (const auto& m : run.modules) {
     if (m.first_nonfinite == 0) continue;
-    const std::string culprit = forward_culprit(run, m.info.path);
-    Culprit& c = culprits[culprit];
+    const ForwardCause cause = forward_cause(run, m.info.path);
+    Culprit& c = culprits[cause.module];
+    if (c.first == 0) c.cause = cause;
     c.first += m.first_nonfinite;
     if (c.first_step < 0 || m.first_step < c.first_step) c.first_step = m.first_step;
-    if (culprit != m.info.path) c.received_by = m.info.path;
   }
   std::vector<std::pair<std::string, Culprit>> ranked(culprits.begin(), culprits.end());
   std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
@@ -137,37 +115,40 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
   for (const auto& s : run.steps) with_module += s.first_nonfinite_module >= 0;
   bool top = true;
   for (const auto& [path, c] : ranked) {
+    const ForwardCause& cause = c.cause;
+    const std::string name = path.empty() ? "the model's own forward()" : path;
     Finding f;
     f.rule = "forward-nonfinite";
     f.severity = top ? Severity::kError : Severity::kWarning;
     f.module = path;
+    f.confirmation = cause.confirmation;
     f.score = 95.0 * double(c.first) / double(std::max<std::int64_t>(1, with_module)) + (top ? 5.0 : 0.0);
-    f.title = path + " is the first module whose output is NaN/Inf in forward";
+    f.title = name + " is the first module whose output is NaN/Inf in forward";
+    if (cause.own_code)
+      f.title = path.empty() ? "The first NaN/Inf in forward is made in the model's own forward(), outside its submodules"
+                             : path + " produces the first NaN/Inf in forward, in its own code";
     f.evidence = "first non-finite output in forward order in " + std::to_string(c.first) + " of " +
-                 std::to_string(run.steps.size()) + " steps, from step " + std::to_string(c.first_step) +
-                 "; the loss was NaN/Inf in " + std::to_string(nonfinite_loss) + " steps";
-    if (!c.received_by.empty()) {
-      f.title = path + " produces the first NaN/Inf in forward, in its own code";
-      f.evidence += "; its child " + c.received_by + " showed it first, but only received it (its FP32 replay was still "
-                    "NaN/Inf)";
+                 plural(std::int64_t(run.steps.size()), "step") + ", from step " + std::to_string(c.first_step);
+    if (known_losses > 0) f.evidence += "; the loss was NaN/Inf in " + plural(nonfinite_loss, "step");
+    if (cause.own_code)
+      f.evidence += "; " + cause.first_seen + " showed it first but only received it (its FP32 replay was still NaN/Inf)";
+    if (cause.confirmation == "confirmed") {
+      char absmax[48];
+      std::snprintf(absmax, sizeof absmax, "%.6g", cause.fp32_absmax);
+      f.evidence += std::string("; confirmed: re-run once in FP32 on copies of the same inputs, its output was finite") +
+                    (std::isfinite(cause.fp32_absmax) ? std::string(" (max |x| ") + absmax + ")" : "");
+      f.score += 1.0;
+    } else if (cause.confirmation == "unconfirmed") {
+      f.evidence += "; unconfirmed: " + cause.reason;
     }
-    f.steps.push_back(c.first_step);
-    if (const rundb::EventRow* replay = replay_of(run, path)) {
-      const std::string& d = replay->detail;
-      if (d.find("fp32_finite=1") != std::string::npos) {
-        f.confirmation = "confirmed";
-        const auto at = d.find("fp32_absmax=");
-        f.evidence += "; confirmed: re-run once in FP32 on the same inputs, its output was finite" +
-                      (at == std::string::npos ? std::string() : " (max |x| " + d.substr(at + 12) + ")");
-        f.score += 1.0;
-      } else if (d.find("fp32_finite=0") != std::string::npos) {
-        f.confirmation = "not-confirmed";
-        f.evidence += "; re-run once in FP32 on the same inputs, its output was still NaN/Inf: the inputs or weights "
-                      "are already broken, look upstream";
-      }
+    if (!path.empty()) {
+      f.suggestions.push_back(suggest::pin_fp32(run, path, cause.confirmation == "confirmed"));
+    } else {
+      f.suggestions.push_back({"Look at the model's own forward() between its submodules: the NaN/Inf is made there, "
+                               "outside any module ampdiag hooks (wrap that code in a module to have it named).",
+                               "", ""});
     }
-    f.suggestions.push_back(suggest::pin_fp32(run, path));
-    f.suggestions.push_back(suggest::use_bf16(run));
+    if (run.fp16()) f.suggestions.push_back(suggest::use_bf16(run));
     out.push_back(f);
     top = false;
   }
@@ -177,8 +158,8 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     f.severity = Severity::kError;
     f.score = 80.0;
     f.title = "The loss is NaN/Inf, but no module output was probed to say where it started";
-    f.evidence = "loss non-finite in " + std::to_string(nonfinite_loss) + " of " + std::to_string(run.steps.size()) +
-                 " steps, first at step " + std::to_string(first_bad_loss);
+    f.evidence = "loss non-finite in " + std::to_string(nonfinite_loss) + " of " + plural(known_losses, "step") +
+                 ", first at step " + std::to_string(first_bad_loss);
     f.steps.push_back(first_bad_loss);
     f.suggestions.push_back({"Record activations: in Python attach with activations=True (the default); in C++ wrap module "
                              "outputs with agent.probe(\"path\", x).",

@@ -17,6 +17,10 @@ std::string fmt(double v) {
 
 }  // namespace
 
+std::string plural(std::int64_t n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
 std::int64_t calibration_skips(const Run& run) {
   std::int64_t n = 0;
   for (const auto& s : run.steps) {
@@ -45,9 +49,9 @@ bool overflow_hurts(const Run& run, const Thresholds& t) {
 }
 
 void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
+  if (!run.has_scaler()) return;  // bf16 without a scaler: the "scale" is a constant 1
   double lowest = INFINITY;
-  std::int64_t lowest_step = -1, below = 0, first_below = -1;
-  std::int64_t run_backoffs = 0, longest_run = 0, longest_end = -1;
+  std::int64_t lowest_step = -1, below = 0, first_below = -1, backoffs = 0;
   for (const auto& s : run.steps) {
     if (s.row.scale_after < lowest) {
       lowest = s.row.scale_after;
@@ -57,46 +61,53 @@ void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& o
       ++below;
       if (first_below < 0) first_below = s.row.step;
     }
-    // Back-offs that never climb back to where the run started.
-    if (s.row.scale_after < s.row.scale_before) {
-      ++run_backoffs;
-      if (run_backoffs > longest_run) {
-        longest_run = run_backoffs;
-        longest_end = s.row.step;
-      }
-    } else if (s.row.scale_after > s.row.scale_before && s.row.scale_after >= run.steps.front().row.scale_before) {
-      run_backoffs = 0;
-    }
+    backoffs += s.row.scale_after < s.row.scale_before;
   }
+  std::int64_t harmful_backoffs = 0;  // neither the initial calibration nor answers to growth probes
+  for (std::size_t i = std::size_t(calibration_skips(run)); i < run.steps.size(); ++i)
+    harmful_backoffs += run.steps[i].row.scale_after < run.steps[i].row.scale_before && !is_growth_probe(run, i);
+  const double first = run.steps.front().row.scale_before, last = run.steps.back().row.scale_after;
+  // Still falling: the scale ends at its lowest after at least `backoff_run` back-offs that
+  // were not the initial calibration, and is within 4 bits (16x) of the floor. A scale that
+  // settles well above the floor is the scaler working.
   const bool collapsed = below > 0;
-  const bool sliding = longest_run >= t.backoff_run && run.steps.back().row.scale_after < run.steps.front().row.scale_before;
-  if (!collapsed && !sliding) return;
+  const bool falling = !collapsed && last == lowest && last < first && harmful_backoffs >= t.backoff_run &&
+                       last < t.scale_floor * 16.0;
+  if (!collapsed && !falling) return;
   Finding f;
   f.rule = "scale-collapse";
-  f.severity = Severity::kError;
+  f.severity = collapsed ? Severity::kError : Severity::kWarning;
   f.score = 100.0;
   if (lowest < 1.0)
     f.title = "The loss scale fell below 1 (" + fmt(lowest) + "): fp16 gradients are being shrunk, not protected";
   else if (collapsed)
     f.title = "The loss scale collapsed to " + fmt(lowest) + ", below the floor of " + fmt(t.scale_floor);
   else
-    f.title = "The loss scale keeps backing off without recovering (" + std::to_string(longest_run) + " back-offs)";
-  f.evidence = "scale " + fmt(run.steps.front().row.scale_before) + " at step " + std::to_string(run.steps.front().row.step) +
-               ", lowest " + fmt(lowest) + " at step " + std::to_string(lowest_step) + ", " +
-               std::to_string(below) + " steps below " + fmt(t.scale_floor) + ", now " + fmt(run.steps.back().row.scale_after) +
-               "; " + std::to_string(longest_run) + " back-offs since the scale was last at its initial value";
+    f.title = "The loss scale keeps backing off towards the floor of " + fmt(t.scale_floor) + " (now " + fmt(last) + ")";
+  f.evidence = "scale " + fmt(first) + " at step " + std::to_string(run.steps.front().row.step) + ", lowest " + fmt(lowest) +
+               " at step " + std::to_string(lowest_step) + ", now " + fmt(last) + "; " + plural(backoffs, "back-off");
+  if (collapsed) f.evidence += ", " + plural(below, "step") + " below " + fmt(t.scale_floor);
   bool stuck = run.steps.size() >= 4;
   for (std::size_t i = run.steps.size() >= 4 ? run.steps.size() - 4 : 0; i < run.steps.size(); ++i)
     stuck = stuck && run.steps[i].row.scale_after == lowest;
   if (stuck) f.evidence += "; it has stayed at its lowest value for the last steps";
   if (first_below >= 0) f.steps.push_back(first_below);
-  if (longest_end >= 0) f.steps.push_back(longest_end);
-  f.suggestions.push_back({"Find the layer that overflows (see overflow-origin / forward-nonfinite) and pin it to FP32; "
-                           "the scale recovers once nothing overflows.", "", ""});
+  if (backoffs == 0) {
+    // Below the floor without ever backing off: it started there and never grew.
+    f.evidence += "; no step overflowed: the scaler started low and has not grown yet";
+    f.suggestions.push_back(suggest::scaler_settings(
+        run, std::max(65536.0, first), std::min<std::int64_t>(2000, std::max<std::int64_t>(100, std::int64_t(run.steps.size()) / 4)),
+        "Start the scaler higher (torch's default init_scale is 65536) or let it grow sooner."));
+  } else {
+    // analyze() names the culprit here once every rule has run (the findings must agree).
+    f.suggestions.push_back({"Fix what overflows (see the overflow-origin and forward-nonfinite findings); the scale "
+                             "recovers once nothing overflows.", "", ""});
+  }
   out.push_back(f);
 }
 
 void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
+  if (!run.has_scaler()) return;
   const std::int64_t calibration = calibration_skips(run);
   std::int64_t skipped = 0, probes = 0, considered = 0, first = -1;
   for (std::size_t i = std::size_t(calibration); i < run.steps.size(); ++i) {
@@ -124,7 +135,7 @@ void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   char pct[32];
   std::snprintf(pct, sizeof pct, "%.0f%%", rate * 100.0);
   f.title = std::string(pct) + " of optimizer steps were skipped";
-  f.evidence = std::to_string(skipped) + " of " + std::to_string(considered) + " steps skipped";
+  f.evidence = std::to_string(skipped) + " of " + plural(considered, "step") + " skipped";
   if (calibration > 0 && considered < std::int64_t(run.steps.size()))
     f.evidence += " (not counting " + std::to_string(calibration) + " skipped at the start while the scale came down from " +
                   fmt(run.steps.front().row.scale_before) + ")";

@@ -35,14 +35,52 @@ std::string python_attribute(const std::string& module_path) {
   return out;
 }
 
-Suggestion pin_fp32(const Run& run, const std::string& module_path) {
+namespace {
+
+bool floating_dtype(const std::string& t) { return t == "float16" || t == "bfloat16" || t == "float32" || t == "float64"; }
+
+// The call with each floating-point input cast to float32 and the rest as they are, from
+// what the agent saw the module take ("float16, int64"); unknown inputs: one x.float().
+std::string call_arguments(const std::string& inputs) {
+  if (inputs.empty()) return "x.float()";
+  std::string out;
+  std::size_t begin = 0, n = 0, tensors = 0, ids = 0;
+  while (begin <= inputs.size()) {
+    auto comma = inputs.find(", ", begin);
+    const std::string t = inputs.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    std::string arg;
+    if (floating_dtype(t))
+      arg = (tensors++ ? "x" + std::to_string(tensors) : std::string("x")) + ".float()";
+    else if (t.rfind("int", 0) == 0 || t.rfind("uint", 0) == 0)
+      arg = ids++ ? "ids" + std::to_string(ids) : std::string("ids");
+    else if (t == "bool")
+      arg = "mask";
+    else
+      arg = "arg" + std::to_string(n);
+    out += (n++ ? ", " : "") + arg;
+    if (comma == std::string::npos) break;
+    begin = comma + 2;
+  }
+  return out;
+}
+
+}  // namespace
+
+Suggestion pin_fp32(const Run& run, const std::string& module_path, bool confirmed) {
   Suggestion s;
-  s.summary = "Run " + module_path + " in FP32: autocast off around it, its inputs cast to float.";
+  s.summary = "Run " + module_path + " in FP32: autocast off around it, its floating-point inputs cast to float32" +
+              (confirmed ? " (the FP32 replay confirmed this)." : ".");
   const std::string attr = python_attribute(module_path);
-  s.python = "# where the model calls " + module_path + " in forward():\n"
+  const ModuleSummary* m = run.module_named(module_path);
+  const std::string args = call_arguments(m ? m->info.inputs : "");
+  const auto dot = module_path.rfind('.');
+  const std::string last = dot == std::string::npos ? module_path : module_path.substr(dot + 1);
+  const std::string parent = dot == std::string::npos ? "the model" : module_path.substr(0, dot);
+  const std::string callee = all_digits(last) ? attr : "self." + last;
+  s.python = "ampdiag.pin_fp32(" + attr + ")  # autocast off inside it; float inputs cast, ids and masks untouched\n"
+             "# or in plain torch, where " + parent + "'s forward() calls it:\n"
              "with torch.autocast(device_type=\"" + device_type(run) + "\", enabled=False):\n"
-             "    out = " + attr + "(x.float())\n"
-             "# or, with ampdiag: ampdiag.pin_fp32(" + attr + ")";
+             "    out = " + callee + "(" + args + ")";
   s.cpp = "// ampdiag/pin_fp32.h\n"
           "ampdiag::Fp32Pins pins({\"" + module_path + "\"});\n"
           "out = pins.run(\"" + module_path + "\", [&](const at::Tensor& in) { return module(in); }, x);";

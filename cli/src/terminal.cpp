@@ -1,6 +1,8 @@
 // terminal.h: colour, progress, output files.
 #include "terminal.h"
 
+#include "ampdiag/analyzer/analyze.h"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -39,6 +41,7 @@ std::vector<analyzer::Run> load_runs(const std::vector<std::string>& paths, bool
     runs.push_back(analyzer::load_run(path, o));
     if (shown) std::fprintf(stderr, "\r\033[K");
   }
+  analyzer::check_one_run(runs);
   return runs;
 }
 

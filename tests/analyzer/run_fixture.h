@@ -36,6 +36,7 @@ class RunFixture {
     rundb::StepRow s;
     s.step = step_;
     s.loss = loss;
+    s.losses = 1;
     s.scale_before = scale_before;
     s.scale_after = scale_after;
     s.found_inf = s.skipped = !nonfinite.empty() || !std::isfinite(loss);
@@ -61,7 +62,7 @@ class RunFixture {
     if (id < 0) {
       id = std::int64_t(modules_.size());
       modules_.push_back(module);
-      writer_.add_module({id, module, "Module", ""});
+      writer_.add_module({id, module, "Module", "", ""});
     }
     rundb::ActStatRow a;
     a.step = step_;
@@ -72,8 +73,20 @@ class RunFixture {
     return *this;
   }
 
-  RunFixture& zeros_fraction(const std::string& layer, double fraction) {
+  RunFixture& zeros_fraction(const std::string& layer, double fraction, double subnormal_fraction = 0.0) {
     zero_fraction_[layer] = fraction;
+    subnormal_fraction_[layer] = subnormal_fraction;
+    return *this;
+  }
+
+  RunFixture& meta(const std::string& key, const std::string& value) {
+    writer_.set_meta(key, value);
+    return *this;
+  }
+
+  // A FP32 replay the agent recorded for a module ("finite", "nonfinite", "unconfirmed").
+  RunFixture& replay(const std::string& module, const std::string& outcome, const std::string& reason = "") {
+    writer_.add_replay({step_, module, outcome, outcome == "finite" ? 100.0 : std::nan(""), reason});
     return *this;
   }
 
@@ -91,7 +104,9 @@ class RunFixture {
     g.bwd_order = order;
     const auto z = zero_fraction_.find(name);
     const std::int64_t zeros = z == zero_fraction_.end() ? 0 : std::int64_t(z->second * 4096);
-    g.stats = {4096, nonfinite ? 5 : 0, nonfinite ? 2 : 0, zeros, 0, absmax, 1e-3, 10.0};
+    const auto sub = subnormal_fraction_.find(name);
+    const std::int64_t subnormal = sub == subnormal_fraction_.end() ? 0 : std::int64_t(sub->second * 4096);
+    g.stats = {4096, nonfinite ? 5 : 0, nonfinite ? 2 : 0, zeros, subnormal, absmax, subnormal ? 1e-6 : 1e-3, 10.0};
     writer_.add_grad_stat(g);
   }
 
@@ -100,6 +115,7 @@ class RunFixture {
   std::vector<std::string> modules_;
   std::map<std::int64_t, std::int64_t> fwd_order_;
   std::map<std::string, double> zero_fraction_;
+  std::map<std::string, double> subnormal_fraction_;
   std::int64_t step_ = 0;
 };
 

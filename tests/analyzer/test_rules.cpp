@@ -111,7 +111,8 @@ TEST_CASE("a NaN loss without probes says that no module was probed", "[rules]")
   RunFixture f(dir.file("run.db"), kLayers);
   f.step(65536, 32768, 1000, {"head.weight"}, kNaN);
   f.finish();
-  const Finding* fw = find(report_of(dir.file("run.db")), "forward-nonfinite");
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
   REQUIRE(fw != nullptr);
   CHECK(fw->module.empty());
   CHECK_THAT(fw->title, Catch::Contains("no module output was probed"));
@@ -129,15 +130,134 @@ TEST_CASE("a layer that appears mid-run is summarised from where it starts", "[r
   CHECK(analyze({run}).healthy());
 }
 
-TEST_CASE("a layer whose gradient is mostly zero is an underflow", "[rules]") {
+TEST_CASE("a layer whose gradient is mostly zero or fp16-subnormal is an underflow", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
-  f.zeros_fraction("b.weight", 0.9);
+  f.zeros_fraction("b.weight", 0.6, 0.2);
   for (int i = 0; i < 10; ++i) f.step(65536, 65536);
   f.finish();
   const Finding* u = find(report_of(dir.file("run.db")), "underflow");
   REQUIRE(u != nullptr);
   CHECK(u->layer == "b.weight");
+}
+
+TEST_CASE("zeros without any fp16-subnormal value are structural, not underflow", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.9);  // dead units, masked rows: no value near the bottom of the range
+  for (int i = 0; i < 10; ++i) f.step(65536, 65536);
+  f.finish();
+  CHECK(report_of(dir.file("run.db")).healthy());
+}
+
+TEST_CASE("an all-zero gradient (a layer the step did not use) is not underflow", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 1.0, 0.0);
+  for (int i = 0; i < 10; ++i) f.step(65536, 65536);
+  f.finish();
+  CHECK(report_of(dir.file("run.db")).healthy());
+}
+
+TEST_CASE("a bf16 run without a scaler has no scale to collapse and no fp16 underflow", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.meta("amp_dtype", "bfloat16").meta("scaler_enabled", "0");
+  f.zeros_fraction("b.weight", 0.6, 0.2);
+  for (int i = 0; i < 10; ++i) f.step(1, 1);
+  f.finish();
+  CHECK(report_of(dir.file("run.db")).healthy());
+}
+
+TEST_CASE("underflow while an overflow holds the scale down says to fix the overflow first", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.6, 0.2);
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"a.weight"});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* u = find(r, "underflow");
+  REQUIRE(u != nullptr);
+  REQUIRE(u->suggestions.size() == 1);
+  CHECK_THAT(u->suggestions.front().summary, Catch::Contains("Fix the overflow in a first"));
+  const Finding* c = find(r, "scale-collapse");
+  REQUIRE(c != nullptr);
+  CHECK_THAT(c->suggestions.front().summary, Catch::Contains("Fix the overflow in a "));
+}
+
+TEST_CASE("a scale that settles at 4096 and probes for growth is not a collapse", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < 4; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"a.weight"});  // calibration
+  for (int i = 0; i < 10; ++i) {  // grows after its interval, overflows, backs off: 14 back-offs in all
+    for (int k = 0; k < 5; ++k) f.step(scale, scale);
+    f.step(scale, scale * 2);
+    f.step(scale * 2, scale, 1000, {"a.weight"});
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "scale-collapse") == nullptr);
+  CHECK(r.healthy());
+}
+
+TEST_CASE("a scale below the floor that never backed off asks for a higher init_scale", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 10; ++i) f.step(16, 16);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* c = find(r, "scale-collapse");
+  REQUIRE(c != nullptr);
+  CHECK_THAT(c->suggestions.front().python, Catch::Contains("init_scale=2.0**16"));
+  CHECK_THAT(c->evidence, Catch::Contains("no step overflowed"));
+}
+
+TEST_CASE("a module whose FP32 replay is still NaN/Inf is never the pin: the parent whose replay is finite is", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"block.conv2.weight", "block.bn2.weight"});
+  f.replay("block.bn2", "nonfinite").replay("block", "finite");
+  for (int i = 0; i < 4; ++i) f.activation("block.conv2", false).activation("block.bn2", true).step(65536, 32768, 1000, {}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module == "block");
+  CHECK(fw->confirmation == "confirmed");
+  CHECK_THAT(fw->title, Catch::Contains("in its own code"));
+  for (const auto& finding : r.findings)
+    for (const auto& s : finding.suggestions) CHECK_THAT(s.python, !Catch::Contains("block.bn2") && !Catch::Contains("bn2)"));
+  CHECK(r.skipped.front().forward_module == "block");
+}
+
+TEST_CASE("a replay that raised is unconfirmed and never escalates", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"transformer.h.0.attn.weight"});
+  f.replay("transformer.h.0.attn", "unconfirmed", "the replay raised RuntimeError: shape mismatch");
+  for (int i = 0; i < 3; ++i) f.activation("transformer.h.0.attn", true).step(65536, 32768, 1000, {}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module == "transformer.h.0.attn");
+  CHECK(fw->confirmation == "unconfirmed");
+  CHECK_THAT(fw->evidence, Catch::Contains("shape mismatch"));
+}
+
+TEST_CASE("still NaN/Inf in FP32 with no enclosing replay blames the caller's code, not the module", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"bn.weight"});
+  f.replay("bn", "nonfinite");
+  for (int i = 0; i < 3; ++i) f.activation("bn", true).step(65536, 32768, 1000, {}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module.empty());
+  CHECK_THAT(fw->title, Catch::Contains("the model's own forward()"));
+  CHECK_THAT(fw->evidence, Catch::Contains("bn showed it first but only received it"));
+  for (const auto& s : fw->suggestions) CHECK_THAT(s.python, !Catch::Contains("pin_fp32"));
 }
 
 TEST_CASE("a layer near the fp16 maximum while the scale is held low has low headroom", "[rules]") {
@@ -195,7 +315,7 @@ TEST_CASE("a rank that disagrees with the others is named", "[rules][ranks]") {
 TEST_CASE("the gate fails on the rules it names and only those", "[rules][gate]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
-  f.zeros_fraction("b.weight", 0.9);
+  f.zeros_fraction("b.weight", 0.6, 0.2);
   for (int i = 0; i < 5; ++i) f.step(65536, 65536);
   f.finish();
   const auto r = report_of(dir.file("run.db"));
@@ -216,6 +336,8 @@ TEST_CASE("suggestions name the exact module path in Python and C++", "[rules][s
   const auto r = report_of(dir.file("run.db"));
   const auto& s = r.findings.front().suggestions.front();
   CHECK_THAT(s.python, Catch::Contains("torch.autocast(device_type=\"cpu\", enabled=False)"));
-  CHECK_THAT(s.python, Catch::Contains("model.blocks[3].attn.qkv(x.float())"));
+  CHECK_THAT(s.python, Catch::Contains("ampdiag.pin_fp32(model.blocks[3].attn.qkv)"));
+  CHECK_THAT(s.python, Catch::Contains("where blocks.3.attn's forward() calls it"));
+  CHECK_THAT(s.python, Catch::Contains("out = self.qkv(x.float())"));
   CHECK_THAT(s.cpp, Catch::Contains("ampdiag::Fp32Pins pins({\"blocks.3.attn.qkv\"})"));
 }

@@ -116,7 +116,11 @@ def test_bf16_without_a_scaler_still_localises_nonfinite_values(tmp_path, report
     assert rows(db, "SELECT COUNT(*) FROM steps WHERE found_inf = 1") == [(3,)]
     code, rep = report(db)
     assert code == 1
-    assert rep["findings"][0]["rule"] == "forward-nonfinite" and rep["findings"][0]["module"] == "b"
+    first = rep["findings"][0]
+    # b only receives the Inf (its FP32 replay is still Inf): the model's own forward makes it.
+    assert first["rule"] == "forward-nonfinite" and first["module"] == ""
+    assert "showed it first but only received it" in first["evidence"]
+    assert not any("pin_fp32(model.b)" in s["python"] for f in rep["findings"] for s in f["suggestions"])
 
 
 def test_frozen_unused_and_shared_parameters(tmp_path):
@@ -232,7 +236,7 @@ def test_a_model_that_is_not_a_module_is_refused(tmp_path):
 
 def test_permuted_outputs_are_read_in_place_with_the_same_statistics():
     from ampdiag import _ampdiag
-    from ampdiag._attach import _directly_readable, _readable_view
+    from ampdiag._tensors import directly_readable as _directly_readable, readable_view as _readable_view
 
     base = torch.randn(4, 8, 16).half()
     base[1, 2, 3] = float("inf")

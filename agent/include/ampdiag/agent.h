@@ -38,6 +38,9 @@ struct AgentOptions {
   std::size_t queue_capacity = 1 << 15;  // records between the training and the writer thread
   int threads = 0;                  // own CPU threads for the statistics pass; 0 = torch's intra-op pool
   std::string amp_dtype = "float16";  // recorded in the run's metadata
+  // Shared by every rank of the run (meta run_id); empty: derived from the launcher's
+  // environment under torchrun, random for one process.
+  std::string run_id;
 };
 
 struct AgentStatus {

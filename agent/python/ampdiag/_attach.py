@@ -18,30 +18,12 @@ import weakref
 
 import torch
 
-from . import _ampdiag
-from ._pin import _to_fp32, pin_fp32, unpin_fp32
+from . import _ampdiag, _loss, _rank
+from ._pin import pin_fp32, unpin_fp32
+from ._replay import NONFINITE, Replayer
+from ._tensors import DTYPE_CODE, describe_inputs, directly_readable, first_float_tensor, readable_view
 
-_DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _ATTACHED = "_ampdiag_handle"
-
-
-def _rank_and_world() -> tuple:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-
-    def env(name: str, default: int) -> int:
-        value = os.environ.get(name, "")
-        if not value:
-            return default
-        if not value.isdigit():
-            raise ValueError(f"environment variable {name}={value!r} is not a non-negative integer "
-                             "(torchrun sets it; unset it for a single process)")
-        return int(value)
-
-    rank, world = env("RANK", 0), env("WORLD_SIZE", 1)
-    if world < 1 or rank >= world:
-        raise ValueError(f"RANK={rank} must be below WORLD_SIZE={world}")
-    return rank, world
 
 
 def _source(module: torch.nn.Module) -> str:
@@ -52,56 +34,31 @@ def _source(module: torch.nn.Module) -> str:
         return ""
 
 
-def _first_float_tensor(value):
-    if isinstance(value, torch.Tensor):
-        return value if value.is_floating_point() else None
-    if isinstance(value, (list, tuple)):
-        for v in value:
-            found = _first_float_tensor(v)
-            if found is not None:
-                return found
-    if isinstance(value, dict):
-        for v in value.values():
-            found = _first_float_tensor(v)
-            if found is not None:
-                return found
-    return None
+class _PendingSession:
+    """Holds what attach() writes until the rank is known (see _rank.py), then hands it to
+    the real session."""
 
+    def __init__(self):
+        self.calls = []
+        self.step = 0
 
-def _dense(t: torch.Tensor) -> bool:
-    """Whether t's elements fill one gap-free block of memory, in any order (contiguous,
-    or a permutation of a contiguous tensor, such as a transpose)."""
-    if t.is_contiguous():
-        return True
-    expected = 1
-    for stride, size in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+    def __getattr__(self, name):
+        if name not in ("set_meta", "add_layer", "add_module", "add_event", "add_replay"):
+            raise AttributeError(name)
+        return lambda *args: self.calls.append((name, args))
 
+    def status(self):
+        return {"steps": 0, "rows_written": 0, "dropped": 0, "write_errors": 0, "first_error": ""}
 
-def _directly_readable(t: torch.Tensor) -> bool:
-    """Every statistic is independent of element order, so a dense block is read in place."""
-    return t.device.type == "cpu" and t.layout == torch.strided and t.dtype in _DTYPE_CODE and _dense(t)
-
-
-def _readable_view(t: torch.Tensor) -> torch.Tensor:
-    """t itself when the engine can read it in place (data_ptr() is then the block's first
-    element: all strides are positive), else a contiguous CPU copy."""
-    if _directly_readable(t):
-        return t
-    copy = t.detach().to("cpu")
-    if copy.dtype not in _DTYPE_CODE:
-        copy = copy.float()
-    return copy.contiguous()
+    def close(self):
+        pass
 
 
 class AttachHandle:
     """What attach() returns. Also a context manager: leaving it closes the handle."""
 
     def __init__(self, model, scaler, optimizer, db, every, activations, pins, fused_unscale, context_steps,
-                 histogram, overwrite, replay, queue_capacity, threads, amp_dtype):
+                 histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"attach() takes a torch.nn.Module, not {type(model).__name__}")
         if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
@@ -133,30 +90,42 @@ class AttachHandle:
                                  ("queue_capacity", queue_capacity, 16), ("threads", threads, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, not {value!r}")
+        if amp_dtype not in (None, "float16", "bfloat16"):
+            raise ValueError(f"amp_dtype must be 'float16' or 'bfloat16', not {amp_dtype!r}")
+        if run_id is not None and (not isinstance(run_id, str) or not run_id):
+            raise ValueError(f"run_id must be a non-empty string, not {run_id!r}")
 
         self.model, self.scaler, self.optimizer = model, scaler, optimizer
-        rank, world = _rank_and_world()
-        self.db_path = _ampdiag.rank_db_path(db, rank, world)
-        # Creating the file is where a bad path fails: before anything is attached.
-        self._session = _ampdiag.Session(self.db_path, overwrite, queue_capacity, every, context_steps, threads,
-                                         histogram)
-        self._finalizer = weakref.finalize(self, self._session.close)
+        self._db, self._run_id = db, run_id
+        self._session_args = (overwrite, queue_capacity, every, context_steps, threads, histogram)
         self._fused = fused_unscale
-        self._replay = replay
         self._closed = False
         self._hooks = []
         self._restore = []
         self._pinned = []
         self._last_step_skipped = False
         self._events_posted = set()
+        self._modules = {}  # path -> module id
+        self._replayer = Replayer(self._record_replay) if replay else None
+        self._cycle_open = False
+        self._grad_calls = 0
+        self._step_started = time.perf_counter_ns()
+        self._python_ns = 0
+        self._reset_cycle()
+        rank = _rank.known_rank()
+        if rank is None:
+            # A spawned worker before init_process_group(): the run.db is created when the
+            # first step starts. The path's directory is checked now.
+            directory = os.path.dirname(os.path.abspath(db))
+            if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+                raise _ampdiag.RunDbError(f"{db}: cannot create it: {directory} is not a writable directory")
+            self._session, self.db_path = _PendingSession(), db
+        else:
+            self._open_session(*rank)
+        self._finalizer = weakref.finalize(self, self._session.close)
         try:
-            self._write_meta(scaler, rank, world, every, context_steps, fused_unscale, histogram, amp_dtype, params)
+            self._write_meta(scaler, every, context_steps, fused_unscale, histogram, amp_dtype, params)
             self._register_layers(model)
-            self._modules = {}  # path -> module id
-            self._in_replay = False
-            self._replayed = set()
-            self._reset_step()
-            self._step_started = time.perf_counter_ns()
             if activations:
                 for path, module in model.named_modules():
                     if path:
@@ -173,6 +142,7 @@ class AttachHandle:
             else:
                 self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
                 self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
+                _loss.watch(self)
             setattr(model, _ATTACHED, weakref.ref(self))
             if scaler is not None:
                 setattr(scaler, _ATTACHED, weakref.ref(self))
@@ -192,11 +162,29 @@ class AttachHandle:
         """Steps seen, rows written, records dropped, write errors, and the db path."""
         return dict(self._session.status(), db_path=self.db_path)
 
+    def log_loss(self, loss) -> None:
+        """Records `loss` (a scalar tensor or number) as this step's loss; several calls in
+        one step are summed. Without it the loss is what scaler.scale() received, or,
+        without a scaler, what backward() was called on."""
+        if self._closed:
+            return
+        if isinstance(loss, torch.Tensor):
+            if loss.numel() != 1:
+                raise ValueError(f"log_loss() takes a scalar, not a tensor of shape {tuple(loss.shape)}")
+            loss = loss.detach()
+        elif isinstance(loss, (int, float)) and not isinstance(loss, bool):
+            loss = torch.tensor(float(loss))
+        else:
+            raise TypeError(f"log_loss() takes a scalar tensor or a number, not {type(loss).__name__}")
+        self._begin_cycle()
+        self._logged_losses.append(loss)
+
     def close(self) -> None:
         """Detaches every hook and wrapper and finishes the run.db. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        _loss.unwatch(self)
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
@@ -208,6 +196,8 @@ class AttachHandle:
         for owner in (self.model, self.scaler):
             if owner is not None and owner.__dict__.get(_ATTACHED) is not None and owner.__dict__[_ATTACHED]() is self:
                 del owner.__dict__[_ATTACHED]
+        if self._replayer is not None and not isinstance(self._session, _PendingSession):
+            self._replayer.close()
         self._finalizer()
 
     detach = close
@@ -221,15 +211,29 @@ class AttachHandle:
 
     # --- setup ---------------------------------------------------------------------
 
-    def _write_meta(self, scaler, rank, world, every, context_steps, fused, histogram, amp_dtype, params):
+    def _open_session(self, rank, world):
+        overwrite, queue_capacity, every, context_steps, threads, histogram = self._session_args
+        self.db_path = _ampdiag.rank_db_path(self._db, rank, world)
+        # Creating the file is where a bad path fails.
+        session = _ampdiag.Session(self.db_path, overwrite, queue_capacity, every, context_steps, threads, histogram)
+        for key, value in (("rank", str(rank)), ("world_size", str(world)),
+                           ("run_id", self._run_id or _ampdiag.default_run_id(rank, world))):
+            session.set_meta(key, value)
+        pending = getattr(self, "_session", None)
+        self._session = session
+        if isinstance(pending, _PendingSession):
+            for name, args in pending.calls:
+                getattr(session, name)(*args)
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, session.close)
+
+    def _write_meta(self, scaler, every, context_steps, fused, histogram, amp_dtype, params):
         meta = {
             "ampdiag_version": "0.1.0",
             "torch_version": torch.__version__,
             "source": "ampdiag Python agent",
             "device": str(params[0].device),
             "amp_dtype": amp_dtype or ("float16" if scaler is not None else "bfloat16"),
-            "rank": str(rank),
-            "world_size": str(world),
             "command_line": " ".join([sys.executable] + sys.argv),
             "pid": str(os.getpid()),
             "every": str(every),
@@ -269,6 +273,7 @@ class AttachHandle:
                                     p.requires_grad, _source(module) if module is not None else "")
             if p.requires_grad:
                 self._hooks.append(p.register_hook(functools.partial(self._arrived, layer)))
+        self._arrival = [-1] * len(self._params)
         if frozen:
             self._event("frozen-parameters", f"{frozen} parameters do not require grad: listed, no statistics")
 
@@ -285,9 +290,17 @@ class AttachHandle:
             return original_scale(outputs)
 
         def update(new_scale=None):
-            found = self._found_inf(scaler)
+            checked = self._inf_checked(scaler)
+            found = checked and self._found_inf(scaler)
             before = float(scaler.get_scale())
             original_update(new_scale)
+            if self._closed:
+                return
+            if not checked:
+                # An update() with no gradients checked since the last one (e.g. holding a
+                # minimum scale after the cycle's update()): the same step, at this scale.
+                self._session.amend_scale_after(float(scaler.get_scale()))
+                return
             self._end_step(before, float(scaler.get_scale()), found, skipped=found)
 
         for name, fn in (("_unscale_grads_", _unscale_grads_), ("scale", scale), ("update", update)):
@@ -300,28 +313,56 @@ class AttachHandle:
             self._events_posted.add(key)
             self._session.add_event(kind, detail)
 
-    # --- per step --------------------------------------------------------------------
+    # --- per optimizer cycle -----------------------------------------------------------
 
-    def _reset_step(self):
-        self._arrival = [-1] * len(self._params)
+    def _reset_cycle(self):
+        self._arrival = [-1] * len(getattr(self, "_params", ()))
         self._next_arrival = 0
-        self._loss = None
-        self._python_ns = 0
+        self._losses = []         # what scale() received, or backward() was called on (no scaler)
+        self._logged_losses = []  # log_loss(): wins over the automatic ones
+        self._micro_batch = 0
+        self._backward_seen = False
         self._first_nonfinite = None
-        self._escalate = None
+        self._escalating = False
+        self._bf16_found = False
+
+    def _begin_cycle(self):
+        """The first hook of an optimizer cycle: the step before it is recorded now (it
+        may have had an extra update() since it ended)."""
+        if self._cycle_open or self._closed:
+            return
+        if isinstance(self._session, _PendingSession):
+            self._open_session(*_rank.rank_now_or_single())
+        self._cycle_open = True
+        self._session.begin_step()
+        self._reset_cycle()
 
     def _arrived(self, layer, grad):
+        if self._replayer is not None and self._replayer.busy:
+            return
+        self._begin_cycle()
+        self._grad_calls += 1
+        self._backward_seen = True
         if self._arrival[layer] < 0:
             self._arrival[layer] = self._next_arrival
             self._next_arrival += 1
 
     def _on_scale(self, outputs):
+        if self._closed:
+            return
         t0 = time.perf_counter_ns()
-        self._arrival = [-1] * len(self._params)
-        self._next_arrival = 0
-        if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
-            self._loss = outputs.detach()
+        self._begin_cycle()
+        self._losses.extend(_loss.scalar_losses(outputs))
         self._python_ns += time.perf_counter_ns() - t0
+
+    def _before_backward(self, roots):
+        self._roots = _loss.scalar_losses(roots)
+        self._grad_calls_before = self._grad_calls
+
+    def _after_backward(self):
+        if self._grad_calls > self._grad_calls_before:  # this backward reached the model
+            self._losses.extend(self._roots)
+        self._roots = []
 
     def _layer_id(self, param):
         layer = self._layer_of.get(id(param))
@@ -355,20 +396,23 @@ class AttachHandle:
         return layers, grads, sparse
 
     def _stats(self, layers, grads, inv_scale=None):
-        views = [_readable_view(g) for g in grads]
+        views = [readable_view(g) for g in grads]
         for layer, g, v in zip(layers, grads, views):
             if v is not g:
                 self._event("slow-path", f"layer {layer} has a {g.dtype} {g.device} gradient: its statistics are "
                                          "taken on a CPU copy", key=("copy", layer))
         found = self._session.grads(layers, [self._arrival[i] for i in layers], [v.data_ptr() for v in views],
-                                    [v.numel() for v in views], [_DTYPE_CODE[v.dtype] for v in views], inv_scale)
+                                    [v.numel() for v in views], [DTYPE_CODE[v.dtype] for v in views], inv_scale)
         return found
 
     def _on_unscale(self, original, optimizer, inv_scale, found_inf, allow_fp16):
+        if self._closed:
+            return original(optimizer, inv_scale, found_inf, allow_fp16)
         t0 = time.perf_counter_ns()
+        self._begin_cycle()
         layers, grads, sparse = self._gradients(optimizer)
         special = sparse or any(g.dtype == torch.float16 for g in grads)
-        fusable = (self._fused and grads and not special and all(_directly_readable(g) for g in grads)
+        fusable = (self._fused and grads and not special and all(directly_readable(g) for g in grads)
                    and inv_scale.device.type == "cpu" and found_inf.device.type == "cpu")
         if fusable:
             with torch.no_grad():
@@ -383,12 +427,18 @@ class AttachHandle:
         return original(optimizer, inv_scale, found_inf, allow_fp16)
 
     @staticmethod
+    def _inf_checked(scaler) -> bool:
+        """Whether gradients were unscaled and checked since the last update()."""
+        return any(state.get("found_inf_per_device") for state in scaler._per_optimizer_states.values())
+
+    @staticmethod
     def _found_inf(scaler) -> bool:
         return any(bool(v.item()) for state in scaler._per_optimizer_states.values()
                    for v in state.get("found_inf_per_device", {}).values())
 
     def _before_optimizer_step(self, optimizer, args, kwargs):
         t0 = time.perf_counter_ns()
+        self._begin_cycle()
         layers, grads, _ = self._gradients(optimizer)
         self._bf16_found = bool(self._stats(layers, grads)) if grads else False
         self._python_ns += time.perf_counter_ns() - t0
@@ -397,24 +447,24 @@ class AttachHandle:
         self._end_step(1.0, 1.0, self._bf16_found, skipped=False)
 
     def _end_step(self, scale_before, scale_after, found_inf, skipped):
-        loss = math.nan
-        if self._loss is not None:
-            loss = float(self._loss.float().item())
+        losses = self._logged_losses or self._losses
+        loss = math.fsum(float(t.float().item()) for t in losses) if losses else math.nan
         now = time.perf_counter_ns()
-        self._session.end_step(loss, scale_before, scale_after, found_inf, skipped, now - self._step_started,
-                               self._python_ns)
+        self._session.end_step(loss, len(losses), scale_before, scale_after, found_inf, skipped,
+                               now - self._step_started, self._python_ns)
+        self._python_ns = 0
         self._last_step_skipped = skipped
         self._step_started = now
-        self._reset_step()
+        self._cycle_open = False
 
     # --- forward -------------------------------------------------------------------
 
-    def _module_id(self, path, module):
+    def _module_id(self, path, module, args):
         module_id = self._modules.get(path)
         if module_id is None:
             module_id = len(self._modules)
             self._modules[path] = module_id
-            self._session.add_module(module_id, path, type(module).__name__, _source(module))
+            self._session.add_module(module_id, path, type(module).__name__, _source(module), describe_inputs(args))
         return module_id
 
     def _forward_hook(self, path):
@@ -422,67 +472,49 @@ class AttachHandle:
 
         def hook(module, args, kwargs, output):
             nonlocal module_id
-            if self._in_replay or self._closed:
+            if self._closed or (self._replayer is not None and self._replayer.busy):
                 return None
             t0 = time.perf_counter_ns()
-            tensor = output if type(output) is torch.Tensor else _first_float_tensor(output)
+            if not self._cycle_open:
+                self._begin_cycle()
+            if self._backward_seen:  # a forward after a backward: the next micro-batch
+                self._backward_seen = False
+                self._micro_batch += 1
+            tensor = output if type(output) is torch.Tensor else first_float_tensor(output)
             if tensor is not None and tensor.is_floating_point():
                 if module_id is None:
-                    module_id = self._module_id(path, module)
-                view = tensor if _directly_readable(tensor) else _readable_view(tensor)
-                if self._session.activation(module_id, view.data_ptr(), view.numel(), _DTYPE_CODE[view.dtype]):
-                    self._on_nonfinite_output(path, module, args, kwargs)
+                    module_id = self._module_id(path, module, args)
+                view = tensor if directly_readable(tensor) else readable_view(tensor)
+                if self._session.activation(module_id, view.data_ptr(), view.numel(), DTYPE_CODE[view.dtype],
+                                            self._micro_batch):
+                    self._on_nonfinite_output(path, module, args, kwargs, output)
             self._python_ns += time.perf_counter_ns() - t0
             return None
 
         return hook
 
-    def _on_nonfinite_output(self, path, module, args, kwargs):
+    def _on_nonfinite_output(self, path, module, args, kwargs, output):
         # Hooks fire as modules finish: a child before its parent. When the first module
-        # with a non-finite output is not fixed by FP32 (it only received NaN/Inf), its
-        # enclosing modules are replayed as they finish, until one is.
+        # with a non-finite output is still NaN/Inf in FP32 (it only received NaN/Inf, or
+        # its parent's own code made it), its enclosing modules are replayed as they
+        # finish, until one is finite. Only a replay that ran and stayed NaN/Inf escalates.
+        if self._replayer is None:
+            return
         if self._first_nonfinite is None:
             self._first_nonfinite = path
-            self._escalate = None
-            if self._replay and path not in self._replayed and not self._replay_fp32(path, module, args, kwargs):
-                self._escalate = path
-        elif self._escalate and self._escalate.startswith(path + ".") and path not in self._replayed:
-            self._escalate = None if self._replay_fp32(path, module, args, kwargs) else path
+        elif not (self._escalating and self._first_nonfinite.startswith(path + ".")):
+            return
+        self._escalating = self._replayer.verdict(path, module, args, kwargs, output) == NONFINITE
 
-    def _replay_fp32(self, path, module, args, kwargs) -> bool:
-        """Runs the first module with a non-finite output again, once, in FP32 on the same
-        inputs, and records whether that output is finite: evidence that pinning it helps.
-        Eval mode and a restored RNG keep the training's numbers untouched."""
-        self._replayed.add(path)
-        self._in_replay = True
-        was_training = module.training
-        cpu_rng = torch.get_rng_state()
-        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-        try:
-            module.eval()
-            device = "cuda" if _first_float_tensor(args) is not None and _first_float_tensor(args).is_cuda else "cpu"
-            with torch.no_grad(), torch.autocast(device, enabled=False):
-                out = _first_float_tensor(module(*_to_fp32(args), **_to_fp32(kwargs)))
-            finite = out is not None and bool(torch.isfinite(out).all())
-            absmax = float(out.abs().max()) if finite and out.numel() else math.nan
-            self._session.add_event("replay", f"module={path} fp32_finite={int(finite)} fp32_absmax={absmax:.6g}")
-            return finite
-        except Exception as error:  # a replay must never break the training
-            self._session.add_event("replay", f"module={path} error={type(error).__name__}: {error}")
-            return False
-        finally:
-            module.train(was_training)
-            torch.set_rng_state(cpu_rng)
-            if cuda_rng is not None:
-                torch.cuda.set_rng_state_all(cuda_rng)
-            self._in_replay = False
+    def _record_replay(self, path, outcome, absmax, reason):
+        self._session.add_replay(path, outcome, absmax, reason)
 
 
 def attach(model: torch.nn.Module, scaler: "torch.amp.GradScaler | None" = None,
            optimizer: "torch.optim.Optimizer | None" = None, db="run.db", every: int = 1, activations: bool = True,
            pins=(), fused_unscale: bool = True, context_steps: int = 2, histogram: bool = False,
            overwrite: bool = False, replay: bool = True, queue_capacity: int = 1 << 15, threads: int = 0,
-           amp_dtype: "str | None" = None) -> AttachHandle:
+           amp_dtype: "str | None" = None, run_id: "str | None" = None) -> AttachHandle:
     """Attaches ampdiag to a training loop and returns a handle (also a context manager).
 
     model:          the torch.nn.Module being trained (a DDP wrapper is fine).
@@ -495,9 +527,12 @@ def attach(model: torch.nn.Module, scaler: "torch.amp.GradScaler | None" = None,
                     module whose output is NaN/Inf.
     pins:           module paths to run in FP32 while attached (see pin_fp32()).
     fused_unscale:  do the scaler's unscale inside ampdiag's pass (same bits as torch's).
-    replay:         re-run the first module with a non-finite output once in FP32 and record
-                    whether that fixes it.
+    replay:         re-run the first module with a non-finite output once in FP32, on copies of
+                    the module and its inputs, and record whether that fixes it.
     overwrite:      replace an existing db file instead of refusing.
+    amp_dtype:      "float16" or "bfloat16"; default: float16 with a scaler, bfloat16 without.
+    run_id:         the id shared by every rank of this run (default: derived from the launcher,
+                    random for one process); `ampdiag report` merges only ranks of one run.
     """
     return AttachHandle(model, scaler, optimizer, db, every, activations, tuple(pins), fused_unscale, context_steps,
-                        histogram, overwrite, replay, queue_capacity, threads, amp_dtype)
+                        histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id)

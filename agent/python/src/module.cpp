@@ -75,11 +75,17 @@ class Session {
                  const std::string& source) {
     recorder_->writer().post_layer({id, name, module_path, module_type, dtype, shape, numel, trainable, source});
   }
-  void add_module(std::int64_t id, const std::string& path, const std::string& type, const std::string& source) {
-    recorder_->writer().post_module({id, path, type, source});
+  void add_module(std::int64_t id, const std::string& path, const std::string& type, const std::string& source,
+                  const std::string& inputs) {
+    recorder_->writer().post_module({id, path, type, source, inputs});
   }
   void add_event(const std::string& kind, const std::string& detail) {
     recorder_->writer().post_event({recorder_->step(), kind, detail, 0.0});
+  }
+  void add_replay(const std::string& module, const std::string& outcome, double fp32_absmax, const std::string& reason) {
+    if (outcome != "finite" && outcome != "nonfinite" && outcome != "unconfirmed")
+      throw std::invalid_argument("replay outcome must be finite, nonfinite or unconfirmed");
+    recorder_->writer().post_replay({recorder_->step(), module, outcome, fp32_absmax, reason});
   }
 
   // Statistics of the gradients (before unscale); with `inv_scale` set, also the unscale
@@ -116,7 +122,7 @@ class Session {
 
   // Statistics of one module output, staged at the next forward position. Returns whether
   // it holds NaN/Inf (a bool, not the statistics: this runs for every module every step).
-  bool activation(std::int64_t module_id, std::uintptr_t ptr, std::int64_t numel, int dtype) {
+  bool activation(std::int64_t module_id, std::uintptr_t ptr, std::int64_t numel, int dtype, int micro_batch) {
     const auto t0 = std::chrono::steady_clock::now();
     const kernels::TensorRef ref{reinterpret_cast<const void*>(ptr), numel, dtype_code(dtype)};
     kernels::TensorStats s;
@@ -124,15 +130,16 @@ class Session {
       py::gil_scoped_release release;
       engine_.compute(&ref, 1, &s);
     }
-    recorder_->stage_act(module_id, recorder_->next_forward_order(), s);
+    recorder_->stage_act(module_id, recorder_->next_forward_order(), s, micro_batch);
     agent_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     return s.has_nonfinite();
   }
 
-  bool end_step(double loss, double scale_before, double scale_after, bool found_inf, bool skipped, std::int64_t step_ns,
-                std::int64_t python_ns) {
+  void end_step(double loss, std::int64_t losses, double scale_before, double scale_after, bool found_inf, bool skipped,
+                std::int64_t step_ns, std::int64_t python_ns) {
     agent::StepOutcome o;
     o.loss = loss;
+    o.losses = losses;
     o.scale_before = scale_before;
     o.scale_after = scale_after;
     o.found_inf = found_inf;
@@ -140,8 +147,10 @@ class Session {
     o.step_ns = step_ns;
     o.agent_ns = agent_ns_ + python_ns;
     agent_ns_ = 0;
-    return recorder_->end_step(o);
+    recorder_->end_step(o);
   }
+  bool amend_scale_after(double scale_after) { return recorder_->amend_scale_after(scale_after); }
+  void begin_step() { recorder_->begin_step(); }
 
   std::int64_t step() const { return recorder_->step(); }
   void close() { recorder_->close(); }
@@ -175,6 +184,9 @@ PYBIND11_MODULE(_ampdiag, m) {
   m.def("rank_db_path", [](const std::string& path, std::int64_t rank, std::int64_t world_size) {
     return agent::rank_db_path(path, {rank, world_size});
   });
+  m.def("default_run_id", [](std::int64_t rank, std::int64_t world_size) {
+    return agent::default_run_id({rank, world_size});
+  });
   m.def("cpu_isa", [] { return std::string(kernels::cpu_isa_name(kernels::best_cpu_isa())); });
   m.def(
       "tensor_stats",
@@ -194,10 +206,13 @@ PYBIND11_MODULE(_ampdiag, m) {
       .def("add_layer", &Session::add_layer)
       .def("add_module", &Session::add_module)
       .def("add_event", &Session::add_event)
+      .def("add_replay", &Session::add_replay)
       .def("grads", &Session::grads, py::arg("ids"), py::arg("orders"), py::arg("ptrs"), py::arg("numels"), py::arg("dtypes"),
            py::arg("inv_scale") = py::none())
       .def("activation", &Session::activation)
       .def("end_step", &Session::end_step)
+      .def("amend_scale_after", &Session::amend_scale_after)
+      .def("begin_step", &Session::begin_step)
       .def_property_readonly("step", &Session::step)
       .def("close", &Session::close)
       .def("status", &Session::status);

@@ -3,9 +3,13 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "ampdiag/rundb/schema.h"
+#include "schema.h"
 #include "sqlite.h"
 
 namespace ampdiag::rundb {
@@ -14,15 +18,36 @@ namespace {
 
 StatValues read_stats(const Statement& s, int first) {
   StatValues v;
-  v.numel = s.int64(first);
-  v.nan = s.int64(first + 1);
-  v.inf = s.int64(first + 2);
-  v.zeros = s.int64(first + 3);
-  v.fp16_subnormal = s.int64(first + 4);
-  v.absmax = s.real(first + 5);
-  v.amin_nz = s.real(first + 6);
-  v.l2 = s.real(first + 7);
+  for (int i = 0; i < kStatFieldCount; ++i) {
+    const StatField& f = kStatFields[i];
+    if (f.count)
+      v.*f.count = s.int64(first + i);
+    else
+      v.*f.real = s.real(first + i);
+  }
   return v;
+}
+
+// Format 1 kept replays as events: "module=PATH fp32_finite=0|1 fp32_absmax=X" or
+// "module=PATH error=TYPE: MESSAGE". Read here so that nothing above parses free text.
+bool parse_v1_replay(const EventRow& e, ReplayRow& out) {
+  if (e.kind != "replay" || e.detail.rfind("module=", 0) != 0) return false;
+  const auto error = e.detail.find(" error=");
+  const auto finite = e.detail.find(" fp32_finite=");
+  const auto end = std::min(error, finite);
+  if (end == std::string::npos) return false;
+  out.step = e.step;
+  out.module = e.detail.substr(7, end - 7);
+  if (error != std::string::npos && error < finite) {
+    out.outcome = "unconfirmed";
+    out.reason = "the replay raised " + e.detail.substr(error + 7);
+    out.fp32_absmax = std::nan("");
+    return true;
+  }
+  out.outcome = e.detail.compare(finite + 13, 1, "1") == 0 ? "finite" : "nonfinite";
+  const auto absmax = e.detail.find(" fp32_absmax=");
+  out.fp32_absmax = absmax == std::string::npos ? std::nan("") : std::strtod(e.detail.c_str() + absmax + 13, nullptr);
+  return true;
 }
 
 }  // namespace
@@ -87,28 +112,31 @@ std::vector<LayerRow> RunDbReader::layers() {
 
 std::vector<ModuleRow> RunDbReader::modules() {
   std::vector<ModuleRow> out;
-  Statement q(*db_, "SELECT id, path, module_type, source FROM modules ORDER BY id");
-  while (q.next()) out.push_back({q.int64(0), q.text(1), q.text(2), q.text(3)});
+  Statement q(*db_, version_ >= 2 ? "SELECT id, path, module_type, source, inputs FROM modules ORDER BY id"
+                                   : "SELECT id, path, module_type, source, '' FROM modules ORDER BY id");
+  while (q.next()) out.push_back({q.int64(0), q.text(1), q.text(2), q.text(3), q.text(4)});
   return out;
 }
 
 std::vector<StepRow> RunDbReader::steps() {
   std::vector<StepRow> out;
-  Statement q(*db_,
-              "SELECT step, loss, scale_before, scale_after, found_inf, skipped, sampled, step_ns, agent_ns, wall_time "
-              "FROM steps ORDER BY step");
+  Statement q(*db_, version_ >= 2 ? "SELECT step, loss, losses, scale_before, scale_after, found_inf, skipped, sampled, "
+                                     "step_ns, agent_ns, wall_time FROM steps ORDER BY step"
+                                   : "SELECT step, loss, -1, scale_before, scale_after, found_inf, skipped, sampled, "
+                                     "step_ns, agent_ns, wall_time FROM steps ORDER BY step");
   while (q.next()) {
     StepRow r;
     r.step = q.int64(0);
     r.loss = q.real(1);
-    r.scale_before = q.real(2);
-    r.scale_after = q.real(3);
-    r.found_inf = q.int64(4) != 0;
-    r.skipped = q.int64(5) != 0;
-    r.sampled = q.int64(6) != 0;
-    r.step_ns = q.int64(7);
-    r.agent_ns = q.int64(8);
-    r.wall_time = q.real(9);
+    r.losses = q.int64(2);
+    r.scale_before = q.real(3);
+    r.scale_after = q.real(4);
+    r.found_inf = q.int64(5) != 0;
+    r.skipped = q.int64(6) != 0;
+    r.sampled = q.int64(7) != 0;
+    r.step_ns = q.int64(8);
+    r.agent_ns = q.int64(9);
+    r.wall_time = q.real(10);
     out.push_back(r);
   }
   return out;
@@ -117,14 +145,33 @@ std::vector<StepRow> RunDbReader::steps() {
 std::vector<EventRow> RunDbReader::events() {
   std::vector<EventRow> out;
   Statement q(*db_, "SELECT step, kind, detail, wall_time FROM events ORDER BY id");
-  while (q.next()) out.push_back({q.int64(0), q.text(1), q.text(2), q.real(3)});
+  while (q.next()) {
+    EventRow e{q.int64(0), q.text(1), q.text(2), q.real(3)};
+    ReplayRow unused;
+    if (version_ == 1 && parse_v1_replay(e, unused)) continue;  // read by replays()
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::vector<ReplayRow> RunDbReader::replays() {
+  std::vector<ReplayRow> out;
+  if (version_ == 1) {
+    Statement q(*db_, "SELECT step, kind, detail, wall_time FROM events WHERE kind = 'replay' ORDER BY id");
+    while (q.next()) {
+      ReplayRow r;
+      if (parse_v1_replay({q.int64(0), q.text(1), q.text(2), q.real(3)}, r)) out.push_back(std::move(r));
+    }
+    return out;
+  }
+  Statement q(*db_, "SELECT step, module, outcome, fp32_absmax, reason FROM replays ORDER BY id");
+  while (q.next()) out.push_back({q.int64(0), q.text(1), q.text(2), q.real(3), q.text(4)});
   return out;
 }
 
 void RunDbReader::for_each_grad_stat(const std::function<void(const GradStatRow&)>& visit) {
-  Statement q(*db_,
-              "SELECT step, layer_id, bwd_order, numel, nan, inf, zeros, fp16_subnormal, absmax, amin_nz, l2, histogram "
-              "FROM grad_stats ORDER BY step, layer_id");
+  Statement q(*db_, ("SELECT step, layer_id, bwd_order, " + stat_column_list() +
+                     ", histogram FROM grad_stats ORDER BY step, layer_id").c_str());
   GradStatRow r;
   while (q.next()) {
     r.step = q.int64(0);
@@ -132,7 +179,7 @@ void RunDbReader::for_each_grad_stat(const std::function<void(const GradStatRow&
     r.bwd_order = q.int64(2);
     r.stats = read_stats(q, 3);
     int bytes = 0;
-    const void* blob = q.blob(11, &bytes);
+    const void* blob = q.blob(3 + kStatFieldCount, &bytes);
     r.histogram.assign(std::size_t(bytes) / sizeof(std::uint32_t), 0);
     if (bytes > 0) std::memcpy(r.histogram.data(), blob, r.histogram.size() * sizeof(std::uint32_t));
     visit(r);
@@ -147,15 +194,16 @@ std::vector<GradStatRow> RunDbReader::grad_stats() {
 
 std::vector<ActStatRow> RunDbReader::act_stats() {
   std::vector<ActStatRow> out;
-  Statement q(*db_,
-              "SELECT step, fwd_order, module_id, numel, nan, inf, zeros, fp16_subnormal, absmax, amin_nz, l2 "
-              "FROM act_stats ORDER BY step, fwd_order");
+  Statement q(*db_, ("SELECT step, fwd_order, module_id, " + std::string(version_ >= 2 ? "micro_batch" : "0") + ", " +
+                     stat_column_list() + " FROM act_stats ORDER BY step, fwd_order")
+                        .c_str());
   while (q.next()) {
     ActStatRow r;
     r.step = q.int64(0);
     r.fwd_order = q.int64(1);
     r.module_id = q.int64(2);
-    r.stats = read_stats(q, 3);
+    r.micro_batch = q.int64(3);
+    r.stats = read_stats(q, 4);
     out.push_back(r);
   }
   return out;

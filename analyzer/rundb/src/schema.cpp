@@ -3,13 +3,14 @@
 
 #include <string>
 
+#include "ampdiag/rundb/rows.h"
 #include "ampdiag/rundb/schema.h"
 
 namespace ampdiag::rundb {
 
 namespace {
 
-constexpr const char* kTables = R"sql(
+constexpr const char* kTablesBeforeStats = R"sql(
 CREATE TABLE meta (
   key TEXT PRIMARY KEY,
   value TEXT NOT NULL
@@ -29,11 +30,13 @@ CREATE TABLE modules (
   id INTEGER PRIMARY KEY,
   path TEXT NOT NULL UNIQUE,
   module_type TEXT NOT NULL,
-  source TEXT NOT NULL
+  source TEXT NOT NULL,
+  inputs TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE steps (
   step INTEGER PRIMARY KEY,
   loss REAL,
+  losses INTEGER NOT NULL,
   scale_before REAL NOT NULL,
   scale_after REAL NOT NULL,
   found_inf INTEGER NOT NULL,
@@ -43,35 +46,6 @@ CREATE TABLE steps (
   agent_ns INTEGER NOT NULL,
   wall_time REAL NOT NULL
 );
-CREATE TABLE grad_stats (
-  step INTEGER NOT NULL,
-  layer_id INTEGER NOT NULL,
-  bwd_order INTEGER NOT NULL,
-  numel INTEGER NOT NULL,
-  nan INTEGER NOT NULL,
-  inf INTEGER NOT NULL,
-  zeros INTEGER NOT NULL,
-  fp16_subnormal INTEGER NOT NULL,
-  absmax REAL NOT NULL,
-  amin_nz REAL NOT NULL,
-  l2 REAL NOT NULL,
-  histogram BLOB,
-  PRIMARY KEY (step, layer_id)
-) WITHOUT ROWID;
-CREATE TABLE act_stats (
-  step INTEGER NOT NULL,
-  fwd_order INTEGER NOT NULL,
-  module_id INTEGER NOT NULL,
-  numel INTEGER NOT NULL,
-  nan INTEGER NOT NULL,
-  inf INTEGER NOT NULL,
-  zeros INTEGER NOT NULL,
-  fp16_subnormal INTEGER NOT NULL,
-  absmax REAL NOT NULL,
-  amin_nz REAL NOT NULL,
-  l2 REAL NOT NULL,
-  PRIMARY KEY (step, fwd_order)
-) WITHOUT ROWID;
 CREATE TABLE events (
   id INTEGER PRIMARY KEY,
   step INTEGER NOT NULL,
@@ -79,14 +53,42 @@ CREATE TABLE events (
   detail TEXT NOT NULL,
   wall_time REAL NOT NULL
 );
+CREATE TABLE replays (
+  id INTEGER PRIMARY KEY,
+  step INTEGER NOT NULL,
+  module TEXT NOT NULL,
+  outcome TEXT NOT NULL CHECK (outcome IN ('finite', 'nonfinite', 'unconfirmed')),
+  fp32_absmax REAL,
+  reason TEXT NOT NULL
+);
 )sql";
 
+std::string stat_columns() {
+  std::string s;
+  for (const auto& f : kStatFields) s += std::string("  ") + f.name + (f.count ? " INTEGER NOT NULL,\n" : " REAL NOT NULL,\n");
+  return s;
+}
+
 }  // namespace
+
+std::string stat_column_list() {
+  std::string s;
+  for (const auto& f : kStatFields) s += std::string(s.empty() ? "" : ", ") + f.name;
+  return s;
+}
 
 void create_schema(Database& db) {
   db.exec(("PRAGMA application_id = " + std::to_string(kApplicationId) + ";").c_str());
   db.exec("BEGIN;");
-  db.exec(kTables);
+  db.exec(kTablesBeforeStats);
+  db.exec(("CREATE TABLE grad_stats (\n  step INTEGER NOT NULL,\n  layer_id INTEGER NOT NULL,\n"
+           "  bwd_order INTEGER NOT NULL,\n" +
+           stat_columns() + "  histogram BLOB,\n  PRIMARY KEY (step, layer_id)\n) WITHOUT ROWID;")
+              .c_str());
+  db.exec(("CREATE TABLE act_stats (\n  step INTEGER NOT NULL,\n  fwd_order INTEGER NOT NULL,\n"
+           "  module_id INTEGER NOT NULL,\n  micro_batch INTEGER NOT NULL,\n" +
+           stat_columns() + "  PRIMARY KEY (step, fwd_order)\n) WITHOUT ROWID;")
+              .c_str());
   db.exec(("INSERT INTO meta VALUES ('schema_version', '" + std::to_string(kSchemaVersion) + "');").c_str());
   db.exec("COMMIT;");
 }

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <algorithm>
 
 #include "schema.h"
 #include "sqlite.h"
@@ -20,8 +21,20 @@ double now_seconds() {
 }
 
 void bind_stats(Statement& s, int first, const StatValues& v) {
-  s.bind(first, v.numel).bind(first + 1, v.nan).bind(first + 2, v.inf).bind(first + 3, v.zeros);
-  s.bind(first + 4, v.fp16_subnormal).bind(first + 5, v.absmax).bind(first + 6, v.amin_nz).bind(first + 7, v.l2);
+  for (int i = 0; i < kStatFieldCount; ++i) {
+    const StatField& f = kStatFields[i];
+    if (f.count)
+      s.bind(first + i, v.*f.count);
+    else
+      s.bind(first + i, v.*f.real);
+  }
+}
+
+// "?first, ?first+1, ..." for n parameters.
+std::string placeholders(int first, int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += (i ? ", ?" : "?") + std::to_string(first + i);
+  return s;
 }
 
 void remove_db_files(const std::string& path) {
@@ -56,14 +69,23 @@ RunDbWriter::RunDbWriter(const std::string& path, bool overwrite) : path_(path) 
   meta_ = std::make_unique<Statement>(*db_, "INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)");
   layer_ = std::make_unique<Statement>(
       *db_, "INSERT INTO layers VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
-  module_ = std::make_unique<Statement>(*db_, "INSERT INTO modules VALUES (?1, ?2, ?3, ?4)");
+  module_ = std::make_unique<Statement>(*db_, "INSERT INTO modules (id, path, module_type, source, inputs) "
+                                              "VALUES (?1, ?2, ?3, ?4, ?5)");
   step_ = std::make_unique<Statement>(
-      *db_, "INSERT OR REPLACE INTO steps VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)");
+      *db_, "INSERT OR REPLACE INTO steps (step, loss, losses, scale_before, scale_after, found_inf, skipped, sampled, "
+            "step_ns, agent_ns, wall_time) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+  const std::string stats = stat_column_list();
   grad_ = std::make_unique<Statement>(
-      *db_, "INSERT INTO grad_stats VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)");
+      *db_, ("INSERT INTO grad_stats (step, layer_id, bwd_order, " + stats + ", histogram) VALUES (?1, ?2, ?3, " +
+             placeholders(4, kStatFieldCount) + ", ?" + std::to_string(4 + kStatFieldCount) + ")")
+                .c_str());
   act_ = std::make_unique<Statement>(
-      *db_, "INSERT INTO act_stats VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+      *db_, ("INSERT INTO act_stats (step, fwd_order, module_id, micro_batch, " + stats + ") VALUES (?1, ?2, ?3, ?4, " +
+             placeholders(5, kStatFieldCount) + ")")
+                .c_str());
   event_ = std::make_unique<Statement>(*db_, "INSERT INTO events (step, kind, detail, wall_time) VALUES (?1, ?2, ?3, ?4)");
+  replay_ = std::make_unique<Statement>(
+      *db_, "INSERT INTO replays (step, module, outcome, fp32_absmax, reason) VALUES (?1, ?2, ?3, ?4, ?5)");
   set_meta("started_at", std::to_string(now_seconds()));
   commit();
 }
@@ -82,6 +104,7 @@ RunDbWriter::~RunDbWriter() {
   grad_.reset();
   act_.reset();
   event_.reset();
+  replay_.reset();
 }
 
 void RunDbWriter::begin_if_needed() {
@@ -111,37 +134,43 @@ void RunDbWriter::add_layer(const LayerRow& r) {
 
 void RunDbWriter::add_module(const ModuleRow& r) {
   begin_if_needed();
-  module_->bind(1, r.id).bind(2, r.path).bind(3, r.module_type).bind(4, r.source).run();
+  module_->bind(1, r.id).bind(2, r.path).bind(3, r.module_type).bind(4, r.source).bind(5, r.inputs).run();
 }
 
 void RunDbWriter::add_step(const StepRow& r) {
   begin_if_needed();
-  step_->bind(1, r.step).bind(2, r.loss).bind(3, r.scale_before).bind(4, r.scale_after);
-  step_->bind(5, std::int64_t(r.found_inf)).bind(6, std::int64_t(r.skipped)).bind(7, std::int64_t(r.sampled));
-  step_->bind(8, r.step_ns).bind(9, r.agent_ns).bind(10, r.wall_time).run();
+  step_->bind(1, r.step).bind(2, r.loss).bind(3, std::max<std::int64_t>(0, r.losses)).bind(4, r.scale_before);
+  step_->bind(5, r.scale_after).bind(6, std::int64_t(r.found_inf)).bind(7, std::int64_t(r.skipped));
+  step_->bind(8, std::int64_t(r.sampled)).bind(9, r.step_ns).bind(10, r.agent_ns).bind(11, r.wall_time).run();
 }
 
 void RunDbWriter::add_grad_stat(const GradStatRow& r) {
   begin_if_needed();
   grad_->bind(1, r.step).bind(2, r.layer_id).bind(3, r.bwd_order);
   bind_stats(*grad_, 4, r.stats);
+  const int histogram = 4 + kStatFieldCount;
   if (r.histogram.empty())
-    grad_->bind_null(12);
+    grad_->bind_null(histogram);
   else
-    grad_->bind_blob(12, r.histogram.data(), int(r.histogram.size() * sizeof(std::uint32_t)));
+    grad_->bind_blob(histogram, r.histogram.data(), int(r.histogram.size() * sizeof(std::uint32_t)));
   grad_->run();
 }
 
 void RunDbWriter::add_act_stat(const ActStatRow& r) {
   begin_if_needed();
-  act_->bind(1, r.step).bind(2, r.fwd_order).bind(3, r.module_id);
-  bind_stats(*act_, 4, r.stats);
+  act_->bind(1, r.step).bind(2, r.fwd_order).bind(3, r.module_id).bind(4, r.micro_batch);
+  bind_stats(*act_, 5, r.stats);
   act_->run();
 }
 
 void RunDbWriter::add_event(const EventRow& r) {
   begin_if_needed();
   event_->bind(1, r.step).bind(2, r.kind).bind(3, r.detail).bind(4, r.wall_time == 0.0 ? now_seconds() : r.wall_time).run();
+}
+
+void RunDbWriter::add_replay(const ReplayRow& r) {
+  begin_if_needed();
+  replay_->bind(1, r.step).bind(2, r.module).bind(3, r.outcome).bind(4, r.fp32_absmax).bind(5, r.reason).run();
 }
 
 void RunDbWriter::finish() {

@@ -27,8 +27,9 @@ struct Finding {
   std::string evidence;   // numbers and steps, one or a few lines
   std::vector<std::int64_t> steps;  // the steps the evidence cites (first few)
   double score = 0.0;     // orders findings: the most likely culprit first
-  // What a replay of the module in FP32 showed, when the agent did one: "confirmed" (its
-  // FP32 output was finite), "not-confirmed" (still NaN/Inf in FP32), or empty.
+  // What the agent's FP32 replays showed (see causes.h): "confirmed" (the module's FP32
+  // output was finite), "unconfirmed" (no replay settled it; the evidence says why), or
+  // empty (no replay was made).
   std::string confirmation;
   std::vector<Suggestion> suggestions;
 };
@@ -40,7 +41,8 @@ struct SkippedStep {
   double loss = 0.0;
   std::vector<std::string> nonfinite_layers;  // earliest in backward order first (a few)
   std::int64_t nonfinite_layer_count = 0;
-  std::string forward_module;                 // first module with non-finite output, if probed
+  std::string forward_module;                 // where the forward's NaN/Inf started (causes.h); "" is the model's own code
+  bool forward_known = false;                 // the forward held NaN/Inf in a probed module
 };
 
 // Rule thresholds, with the defaults documented in docs/ANALYZER.md.
@@ -61,7 +63,13 @@ struct RunOverview {
   double first_scale = 0, last_scale = 0, min_scale = 0;
   std::int64_t layers = 0, modules = 0, grad_rows = 0, act_rows = 0;
   bool finished = true;
-  std::string amp_dtype, device;
+  std::string amp_dtype, device, run_id;
+  bool has_scaler = true;
+  std::int64_t world_size = 1;
+  // Skipped steps that are neither calibration nor growth probes, and their share of the
+  // steps after calibration: the one skip rate every view and `diff` use.
+  std::int64_t harmful_skips = 0;
+  double skip_rate = 0.0;
 };
 
 struct Report {

@@ -56,10 +56,21 @@ struct Run {
   std::vector<LayerSummary> layers;   // by layer id
   std::vector<ModuleSummary> modules; // by module id
   std::vector<rundb::EventRow> events;
+  std::vector<rundb::ReplayRow> replays;
+  std::string run_id;  // shared by the ranks of one run; empty in files written before it existed
   std::int64_t grad_rows = 0, act_rows = 0;
 
   std::string meta_or(const std::string& key, const std::string& fallback) const;
   double init_scale() const;
+  // Whether a loss scaler ran (fp16); without one (bf16) there is no scale to judge.
+  bool has_scaler() const { return meta_or("scaler_enabled", "1") != "0"; }
+  bool fp16() const { return meta_or("amp_dtype", "float16") == "float16"; }
+  // Whether the step's loss was recorded: a NaN loss is then a NaN/Inf loss, not a gap.
+  bool loss_known(const rundb::StepRow& row) const;
+  // The replay of a module, if the agent did one.
+  const rundb::ReplayRow* replay_of(const std::string& module) const;
+  // The row of a probed module, or null.
+  const ModuleSummary* module_named(const std::string& path) const;
 };
 
 struct LoadOptions {

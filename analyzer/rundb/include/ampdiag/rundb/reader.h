@@ -32,7 +32,10 @@ class RunDbReader {
   std::vector<LayerRow> layers();
   std::vector<ModuleRow> modules();
   std::vector<StepRow> steps();
+  // Agent events other than replays.
   std::vector<EventRow> events();
+  // FP32 replays (format 1 files: read from their events).
+  std::vector<ReplayRow> replays();
   // Row by row, in (step, layer) order: a long run does not need to fit in memory.
   void for_each_grad_stat(const std::function<void(const GradStatRow&)>& visit);
   std::vector<GradStatRow> grad_stats();

@@ -22,6 +22,22 @@ struct StatValues {
   double absmax = 0.0, amin_nz = 0.0, l2 = 0.0;
 };
 
+// The one list of the statistic columns, in their column order: the schema, the writer,
+// the reader and every export walk it instead of spelling the fields out.
+struct StatField {
+  const char* name;
+  std::int64_t StatValues::*count;  // set for the integer columns
+  double StatValues::*real;         // set for the REAL columns
+};
+inline constexpr StatField kStatFields[] = {
+    {"numel", &StatValues::numel, nullptr},   {"nan", &StatValues::nan, nullptr},
+    {"inf", &StatValues::inf, nullptr},       {"zeros", &StatValues::zeros, nullptr},
+    {"fp16_subnormal", &StatValues::fp16_subnormal, nullptr},
+    {"absmax", nullptr, &StatValues::absmax}, {"amin_nz", nullptr, &StatValues::amin_nz},
+    {"l2", nullptr, &StatValues::l2},
+};
+inline constexpr int kStatFieldCount = int(sizeof(kStatFields) / sizeof(kStatFields[0]));
+
 struct LayerRow {
   std::int64_t id = 0;        // dense, in the model's parameter order
   std::string name;           // parameter name, e.g. "block1.0.attn.qkv.weight"
@@ -39,11 +55,17 @@ struct ModuleRow {
   std::string path;           // e.g. "block1.0.attn"
   std::string module_type;
   std::string source;
+  // What its forward took, as first seen: one entry per positional argument, a dtype for
+  // a tensor ("float16", "int64") or a Python type name; empty when unknown (format 1).
+  std::string inputs;
 };
 
 struct StepRow {
   std::int64_t step = 0;
-  double loss = 0.0;          // NaN when not reported
+  double loss = 0.0;          // the sum of the step's losses; NaN when non-finite or none
+  // How many losses were summed into `loss` (micro-batches, several losses): 0 when the
+  // agent saw none, -1 when the file does not say (format 1: NULL meant NaN or unknown).
+  std::int64_t losses = -1;
   double scale_before = 1.0;  // the loss scale the gradients were multiplied by
   double scale_after = 1.0;   // after update()
   bool found_inf = false;
@@ -65,8 +87,22 @@ struct GradStatRow {
 struct ActStatRow {
   std::int64_t step = 0;
   std::int64_t module_id = 0;
-  std::int64_t fwd_order = 0;   // order of the probe within the step's forward
+  std::int64_t fwd_order = 0;   // order of the probe within the step's forwards (all micro-batches)
+  std::int64_t micro_batch = 0; // which forward of the step (gradient accumulation), 0-based
   StatValues stats;
+};
+
+// One FP32 replay of a module whose output held NaN/Inf: the agent ran it again with
+// autocast off on copies of the same inputs.
+struct ReplayRow {
+  std::int64_t step = -1;
+  std::string module;           // module path
+  // "finite": its FP32 output was finite (pinning it fixes the forward); "nonfinite": still
+  // NaN/Inf in FP32 (it received NaN/Inf, or FP32 does not help); "unconfirmed": the
+  // replay could not run or raised; `reason` says why. Never evidence either way.
+  std::string outcome;
+  double fp32_absmax = 0.0;     // largest |x| of the FP32 output; NaN when not finite
+  std::string reason;
 };
 
 struct EventRow {

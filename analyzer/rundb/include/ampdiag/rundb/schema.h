@@ -6,7 +6,7 @@
 namespace ampdiag::rundb {
 
 // Bumped on any change a reader of the previous version would misread.
-constexpr int kSchemaVersion = 1;
+constexpr int kSchemaVersion = 2;
 // PRAGMA application_id of every run.db: "AMPD".
 constexpr std::int32_t kApplicationId = 0x414d5044;
 

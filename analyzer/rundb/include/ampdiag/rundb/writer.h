@@ -28,6 +28,7 @@ class RunDbWriter {
   void add_grad_stat(const GradStatRow& row);
   void add_act_stat(const ActStatRow& row);
   void add_event(const EventRow& row);
+  void add_replay(const ReplayRow& row);
 
   // Ends the current transaction (a later row starts the next one).
   void commit();
@@ -41,7 +42,7 @@ class RunDbWriter {
 
   std::string path_;
   std::unique_ptr<Database> db_;
-  std::unique_ptr<Statement> meta_, layer_, module_, step_, grad_, act_, event_;
+  std::unique_ptr<Statement> meta_, layer_, module_, step_, grad_, act_, event_, replay_;
   bool in_transaction_ = false;
 };
 

@@ -1,0 +1,41 @@
+"""Which rank this process is, and the id every rank of the run shares.
+
+Under torchrun, RANK and WORLD_SIZE are set before the script starts. Under
+torch.multiprocessing.spawn they are not, and attach() may run before
+init_process_group(): then the rank is not known yet, and the run.db is created when the
+first training step starts, by which time the process group usually exists.
+"""
+import multiprocessing
+import os
+
+import torch
+
+
+def _env(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    if not value.isdigit():
+        raise ValueError(f"environment variable {name}={value!r} is not a non-negative integer "
+                         "(torchrun sets it; unset it for a single process)")
+    return int(value)
+
+
+def known_rank():
+    """(rank, world_size), or None while it cannot be known yet (a spawned worker whose
+    process group is not initialised)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
+        rank, world = _env("RANK", 0), _env("WORLD_SIZE", 1)
+        if world < 1 or rank >= world:
+            raise ValueError(f"RANK={rank} must be below WORLD_SIZE={world}")
+        return rank, world
+    if torch.distributed.is_available() and multiprocessing.parent_process() is not None:
+        return None
+    return 0, 1
+
+
+def rank_now_or_single():
+    """The rank once training started: a worker that still has no process group trains alone."""
+    return known_rank() or (0, 1)

@@ -1,0 +1,199 @@
+"""The FP32 replay: evidence that pinning a module to FP32 fixes a NaN/Inf in forward.
+
+When a module's output holds NaN/Inf, it is run once more with autocast off, on a copy of
+the module (parameters shared, buffers and other state copied) and on copies of its
+inputs, with the RNG state restored afterwards. Nothing the model computes, returns or
+holds changes: the copy's caches, running statistics and any object a forward appends to
+are the copy's own.
+
+The inputs a forward hook sees are the inputs *after* the forward ran. For tensors and
+plain values that is what the module was called with, unless it changed them in place.
+For anything else (a cache object, an input the module wrote into) the replay waits for
+the module's next call: a pre-hook copies the inputs before that forward runs, and the
+replay uses the copy. A replay that cannot run, or raises, is "unconfirmed" with the
+reason, and is never taken as evidence either way.
+"""
+import contextlib
+import copy
+import math
+import types
+
+import torch
+
+from ._pin import _PINNED, _to_fp32
+from ._tensors import first_float_tensor
+
+FINITE, NONFINITE, UNCONFIRMED = "finite", "nonfinite", "unconfirmed"
+PENDING = "pending"  # waiting for the module's next call
+
+
+def _plain(value) -> bool:
+    if value is None or isinstance(value, (torch.Tensor, bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+
+
+def _changed_in_place(args, kwargs, output) -> bool:
+    """Whether an input shares memory with the output: the module wrote into it."""
+    out = {t.untyped_storage().data_ptr() for t in _tensors(output) if t.untyped_storage().nbytes()}
+    return any(t.untyped_storage().data_ptr() in out for t in _tensors((args, kwargs)) if t.untyped_storage().nbytes())
+
+
+@contextlib.contextmanager
+def _tensors_copy_detached():
+    """copy.deepcopy() of plain tensors as detached clones: activations are not graph
+    leaves, which Tensor.__deepcopy__ refuses. Dispatch is by exact type, so Parameters
+    (seeded in the memo) are untouched."""
+    dispatch = copy._deepcopy_dispatch
+    previous = dispatch.get(torch.Tensor)
+    dispatch[torch.Tensor] = lambda t, memo: t.detach().clone()
+    try:
+        yield
+    finally:
+        if previous is None:
+            dispatch.pop(torch.Tensor, None)
+        else:
+            dispatch[torch.Tensor] = previous
+
+
+def copy_inputs(args, kwargs):
+    with _tensors_copy_detached():
+        return copy.deepcopy((args, kwargs))
+
+
+def _twin(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the module sharing its fp32 parameters (no memory), with its own buffers
+    and state; fp16/bf16 parameters and buffers become fp32 copies."""
+    memo = {}
+    for p in module.parameters():
+        memo[id(p)] = p if p.dtype == torch.float32 or not p.is_floating_point() else \
+            torch.nn.Parameter(p.detach().float(), requires_grad=False)
+    with _tensors_copy_detached():
+        twin = copy.deepcopy(module, memo)
+    for m in twin.modules():
+        for name, b in m._buffers.items():
+            if b is not None and b.is_floating_point() and b.dtype != torch.float32:
+                m._buffers[name] = b.float()
+        forward = m.__dict__.get("forward")
+        if forward is None:
+            continue
+        if _PINNED in m.__dict__:  # ampdiag's own pin: the copy runs in FP32 anyway
+            del m.__dict__["forward"], m.__dict__[_PINNED]
+        elif isinstance(forward, types.MethodType):
+            m.__dict__["forward"] = types.MethodType(forward.__func__, m)
+        else:
+            raise RuntimeError(f"{type(m).__name__}.forward is replaced on the instance by {forward!r}; a copy "
+                               "of it could call the original module, so ampdiag does not run one")
+    return twin
+
+
+def _rng_state():
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state):
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def run_fp32(module, args, kwargs):
+    """(outcome, fp32 abs-max or NaN, reason) of one replay on copies of everything."""
+    rng = _rng_state()
+    try:
+        twin = _twin(module)
+        args, kwargs = copy_inputs(args, kwargs)
+        with torch.no_grad(), torch.autocast("cpu", enabled=False), \
+                (torch.autocast("cuda", enabled=False) if torch.cuda.is_available() else contextlib.nullcontext()):
+            out = first_float_tensor(twin(*_to_fp32(args), **_to_fp32(kwargs)))
+        if out is None:
+            return UNCONFIRMED, math.nan, "its FP32 output holds no floating-point tensor"
+        if not bool(torch.isfinite(out).all()):
+            return NONFINITE, math.nan, ""
+        return FINITE, float(out.abs().max()) if out.numel() else 0.0, ""
+    except Exception as error:  # a replay must never break the training
+        return UNCONFIRMED, math.nan, f"the replay raised {type(error).__name__}: {error}"
+    finally:
+        _set_rng_state(rng)
+
+
+class Replayer:
+    """Replays each module at most once per run and remembers the verdict."""
+
+    def __init__(self, record):
+        self._record = record  # record(path, outcome, absmax, reason)
+        self._verdicts = {}
+        self._armed = {}       # path -> (module, pre-hook handle)
+        self._snapshots = {}   # path -> (args, kwargs) copied before the current call
+        self.busy = False      # a replay is running: the agent's hooks stand aside
+
+    def verdict(self, path, module, args, kwargs, output) -> str:
+        """The module's verdict (FINITE, NONFINITE, UNCONFIRMED), replaying it now if it has
+        none; PENDING while the replay waits for the module's next call."""
+        known = self._verdicts.get(path)
+        if known is not None:
+            return known
+        snapshot = self._snapshots.pop(path, None)
+        if snapshot is None:
+            if not _plain((args, kwargs)) or _changed_in_place(args, kwargs, output):
+                self._arm(path, module)
+                return PENDING
+            snapshot = (args, kwargs)
+        self._disarm(path)
+        self.busy = True
+        try:
+            outcome, absmax, reason = run_fp32(module, *snapshot)
+        finally:
+            self.busy = False
+        self._verdicts[path] = outcome
+        self._record(path, outcome, absmax, reason)
+        return outcome
+
+    def _arm(self, path, module):
+        if path in self._armed:
+            return
+
+        def copy_before_forward(mod, args, kwargs):
+            if not self.busy:
+                try:
+                    self._snapshots[path] = copy_inputs(args, kwargs)
+                except Exception as error:
+                    self._disarm(path)
+                    self._verdicts[path] = UNCONFIRMED
+                    self._record(path, UNCONFIRMED, math.nan,
+                                 f"its inputs could not be copied ({type(error).__name__}: {error})")
+            return None
+
+        self._armed[path] = (module, module.register_forward_pre_hook(copy_before_forward, with_kwargs=True))
+
+    def _disarm(self, path):
+        armed = self._armed.pop(path, None)
+        if armed is not None:
+            armed[1].remove()
+
+    def close(self):
+        """Says why the replays still waiting never ran."""
+        for path in list(self._armed):
+            self._disarm(path)
+            self._verdicts[path] = UNCONFIRMED
+            self._record(path, UNCONFIRMED, math.nan,
+                         "its inputs hold state (or it changes them in place), so the replay waited for its next call "
+                         "to copy them first, and its output did not hold NaN/Inf again before the run ended")
+        self._snapshots.clear()

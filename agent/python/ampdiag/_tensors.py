@@ -1,0 +1,59 @@
+"""How the agent reads tensors: which ones the engine reads in place, the first
+floating-point tensor of a module's output, and a short description of a forward's inputs."""
+import torch
+
+DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def first_float_tensor(value):
+    if isinstance(value, torch.Tensor):
+        return value if value.is_floating_point() else None
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            found = first_float_tensor(v)
+            if found is not None:
+                return found
+    if isinstance(value, dict):
+        for v in value.values():
+            found = first_float_tensor(v)
+            if found is not None:
+                return found
+    return None
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill one gap-free block of memory, in any order (contiguous,
+    or a permutation of a contiguous tensor, such as a transpose)."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def directly_readable(t: torch.Tensor) -> bool:
+    """Every statistic is independent of element order, so a dense block is read in place."""
+    return t.device.type == "cpu" and t.layout == torch.strided and t.dtype in DTYPE_CODE and _dense(t)
+
+
+def readable_view(t: torch.Tensor) -> torch.Tensor:
+    """t itself when the engine can read it in place (data_ptr() is then the block's first
+    element: all strides are positive), else a contiguous CPU copy."""
+    if directly_readable(t):
+        return t
+    copy = t.detach().to("cpu")
+    if copy.dtype not in DTYPE_CODE:
+        copy = copy.float()
+    return copy.contiguous()
+
+
+def describe_inputs(args) -> str:
+    """'float16, int64, NoneType': what a forward took, positionally (for the pin snippet:
+    only floating-point inputs may be cast to float32)."""
+    parts = []
+    for a in args:
+        parts.append(str(a.dtype).replace("torch.", "") if isinstance(a, torch.Tensor) else type(a).__name__)
+    return ", ".join(parts)

@@ -1,0 +1,42 @@
+// Where a step's NaN/Inf started, as every view (report, timeline, HTML, GUI) names it:
+// one definition, so that no two views disagree.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ampdiag/analyzer/run.h"
+
+namespace ampdiag::analyzer {
+
+// The module a NaN/Inf in forward is blamed on, from the first module whose output held
+// it and the agent's FP32 replays of it and of its enclosing modules.
+struct ForwardCause {
+  std::string module;      // the module to act on; empty: the model's own forward()
+  std::string first_seen;  // the first module in forward order whose output was NaN/Inf
+  // "confirmed": the module's FP32 replay was finite, so pinning it fixes the forward.
+  // "unconfirmed": no replay settled it (it raised, could not run, or never ran); `reason`.
+  // "": no replay was made at all (replay off, or C++ probes).
+  std::string confirmation;
+  std::string reason;
+  // The NaN/Inf arises in `module`'s own code (between its children): `first_seen` only
+  // received it, and its FP32 replay was still NaN/Inf.
+  bool own_code = false;
+  // Modules whose FP32 replay was still NaN/Inf: pinning them would not help.
+  std::vector<std::string> disproved;
+  double fp32_absmax = 0.0;  // of the confirming replay
+};
+
+ForwardCause forward_cause(const Run& run, const std::string& first_seen);
+
+// What the timeline and the skipped-steps list say about one step.
+struct StepCause {
+  std::string forward_module;  // forward_cause(...).module of the step's first non-finite output
+  bool forward_known = false;  // the step's forward held NaN/Inf in a probed module
+  std::string first_gradient;  // the first gradient (backward order) that held NaN/Inf
+};
+
+StepCause step_cause(const Run& run, const StepSummary& step);
+
+}  // namespace ampdiag::analyzer

@@ -1,0 +1,79 @@
+// forward_cause and step_cause; see causes.h.
+#include "ampdiag/analyzer/causes.h"
+
+#include <cmath>
+
+namespace ampdiag::analyzer {
+
+namespace {
+
+std::string parent_of(const std::string& path) {
+  const auto dot = path.rfind('.');
+  return dot == std::string::npos ? "" : path.substr(0, dot);
+}
+
+// The nearest enclosing module the agent replayed, or the nearest probed one when none
+// was replayed (the one whose own code the NaN/Inf must come from), or "" (the model).
+const rundb::ReplayRow* enclosing_replay(const Run& run, const std::string& path, std::string& probed) {
+  probed.clear();
+  for (std::string p = parent_of(path); !p.empty(); p = parent_of(p)) {
+    if (const rundb::ReplayRow* r = run.replay_of(p)) return r;
+    if (probed.empty() && run.module_named(p)) probed = p;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+ForwardCause forward_cause(const Run& run, const std::string& first_seen) {
+  ForwardCause c;
+  c.first_seen = first_seen;
+  c.module = first_seen;
+  const rundb::ReplayRow* r = run.replay_of(first_seen);
+  if (!r) return c;
+  std::string path = first_seen;
+  for (;;) {
+    if (r->outcome == "finite") {
+      c.module = path;
+      c.confirmation = "confirmed";
+      c.own_code = path != first_seen;
+      c.fp32_absmax = r->fp32_absmax;
+      return c;
+    }
+    if (r->outcome != "nonfinite") {  // unconfirmed: evidence of nothing, never escalated past
+      c.module = path;
+      c.confirmation = "unconfirmed";
+      c.reason = r->reason;
+      c.own_code = path != first_seen;
+      return c;
+    }
+    c.disproved.push_back(path);
+    std::string probed;
+    const rundb::ReplayRow* up = enclosing_replay(run, path, probed);
+    if (!up) {
+      // Still NaN/Inf in FP32, and no enclosing module was replayed: the NaN/Inf reaches
+      // `path` from the code that calls it.
+      c.module = probed;
+      c.confirmation = "unconfirmed";
+      c.own_code = true;
+      c.reason = path + " was still NaN/Inf in FP32, so it receives NaN/Inf from the code that calls it; " +
+                 (probed.empty() ? std::string("the model's own forward() was not replayed")
+                                 : probed + " was not replayed (its output was finite, or the run ended first)");
+      return c;
+    }
+    path = up->module;
+    r = up;
+  }
+}
+
+StepCause step_cause(const Run& run, const StepSummary& step) {
+  StepCause c;
+  if (step.first_nonfinite_module >= 0) {
+    c.forward_known = true;
+    c.forward_module = forward_cause(run, run.modules[std::size_t(step.first_nonfinite_module)].info.path).module;
+  }
+  if (!step.nonfinite_layers.empty()) c.first_gradient = run.layers[std::size_t(step.nonfinite_layers.front())].info.name;
+  return c;
+}
+
+}  // namespace ampdiag::analyzer
