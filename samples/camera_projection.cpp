@@ -85,10 +85,10 @@ int main(int argc, char** argv) {
                              ((target.transpose(1, 2) - 1000.0) / 1000.0).to(torch::kFloat));
     }
     scaler.scale(loss).backward();
-    const double scale = scaler.get_scale();
     scaler.step(optimizer);
     scaler.update();
-    summary.step(loss.item<double>(), scaler.last_step_skipped(), scale);
+    // The scale after update(), as the report's timeline and "lowest" show it.
+    summary.step(loss.item<double>(), scaler.last_step_skipped(), scaler.get_scale());
   }
   agent.close();
   summary.print(info, args, agent);

@@ -108,10 +108,10 @@ int main(int argc, char** argv) {
       loss = torch::mse_loss(agent.probe("head", out).to(torch::kFloat), targets);
     }
     scaler.scale(loss).backward();
-    const double scale = scaler.get_scale();
     scaler.step(optimizer);
     scaler.update();
-    summary.step(loss.item<double>(), scaler.last_step_skipped(), scale);
+    // The scale after update(), as the report's timeline and "lowest" show it.
+    summary.step(loss.item<double>(), scaler.last_step_skipped(), scaler.get_scale());
   }
   agent.close();
   summary.print(info, args, agent);

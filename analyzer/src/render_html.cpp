@@ -6,6 +6,8 @@
 #include <map>
 #include <set>
 
+#include "ampdiag/analyzer/causes.h"
+#include "ampdiag/analyzer/layer_table.h"
 #include "ampdiag/analyzer/render.h"
 #include "markup.h"
 #include "svg_plot.h"
@@ -37,25 +39,12 @@ std::string scale_plot(const std::vector<Run>& runs) {
   return svg::line_plot(p);
 }
 
-// The layers to show: those the findings name, else the least headroom.
+// The layers to show: the analyzer's ranking (culprits first), as `ampdiag layers` lists them.
 std::vector<const LayerSummary*> offender_layers(const Report& report, const Run& run) {
   std::vector<const LayerSummary*> out;
-  std::set<std::string> names;
-  for (const auto& f : report.findings)
-    if (!f.layer.empty()) names.insert(f.layer);
-  for (const auto& l : run.layers)
-    if (names.count(l.info.name) && out.size() < 5) out.push_back(&l);
-  {
-    std::vector<std::pair<double, const LayerSummary*>> ranked;
-    for (const auto& l : run.layers) {
-      double least = INFINITY;
-      for (const auto& s : l.samples)
-        if (!s.nonfinite && s.absmax > 0) least = std::min(least, headroom_bits(s.absmax, run.fp_max));
-      if (std::isfinite(least)) ranked.push_back({least, &l});
-    }
-    std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (std::size_t i = 0; i < ranked.size() && out.size() < 5; ++i)
-      if (!names.count(ranked[i].second->info.name)) out.push_back(ranked[i].second);
+  for (const auto& row : rank_layers(run, report)) {
+    if (out.size() == 5) break;
+    if (row.samples > 0) out.push_back(row.layer);
   }
   return out;
 }
@@ -87,9 +76,10 @@ std::string offenders_chart(const Run& run) {
   std::string unit;
   std::map<std::string, std::int64_t> modules;
   for (const auto& m : run.modules)
-    if (m.first_nonfinite > 0) modules[m.info.path] += m.first_nonfinite;
+    if (m.first_nonfinite > 0) modules[forward_cause(run, m.info.path).module] += m.first_nonfinite;
   if (!modules.empty()) {
-    for (const auto& [path, n] : modules) bars.push_back({path, double(n), "first non-finite output in forward"});
+    for (const auto& [path, n] : modules)
+      bars.push_back({path.empty() ? "(the model's own forward)" : path, double(n), "where the forward's NaN/Inf starts"});
     unit = "steps (first NaN/Inf, forward)";
   } else {
     for (const auto& l : run.layers)

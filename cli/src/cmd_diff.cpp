@@ -27,9 +27,25 @@ options:
   --allow-partial       read run.db files still being written
 )";
 
-double skip_rate(const analyzer::RunOverview& o) {
-  const std::int64_t considered = o.steps - o.calibration_skips;
-  return considered > 0 ? double(o.skipped - o.calibration_skips) / double(considered) : 1.0;
+std::string json_list(const std::vector<std::string>& items) {
+  std::string o = "[";
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    std::string esc;
+    for (unsigned char c : items[i]) {
+      if (c == '"' || c == '\\') {
+        esc += '\\';
+        esc += char(c);
+      } else if (c < 0x20) {
+        char b[8];
+        std::snprintf(b, sizeof b, "\\u%04x", c);
+        esc += b;
+      } else {
+        esc += char(c);
+      }
+    }
+    o += (i ? ", \"" : "\"") + esc + "\"";
+  }
+  return o + "]";
 }
 
 // Per layer, the least headroom with the loss scale taken out: log2(fp_max * scale /
@@ -77,7 +93,8 @@ int cmd_diff(int argc, char** argv) {
   }
   for (const auto& f : base.findings)
     if (!new_keys.count(key(f))) improvements.push_back("gone: [" + f.rule + "] " + f.title);
-  const double base_skip = skip_rate(base.runs.front()), new_skip = skip_rate(now.runs.front());
+  // The report's skip rate: skipped steps that are neither calibration nor growth probes.
+  const double base_skip = base.runs.front().skip_rate, new_skip = now.runs.front().skip_rate;
   char line[256];
   if (new_skip > base_skip + skip_delta) {
     std::snprintf(line, sizeof line, "skip rate %.1f%% -> %.1f%%", base_skip * 100, new_skip * 100);
@@ -97,13 +114,9 @@ int cmd_diff(int argc, char** argv) {
     }
   }
   if (format == "json") {
-    std::string o = "{\"regression\": " + std::string(regressions.empty() ? "false" : "true") + ", \"regressions\": [";
-    for (std::size_t i = 0; i < regressions.size(); ++i) {
-      std::string esc;
-      for (char c : regressions[i]) esc += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-      o += (i ? ", \"" : "\"") + esc + "\"";
-    }
-    o += "]}\n";
+    const std::string o = "{\"regression\": " + std::string(regressions.empty() ? "false" : "true") +
+                          ", \"regressions\": " + json_list(regressions) + ", \"improvements\": " + json_list(improvements) +
+                          "}\n";
     std::fputs(o.c_str(), stdout);
   } else {
     std::printf("%s vs %s: %s\n", args.positionals()[1].c_str(), args.positionals()[0].c_str(),

@@ -3,7 +3,11 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/causes.h"
+#include "ampdiag/analyzer/layer_table.h"
 #include "ampdiag/analyzer/run.h"
 #include "commands.h"
 #include "terminal.h"
@@ -19,50 +23,78 @@ backward, least and median headroom (bits below the largest fp value), mean shar
 zeros and fp16 subnormals.
 
 options:
-  --sort KEY       headroom (default: least headroom first), first, nonfinite, zeros,
-                   subnormal, numel, name, id
+  --sort KEY       rank (default: the report's ranking, culprits first), headroom (least
+                   first; non-finite counts as least), first, nonfinite, zeros, subnormal,
+                   numel, name, id
   --top N          only the first N rows
-  --csv            CSV instead of an aligned table
+  --format F       text (default), csv or json; --csv is --format csv
+  -o, --output F   write there instead of stdout
   --allow-partial  read a run.db still being written
 )";
 
 constexpr const char* kTimelineHelp = R"(usage: ampdiag timeline RUN.db [options]
 
 One row per step: loss, loss scale before and after, skipped or not, the first
-non-finite gradient in backward order and the first non-finite module output in forward.
+non-finite gradient in backward order and where the forward's NaN/Inf started (the
+module the report names).
 
 options:
-  --csv            CSV instead of an aligned table
   --every N        only every N-th step (skipped steps are always shown)
+  --format F       text (default), csv or json; --csv is --format csv
+  -o, --output F   write there instead of stdout
   --allow-partial  read a run.db still being written
 )";
 
-struct LayerRowOut {
-  const analyzer::LayerSummary* layer;
-  double least = INFINITY, median = INFINITY, zeros = 0, subnormal = 0;
-};
-
 std::string num(double v, const char* f = "%.2f") {
-  if (!std::isfinite(v)) return "-";
+  if (std::isnan(v)) return "-";
+  if (std::isinf(v)) return v < 0 ? "-inf" : "-";
   char b[48];
   std::snprintf(b, sizeof b, f, v);
   return b;
 }
 
 std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
   std::string o = "\"";
   for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
   return o + "\"";
 }
 
-void print_table(const std::vector<std::vector<std::string>>& rows, bool csv) {
-  if (csv) {
-    for (const auto& r : rows) {
-      for (std::size_t i = 0; i < r.size(); ++i) std::printf("%s%s", i ? "," : "", csv_field(r[i]).c_str());
-      std::printf("\n");
+std::string json_field(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += char(c);
+    } else if (c < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else {
+      o += char(c);
     }
-    return;
+  }
+  return o + "\"";
+}
+
+// The first row is the header. Empty tables still print (and export) their header.
+std::string render_table(const std::vector<std::vector<std::string>>& rows, const std::string& format) {
+  std::string out;
+  if (format == "csv") {
+    for (const auto& r : rows) {
+      for (std::size_t i = 0; i < r.size(); ++i) out += (i ? "," : "") + csv_field(r[i]);
+      out += "\n";
+    }
+    return out;
+  }
+  if (format == "json") {
+    out = "[";
+    for (std::size_t k = 1; k < rows.size(); ++k) {
+      out += k > 1 ? ",\n {" : "\n {";
+      for (std::size_t i = 0; i < rows[k].size(); ++i) out += (i ? ", " : "") + json_field(rows[0][i]) + ": " + json_field(rows[k][i]);
+      out += "}";
+    }
+    return out + "\n]\n";
   }
   std::vector<std::size_t> width;
   for (const auto& r : rows)
@@ -78,42 +110,37 @@ void print_table(const std::vector<std::vector<std::string>>& rows, bool csv) {
       line += (i ? "  " : "") + cell;
     }
     while (!line.empty() && line.back() == ' ') line.pop_back();
-    std::printf("%s\n", line.c_str());
+    out += line + "\n";
   }
+  return out;
 }
+
+std::string table_format(const Args& args) {
+  if (args.flag("--csv")) return "csv";
+  return args.choice("--format", "text", {"text", "csv", "json"});
+}
+
+std::string output_path(const Args& args) { return args.has("-o") ? args.value("-o") : args.value("--output"); }
 
 }  // namespace
 
 int cmd_layers(int argc, char** argv) {
-  const Args args(argc, argv, {"--sort", "--top"}, {"--csv", "--allow-partial"});
+  const Args args(argc, argv, {"--sort", "--top", "--format", "-o", "--output"}, {"--csv", "--allow-partial"});
   if (args.help()) {
     std::fputs(kLayersHelp, stdout);
     return 0;
   }
   if (args.positionals().size() != 1) throw UsageError("give exactly one run.db (see --help)");
-  const std::string sort = args.choice("--sort", "headroom", {"headroom", "first", "nonfinite", "zeros", "subnormal", "numel", "name", "id"});
+  const std::string sort =
+      args.choice("--sort", "rank", {"rank", "headroom", "first", "nonfinite", "zeros", "subnormal", "numel", "name", "id"});
   const long long top = args.integer("--top", 0, 0, 1LL << 40);
+  const std::string format = table_format(args);
   const auto runs = load_runs(args.positionals(), args.flag("--allow-partial"), 0);
   const analyzer::Run& run = runs.front();
-  std::vector<LayerRowOut> rows;
-  for (const auto& l : run.layers) {
-    LayerRowOut r{&l};
-    std::vector<double> h;
-    std::int64_t n = 0;
-    for (const auto& s : l.samples) {
-      if (s.nonfinite) continue;
-      ++n;
-      r.zeros += s.zero_q / 65535.0;
-      r.subnormal += s.sub_q / 255.0;
-      if (s.absmax > 0) h.push_back(analyzer::headroom_bits(s.absmax, run.fp_max));
-    }
-    if (n) r.zeros /= double(n), r.subnormal /= double(n);
-    std::sort(h.begin(), h.end());
-    if (!h.empty()) r.least = h.front(), r.median = h[h.size() / 2];
-    rows.push_back(r);
-  }
-  const std::map<std::string, std::function<bool(const LayerRowOut&, const LayerRowOut&)>> order = {
-      {"headroom", [](auto& a, auto& b) { return a.least < b.least; }},
+  auto rows = analyzer::rank_layers(run, analyzer::analyze(runs));
+  using Row = analyzer::LayerRowSummary;
+  const std::map<std::string, std::function<bool(const Row&, const Row&)>> order = {
+      {"headroom", [](auto& a, auto& b) { return a.least_headroom < b.least_headroom; }},
       {"first", [](auto& a, auto& b) { return a.layer->first_nonfinite > b.layer->first_nonfinite; }},
       {"nonfinite", [](auto& a, auto& b) { return a.layer->nonfinite_steps > b.layer->nonfinite_steps; }},
       {"zeros", [](auto& a, auto& b) { return a.zeros > b.zeros; }},
@@ -122,40 +149,41 @@ int cmd_layers(int argc, char** argv) {
       {"name", [](auto& a, auto& b) { return a.layer->info.name < b.layer->info.name; }},
       {"id", [](auto& a, auto& b) { return a.layer->info.id < b.layer->info.id; }},
   };
-  std::stable_sort(rows.begin(), rows.end(), order.at(sort));
+  if (sort != "rank") std::stable_sort(rows.begin(), rows.end(), order.at(sort));
   if (top > 0 && rows.size() > std::size_t(top)) rows.resize(std::size_t(top));
   std::vector<std::vector<std::string>> table = {{"id", "layer", "module", "numel", "samples", "nonfinite_steps",
                                                   "first_in_backward", "least_headroom_bits", "median_headroom_bits",
                                                   "zeros_pct", "subnormal_pct"}};
   for (const auto& r : rows)
     table.push_back({std::to_string(r.layer->info.id), r.layer->info.name, r.layer->info.module_path,
-                     std::to_string(r.layer->info.numel), std::to_string(r.layer->samples.size()),
-                     std::to_string(r.layer->nonfinite_steps), std::to_string(r.layer->first_nonfinite), num(r.least),
-                     num(r.median), num(r.zeros * 100, "%.1f"), num(r.subnormal * 100, "%.1f")});
-  print_table(table, args.flag("--csv"));
+                     std::to_string(r.layer->info.numel), std::to_string(r.samples),
+                     std::to_string(r.layer->nonfinite_steps), std::to_string(r.layer->first_nonfinite),
+                     num(r.least_headroom), num(r.median_headroom), num(r.zeros * 100, "%.1f"), num(r.subnormal * 100, "%.1f")});
+  write_output(output_path(args), render_table(table, format));
   return 0;
 }
 
 int cmd_timeline(int argc, char** argv) {
-  const Args args(argc, argv, {"--every"}, {"--csv", "--allow-partial"});
+  const Args args(argc, argv, {"--every", "--format", "-o", "--output"}, {"--csv", "--allow-partial"});
   if (args.help()) {
     std::fputs(kTimelineHelp, stdout);
     return 0;
   }
   if (args.positionals().size() != 1) throw UsageError("give exactly one run.db (see --help)");
   const long long every = args.integer("--every", 1, 1, 1LL << 40);
+  const std::string format = table_format(args);
   const auto runs = load_runs(args.positionals(), args.flag("--allow-partial"), 0);
   const analyzer::Run& run = runs.front();
   std::vector<std::vector<std::string>> table = {
       {"step", "loss", "scale_before", "scale_after", "skipped", "first_nonfinite_gradient", "first_nonfinite_forward"}};
   for (const auto& s : run.steps) {
     if (s.row.step % every != 0 && !s.row.skipped) continue;
-    table.push_back({std::to_string(s.row.step), num(s.row.loss, "%.6g"), num(s.row.scale_before, "%g"),
-                     num(s.row.scale_after, "%g"), s.row.skipped ? "1" : "0",
-                     s.nonfinite_layers.empty() ? "" : run.layers[std::size_t(s.nonfinite_layers.front())].info.name,
-                     s.first_nonfinite_module < 0 ? "" : run.modules[std::size_t(s.first_nonfinite_module)].info.path});
+    const analyzer::StepCause cause = analyzer::step_cause(run, s);
+    table.push_back({std::to_string(s.row.step), run.loss_known(s.row) ? num(s.row.loss, "%.6g") : "", num(s.row.scale_before, "%g"),
+                     num(s.row.scale_after, "%g"), s.row.skipped ? "1" : "0", cause.first_gradient,
+                     cause.forward_known ? (cause.forward_module.empty() ? "(model forward)" : cause.forward_module) : ""});
   }
-  print_table(table, args.flag("--csv"));
+  write_output(output_path(args), render_table(table, format));
   return 0;
 }
 

@@ -54,9 +54,9 @@ def main():
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = nn.functional.mse_loss(model(intrinsic, rotation, points).float(), target)
             scaler.scale(loss).backward()
-            scale = scaler.get_scale()
             scaler.step(optimizer)
             scaler.update()
+            scale = scaler.get_scale()  # after update(), as the report shows it
             summary.step(loss.item(), handle.last_step_skipped, scale)
     summary.print("camera_projection", args, handle)
 

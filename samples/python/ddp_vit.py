@@ -35,9 +35,9 @@ def main():
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = nn.functional.mse_loss(model(inputs).float(), targets)
             scaler.scale(loss).backward()
-            scale = scaler.get_scale()
             scaler.step(optimizer)
             scaler.update()
+            scale = scaler.get_scale()  # after update(), as the report shows it
             summary.step(loss.item(), handle.last_step_skipped, scale)
     if rank == 0:
         summary.print("ddp_vit (rank 0)", args, handle)

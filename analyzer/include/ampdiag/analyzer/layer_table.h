@@ -1,0 +1,26 @@
+// The per-layer summary every view shows (`ampdiag layers`, the HTML report, the GUI),
+// and the one ranking of layers: the culprits the findings name first.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ampdiag/analyzer/findings.h"
+#include "ampdiag/analyzer/run.h"
+
+namespace ampdiag::analyzer {
+
+struct LayerRowSummary {
+  const LayerSummary* layer = nullptr;
+  std::int64_t samples = 0, finite_samples = 0;
+  double least_headroom = 0.0;   // bits; -inf when a sample was non-finite, +inf when none was non-zero
+  double median_headroom = 0.0;  // over finite non-zero samples; +inf when none
+  double zeros = 0.0, subnormal = 0.0;  // mean shares over finite samples
+  int finding_rank = -1;         // position of the first finding that names it; -1: none
+};
+
+// One row per layer, in the analyzer's ranking: layers named by findings (in the findings'
+// order), then layers with non-finite gradients (most steps first), then least headroom.
+std::vector<LayerRowSummary> rank_layers(const Run& run, const Report& report);
+
+}  // namespace ampdiag::analyzer

@@ -1,0 +1,58 @@
+// rank_layers; see layer_table.h.
+#include "ampdiag/analyzer/layer_table.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ampdiag::analyzer {
+
+namespace {
+
+// A finding names a layer directly, or through the module that holds it.
+bool names(const Finding& f, const rundb::LayerRow& layer) {
+  if (!f.layer.empty()) return f.layer == layer.name;
+  if (f.module.empty()) return false;
+  return layer.name.size() > f.module.size() && layer.name.compare(0, f.module.size(), f.module) == 0 &&
+         layer.name[f.module.size()] == '.';
+}
+
+}  // namespace
+
+std::vector<LayerRowSummary> rank_layers(const Run& run, const Report& report) {
+  std::vector<LayerRowSummary> rows;
+  for (const auto& l : run.layers) {
+    LayerRowSummary r;
+    r.layer = &l;
+    r.samples = std::int64_t(l.samples.size());
+    std::vector<double> h;
+    bool nonfinite = false;
+    for (const auto& s : l.samples) {
+      if (s.nonfinite) {
+        nonfinite = true;
+        continue;
+      }
+      ++r.finite_samples;
+      r.zeros += s.zero_q / 65535.0;
+      r.subnormal += s.sub_q / 255.0;
+      if (s.absmax > 0) h.push_back(headroom_bits(s.absmax, run.fp_max));
+    }
+    if (r.finite_samples) r.zeros /= double(r.finite_samples), r.subnormal /= double(r.finite_samples);
+    std::sort(h.begin(), h.end());
+    r.least_headroom = nonfinite ? -INFINITY : (h.empty() ? INFINITY : h.front());
+    r.median_headroom = h.empty() ? INFINITY : h[h.size() / 2];
+    for (std::size_t i = 0; i < report.findings.size() && r.finding_rank < 0; ++i)
+      if (report.findings[i].severity != Severity::kInfo && names(report.findings[i], l.info)) r.finding_rank = int(i);
+    rows.push_back(r);
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const LayerRowSummary& a, const LayerRowSummary& b) {
+    const bool an = a.finding_rank >= 0, bn = b.finding_rank >= 0;
+    if (an != bn) return an;
+    if (an && a.finding_rank != b.finding_rank) return a.finding_rank < b.finding_rank;
+    if (a.layer->first_nonfinite != b.layer->first_nonfinite) return a.layer->first_nonfinite > b.layer->first_nonfinite;
+    if (a.layer->nonfinite_steps != b.layer->nonfinite_steps) return a.layer->nonfinite_steps > b.layer->nonfinite_steps;
+    return a.least_headroom < b.least_headroom;
+  });
+  return rows;
+}
+
+}  // namespace ampdiag::analyzer
