@@ -1,0 +1,202 @@
+"""Loops users write every day, healthy: each must exit 0 under --fail-on error, with the
+steps and losses counted as docs/PYTHON.md says."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import ampdiag
+from conftest import rows, rules
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 1)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def batches(n, size=32):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(size, 16, generator=g), torch.randn(size, 1, generator=g)) for _ in range(n)]
+
+
+def fp16_loop(db, steps=12, micro=1, hold_min_scale=None, clip=False, set_to_none=True, model=None, two_losses=False):
+    """A plain fp16 loop with a real GradScaler; returns (the losses the user saw per step, skipped flags)."""
+    torch.manual_seed(0)
+    model = model or Mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16, growth_interval=1000)
+    seen, skipped = [], []
+    with ampdiag.attach(model, scaler, db=db) as handle:
+        data = batches(steps * micro)
+        for step in range(steps):
+            opt.zero_grad(set_to_none=set_to_none)
+            total = 0.0
+            for k in range(micro):
+                x, y = data[step * micro + k]
+                with torch.autocast("cpu", dtype=torch.float16):
+                    out = model(x).float()
+                    loss = nn.functional.mse_loss(out, y) / micro
+                    second = out.abs().mean() * 0.1 if two_losses else None
+                scaler.scale(loss).backward(retain_graph=two_losses)
+                total += loss.item()
+                if two_losses:
+                    scaler.scale(second).backward()
+                    total += second.item()
+            if clip:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+            if hold_min_scale is not None and scaler.get_scale() < hold_min_scale:
+                scaler.update(hold_min_scale)  # NVIDIA's recipe: never below a floor
+            seen.append(total)
+            skipped.append(handle.last_step_skipped)
+    return seen, skipped
+
+
+def test_bf16_without_a_scaler_is_healthy_and_its_loss_is_recorded(tmp_path, verdict):
+    db = tmp_path / "bf16.db"
+    torch.manual_seed(0)
+    model = Mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen = []
+    with ampdiag.attach(model, optimizer=opt, db=db):
+        for x, y in batches(10):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            loss.backward()
+            opt.step()
+            seen.append(loss.item())
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rep["findings"]
+    recorded = rows(db, "SELECT loss, losses FROM steps ORDER BY step")
+    assert [n for _, n in recorded] == [1] * 10
+    assert [loss for loss, _ in recorded] == pytest.approx(seen)
+
+
+def test_bf16_log_loss_wins_over_the_backward_root(tmp_path):
+    db = tmp_path / "bf16.db"
+    model = Mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with ampdiag.attach(model, optimizer=opt, db=db) as handle:
+        x, y = batches(1)[0]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.mse_loss(model(x).float(), y)
+        (loss * 3).backward()
+        handle.log_loss(loss)
+        opt.step()
+    assert rows(db, "SELECT loss, losses FROM steps") == [(pytest.approx(loss.item()), 1)]
+
+
+def test_an_extra_update_holding_a_minimum_scale_is_the_same_step(tmp_path, verdict):
+    # Half the batches overflow fp16 in backward: the scale falls, the loop holds it at 2**14.
+    class Spiky(Mlp):
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            return self.c(torch.relu(self.b(h))) * (1.0 if x[0, 0] > 0 else 3e4)
+
+    db = tmp_path / "hold.db"
+    _, skipped = fp16_loop(db, steps=40, hold_min_scale=2.0 ** 14, model=Spiky())
+    steps = rows(db, "SELECT step, skipped, scale_after, loss FROM steps ORDER BY step")
+    assert len(steps) == 40  # one row per optimizer cycle, however many update() calls
+    assert [bool(s) for _, s, _, _ in steps] == skipped
+    assert any(skipped)
+    assert min(after for _, _, after, _ in steps) == 2.0 ** 14  # the held scale, not the backed-off one
+    assert all(math.isfinite(loss) for *_, loss in steps)
+    code, rep = verdict(db)
+    assert ("forward-nonfinite", "") not in rules(rep)  # no false "loss NaN/Inf"
+
+
+def test_gradient_accumulation_records_the_cycle_loss_and_micro_batches(tmp_path, verdict):
+    db = tmp_path / "accum.db"
+    seen, _ = fp16_loop(db, steps=6, micro=4)
+    assert [loss for (loss,) in rows(db, "SELECT loss FROM steps ORDER BY step")] == pytest.approx(seen, rel=1e-5)
+    assert rows(db, "SELECT DISTINCT losses FROM steps") == [(4,)]
+    per_step = rows(db, "SELECT step, GROUP_CONCAT(DISTINCT micro_batch) FROM act_stats GROUP BY step")
+    assert {mb for _, mb in per_step} == {"0,1,2,3"}
+    assert verdict(db)[0] == 0
+
+
+def test_two_losses_and_one_scaler_record_their_sum(tmp_path, verdict):
+    db = tmp_path / "two.db"
+    seen, _ = fp16_loop(db, steps=5, two_losses=True)
+    assert [loss for (loss,) in rows(db, "SELECT loss FROM steps ORDER BY step")] == pytest.approx(seen, rel=1e-5)
+    assert rows(db, "SELECT DISTINCT losses FROM steps") == [(2,)]
+    assert rows(db, "SELECT COUNT(DISTINCT micro_batch) FROM act_stats") == [(1,)]  # one forward per step
+    assert verdict(db)[0] == 0
+
+
+def test_unscale_and_clipping_is_healthy(tmp_path, verdict):
+    db = tmp_path / "clip.db"
+    fp16_loop(db, steps=10, clip=True)
+    assert rows(db, "SELECT COUNT(*) FROM steps") == [(10,)]
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True)
+
+
+def test_zero_grad_without_set_to_none_and_an_unused_branch_is_healthy(tmp_path, verdict):
+    class Branchy(Mlp):
+        def __init__(self):
+            super().__init__()
+            self.unused = nn.Linear(32, 32)  # never called: its gradient stays all zeros
+
+    db = tmp_path / "zeros.db"
+    fp16_loop(db, steps=8, set_to_none=False, model=Branchy())
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rep["findings"]
+
+
+def test_frozen_layers_batchnorm_and_channels_last_are_healthy(tmp_path, verdict):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2)).to(memory_format=torch.channels_last)
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    db = tmp_path / "conv.db"
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(6):
+            x = torch.randn(8, 3, 16, 16).to(memory_format=torch.channels_last)
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(model(x).float(), torch.randint(0, 2, (8,)))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rep["findings"]
+
+
+def test_an_embedding_whose_rows_a_batch_never_touches_is_not_underflow(tmp_path, verdict):
+    class Tokens(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.pos = nn.Embedding(1000, 32), nn.Embedding(64, 32)
+            self.head = nn.Linear(32, 1)
+
+        def forward(self, ids):
+            return self.head((self.embed(ids) + self.pos.weight[: ids.shape[1]]).mean(1))
+
+    torch.manual_seed(0)
+    model = Tokens()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    db = tmp_path / "embed.db"
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(8):
+            ids = torch.randint(0, 50, (4, 8))  # 50 of 1000 tokens, 8 of 64 positions
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(ids).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rep["findings"]
