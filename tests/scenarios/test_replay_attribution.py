@@ -1,0 +1,178 @@
+"""The FP32 replay: it never changes what the model computes or holds, a replay that
+raises is unconfirmed (never escalated), and a NaN/Inf made by a parent's own code is
+blamed on the parent, never on the child that only received it."""
+import torch
+from torch import nn
+
+import ampdiag
+from conftest import rows
+
+
+class KvCache:
+    """A transformers-style cache object: every call appends to it (use_cache=True)."""
+
+    def __init__(self):
+        self.keys = []
+
+    def append(self, k):
+        self.keys.append(k)
+        return torch.cat(self.keys, dim=1)
+
+
+class CachedAttention(nn.Module):
+    def __init__(self, gain):
+        super().__init__()
+        self.q, self.k, self.gain = nn.Linear(16, 16), nn.Linear(16, 16), gain
+
+    def forward(self, x, cache=None):
+        k = self.k(x)
+        keys = cache.append(k) if cache is not None else k
+        scores = self.q(x) @ keys.transpose(1, 2) * self.gain  # overflows fp16 when gain is huge
+        return scores.softmax(-1) @ keys
+
+
+class Block(nn.Module):
+    def __init__(self, gain):
+        super().__init__()
+        self.attn, self.mlp = CachedAttention(gain), nn.Linear(16, 16)
+
+    def forward(self, x, cache=None):
+        x = x + self.attn(x, cache=cache)
+        return x + self.mlp(x)
+
+
+class Transformer(nn.Module):
+    def __init__(self, gain=1.0):
+        super().__init__()
+        self.h = nn.ModuleList([Block(1.0), Block(gain)])
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x, caches):
+        for block, cache in zip(self.h, caches):
+            x = block(x, cache=cache)
+        return self.head(x).mean()
+
+
+def cached_run(db, gain, attach):
+    torch.manual_seed(0)
+    model = Transformer(gain)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    shapes, outputs = [], []
+    handle = ampdiag.attach(model, scaler, db=db) if attach else None
+    for step in range(4):
+        x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(step))
+        caches = [KvCache(), KvCache()]
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x, caches)
+        shapes.append([tuple(t.shape) for c in caches for t in c.keys])
+        outputs.append(loss.detach().clone())
+        scaler.scale(loss.float()).backward()
+        scaler.step(opt)
+        scaler.update()
+    if handle:
+        handle.close()
+    return shapes, outputs, [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_replay_never_changes_the_cache_the_model_holds_or_its_outputs(tmp_path):
+    plain = cached_run(None, 3e4, attach=False)
+    watched = cached_run(tmp_path / "kv.db", 3e4, attach=True)
+    assert watched[0] == plain[0]  # every cache got exactly one append per call
+    assert all(torch.equal(a, b, ) or (a.isnan().all() and b.isnan().all()) for a, b in zip(watched[1], plain[1]))
+    assert all(torch.equal(a, b) for a, b in zip(watched[2], plain[2]))
+
+
+def test_a_module_taking_a_cache_is_replayed_on_a_copy_made_before_its_next_call(tmp_path, verdict):
+    db = tmp_path / "kv.db"
+    cached_run(db, 3e4, attach=True)
+    replays = rows(db, "SELECT module, outcome FROM replays ORDER BY id")
+    assert replays[0] == ("h.1.attn", "finite")  # its FP32 replay, on the inputs as they were, is finite
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["rule"], first["module"], first["confirmation"]) == (1, "forward-nonfinite", "h.1.attn",
+                                                                             "confirmed")
+
+
+def test_a_replay_that_raises_is_unconfirmed_and_never_escalates(tmp_path, verdict):
+    class Fragile(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            if not torch.is_autocast_enabled("cpu"):
+                raise RuntimeError("this module only runs under autocast")
+            return self.lin(x) * 1e6  # overflows fp16
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = nn.Sequential(Fragile())
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.head(self.block(x))
+
+    torch.manual_seed(0)
+    model = Outer()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    db = tmp_path / "fragile.db"
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.ones(4, 8)).float().mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert model.block[0].calls == 3  # the replay ran on a copy: the model's own module ran once per step
+    assert rows(db, "SELECT module, outcome FROM replays") == [("block.0", "unconfirmed")]
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (first["rule"], first["module"], first["confirmation"]) == ("forward-nonfinite", "block.0", "unconfirmed")
+    assert "only runs under autocast" in first["evidence"]
+
+
+def test_a_nan_made_in_the_parents_own_code_names_the_parent_not_the_child(tmp_path, verdict):
+    class ResBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv2, self.bn2 = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return torch.relu(self.bn2(self.conv2(x) * 2e5))  # the product overflows fp16 in the block's own code
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.layer1, self.fc = nn.Conv2d(3, 4, 3, padding=1), ResBlock(), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(self.layer1(self.stem(x)).mean((2, 3)))
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    db = tmp_path / "res.db"
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(model(torch.randn(2, 3, 8, 8)).float(), torch.tensor([0, 1]))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["rule"], first["module"], first["confirmation"]) == (1, "forward-nonfinite", "layer1",
+                                                                             "confirmed")
+    assert "in its own code" in first["title"]
+    snippets = [s["python"] for f in rep["findings"] for s in f["suggestions"]]
+    assert not any("bn2" in s for s in snippets)  # the replay disproved pinning bn2
+    assert any("ampdiag.pin_fp32(model.layer1)" in s for s in snippets)
