@@ -1,0 +1,77 @@
+"""Ranks: torch.multiprocessing.spawn with attach() before init_process_group, and what
+`ampdiag report` accepts as the ranks of one run."""
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import ampdiag
+from conftest import rows
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, db, port):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    handle = ampdiag.attach(model, scaler, db=db)  # before the process group exists
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    for _ in range(3):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = ddp(torch.randn(4, 8)).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    handle.close()
+    dist.destroy_process_group()
+
+
+def spawn_run(tmp_path, name="spawn.db"):
+    db = str(tmp_path / name)
+    mp.spawn(_worker, args=(2, db, _free_port()), nprocs=2, join=True)
+    return [tmp_path / name.replace(".db", f".rank{r}.db") for r in (0, 1)]
+
+
+def test_spawned_workers_attached_before_init_process_group_write_one_db_each(tmp_path, verdict):
+    dbs = spawn_run(tmp_path)
+    assert all(db.exists() for db in dbs)
+    assert [rows(db, "SELECT value FROM meta WHERE key = 'rank'") for db in dbs] == [[("0",)], [("1",)]]
+    ids = {rows(db, "SELECT value FROM meta WHERE key = 'run_id'")[0][0] for db in dbs}
+    assert len(ids) == 1  # both ranks carry the same run id
+    code, rep = verdict(*dbs)
+    assert (code, rep["healthy"]) == (0, True), rep["findings"]
+
+
+def test_the_same_file_twice_is_refused_in_one_line(tmp_path, ampdiag):
+    dbs = spawn_run(tmp_path)
+    result = ampdiag("report", dbs[0], dbs[0])
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "given twice" in result.stderr
+
+
+def test_ranks_of_two_different_runs_are_refused(tmp_path, ampdiag):
+    first = spawn_run(tmp_path, "a.db")
+    second = spawn_run(tmp_path, "b.db")
+    result = ampdiag("report", first[0], second[1])
+    assert result.returncode == 2
+    assert "not from the same run" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_missing_rank_is_reported(tmp_path, verdict):
+    dbs = spawn_run(tmp_path)
+    code, rep = verdict(dbs[0])
+    assert code == 0  # a warning: the gate is errors
+    missing = [f for f in rep["findings"] if f["rule"] == "missing-ranks"]
+    assert len(missing) == 1 and "missing rank(s): 1" in missing[0]["evidence"]
