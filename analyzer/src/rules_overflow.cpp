@@ -142,7 +142,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
       f.evidence += "; unconfirmed: " + cause.reason;
     }
     if (!path.empty()) {
-      f.suggestions.push_back(suggest::pin_fp32(run, path, cause.confirmation == "confirmed"));
+      f.suggestions.push_back(suggest::pin_fp32(run, path));
     } else {
       f.suggestions.push_back({"Look at the model's own forward() between its submodules: the NaN/Inf is made there, "
                                "outside any module ampdiag hooks (wrap that code in a module to have it named).",

@@ -66,10 +66,9 @@ std::string call_arguments(const std::string& inputs) {
 
 }  // namespace
 
-Suggestion pin_fp32(const Run& run, const std::string& module_path, bool confirmed) {
+Suggestion pin_fp32(const Run& run, const std::string& module_path) {
   Suggestion s;
-  s.summary = "Run " + module_path + " in FP32: autocast off around it, its floating-point inputs cast to float32" +
-              (confirmed ? " (the FP32 replay confirmed this)." : ".");
+  s.summary = "Run " + module_path + " in FP32: autocast off around it, its floating-point inputs cast to float32.";
   const std::string attr = python_attribute(module_path);
   const ModuleSummary* m = run.module_named(module_path);
   const std::string args = call_arguments(m ? m->info.inputs : "");

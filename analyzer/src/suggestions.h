@@ -11,8 +11,7 @@ namespace ampdiag::analyzer::suggest {
 // "block1.0.attn" -> "model.block1[0].attn"
 std::string python_attribute(const std::string& module_path);
 
-// `confirmed`: the agent's FP32 replay of the module was finite.
-Suggestion pin_fp32(const Run& run, const std::string& module_path, bool confirmed = false);
+Suggestion pin_fp32(const Run& run, const std::string& module_path);
 Suggestion use_bf16(const Run& run);
 Suggestion scaler_settings(const Run& run, double init_scale, std::int64_t growth_interval, const std::string& why);
 
