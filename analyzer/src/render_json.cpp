@@ -3,7 +3,7 @@
 
 #include "ampdiag/analyzer/analyze.h"
 #include "ampdiag/analyzer/render.h"
-#include "json_writer.h"
+#include "ampdiag/analyzer/json.h"
 #include "markup.h"
 
 namespace ampdiag::analyzer {

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/json.h"
 #include "ampdiag/analyzer/render.h"
 #include "commands.h"
 #include "terminal.h"
@@ -29,22 +30,7 @@ options:
 
 std::string json_list(const std::vector<std::string>& items) {
   std::string o = "[";
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    std::string esc;
-    for (unsigned char c : items[i]) {
-      if (c == '"' || c == '\\') {
-        esc += '\\';
-        esc += char(c);
-      } else if (c < 0x20) {
-        char b[8];
-        std::snprintf(b, sizeof b, "\\u%04x", c);
-        esc += b;
-      } else {
-        esc += char(c);
-      }
-    }
-    o += (i ? ", \"" : "\"") + esc + "\"";
-  }
+  for (std::size_t i = 0; i < items.size(); ++i) o += (i ? ", " : "") + analyzer::json::quote(items[i]);
   return o + "]";
 }
 

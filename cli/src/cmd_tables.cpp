@@ -7,6 +7,7 @@
 
 #include "ampdiag/analyzer/analyze.h"
 #include "ampdiag/analyzer/causes.h"
+#include "ampdiag/analyzer/json.h"
 #include "ampdiag/analyzer/layer_table.h"
 #include "ampdiag/analyzer/run.h"
 #include "commands.h"
@@ -60,23 +61,6 @@ std::string csv_field(const std::string& s) {
   return o + "\"";
 }
 
-std::string json_field(const std::string& s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += char(c);
-    } else if (c < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", c);
-      o += b;
-    } else {
-      o += char(c);
-    }
-  }
-  return o + "\"";
-}
-
 // The first row is the header. Empty tables still print (and export) their header.
 std::string render_table(const std::vector<std::vector<std::string>>& rows, const std::string& format) {
   std::string out;
@@ -91,7 +75,7 @@ std::string render_table(const std::vector<std::vector<std::string>>& rows, cons
     out = "[";
     for (std::size_t k = 1; k < rows.size(); ++k) {
       out += k > 1 ? ",\n {" : "\n {";
-      for (std::size_t i = 0; i < rows[k].size(); ++i) out += (i ? ", " : "") + json_field(rows[0][i]) + ": " + json_field(rows[k][i]);
+      for (std::size_t i = 0; i < rows[k].size(); ++i) out += (i ? ", " : "") + analyzer::json::quote(rows[0][i]) + ": " + analyzer::json::quote(rows[k][i]);
       out += "}";
     }
     return out + "\n]\n";

@@ -1,4 +1,4 @@
-// A minimal JSON writer: enough for the report and the export, with correct escaping
+// A minimal JSON writer: enough for the report, the tables and diff, with correct escaping
 // and no NaN/Inf (written as null, which JSON can carry).
 #pragma once
 
