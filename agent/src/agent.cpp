@@ -397,6 +397,7 @@ void Agent::Impl::on_update(double scale_before, double scale_after, bool found_
   recorder_->end_step(o);
   skipped_ = false;
   cycle_open_ = false;
+  checked_ = false;
   agent_ns_ = 0;
   step_start_ = Clock::now();
 }

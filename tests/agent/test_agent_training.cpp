@@ -128,3 +128,43 @@ TEST_CASE("sampling every N steps still records overflowing steps and their neig
   }
   CHECK(with_stats.size() < 40);  // and not every step
 }
+
+TEST_CASE("an extra update(new_scale) is the same step, and the step's loss sums its scale() calls", "[agent]") {
+  TempDir dir;
+  torch::manual_seed(0);
+  TinyNet net;
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
+  GradScaler scaler;
+  AgentOptions o;
+  o.db_path = dir.file("run.db");
+  std::vector<double> losses;
+  {
+    Agent agent(*net, scaler, o);
+    const auto x = torch::randn({8, 16});
+    for (int step = 0; step < 5; ++step) {
+      optimizer.zero_grad();
+      double total = 0.0;
+      for (int micro = 0; micro < 2; ++micro) {  // gradient accumulation: two scale() calls
+        torch::Tensor loss;
+        {
+          CpuHalfAutocast autocast;
+          loss = net->c(torch::relu(net->b(torch::relu(net->a(x))))).to(torch::kFloat).pow(2).mean() / 2;
+        }
+        scaler.scale(loss).backward();
+        total += loss.item<double>();
+      }
+      scaler.step(optimizer);
+      scaler.update();
+      scaler.update(1024.0);  // holding the scale: no gradients checked since the last update()
+      losses.push_back(total);
+    }
+  }
+  rundb::RunDbReader r(dir.file("run.db"));
+  const auto steps = r.steps();
+  REQUIRE(steps.size() == 5);
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    CHECK(steps[i].scale_after == 1024.0);
+    CHECK(steps[i].losses == 2);
+    CHECK(steps[i].loss == Approx(losses[i]).epsilon(1e-6));
+  }
+}
