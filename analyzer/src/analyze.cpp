@@ -161,9 +161,8 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     o.has_scaler = run.has_scaler();
     o.world_size = run.world_size;
     o.run_id = run.run_id;
-    const std::int64_t considered = o.steps - o.calibration_skips;
     o.harmful_skips = rules::harmful_skips(run);
-    o.skip_rate = considered > 0 ? double(o.harmful_skips) / double(considered) : (o.skipped > 0 ? 1.0 : 0.0);
+    o.skip_rate = rules::harmful_skip_rate(run);
     o.device = run.meta_or("device", "");
     report.runs.push_back(o);
   }

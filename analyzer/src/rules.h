@@ -14,6 +14,9 @@ std::int64_t calibration_skips(const Run& run);
 bool is_growth_probe(const Run& run, std::size_t step_index);
 // Skipped steps that are neither calibration nor growth probes.
 std::int64_t harmful_skips(const Run& run);
+// harmful_skips over the steps after calibration (1 when every step was a calibration
+// skip): the one skip rate of the skip-rate rule, overflow_hurts and RunOverview (diff).
+double harmful_skip_rate(const Run& run);
 // Whether the run's overflows hurt it: the scale fell below the floor, or harmful skips
 // exceed the skip-rate threshold.
 bool overflow_hurts(const Run& run, const Thresholds& t);

@@ -104,9 +104,7 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
                  pct(mean_sub) + ") over " + plural(finite, "sampled step");
     f.steps.push_back(first);
     if (!run.has_scaler()) {
-      f.suggestions.push_back({"Use a loss scaler: fp16 without one keeps small gradients at their true size, below "
-                               "fp16's range.", "scaler = torch.amp.GradScaler(\"" + std::string(run.meta_or("device", "cpu").rfind("cuda", 0) == 0 ? "cuda" : "cpu") +
-                               "\")\nscaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()", "ampdiag::GradScaler scaler;"});
+      f.suggestions.push_back(suggest::add_scaler(run));
     } else {
       // analyze() replaces this when an overflow holds the scale down (the findings must agree).
       const double scale = run.steps.back().row.scale_after;

@@ -41,11 +41,15 @@ std::int64_t harmful_skips(const Run& run) {
   return n;
 }
 
+double harmful_skip_rate(const Run& run) {
+  const std::int64_t considered = std::int64_t(run.steps.size()) - calibration_skips(run);
+  return considered > 0 ? double(harmful_skips(run)) / double(considered) : 1.0;
+}
+
 bool overflow_hurts(const Run& run, const Thresholds& t) {
   for (const auto& s : run.steps)
     if (s.row.scale_after < t.scale_floor) return true;
-  const std::int64_t considered = std::int64_t(run.steps.size()) - calibration_skips(run);
-  return considered <= 0 || double(harmful_skips(run)) / double(considered) > t.skip_rate;
+  return calibration_skips(run) == std::int64_t(run.steps.size()) || harmful_skip_rate(run) > t.skip_rate;
 }
 
 void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
@@ -126,7 +130,7 @@ void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
     considered = std::int64_t(run.steps.size());
     first = run.steps.front().row.step;
   }
-  const double rate = considered ? double(skipped) / double(considered) : 0.0;
+  const double rate = harmful_skip_rate(run);
   if (rate <= t.skip_rate) return;
   Finding f;
   f.rule = "skip-rate";

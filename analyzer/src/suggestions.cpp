@@ -97,6 +97,13 @@ Suggestion use_bf16(const Run& run) {
   return s;
 }
 
+Suggestion add_scaler(const Run& run) {
+  return {"Use a loss scaler: fp16 without one keeps small gradients at their true size, below fp16's range.",
+          "scaler = torch.amp.GradScaler(\"" + device_type(run) +
+              "\")\nscaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()",
+          "ampdiag::GradScaler scaler;"};
+}
+
 Suggestion scaler_settings(const Run& run, double init_scale, std::int64_t growth_interval, const std::string& why) {
   (void)run;
   char scale[64];
