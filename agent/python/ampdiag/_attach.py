@@ -40,7 +40,6 @@ class _PendingSession:
 
     def __init__(self):
         self.calls = []
-        self.step = 0
 
     def __getattr__(self, name):
         if name not in ("set_meta", "add_layer", "add_module", "add_event", "add_replay"):
@@ -111,7 +110,6 @@ class AttachHandle:
         self._grad_calls = 0
         self._step_started = time.perf_counter_ns()
         self._python_ns = 0
-        self._reset_cycle()
         rank = _rank.known_rank()
         if rank is None:
             # A spawned worker before init_process_group(): the run.db is created when the
@@ -273,7 +271,6 @@ class AttachHandle:
                                     p.requires_grad, _source(module) if module is not None else "")
             if p.requires_grad:
                 self._hooks.append(p.register_hook(functools.partial(self._arrived, layer)))
-        self._arrival = [-1] * len(self._params)
         if frozen:
             self._event("frozen-parameters", f"{frozen} parameters do not require grad: listed, no statistics")
 
@@ -316,7 +313,8 @@ class AttachHandle:
     # --- per optimizer cycle -----------------------------------------------------------
 
     def _reset_cycle(self):
-        self._arrival = [-1] * len(getattr(self, "_params", ()))
+        """Per-cycle state: every hook calls _begin_cycle() before it reads any of it."""
+        self._arrival = [-1] * len(self._params)
         self._next_arrival = 0
         self._losses = []         # what scale() received, or backward() was called on (no scaler)
         self._logged_losses = []  # log_loss(): wins over the automatic ones

@@ -1,4 +1,5 @@
-"""Which rank this process is, and the id every rank of the run shares.
+"""Which rank this process is (the run id every rank shares is the engine's
+_ampdiag.default_run_id).
 
 Under torchrun, RANK and WORLD_SIZE are set before the script starts. Under
 torch.multiprocessing.spawn they are not, and attach() may run before
