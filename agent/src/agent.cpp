@@ -297,7 +297,8 @@ at::Tensor Agent::Impl::probe(const std::string& path, const at::Tensor& x) {
   const kernels::TensorRef ref = agent::stats_view(x, copy);
   kernels::TensorStats s;
   engine_.compute(&ref, 1, &s);
-  // The forward of micro-batch k runs before its k-th scale() call.
+  // The forward of micro-batch k runs before its k-th scale() call. (The Python agent
+  // counts forwards that follow a backward; autograd hooks here may run on other threads.)
   recorder_->stage_act(module_id(path), recorder_->next_forward_order(), s, std::int32_t(losses_));
   agent_ns_ += ns_since(t0);
   return x;
@@ -317,10 +318,12 @@ void Agent::Impl::on_scale(const at::Tensor& outputs) {
   const auto t0 = Clock::now();
   begin_cycle();
   // The loss before scaling; reading it is free on CPU and one sync on CUDA, where the
-  // scaler's step() synchronises anyway. A non-scalar output counts as a loss not known.
-  loss_sum_ += outputs.numel() == 1 ? outputs.detach().to(at::kDouble).item<double>()
-                                    : std::numeric_limits<double>::quiet_NaN();
-  ++losses_;
+  // scaler's step() synchronises anyway. A non-scalar output (backward with an explicit
+  // gradient) is no loss: counting it as NaN would report a NaN loss that never was.
+  if (outputs.numel() == 1 && at::isFloatingType(outputs.scalar_type())) {
+    loss_sum_ += outputs.detach().to(at::kDouble).item<double>();
+    ++losses_;
+  }
   agent_ns_ += ns_since(t0);
 }
 

@@ -168,3 +168,29 @@ TEST_CASE("an extra update(new_scale) is the same step, and the step's loss sums
     CHECK(steps[i].loss == Approx(losses[i]).epsilon(1e-6));
   }
 }
+
+TEST_CASE("a non-scalar passed to scale() is no loss: the step's loss is not NaN", "[agent]") {
+  TempDir dir;
+  torch::manual_seed(0);
+  TinyNet net;
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
+  GradScaler scaler;
+  AgentOptions o;
+  o.db_path = dir.file("run.db");
+  {
+    Agent agent(*net, scaler, o);
+    const auto x = torch::randn({8, 16});
+    optimizer.zero_grad();
+    torch::Tensor per_sample;
+    {
+      CpuHalfAutocast autocast;
+      per_sample = net->c(torch::relu(net->b(torch::relu(net->a(x))))).to(torch::kFloat).squeeze(1);
+    }
+    scaler.scale(per_sample).backward(torch::full_like(per_sample, 1.0 / 8));  // a vector "loss"
+    scaler.step(optimizer);
+    scaler.update();
+  }
+  const auto steps = rundb::RunDbReader(dir.file("run.db")).steps();
+  REQUIRE(steps.size() == 1);
+  CHECK(steps[0].losses == 0);
+}
