@@ -200,3 +200,29 @@ def test_an_embedding_whose_rows_a_batch_never_touches_is_not_underflow(tmp_path
             scaler.update()
     code, rep = verdict(db)
     assert (code, rep["healthy"]) == (0, True), rep["findings"]
+
+
+def test_two_optimizers_on_one_scaler_are_one_step(tmp_path, verdict):
+    torch.manual_seed(0)
+    model = Mlp()
+    body = torch.optim.SGD(list(model.a.parameters()) + list(model.b.parameters()), lr=0.01)
+    head = torch.optim.Adam(model.c.parameters(), lr=1e-3)
+    # At torch's default 65536 this model's head overflows once in 6 steps, a real skip
+    # (the run without ampdiag skips the same step): start where it does not.
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    db = tmp_path / "two_opt.db"
+    with ampdiag.attach(model, scaler, db=db):
+        for x, y in batches(6):
+            body.zero_grad()
+            head.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(body)
+            scaler.step(head)
+            scaler.update()
+    assert rows(db, "SELECT COUNT(*) FROM steps") == [(6,)]
+    # both optimizers' parameters have statistics in every step
+    assert rows(db, "SELECT DISTINCT COUNT(*) FROM grad_stats GROUP BY step") == [(6,)]
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rep["findings"]

@@ -84,6 +84,20 @@ def test_a_replay_never_changes_the_cache_the_model_holds_or_its_outputs(tmp_pat
     assert all(torch.equal(a, b) for a, b in zip(watched[2], plain[2]))
 
 
+def fp16_steps(model, db, make_batch, loss_fn, steps=3):
+    """A plain fp16 loop with ampdiag attached: forward under autocast, the real GradScaler."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(steps):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = loss_fn(model(make_batch()).float())
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
 def test_a_module_taking_a_cache_is_replayed_on_a_copy_made_before_its_next_call(tmp_path, verdict):
     db = tmp_path / "kv.db"
     cached_run(db, 3e4, attach=True)
@@ -119,17 +133,8 @@ def test_a_replay_that_raises_is_unconfirmed_and_never_escalates(tmp_path, verdi
 
     torch.manual_seed(0)
     model = Outer()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu")
     db = tmp_path / "fragile.db"
-    with ampdiag.attach(model, scaler, db=db):
-        for _ in range(3):
-            opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = model(torch.ones(4, 8)).float().mean()
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+    fp16_steps(model, db, lambda: torch.ones(4, 8), lambda out: out.mean())
     assert model.block[0].calls == 3  # the replay ran on a copy: the model's own module ran once per step
     assert rows(db, "SELECT module, outcome FROM replays") == [("block.0", "unconfirmed")]
     code, rep = verdict(db)
@@ -157,17 +162,9 @@ def test_a_nan_made_in_the_parents_own_code_names_the_parent_not_the_child(tmp_p
 
     torch.manual_seed(0)
     model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu")
     db = tmp_path / "res.db"
-    with ampdiag.attach(model, scaler, db=db):
-        for _ in range(3):
-            opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = nn.functional.cross_entropy(model(torch.randn(2, 3, 8, 8)).float(), torch.tensor([0, 1]))
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+    fp16_steps(model, db, lambda: torch.randn(2, 3, 8, 8),
+               lambda out: nn.functional.cross_entropy(out, torch.tensor([0, 1])))
     code, rep = verdict(db)
     first = rep["findings"][0]
     assert (code, first["rule"], first["module"], first["confirmation"]) == (1, "forward-nonfinite", "layer1",
