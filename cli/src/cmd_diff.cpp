@@ -8,6 +8,7 @@
 #include "ampdiag/analyzer/json.h"
 #include "ampdiag/analyzer/render.h"
 #include "commands.h"
+#include "table_output.h"
 #include "terminal.h"
 
 namespace ampdiag::cli {
@@ -25,6 +26,7 @@ options:
   --headroom-delta X    a regression when a layer's gradient grows by more than X bits, i.e. it
                         leaves the loss scale that much less room (default 2)
   --format F            text (default) or json
+  -o, --output FILE     write there instead of stdout
   --allow-partial       read run.db files still being written
 )";
 
@@ -55,7 +57,7 @@ std::map<std::string, double> least_unscaled_headroom(const analyzer::Run& run) 
 }  // namespace
 
 int cmd_diff(int argc, char** argv) {
-  const Args args(argc, argv, {"--skip-rate-delta", "--headroom-delta", "--format"}, {"--allow-partial"});
+  const Args args(argc, argv, {"--skip-rate-delta", "--headroom-delta", "--format", "-o", "--output"}, {"--allow-partial"});
   if (args.help()) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -99,17 +101,17 @@ int cmd_diff(int argc, char** argv) {
       regressions.push_back(line);
     }
   }
+  std::string out;
   if (format == "json") {
-    const std::string o = "{\"regression\": " + std::string(regressions.empty() ? "false" : "true") +
-                          ", \"regressions\": " + json_list(regressions) + ", \"improvements\": " + json_list(improvements) +
-                          "}\n";
-    std::fputs(o.c_str(), stdout);
+    out = "{\"regression\": " + std::string(regressions.empty() ? "false" : "true") +
+          ", \"regressions\": " + json_list(regressions) + ", \"improvements\": " + json_list(improvements) + "}\n";
   } else {
-    std::printf("%s vs %s: %s\n", args.positionals()[1].c_str(), args.positionals()[0].c_str(),
-                regressions.empty() ? "no regression" : (std::to_string(regressions.size()) + " regression(s)").c_str());
-    for (const auto& r : regressions) std::printf("  worse:  %s\n", r.c_str());
-    for (const auto& r : improvements) std::printf("  better: %s\n", r.c_str());
+    out = args.positionals()[1] + " vs " + args.positionals()[0] + ": " +
+          (regressions.empty() ? "no regression" : std::to_string(regressions.size()) + (regressions.size() == 1 ? " regression" : " regressions")) + "\n";
+    for (const auto& r : regressions) out += "  worse:  " + r + "\n";
+    for (const auto& r : improvements) out += "  better: " + r + "\n";
   }
+  write_output(output_path(args), out);
   return regressions.empty() ? 0 : 1;
 }
 

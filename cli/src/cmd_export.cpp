@@ -1,11 +1,13 @@
 // ampdiag export: one run.db table as CSV or JSON, row by row (a large run streams).
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <functional>
+#include <string>
+#include <vector>
 
+#include "ampdiag/analyzer/json.h"
 #include "ampdiag/rundb/reader.h"
 #include "commands.h"
+#include "table_output.h"
 #include "terminal.h"
 
 namespace ampdiag::cli {
@@ -14,88 +16,148 @@ namespace {
 
 constexpr const char* kHelp = R"(usage: ampdiag export RUN.db --format csv|json [options]
 
+Every column of one table, as docs/FORMAT.md describes it. A value the file does not
+have (a NaN loss, a loss count a format 1 file lacks) is empty in CSV and null in JSON;
+a histogram is its counts separated by spaces (CSV) or an array (JSON). An empty table
+is its CSV header alone, or [].
+
 options:
-  --format F     csv or json (required)
-  --table T      steps (default), layers, modules, grad_stats, act_stats, events
-  -o FILE        write there instead of stdout
+  --format F       csv or json (required)
+  --table T        steps (default), layers, modules, grad_stats, act_stats, replays, events
+  -o, --output F   write there instead of stdout
 )";
 
-std::string real(double v) {
-  if (!std::isfinite(v)) return "";
+struct Cell {
+  enum Kind { kNumber, kText, kList } kind;
+  std::string value;  // kNumber: empty when the file has no value; kList: space-separated
+};
+
+Cell number(std::int64_t v) { return {Cell::kNumber, std::to_string(v)}; }
+Cell real(double v) {
+  if (!std::isfinite(v)) return {Cell::kNumber, ""};
   char b[40];
   std::snprintf(b, sizeof b, "%.17g", v);
-  return b;
+  return {Cell::kNumber, b};
 }
+Cell text(const std::string& s) { return {Cell::kText, s}; }
+Cell flag(bool b) { return number(b ? 1 : 0); }
 
-std::string text_field(const std::string& s, bool json) {
-  std::string o = json ? "\"" : (s.find_first_of(",\"\n") == std::string::npos ? "" : "\"");
-  const bool quoted = !o.empty();
-  for (char c : s) {
-    if (json && (c == '"' || c == '\\')) o += '\\';
-    if (json && c == '\n') {
-      o += "\\n";
-      continue;
+std::string json_value(const Cell& c) {
+  switch (c.kind) {
+    case Cell::kText: return analyzer::json::quote(c.value);
+    case Cell::kNumber: return c.value.empty() ? "null" : c.value;
+    case Cell::kList: {
+      if (c.value.empty()) return "null";
+      std::string o = "[";
+      for (char ch : c.value) o += ch == ' ' ? std::string(", ") : std::string(1, ch);
+      return o + "]";
     }
-    if (!json && c == '"') o += '"';
-    o += c;
   }
-  return quoted ? o + "\"" : o;
+  return "null";
 }
 
-// Writes rows of (column, value, is_text) as CSV or JSON.
+// Writes the header (CSV) as soon as it exists, so that an empty table still has one.
 class Sink {
  public:
-  Sink(std::FILE* out, bool json) : out_(out), json_(json) {
-    if (json_) std::fputs("[", out_);
-  }
-  void row(const std::vector<std::pair<std::string, std::pair<std::string, bool>>>& cells) {
+  Sink(std::FILE* out, bool json, std::vector<std::string> columns) : out_(out), json_(json), columns_(std::move(columns)) {
     if (json_) {
-      std::fputs(rows_ ? ",\n{" : "\n{", out_);
-      for (std::size_t i = 0; i < cells.size(); ++i) {
-        const auto& [k, v] = cells[i];
-        const std::string value = v.second ? text_field(v.first, true) : (v.first.empty() ? "null" : v.first);
-        std::fprintf(out_, "%s\"%s\": %s", i ? ", " : "", k.c_str(), value.c_str());
-      }
-      std::fputs("}", out_);
-    } else {
-      if (rows_ == 0) {
-        for (std::size_t i = 0; i < cells.size(); ++i) std::fprintf(out_, "%s%s", i ? "," : "", cells[i].first.c_str());
-        std::fputs("\n", out_);
-      }
-      for (std::size_t i = 0; i < cells.size(); ++i)
-        std::fprintf(out_, "%s%s", i ? "," : "", cells[i].second.second ? text_field(cells[i].second.first, false).c_str()
-                                                                         : cells[i].second.first.c_str());
-      std::fputs("\n", out_);
+      std::fputs("[", out_);
+      return;
     }
+    for (std::size_t i = 0; i < columns_.size(); ++i) std::fprintf(out_, "%s%s", i ? "," : "", columns_[i].c_str());
+    std::fputs("\n", out_);
+  }
+  void row(const std::vector<Cell>& cells) {
+    std::string line = json_ ? (rows_ ? ",\n{" : "\n{") : "";
+    for (std::size_t i = 0; i < cells.size(); ++i) {
+      if (json_) line += (i ? ", " : "") + analyzer::json::quote(columns_[i]) + ": " + json_value(cells[i]);
+      else line += (i ? "," : "") + csv_field(cells[i].value);
+    }
+    line += json_ ? "}" : "\n";
+    std::fputs(line.c_str(), out_);
     ++rows_;
   }
-  ~Sink() {
-    if (json_) std::fputs("\n]\n", out_);
+  void finish() {
+    if (json_) std::fputs(rows_ ? "\n]\n" : "]\n", out_);
   }
 
  private:
   std::FILE* out_;
   bool json_;
+  std::vector<std::string> columns_;
   std::size_t rows_ = 0;
 };
 
-using Cells = std::vector<std::pair<std::string, std::pair<std::string, bool>>>;
+std::vector<std::string> with_stat_columns(std::vector<std::string> columns) {
+  for (const auto& f : rundb::kStatFields) columns.push_back(f.name);
+  return columns;
+}
 
-void stats_cells(Cells& c, const rundb::StatValues& s) {
-  c.push_back({"numel", {std::to_string(s.numel), false}});
-  c.push_back({"nan", {std::to_string(s.nan), false}});
-  c.push_back({"inf", {std::to_string(s.inf), false}});
-  c.push_back({"zeros", {std::to_string(s.zeros), false}});
-  c.push_back({"fp16_subnormal", {std::to_string(s.fp16_subnormal), false}});
-  c.push_back({"absmax", {real(s.absmax), false}});
-  c.push_back({"amin_nz", {real(s.amin_nz), false}});
-  c.push_back({"l2", {real(s.l2), false}});
+void add_stats(std::vector<Cell>& cells, const rundb::StatValues& s) {
+  for (const auto& f : rundb::kStatFields) cells.push_back(f.count ? number(s.*f.count) : real(s.*f.real));
+}
+
+Cell histogram(const std::vector<std::uint32_t>& counts) {
+  std::string o;
+  for (std::size_t i = 0; i < counts.size(); ++i) o += (i ? " " : "") + std::to_string(counts[i]);
+  return {Cell::kList, o};
+}
+
+void export_table(rundb::RunDbReader& reader, const std::string& table, std::FILE* out, bool json) {
+  if (table == "steps") {
+    Sink sink(out, json, {"step", "loss", "losses", "scale_before", "scale_after", "found_inf", "skipped", "sampled", "step_ns",
+                          "agent_ns", "wall_time"});
+    for (const auto& s : reader.steps())
+      sink.row({number(s.step), real(s.loss), s.losses < 0 ? Cell{Cell::kNumber, ""} : number(s.losses), real(s.scale_before),
+                real(s.scale_after), flag(s.found_inf), flag(s.skipped), flag(s.sampled), number(s.step_ns), number(s.agent_ns),
+                real(s.wall_time)});
+    sink.finish();
+  } else if (table == "layers") {
+    Sink sink(out, json, {"id", "name", "module_path", "module_type", "dtype", "shape", "numel", "trainable", "source"});
+    for (const auto& l : reader.layers())
+      sink.row({number(l.id), text(l.name), text(l.module_path), text(l.module_type), text(l.dtype), text(l.shape),
+                number(l.numel), flag(l.trainable), text(l.source)});
+    sink.finish();
+  } else if (table == "modules") {
+    Sink sink(out, json, {"id", "path", "module_type", "source", "inputs"});
+    for (const auto& m : reader.modules())
+      sink.row({number(m.id), text(m.path), text(m.module_type), text(m.source), text(m.inputs)});
+    sink.finish();
+  } else if (table == "grad_stats") {
+    auto columns = with_stat_columns({"step", "layer_id", "bwd_order"});
+    columns.push_back("histogram");
+    Sink sink(out, json, columns);
+    reader.for_each_grad_stat([&](const rundb::GradStatRow& g) {
+      std::vector<Cell> cells = {number(g.step), number(g.layer_id), number(g.bwd_order)};
+      add_stats(cells, g.stats);
+      cells.push_back(histogram(g.histogram));
+      sink.row(cells);
+    });
+    sink.finish();
+  } else if (table == "act_stats") {
+    Sink sink(out, json, with_stat_columns({"step", "module_id", "fwd_order", "micro_batch"}));
+    for (const auto& a : reader.act_stats()) {
+      std::vector<Cell> cells = {number(a.step), number(a.module_id), number(a.fwd_order), number(a.micro_batch)};
+      add_stats(cells, a.stats);
+      sink.row(cells);
+    }
+    sink.finish();
+  } else if (table == "replays") {
+    Sink sink(out, json, {"step", "module", "outcome", "fp32_absmax", "reason"});
+    for (const auto& r : reader.replays())
+      sink.row({number(r.step), text(r.module), text(r.outcome), real(r.fp32_absmax), text(r.reason)});
+    sink.finish();
+  } else {
+    Sink sink(out, json, {"step", "kind", "detail", "wall_time"});
+    for (const auto& e : reader.events()) sink.row({number(e.step), text(e.kind), text(e.detail), real(e.wall_time)});
+    sink.finish();
+  }
 }
 
 }  // namespace
 
 int cmd_export(int argc, char** argv) {
-  const Args args(argc, argv, {"--format", "--table", "-o"}, {});
+  const Args args(argc, argv, {"--format", "--table", "-o", "--output"}, {});
   if (args.help()) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -104,57 +166,28 @@ int cmd_export(int argc, char** argv) {
   if (!args.has("--format")) throw UsageError("--format csv|json is required");
   const bool json = args.choice("--format", "csv", {"csv", "json"}) == "json";
   const std::string table =
-      args.choice("--table", "steps", {"steps", "layers", "modules", "grad_stats", "act_stats", "events"});
+      args.choice("--table", "steps", {"steps", "layers", "modules", "grad_stats", "act_stats", "replays", "events"});
   rundb::RunDbReader reader(args.positionals().front());
-  const std::string path = args.value("-o");
-  const std::string tmp = path.empty() ? "" : path + ".tmp";
-  std::FILE* out = path.empty() ? stdout : std::fopen(tmp.c_str(), "wb");
-  if (!out) throw UsageError("cannot write " + path);
-  {
-    Sink sink(out, json);
-    if (table == "steps") {
-      for (const auto& s : reader.steps())
-        sink.row({{"step", {std::to_string(s.step), false}}, {"loss", {real(s.loss), false}},
-                  {"scale_before", {real(s.scale_before), false}}, {"scale_after", {real(s.scale_after), false}},
-                  {"found_inf", {std::to_string(int(s.found_inf)), false}}, {"skipped", {std::to_string(int(s.skipped)), false}},
-                  {"sampled", {std::to_string(int(s.sampled)), false}}, {"step_ns", {std::to_string(s.step_ns), false}},
-                  {"agent_ns", {std::to_string(s.agent_ns), false}}, {"wall_time", {real(s.wall_time), false}}});
-    } else if (table == "layers") {
-      for (const auto& l : reader.layers())
-        sink.row({{"id", {std::to_string(l.id), false}}, {"name", {l.name, true}}, {"module_path", {l.module_path, true}},
-                  {"module_type", {l.module_type, true}}, {"dtype", {l.dtype, true}}, {"shape", {l.shape, true}},
-                  {"numel", {std::to_string(l.numel), false}}, {"trainable", {std::to_string(int(l.trainable)), false}},
-                  {"source", {l.source, true}}});
-    } else if (table == "modules") {
-      for (const auto& m : reader.modules())
-        sink.row({{"id", {std::to_string(m.id), false}}, {"path", {m.path, true}}, {"module_type", {m.module_type, true}},
-                  {"source", {m.source, true}}});
-    } else if (table == "grad_stats") {
-      reader.for_each_grad_stat([&](const rundb::GradStatRow& g) {
-        Cells c = {{"step", {std::to_string(g.step), false}}, {"layer_id", {std::to_string(g.layer_id), false}},
-                   {"bwd_order", {std::to_string(g.bwd_order), false}}};
-        stats_cells(c, g.stats);
-        sink.row(c);
-      });
-    } else if (table == "act_stats") {
-      for (const auto& a : reader.act_stats()) {
-        Cells c = {{"step", {std::to_string(a.step), false}}, {"module_id", {std::to_string(a.module_id), false}},
-                   {"fwd_order", {std::to_string(a.fwd_order), false}}};
-        stats_cells(c, a.stats);
-        sink.row(c);
-      }
-    } else {
-      for (const auto& e : reader.events())
-        sink.row({{"step", {std::to_string(e.step), false}}, {"kind", {e.kind, true}}, {"detail", {e.detail, true}},
-                  {"wall_time", {real(e.wall_time), false}}});
-    }
+  const std::string path = output_path(args);
+  if (path.empty() || path == "-") {
+    export_table(reader, table, stdout, json);
+    return 0;
   }
-  if (!path.empty()) {
-    const bool ok = std::fclose(out) == 0;
-    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-      std::remove(tmp.c_str());
-      throw UsageError("cannot write " + path);
-    }
+  // Streams into a temporary file, renamed at the end: a failed export leaves no half file.
+  const std::string tmp = path + ".tmp";
+  std::FILE* out = std::fopen(tmp.c_str(), "wb");
+  if (!out) throw UsageError("cannot write " + path + ": check that its folder exists and is writable");
+  try {
+    export_table(reader, table, out, json);
+  } catch (...) {
+    std::fclose(out);
+    std::remove(tmp.c_str());
+    throw;
+  }
+  const bool ok = std::fclose(out) == 0;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw UsageError("cannot write " + path + ": check that its folder exists and is writable");
   }
   return 0;
 }

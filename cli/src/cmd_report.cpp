@@ -4,6 +4,7 @@
 #include "ampdiag/analyzer/analyze.h"
 #include "ampdiag/analyzer/render.h"
 #include "commands.h"
+#include "table_output.h"
 #include "terminal.h"
 
 namespace ampdiag::cli {
@@ -63,7 +64,7 @@ int cmd_report(int argc, char** argv) {
   t.skip_rate = args.number("--skip-rate", t.skip_rate, 0.0, 1.0);
   t.rank_bits = args.number("--rank-bits", t.rank_bits, 0.0, 128.0);
   const bool color = use_color(args);
-  const std::string out = args.has("-o") ? args.value("-o") : args.value("--output");
+  const std::string out = output_path(args);
   const int threads = int(args.integer("--threads", 0, 0, 256));
 
   const auto runs = load_runs(args.positionals(), args.flag("--allow-partial"), threads);

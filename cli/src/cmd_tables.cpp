@@ -11,6 +11,7 @@
 #include "ampdiag/analyzer/layer_table.h"
 #include "ampdiag/analyzer/run.h"
 #include "commands.h"
+#include "table_output.h"
 #include "terminal.h"
 
 namespace ampdiag::cli {
@@ -53,58 +54,6 @@ std::string num(double v, const char* f = "%.2f") {
   std::snprintf(b, sizeof b, f, v);
   return b;
 }
-
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
-  std::string o = "\"";
-  for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return o + "\"";
-}
-
-// The first row is the header. Empty tables still print (and export) their header.
-std::string render_table(const std::vector<std::vector<std::string>>& rows, const std::string& format) {
-  std::string out;
-  if (format == "csv") {
-    for (const auto& r : rows) {
-      for (std::size_t i = 0; i < r.size(); ++i) out += (i ? "," : "") + csv_field(r[i]);
-      out += "\n";
-    }
-    return out;
-  }
-  if (format == "json") {
-    out = "[";
-    for (std::size_t k = 1; k < rows.size(); ++k) {
-      out += k > 1 ? ",\n {" : "\n {";
-      for (std::size_t i = 0; i < rows[k].size(); ++i) out += (i ? ", " : "") + analyzer::json::quote(rows[0][i]) + ": " + analyzer::json::quote(rows[k][i]);
-      out += "}";
-    }
-    return out + "\n]\n";
-  }
-  std::vector<std::size_t> width;
-  for (const auto& r : rows)
-    for (std::size_t i = 0; i < r.size(); ++i) {
-      if (width.size() <= i) width.push_back(0);
-      width[i] = std::max(width[i], r[i].size());
-    }
-  for (const auto& r : rows) {
-    std::string line;
-    for (std::size_t i = 0; i < r.size(); ++i) {
-      std::string cell = r[i];
-      cell.resize(width[i], ' ');
-      line += (i ? "  " : "") + cell;
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out += line + "\n";
-  }
-  return out;
-}
-
-std::string table_format(const Args& args) {
-  if (args.flag("--csv")) return "csv";
-  return args.choice("--format", "text", {"text", "csv", "json"});
-}
-
-std::string output_path(const Args& args) { return args.has("-o") ? args.value("-o") : args.value("--output"); }
 
 }  // namespace
 

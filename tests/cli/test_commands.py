@@ -74,6 +74,64 @@ def test_export_grad_stats_as_csv_to_a_file(run, sample_dbs, tmp_path):
     assert rows and set(rows[0]) >= {"step", "layer_id", "bwd_order", "absmax", "nan", "inf"}
 
 
+def test_export_of_an_empty_table_is_its_csv_header(run, sample_dbs):
+    result = run("export", sample_dbs[("vit", True)], "--format", "csv", "--table", "replays")
+    assert result.returncode == 0
+    assert result.stdout == "step,module,outcome,fp32_absmax,reason\n"
+
+
+def test_export_of_an_empty_table_is_an_empty_json_list(run, sample_dbs):
+    result = run("export", sample_dbs[("vit", True)], "--format", "json", "--table", "events")
+    assert result.returncode == 0
+    assert json.loads(result.stdout) == []
+
+
+@pytest.mark.parametrize(
+    "table, columns",
+    [
+        ("steps", {"loss", "losses", "scale_before", "scale_after", "skipped"}),
+        ("modules", {"path", "module_type", "inputs"}),
+        ("act_stats", {"fwd_order", "micro_batch", "absmax", "amin_nz", "l2"}),
+        ("grad_stats", {"bwd_order", "fp16_subnormal", "amin_nz", "l2", "histogram"}),
+    ],
+)
+def test_export_has_every_column_of_the_table(run, sample_dbs, table, columns):
+    header = run("export", sample_dbs[("vit", False)], "--format", "csv", "--table", table).stdout.splitlines()[0]
+    assert set(header.split(",")) >= columns
+
+
+COMMANDS_WITH_JSON = {
+    "report": lambda dbs: ["report", dbs[("vit", False)]],
+    "layers": lambda dbs: ["layers", dbs[("vit", False)]],
+    "timeline": lambda dbs: ["timeline", dbs[("vit", False)]],
+    "diff": lambda dbs: ["diff", dbs[("vit", True)], dbs[("vit", False)]],
+    "export": lambda dbs: ["export", dbs[("vit", False)]],
+    "info": lambda dbs: ["info", dbs[("vit", False)]],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS_WITH_JSON))
+@pytest.mark.parametrize("output_option", ["-o", "--output"])
+def test_every_command_writes_json_to_the_output_file(run, sample_dbs, tmp_path, command, output_option):
+    out = tmp_path / f"{command}.json"
+    result = run(*COMMANDS_WITH_JSON[command](sample_dbs), "--format", "json", output_option, out)
+    assert result.returncode in (0, 1), result.stderr
+    assert result.stdout == ""
+    json.loads(out.read_text())
+
+
+def test_diff_json_lists_what_improved(run, sample_dbs):
+    result = run("diff", sample_dbs[("vit", False)], sample_dbs[("vit", True)], "--format", "json")
+    assert any("overflow-origin" in line for line in json.loads(result.stdout)["improvements"])
+
+
+def test_info_as_json_has_meta_row_counts_and_integrity(run, sample_dbs):
+    info = json.loads(run("info", sample_dbs[("vit", False)], "--format", "json").stdout)
+    assert info["finished"] is True and info["integrity"] == "ok"
+    assert info["meta"]["amp_dtype"] == "float16"
+    assert info["rows"]["steps"] == 60
+
+
 def test_info_shows_meta_counts_and_integrity(run, sample_dbs):
     out = run("info", sample_dbs[("vit", False)]).stdout
     assert "state:           finished" in out
