@@ -6,6 +6,11 @@
 
 namespace ampdiag::agent {
 
+// run.db stores the kernels' histograms as they are; the format names the same bins.
+static_assert(kernels::kHistBins == rundb::kHistBins && kernels::kHistMinExp == rundb::kHistMinExp &&
+                  kernels::kHistMaxExp == rundb::kHistMaxExp,
+              "the kernels' exponent histogram and run.db's disagree on the bins");
+
 namespace {
 
 // A commit every ~50 ms keeps readers current and bounds what a killed process loses.

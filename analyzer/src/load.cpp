@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "ampdiag/analyzer/run.h"
@@ -45,6 +46,8 @@ struct Partial {
   std::vector<std::vector<GradSample>> samples;                     // by layer
   std::vector<std::pair<std::int64_t, std::vector<std::pair<std::int64_t, std::int64_t>>>> nonfinite;  // step -> (bwd_order, layer)
   std::map<std::int64_t, std::int64_t> last_finite_before;          // step -> layer
+  std::vector<std::pair<double, std::int64_t>> least_nonzero;       // by layer: (|g|, step)
+  std::vector<std::vector<std::uint64_t>> histogram;                // by layer, summed
   std::int64_t rows = 0;
   std::string error;
 };
@@ -52,8 +55,8 @@ struct Partial {
 std::uint16_t quantise16(double frac) { return std::uint16_t(std::lround(std::clamp(frac, 0.0, 1.0) * 65535.0)); }
 std::uint8_t quantise8(double frac) { return std::uint8_t(std::lround(std::clamp(frac, 0.0, 1.0) * 255.0)); }
 
-void scan_range(const std::string& path, std::int64_t first, std::int64_t last, std::size_t layer_count, Partial& out,
-                std::atomic<std::int64_t>& progress, std::atomic<int>& finished) {
+void scan_range(const std::string& path, std::int64_t first, std::int64_t last, std::size_t layer_count, bool histograms,
+                Partial& out, std::atomic<std::int64_t>& progress, std::atomic<int>& finished) {
   struct Done {
     std::atomic<int>& n;
     ~Done() { n.fetch_add(1); }
@@ -61,14 +64,17 @@ void scan_range(const std::string& path, std::int64_t first, std::int64_t last, 
   try {
     Connection c(path);
     sqlite3_stmt* st = nullptr;
-    const char* sql =
-        "SELECT step, layer_id, bwd_order, numel, nan, inf, zeros, fp16_subnormal, absmax FROM grad_stats "
-        "WHERE step >= ?1 AND step <= ?2";
-    if (sqlite3_prepare_v2(c.db, sql, -1, &st, nullptr) != SQLITE_OK)
+    // The histogram blobs only when the agent recorded them: reading the column costs.
+    const std::string sql = std::string("SELECT step, layer_id, bwd_order, numel, nan, inf, zeros, fp16_subnormal, absmax, "
+                                        "amin_nz, l2") + (histograms ? ", histogram" : "") +
+                            " FROM grad_stats WHERE step >= ?1 AND step <= ?2";
+    if (sqlite3_prepare_v2(c.db, sql.c_str(), -1, &st, nullptr) != SQLITE_OK)
       throw rundb::RunDbError(path + ": cannot read grad_stats: " + sqlite3_errmsg(c.db));
     sqlite3_bind_int64(st, 1, first);
     sqlite3_bind_int64(st, 2, last);
     out.samples.assign(layer_count, {});
+    out.least_nonzero.assign(layer_count, {0.0, -1});
+    out.histogram.assign(layer_count, {});
     std::int64_t current_step = -1;
     // This step's finite rows as (bwd_order, layer): once the step ends, the one just
     // before its first non-finite gradient is kept.
@@ -95,8 +101,25 @@ void scan_range(const std::string& path, std::int64_t first, std::int64_t last, 
       const std::int64_t numel = std::max<std::int64_t>(1, sqlite3_column_int64(st, 3));
       const bool nonfinite = (sqlite3_column_int64(st, 4) | sqlite3_column_int64(st, 5)) != 0;
       if (layer < 0) continue;
-      if (std::size_t(layer) >= out.samples.size()) out.samples.resize(std::size_t(layer) + 1);
+      if (std::size_t(layer) >= out.samples.size()) {
+        out.samples.resize(std::size_t(layer) + 1);
+        out.least_nonzero.resize(std::size_t(layer) + 1, {0.0, -1});
+        out.histogram.resize(std::size_t(layer) + 1);
+      }
+      if (!nonfinite) {
+        const double amin = sqlite3_column_double(st, 9);
+        auto& least = out.least_nonzero[std::size_t(layer)];
+        if (amin > 0 && (least.second < 0 || amin < least.first)) least = {amin, step};
+        if (histograms && sqlite3_column_bytes(st, 11) == int(rundb::kHistBins * sizeof(std::uint32_t))) {
+          std::uint32_t counts[rundb::kHistBins];
+          std::memcpy(counts, sqlite3_column_blob(st, 11), sizeof counts);
+          auto& sum = out.histogram[std::size_t(layer)];
+          sum.resize(rundb::kHistBins, 0);
+          for (int b = 0; b < rundb::kHistBins; ++b) sum[std::size_t(b)] += counts[b];
+        }
+      }
       out.samples[std::size_t(layer)].push_back({std::int32_t(step), float(sqlite3_column_double(st, 8)),
+                                                 float(sqlite3_column_double(st, 10)),
                                                  quantise16(double(sqlite3_column_int64(st, 6)) / double(numel)),
                                                  std::uint8_t(nonfinite ? 1 : 0),
                                                  quantise8(double(sqlite3_column_int64(st, 7)) / double(numel))});
@@ -179,7 +202,7 @@ Run load_run(const std::string& path, const LoadOptions& options) {
   run.fp_max = run.meta_or("amp_dtype", "float16") == "bfloat16" ? 3.3895313892515355e38 : 65504.0;
   try {
     for (auto& row : reader.steps()) run.steps.push_back({row, {}, -1});
-    for (auto& row : reader.layers()) run.layers.push_back({row, {}, 0, 0});
+    for (auto& row : reader.layers()) run.layers.push_back({row, {}, 0, 0, 0.0, -1, {}});
     for (auto& row : reader.modules()) run.modules.push_back({row, 0, 0, -1, 0.0f});
     run.events = reader.events();
     run.replays = reader.replays();
@@ -197,6 +220,7 @@ Run load_run(const std::string& path, const LoadOptions& options) {
   Connection probe(path);
   const std::int64_t first = probe.scalar("SELECT MIN(step) FROM grad_stats");
   const std::int64_t last = probe.scalar("SELECT MAX(step) FROM grad_stats");
+  const bool histograms = run.meta_or("histogram", "0") == "1";
   const int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<Partial> parts;
   if (first >= 0) {
@@ -209,7 +233,7 @@ Run load_run(const std::string& path, const LoadOptions& options) {
     const std::int64_t estimate = span * std::int64_t(std::max<std::size_t>(1, run.layers.size()));
     for (int t = 0; t < n; ++t) {
       const std::int64_t lo = first + span * t / n, hi = first + span * (t + 1) / n - 1;
-      workers.emplace_back(scan_range, path, lo, hi, run.layers.size(), std::ref(parts[std::size_t(t)]), std::ref(progress),
+      workers.emplace_back(scan_range, path, lo, hi, run.layers.size(), histograms, std::ref(parts[std::size_t(t)]), std::ref(progress),
                            std::ref(finished));
     }
     while (options.progress && finished.load() < n) {
@@ -227,8 +251,15 @@ Run load_run(const std::string& path, const LoadOptions& options) {
     run.grad_rows += p.rows;
     if (p.samples.size() > run.layers.size()) throw rundb::RunDbError(path + ": gradient rows name unknown layers: corrupted");
     for (std::size_t l = 0; l < p.samples.size(); ++l) {
-      auto& dst = run.layers[l].samples;
-      dst.insert(dst.end(), p.samples[l].begin(), p.samples[l].end());
+      LayerSummary& layer = run.layers[l];
+      layer.samples.insert(layer.samples.end(), p.samples[l].begin(), p.samples[l].end());
+      const auto [amin, at] = p.least_nonzero[l];
+      if (at >= 0 && (layer.least_nonzero_step < 0 || amin < layer.least_nonzero))
+        layer.least_nonzero = amin, layer.least_nonzero_step = at;
+      if (!p.histogram[l].empty()) {
+        layer.histogram.resize(p.histogram[l].size(), 0);
+        for (std::size_t b = 0; b < p.histogram[l].size(); ++b) layer.histogram[b] += p.histogram[l][b];
+      }
     }
     for (auto& [step, list] : p.nonfinite) {
       std::sort(list.begin(), list.end());

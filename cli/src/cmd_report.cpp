@@ -70,8 +70,8 @@ int cmd_report(int argc, char** argv) {
   const auto runs = load_runs(args.positionals(), args.flag("--allow-partial"), threads);
   for (const auto& run : runs)
     if (!run.finished)
-      std::fprintf(stderr, "ampdiag report: %s is not finished: this report covers the %zu steps written so far\n",
-                   run.path.c_str(), run.steps.size());
+      std::fprintf(stderr, "ampdiag report: %s is not finished: this report covers the %zu %s written so far\n",
+                   run.path.c_str(), run.steps.size(), run.steps.size() == 1 ? "step" : "steps");
   const analyzer::Report report = analyzer::analyze(runs, t);
   std::string text;
   if (format == "json") text = analyzer::render_json(report, gate);

@@ -15,7 +15,7 @@ namespace {
   if (!error.empty()) std::fprintf(out, "%s: %s\n\n", info.name, error.c_str());
   std::fprintf(out,
                "%s: %s\n\n"
-               "usage: %s [--db PATH] [--steps N] [--pin-fp32 MODULE]... [--seed N] [--every N]\n\n"
+               "usage: %s [--db PATH] [--steps N] [--pin-fp32 MODULE]... [--seed N] [--every N] [--histogram]\n\n"
                "  --db PATH          run.db to write (default %s; an existing file is replaced)\n"
                "  --steps N          training steps (default %lld)\n"
                "  --pin-fp32 MODULE  run MODULE with autocast off and fp32 inputs; one of:",
@@ -23,7 +23,8 @@ namespace {
   for (const auto& m : info.pinnable) std::fprintf(out, " %s", m.c_str());
   std::fprintf(out,
                "\n  --seed N           random seed (default 0)\n"
-               "  --every N          record per-layer statistics every N steps (default 1)\n");
+               "  --every N          record per-layer statistics every N steps (default 1)\n"
+               "  --histogram        also record the gradients' exponent histograms\n");
   std::exit(code);
 }
 
@@ -44,6 +45,10 @@ SampleArgs parse_sample_args(int argc, char** argv, const SampleInfo& info) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") usage(info, 0);
+    if (a == "--histogram") {
+      args.histogram = true;
+      continue;
+    }
     const bool takes_value = a == "--db" || a == "--steps" || a == "--pin-fp32" || a == "--seed" || a == "--every";
     if (!takes_value) usage(info, 2, "unknown argument '" + a + "'");
     if (i + 1 >= argc) usage(info, 2, a + " needs a value");
@@ -71,6 +76,7 @@ AgentOptions agent_options(const SampleArgs& args) {
   o.db_path = args.db;
   o.overwrite = true;
   o.every = args.every;
+  o.histogram = args.histogram;
   return o;
 }
 

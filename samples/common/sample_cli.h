@@ -20,6 +20,7 @@ struct SampleArgs {
   std::int64_t steps = 0;
   std::uint64_t seed = 0;
   std::int64_t every = 1;
+  bool histogram = false;            // --histogram: record exponent histograms
   std::vector<std::string> pins;     // --pin-fp32 MODULE (repeatable)
 };
 

@@ -12,10 +12,11 @@
 
 namespace ampdiag::analyzer {
 
-// One sampled step of one layer's gradient (12 bytes: a 10 M-row run fits in memory).
+// One sampled step of one layer's gradient (16 bytes: a 10 M-row run fits in memory).
 struct GradSample {
   std::int32_t step;
   float absmax;            // before unscale; 0 if nothing finite
+  float l2;                // L2 norm before unscale; 0 if nothing finite
   std::uint16_t zero_q;    // zeros / numel, in 1/65535
   std::uint8_t nonfinite;  // 1 if the gradient held NaN or Inf
   std::uint8_t sub_q;      // fp16 subnormals / numel, in 1/255
@@ -26,6 +27,13 @@ struct LayerSummary {
   std::vector<GradSample> samples;  // in step order
   std::int64_t nonfinite_steps = 0;
   std::int64_t first_nonfinite = 0;  // skipped steps where it went non-finite first in backward
+  // The smallest non-zero |g| of its finite samples, before unscale: how close its smallest
+  // gradients come to flushing to zero. 0 when no sample had a non-zero value.
+  double least_nonzero = 0.0;
+  std::int64_t least_nonzero_step = -1;
+  // Its exponent histograms (rundb::kHistBins) summed over its finite samples; empty when
+  // the agent recorded none.
+  std::vector<std::uint64_t> histogram;
 };
 
 struct ModuleSummary {

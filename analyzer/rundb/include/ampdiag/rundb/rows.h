@@ -38,6 +38,13 @@ inline constexpr StatField kStatFields[] = {
 };
 inline constexpr int kStatFieldCount = int(sizeof(kStatFields) / sizeof(kStatFields[0]));
 
+// The exponent histogram's bins (docs/FORMAT.md): bin 0 counts finite non-zero |x| below
+// 2^kHistMinExp, bin 1 + (e - kHistMinExp) counts 2^e <= |x| < 2^(e+1), the last bin
+// |x| >= 2^(kHistMaxExp + 1). The agent asserts that its kernels bin the same way.
+inline constexpr int kHistMinExp = -40;
+inline constexpr int kHistMaxExp = 20;
+inline constexpr int kHistBins = (kHistMaxExp - kHistMinExp + 1) + 2;
+
 struct LayerRow {
   std::int64_t id = 0;        // dense, in the model's parameter order
   std::string name;           // parameter name, e.g. "block1.0.attn.qkv.weight"
