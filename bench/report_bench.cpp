@@ -64,12 +64,13 @@ double plain_scan(const std::string& path) {
   sqlite3* db = nullptr;
   sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr);
   sqlite3_stmt* st = nullptr;
-  sqlite3_prepare_v2(db, "SELECT step, layer_id, bwd_order, numel, nan, inf, zeros, fp16_subnormal, absmax FROM grad_stats", -1,
+  sqlite3_prepare_v2(db, "SELECT step, layer_id, bwd_order, numel, nan, inf, zeros, fp16_subnormal, absmax, amin_nz, l2 "
+                     "FROM grad_stats", -1,
                      &st, nullptr);
   const auto t0 = Clock::now();
   double sink = 0;
   while (sqlite3_step(st) == SQLITE_ROW)
-    for (int c = 0; c < 9; ++c) sink += sqlite3_column_double(st, c);
+    for (int c = 0; c < 11; ++c) sink += sqlite3_column_double(st, c);
   const double t = seconds_since(t0);
   sqlite3_finalize(st);
   sqlite3_close(db);

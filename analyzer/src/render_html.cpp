@@ -234,7 +234,10 @@ std::string layer_table(const Report& report, const Run& run) {
     if (l.least_nonzero > 0) {
       least = fmt("%.3g", l.least_nonzero) + " (2<sup>" + fmt("%.1f", std::log2(l.least_nonzero)) + "</sup>";
       // fp16's smallest subnormal is 2^-24: below it a value becomes zero.
-      if (fp16) least += ", " + fmt("%.1f", std::log2(l.least_nonzero) + 24.0) + " bits above zero";
+      if (fp16) {
+        const double above = std::log2(l.least_nonzero) + 24.0;
+        least += above < 0.05 ? std::string(", fp16's smallest subnormal") : ", " + fmt("%.1f", above) + " bits from flushing to 0";
+      }
       least += ", step " + std::to_string(l.least_nonzero_step) + ")";
     }
     o += "<tr><td><code>" + escape_markup(l.info.name) + "</code></td><td>" + std::to_string(l.nonfinite_steps) + "</td><td>" +

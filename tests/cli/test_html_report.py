@@ -139,7 +139,7 @@ def test_ranks_with_different_loss_scales_are_told_apart_by_dashes(run, sample_d
 def test_layer_table_shows_the_smallest_nonzero_gradient_and_the_largest_norm(run, sample_dbs, tmp_path):
     html = html_report(run, [sample_dbs[("vit", True)]], tmp_path / "report.html")
     assert "<th title=\"before unscale\">smallest non-zero |g|</th>" in html
-    assert re.search(r"<td>[\d.e+-]+ \(2<sup>-[\d.]+</sup>, [\d.]+ bits above zero, step \d+\)</td><td>[\d.e+-]+</td>", html)
+    assert re.search(r"<td>[\d.e+-]+ \(2<sup>-[\d.]+</sup>, [\d.]+ bits from flushing to 0, step \d+\)</td><td>[\d.e+-]+</td>", html)
     assert "Gradient L2 norm of the top layers" in html
 
 
