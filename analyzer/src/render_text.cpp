@@ -52,6 +52,14 @@ std::string skipped_line(const SkippedStep& k, bool show_rank) {
 
 }  // namespace
 
+std::string findings_summary(const Report& r, const Gate& gate) {
+  std::size_t failing = 0;
+  for (const auto& f : r.findings) failing += gate.fails(f) ? 1 : 0;
+  return std::to_string(r.findings.size()) + (r.findings.size() == 1 ? " finding, " : " findings, ") +
+         (failing == 0 ? std::string("none fails") : std::to_string(failing) + (failing == 1 ? " fails" : " fail")) +
+         " the gate (--fail-on " + gate.spec() + ")";
+}
+
 std::string render_text(const Report& r, const Gate& gate, const RenderOptions& o) {
   const char* red = o.color ? "\033[31;1m" : "";
   const char* yellow = o.color ? "\033[33;1m" : "";
@@ -64,8 +72,7 @@ std::string render_text(const Report& r, const Gate& gate, const RenderOptions& 
   if (r.healthy())
     out += std::string(green) + "HEALTHY" + reset + ": no overflow, underflow or loss-scale problem found.\n";
   else
-    out += std::string(fails ? red : yellow) + (fails ? "UNHEALTHY" : "WARNINGS") + reset + ": " +
-           std::to_string(r.findings.size()) + " finding(s)" + (fails ? " fail the gate (--fail-on " + gate.spec() + ")" : "") +
+    out += std::string(fails ? red : yellow) + (fails ? "UNHEALTHY" : "WARNINGS") + reset + ": " + findings_summary(r, gate) +
            ".\n";
   for (const auto& run : r.runs) out += std::string(dim) + overview_line(run) + reset + "\n";
   int n = 0;
@@ -96,7 +103,7 @@ std::string render_markdown(const Report& r, const Gate& gate) {
   std::string out = "# ampdiag report\n\n";
   out += r.healthy() ? "**Healthy**: no overflow, underflow or loss-scale problem found.\n\n"
                      : std::string("**") + (gate.fails(r) ? "Unhealthy" : "Warnings") + "**: " +
-                           std::to_string(r.findings.size()) + " finding(s).\n\n";
+                           findings_summary(r, gate) + ".\n\n";
   for (const auto& run : r.runs) out += "- " + overview_line(run) + "\n";
   int n = 0;
   for (const auto& f : r.findings) {

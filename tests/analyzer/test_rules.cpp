@@ -341,3 +341,15 @@ TEST_CASE("suggestions name the exact module path in Python and C++", "[rules][s
   CHECK_THAT(s.python, Catch::Contains("out = self.qkv(x.float())"));
   CHECK_THAT(s.cpp, Catch::Contains("ampdiag::Fp32Pins pins({\"blocks.3.attn.qkv\"})"));
 }
+
+TEST_CASE("the verdict line counts only the findings that fail the gate, in singular or plural", "[render]") {
+  Finding error, warning;
+  error.rule = "scale-collapse", error.severity = Severity::kError;
+  warning.rule = "underflow", warning.severity = Severity::kWarning;
+  Report r;
+  r.findings = {error, warning};
+  CHECK(findings_summary(r, Gate("error")) == "2 findings, 1 fails the gate (--fail-on error)");
+  r.findings = {warning};
+  CHECK(findings_summary(r, Gate("error")) == "1 finding, none fails the gate (--fail-on error)");
+  CHECK(render_text(r, Gate("error")).rfind("WARNINGS: 1 finding, none fails the gate", 0) == 0);
+}

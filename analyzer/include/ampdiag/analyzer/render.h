@@ -30,6 +30,10 @@ struct RenderOptions {
   std::size_t max_skipped = 20;  // skipped steps listed in text/markdown
 };
 
+// The verdict's count, as every format words it: "5 findings, 4 fail the gate (--fail-on
+// error)", "1 finding, none fails the gate (--fail-on error)".
+std::string findings_summary(const Report& r, const Gate& gate);
+
 std::string render_text(const Report& r, const Gate& gate, const RenderOptions& o = {});
 std::string render_markdown(const Report& r, const Gate& gate);
 std::string render_json(const Report& r, const Gate& gate);
