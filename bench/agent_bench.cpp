@@ -27,7 +27,7 @@ namespace {
 constexpr std::int64_t kDim = 256, kLayers = 6, kBatch = 8, kTokens = 32;
 
 struct Setup {
-  const char* name;
+  const char* name = "";
   torch::nn::TransformerEncoder model{nullptr};
   torch::nn::Linear head{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer;
@@ -118,7 +118,9 @@ int main(int argc, char** argv) {
   const auto dir = std::filesystem::temp_directory_path() / ("ampdiag-bench-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
 
-  Setup setups[3] = {{"without agent"}, {"agent, fused unscale"}, {"agent, observe only"}};
+  Setup setups[3];
+  const char* names[3] = {"without agent", "agent, fused unscale", "agent, observe only"};
+  for (int m = 0; m < 3; ++m) setups[m].name = names[m];
   for (int m = 0; m < 3; ++m) make(setups[m], (dir / ("agent" + std::to_string(m) + ".db")).string(), m);
   std::int64_t params = 0;
   for (const auto& p : setups[0].model->parameters()) params += p.numel();

@@ -1,6 +1,5 @@
-// load_run: scans grad_stats in parallel over disjoint step ranges (one SQLite connection
+// load_run: scans grad_stats in parallel over disjoint step ranges (one RunDbReader
 // per thread; a 10 M-row run needs ~2.3 s on one thread), then merges in step order.
-#include <sqlite3.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -19,27 +18,12 @@ namespace ampdiag::analyzer {
 
 namespace {
 
-struct Connection {
-  sqlite3* db = nullptr;
-  explicit Connection(const std::string& path) {
-    // One connection per thread, never shared: no need for SQLite to lock it on every call
-    // (the mutex took ~38% of a 10 M-row load).
-    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr) != SQLITE_OK)
-      throw rundb::RunDbError(path + ": cannot open");
-    sqlite3_busy_timeout(db, 2000);
-    sqlite3_exec(db, "PRAGMA mmap_size = 1073741824; PRAGMA cache_size = -65536;", nullptr, nullptr, nullptr);
-  }
-  ~Connection() { sqlite3_close_v2(db); }
-  std::int64_t scalar(const char* sql) const {
-    sqlite3_stmt* st = nullptr;
-    std::int64_t v = -1;
-    if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW &&
-        sqlite3_column_type(st, 0) != SQLITE_NULL)
-      v = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    return v;
-  }
-};
+// Steps are stored as int32 in memory (GradSample); the agent numbers them from 0.
+constexpr std::int64_t kMaxStep = INT32_MAX;
+
+[[noreturn]] void corrupt(const std::string& path, const std::string& what) {
+  throw rundb::RunDbError(path + ": corrupt run.db: " + what);
+}
 
 // What one thread gathers from its step range.
 struct Partial {
@@ -62,16 +46,7 @@ void scan_range(const std::string& path, std::int64_t first, std::int64_t last, 
     ~Done() { n.fetch_add(1); }
   } done{finished};
   try {
-    Connection c(path);
-    sqlite3_stmt* st = nullptr;
-    // The histogram blobs only when the agent recorded them: reading the column costs.
-    const std::string sql = std::string("SELECT step, layer_id, bwd_order, numel, nan, inf, zeros, fp16_subnormal, absmax, "
-                                        "amin_nz, l2") + (histograms ? ", histogram" : "") +
-                            " FROM grad_stats WHERE step >= ?1 AND step <= ?2";
-    if (sqlite3_prepare_v2(c.db, sql.c_str(), -1, &st, nullptr) != SQLITE_OK)
-      throw rundb::RunDbError(path + ": cannot read grad_stats: " + sqlite3_errmsg(c.db));
-    sqlite3_bind_int64(st, 1, first);
-    sqlite3_bind_int64(st, 2, last);
+    rundb::RunDbReader reader(path);  // one connection per thread, never shared
     out.samples.assign(layer_count, {});
     out.least_nonzero.assign(layer_count, {0.0, -1});
     out.histogram.assign(layer_count, {});
@@ -90,57 +65,48 @@ void scan_range(const std::string& path, std::int64_t first, std::int64_t last, 
       }
       finite_rows.clear();
     };
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-      const std::int64_t step = sqlite3_column_int64(st, 0);
-      if (step != row_step) {
-        close_step();
-        row_step = step;
-      }
-      const std::int64_t layer = sqlite3_column_int64(st, 1);
-      const std::int64_t numel = std::max<std::int64_t>(1, sqlite3_column_int64(st, 3));
-      const bool nonfinite = (sqlite3_column_int64(st, 4) | sqlite3_column_int64(st, 5)) != 0;
-      if (layer < 0) continue;
-      if (std::size_t(layer) >= out.samples.size()) {
-        out.samples.resize(std::size_t(layer) + 1);
-        out.least_nonzero.resize(std::size_t(layer) + 1, {0.0, -1});
-        out.histogram.resize(std::size_t(layer) + 1);
-      }
-      if (!nonfinite) {
-        const double amin = sqlite3_column_double(st, 9);
-        auto& least = out.least_nonzero[std::size_t(layer)];
-        if (amin > 0 && (least.second < 0 || amin < least.first)) least = {amin, step};
-        if (histograms && sqlite3_column_bytes(st, 11) == int(rundb::kHistBins * sizeof(std::uint32_t))) {
-          std::uint32_t counts[rundb::kHistBins];
-          std::memcpy(counts, sqlite3_column_blob(st, 11), sizeof counts);
-          auto& sum = out.histogram[std::size_t(layer)];
-          sum.resize(rundb::kHistBins, 0);
-          for (int b = 0; b < rundb::kHistBins; ++b) sum[std::size_t(b)] += counts[b];
-        }
-      }
-      out.samples[std::size_t(layer)].push_back({std::int32_t(step), float(sqlite3_column_double(st, 8)),
-                                                 float(sqlite3_column_double(st, 10)),
-                                                 quantise16(double(sqlite3_column_int64(st, 6)) / double(numel)),
-                                                 std::uint8_t(nonfinite ? 1 : 0),
-                                                 quantise8(double(sqlite3_column_int64(st, 7)) / double(numel))});
-      if (nonfinite) {
-        if (out.nonfinite.empty() || current_step != step) {
-          out.nonfinite.push_back({step, {}});
-          current_step = step;
-        }
-        std::int64_t order = sqlite3_column_int64(st, 2);
-        if (order < 0) order = INT64_MAX;  // no hook saw it: after everything that did
-        out.nonfinite.back().second.push_back({order, layer});
-      } else if (sqlite3_column_int64(st, 2) >= 0) {
-        finite_rows.push_back({sqlite3_column_int64(st, 2), layer});
-      }
-      if ((++out.rows & 0xffff) == 0) progress.fetch_add(0x10000, std::memory_order_relaxed);
-    }
+    rundb::RunDbReader::GradScan scan;
+    scan.first = first, scan.last = last, scan.histograms = histograms;
+    reader.for_each_grad_stat(
+        [&](const rundb::GradStatRow& g) {
+          const std::int64_t step = g.step, layer = g.layer_id;
+          if (layer < 0 || std::size_t(layer) >= layer_count)
+            corrupt(path, "grad_stats has a row for layer " + std::to_string(layer) + ", but the layers table has ids 0 to " +
+                              std::to_string(std::int64_t(layer_count) - 1));
+          if (step != row_step) {
+            close_step();
+            row_step = step;
+          }
+          const auto& st = g.stats;
+          const std::int64_t numel = std::max<std::int64_t>(1, st.numel);
+          const bool nonfinite = (st.nan | st.inf) != 0;
+          if (!nonfinite) {
+            auto& least = out.least_nonzero[std::size_t(layer)];
+            if (st.amin_nz > 0 && (least.second < 0 || st.amin_nz < least.first)) least = {st.amin_nz, step};
+            if (!g.histogram.empty()) {
+              auto& sum = out.histogram[std::size_t(layer)];
+              sum.resize(g.histogram.size(), 0);
+              for (std::size_t b = 0; b < g.histogram.size(); ++b) sum[b] += g.histogram[b];
+            }
+          }
+          out.samples[std::size_t(layer)].push_back({std::int32_t(step), float(st.absmax), float(st.l2),
+                                                     quantise16(double(st.zeros) / double(numel)),
+                                                     std::uint8_t(nonfinite ? 1 : 0),
+                                                     quantise8(double(st.fp16_subnormal) / double(numel))});
+          if (nonfinite) {
+            if (out.nonfinite.empty() || current_step != step) {
+              out.nonfinite.push_back({step, {}});
+              current_step = step;
+            }
+            const std::int64_t order = g.bwd_order < 0 ? INT64_MAX : g.bwd_order;  // no hook saw it: after all that did
+            out.nonfinite.back().second.push_back({order, layer});
+          } else if (g.bwd_order >= 0) {
+            finite_rows.push_back({g.bwd_order, layer});
+          }
+          if ((++out.rows & 0xffff) == 0) progress.fetch_add(0x10000, std::memory_order_relaxed);
+        },
+        scan);
     close_step();
-    const bool ok = rc == SQLITE_DONE;
-    const std::string why = ok ? "" : sqlite3_errmsg(c.db);
-    sqlite3_finalize(st);
-    if (!ok) throw rundb::RunDbError(path + ": reading grad_stats failed (truncated or corrupted?): " + why);
   } catch (const std::exception& e) {
     out.error = e.what();
   }
@@ -211,19 +177,24 @@ Run load_run(const std::string& path, const LoadOptions& options) {
   }
   if (run.steps.empty())
     throw rundb::RunDbError(path + ": holds no steps (the training never reached scaler.update())");
+  if (run.steps.front().row.step < 0 || run.steps.back().row.step > kMaxStep)
+    corrupt(path, "steps are numbered from " + std::to_string(run.steps.front().row.step) + " to " +
+                      std::to_string(run.steps.back().row.step) + " (a run.db numbers them from 0 to 2^31-1)");
   for (std::size_t i = 0; i < run.layers.size(); ++i)
     if (run.layers[i].info.id != std::int64_t(i)) throw rundb::RunDbError(path + ": layer ids are not dense: corrupted");
   for (std::size_t i = 0; i < run.modules.size(); ++i)
     if (run.modules[i].info.id != std::int64_t(i)) throw rundb::RunDbError(path + ": module ids are not dense: corrupted");
 
   // Gradient statistics, in parallel over step ranges.
-  Connection probe(path);
-  const std::int64_t first = probe.scalar("SELECT MIN(step) FROM grad_stats");
-  const std::int64_t last = probe.scalar("SELECT MAX(step) FROM grad_stats");
+  std::int64_t first = 0, last = -1;
+  const bool any_grad = reader.grad_step_range(first, last);
+  if (any_grad && (first < 0 || last > kMaxStep))
+    corrupt(path, "grad_stats has steps from " + std::to_string(first) + " to " + std::to_string(last) +
+                      " (a run.db numbers them from 0 to 2^31-1)");
   const bool histograms = run.meta_or("histogram", "0") == "1";
   const int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<Partial> parts;
-  if (first >= 0) {
+  if (any_grad) {
     const std::int64_t span = last - first + 1;
     const int n = int(std::min<std::int64_t>(threads, span));
     parts.resize(std::size_t(n));
@@ -249,7 +220,6 @@ Run load_run(const std::string& path, const LoadOptions& options) {
   for (std::size_t i = 0; i < run.steps.size(); ++i) step_index[run.steps[i].row.step] = i;
   for (auto& p : parts) {
     run.grad_rows += p.rows;
-    if (p.samples.size() > run.layers.size()) throw rundb::RunDbError(path + ": gradient rows name unknown layers: corrupted");
     for (std::size_t l = 0; l < p.samples.size(); ++l) {
       LayerSummary& layer = run.layers[l];
       layer.samples.insert(layer.samples.end(), p.samples[l].begin(), p.samples[l].end());

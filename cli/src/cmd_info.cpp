@@ -1,6 +1,7 @@
 // ampdiag info: what a run.db holds, whether it is complete, and whether it is intact.
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -20,9 +21,12 @@ constexpr const char* kHelp = R"(usage: ampdiag info RUN.db [options]
 
 Metadata (versions, device, AMP dtype, scaler settings, rank, run id), row counts,
 whether the run finished, and SQLite's integrity check. Exit 2 if the file is damaged
-(after printing what it could read).
+(after printing what it could read), with one line on stderr saying what.
 
 options:
+  --full-check     run SQLite's integrity_check (also compares every index with its
+                   table; slower) instead of its quick_check
+  --verbose        on damage, list every problem SQLite found on stderr, not just the first
   --format F       text (default) or json
   -o, --output F   write there instead of stdout
 )";
@@ -33,22 +37,49 @@ struct Info {
   bool finished = false;
   std::map<std::string, std::string> meta;
   std::vector<std::pair<std::string, std::size_t>> counts;  // table, rows
-  std::string integrity;
+  std::vector<std::pair<std::string, std::string>> unreadable;  // table, why
+  std::string check;  // "quick_check" or "integrity_check"
+  std::vector<std::string> problems;  // what the check found
+  std::string check_error;  // why the check itself failed
+  bool intact() const { return unreadable.empty() && problems.empty() && check_error.empty(); }
 };
 
-Info read_info(rundb::RunDbReader& r) {
+// Counts what it can: a table that cannot be read is listed, not fatal, so that the rest
+// of a damaged file is still shown.
+Info read_info(rundb::RunDbReader& r, bool full_check) {
   Info info;
   info.path = r.path();
   info.format = r.schema_version();
   info.finished = r.finished();
   info.meta = r.meta();
-  std::size_t grad_rows = 0;
-  r.for_each_grad_stat([&](const rundb::GradStatRow&) { ++grad_rows; });
-  info.counts = {{"layers", r.layers().size()},         {"modules", r.modules().size()},
-                 {"steps", r.steps().size()},           {"grad_stats", grad_rows},
-                 {"act_stats", r.act_stats().size()},   {"replays", r.replays().size()},
-                 {"events", r.events().size()}};
-  info.integrity = r.integrity_check();
+  auto count = [&](const char* table, const std::function<std::size_t()>& rows) {
+    try {
+      info.counts.emplace_back(table, rows());
+    } catch (const rundb::RunDbError& e) {
+      info.unreadable.emplace_back(table, e.what());
+    }
+  };
+  count("layers", [&] { return r.layers().size(); });
+  count("modules", [&] { return r.modules().size(); });
+  count("steps", [&] { return r.steps().size(); });
+  count("grad_stats", [&] {
+    std::size_t rows = 0;
+    rundb::RunDbReader::GradScan scan;
+    scan.histograms = false;
+    r.for_each_grad_stat([&](const rundb::GradStatRow&) { ++rows; }, scan);
+    return rows;
+  });
+  count("act_stats", [&] { return r.act_stats().size(); });
+  count("replays", [&] { return r.replays().size(); });
+  count("events", [&] { return r.events().size(); });
+  info.check = full_check ? "integrity_check" : "quick_check";
+  try {
+    info.problems = r.integrity_problems(full_check);
+  } catch (const rundb::RunDbError& e) {
+    std::string why = e.what();
+    if (why.rfind(info.path + ": ", 0) == 0) why.erase(0, info.path.size() + 2);  // named once, by the caller
+    info.check_error = why;
+  }
   return info;
 }
 
@@ -68,7 +99,14 @@ std::string as_text(const Info& info) {
     o += label + v + "\n";
   }
   for (const auto& [table, rows] : info.counts) line(table == "grad_stats" || table == "act_stats" ? table + " rows" : table, std::to_string(rows));
-  line("integrity", info.integrity);
+  for (const auto& [table, why] : info.unreadable) line(table, "UNREADABLE");
+  if (!info.check_error.empty())
+    line("integrity", "DAMAGED: " + info.check_error);
+  else if (info.problems.empty())
+    line("integrity", "ok (SQLite " + info.check + (info.check == "quick_check" ? "; --full-check runs integrity_check)" : ")"));
+  else
+    line("integrity", "DAMAGED: SQLite's " + info.check + " found " + std::to_string(info.problems.size()) +
+                          (info.problems.size() == 1 ? " problem" : " problems") + "; the first: " + info.problems.front());
   return o;
 }
 
@@ -87,13 +125,39 @@ std::string as_json(const Info& info) {
     o += (first ? "" : ", ") + quote(table) + ": " + std::to_string(rows);
     first = false;
   }
-  return o + "}, \"integrity\": " + quote(info.integrity) + "}\n";
+  o += "}, \"unreadable\": {";
+  first = true;
+  for (const auto& [table, why] : info.unreadable) {
+    o += (first ? "" : ", ") + quote(table) + ": " + quote(why);
+    first = false;
+  }
+  std::vector<std::string> problems = info.problems;
+  if (!info.check_error.empty()) problems.push_back(info.check_error);
+  o += "}, \"integrity\": " + quote(problems.empty() ? "ok" : "damaged") + ", \"integrity_check\": " + quote(info.check) +
+       ", \"integrity_problems\": [";
+  for (std::size_t i = 0; i < problems.size(); ++i) o += (i ? ", " : "") + quote(problems[i]);
+  return o + "]}\n";
+}
+
+// One line for the exit-2 error; with --verbose every problem follows on its own line.
+std::string damage_summary(const Info& info, bool verbose) {
+  std::vector<std::string> all;
+  for (const auto& [table, why] : info.unreadable) all.push_back(why);
+  for (const auto& problem : info.problems) all.push_back(info.path + ": failed SQLite's " + info.check + ": " + problem);
+  if (!info.check_error.empty()) all.push_back(info.path + ": " + info.check_error);
+  std::string out = all.front();
+  if (verbose) {
+    for (std::size_t i = 1; i < all.size(); ++i) out += "\n" + all[i];
+  } else if (all.size() > 1) {
+    out += " (and " + std::to_string(all.size() - 1) + " more; --verbose lists them)";
+  }
+  return out;
 }
 
 }  // namespace
 
 int cmd_info(int argc, char** argv) {
-  const Args args(argc, argv, {"--format", "-o", "--output"}, {});
+  const Args args(argc, argv, {"--format", "-o", "--output"}, {"--full-check", "--verbose"});
   if (args.help()) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -101,10 +165,9 @@ int cmd_info(int argc, char** argv) {
   if (args.positionals().size() != 1) throw UsageError("give exactly one run.db (see --help)");
   const std::string format = args.choice("--format", "text", {"text", "json"});
   rundb::RunDbReader reader(args.positionals().front());
-  const Info info = read_info(reader);
+  const Info info = read_info(reader, args.flag("--full-check"));
   write_output(output_path(args), format == "json" ? as_json(info) : as_text(info));
-  if (info.integrity != "ok")
-    throw rundb::RunDbError(info.path + ": failed SQLite's integrity check: " + info.integrity);
+  if (!info.intact()) throw rundb::RunDbError(damage_summary(info, args.flag("--verbose")));
   return 0;
 }
 

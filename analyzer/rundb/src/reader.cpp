@@ -1,10 +1,12 @@
 // RunDbReader; see reader.h.
 #include "ampdiag/rundb/reader.h"
 
+#include <sqlite3.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -50,6 +52,16 @@ bool parse_v1_replay(const EventRow& e, ReplayRow& out) {
   return true;
 }
 
+bool has_sqlite_header(const std::string& path) {
+  static constexpr char kMagic[16] = "SQLite format 3";  // and its NUL: 16 bytes
+  char head[16] = {};
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  const std::size_t got = std::fread(head, 1, sizeof head, f);
+  std::fclose(f);
+  return got == sizeof head && std::memcmp(head, kMagic, sizeof head) == 0;
+}
+
 }  // namespace
 
 RunDbReader::RunDbReader(const std::string& path) : path_(path) {
@@ -63,9 +75,20 @@ RunDbReader::RunDbReader(const std::string& path) : path_(path) {
     Statement q(*db_, "PRAGMA application_id");
     if (q.next()) app_id = q.int64(0);
   } catch (const RunDbError&) {
-    throw RunDbError(path + ": not a SQLite database (is it a run.db? it may be truncated or corrupted)");
+    // SQLite says "malformed" for a damaged file and "not a database" for any other: only
+    // the header tells them apart for the user.
+    if (!has_sqlite_header(path))
+      throw RunDbError(path + ": not a SQLite database (is it a run.db? it may be truncated or corrupted)");
+    throw RunDbError(path + ": a damaged SQLite database (" + sqlite3_errmsg(db_->handle()) +
+                     "): truncated or corrupted, SQLite cannot read even its schema");
   }
   if (app_id != kApplicationId) throw RunDbError(path + ": a SQLite database, but not an ampdiag run.db");
+  // A legitimate read needs a few hundred SQLite instructions per byte of the file at
+  // most (a full scan of every table and SQLite's quick_check); a hostile file gets a bound.
+  db_->bound_work(std::uint64_t(1) << 27 | std::uint64_t(st.st_size) * 1000);
+  // Large runs are read by scanning: map the file instead of copying pages through the cache.
+  db_->exec("PRAGMA mmap_size = 1073741824; PRAGMA cache_size = -65536;");
+  check_tables({"meta", "layers", "modules", "steps", "grad_stats", "act_stats", "events"});
   std::string version;
   try {
     Statement q(*db_, "SELECT value FROM meta WHERE key = 'schema_version'");
@@ -79,32 +102,56 @@ RunDbReader::RunDbReader(const std::string& path) : path_(path) {
     throw RunDbError(path + ": written in run.db format " + version + ", newer than this ampdiag reads (" +
                      std::to_string(kSchemaVersion) + "): upgrade ampdiag");
   if (version_ < 1) throw RunDbError(path + ": run.db has an invalid schema_version '" + version + "'");
+  if (version_ >= 2) check_tables({"replays"});
+}
+
+void RunDbReader::check_tables(const std::vector<const char*>& names) {
+  for (const char* name : names) {
+    Statement q(*db_, "SELECT type, sql FROM sqlite_master WHERE name = ?1", "the schema (sqlite_master)");
+    q.bind(1, std::string(name));
+    if (!q.next()) throw RunDbError(path_ + ": run.db has no table " + name + ": incomplete or corrupted");
+    // Only the writer's own tables are read: a view or a virtual table could compute anything.
+    if (q.text(0) != "table" || q.text(1).rfind("CREATE TABLE", 0) != 0)
+      throw RunDbError(path_ + ": corrupt run.db: " + name + " is a " + q.text(0) + ", not the table the writer creates");
+  }
 }
 
 RunDbReader::~RunDbReader() = default;
 
 bool RunDbReader::finished() {
-  Statement q(*db_, "SELECT 1 FROM meta WHERE key = 'finished_at'");
+  Statement q(*db_, "SELECT 1 FROM meta WHERE key = 'finished_at'", "table meta");
   return q.next();
 }
 
-std::string RunDbReader::integrity_check() {
-  Statement q(*db_, "PRAGMA quick_check");
-  std::string out;
-  while (q.next()) out += (out.empty() ? "" : "; ") + q.text(0);
+std::vector<std::string> RunDbReader::integrity_problems(bool full) {
+  Statement q(*db_, full ? "PRAGMA integrity_check" : "PRAGMA quick_check",
+              full ? "the file with SQLite's integrity_check" : "the file with SQLite's quick_check");
+  std::vector<std::string> out;
+  while (q.next()) {
+    // One row can hold many problems, a line each, after a "*** in database main ***" line.
+    const std::string text = q.text(0);
+    std::size_t begin = 0;
+    while (begin <= text.size()) {
+      std::size_t end = text.find('\n', begin);
+      if (end == std::string::npos) end = text.size();
+      std::string line = text.substr(begin, end - begin);
+      if (!line.empty() && line != "ok" && line.rfind("*** in database", 0) != 0) out.push_back(std::move(line));
+      begin = end + 1;
+    }
+  }
   return out;
 }
 
 std::map<std::string, std::string> RunDbReader::meta() {
   std::map<std::string, std::string> out;
-  Statement q(*db_, "SELECT key, value FROM meta");
+  Statement q(*db_, "SELECT key, value FROM meta", "table meta");
   while (q.next()) out[q.text(0)] = q.text(1);
   return out;
 }
 
 std::vector<LayerRow> RunDbReader::layers() {
   std::vector<LayerRow> out;
-  Statement q(*db_, "SELECT id, name, module_path, module_type, dtype, shape, numel, trainable, source FROM layers ORDER BY id");
+  Statement q(*db_, "SELECT id, name, module_path, module_type, dtype, shape, numel, trainable, source FROM layers ORDER BY id", "table layers");
   while (q.next())
     out.push_back({q.int64(0), q.text(1), q.text(2), q.text(3), q.text(4), q.text(5), q.int64(6), q.int64(7) != 0, q.text(8)});
   return out;
@@ -113,7 +160,8 @@ std::vector<LayerRow> RunDbReader::layers() {
 std::vector<ModuleRow> RunDbReader::modules() {
   std::vector<ModuleRow> out;
   Statement q(*db_, version_ >= 2 ? "SELECT id, path, module_type, source, inputs FROM modules ORDER BY id"
-                                   : "SELECT id, path, module_type, source, '' FROM modules ORDER BY id");
+                                   : "SELECT id, path, module_type, source, '' FROM modules ORDER BY id",
+                "table modules");
   while (q.next()) out.push_back({q.int64(0), q.text(1), q.text(2), q.text(3), q.text(4)});
   return out;
 }
@@ -123,7 +171,8 @@ std::vector<StepRow> RunDbReader::steps() {
   Statement q(*db_, version_ >= 2 ? "SELECT step, loss, losses, scale_before, scale_after, found_inf, skipped, sampled, "
                                      "step_ns, agent_ns, wall_time FROM steps ORDER BY step"
                                    : "SELECT step, loss, -1, scale_before, scale_after, found_inf, skipped, sampled, "
-                                     "step_ns, agent_ns, wall_time FROM steps ORDER BY step");
+                                     "step_ns, agent_ns, wall_time FROM steps ORDER BY step",
+                "table steps");
   while (q.next()) {
     StepRow r;
     r.step = q.int64(0);
@@ -144,7 +193,7 @@ std::vector<StepRow> RunDbReader::steps() {
 
 std::vector<EventRow> RunDbReader::events() {
   std::vector<EventRow> out;
-  Statement q(*db_, "SELECT step, kind, detail, wall_time FROM events ORDER BY id");
+  Statement q(*db_, "SELECT step, kind, detail, wall_time FROM events ORDER BY id", "table events");
   while (q.next()) {
     EventRow e{q.int64(0), q.text(1), q.text(2), q.real(3)};
     ReplayRow unused;
@@ -157,31 +206,65 @@ std::vector<EventRow> RunDbReader::events() {
 std::vector<ReplayRow> RunDbReader::replays() {
   std::vector<ReplayRow> out;
   if (version_ == 1) {
-    Statement q(*db_, "SELECT step, kind, detail, wall_time FROM events WHERE kind = 'replay' ORDER BY id");
+    Statement q(*db_, "SELECT step, kind, detail, wall_time FROM events WHERE kind = 'replay' ORDER BY id", "table events");
     while (q.next()) {
       ReplayRow r;
       if (parse_v1_replay({q.int64(0), q.text(1), q.text(2), q.real(3)}, r)) out.push_back(std::move(r));
     }
     return out;
   }
-  Statement q(*db_, "SELECT step, module, outcome, fp32_absmax, reason FROM replays ORDER BY id");
+  Statement q(*db_, "SELECT step, module, outcome, fp32_absmax, reason FROM replays ORDER BY id", "table replays");
   while (q.next()) out.push_back({q.int64(0), q.text(1), q.text(2), q.real(3), q.text(4)});
   return out;
 }
 
-void RunDbReader::for_each_grad_stat(const std::function<void(const GradStatRow&)>& visit) {
-  Statement q(*db_, ("SELECT step, layer_id, bwd_order, " + stat_column_list() +
-                     ", histogram FROM grad_stats ORDER BY step, layer_id").c_str());
+bool RunDbReader::grad_step_range(std::int64_t& first, std::int64_t& last) {
+  // Two subqueries: SQLite answers a lone MIN or MAX from the primary key, but scans the
+  // whole table for both in one SELECT.
+  Statement q(*db_, "SELECT (SELECT MIN(step) FROM grad_stats), (SELECT MAX(step) FROM grad_stats)", "table grad_stats");
+  if (!q.next() || std::isnan(q.real(0))) return false;  // NULL: no rows
+  first = q.int64(0);
+  last = q.int64(1);
+  return true;
+}
+
+void RunDbReader::for_each_grad_stat(const std::function<void(const GradStatRow&)>& visit, const GradScan& scan) {
+  Statement q(*db_, ("SELECT step, layer_id, bwd_order, " + stat_column_list() + (scan.histograms ? ", histogram" : "") +
+                     " FROM grad_stats WHERE step >= ?1 AND step <= ?2 ORDER BY step, layer_id")
+                        .c_str(),
+              "table grad_stats");
+  q.bind(1, scan.first).bind(2, scan.last);
+  constexpr int kHistogramBytes = kHistBins * int(sizeof(std::uint32_t));
   GradStatRow r;
+  sqlite3_stmt* st = q.handle();
   while (q.next()) {
-    r.step = q.int64(0);
-    r.layer_id = q.int64(1);
-    r.bwd_order = q.int64(2);
-    r.stats = read_stats(q, 3);
-    int bytes = 0;
-    const void* blob = q.blob(3 + kStatFieldCount, &bytes);
-    r.histogram.assign(std::size_t(bytes) / sizeof(std::uint32_t), 0);
-    if (bytes > 0) std::memcpy(r.histogram.data(), blob, r.histogram.size() * sizeof(std::uint32_t));
+    // Straight from SQLite, not through Statement: this loop reads every gradient row.
+    r.step = sqlite3_column_int64(st, 0);
+    r.layer_id = sqlite3_column_int64(st, 1);
+    r.bwd_order = sqlite3_column_int64(st, 2);
+    for (int i = 0; i < kStatFieldCount; ++i) {
+      const StatField& f = kStatFields[i];
+      if (f.count)
+        r.stats.*f.count = sqlite3_column_int64(st, 3 + i);
+      else {
+        // NULL (a NaN the writer stored) reads as 0.0: only then is the type worth asking.
+        const double v = sqlite3_column_double(st, 3 + i);
+        r.stats.*f.real = v == 0.0 && sqlite3_column_type(st, 3 + i) == SQLITE_NULL ? NAN : v;
+      }
+    }
+    r.histogram.clear();
+    if (scan.histograms) {
+      int bytes = 0;
+      const void* blob = q.blob(3 + kStatFieldCount, &bytes);
+      if (bytes != 0 && bytes != kHistogramBytes)
+        throw RunDbError(path_ + ": corrupt run.db: grad_stats row (step " + std::to_string(r.step) + ", layer " +
+                         std::to_string(r.layer_id) + ") has a histogram of " + std::to_string(bytes) + " bytes, not " +
+                         std::to_string(kHistogramBytes));
+      if (bytes == kHistogramBytes) {
+        r.histogram.resize(kHistBins);
+        std::memcpy(r.histogram.data(), blob, std::size_t(kHistogramBytes));
+      }
+    }
     visit(r);
   }
 }
@@ -196,7 +279,8 @@ std::vector<ActStatRow> RunDbReader::act_stats() {
   std::vector<ActStatRow> out;
   Statement q(*db_, ("SELECT step, fwd_order, module_id, " + std::string(version_ >= 2 ? "micro_batch" : "0") + ", " +
                      stat_column_list() + " FROM act_stats ORDER BY step, fwd_order")
-                        .c_str());
+                        .c_str(),
+                "table act_stats");
   while (q.next()) {
     ActStatRow r;
     r.step = q.int64(0);

@@ -24,6 +24,22 @@ Database::Database(const std::string& path, Mode mode) : path_(path) {
 
 Database::~Database() { sqlite3_close_v2(db_); }
 
+namespace {
+constexpr int kProgressPeriod = 10000;  // VM instructions between two progress calls
+}
+
+int Database::on_progress(void* self) {
+  auto* db = static_cast<Database*>(self);
+  db->work_ += kProgressPeriod;
+  return db->work_exhausted() ? 1 : 0;
+}
+
+void Database::bound_work(std::uint64_t instructions) {
+  budget_ = instructions;
+  work_ = 0;
+  sqlite3_progress_handler(db_, instructions ? kProgressPeriod : 0, instructions ? &Database::on_progress : nullptr, this);
+}
+
 void Database::fail(const std::string& what) const {
   throw RunDbError(path_ + ": " + what + ": " + sqlite3_errmsg(db_));
 }
@@ -37,9 +53,19 @@ void Database::exec(const char* sql) {
   }
 }
 
-Statement::Statement(Database& db, const char* sql) : db_(db) {
+Statement::Statement(Database& db, const char* sql, std::string what) : db_(db), what_(std::move(what)) {
   if (sqlite3_prepare_v3(db.handle(), sql, -1, SQLITE_PREPARE_PERSISTENT, &stmt_, nullptr) != SQLITE_OK)
-    db.fail("cannot prepare a statement");
+    fail("cannot prepare a statement");
+}
+
+void Statement::fail(const std::string& what) const {
+  if (db_.work_exhausted())
+    throw RunDbError(db_.path() + ": reading " + (what_.empty() ? "it" : what_) +
+                     " takes SQLite far more work than a run.db of this size can need (a view or a damaged "
+                     "b-tree?): corrupt run.db, not read");
+  if (what_.empty()) db_.fail(what);
+  throw RunDbError(db_.path() + ": reading " + what_ + " failed: " + sqlite3_errmsg(db_.handle()) +
+                   " (truncated or corrupted?)");
 }
 
 Statement::~Statement() { sqlite3_finalize(stmt_); }
@@ -76,14 +102,14 @@ Statement& Statement::bind_null(int index) {
 void Statement::run() {
   const int rc = sqlite3_step(stmt_);
   sqlite3_reset(stmt_);
-  if (rc != SQLITE_DONE) db_.fail("write failed");
+  if (rc != SQLITE_DONE) fail("write failed");
 }
 
 bool Statement::next() {
   const int rc = sqlite3_step(stmt_);
   if (rc == SQLITE_ROW) return true;
   if (rc == SQLITE_DONE) return false;
-  db_.fail("read failed");
+  fail("read failed");
 }
 
 std::int64_t Statement::int64(int column) const { return sqlite3_column_int64(stmt_, column); }

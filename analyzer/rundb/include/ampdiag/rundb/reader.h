@@ -1,7 +1,10 @@
 // Reads a run.db, also while it is being written. Refuses, with a one-line RunDbError,
-// anything that is not a run.db of a format this build understands.
+// anything that is not a run.db of a format this build understands, and reports damage
+// instead of reading around it: every SQLite error on a read, a table that is not a plain
+// table, and a query that needs far more work than a file of its size can hold throw.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,8 +30,10 @@ class RunDbReader {
   bool finished();
 
   std::map<std::string, std::string> meta();
-  // SQLite's quick_check: "ok", or what is damaged.
-  std::string integrity_check();
+  // SQLite's quick_check (or, with `full`, its slower integrity_check, which also compares
+  // every index with its table): nothing when the file is intact, else one entry per problem
+  // found (SQLite stops at 100).
+  std::vector<std::string> integrity_problems(bool full);
   std::vector<LayerRow> layers();
   std::vector<ModuleRow> modules();
   std::vector<StepRow> steps();
@@ -36,12 +41,24 @@ class RunDbReader {
   std::vector<EventRow> events();
   // FP32 replays (format 1 files: read from their events).
   std::vector<ReplayRow> replays();
-  // Row by row, in (step, layer) order: a long run does not need to fit in memory.
-  void for_each_grad_stat(const std::function<void(const GradStatRow&)>& visit);
+  // The first and last step of grad_stats; false when it has no rows.
+  bool grad_step_range(std::int64_t& first, std::int64_t& last);
+  // Which grad_stats rows to visit: steps first..last; without `histograms` the rows'
+  // histograms stay empty (reading them costs).
+  struct GradScan {
+    std::int64_t first = INT64_MIN, last = INT64_MAX;
+    bool histograms = true;
+  };
+  // Row by row, in (step, layer) order: a long run does not need to fit in memory. A
+  // histogram is NULL or exactly kHistBins counts; any other size throws (corrupt).
+  void for_each_grad_stat(const std::function<void(const GradStatRow&)>& visit, const GradScan& scan);
+  void for_each_grad_stat(const std::function<void(const GradStatRow&)>& visit) { for_each_grad_stat(visit, GradScan{}); }
   std::vector<GradStatRow> grad_stats();
   std::vector<ActStatRow> act_stats();
 
  private:
+  void check_tables(const std::vector<const char*>& names);
+
   std::string path_;
   std::unique_ptr<Database> db_;
   int version_ = 0;
