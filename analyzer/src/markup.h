@@ -3,9 +3,14 @@
 
 #include <string>
 
+#include "ampdiag/analyzer/escape.h"
+
 namespace ampdiag::analyzer {
 
-inline std::string escape_markup(const std::string& s) {
+// Control characters, which XML 1.0 forbids, and bytes that are not UTF-8 come out as
+// visible \xNN (printable()).
+inline std::string escape_markup(const std::string& text) {
+  const std::string s = printable(text, true);
   std::string out;
   out.reserve(s.size());
   for (char c : s) {

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "ampdiag/analyzer/escape.h"
 #include "ampdiag/analyzer/render.h"
 
 namespace ampdiag::analyzer {
@@ -74,25 +75,28 @@ std::string render_text(const Report& r, const Gate& gate, const RenderOptions& 
   else
     out += std::string(fails ? red : yellow) + (fails ? "UNHEALTHY" : "WARNINGS") + reset + ": " + findings_summary(r, gate) +
            ".\n";
-  for (const auto& run : r.runs) out += std::string(dim) + overview_line(run) + reset + "\n";
+  for (const auto& run : r.runs) out += std::string(dim) + printable(overview_line(run)) + reset + "\n";
   int n = 0;
+  // Names inside titles, evidence and snippets are data: printable() keeps them from
+  // driving the terminal.
+  const auto data = [](const std::string& s) { return printable(s); };
   for (const auto& f : r.findings) {
     const char* colour = f.severity == Severity::kError ? red : (f.severity == Severity::kWarning ? yellow : dim);
     out += "\n" + std::string(bold) + std::to_string(++n) + ". " + reset + colour + severity_name(f.severity) + reset + " " +
-           bold + "[" + f.rule + "]" + reset + ranks_text(f, r.runs.size()) + " " + f.title + "\n";
-    if (!f.module.empty()) out += "   module:   " + f.module + "\n";
-    if (!f.layer.empty()) out += "   layer:    " + f.layer + "\n";
-    out += "   evidence: " + f.evidence + "\n";
+           bold + "[" + f.rule + "]" + reset + ranks_text(f, r.runs.size()) + " " + data(f.title) + "\n";
+    if (!f.module.empty()) out += "   module:   " + printable(f.module) + "\n";
+    if (!f.layer.empty()) out += "   layer:    " + printable(f.layer) + "\n";
+    out += "   evidence: " + data(f.evidence) + "\n";
     for (const auto& s : f.suggestions) {
-      out += "   fix:      " + s.summary + (f.confirmation == "confirmed" && &s == &f.suggestions.front() ? " (confirmed by replay)" : "") + "\n";
-      if (!s.python.empty()) out += std::string(dim) + "   Python:\n" + reset + indent(s.python, "      ");
-      if (!s.cpp.empty()) out += std::string(dim) + "   C++:\n" + reset + indent(s.cpp, "      ");
+      out += "   fix:      " + data(s.summary) + (f.confirmation == "confirmed" && &s == &f.suggestions.front() ? " (confirmed by replay)" : "") + "\n";
+      if (!s.python.empty()) out += std::string(dim) + "   Python:\n" + reset + indent(printable(s.python, true), "      ");
+      if (!s.cpp.empty()) out += std::string(dim) + "   C++:\n" + reset + indent(printable(s.cpp, true), "      ");
     }
   }
   if (!r.skipped.empty()) {
     out += "\n" + std::string(bold) + "Skipped steps" + reset + " (" + std::to_string(r.skipped.size()) + "), and why:\n";
     for (std::size_t i = 0; i < r.skipped.size() && i < o.max_skipped; ++i)
-      out += "  " + skipped_line(r.skipped[i], r.runs.size() > 1) + "\n";
+      out += "  " + printable(skipped_line(r.skipped[i], r.runs.size() > 1)) + "\n";
     if (r.skipped.size() > o.max_skipped)
       out += "  ... " + std::to_string(r.skipped.size() - o.max_skipped) + " more (--format json lists them all)\n";
   }
@@ -104,22 +108,28 @@ std::string render_markdown(const Report& r, const Gate& gate) {
   out += r.healthy() ? "**Healthy**: no overflow, underflow or loss-scale problem found.\n\n"
                      : std::string("**") + (gate.fails(r) ? "Unhealthy" : "Warnings") + "**: " +
                            findings_summary(r, gate) + ".\n\n";
-  for (const auto& run : r.runs) out += "- " + overview_line(run) + "\n";
+  for (const auto& run : r.runs) out += "- " + markdown_text(overview_line(run)) + "\n";
   int n = 0;
+  const auto code_block = [](const char* language, const std::string& code) {
+    const std::string text = printable(code, true), fence = markdown_fence(text);
+    return "\n" + fence + language + "\n" + text + "\n" + fence + "\n";
+  };
   for (const auto& f : r.findings) {
-    out += "\n## " + std::to_string(++n) + ". " + severity_name(f.severity) + " `" + f.rule + "`: " + f.title + "\n\n";
-    if (!f.module.empty()) out += "- module: `" + f.module + "`\n";
-    if (!f.layer.empty()) out += "- layer: `" + f.layer + "`\n";
-    out += "- evidence: " + f.evidence + "\n";
+    out += "\n## " + std::to_string(++n) + ". " + severity_name(f.severity) + " " + markdown_code(f.rule) + ": " +
+           markdown_text(f.title) + "\n\n";
+    if (!f.module.empty()) out += "- module: " + markdown_code(f.module) + "\n";
+    if (!f.layer.empty()) out += "- layer: " + markdown_code(f.layer) + "\n";
+    out += "- evidence: " + markdown_text(f.evidence) + "\n";
     for (const auto& s : f.suggestions) {
-      out += "- fix: " + s.summary + "\n";
-      if (!s.python.empty()) out += "\n```python\n" + s.python + "\n```\n";
-      if (!s.cpp.empty()) out += "\n```cpp\n" + s.cpp + "\n```\n";
+      out += "- fix: " + markdown_text(s.summary) + "\n";
+      if (!s.python.empty()) out += code_block("python", s.python);
+      if (!s.cpp.empty()) out += code_block("cpp", s.cpp);
     }
   }
   if (!r.skipped.empty()) {
     out += "\n## Skipped steps\n\n";
-    for (std::size_t i = 0; i < r.skipped.size() && i < 50; ++i) out += "- " + skipped_line(r.skipped[i], r.runs.size() > 1) + "\n";
+    for (std::size_t i = 0; i < r.skipped.size() && i < 50; ++i)
+      out += "- " + markdown_text(skipped_line(r.skipped[i], r.runs.size() > 1)) + "\n";
     if (r.skipped.size() > 50) out += "- ... " + std::to_string(r.skipped.size() - 50) + " more\n";
   }
   return out;

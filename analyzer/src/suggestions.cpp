@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cmath>
 
+#include "ampdiag/analyzer/escape.h"
+
 namespace ampdiag::analyzer::suggest {
 
 namespace {
@@ -28,7 +30,11 @@ std::string python_attribute(const std::string& module_path) {
   while (begin <= module_path.size() && !module_path.empty()) {
     const auto dot = module_path.find('.', begin);
     const std::string part = module_path.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin);
-    out += all_digits(part) ? "[" + part + "]" : "." + part;
+    if (all_digits(part)) out += "[" + part + "]";
+    else if (python_identifier(part)) out += "." + part;
+    // A ModuleDict key that is no identifier ("my layer"): only get_submodule reaches it,
+    // and the path goes into the code as a string literal, never as code.
+    else return "model.get_submodule(" + python_string(module_path) + ")";
     if (dot == std::string::npos) break;
     begin = dot + 1;
   }
@@ -75,14 +81,14 @@ Suggestion pin_fp32(const Run& run, const std::string& module_path) {
   const auto dot = module_path.rfind('.');
   const std::string last = dot == std::string::npos ? module_path : module_path.substr(dot + 1);
   const std::string parent = dot == std::string::npos ? "the model" : module_path.substr(0, dot);
-  const std::string callee = all_digits(last) ? attr : "self." + last;
+  const std::string callee = all_digits(last) || !python_identifier(last) ? attr : "self." + last;
   s.python = "ampdiag.pin_fp32(" + attr + ")  # autocast off inside it; float inputs cast, ids and masks untouched\n"
-             "# or in plain torch, where " + parent + "'s forward() calls it:\n"
+             "# or in plain torch, where " + printable(parent) + "'s forward() calls it:\n"
              "with torch.autocast(device_type=\"" + device_type(run) + "\", enabled=False):\n"
              "    out = " + callee + "(" + args + ")";
   s.cpp = "// ampdiag/pin_fp32.h\n"
-          "ampdiag::Fp32Pins pins({\"" + module_path + "\"});\n"
-          "out = pins.run(\"" + module_path + "\", [&](const at::Tensor& in) { return module(in); }, x);";
+          "ampdiag::Fp32Pins pins({" + cpp_string(module_path) + "});\n"
+          "out = pins.run(" + cpp_string(module_path) + ", [&](const at::Tensor& in) { return module(in); }, x);";
   return s;
 }
 

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/escape.h"
 #include "ampdiag/analyzer/json.h"
 #include "ampdiag/analyzer/render.h"
 #include "commands.h"
@@ -97,8 +98,8 @@ int cmd_diff(int argc, char** argv) {
     const auto b = base_h.find(name);
     if (b == base_h.end() || !std::isfinite(b->second) || !std::isfinite(h)) continue;
     if (h < b->second - headroom_delta) {
-      std::snprintf(line, sizeof line, "%s: gradient grew, room for the loss scale %.1f -> %.1f bits", name.c_str(), b->second, h);
-      regressions.push_back(line);
+      std::snprintf(line, sizeof line, ": gradient grew, room for the loss scale %.1f -> %.1f bits", b->second, h);
+      regressions.push_back(name + line);
     }
   }
   std::string out;
@@ -106,10 +107,10 @@ int cmd_diff(int argc, char** argv) {
     out = "{\"regression\": " + std::string(regressions.empty() ? "false" : "true") +
           ", \"regressions\": " + json_list(regressions) + ", \"improvements\": " + json_list(improvements) + "}\n";
   } else {
-    out = args.positionals()[1] + " vs " + args.positionals()[0] + ": " +
+    out = analyzer::printable(args.positionals()[1] + " vs " + args.positionals()[0]) + ": " +
           (regressions.empty() ? "no regression" : std::to_string(regressions.size()) + (regressions.size() == 1 ? " regression" : " regressions")) + "\n";
-    for (const auto& r : regressions) out += "  worse:  " + r + "\n";
-    for (const auto& r : improvements) out += "  better: " + r + "\n";
+    for (const auto& r : regressions) out += "  worse:  " + analyzer::printable(r) + "\n";
+    for (const auto& r : improvements) out += "  better: " + analyzer::printable(r) + "\n";
   }
   write_output(output_path(args), out);
   return regressions.empty() ? 0 : 1;

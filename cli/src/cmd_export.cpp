@@ -23,7 +23,7 @@ is its CSV header alone, or [].
 
 options:
   --format F       csv or json (required)
-  --table T        steps (default), layers, modules, grad_stats, act_stats, replays, events
+  --table T        steps (default), layers, modules, grad_stats, act_stats, replays, events, meta
   -o, --output F   write there instead of stdout
 )";
 
@@ -74,7 +74,7 @@ class Sink {
       else line += (i ? "," : "") + csv_field(cells[i].value);
     }
     line += json_ ? "}" : "\n";
-    std::fputs(line.c_str(), out_);
+    std::fwrite(line.data(), 1, line.size(), out_);  // a NUL in a name is data, not the end
     ++rows_;
   }
   void finish() {
@@ -147,6 +147,10 @@ void export_table(rundb::RunDbReader& reader, const std::string& table, std::FIL
     for (const auto& r : reader.replays())
       sink.row({number(r.step), text(r.module), text(r.outcome), real(r.fp32_absmax), text(r.reason)});
     sink.finish();
+  } else if (table == "meta") {
+    Sink sink(out, json, {"key", "value"});
+    for (const auto& [key, value] : reader.meta()) sink.row({text(key), text(value)});
+    sink.finish();
   } else {
     Sink sink(out, json, {"step", "kind", "detail", "wall_time"});
     for (const auto& e : reader.events()) sink.row({number(e.step), text(e.kind), text(e.detail), real(e.wall_time)});
@@ -166,7 +170,7 @@ int cmd_export(int argc, char** argv) {
   if (!args.has("--format")) throw UsageError("--format csv|json is required");
   const bool json = args.choice("--format", "csv", {"csv", "json"}) == "json";
   const std::string table =
-      args.choice("--table", "steps", {"steps", "layers", "modules", "grad_stats", "act_stats", "replays", "events"});
+      args.choice("--table", "steps", {"steps", "layers", "modules", "grad_stats", "act_stats", "replays", "events", "meta"});
   rundb::RunDbReader reader(args.positionals().front());
   const std::string path = output_path(args);
   if (path.empty() || path == "-") {

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "ampdiag/analyzer/escape.h"
 #include "ampdiag/analyzer/json.h"
 #include "ampdiag/rundb/reader.h"
 #include "commands.h"
@@ -90,23 +91,23 @@ std::string as_text(const Info& info) {
     l.resize(std::max<std::size_t>(l.size() + 1, 17), ' ');
     o += l + value + "\n";
   };
-  line("file", info.path);
+  line("file", analyzer::printable(info.path));
   line("format", "run.db " + std::to_string(info.format));
   line("state", info.finished ? "finished" : "not finished (being written, or its process died)");
   for (const auto& [k, v] : info.meta) {
     std::string label = "meta " + k + ":";
     label.resize(std::max<std::size_t>(label.size() + 1, 32), ' ');
-    o += label + v + "\n";
+    o += analyzer::printable(label) + analyzer::printable(v) + "\n";
   }
   for (const auto& [table, rows] : info.counts) line(table == "grad_stats" || table == "act_stats" ? table + " rows" : table, std::to_string(rows));
   for (const auto& [table, why] : info.unreadable) line(table, "UNREADABLE");
   if (!info.check_error.empty())
-    line("integrity", "DAMAGED: " + info.check_error);
+    line("integrity", "DAMAGED: " + analyzer::printable(info.check_error));
   else if (info.problems.empty())
     line("integrity", "ok (SQLite " + info.check + (info.check == "quick_check" ? "; --full-check runs integrity_check)" : ")"));
   else
     line("integrity", "DAMAGED: SQLite's " + info.check + " found " + std::to_string(info.problems.size()) +
-                          (info.problems.size() == 1 ? " problem" : " problems") + "; the first: " + info.problems.front());
+                          (info.problems.size() == 1 ? " problem" : " problems") + "; the first: " + analyzer::printable(info.problems.front()));
   return o;
 }
 

@@ -5,6 +5,7 @@
 #include <exception>
 #include <string>
 
+#include "ampdiag/analyzer/escape.h"
 #include "ampdiag/rundb/rows.h"
 #include "args.h"
 #include "commands.h"
@@ -48,19 +49,19 @@ int main(int argc, char** argv) {
     if (command == "export") return cmd_export(argc - 2, argv + 2);
     if (command == "info") return cmd_info(argc - 2, argv + 2);
     std::fprintf(stderr, "ampdiag: unknown command '%s' (commands: report, layers, timeline, diff, export, info)\n",
-                 command.c_str());
+                 ampdiag::analyzer::printable(command).c_str());
     return 2;
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "ampdiag %s: %s\n", command.c_str(), e.what());
+    std::fprintf(stderr, "ampdiag %s: %s\n", command.c_str(), ampdiag::analyzer::printable(e.what(), true).c_str());
     return 2;
   } catch (const ampdiag::rundb::RunDbError& e) {
-    std::fprintf(stderr, "ampdiag %s: %s\n", command.c_str(), e.what());
+    std::fprintf(stderr, "ampdiag %s: %s\n", command.c_str(), ampdiag::analyzer::printable(e.what(), true).c_str());
     return 2;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "ampdiag %s: out of memory\n", command.c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ampdiag %s: %s\n", command.c_str(), e.what());
+    std::fprintf(stderr, "ampdiag %s: %s\n", command.c_str(), ampdiag::analyzer::printable(e.what(), true).c_str());
     return 2;
   }
 }

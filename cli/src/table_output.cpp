@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "ampdiag/analyzer/escape.h"
 #include "ampdiag/analyzer/json.h"
 
 namespace ampdiag::cli {
@@ -32,18 +33,20 @@ std::string render_table(const std::vector<std::vector<std::string>>& rows, cons
     }
     return out + "\n]\n";
   }
+  // Text is for a terminal: names are data, and no cell may drive it (escape.h).
+  std::vector<std::vector<std::string>> cells = rows;
   std::vector<std::size_t> width;
-  for (const auto& r : rows)
+  for (auto& r : cells)
     for (std::size_t i = 0; i < r.size(); ++i) {
+      r[i] = analyzer::printable(r[i]);
       if (width.size() <= i) width.push_back(0);
-      width[i] = std::max(width[i], r[i].size());
+      width[i] = std::max(width[i], analyzer::display_width(r[i]));
     }
-  for (const auto& r : rows) {
+  for (const auto& r : cells) {
     std::string line;
     for (std::size_t i = 0; i < r.size(); ++i) {
-      std::string cell = r[i];
-      cell.resize(width[i], ' ');
-      line += (i ? "  " : "") + cell;
+      line += (i ? "  " : "") + r[i];
+      line.append(width[i] - analyzer::display_width(r[i]), ' ');
     }
     while (!line.empty() && line.back() == ' ') line.pop_back();
     out += line + "\n";

@@ -7,11 +7,26 @@
 #include <cstdio>
 #include <string>
 
+#include "ampdiag/analyzer/escape.h"
+
 namespace ampdiag::analyzer::json {
 
+// A JSON string: every byte that JSON or UTF-8 cannot carry as it is escaped; bytes that
+// are not UTF-8 become U+FFFD (JSON text is UTF-8).
 inline std::string quote(const std::string& s) {
   std::string out = "\"";
-  for (unsigned char c : s) {
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {
+      const std::size_t n = utf8_sequence(s, i);
+      if (n == 0) {
+        out += "\\ufffd";
+      } else {
+        out.append(s, i, n);
+        i += n - 1;
+      }
+      continue;
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
