@@ -37,7 +37,7 @@ TORCH_MODULE(PoseModel);
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   const samples::SampleInfo info{"ampdiag_camera_projection",
                                  "intrinsic @ extrinsic with entries in the thousands overflows fp16 in forward",
                                  "camera_projection.db", 20, {"projection", "encoder", "refine"}};
@@ -93,4 +93,6 @@ int main(int argc, char** argv) {
   agent.close();
   summary.print(info, args, agent);
   return 0;
+} catch (const std::exception& e) {
+  return samples::exit_with_error(argv[0], e);  // e.g. the run.db cannot be created: one line, exit 2
 }

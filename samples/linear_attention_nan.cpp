@@ -60,7 +60,7 @@ TORCH_MODULE(Model);
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   const samples::SampleInfo info{"ampdiag_linear_attention_nan",
                                  "the linear-attention normaliser (a sum over 4096 tokens) overflows fp16 in forward: NaN loss",
                                  "linear_attention_nan.db", 40, {"encoder.0.linear_attn", "encoder.0.mlp", "head"}};
@@ -102,4 +102,6 @@ int main(int argc, char** argv) {
   agent.close();
   summary.print(info, args, agent);
   return 0;
+} catch (const std::exception& e) {
+  return samples::exit_with_error(argv[0], e);  // e.g. the run.db cannot be created: one line, exit 2
 }

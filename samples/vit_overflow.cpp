@@ -71,7 +71,7 @@ TORCH_MODULE(Vit);
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   const samples::SampleInfo info{
       "ampdiag_vit_overflow", "attention gradients in block1.0.attn overflow fp16; the loss scale keeps backing off",
       "vit_overflow.db", 60, {"block1.0.attn", "block1.1.attn", "block1.0.mlp", "head"}};
@@ -116,4 +116,6 @@ int main(int argc, char** argv) {
   agent.close();
   summary.print(info, args, agent);
   return 0;
+} catch (const std::exception& e) {
+  return samples::exit_with_error(argv[0], e);  // e.g. the run.db cannot be created: one line, exit 2
 }

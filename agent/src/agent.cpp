@@ -428,6 +428,7 @@ AgentStatus Agent::Impl::status() const {
     s.steps = c.steps;
     s.rows_written = c.rows_written;
     s.dropped = c.dropped;
+    s.lost = c.lost;
     s.write_errors = c.write_errors;
     s.first_error = c.first_error;
   }

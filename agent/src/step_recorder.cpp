@@ -151,6 +151,7 @@ RecorderCounters StepRecorder::counters() const {
   c.steps = steps_seen();
   c.rows_written = writer_->rows_written();
   c.dropped = writer_->dropped().load();
+  c.lost = writer_->lost();
   c.write_errors = writer_->write_errors();
   c.first_error = writer_->first_error();
   return c;

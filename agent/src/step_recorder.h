@@ -30,7 +30,7 @@ struct StepOutcome {
 };
 
 struct RecorderCounters {
-  std::int64_t steps = 0, rows_written = 0, dropped = 0, write_errors = 0;
+  std::int64_t steps = 0, rows_written = 0, dropped = 0, lost = 0, write_errors = 0;
   std::string first_error;
 };
 

@@ -61,6 +61,9 @@ std::string WriterThread::first_error() const {
 }
 
 void WriterThread::write(const Record& r) {
+  // Counted as written only once its transaction commits; lost with it if it fails (this
+  // record included, should its own insert be what fails).
+  ++uncommitted_;
   if (r.kind == RecordKind::kStep) {
     rundb::StepRow row;
     row.step = r.step;
@@ -92,7 +95,12 @@ void WriterThread::write(const Record& r) {
     row.stats = to_values(r.stat.stats);
     writer_->add_act_stat(row);
   }
-  rows_written_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void WriterThread::commit() {
+  writer_->commit();
+  rows_written_.fetch_add(uncommitted_, std::memory_order_relaxed);
+  uncommitted_ = 0;
 }
 
 // One pass: posted rows, then queued records. Returns whether anything was written.
@@ -140,30 +148,50 @@ void WriterThread::run() {
         const bool wrote = drain_once();
         const auto now = std::chrono::steady_clock::now();
         if (now - last_commit >= kCommitEvery || stopping) {
-          writer_->commit();
+          commit();
           last_commit = now;
         }
         if (stopping && queue_.empty()) {
           drain_once();
+          commit();
           writer_->finish();
           return;
         }
         if (!wrote) std::this_thread::sleep_for(kIdleSleep);
         continue;
       } catch (const std::exception& e) {
-        // Training goes on: log once, then count what can no longer be written.
+        // Training goes on: log once, then count what can no longer be written. The rows of
+        // the failed transaction never reached the file.
         failed = true;
         write_errors_.fetch_add(1);
+        writer_->rollback();
+        lost_.fetch_add(uncommitted_, std::memory_order_relaxed);
+        uncommitted_ = 0;
         std::lock_guard<std::mutex> lock(error_mutex_);
         first_error_ = e.what();
-        std::fprintf(stderr, "ampdiag: writing %s failed, no more records will be written: %s\n",
+        std::fprintf(stderr, "ampdiag: writing %s failed, no more records will be written (training goes on): %s\n",
                      writer_->path().c_str(), e.what());
       }
     }
     Record r;
-    while (queue_.pop(r)) dropped_.fetch_add(1, std::memory_order_relaxed);
-    if (stopping) return;
+    while (queue_.pop(r)) lost_.fetch_add(1, std::memory_order_relaxed);
+    if (stopping) {
+      record_failure();
+      return;
+    }
     std::this_thread::sleep_for(kIdleSleep);
+  }
+}
+
+void WriterThread::record_failure() noexcept {
+  // One last try, once training is over: space may have been freed since. The file then
+  // says why it is incomplete, and the report shows it.
+  try {
+    writer_->set_meta("write_error", first_error());
+    writer_->set_meta("lost_records", std::to_string(lost_.load()));
+    writer_->commit();
+  } catch (const std::exception&) {
+    writer_->rollback();
   }
 }
 

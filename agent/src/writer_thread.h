@@ -33,15 +33,22 @@ class WriterThread {
   // Drains everything, marks the run finished and closes the file. Idempotent.
   void stop();
 
+  // Records in committed transactions: what the file holds.
   std::int64_t rows_written() const { return rows_written_.load(); }
+  // Records that never reached the file because writing failed (the failed transaction's
+  // and every one after it).
+  std::int64_t lost() const { return lost_.load(); }
   std::int64_t write_errors() const { return write_errors_.load(); }
   std::string first_error() const;
+  // Records dropped because the queue was full (the writer fell behind).
   std::atomic<std::int64_t>& dropped() { return dropped_; }
 
  private:
   void run();
   bool drain_once();
   void write(const Record& r);
+  void commit();
+  void record_failure() noexcept;
 
   std::unique_ptr<rundb::RunDbWriter> writer_;
   RecordQueue queue_;
@@ -55,6 +62,8 @@ class WriterThread {
   std::atomic<std::int64_t> rows_written_{0};
   std::atomic<std::int64_t> write_errors_{0};
   std::atomic<std::int64_t> dropped_{0};
+  std::atomic<std::int64_t> lost_{0};
+  std::int64_t uncommitted_ = 0;  // writer thread only
   std::int64_t dropped_reported_ = 0;
   mutable std::mutex error_mutex_;
   std::string first_error_;

@@ -157,6 +157,8 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     o.grad_rows = run.grad_rows;
     o.act_rows = run.act_rows;
     o.finished = run.finished;
+    o.write_error = run.meta_or("write_error", "");
+    o.lost_records = std::atoll(run.meta_or("lost_records", "0").c_str());
     o.amp_dtype = run.meta_or("amp_dtype", "float16");
     o.has_scaler = run.has_scaler();
     o.world_size = run.world_size;

@@ -156,6 +156,11 @@ Run load_run(const std::string& path, const LoadOptions& options) {
   run.meta = reader.meta();
   run.finished = reader.finished();
   if (!run.finished && !options.allow_unfinished) {
+    const std::string write_error = run.meta_or("write_error", "");
+    if (!write_error.empty())
+      throw rundb::RunDbError(path + ": writing it failed during training (" + write_error + "); " +
+                              run.meta_or("lost_records", "?") +
+                              " records were lost; pass --allow-partial to report on the steps written before");
     const std::string pid = run.meta_or("pid", "");
     const bool alive = !pid.empty() && process_alive(pid);
     throw rundb::RunDbError(path + (alive ? ": still being written by process " + pid

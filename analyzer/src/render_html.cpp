@@ -317,7 +317,10 @@ table{border-collapse:collapse;font-size:13px} td,th{border-bottom:1px solid #ee
     std::snprintf(scale, sizeof scale, "%g &rarr; %g (lowest %g)", x.first_scale, x.last_scale, x.min_scale);
     o += "<tr><td>" + escape_markup(x.path) + "</td><td>" + std::to_string(x.steps) + "</td><td>" + std::to_string(x.skipped) +
          "</td><td>" + scale + "</td><td>" + escape_markup(x.amp_dtype) + " on " + escape_markup(x.device) + "</td><td>" +
-         (x.finished ? "finished" : "partial") + "</td></tr>\n";
+         (x.finished ? "finished" : "partial") +
+         (x.write_error.empty() ? std::string()
+                                : "; writing it failed, " + std::to_string(x.lost_records) + " records lost: " + escape_markup(x.write_error)) +
+         "</td></tr>\n";
   }
   o += "</table>\n";
   const bool scaled = std::any_of(runs.begin(), runs.end(), [](const Run& run) { return run.has_scaler(); });

@@ -36,7 +36,9 @@ std::string overview_line(const RunOverview& o) {
          " skipped, " +
          (o.has_scaler ? "loss scale " + fmt(o.first_scale) + " -> " + fmt(o.last_scale) + " (lowest " + fmt(o.min_scale) + ")"
                        : std::string("no loss scaler")) +
-         ", " + o.amp_dtype + " on " + (o.device.empty() ? "?" : o.device) + (o.finished ? "" : ", NOT FINISHED (partial)");
+         ", " + o.amp_dtype + " on " + (o.device.empty() ? "?" : o.device) + (o.finished ? "" : ", NOT FINISHED (partial)") +
+         (o.write_error.empty() ? std::string()
+                                : ", WRITING FAILED: " + std::to_string(o.lost_records) + " records lost (" + o.write_error + ")");
 }
 
 std::string skipped_line(const SkippedStep& k, bool show_rank) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 
 namespace ampdiag::samples {
@@ -107,6 +108,12 @@ void RunSummary::step(double loss, bool skipped, double scale) {
   min_scale_ = std::min(min_scale_, scale);
 }
 
+int exit_with_error(const char* argv0, const std::exception& e) {
+  const char* slash = std::strrchr(argv0, '/');
+  std::fprintf(stderr, "%s: %s\n", slash ? slash + 1 : argv0, e.what());
+  return 2;
+}
+
 void RunSummary::print(const SampleInfo& info, const SampleArgs& args, const Agent& agent) const {
   const AgentStatus s = agent.status();
   std::printf("%s: %s\n", info.name, info.what);
@@ -116,8 +123,9 @@ void RunSummary::print(const SampleInfo& info, const SampleArgs& args, const Age
   std::printf("\n  steps %lld, skipped %lld, non-finite losses %lld\n", (long long)steps_, (long long)skipped_,
               (long long)nonfinite_losses_);
   std::printf("  loss %.4g -> %.4g, loss scale now %g (lowest %g)\n", first_loss_, last_loss_, last_scale_, min_scale_);
-  std::printf("  run.db: %s (%lld rows, %lld dropped)\n", s.db_path.c_str(), (long long)s.rows_written,
-              (long long)s.dropped);
+  std::printf("  run.db: %s (%lld rows, %lld dropped", s.db_path.c_str(), (long long)s.rows_written, (long long)s.dropped);
+  if (s.write_errors > 0) std::printf(", %lld lost to a write error: %s", (long long)s.lost, s.first_error.c_str());
+  std::printf(")\n");
 }
 
 }  // namespace ampdiag::samples

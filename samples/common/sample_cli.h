@@ -6,6 +6,7 @@
 #include <ATen/autocast_mode.h>
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,10 @@ SampleArgs parse_sample_args(int argc, char** argv, const SampleInfo& info);
 
 // The agent settings the command line asks for (the db is replaced if it exists).
 AgentOptions agent_options(const SampleArgs& args);
+
+// What main() returns when something it cannot recover from was thrown (the agent could
+// not create its run.db, say): one line on stderr, exit code 2, never an abort.
+int exit_with_error(const char* argv0, const std::exception& e);
 
 // fp16 autocast on the CPU for its lifetime (the C++ twin of torch.autocast("cpu")).
 class CpuAutocast {

@@ -1,6 +1,10 @@
 """What the Python samples share: their command line and the end-of-run summary."""
 import argparse
 import math
+import os
+import sys
+
+import ampdiag
 
 
 def parse_args(description: str, default_db: str, default_steps: int, pinnable: list) -> argparse.Namespace:
@@ -31,4 +35,17 @@ class Summary:
         print(f"  steps {len(self.losses)}, skipped {self.skipped}, non-finite losses {bad}")
         print(f"  loss {self.losses[0]:.4g} -> {self.losses[-1]:.4g}, loss scale now {self.scales[-1]:g} "
               f"(lowest {min(self.scales):g})")
-        print(f"  run.db: {handle.db_path}  ->  ampdiag report {handle.db_path}")
+        status = handle.status
+        lost = f", {status['lost']} lost to a write error: {status['first_error']}" if status["write_errors"] else ""
+        print(f"  run.db: {handle.db_path} ({status['rows_written']} rows, {status['dropped']} dropped{lost})"
+              f"  ->  ampdiag report {handle.db_path}")
+
+
+def run(main) -> None:
+    """Runs a sample's main(); a run.db that cannot be created is one line and exit 2,
+    not a traceback."""
+    try:
+        main()
+    except ampdiag.RunDbError as e:
+        print(f"{os.path.basename(sys.argv[0])}: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import ampdiag
-from _sample import Summary, parse_args
+from _sample import Summary, parse_args, run
 
 POINTS, BATCH = 256, 8
 
@@ -62,4 +62,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 import ampdiag
-from _sample import Summary, parse_args
+from _sample import Summary, parse_args, run
 from vit_overflow import BATCH, DIM, TOKENS, Vit
 
 
@@ -45,4 +45,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

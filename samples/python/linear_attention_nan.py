@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import ampdiag
-from _sample import Summary, parse_args
+from _sample import Summary, parse_args, run
 
 DIM, TOKENS, BATCH = 16, 4096, 2
 
@@ -72,4 +72,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

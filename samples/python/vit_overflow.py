@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import ampdiag
-from _sample import Summary, parse_args
+from _sample import Summary, parse_args, run
 
 DIM, HEADS, TOKENS, BATCH, DEPTH, GAIN = 32, 4, 16, 32, 2, 3.0e5
 
@@ -80,4 +80,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

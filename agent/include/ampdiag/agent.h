@@ -46,8 +46,9 @@ struct AgentOptions {
 struct AgentStatus {
   std::string db_path;
   std::int64_t steps = 0;
-  std::int64_t rows_written = 0;
-  std::int64_t dropped = 0;        // records dropped because the writer fell behind or failed
+  std::int64_t rows_written = 0;   // records the file holds (committed)
+  std::int64_t dropped = 0;        // records dropped because the writer fell behind (queue full)
+  std::int64_t lost = 0;           // records that never reached the file because writing failed
   std::int64_t write_errors = 0;
   std::string first_error;
 };

@@ -47,7 +47,7 @@ class _PendingSession:
         return lambda *args: self.calls.append((name, args))
 
     def status(self):
-        return {"steps": 0, "rows_written": 0, "dropped": 0, "write_errors": 0, "first_error": ""}
+        return {"steps": 0, "rows_written": 0, "dropped": 0, "lost": 0, "write_errors": 0, "first_error": ""}
 
     def close(self):
         pass

@@ -160,6 +160,7 @@ class Session {
     d["steps"] = c.steps;
     d["rows_written"] = c.rows_written;
     d["dropped"] = c.dropped;
+    d["lost"] = c.lost;
     d["write_errors"] = c.write_errors;
     d["first_error"] = c.first_error;
     return d;

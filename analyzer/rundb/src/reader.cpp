@@ -65,6 +65,8 @@ bool has_sqlite_header(const std::string& path) {
 }  // namespace
 
 RunDbReader::RunDbReader(const std::string& path) : path_(path) {
+  if (path.find('\0') != std::string::npos)
+    throw RunDbError(path.substr(0, path.find('\0')) + "...: the path holds a NUL byte; give a plain file name");
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw RunDbError(path + ": no such file");
   if (S_ISDIR(st.st_mode)) throw RunDbError(path + ": is a directory, not a run.db");

@@ -4,6 +4,7 @@
 #include <sqlite3.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace ampdiag::rundb {
@@ -41,7 +42,13 @@ void Database::bound_work(std::uint64_t instructions) {
 }
 
 void Database::fail(const std::string& what) const {
-  throw RunDbError(path_ + ": " + what + ": " + sqlite3_errmsg(db_));
+  throw RunDbError(path_ + ": " + what + ": " + sqlite3_errmsg(db_) + system_error());
+}
+
+std::string Database::system_error() const {
+  // SQLite says "disk I/O error" for a full quota and a file-size limit alike; errno tells.
+  const int error = sqlite3_system_errno(db_);
+  return error ? std::string(" (") + std::strerror(error) + ")" : std::string();
 }
 
 void Database::exec(const char* sql) {
@@ -49,7 +56,7 @@ void Database::exec(const char* sql) {
   if (sqlite3_exec(db_, sql, nullptr, nullptr, &error) != SQLITE_OK) {
     const std::string why = error ? error : "unknown error";
     sqlite3_free(error);
-    throw RunDbError(path_ + ": " + why);
+    throw RunDbError(path_ + ": " + why + system_error());
   }
 }
 

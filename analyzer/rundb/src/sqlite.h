@@ -23,6 +23,7 @@ class Database {
   sqlite3* handle() const { return db_; }
   const std::string& path() const { return path_; }
   [[noreturn]] void fail(const std::string& what) const;  // throws with SQLite's message
+  std::string system_error() const;  // " (strerror of the last OS error)", or empty
 
   // Interrupts any statement once the connection has run about `instructions` SQLite VM
   // instructions in all: no file (a recursive view, a damaged b-tree) can make a reader

@@ -1,6 +1,9 @@
 // RunDbWriter; see writer.h.
 #include "ampdiag/rundb/writer.h"
 
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -37,25 +40,72 @@ std::string placeholders(int first, int n) {
   return s;
 }
 
-void remove_db_files(const std::string& path) {
-  for (const char* suffix : {"", "-wal", "-shm", "-journal"}) {
+std::string errno_hint(int error) {
+  switch (error) {
+    case ENOENT: return " (does its directory exist?)";
+    case EACCES: case EPERM: return " (no permission to write there)";
+    case EROFS: return " (read-only file system)";
+    case ENOSPC: case EDQUOT: return " (the disk is full)";
+    default: return "";
+  }
+}
+
+// An exclusive flock() on the run.db for the writer's lifetime: a second writer, in this
+// process or another, gets a clear error instead of replacing a run being written.
+// (flock and SQLite's own POSIX locks do not interact on Linux.)
+int take_writer_lock(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int error = errno;
+    throw RunDbError(path + ": cannot create: " + std::strerror(error) + errno_hint(error));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    ::close(fd);
+    if (error == EWOULDBLOCK)
+      throw RunDbError(path + ": another ampdiag writer (in this process or another) is writing this run.db; "
+                              "give each run its own path, or stop that run first");
+    throw RunDbError(path + ": cannot lock: " + std::strerror(error));
+  }
+  return fd;
+}
+
+void clear_old_run(const std::string& path, int fd) {
+  for (const char* suffix : {"-wal", "-shm", "-journal"}) {
     const std::string file = path + suffix;
     if (::unlink(file.c_str()) != 0 && errno != ENOENT)
       throw RunDbError(file + ": cannot remove the old run: " + std::strerror(errno));
   }
+  if (::ftruncate(fd, 0) != 0) throw RunDbError(path + ": cannot clear the old run: " + std::strerror(errno));
 }
 
 }  // namespace
 
 RunDbWriter::RunDbWriter(const std::string& path, bool overwrite) : path_(path) {
   if (path.empty()) throw RunDbError("run.db path is empty: give a file name such as run.db");
+  if (path.find('\0') != std::string::npos)
+    throw RunDbError(path.substr(0, path.find('\0')) + "...: the run.db path holds a NUL byte; give a plain file name");
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) {
+  const bool existed = ::stat(path.c_str(), &st) == 0;
+  if (existed) {
     if (S_ISDIR(st.st_mode)) throw RunDbError(path + ": is a directory; give a file name such as " + path + "/run.db");
     if (!overwrite) throw RunDbError(path + ": already exists; choose another path or allow overwriting it");
-    remove_db_files(path);
   }
-  db_ = std::make_unique<Database>(path, Database::Mode::kCreate);
+  lock_ = take_writer_lock(path);
+  try {
+    // Cleared in place, not unlinked: the lock stays on the file that is written.
+    if (existed) clear_old_run(path, lock_);
+    open_and_create();
+  } catch (...) {
+    // Never leave a half-created file that a reader would call "not a run.db".
+    close_all();
+    for (const char* suffix : {"", "-wal", "-shm", "-journal"}) ::unlink((path + suffix).c_str());
+    throw;
+  }
+}
+
+void RunDbWriter::open_and_create() {
+  db_ = std::make_unique<Database>(path_, Database::Mode::kCreate);
   // WAL: readers see committed batches while training writes; NORMAL is durable against
   // a killed process (only a power cut can lose the last commits).
   // Set before the first table exists. 16 KiB pages: 1.11 M rows/s against 1.00 M at the
@@ -90,13 +140,9 @@ RunDbWriter::RunDbWriter(const std::string& path, bool overwrite) : path_(path) 
   commit();
 }
 
-RunDbWriter::~RunDbWriter() {
-  try {
-    commit();
-  } catch (...) {
-    // Destructors must not throw; the caller learns of write errors from commit().
-  }
-  // Statements must go before the database they belong to.
+void RunDbWriter::close_all() noexcept {
+  // Statements must go before the database they belong to, and the database before the
+  // lock: closing any descriptor of the file drops the process's POSIX locks, SQLite's too.
   meta_.reset();
   layer_.reset();
   module_.reset();
@@ -105,6 +151,18 @@ RunDbWriter::~RunDbWriter() {
   act_.reset();
   event_.reset();
   replay_.reset();
+  db_.reset();
+  if (lock_ >= 0) ::close(lock_);
+  lock_ = -1;
+}
+
+RunDbWriter::~RunDbWriter() {
+  try {
+    commit();
+  } catch (...) {
+    // Destructors must not throw; the caller learns of write errors from commit().
+  }
+  close_all();
 }
 
 void RunDbWriter::begin_if_needed() {
@@ -119,6 +177,12 @@ void RunDbWriter::commit() {
     in_transaction_ = false;
     db_->exec("COMMIT;");
   }
+}
+
+void RunDbWriter::rollback() noexcept {
+  in_transaction_ = false;
+  // A failed COMMIT may or may not have ended the transaction: ask SQLite.
+  if (db_ && sqlite3_get_autocommit(db_->handle()) == 0) sqlite3_exec(db_->handle(), "ROLLBACK;", nullptr, nullptr, nullptr);
 }
 
 void RunDbWriter::set_meta(const std::string& key, const std::string& value) {
@@ -177,6 +241,9 @@ void RunDbWriter::finish() {
   set_meta("finished_at", std::to_string(now_seconds()));
   commit();
   db_->exec("PRAGMA wal_checkpoint(TRUNCATE);");
+  // A finished run is one self-contained file (no -wal, no -shm beside it). A reader that
+  // still has it open keeps it in WAL mode; that is harmless, so a refusal is ignored.
+  sqlite3_exec(db_->handle(), "PRAGMA journal_mode = DELETE;", nullptr, nullptr, nullptr);
 }
 
 }  // namespace ampdiag::rundb

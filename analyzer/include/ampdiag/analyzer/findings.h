@@ -63,6 +63,9 @@ struct RunOverview {
   double first_scale = 0, last_scale = 0, min_scale = 0;
   std::int64_t layers = 0, modules = 0, grad_rows = 0, act_rows = 0;
   bool finished = true;
+  // Writing the file failed (meta write_error): why, and how many records never reached it.
+  std::string write_error;
+  std::int64_t lost_records = 0;
   std::string amp_dtype, device, run_id;
   bool has_scaler = true;
   std::int64_t world_size = 1;

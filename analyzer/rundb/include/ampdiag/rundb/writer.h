@@ -15,7 +15,10 @@ class Statement;
 class RunDbWriter {
  public:
   // Creates `path`. An existing file is an error unless `overwrite` is set, so a second
-  // run never destroys the first by accident. Throws RunDbError.
+  // run never destroys the first by accident; a file another writer holds is an error even
+  // then (the writer holds an exclusive lock on its file until it is destroyed). Throws
+  // RunDbError naming the path and, where it can, the cause; a failed creation leaves no
+  // file behind.
   RunDbWriter(const std::string& path, bool overwrite);
   ~RunDbWriter();  // commits what is pending; never throws
   RunDbWriter(const RunDbWriter&) = delete;
@@ -32,6 +35,8 @@ class RunDbWriter {
 
   // Ends the current transaction (a later row starts the next one).
   void commit();
+  // Abandons the current transaction, e.g. after a failed commit (disk full).
+  void rollback() noexcept;
   // Marks the run finished (meta "finished_at"), commits and checkpoints the WAL.
   void finish();
 
@@ -39,11 +44,14 @@ class RunDbWriter {
 
  private:
   void begin_if_needed();
+  void open_and_create();
+  void close_all() noexcept;
 
   std::string path_;
   std::unique_ptr<Database> db_;
   std::unique_ptr<Statement> meta_, layer_, module_, step_, grad_, act_, event_, replay_;
   bool in_transaction_ = false;
+  int lock_ = -1;  // the flock()ed descriptor of path_
 };
 
 }  // namespace ampdiag::rundb
