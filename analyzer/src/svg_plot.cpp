@@ -50,7 +50,15 @@ double nice_step(double span, int target, bool integers) {
 
 std::vector<double> ticks(double lo, double hi, double step) {
   std::vector<double> out;
-  for (double v = std::ceil(lo / step - 1e-9) * step; v <= hi + step * 1e-9; v += step) out.push_back(v);
+  // By index, not by `v += step`: at 1e300 a small step does not move v, and a run.db can
+  // hold any value. A plot never needs more than a few dozen ticks.
+  constexpr int kMaxTicks = 64;
+  const double first = std::ceil(lo / step - 1e-9) * step;
+  for (int i = 0; i < kMaxTicks; ++i) {
+    const double v = first + i * step;
+    if (!std::isfinite(v) || v > hi + step * 1e-9 || (!out.empty() && v == out.back())) break;
+    out.push_back(v);
+  }
   return out;
 }
 

@@ -1,5 +1,6 @@
-"""Shared fixtures for the `ampdiag` CLI tests: the binaries under test and run.db files
-made by really running the C++ samples (once per session)."""
+"""Shared fixtures for the `ampdiag` CLI tests: the binaries under test, run.db files made
+by really running the C++ samples (once per session; they need LibTorch), and synthetic
+run.db files written by ampdiag_test_run (no LibTorch: the torch-free build runs those)."""
 import os
 import shutil
 import subprocess
@@ -22,7 +23,22 @@ def ampdiag_cli() -> Path:
 
 @pytest.fixture(scope="session")
 def samples_dir() -> Path:
+    if not os.environ.get("AMPDIAG_SAMPLES_DIR"):
+        pytest.skip("the C++ samples need LibTorch; this is the torch-free build")
     return _binary("AMPDIAG_SAMPLES_DIR")
+
+
+@pytest.fixture(scope="session")
+def test_runs(tmp_path_factory) -> dict:
+    """{"overflow": path, "healthy": path}: synthetic runs (see tests/fixtures): the first
+    has block1.0.attn overflowing until the scale collapses, the second is healthy."""
+    make = _binary("AMPDIAG_TEST_RUN")
+    out = tmp_path_factory.mktemp("test_runs")
+    runs = {}
+    for kind in ("overflow", "healthy"):
+        runs[kind] = out / f"{kind}.db"
+        subprocess.run([str(make), kind, str(runs[kind])], check=True, capture_output=True, timeout=60)
+    return runs
 
 
 SAMPLES = {

@@ -1,6 +1,6 @@
 """Damaged and hostile run.db files: every command that reads the damage exits 2 with one
 line naming the file, never a verdict read around it, a huge allocation or a hang. Each
-file is made here from a real sample run."""
+file is made here from a synthetic run (tests/fixtures), so the torch-free build runs them."""
 import json
 import random
 import shutil
@@ -22,10 +22,10 @@ def one_line_error(result, *words):
     return lines[0]
 
 
-def copy_of(sample_dbs, tmp_path, name="hostile.db"):
-    """A copy of a finished sample run with everything in the main file (no WAL)."""
+def copy_of(test_runs, tmp_path, name="hostile.db"):
+    """A copy of a finished run with everything in the main file (no WAL)."""
     path = tmp_path / name
-    shutil.copy(sample_dbs[("vit", False)], path)
+    shutil.copy(test_runs["overflow"], path)
     with sqlite3.connect(path) as db:
         db.execute("PRAGMA journal_mode = DELETE")
     return path
@@ -40,8 +40,8 @@ def edit(path, *statements):
 
 
 @pytest.mark.parametrize("table", TABLES)
-def test_a_table_whose_root_page_is_overwritten_is_an_error_in_every_reader(run, sample_dbs, tmp_path, table):
-    path = copy_of(sample_dbs, tmp_path)
+def test_a_table_whose_root_page_is_overwritten_is_an_error_in_every_reader(run, test_runs, tmp_path, table):
+    path = copy_of(test_runs, tmp_path)
     with sqlite3.connect(path) as db:
         root = db.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
         page_size = db.execute("PRAGMA page_size").fetchone()[0]
@@ -65,23 +65,23 @@ def test_a_table_whose_root_page_is_overwritten_is_an_error_in_every_reader(run,
     ],
     ids=["negative step", "huge layer id", "step 2^62", "step INT64_MAX", "steps row at INT64_MAX", "negative steps row"],
 )
-def test_values_the_writer_never_writes_are_rejected(run, sample_dbs, tmp_path, statement, words):
-    path = copy_of(sample_dbs, tmp_path)
+def test_values_the_writer_never_writes_are_rejected(run, test_runs, tmp_path, statement, words):
+    path = copy_of(test_runs, tmp_path)
     edit(path, statement)
     for command in [("report",), ("layers",), ("timeline",)]:
         one_line_error(run(command[0], path, *command[1:]), str(path), *words)
 
 
-def test_a_histogram_blob_of_the_wrong_size_is_an_error(run, sample_dbs, tmp_path):
-    path = copy_of(sample_dbs, tmp_path)
+def test_a_histogram_blob_of_the_wrong_size_is_an_error(run, test_runs, tmp_path):
+    path = copy_of(test_runs, tmp_path)
     edit(path, "UPDATE grad_stats SET histogram = x'010203' WHERE step = 3 AND layer_id = 0",
          "INSERT OR REPLACE INTO meta VALUES ('histogram', '1')")
     one_line_error(run("export", path, "--format", "json", "--table", "grad_stats"), "histogram of 3 bytes")
     one_line_error(run("report", path), "histogram of 3 bytes")
 
 
-def test_a_table_replaced_by_an_endless_recursive_view_is_refused_at_once(run, sample_dbs, tmp_path):
-    path = copy_of(sample_dbs, tmp_path)
+def test_a_table_replaced_by_an_endless_recursive_view_is_refused_at_once(run, test_runs, tmp_path):
+    path = copy_of(test_runs, tmp_path)
     edit(path, "DROP TABLE steps",
          "CREATE VIEW steps AS WITH RECURSIVE n(step) AS (SELECT 0 UNION ALL SELECT step + 1 FROM n) "
          "SELECT step, 1.0 AS loss, 1 AS losses, 1.0 AS scale_before, 1.0 AS scale_after, 0 AS found_inf, 0 AS skipped, "
@@ -90,23 +90,23 @@ def test_a_table_replaced_by_an_endless_recursive_view_is_refused_at_once(run, s
         one_line_error(run(command[0], path, *command[1:]), "steps is a view")
 
 
-def test_a_missing_table_is_named(run, sample_dbs, tmp_path):
-    path = copy_of(sample_dbs, tmp_path)
+def test_a_missing_table_is_named(run, test_runs, tmp_path):
+    path = copy_of(test_runs, tmp_path)
     edit(path, "DROP TABLE act_stats")
     one_line_error(run("report", path), "no table act_stats")
 
 
-def test_a_file_damaged_below_its_schema_is_called_damaged_not_foreign(run, sample_dbs, tmp_path):
-    path = copy_of(sample_dbs, tmp_path)
+def test_a_file_damaged_below_its_schema_is_called_damaged_not_foreign(run, test_runs, tmp_path):
+    path = copy_of(test_runs, tmp_path)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     one_line_error(run("info", path), "a damaged SQLite database", "truncated or corrupted")
 
 
-def damaged_in_many_places(sample_dbs, tmp_path):
+def damaged_in_many_places(test_runs, tmp_path):
     """A run with a long events table, bytes scrambled in one of its pages until SQLite's
     quick_check reports at least three problems (a fixed seed: the same file each time)."""
-    clean = copy_of(sample_dbs, tmp_path, "clean.db")
+    clean = copy_of(test_runs, tmp_path, "clean.db")
     edit(clean, *["INSERT INTO events (step, kind, detail, wall_time) VALUES (0, 'note', '%s', 0)" % ("x" * 500)] * 2000)
     with sqlite3.connect(clean) as db:
         page_size = db.execute("PRAGMA page_size").fetchone()[0]
@@ -129,8 +129,8 @@ def damaged_in_many_places(sample_dbs, tmp_path):
     pytest.fail("no mutant with three quick_check problems in 500 tries")
 
 
-def test_info_on_a_damaged_file_says_so_in_one_line_and_lists_every_problem_with_verbose(run, sample_dbs, tmp_path):
-    path = damaged_in_many_places(sample_dbs, tmp_path)
+def test_info_on_a_damaged_file_says_so_in_one_line_and_lists_every_problem_with_verbose(run, test_runs, tmp_path):
+    path = damaged_in_many_places(test_runs, tmp_path)
     result = run("info", path)
     line = one_line_error(result, str(path), "--verbose lists them")
     assert "layers:" in result.stdout and "integrity:       DAMAGED" in result.stdout  # what it could read is still shown
@@ -141,17 +141,17 @@ def test_info_on_a_damaged_file_says_so_in_one_line_and_lists_every_problem_with
     assert len(lines) >= 3 and all(str(path) in l for l in lines), verbose.stderr
 
 
-def test_info_says_which_integrity_check_ran(run, sample_dbs):
-    path = sample_dbs[("vit", False)]
+def test_info_says_which_integrity_check_ran(run, test_runs):
+    path = test_runs["overflow"]
     assert "ok (SQLite quick_check; --full-check runs integrity_check)" in run("info", path).stdout
     assert "ok (SQLite integrity_check)" in run("info", path, "--full-check").stdout
     assert json.loads(run("info", path, "--full-check", "--format", "json").stdout)["integrity_check"] == "integrity_check"
 
 
-def test_damage_only_the_full_check_finds_fails_info_with_full_check(run, sample_dbs, tmp_path):
+def test_damage_only_the_full_check_finds_fails_info_with_full_check(run, test_runs, tmp_path):
     # A layer's name changed in the table but not in its UNIQUE index: quick_check does
     # not compare indexes with their tables.
-    path = copy_of(sample_dbs, tmp_path)
+    path = copy_of(test_runs, tmp_path)
     with sqlite3.connect(path) as db:
         root = db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'layers'").fetchone()[0]
         page_size = db.execute("PRAGMA page_size").fetchone()[0]

@@ -2,7 +2,7 @@
 hold quotes, backticks, newlines, NUL, terminal escape sequences and bytes that are not
 UTF-8: every JSON output stays valid JSON, text never reaches the terminal raw, Markdown
 and XML stay well-formed, and the suggested snippets name the module as a string literal,
-never as code. Each file is a real sample run with its culprit renamed."""
+never as code. Each file is a synthetic run (tests/fixtures) with its culprit renamed."""
 import ast
 import json
 import re
@@ -18,9 +18,9 @@ HOSTILE = 'block1.0.at`tn\x1b[2J"); import os #\n\r\x00'
 
 
 @pytest.fixture()
-def hostile_db(sample_dbs, tmp_path):
+def hostile_db(test_runs, tmp_path):
     path = tmp_path / "hostile.db"
-    shutil.copy(sample_dbs[("vit", False)], path)
+    shutil.copy(test_runs["overflow"], path)
     db = sqlite3.connect(path)
     db.execute("PRAGMA journal_mode = DELETE")
     db.execute("UPDATE modules SET path = replace(path, ?1, ?2)", (CULPRIT, HOSTILE))
@@ -82,8 +82,8 @@ def test_text_output_carries_no_control_characters(ampdiag_cli, hostile_db, comm
         assert "\\x1b[2J" in text  # the escape is shown, not obeyed
 
 
-def test_diff_text_carries_no_control_characters(ampdiag_cli, hostile_db, sample_dbs):
-    result = run_bytes(ampdiag_cli, "diff", sample_dbs[("vit", True)], hostile_db)
+def test_diff_text_carries_no_control_characters(ampdiag_cli, hostile_db, test_runs):
+    result = run_bytes(ampdiag_cli, "diff", test_runs["healthy"], hostile_db)
     text = result.stdout.decode("utf-8")
     assert result.returncode in (0, 1) and "\x1b" not in text and "\r" not in text
 

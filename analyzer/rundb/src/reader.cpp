@@ -224,9 +224,16 @@ bool RunDbReader::grad_step_range(std::int64_t& first, std::int64_t& last) {
   // Two subqueries: SQLite answers a lone MIN or MAX from the primary key, but scans the
   // whole table for both in one SELECT.
   Statement q(*db_, "SELECT (SELECT MIN(step) FROM grad_stats), (SELECT MAX(step) FROM grad_stats)", "table grad_stats");
-  if (!q.next() || std::isnan(q.real(0))) return false;  // NULL: no rows
+  if (!q.next() || sqlite3_column_type(q.handle(), 0) == SQLITE_NULL) return false;  // no rows
+  // SQLite orders numbers before text and blobs: a damaged value can be either end.
+  if (sqlite3_column_type(q.handle(), 0) != SQLITE_INTEGER || sqlite3_column_type(q.handle(), 1) != SQLITE_INTEGER)
+    throw RunDbError(path_ + ": corrupt run.db: grad_stats has a step that is not an integer");
   first = q.int64(0);
   last = q.int64(1);
+  // A damaged b-tree can hand out its first and last entries out of order.
+  if (last < first)
+    throw RunDbError(path_ + ": corrupt run.db: grad_stats' first step (" + std::to_string(first) + ") is after its last (" +
+                     std::to_string(last) + ")");
   return true;
 }
 

@@ -1,0 +1,53 @@
+"""Every command on synthetic runs (tests/fixtures): what the torch-free build, the CLI that
+users install without torch, is tested with. The sample-based suites cover the same
+commands on real training runs."""
+import csv
+import io
+import json
+
+
+def test_report_names_the_planted_culprit_and_fails_the_gate(run, test_runs):
+    result = run("report", test_runs["overflow"], "--format", "json")
+    assert result.returncode == 1
+    top = json.loads(result.stdout)["findings"][0]
+    assert (top["rule"], top["module"], top["layer"]) == ("overflow-origin", "block1.0.attn", "block1.0.attn.qkv.bias")
+
+
+def test_a_healthy_run_passes_the_error_gate(run, test_runs):
+    result = run("report", test_runs["healthy"], "--fail-on", "error")
+    assert result.returncode == 0 and result.stdout.startswith("HEALTHY")
+
+
+def test_layers_rank_the_culprit_first(run, test_runs):
+    rows = list(csv.DictReader(io.StringIO(run("layers", test_runs["overflow"], "--format", "csv").stdout)))
+    assert len(rows) == 8 and rows[0]["layer"] == "block1.0.attn.qkv.bias"
+
+
+def test_timeline_has_every_step_and_its_cause(run, test_runs):
+    rows = list(csv.DictReader(io.StringIO(run("timeline", test_runs["overflow"], "--format", "csv").stdout)))
+    assert len(rows) == 60
+    assert rows[0]["skipped"] == "1" and rows[0]["first_nonfinite_gradient"] == "block1.0.attn.qkv.bias"
+    assert rows[1]["skipped"] == "0"
+
+
+def test_info_counts_the_rows(run, test_runs):
+    info = json.loads(run("info", test_runs["overflow"], "--format", "json").stdout)
+    assert info["finished"] and info["integrity"] == "ok"
+    assert info["rows"]["steps"] == 60 and info["rows"]["layers"] == 8 and info["rows"]["act_stats"] == 240
+
+
+def test_export_writes_every_step(run, test_runs):
+    steps = json.loads(run("export", test_runs["overflow"], "--format", "json", "--table", "steps").stdout)
+    assert [s["step"] for s in steps] == list(range(60))
+
+
+def test_diff_flags_the_broken_run_as_a_regression_and_not_the_reverse(run, test_runs):
+    assert run("diff", test_runs["healthy"], test_runs["overflow"]).returncode == 1
+    assert run("diff", test_runs["overflow"], test_runs["healthy"]).returncode == 0
+
+
+def test_html_report_is_one_page_with_plots(run, test_runs, tmp_path):
+    out = tmp_path / "r.html"
+    assert run("report", test_runs["overflow"], "--format", "html", "-o", out).returncode == 1
+    page = out.read_text()
+    assert page.count("<svg") >= 2 and "block1.0.attn" in page
