@@ -108,3 +108,42 @@ def test_a_finished_run_is_one_file(tmp_path):
     db = tmp_path / "run.db"
     train(3, attach=lambda m, s, o: ampdiag.attach(m, s, db=db))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.db"]  # no -wal or -shm left beside it
+
+
+DEFERRED_WORKER = textwrap.dedent("""
+    import multiprocessing, sys, torch, ampdiag
+    sys.path.insert(0, {tests!r})
+    from conftest import train
+
+    def worker(db, out):
+        # A spawned worker before init_process_group: attach() defers creating the db to
+        # the first step, where it finds it held by the parent.
+        try:
+            params, skipped, handle = train(6, attach=lambda m, s, o: ampdiag.attach(m, s, db=db, overwrite=True))
+        except Exception as e:  # what must not happen: the log stopping the training
+            out.put(("raised", repr(e), {{"write_errors": -1}}))
+            return
+        plain, plain_skipped, _ = train(6)
+        out.put((all(torch.equal(a, b) for a, b in zip(params, plain)), skipped == plain_skipped, handle.status))
+
+    if __name__ == "__main__":
+        db = {db!r}
+        holder = ampdiag.attach(torch.nn.Linear(2, 2), torch.amp.GradScaler("cpu"), db=db)
+        ctx = multiprocessing.get_context("spawn")
+        out = ctx.Queue()
+        p = ctx.Process(target=worker, args=(db, out))
+        p.start()
+        same, same_skips, status = out.get(timeout=240)
+        p.join()
+        holder.close()
+        print(same, same_skips, status["write_errors"], p.exitcode)
+""")
+
+
+def test_a_deferred_db_that_cannot_be_created_at_the_first_step_leaves_training_untouched(tmp_path):
+    script = tmp_path / "deferred.py"
+    script.write_text(DEFERRED_WORKER.format(tests=str(SAMPLES.parents[1] / "tests" / "python"), db=str(tmp_path / "run.db")))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True", "1", "0"]  # bit-identical training, one write error, exit 0
+    assert result.stderr.count("ampdiag: cannot record this run") == 1

@@ -53,6 +53,18 @@ class _PendingSession:
         pass
 
 
+class _FailedSession(_PendingSession):
+    """Stands in when a deferred run.db could not be created at the first step: nothing is
+    recorded, and status() says why."""
+
+    def __init__(self, why):
+        super().__init__()
+        self.why = why
+
+    def status(self):
+        return dict(super().status(), write_errors=1, first_error=self.why)
+
+
 class AttachHandle:
     """What attach() returns. Also a context manager: leaving it closes the handle."""
 
@@ -99,6 +111,7 @@ class AttachHandle:
         self._session_args = (overwrite, queue_capacity, every, context_steps, threads, histogram)
         self._fused = fused_unscale
         self._closed = False
+        self._stopped = False  # recording stopped, hooks inert: the run.db could not be created
         self._hooks = []
         self._restore = []
         self._pinned = []
@@ -164,7 +177,7 @@ class AttachHandle:
         """Records `loss` (a scalar tensor or number) as this step's loss; several calls in
         one step are summed. Without it the loss is what scaler.scale() received, or,
         without a scaler, what backward() was called on."""
-        if self._closed:
+        if self._closed or self._stopped:
             return
         if isinstance(loss, torch.Tensor):
             if loss.numel() != 1:
@@ -175,7 +188,8 @@ class AttachHandle:
         else:
             raise TypeError(f"log_loss() takes a scalar tensor or a number, not {type(loss).__name__}")
         self._begin_cycle()
-        self._logged_losses.append(loss)
+        if not self._stopped:
+            self._logged_losses.append(loss)
 
     def close(self) -> None:
         """Detaches every hook and wrapper and finishes the run.db. Idempotent."""
@@ -291,7 +305,7 @@ class AttachHandle:
             found = checked and self._found_inf(scaler)
             before = float(scaler.get_scale())
             original_update(new_scale)
-            if self._closed:
+            if self._closed or self._stopped:
                 return
             if not checked:
                 # An update() with no gradients checked since the last one (e.g. holding a
@@ -327,18 +341,28 @@ class AttachHandle:
     def _begin_cycle(self):
         """The first hook of an optimizer cycle: the step before it is recorded now (it
         may have had an extra update() since it ended)."""
-        if self._cycle_open or self._closed:
+        if self._cycle_open or self._closed or self._stopped:
             return
         if isinstance(self._session, _PendingSession):
-            self._open_session(*_rank.rank_now_or_single())
+            try:
+                self._open_session(*_rank.rank_now_or_single())
+            except _ampdiag.RunDbError as e:
+                # Training has started: the log never stops it. Every hook goes inert and
+                # the scaler's own methods run, so the numbers are torch's.
+                self._stopped = True
+                self._session = _FailedSession(str(e))
+                print(f"ampdiag: cannot record this run, training goes on without it: {e}", file=sys.stderr)
+                return
         self._cycle_open = True
         self._session.begin_step()
         self._reset_cycle()
 
     def _arrived(self, layer, grad):
-        if self._replayer is not None and self._replayer.busy:
+        if self._stopped or (self._replayer is not None and self._replayer.busy):
             return
         self._begin_cycle()
+        if self._stopped:
+            return
         self._grad_calls += 1
         self._backward_seen = True
         if self._arrival[layer] < 0:
@@ -346,18 +370,24 @@ class AttachHandle:
             self._next_arrival += 1
 
     def _on_scale(self, outputs):
-        if self._closed:
+        if self._closed or self._stopped:
             return
         t0 = time.perf_counter_ns()
         self._begin_cycle()
+        if self._stopped:
+            return
         self._losses.extend(_loss.scalar_losses(outputs))
         self._python_ns += time.perf_counter_ns() - t0
 
     def _before_backward(self, roots):
+        if self._stopped:
+            return
         self._roots = _loss.scalar_losses(roots)
         self._grad_calls_before = self._grad_calls
 
     def _after_backward(self):
+        if self._stopped:
+            return
         if self._grad_calls > self._grad_calls_before:  # this backward reached the model
             self._losses.extend(self._roots)
         self._roots = []
@@ -404,10 +434,12 @@ class AttachHandle:
         return found
 
     def _on_unscale(self, original, optimizer, inv_scale, found_inf, allow_fp16):
-        if self._closed:
+        if self._closed or self._stopped:
             return original(optimizer, inv_scale, found_inf, allow_fp16)
         t0 = time.perf_counter_ns()
         self._begin_cycle()
+        if self._stopped:
+            return original(optimizer, inv_scale, found_inf, allow_fp16)
         layers, grads, sparse = self._gradients(optimizer)
         special = sparse or any(g.dtype == torch.float16 for g in grads)
         fusable = (self._fused and grads and not special and all(directly_readable(g) for g in grads)
@@ -435,8 +467,12 @@ class AttachHandle:
                    for v in state.get("found_inf_per_device", {}).values())
 
     def _before_optimizer_step(self, optimizer, args, kwargs):
+        if self._closed or self._stopped:
+            return
         t0 = time.perf_counter_ns()
         self._begin_cycle()
+        if self._stopped:
+            return
         layers, grads, _ = self._gradients(optimizer)
         self._bf16_found = bool(self._stats(layers, grads)) if grads else False
         self._python_ns += time.perf_counter_ns() - t0
@@ -470,11 +506,13 @@ class AttachHandle:
 
         def hook(module, args, kwargs, output):
             nonlocal module_id
-            if self._closed or (self._replayer is not None and self._replayer.busy):
+            if self._closed or self._stopped or (self._replayer is not None and self._replayer.busy):
                 return None
             t0 = time.perf_counter_ns()
             if not self._cycle_open:
                 self._begin_cycle()
+                if self._stopped:
+                    return None
             if self._backward_seen:  # a forward after a backward: the next micro-batch
                 self._backward_seen = False
                 self._micro_batch += 1
