@@ -1,0 +1,168 @@
+// app.h: the three panels.
+#include "app.h"
+
+#include <imgui.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/escape.h"
+#include "timeline.h"
+
+namespace ampdiag::gui {
+
+namespace {
+
+const ImU32 kScaleLine = IM_COL32(90, 170, 255, 255);
+const ImU32 kSkipped = IM_COL32(235, 50, 50, 255);  // the skipped-step marker; tests look for it
+const ImU32 kFloor = IM_COL32(200, 160, 60, 255);
+const ImU32 kGrid = IM_COL32(70, 70, 80, 255);
+constexpr double kScaleFloor = 128.0;  // the analyzer's default floor (Thresholds)
+
+void place(const char* name, float x, float y, float w, float h) {
+  ImGui::SetNextWindowPos(ImVec2(x, y));
+  ImGui::SetNextWindowSize(ImVec2(w, h));
+  ImGui::Begin(name, nullptr, ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoResize | ImGuiWindowFlags_NoCollapse);
+}
+
+ImVec4 severity_colour(analyzer::Severity s) {
+  if (s == analyzer::Severity::kError) return ImVec4(0.95f, 0.35f, 0.35f, 1);
+  if (s == analyzer::Severity::kWarning) return ImVec4(0.95f, 0.75f, 0.3f, 1);
+  return ImVec4(0.7f, 0.7f, 0.7f, 1);
+}
+
+}  // namespace
+
+App::App(std::vector<analyzer::Run> runs) : runs_(std::move(runs)) {
+  report_ = analyzer::analyze(runs_);
+  ranked_ = analyzer::rank_layers(runs_.front(), report_);
+}
+
+void App::frame(float width, float height) {
+  const float top = std::floor(height * 0.45f);
+  timeline(0, 0, width, top);
+  findings(0, top, std::floor(width * 0.55f), height - top);
+  layers(std::floor(width * 0.55f), top, width - std::floor(width * 0.55f), height - top);
+}
+
+void App::timeline(float x, float y, float w, float h) {
+  const analyzer::Run& run = runs_.front();
+  place("Loss scale", x, y, w, h);
+  const auto& o = report_.runs.front();
+  ImGui::Text("%s: %lld steps, %lld skipped, scale %g -> %g (lowest %g)", analyzer::printable(run.path).c_str(),
+              (long long)o.steps, (long long)o.skipped, o.first_scale, o.last_scale, o.min_scale);
+  const ImVec2 origin = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
+  const float axis = 48, marker_strip = 14;
+  const float pad = 8;  // room for the top axis label
+  const ImVec2 p0(origin.x + axis, origin.y + pad), p1(origin.x + avail.x, origin.y + avail.y - marker_strip);
+  ImDrawList* draw = ImGui::GetWindowDrawList();
+  const std::int64_t first = run.steps.front().row.step, last = run.steps.back().row.step;
+  geometry_ = {p0.x, p0.y, p1.x, p1.y, (long long)first, (long long)last};
+
+  // y: log2 of the scale, from the lowest to the highest seen (and the floor).
+  double lo = std::log2(kScaleFloor), hi = lo;
+  for (const auto& s : run.steps) {
+    const double v = std::log2(std::max(s.row.scale_after, 1e-300));
+    lo = std::min(lo, v), hi = std::max(hi, v);
+  }
+  lo = std::floor(lo) - 1, hi = std::ceil(hi) + 1;
+  const auto Y = [&](double v) { return float(p1.y - (v - lo) / (hi - lo) * (p1.y - p0.y)); };
+  for (int k = int(lo); k <= int(hi); ++k) {
+    if ((int(hi - lo) > 16) && k % 2) continue;
+    draw->AddLine(ImVec2(p0.x, Y(k)), ImVec2(p1.x, Y(k)), kGrid);
+    char label[16];
+    std::snprintf(label, sizeof label, "2^%d", k);
+    draw->AddText(ImVec2(origin.x, Y(k) - 7), IM_COL32(180, 180, 180, 255), label);
+  }
+  draw->AddLine(ImVec2(p0.x, Y(std::log2(kScaleFloor))), ImVec2(p1.x, Y(std::log2(kScaleFloor))), kFloor, 1.5f);
+
+  const int width = std::max(1, int(p1.x - p0.x));
+  const auto columns = timeline_columns(run, first, last, width);
+  ImVec2 previous(-1, -1);
+  for (int c = 0; c < width; ++c) {
+    const auto& col = columns[std::size_t(c)];
+    if (!col.any) continue;
+    const float cx = p0.x + float(c) + 0.5f;
+    const ImVec2 top(cx, Y(col.hi)), bottom(cx, Y(col.lo));
+    // The scale is a step function: it holds until the next step, then jumps.
+    if (previous.x >= 0) {
+      draw->AddLine(previous, ImVec2(cx, previous.y), kScaleLine, 2.0f);
+      draw->AddLine(ImVec2(cx, previous.y), top, kScaleLine, 2.0f);
+    }
+    draw->AddLine(top, bottom, kScaleLine, 2.0f);
+    previous = bottom;
+    if (col.skipped) draw->AddRectFilled(ImVec2(cx - 1.5f, p1.y + 2), ImVec2(cx + 1.5f, p1.y + marker_strip), kSkipped);
+  }
+
+  // Hover: the step under the cursor.
+  const ImVec2 mouse = ImGui::GetIO().MousePos;
+  if (mouse.x >= p0.x && mouse.x < p1.x && mouse.y >= p0.y && mouse.y <= p1.y + marker_strip) {
+    const std::int64_t step = first + std::int64_t((mouse.x - p0.x) / (p1.x - p0.x) * double(last - first + 1));
+    for (const auto& s : run.steps)
+      if (s.row.step == step) {
+        ImGui::BeginTooltip();
+        ImGui::Text("step %lld\nscale %g -> %g\nloss %g%s", (long long)step, s.row.scale_before, s.row.scale_after,
+                    s.row.loss, s.row.skipped ? "\nSKIPPED (non-finite gradients)" : "");
+        ImGui::EndTooltip();
+        break;
+      }
+  }
+  ImGui::Dummy(avail);
+  ImGui::End();
+}
+
+void App::findings(float x, float y, float w, float h) {
+  place("Findings", x, y, w, h);
+  if (report_.findings.empty()) ImGui::TextColored(ImVec4(0.4f, 0.85f, 0.4f, 1), "Healthy: nothing found.");
+  int n = 0;
+  for (const auto& f : report_.findings) {
+    ImGui::PushID(n++);
+    ImGui::TextColored(severity_colour(f.severity), "%s [%s]", analyzer::severity_name(f.severity), f.rule.c_str());
+    ImGui::TextWrapped("%s", analyzer::printable(f.title).c_str());
+    ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+    ImGui::TextWrapped("%s", analyzer::printable(f.evidence).c_str());
+    ImGui::PopStyleColor();
+    if (!f.suggestions.empty()) {
+      const auto& s = f.suggestions.front();
+      ImGui::TextWrapped("fix: %s", analyzer::printable(s.summary).c_str());
+      if (!s.python.empty() && ImGui::SmallButton("Copy Python")) ImGui::SetClipboardText(s.python.c_str());
+      if (!s.cpp.empty()) {
+        ImGui::SameLine();
+        if (ImGui::SmallButton("Copy C++")) ImGui::SetClipboardText(s.cpp.c_str());
+      }
+    }
+    ImGui::Separator();
+    ImGui::PopID();
+  }
+  ImGui::End();
+}
+
+void App::layers(float x, float y, float w, float h) {
+  place("Layers (culprits first)", x, y, w, h);
+  if (ImGui::BeginTable("layers", 3, ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY | ImGuiTableFlags_Resizable)) {
+    ImGui::TableSetupColumn("layer");
+    ImGui::TableSetupColumn("non-finite steps");
+    ImGui::TableSetupColumn("least headroom (bits)");
+    ImGui::TableHeadersRow();
+    ImGuiListClipper clipper;
+    clipper.Begin(int(ranked_.size()));
+    while (clipper.Step())
+      for (int i = clipper.DisplayStart; i < clipper.DisplayEnd; ++i) {
+        const auto& r = ranked_[std::size_t(i)];
+        ImGui::TableNextRow();
+        ImGui::TableNextColumn();
+        ImGui::TextUnformatted(analyzer::printable(r.layer->info.name).c_str());
+        ImGui::TableNextColumn();
+        ImGui::Text("%lld", (long long)r.layer->nonfinite_steps);
+        ImGui::TableNextColumn();
+        if (std::isfinite(r.least_headroom)) ImGui::Text("%.1f", r.least_headroom);
+        else ImGui::TextUnformatted(r.least_headroom < 0 ? "non-finite" : "-");
+      }
+    ImGui::EndTable();
+  }
+  ImGui::End();
+}
+
+}  // namespace ampdiag::gui

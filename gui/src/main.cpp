@@ -1,0 +1,156 @@
+// ampdiag-gui: browse a run's loss-scale timeline, its findings and its layers.
+//   ampdiag-gui run.db [more.rank*.db] [--size WxH] [--screenshot out.png]
+// With --screenshot it renders a few frames in a hidden window, writes the PNG and exits
+// (works under xvfb-run with Mesa). Exit 2 with one line on bad input.
+#define GL_GLEXT_PROTOTYPES
+#include <GLFW/glfw3.h>
+#include <imgui.h>
+#include <imgui_impl_glfw.h>
+#include <imgui_impl_opengl3.h>
+#include <stb_image_write.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ampdiag/analyzer/escape.h"
+#include "ampdiag/analyzer/run.h"
+#include "ampdiag/rundb/rows.h"
+#include "app.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: ampdiag-gui RUN.db [MORE.db ...] [--size WxH] [--screenshot OUT.png]\n"
+    "  --size WxH          window size in pixels (default 1600x1000)\n"
+    "  --screenshot F      render offscreen, write a PNG to F and exit\n";
+
+struct Options {
+  std::vector<std::string> dbs;
+  int width = 1600, height = 1000;
+  std::string screenshot;
+};
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw UsageError(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (a == "--size") {
+      const std::string v = value();
+      int w = 0, h = 0;
+      char tail = 0;
+      if (std::sscanf(v.c_str(), "%dx%d%c", &w, &h, &tail) != 2 || w < 320 || h < 240 || w > 8192 || h > 8192)
+        throw UsageError("--size wants WIDTHxHEIGHT between 320x240 and 8192x8192, not '" + v + "'");
+      o.width = w, o.height = h;
+    } else if (a == "--screenshot") {
+      o.screenshot = value();
+    } else if (a.rfind("-", 0) == 0) {
+      throw UsageError("unknown option " + a + " (see --help)");
+    } else {
+      o.dbs.push_back(a);
+    }
+  }
+  if (o.dbs.empty()) throw UsageError("give a run.db (see --help)");
+  return o;
+}
+
+// The back buffer as a PNG, top row first.
+void write_png(const std::string& path, int w, int h) {
+  std::vector<unsigned char> pixels(std::size_t(w) * std::size_t(h) * 3);
+  glPixelStorei(GL_PACK_ALIGNMENT, 1);
+  glReadBuffer(GL_BACK);
+  glReadPixels(0, 0, w, h, GL_RGB, GL_UNSIGNED_BYTE, pixels.data());
+  std::vector<unsigned char> flipped(pixels.size());
+  const std::size_t row = std::size_t(w) * 3;
+  for (int y = 0; y < h; ++y)
+    std::copy_n(pixels.data() + std::size_t(h - 1 - y) * row, row, flipped.data() + std::size_t(y) * row);
+  // Unfiltered rows: a little larger, and any test can read the pixels back with zlib alone.
+  stbi_write_force_png_filter = 0;
+  if (!stbi_write_png(path.c_str(), w, h, 3, flipped.data(), int(row)))
+    throw std::runtime_error(path + ": cannot write the screenshot");
+}
+
+int run(const Options& o) {
+  std::vector<ampdiag::analyzer::Run> runs;
+  ampdiag::analyzer::LoadOptions load;
+  load.allow_unfinished = true;  // the GUI shows a run while it trains
+  for (const auto& db : o.dbs) runs.push_back(ampdiag::analyzer::load_run(db, load));
+  ampdiag::gui::App app(std::move(runs));
+
+  glfwSetErrorCallback([](int, const char* what) { std::fprintf(stderr, "ampdiag-gui: GLFW: %s\n", what); });
+  if (!glfwInit()) throw std::runtime_error("cannot open a window (no display? run under xvfb-run)");
+  glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
+  glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 3);
+  glfwWindowHint(GLFW_OPENGL_PROFILE, GLFW_OPENGL_CORE_PROFILE);
+  if (!o.screenshot.empty()) glfwWindowHint(GLFW_VISIBLE, GLFW_FALSE);
+  GLFWwindow* window = glfwCreateWindow(o.width, o.height, "ampdiag", nullptr, nullptr);
+  if (!window) {
+    glfwTerminate();
+    throw std::runtime_error("cannot create an OpenGL 3.3 window (no display? run under xvfb-run)");
+  }
+  glfwMakeContextCurrent(window);
+  glfwSwapInterval(o.screenshot.empty() ? 1 : 0);
+  ImGui::CreateContext();
+  ImGui::GetIO().IniFilename = nullptr;  // the layout is the program's, not a file's
+  ImGui::StyleColorsDark();
+  ImGui_ImplGlfw_InitForOpenGL(window, true);
+  ImGui_ImplOpenGL3_Init("#version 330");
+
+  // A screenshot needs a few frames: ImGui sizes windows and tables from the last one.
+  int frames = 0;
+  while (!glfwWindowShouldClose(window)) {
+    glfwPollEvents();
+    ImGui_ImplOpenGL3_NewFrame();
+    ImGui_ImplGlfw_NewFrame();
+    ImGui::NewFrame();
+    int fw = 0, fh = 0;
+    glfwGetFramebufferSize(window, &fw, &fh);
+    app.frame(float(fw), float(fh));
+    ImGui::Render();
+    glViewport(0, 0, fw, fh);
+    glClearColor(0.08f, 0.08f, 0.1f, 1);
+    glClear(GL_COLOR_BUFFER_BIT);
+    ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
+    if (!o.screenshot.empty() && ++frames == 4) {
+      write_png(o.screenshot, fw, fh);
+      const auto& g = app.timeline_geometry();
+      std::printf("timeline plot: x0=%.1f y0=%.1f x1=%.1f y1=%.1f first_step=%lld last_step=%lld\n", g.x0, g.y0, g.x1, g.y1,
+                  g.first, g.last);
+      break;
+    }
+    glfwSwapBuffers(window);
+  }
+  ImGui_ImplOpenGL3_Shutdown();
+  ImGui_ImplGlfw_Shutdown();
+  ImGui::DestroyContext();
+  glfwDestroyWindow(window);
+  glfwTerminate();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "ampdiag-gui: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ampdiag-gui: %s\n", ampdiag::analyzer::printable(e.what(), true).c_str());
+    return 2;
+  }
+}

@@ -1,0 +1,25 @@
+// The loss-scale timeline's level of detail: per pixel column, the lowest and highest
+// log2 scale and whether any step there was skipped, so that no skipped step disappears
+// when a million steps share a thousand pixels (the way profilers draw zoomed-out tracks).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ampdiag/analyzer/run.h"
+
+namespace ampdiag::gui {
+
+struct TimelineColumn {
+  double lo = 0.0, hi = 0.0;  // log2 of the scale after the step, over the column's steps
+  bool any = false;           // the column holds a step
+  bool skipped = false;       // ...and one of them was skipped
+};
+
+// The steps first..last of `run` over `width` columns (column = (step - first) * width / span).
+std::vector<TimelineColumn> timeline_columns(const analyzer::Run& run, std::int64_t first, std::int64_t last, int width);
+
+// Where step `step` lands, in pixels from the plot's left edge.
+double step_to_x(std::int64_t step, std::int64_t first, std::int64_t last, double width);
+
+}  // namespace ampdiag::gui

@@ -1,0 +1,94 @@
+"""ampdiag-gui, rendered offscreen under Xvfb (Mesa) from synthetic runs: the pixels of
+its screenshot, not just that a file exists."""
+import os
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SKIPPED_MARKER = (235, 50, 50)  # gui/src/app.cpp: kSkipped
+
+
+def binary(variable):
+    path = os.environ.get(variable)
+    if not path or not Path(path).exists():
+        pytest.fail(f"{variable} must name a built binary (ctest sets it); got {path!r}")
+    return path
+
+
+def read_png(path):
+    """RGB pixels of an 8-bit RGB PNG (what the GUI writes), as an array [y, x, 3]."""
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width, height = 8, b"", 0, 0
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", body[:10])
+            assert (depth, colour) == (8, 2), "8-bit RGB expected"
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    raw = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, width * 3 + 1)
+    # The GUI writes unfiltered rows (filter type 0), which need no decoding.
+    assert np.all(raw[:, 0] == 0), "rows with PNG filters: the GUI should write filter type 0"
+    return raw[:, 1:].reshape(height, width, 3).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    if not shutil.which("xvfb-run"):
+        pytest.fail("xvfb-run is needed for the GUI tests: run scripts/bootstrap")
+    gui, make = binary("AMPDIAG_GUI"), binary("AMPDIAG_TEST_RUN")
+    out = tmp_path_factory.mktemp("gui")
+    shots = {}
+    for kind in ("overflow", "healthy"):
+        db, png = out / f"{kind}.db", out / f"{kind}.png"
+        subprocess.run([make, kind, db], check=True, timeout=60)
+        result = subprocess.run(["xvfb-run", "-a", "-s", "-screen 0 1280x800x24", gui, db, "--size", "1000x700",
+                                 "--screenshot", png], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        g = dict(re.findall(r"(\w+)=([\d.]+)", result.stdout))
+        shots[kind] = (read_png(png), {k: float(v) for k, v in g.items()})
+    return shots
+
+
+def marker_columns(pixels, geometry):
+    """x of every pixel column under the plot that holds the skipped-step marker colour."""
+    strip = pixels[int(geometry["y1"]) + 1 : int(geometry["y1"]) + 16, :, :]
+    hits = np.all(np.abs(strip - np.array(SKIPPED_MARKER)) <= 8, axis=2).any(axis=0)
+    return np.nonzero(hits)[0]
+
+
+def test_the_screenshot_is_the_requested_size(shots):
+    pixels, _ = shots["overflow"]
+    assert pixels.shape == (700, 1000, 3)
+
+
+def test_a_skipped_step_is_marked_at_its_x(shots):
+    pixels, g = shots["overflow"]
+    columns = marker_columns(pixels, g)
+    span = g["last_step"] - g["first_step"] + 1
+    for step in (0, 4, 52):  # the test run skips every 4th step from 0 to 52
+        x = g["x0"] + (step - g["first_step"] + 0.5) * (g["x1"] - g["x0"]) / span
+        assert np.any(np.abs(columns - x) <= 2), (step, x, columns[:20])
+    not_skipped = g["x0"] + (2 - g["first_step"] + 0.5) * (g["x1"] - g["x0"]) / span
+    assert not np.any(np.abs(columns - not_skipped) <= 2)
+
+
+def test_a_healthy_run_shows_no_skipped_marker(shots):
+    pixels, g = shots["healthy"]
+    assert len(marker_columns(pixels, g)) == 0
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    gui = binary("AMPDIAG_GUI")
+    for args in ([], [str(tmp_path / "missing.db")], ["x.db", "--size", "10x10"], ["x.db", "--nope"]):
+        result = subprocess.run([gui, *args], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
