@@ -9,6 +9,7 @@
 
 #include "ampdiag/analyzer/analyze.h"
 #include "ampdiag/analyzer/escape.h"
+#include "heatmap.h"
 #include "timeline.h"
 
 namespace ampdiag::gui {
@@ -19,7 +20,20 @@ const ImU32 kScaleLine = IM_COL32(90, 170, 255, 255);
 const ImU32 kSkipped = IM_COL32(235, 50, 50, 255);  // the skipped-step marker; tests look for it
 const ImU32 kFloor = IM_COL32(200, 160, 60, 255);
 const ImU32 kGrid = IM_COL32(70, 70, 80, 255);
+const ImU32 kNonfinite = IM_COL32(230, 0, 230, 255);  // a NaN/Inf gradient; tests look for it
+const ImU32 kAllZero = IM_COL32(60, 60, 60, 255);
 constexpr double kScaleFloor = 128.0;  // the analyzer's default floor (Thresholds)
+constexpr float kGutter = 210;         // left of both plots: axis labels, layer names
+
+// Headroom in bits: orange near the top of the range (little room), blue far below it.
+ImU32 headroom_colour(const HeatCell& c) {
+  if (c.nonfinite) return kNonfinite;
+  if (!std::isfinite(c.least_headroom)) return kAllZero;
+  const float t = std::clamp(c.least_headroom / 16.0f, 0.0f, 1.0f);
+  const float r = t < 0.25f ? 250 : 250 - (t - 0.25f) / 0.75f * 210, g = t < 0.25f ? 120 + t * 4 * 100 : 220 - (t - 0.25f) / 0.75f * 130,
+              b = t < 0.25f ? 30 + t * 4 * 50 : 80 + (t - 0.25f) / 0.75f * 80;
+  return IM_COL32(int(r), int(g), int(b), 255);
+}
 
 void place(const char* name, float x, float y, float w, float h) {
   ImGui::SetNextWindowPos(ImVec2(x, y));
@@ -38,13 +52,46 @@ ImVec4 severity_colour(analyzer::Severity s) {
 App::App(std::vector<analyzer::Run> runs) : runs_(std::move(runs)) {
   report_ = analyzer::analyze(runs_);
   ranked_ = analyzer::rank_layers(runs_.front(), report_);
+  view_first_ = double(runs_.front().steps.front().row.step);
+  view_last_ = double(runs_.front().steps.back().row.step);
 }
 
+std::string App::top_layer() const { return ranked_.empty() ? "" : ranked_.front().layer->info.name; }
+
 void App::frame(float width, float height) {
-  const float top = std::floor(height * 0.45f);
-  timeline(0, 0, width, top);
+  const float timeline_h = std::floor(height * 0.34f), heat_h = std::floor(height * 0.30f);
+  timeline(0, 0, width, timeline_h);
+  heatmap(0, timeline_h, width, heat_h);
+  const float top = timeline_h + heat_h;
   findings(0, top, std::floor(width * 0.55f), height - top);
   layers(std::floor(width * 0.55f), top, width - std::floor(width * 0.55f), height - top);
+}
+
+void App::navigate(const ImVec2& p0, const ImVec2& p1) {
+  const ImGuiIO& io = ImGui::GetIO();
+  const analyzer::Run& run = runs_.front();
+  const double all_first = double(run.steps.front().row.step), all_last = double(run.steps.back().row.step);
+  const ImVec2 m = io.MousePos;
+  if (!(m.x >= p0.x && m.x < p1.x && m.y >= p0.y && m.y < p1.y)) return;
+  const double span = view_last_ - view_first_ + 1, at = view_first_ + (m.x - p0.x) / (p1.x - p0.x) * span;
+  if (ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left)) {
+    view_first_ = all_first, view_last_ = all_last;
+    return;
+  }
+  double first = view_first_, last = view_last_;
+  if (io.MouseWheel != 0) {
+    const double factor = std::pow(0.8, double(io.MouseWheel)), width = std::max(8.0, span * factor);
+    first = at - (at - view_first_) / span * width;
+    last = first + width - 1;
+  } else if (ImGui::IsMouseDragging(ImGuiMouseButton_Left)) {
+    const double shift = -double(io.MouseDelta.x) / (p1.x - p0.x) * span;
+    first += shift, last += shift;
+  } else {
+    return;
+  }
+  const double width = std::min(last - first, all_last - all_first);  // never past the run's ends
+  first = std::clamp(first, all_first, all_last - width);
+  view_first_ = first, view_last_ = first + width;
 }
 
 void App::timeline(float x, float y, float w, float h) {
@@ -54,11 +101,12 @@ void App::timeline(float x, float y, float w, float h) {
   ImGui::Text("%s: %lld steps, %lld skipped, scale %g -> %g (lowest %g)", analyzer::printable(run.path).c_str(),
               (long long)o.steps, (long long)o.skipped, o.first_scale, o.last_scale, o.min_scale);
   const ImVec2 origin = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
-  const float axis = 48, marker_strip = 14;
+  const float marker_strip = 14;
   const float pad = 8;  // room for the top axis label
-  const ImVec2 p0(origin.x + axis, origin.y + pad), p1(origin.x + avail.x, origin.y + avail.y - marker_strip);
+  const ImVec2 p0(origin.x + kGutter, origin.y + pad), p1(origin.x + avail.x, origin.y + avail.y - marker_strip);
   ImDrawList* draw = ImGui::GetWindowDrawList();
-  const std::int64_t first = run.steps.front().row.step, last = run.steps.back().row.step;
+  navigate(p0, ImVec2(p1.x, p1.y + marker_strip));
+  const std::int64_t first = std::int64_t(std::floor(view_first_)), last = std::int64_t(std::ceil(view_last_));
   geometry_ = {p0.x, p0.y, p1.x, p1.y, (long long)first, (long long)last};
 
   // y: log2 of the scale, from the lowest to the highest seen (and the floor).
@@ -74,7 +122,7 @@ void App::timeline(float x, float y, float w, float h) {
     draw->AddLine(ImVec2(p0.x, Y(k)), ImVec2(p1.x, Y(k)), kGrid);
     char label[16];
     std::snprintf(label, sizeof label, "2^%d", k);
-    draw->AddText(ImVec2(origin.x, Y(k) - 7), IM_COL32(180, 180, 180, 255), label);
+    draw->AddText(ImVec2(p0.x - 6 - ImGui::CalcTextSize(label).x, Y(k) - 7), IM_COL32(180, 180, 180, 255), label);
   }
   draw->AddLine(ImVec2(p0.x, Y(std::log2(kScaleFloor))), ImVec2(p1.x, Y(std::log2(kScaleFloor))), kFloor, 1.5f);
 
@@ -108,6 +156,52 @@ void App::timeline(float x, float y, float w, float h) {
         ImGui::EndTooltip();
         break;
       }
+  }
+  ImGui::Dummy(avail);
+  ImGui::End();
+}
+
+void App::heatmap(float x, float y, float w, float h) {
+  const analyzer::Run& run = runs_.front();
+  place("Layers x steps: headroom below the fp16 maximum (magenta: NaN/Inf)", x, y, w, h);
+  const ImVec2 origin = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
+  const ImVec2 p0(origin.x + kGutter, origin.y), p1(origin.x + avail.x, origin.y + avail.y);
+  ImDrawList* draw = ImGui::GetWindowDrawList();
+  navigate(p0, p1);
+  const std::int64_t first = std::int64_t(std::floor(view_first_)), last = std::int64_t(std::ceil(view_last_));
+  const float row_h = 14;
+  const int visible = std::max(1, int((p1.y - p0.y) / row_h));
+  const ImVec2 m = ImGui::GetIO().MousePos;
+  if (m.x >= origin.x && m.x < p0.x && m.y >= p0.y && m.y < p1.y && ImGui::GetIO().MouseWheel != 0)
+    row_offset_ -= int(ImGui::GetIO().MouseWheel) * 3;  // the wheel over the names scrolls the rows
+  row_offset_ = std::clamp(row_offset_, 0, std::max(0, int(ranked_.size()) - visible));
+  heat_geometry_ = {p0.x, p0.y, p1.x, p1.y, (long long)first, (long long)last, row_h};
+  const int width = std::max(1, int(p1.x - p0.x));
+  for (int r = 0; r < visible && row_offset_ + r < int(ranked_.size()); ++r) {
+    const auto& layer = *ranked_[std::size_t(row_offset_ + r)].layer;
+    const float ry = p0.y + float(r) * row_h;
+    const std::string name = analyzer::printable(layer.info.name);
+    draw->PushClipRect(ImVec2(origin.x, ry), ImVec2(p0.x - 6, ry + row_h), true);
+    draw->AddText(ImVec2(std::max(origin.x, p0.x - 6 - ImGui::CalcTextSize(name.c_str()).x), ry), IM_COL32(200, 200, 200, 255),
+                  name.c_str());
+    draw->PopClipRect();
+    const auto cells = heatmap_row(layer, run.fp_max, first, last, width);
+    // Runs of one colour are one rectangle: 500 rows stay cheap to draw.
+    for (int c = 0; c < width;) {
+      if (!cells[std::size_t(c)].any) {
+        ++c;
+        continue;
+      }
+      const ImU32 colour = headroom_colour(cells[std::size_t(c)]);
+      int end = c + 1;
+      while (end < width && cells[std::size_t(end)].any && headroom_colour(cells[std::size_t(end)]) == colour) ++end;
+      // A lone sample gets at least the width of its step, so sparse runs stay visible.
+      const float cell_w = std::max(1.0f, float(width) / float(std::max<std::int64_t>(1, last - first + 1)));
+      const float cx0 = p0.x + float(c), cx1 = std::min(p1.x, p0.x + float(end - 1) + cell_w);
+      draw->AddRectFilled(ImVec2(std::floor(cx0 - (cell_w - 1) / 2), ry + 1), ImVec2(std::floor(cx1 - (cell_w - 1) / 2), ry + row_h - 1),
+                          colour);
+      c = end;
+    }
   }
   ImGui::Dummy(avail);
   ImGui::End();

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <string>
+
+#include <imgui.h>
 #include <vector>
 
 #include "ampdiag/analyzer/findings.h"
@@ -12,11 +14,12 @@
 
 namespace ampdiag::gui {
 
-// Where the timeline's plot area was drawn in the last frame (screen pixels), for tests
-// and screenshots: a step's x is step_to_x() from x0.
+// Where a plot area was drawn in the last frame (screen pixels), for tests and
+// screenshots: a step's x is step_to_x() from x0; heatmap rows are row_height tall.
 struct PlotGeometry {
   float x0 = 0, y0 = 0, x1 = 0, y1 = 0;
   long long first = 0, last = 0;
+  float row_height = 0;
 };
 
 class App {
@@ -25,16 +28,24 @@ class App {
   // Lays out and draws one frame into a window of the given size.
   void frame(float width, float height);
   const PlotGeometry& timeline_geometry() const { return geometry_; }
+  const PlotGeometry& heatmap_geometry() const { return heat_geometry_; }
+  // The heatmap's top row (the analyzer's first-ranked layer).
+  std::string top_layer() const;
 
  private:
   void timeline(float x, float y, float w, float h);
+  void heatmap(float x, float y, float w, float h);
+  // Mouse wheel zooms around the cursor, dragging pans, a double click shows every step.
+  void navigate(const ImVec2& p0, const ImVec2& p1);
   void findings(float x, float y, float w, float h);
   void layers(float x, float y, float w, float h);
 
   std::vector<analyzer::Run> runs_;
   analyzer::Report report_;
   std::vector<analyzer::LayerRowSummary> ranked_;
-  PlotGeometry geometry_;
+  PlotGeometry geometry_, heat_geometry_;
+  double view_first_ = 0, view_last_ = 0;  // the visible steps, shared by both plots
+  int row_offset_ = 0;                     // the heatmap's first visible row
 };
 
 }  // namespace ampdiag::gui

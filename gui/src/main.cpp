@@ -129,6 +129,10 @@ int run(const Options& o) {
       const auto& g = app.timeline_geometry();
       std::printf("timeline plot: x0=%.1f y0=%.1f x1=%.1f y1=%.1f first_step=%lld last_step=%lld\n", g.x0, g.y0, g.x1, g.y1,
                   g.first, g.last);
+      const auto& hm = app.heatmap_geometry();
+      std::printf("heatmap plot: x0=%.1f y0=%.1f x1=%.1f y1=%.1f first_step=%lld last_step=%lld row_height=%.1f top_row=%s\n",
+                  hm.x0, hm.y0, hm.x1, hm.y1, hm.first, hm.last, hm.row_height,
+                  ampdiag::analyzer::printable(app.top_layer()).c_str());
       break;
     }
     glfwSwapBuffers(window);

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 SKIPPED_MARKER = (235, 50, 50)  # gui/src/app.cpp: kSkipped
+NONFINITE = (230, 0, 230)  # gui/src/app.cpp: kNonfinite
 
 
 def binary(variable):
@@ -54,9 +55,21 @@ def shots(tmp_path_factory):
         result = subprocess.run(["xvfb-run", "-a", "-s", "-screen 0 1280x800x24", gui, db, "--size", "1000x700",
                                  "--screenshot", png], capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr
-        g = dict(re.findall(r"(\w+)=([\d.]+)", result.stdout))
-        shots[kind] = (read_png(png), {k: float(v) for k, v in g.items()})
+        plots = {}
+        for line in result.stdout.splitlines():  # "timeline plot: x0=... top_row=NAME"
+            name, _, fields = line.partition(" plot: ")
+            plots[name] = {k: (float(v) if re.fullmatch(r"[\d.]+", v) else v) for k, v in re.findall(r"(\w+)=(\S+)", fields)}
+        shots[kind] = (read_png(png), plots["timeline"], plots["heatmap"])
     return shots
+
+
+def x_of(step, g):
+    span = g["last_step"] - g["first_step"] + 1
+    return g["x0"] + (step - g["first_step"] + 0.5) * (g["x1"] - g["x0"]) / span
+
+
+def is_colour(pixel, colour):
+    return bool(np.all(np.abs(pixel - np.array(colour)) <= 8))
 
 
 def marker_columns(pixels, geometry):
@@ -67,24 +80,37 @@ def marker_columns(pixels, geometry):
 
 
 def test_the_screenshot_is_the_requested_size(shots):
-    pixels, _ = shots["overflow"]
+    pixels = shots["overflow"][0]
     assert pixels.shape == (700, 1000, 3)
 
 
 def test_a_skipped_step_is_marked_at_its_x(shots):
-    pixels, g = shots["overflow"]
+    pixels, g, _ = shots["overflow"]
     columns = marker_columns(pixels, g)
-    span = g["last_step"] - g["first_step"] + 1
     for step in (0, 4, 52):  # the test run skips every 4th step from 0 to 52
-        x = g["x0"] + (step - g["first_step"] + 0.5) * (g["x1"] - g["x0"]) / span
-        assert np.any(np.abs(columns - x) <= 2), (step, x, columns[:20])
-    not_skipped = g["x0"] + (2 - g["first_step"] + 0.5) * (g["x1"] - g["x0"]) / span
-    assert not np.any(np.abs(columns - not_skipped) <= 2)
+        assert np.any(np.abs(columns - x_of(step, g)) <= 2), (step, x_of(step, g), columns[:20])
+    assert not np.any(np.abs(columns - x_of(2, g)) <= 2)
 
 
 def test_a_healthy_run_shows_no_skipped_marker(shots):
-    pixels, g = shots["healthy"]
+    pixels, g, _ = shots["healthy"]
     assert len(marker_columns(pixels, g)) == 0
+
+
+def test_the_culprit_is_the_heatmaps_top_row_and_non_finite_at_a_skipped_step(shots):
+    pixels, _, h = shots["overflow"]
+    assert h["top_row"] == "block1.0.attn.qkv.bias"
+    y = int(h["y0"] + h["row_height"] / 2)
+    assert is_colour(pixels[y, int(x_of(4, h))], NONFINITE)
+    assert not is_colour(pixels[y, int(x_of(2, h))], NONFINITE)  # a step that was not skipped
+    below = int(h["y0"] + h["row_height"] * 2.5)  # a layer that never overflows (third row)
+    assert not is_colour(pixels[below, int(x_of(4, h))], NONFINITE)
+
+
+def test_a_healthy_heatmap_holds_no_non_finite_cell(shots):
+    pixels, _, h = shots["healthy"]
+    area = pixels[int(h["y0"]) : int(h["y1"]), int(h["x0"]) : int(h["x1"])]
+    assert not np.any(np.all(np.abs(area - np.array(NONFINITE)) <= 8, axis=2))
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
