@@ -62,9 +62,87 @@ void App::frame(float width, float height) {
   const float timeline_h = std::floor(height * 0.34f), heat_h = std::floor(height * 0.30f);
   timeline(0, 0, width, timeline_h);
   heatmap(0, timeline_h, width, heat_h);
-  const float top = timeline_h + heat_h;
-  findings(0, top, std::floor(width * 0.55f), height - top);
-  layers(std::floor(width * 0.55f), top, width - std::floor(width * 0.55f), height - top);
+  const float top = timeline_h + heat_h, third = std::floor(width / 3);
+  findings(0, top, third, height - top);
+  detail(third, top, third, height - top);
+  layers(2 * third, top, width - 2 * third, height - top);
+}
+
+bool App::select(const std::string& layer, long long step) {
+  for (std::size_t i = 0; i < ranked_.size(); ++i)
+    if (ranked_[i].layer->info.name == layer) {
+      selected_ = int(i);
+      selected_step_ = step;
+      return true;
+    }
+  return false;
+}
+
+std::string App::selected_layer() const { return ranked_.empty() ? "" : ranked_[std::size_t(selected_)].layer->info.name; }
+
+void App::step_cursor(ImDrawList* draw, const ImVec2& p0, const ImVec2& p1, long long first, long long last) {
+  if (selected_step_ < first || selected_step_ > last) return;
+  const float x = p0.x + float(step_to_x(selected_step_, first, last, double(p1.x - p0.x)));
+  draw->AddLine(ImVec2(x, p0.y), ImVec2(x, p1.y), IM_COL32(255, 255, 255, 140), 1.0f);
+}
+
+void App::detail(float x, float y, float w, float h) {
+  const analyzer::Run& run = runs_.front();
+  place("Layer detail", x, y, w, h);
+  if (ranked_.empty()) {
+    ImGui::TextUnformatted("no layers recorded");
+    ImGui::End();
+    return;
+  }
+  const auto& row = ranked_[std::size_t(selected_)];
+  const auto& layer = *row.layer;
+  ImGui::TextWrapped("%s", analyzer::printable(layer.info.name).c_str());
+  ImGui::TextDisabled("%s  %s %s  %lld values", analyzer::printable(layer.info.module_path).c_str(),
+                      analyzer::printable(layer.info.dtype).c_str(), analyzer::printable(layer.info.shape).c_str(),
+                      (long long)layer.info.numel);
+  ImGui::Text("non-finite in %lld steps; zeros %.1f %%, fp16 subnormals %.1f %% (mean)", (long long)layer.nonfinite_steps,
+              row.zeros * 100, row.subnormal * 100);
+  // |g| before unscale against the dtype's largest value, log2 axis, over the shared view.
+  const ImVec2 origin = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
+  const ImVec2 p0(origin.x + 44, origin.y + 6), p1(origin.x + avail.x - 4, origin.y + avail.y - 16);
+  ImDrawList* draw = ImGui::GetWindowDrawList();
+  const long long first = (long long)std::floor(view_first_), last = (long long)std::ceil(view_last_);
+  detail_geometry_ = {p0.x, p0.y, p1.x, p1.y, first, last, 0};
+  if (p1.y - p0.y < 20 || p1.x - p0.x < 20) {
+    ImGui::End();
+    return;
+  }
+  const double top = std::ceil(std::log2(run.fp_max)) + 1;
+  double bottom = top - 8;
+  for (const auto& s : layer.samples)
+    if (!s.nonfinite && s.absmax > 0) bottom = std::min(bottom, std::floor(std::log2(double(s.absmax))) - 1);
+  const auto Y = [&](double v) { return float(p1.y - (v - bottom) / (top - bottom) * (p1.y - p0.y)); };
+  const auto X = [&](long long step) { return p0.x + float(step_to_x(step, first, last, double(p1.x - p0.x))); };
+  const int label_every = std::max(1, int((top - bottom) / 6));
+  for (int k = int(bottom); k <= int(top); k += label_every) {
+    draw->AddLine(ImVec2(p0.x, Y(k)), ImVec2(p1.x, Y(k)), kGrid);
+    char label[16];
+    std::snprintf(label, sizeof label, "2^%d", k);
+    draw->AddText(ImVec2(p0.x - 6 - ImGui::CalcTextSize(label).x, Y(k) - 7), IM_COL32(180, 180, 180, 255), label);
+  }
+  draw->AddLine(ImVec2(p0.x, Y(std::log2(run.fp_max))), ImVec2(p1.x, Y(std::log2(run.fp_max))), kSkipped, 1.5f);
+  ImVec2 previous(-1, -1);
+  for (const auto& s : layer.samples) {
+    if (s.step < first || s.step > last) continue;
+    if (s.nonfinite) {
+      const float cx = X(s.step);
+      draw->AddRectFilled(ImVec2(cx - 2, p0.y), ImVec2(cx + 2, p0.y + 8), kNonfinite);
+      previous = ImVec2(-1, -1);
+      continue;
+    }
+    if (s.absmax <= 0) continue;
+    const ImVec2 point(X(s.step), Y(std::log2(double(s.absmax))));
+    if (previous.x >= 0) draw->AddLine(previous, point, kScaleLine, 1.5f);
+    previous = point;
+  }
+  step_cursor(draw, p0, p1, first, last);
+  ImGui::Dummy(avail);
+  ImGui::End();
 }
 
 void App::navigate(const ImVec2& p0, const ImVec2& p1) {
@@ -143,6 +221,7 @@ void App::timeline(float x, float y, float w, float h) {
     previous = bottom;
     if (col.skipped) draw->AddRectFilled(ImVec2(cx - 1.5f, p1.y + 2), ImVec2(cx + 1.5f, p1.y + marker_strip), kSkipped);
   }
+  step_cursor(draw, p0, p1, first, last);
 
   // Hover: the step under the cursor.
   const ImVec2 mouse = ImGui::GetIO().MousePos;
@@ -181,6 +260,10 @@ void App::heatmap(float x, float y, float w, float h) {
     const auto& layer = *ranked_[std::size_t(row_offset_ + r)].layer;
     const float ry = p0.y + float(r) * row_h;
     const std::string name = analyzer::printable(layer.info.name);
+    if (ImGui::IsMouseClicked(ImGuiMouseButton_Left) && m.y >= ry && m.y < ry + row_h && m.x >= origin.x && m.x < p1.x)
+      selected_ = row_offset_ + r;
+    if (row_offset_ + r == selected_)
+      draw->AddRectFilled(ImVec2(origin.x, ry), ImVec2(p0.x - 2, ry + row_h), IM_COL32(60, 80, 130, 255));
     draw->PushClipRect(ImVec2(origin.x, ry), ImVec2(p0.x - 6, ry + row_h), true);
     draw->AddText(ImVec2(std::max(origin.x, p0.x - 6 - ImGui::CalcTextSize(name.c_str()).x), ry), IM_COL32(200, 200, 200, 255),
                   name.c_str());
@@ -203,6 +286,7 @@ void App::heatmap(float x, float y, float w, float h) {
       c = end;
     }
   }
+  step_cursor(draw, p0, p1, first, last);
   ImGui::Dummy(avail);
   ImGui::End();
 }
@@ -214,6 +298,10 @@ void App::findings(float x, float y, float w, float h) {
   for (const auto& f : report_.findings) {
     ImGui::PushID(n++);
     ImGui::TextColored(severity_colour(f.severity), "%s [%s]", analyzer::severity_name(f.severity), f.rule.c_str());
+    if (!f.layer.empty()) {
+      ImGui::SameLine();
+      if (ImGui::SmallButton("Show")) select(f.layer, f.steps.empty() ? -1 : f.steps.front());
+    }
     ImGui::TextWrapped("%s", analyzer::printable(f.title).c_str());
     ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
     ImGui::TextWrapped("%s", analyzer::printable(f.evidence).c_str());
@@ -247,7 +335,8 @@ void App::layers(float x, float y, float w, float h) {
         const auto& r = ranked_[std::size_t(i)];
         ImGui::TableNextRow();
         ImGui::TableNextColumn();
-        ImGui::TextUnformatted(analyzer::printable(r.layer->info.name).c_str());
+        if (ImGui::Selectable(analyzer::printable(r.layer->info.name).c_str(), i == selected_, ImGuiSelectableFlags_SpanAllColumns))
+          selected_ = i;
         ImGui::TableNextColumn();
         ImGui::Text("%lld", (long long)r.layer->nonfinite_steps);
         ImGui::TableNextColumn();

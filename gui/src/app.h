@@ -29,6 +29,10 @@ class App {
   void frame(float width, float height);
   const PlotGeometry& timeline_geometry() const { return geometry_; }
   const PlotGeometry& heatmap_geometry() const { return heat_geometry_; }
+  const PlotGeometry& detail_geometry() const { return detail_geometry_; }
+  // Selects a layer by name (false: no such layer) and optionally a step (-1: none).
+  bool select(const std::string& layer, long long step);
+  std::string selected_layer() const;
   // The heatmap's top row (the analyzer's first-ranked layer).
   std::string top_layer() const;
 
@@ -39,11 +43,15 @@ class App {
   void navigate(const ImVec2& p0, const ImVec2& p1);
   void findings(float x, float y, float w, float h);
   void layers(float x, float y, float w, float h);
+  void detail(float x, float y, float w, float h);
+  void step_cursor(ImDrawList* draw, const ImVec2& p0, const ImVec2& p1, long long first, long long last);
 
   std::vector<analyzer::Run> runs_;
   analyzer::Report report_;
   std::vector<analyzer::LayerRowSummary> ranked_;
-  PlotGeometry geometry_, heat_geometry_;
+  PlotGeometry geometry_, heat_geometry_, detail_geometry_;
+  int selected_ = 0;            // index into ranked_
+  long long selected_step_ = -1;  // a step the user picked (a finding's, a click); -1: none
   double view_first_ = 0, view_last_ = 0;  // the visible steps, shared by both plots
   int row_offset_ = 0;                     // the heatmap's first visible row
 };

@@ -23,14 +23,17 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: ampdiag-gui RUN.db [MORE.db ...] [--size WxH] [--screenshot OUT.png]\n"
+    "usage: ampdiag-gui RUN.db [MORE.db ...] [--size WxH] [--select LAYER] [--step N] [--screenshot OUT.png]\n"
     "  --size WxH          window size in pixels (default 1600x1000)\n"
+    "  --select LAYER      show this layer in the detail panel (default: the top-ranked)\n"
+    "  --step N            mark step N in the plots\n"
     "  --screenshot F      render offscreen, write a PNG to F and exit\n";
 
 struct Options {
   std::vector<std::string> dbs;
   int width = 1600, height = 1000;
-  std::string screenshot;
+  std::string screenshot, select;
+  long long step = -1;
 };
 
 struct UsageError : std::runtime_error {
@@ -55,6 +58,13 @@ Options parse(int argc, char** argv) {
       if (std::sscanf(v.c_str(), "%dx%d%c", &w, &h, &tail) != 2 || w < 320 || h < 240 || w > 8192 || h > 8192)
         throw UsageError("--size wants WIDTHxHEIGHT between 320x240 and 8192x8192, not '" + v + "'");
       o.width = w, o.height = h;
+    } else if (a == "--select") {
+      o.select = value();
+    } else if (a == "--step") {
+      const std::string v = value();
+      char* end = nullptr;
+      o.step = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end || o.step < 0) throw UsageError("--step wants a step number (0 or more), not '" + v + "'");
     } else if (a == "--screenshot") {
       o.screenshot = value();
     } else if (a.rfind("-", 0) == 0) {
@@ -89,6 +99,9 @@ int run(const Options& o) {
   load.allow_unfinished = true;  // the GUI shows a run while it trains
   for (const auto& db : o.dbs) runs.push_back(ampdiag::analyzer::load_run(db, load));
   ampdiag::gui::App app(std::move(runs));
+  if (!o.select.empty() && !app.select(o.select, o.step))
+    throw UsageError("--select: no layer named '" + o.select + "' in " + o.dbs.front() + " (ampdiag layers lists them)");
+  if (o.select.empty() && o.step >= 0) app.select(app.selected_layer(), o.step);
 
   glfwSetErrorCallback([](int, const char* what) { std::fprintf(stderr, "ampdiag-gui: GLFW: %s\n", what); });
   if (!glfwInit()) throw std::runtime_error("cannot open a window (no display? run under xvfb-run)");
@@ -133,6 +146,9 @@ int run(const Options& o) {
       std::printf("heatmap plot: x0=%.1f y0=%.1f x1=%.1f y1=%.1f first_step=%lld last_step=%lld row_height=%.1f top_row=%s\n",
                   hm.x0, hm.y0, hm.x1, hm.y1, hm.first, hm.last, hm.row_height,
                   ampdiag::analyzer::printable(app.top_layer()).c_str());
+      const auto& d = app.detail_geometry();
+      std::printf("detail plot: x0=%.1f y0=%.1f x1=%.1f y1=%.1f first_step=%lld last_step=%lld layer=%s\n", d.x0, d.y0, d.x1,
+                  d.y1, d.first, d.last, ampdiag::analyzer::printable(app.selected_layer()).c_str());
       break;
     }
     glfwSwapBuffers(window);

@@ -43,24 +43,39 @@ def read_png(path):
 
 
 @pytest.fixture(scope="module")
-def shots(tmp_path_factory):
+def dbs(tmp_path_factory):
+    """{"overflow": path, "healthy": path}: synthetic runs (tests/fixtures)."""
+    make = binary("AMPDIAG_TEST_RUN")
+    out = tmp_path_factory.mktemp("runs")
+    runs = {}
+    for kind in ("overflow", "healthy"):
+        runs[kind] = out / f"{kind}.db"
+        subprocess.run([make, kind, runs[kind]], check=True, timeout=60)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def shots(dbs, tmp_path_factory):
     if not shutil.which("xvfb-run"):
         pytest.fail("xvfb-run is needed for the GUI tests: run scripts/bootstrap")
-    gui, make = binary("AMPDIAG_GUI"), binary("AMPDIAG_TEST_RUN")
-    out = tmp_path_factory.mktemp("gui")
+    out = tmp_path_factory.mktemp("shots")
     shots = {}
     for kind in ("overflow", "healthy"):
-        db, png = out / f"{kind}.db", out / f"{kind}.png"
-        subprocess.run([make, kind, db], check=True, timeout=60)
-        result = subprocess.run(["xvfb-run", "-a", "-s", "-screen 0 1280x800x24", gui, db, "--size", "1000x700",
-                                 "--screenshot", png], capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, result.stderr
-        plots = {}
-        for line in result.stdout.splitlines():  # "timeline plot: x0=... top_row=NAME"
-            name, _, fields = line.partition(" plot: ")
-            plots[name] = {k: (float(v) if re.fullmatch(r"[\d.]+", v) else v) for k, v in re.findall(r"(\w+)=(\S+)", fields)}
-        shots[kind] = (read_png(png), plots["timeline"], plots["heatmap"])
+        pixels, plots = screenshot(out, dbs[kind])
+        shots[kind] = (pixels, plots["timeline"], plots["heatmap"])
     return shots
+
+
+def screenshot(tmp_path, db, *args):
+    png = tmp_path / "shot.png"
+    result = subprocess.run(["xvfb-run", "-a", "-s", "-screen 0 1280x800x24", binary("AMPDIAG_GUI"), db, "--size",
+                             "1000x700", "--screenshot", png, *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    plots = {}
+    for line in result.stdout.splitlines():
+        name, _, fields = line.partition(" plot: ")
+        plots[name] = {k: (float(v) if re.fullmatch(r"[\d.]+", v) else v) for k, v in re.findall(r"(\w+)=(\S+)", fields)}
+    return read_png(png), plots
 
 
 def x_of(step, g):
@@ -113,8 +128,27 @@ def test_a_healthy_heatmap_holds_no_non_finite_cell(shots):
     assert not np.any(np.all(np.abs(area - np.array(NONFINITE)) <= 8, axis=2))
 
 
-def test_bad_input_is_one_line_and_exit_2(tmp_path):
+def detail_ticks(pixels, d):
+    """x of the columns with a NaN/Inf tick along the top of the layer detail plot."""
+    strip = pixels[int(d["y0"]) : int(d["y0"]) + 8, int(d["x0"]) : int(d["x1"])]
+    return np.nonzero(np.all(np.abs(strip - np.array(NONFINITE)) <= 8, axis=2).any(axis=0))[0] + int(d["x0"])
+
+
+def test_the_selected_layer_shows_its_non_finite_steps_in_the_detail_plot(tmp_path, dbs):
+    db = dbs["overflow"]
+    pixels, plots = screenshot(tmp_path, db, "--select", "block1.0.attn.qkv.bias", "--step", "4")
+    d = plots["detail"]
+    assert d["layer"] == "block1.0.attn.qkv.bias"
+    ticks = detail_ticks(pixels, d)
+    assert np.any(np.abs(ticks - x_of(4, d)) <= 3) and not np.any(np.abs(ticks - x_of(2, d)) <= 1)
+    pixels, plots = screenshot(tmp_path, db, "--select", "head.bias")
+    assert plots["detail"]["layer"] == "head.bias" and len(detail_ticks(pixels, plots["detail"])) == 0
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, dbs):
     gui = binary("AMPDIAG_GUI")
-    for args in ([], [str(tmp_path / "missing.db")], ["x.db", "--size", "10x10"], ["x.db", "--nope"]):
+    db = dbs["overflow"]
+    for args in ([], [str(tmp_path / "missing.db")], ["x.db", "--size", "10x10"], ["x.db", "--nope"],
+                 [str(db), "--select", "no.such.layer"], [str(db), "--step", "-3"]):
         result = subprocess.run([gui, *args], capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
