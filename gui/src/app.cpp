@@ -287,6 +287,27 @@ void App::heatmap(float x, float y, float w, float h) {
     }
   }
   step_cursor(draw, p0, p1, first, last);
+  // Hover: the numbers behind the cell under the cursor.
+  const int hover_row = int((m.y - p0.y) / row_h);
+  if (m.x >= p0.x && m.x < p1.x && m.y >= p0.y && hover_row < visible && row_offset_ + hover_row < int(ranked_.size())) {
+    const auto& layer = *ranked_[std::size_t(row_offset_ + hover_row)].layer;
+    const std::int64_t step = first + std::int64_t((m.x - p0.x) / (p1.x - p0.x) * double(last - first + 1));
+    const auto it = std::lower_bound(layer.samples.begin(), layer.samples.end(), step,
+                                     [](const analyzer::GradSample& s, std::int64_t v) { return s.step < v; });
+    ImGui::BeginTooltip();
+    ImGui::Text("%s", analyzer::printable(layer.info.name).c_str());
+    if (it != layer.samples.end() && it->step == step) {
+      if (it->nonfinite)
+        ImGui::Text("step %lld: NaN/Inf in the gradient", (long long)step);
+      else
+        ImGui::Text("step %lld: |g| max %g before unscale, %.1f bits below the maximum\nzeros %.1f %%, fp16 subnormals %.1f %%",
+                    (long long)step, double(it->absmax), analyzer::headroom_bits(it->absmax, run.fp_max),
+                    it->zero_q / 655.35, it->sub_q / 2.55);
+    } else {
+      ImGui::Text("step %lld: not sampled", (long long)step);
+    }
+    ImGui::EndTooltip();
+  }
   ImGui::Dummy(avail);
   ImGui::End();
 }
