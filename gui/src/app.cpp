@@ -78,6 +78,30 @@ bool App::select(const std::string& layer, long long step) {
   return false;
 }
 
+void App::replace_run(std::size_t index, analyzer::Run run) {
+  if (index >= runs_.size() || run.steps.empty()) return;
+  const std::string selected = selected_layer();
+  const double old_first = double(runs_[index].steps.front().row.step), old_last = double(runs_[index].steps.back().row.step);
+  const bool at_end = view_last_ >= old_last - 0.5, whole = at_end && view_first_ <= old_first + 0.5;
+  runs_[index] = std::move(run);
+  report_ = analyzer::analyze(runs_);
+  ranked_ = analyzer::rank_layers(runs_.front(), report_);
+  selected_ = 0;
+  select(selected, selected_step_);
+  ++reloads_;
+  // Stick to the newest step: a view of the whole run keeps showing all of it; a zoomed
+  // view at the end keeps its width and slides along.
+  const double new_last = double(runs_.front().steps.back().row.step);
+  if (index == 0 && stick_to_newest_ && whole) {
+    view_first_ = double(runs_.front().steps.front().row.step);
+    view_last_ = new_last;
+  } else if (index == 0 && stick_to_newest_ && at_end) {
+    const double width = view_last_ - view_first_;
+    view_last_ = new_last;
+    view_first_ = std::max(double(runs_.front().steps.front().row.step), new_last - width);
+  }
+}
+
 std::string App::selected_layer() const { return ranked_.empty() ? "" : ranked_[std::size_t(selected_)].layer->info.name; }
 
 void App::step_cursor(ImDrawList* draw, const ImVec2& p0, const ImVec2& p1, long long first, long long last) {
@@ -176,8 +200,18 @@ void App::timeline(float x, float y, float w, float h) {
   const analyzer::Run& run = runs_.front();
   place("Loss scale", x, y, w, h);
   const auto& o = report_.runs.front();
-  ImGui::Text("%s: %lld steps, %lld skipped, scale %g -> %g (lowest %g)", analyzer::printable(run.path).c_str(),
-              (long long)o.steps, (long long)o.skipped, o.first_scale, o.last_scale, o.min_scale);
+  ImGui::Text("%s: %lld steps, %lld skipped, scale %g -> %g (lowest %g)%s", analyzer::printable(run.path).c_str(),
+              (long long)o.steps, (long long)o.skipped, o.first_scale, o.last_scale, o.min_scale,
+              o.finished ? "" : ", still being written or stopped");
+  ImGui::SameLine();
+  ImGui::Checkbox("Follow", &follow_);
+  if (follow_) {
+    ImGui::SameLine();
+    ImGui::Checkbox("Stick to newest", &stick_to_newest_);
+    ImGui::SameLine();
+    if (follow_error_.empty()) ImGui::TextDisabled("(%d reloads)", reloads_);
+    else ImGui::TextColored(ImVec4(0.95f, 0.6f, 0.3f, 1), "%s", analyzer::printable(follow_error_).c_str());
+  }
   const ImVec2 origin = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
   const float marker_strip = 14;
   const float pad = 8;  // room for the top axis label

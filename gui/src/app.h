@@ -33,6 +33,11 @@ class App {
   // Selects a layer by name (false: no such layer) and optionally a step (-1: none).
   bool select(const std::string& layer, long long step);
   std::string selected_layer() const;
+  // Live mode: swap in a newer load of run `index` (the rules run again on it).
+  void replace_run(std::size_t index, analyzer::Run run);
+  bool following() const { return follow_; }
+  void set_following(bool on) { follow_ = on; }
+  void set_follow_error(std::string error) { follow_error_ = std::move(error); }
   // The heatmap's top row (the analyzer's first-ranked layer).
   std::string top_layer() const;
 
@@ -54,6 +59,9 @@ class App {
   long long selected_step_ = -1;  // a step the user picked (a finding's, a click); -1: none
   double view_first_ = 0, view_last_ = 0;  // the visible steps, shared by both plots
   int row_offset_ = 0;                     // the heatmap's first visible row
+  bool follow_ = false, stick_to_newest_ = true;
+  int reloads_ = 0;
+  std::string follow_error_;
 };
 
 }  // namespace ampdiag::gui

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "ampdiag/analyzer/run.h"
 #include "ampdiag/rundb/rows.h"
 #include "app.h"
+#include "follow.h"
 
 namespace {
 
@@ -27,6 +29,8 @@ constexpr const char* kUsage =
     "  --size WxH          window size in pixels (default 1600x1000)\n"
     "  --select LAYER      show this layer in the detail panel (default: the top-ranked)\n"
     "  --step N            mark step N in the plots\n"
+    "  --follow            reload the runs as a training process writes them (also a checkbox)\n"
+    "  --after SECONDS     with --screenshot: keep running (and following) this long first\n"
     "  --screenshot F      render offscreen, write a PNG to F and exit\n";
 
 struct Options {
@@ -34,6 +38,8 @@ struct Options {
   int width = 1600, height = 1000;
   std::string screenshot, select;
   long long step = -1;
+  bool follow = false;
+  double after = 0;
 };
 
 struct UsageError : std::runtime_error {
@@ -58,6 +64,13 @@ Options parse(int argc, char** argv) {
       if (std::sscanf(v.c_str(), "%dx%d%c", &w, &h, &tail) != 2 || w < 320 || h < 240 || w > 8192 || h > 8192)
         throw UsageError("--size wants WIDTHxHEIGHT between 320x240 and 8192x8192, not '" + v + "'");
       o.width = w, o.height = h;
+    } else if (a == "--after") {
+      const std::string v = value();
+      char* end = nullptr;
+      o.after = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end || !(o.after >= 0 && o.after <= 3600)) throw UsageError("--after wants seconds (0 to 3600), not '" + v + "'");
+    } else if (a == "--follow") {
+      o.follow = true;
     } else if (a == "--select") {
       o.select = value();
     } else if (a == "--step") {
@@ -74,6 +87,7 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.dbs.empty()) throw UsageError("give a run.db (see --help)");
+  if (o.after > 0 && o.screenshot.empty()) throw UsageError("--after goes with --screenshot");
   return o;
 }
 
@@ -102,6 +116,9 @@ int run(const Options& o) {
   if (!o.select.empty() && !app.select(o.select, o.step))
     throw UsageError("--select: no layer named '" + o.select + "' in " + o.dbs.front() + " (ampdiag layers lists them)");
   if (o.select.empty() && o.step >= 0) app.select(app.selected_layer(), o.step);
+  app.set_following(o.follow);
+  std::vector<std::unique_ptr<ampdiag::gui::RunFollower>> followers;
+  for (const auto& db : o.dbs) followers.push_back(std::make_unique<ampdiag::gui::RunFollower>(db));
 
   glfwSetErrorCallback([](int, const char* what) { std::fprintf(stderr, "ampdiag-gui: GLFW: %s\n", what); });
   if (!glfwInit()) throw std::runtime_error("cannot open a window (no display? run under xvfb-run)");
@@ -125,7 +142,15 @@ int run(const Options& o) {
   // A screenshot needs a few frames: ImGui sizes windows and tables from the last one.
   int frames = 0;
   while (!glfwWindowShouldClose(window)) {
+    // Live: wait for input or the next reload check, not a busy loop.
+    if (o.screenshot.empty()) glfwWaitEventsTimeout(app.following() ? 0.25 : 1.0);
+    else if (o.after > 0) glfwWaitEventsTimeout(0.05);
     glfwPollEvents();
+    if (app.following())
+      for (std::size_t i = 0; i < followers.size(); ++i) {
+        if (auto run = followers[i]->poll()) app.replace_run(i, std::move(*run));
+        if (i == 0) app.set_follow_error(followers[i]->error());
+      }
     ImGui_ImplOpenGL3_NewFrame();
     ImGui_ImplGlfw_NewFrame();
     ImGui::NewFrame();
@@ -137,7 +162,7 @@ int run(const Options& o) {
     glClearColor(0.08f, 0.08f, 0.1f, 1);
     glClear(GL_COLOR_BUFFER_BIT);
     ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
-    if (!o.screenshot.empty() && ++frames == 4) {
+    if (!o.screenshot.empty() && ++frames >= 4 && glfwGetTime() >= o.after) {
       write_png(o.screenshot, fw, fh);
       const auto& g = app.timeline_geometry();
       std::printf("timeline plot: x0=%.1f y0=%.1f x1=%.1f y1=%.1f first_step=%lld last_step=%lld\n", g.x0, g.y0, g.x1, g.y1,

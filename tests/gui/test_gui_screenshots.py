@@ -5,6 +5,7 @@ import re
 import shutil
 import struct
 import subprocess
+import time
 import zlib
 from pathlib import Path
 
@@ -152,3 +153,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, dbs):
                  [str(db), "--select", "no.such.layer"], [str(db), "--step", "-3"]):
         result = subprocess.run([gui, *args], capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+
+
+def test_follow_shows_steps_written_while_the_window_is_open(tmp_path):
+    db = tmp_path / "live.db"
+    writer = subprocess.Popen([binary("AMPDIAG_TEST_RUN"), "slow", db])
+    try:
+        while not db.exists():
+            time.sleep(0.05)
+        time.sleep(0.5)  # a few steps in
+        pixels, plots = screenshot(tmp_path, db, "--follow", "--after", "4")
+        first_view = plots["timeline"]["last_step"]
+        writer.wait(timeout=60)
+    finally:
+        writer.kill()
+    # Opened after ~25 steps; after 4 s of following, well over a hundred more are shown.
+    assert first_view >= 100, plots["timeline"]
+    assert len(marker_columns(pixels, plots["timeline"])) > 0
