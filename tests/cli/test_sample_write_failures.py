@@ -34,6 +34,15 @@ def rows_in(db):
         return sum(c.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("steps", "grad_stats", "act_stats"))
 
 
+def has_rows(db):
+    """Whether the run being written has committed a step yet (the file exists, empty,
+    from the moment the writer locks it until SQLite writes its schema)."""
+    try:
+        return db.exists() and rows_in(db) > 0
+    except sqlite3.Error:
+        return False
+
+
 def test_a_full_disk_mid_run_keeps_training_and_counts_only_committed_rows(samples_dir, tmp_path, run):
     db = tmp_path / "run.db"
     result = vit(samples_dir, db, preexec_fn=limit_file_size(500_000))
@@ -93,7 +102,7 @@ def test_a_second_process_cannot_take_over_a_db_being_written(samples_dir, tmp_p
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and (not db.exists() or rows_in(db) == 0):
+        while time.time() < deadline and not has_rows(db):
             time.sleep(0.1)
         second = vit(samples_dir, db, "--steps", "2")  # the samples always overwrite
         assert second.returncode == 2 and "another ampdiag writer" in second.stderr, second.stderr
