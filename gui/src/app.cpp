@@ -51,9 +51,29 @@ ImVec4 severity_colour(analyzer::Severity s) {
 
 App::App(std::vector<analyzer::Run> runs) : runs_(std::move(runs)) {
   report_ = analyzer::analyze(runs_);
-  ranked_ = analyzer::rank_layers(runs_.front(), report_);
-  view_first_ = double(runs_.front().steps.front().row.step);
-  view_last_ = double(runs_.front().steps.back().row.step);
+  rerank();
+  view_first_ = double(run().steps.front().row.step);
+  view_last_ = double(run().steps.back().row.step);
+}
+
+void App::rerank() {
+  const std::string selected = ranked_.empty() ? "" : selected_layer();
+  ranked_ = analyzer::rank_layers(run(), report_);
+  disagreeing_.clear();
+  for (const auto& f : report_.findings)
+    if (f.rule == "rank-disagreement") disagreeing_.insert(disagreeing_.end(), f.ranks.begin(), f.ranks.end());
+  selected_ = 0;
+  if (!selected.empty()) select(selected, selected_step_);
+}
+
+bool App::show_rank(long long rank) {
+  for (std::size_t i = 0; i < runs_.size(); ++i)
+    if (runs_[i].rank == rank) {
+      rank_ = i;
+      rerank();
+      return true;
+    }
+  return false;
 }
 
 std::string App::top_layer() const { return ranked_.empty() ? "" : ranked_.front().layer->info.name; }
@@ -80,25 +100,22 @@ bool App::select(const std::string& layer, long long step) {
 
 void App::replace_run(std::size_t index, analyzer::Run run) {
   if (index >= runs_.size() || run.steps.empty()) return;
-  const std::string selected = selected_layer();
   const double old_first = double(runs_[index].steps.front().row.step), old_last = double(runs_[index].steps.back().row.step);
   const bool at_end = view_last_ >= old_last - 0.5, whole = at_end && view_first_ <= old_first + 0.5;
   runs_[index] = std::move(run);
   report_ = analyzer::analyze(runs_);
-  ranked_ = analyzer::rank_layers(runs_.front(), report_);
-  selected_ = 0;
-  select(selected, selected_step_);
+  rerank();
   ++reloads_;
   // Stick to the newest step: a view of the whole run keeps showing all of it; a zoomed
   // view at the end keeps its width and slides along.
-  const double new_last = double(runs_.front().steps.back().row.step);
-  if (index == 0 && stick_to_newest_ && whole) {
-    view_first_ = double(runs_.front().steps.front().row.step);
+  const double new_last = double(this->run().steps.back().row.step);
+  if (index == rank_ && stick_to_newest_ && whole) {
+    view_first_ = double(this->run().steps.front().row.step);
     view_last_ = new_last;
-  } else if (index == 0 && stick_to_newest_ && at_end) {
+  } else if (index == rank_ && stick_to_newest_ && at_end) {
     const double width = view_last_ - view_first_;
     view_last_ = new_last;
-    view_first_ = std::max(double(runs_.front().steps.front().row.step), new_last - width);
+    view_first_ = std::max(double(this->run().steps.front().row.step), new_last - width);
   }
 }
 
@@ -111,7 +128,7 @@ void App::step_cursor(ImDrawList* draw, const ImVec2& p0, const ImVec2& p1, long
 }
 
 void App::detail(float x, float y, float w, float h) {
-  const analyzer::Run& run = runs_.front();
+  const analyzer::Run& run = this->run();
   place("Layer detail", x, y, w, h);
   if (ranked_.empty()) {
     ImGui::TextUnformatted("no layers recorded");
@@ -171,7 +188,7 @@ void App::detail(float x, float y, float w, float h) {
 
 void App::navigate(const ImVec2& p0, const ImVec2& p1) {
   const ImGuiIO& io = ImGui::GetIO();
-  const analyzer::Run& run = runs_.front();
+  const analyzer::Run& run = this->run();
   const double all_first = double(run.steps.front().row.step), all_last = double(run.steps.back().row.step);
   const ImVec2 m = io.MousePos;
   if (!(m.x >= p0.x && m.x < p1.x && m.y >= p0.y && m.y < p1.y)) return;
@@ -197,9 +214,27 @@ void App::navigate(const ImVec2& p0, const ImVec2& p1) {
 }
 
 void App::timeline(float x, float y, float w, float h) {
-  const analyzer::Run& run = runs_.front();
+  const analyzer::Run& run = this->run();
   place("Loss scale", x, y, w, h);
-  const auto& o = report_.runs.front();
+  const auto& o = report_.runs[rank_];
+  if (runs_.size() > 1) {
+    ImGui::SetNextItemWidth(190);
+    const auto label = [&](std::size_t i) {
+      const bool odd = std::find(disagreeing_.begin(), disagreeing_.end(), runs_[i].rank) != disagreeing_.end();
+      return "rank " + std::to_string(runs_[i].rank) + (odd ? " (disagrees)" : "");
+    };
+    if (ImGui::BeginCombo("##rank", label(rank_).c_str())) {
+      for (std::size_t i = 0; i < runs_.size(); ++i)
+        if (ImGui::Selectable(label(i).c_str(), i == rank_)) {
+          rank_ = i;
+          rerank();
+        }
+      ImGui::EndCombo();
+    }
+    ImGui::SameLine();
+    ImGui::Checkbox("All ranks' scales", &overlay_ranks_);
+    ImGui::SameLine();
+  }
   ImGui::Text("%s: %lld steps, %lld skipped, scale %g -> %g (lowest %g)%s", analyzer::printable(run.path).c_str(),
               (long long)o.steps, (long long)o.skipped, o.first_scale, o.last_scale, o.min_scale,
               o.finished ? "" : ", still being written or stopped");
@@ -223,9 +258,12 @@ void App::timeline(float x, float y, float w, float h) {
 
   // y: log2 of the scale, from the lowest to the highest seen (and the floor).
   double lo = std::log2(kScaleFloor), hi = lo;
-  for (const auto& s : run.steps) {
-    const double v = std::log2(std::max(s.row.scale_after, 1e-300));
-    lo = std::min(lo, v), hi = std::max(hi, v);
+  for (std::size_t i = 0; i < runs_.size(); ++i) {
+    if (i != rank_ && !overlay_ranks_) continue;
+    for (const auto& s : runs_[i].steps) {
+      const double v = std::log2(std::max(s.row.scale_after, 1e-300));
+      lo = std::min(lo, v), hi = std::max(hi, v);
+    }
   }
   lo = std::floor(lo) - 1, hi = std::ceil(hi) + 1;
   const auto Y = [&](double v) { return float(p1.y - (v - lo) / (hi - lo) * (p1.y - p0.y)); };
@@ -239,6 +277,26 @@ void App::timeline(float x, float y, float w, float h) {
   draw->AddLine(ImVec2(p0.x, Y(std::log2(kScaleFloor))), ImVec2(p1.x, Y(std::log2(kScaleFloor))), kFloor, 1.5f);
 
   const int width = std::max(1, int(p1.x - p0.x));
+  // Other ranks first, dimmer (orange when a finding says they disagree), the shown rank on top.
+  if (overlay_ranks_)
+    for (std::size_t i = 0; i < runs_.size(); ++i) {
+      if (i == rank_) continue;
+      const bool odd = std::find(disagreeing_.begin(), disagreeing_.end(), runs_[i].rank) != disagreeing_.end();
+      const ImU32 colour = odd ? IM_COL32(255, 150, 40, 230) : IM_COL32(190, 190, 215, 230);
+      const auto other = timeline_columns(runs_[i], first, last, width);
+      ImVec2 prev(-1, -1);
+      for (int c = 0; c < width; ++c) {
+        const auto& col = other[std::size_t(c)];
+        if (!col.any) continue;
+        const float cx = p0.x + float(c) + 0.5f;
+        if (prev.x >= 0) {
+          draw->AddLine(prev, ImVec2(cx, prev.y), colour, 2.0f);
+          draw->AddLine(ImVec2(cx, prev.y), ImVec2(cx, Y(col.hi)), colour, 2.0f);
+        }
+        draw->AddLine(ImVec2(cx, Y(col.hi)), ImVec2(cx, Y(col.lo)), colour, 2.0f);
+        prev = ImVec2(cx, Y(col.lo));
+      }
+    }
   const auto columns = timeline_columns(run, first, last, width);
   ImVec2 previous(-1, -1);
   for (int c = 0; c < width; ++c) {
@@ -275,7 +333,7 @@ void App::timeline(float x, float y, float w, float h) {
 }
 
 void App::heatmap(float x, float y, float w, float h) {
-  const analyzer::Run& run = runs_.front();
+  const analyzer::Run& run = this->run();
   place("Layers x steps: headroom below the fp16 maximum (magenta: NaN/Inf)", x, y, w, h);
   const ImVec2 origin = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
   const ImVec2 p0(origin.x + kGutter, origin.y), p1(origin.x + avail.x, origin.y + avail.y);
@@ -303,7 +361,19 @@ void App::heatmap(float x, float y, float w, float h) {
                   name.c_str());
     draw->PopClipRect();
     const auto cells = heatmap_row(layer, run.fp_max, first, last, width);
-    // Runs of one colour are one rectangle: 500 rows stay cheap to draw.
+    // Runs of one colour are one rectangle: 500 rows stay cheap to draw. With fewer steps
+    // than pixels a cell spans its step's share of the width, edge to edge.
+    const double span = double(std::max<std::int64_t>(1, last - first + 1)), per_step = double(width) / span;
+    const auto edge = [&](int column) {  // left edge of the cell holding `column`
+      if (per_step <= 1) return p0.x + float(column);
+      const double step = std::floor((double(column) + 0.5) / per_step);
+      return p0.x + float(std::round(step * per_step));
+    };
+    const auto right_edge = [&](int column) {
+      if (per_step <= 1) return p0.x + float(column + 1);
+      const double step = std::floor((double(column) + 0.5) / per_step);
+      return std::min(p1.x, p0.x + float(std::round((step + 1) * per_step)));
+    };
     for (int c = 0; c < width;) {
       if (!cells[std::size_t(c)].any) {
         ++c;
@@ -312,11 +382,7 @@ void App::heatmap(float x, float y, float w, float h) {
       const ImU32 colour = headroom_colour(cells[std::size_t(c)]);
       int end = c + 1;
       while (end < width && cells[std::size_t(end)].any && headroom_colour(cells[std::size_t(end)]) == colour) ++end;
-      // A lone sample gets at least the width of its step, so sparse runs stay visible.
-      const float cell_w = std::max(1.0f, float(width) / float(std::max<std::int64_t>(1, last - first + 1)));
-      const float cx0 = p0.x + float(c), cx1 = std::min(p1.x, p0.x + float(end - 1) + cell_w);
-      draw->AddRectFilled(ImVec2(std::floor(cx0 - (cell_w - 1) / 2), ry + 1), ImVec2(std::floor(cx1 - (cell_w - 1) / 2), ry + row_h - 1),
-                          colour);
+      draw->AddRectFilled(ImVec2(edge(c), ry + 1), ImVec2(right_edge(end - 1), ry + row_h - 1), colour);
       c = end;
     }
   }

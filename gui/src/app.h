@@ -38,10 +38,15 @@ class App {
   bool following() const { return follow_; }
   void set_following(bool on) { follow_ = on; }
   void set_follow_error(std::string error) { follow_error_ = std::move(error); }
+  // With several rank files: show this rank (false: no file of that rank).
+  bool show_rank(long long rank);
+  long long shown_rank() const { return run().rank; }
   // The heatmap's top row (the analyzer's first-ranked layer).
   std::string top_layer() const;
 
  private:
+  const analyzer::Run& run() const { return runs_[rank_]; }
+  void rerank();
   void timeline(float x, float y, float w, float h);
   void heatmap(float x, float y, float w, float h);
   // Mouse wheel zooms around the cursor, dragging pans, a double click shows every step.
@@ -60,6 +65,9 @@ class App {
   double view_first_ = 0, view_last_ = 0;  // the visible steps, shared by both plots
   int row_offset_ = 0;                     // the heatmap's first visible row
   bool follow_ = false, stick_to_newest_ = true;
+  std::size_t rank_ = 0;        // which of runs_ the heatmap, detail and layers show
+  bool overlay_ranks_ = true;   // the timeline draws every rank's scale
+  std::vector<long long> disagreeing_;  // ranks a rank-disagreement finding names
   int reloads_ = 0;
   std::string follow_error_;
 };

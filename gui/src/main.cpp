@@ -29,6 +29,7 @@ constexpr const char* kUsage =
     "  --size WxH          window size in pixels (default 1600x1000)\n"
     "  --select LAYER      show this layer in the detail panel (default: the top-ranked)\n"
     "  --step N            mark step N in the plots\n"
+    "  --rank N            with several rank files, show rank N (also a menu)\n"
     "  --follow            reload the runs as a training process writes them (also a checkbox)\n"
     "  --after SECONDS     with --screenshot: keep running (and following) this long first\n"
     "  --screenshot F      render offscreen, write a PNG to F and exit\n";
@@ -37,7 +38,7 @@ struct Options {
   std::vector<std::string> dbs;
   int width = 1600, height = 1000;
   std::string screenshot, select;
-  long long step = -1;
+  long long step = -1, rank = -1;
   bool follow = false;
   double after = 0;
 };
@@ -73,6 +74,11 @@ Options parse(int argc, char** argv) {
       o.follow = true;
     } else if (a == "--select") {
       o.select = value();
+    } else if (a == "--rank") {
+      const std::string v = value();
+      char* end = nullptr;
+      o.rank = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end || o.rank < 0) throw UsageError("--rank wants a rank number (0 or more), not '" + v + "'");
     } else if (a == "--step") {
       const std::string v = value();
       char* end = nullptr;
@@ -113,6 +119,8 @@ int run(const Options& o) {
   load.allow_unfinished = true;  // the GUI shows a run while it trains
   for (const auto& db : o.dbs) runs.push_back(ampdiag::analyzer::load_run(db, load));
   ampdiag::gui::App app(std::move(runs));
+  if (o.rank >= 0 && !app.show_rank(o.rank))
+    throw UsageError("--rank: none of the files given is rank " + std::to_string(o.rank));
   if (!o.select.empty() && !app.select(o.select, o.step))
     throw UsageError("--select: no layer named '" + o.select + "' in " + o.dbs.front() + " (ampdiag layers lists them)");
   if (o.select.empty() && o.step >= 0) app.select(app.selected_layer(), o.step);
@@ -172,6 +180,7 @@ int run(const Options& o) {
                   hm.x0, hm.y0, hm.x1, hm.y1, hm.first, hm.last, hm.row_height,
                   ampdiag::analyzer::printable(app.top_layer()).c_str());
       const auto& d = app.detail_geometry();
+      std::printf("shown rank: rank=%lld\n", app.shown_rank());
       std::printf("detail plot: x0=%.1f y0=%.1f x1=%.1f y1=%.1f first_step=%lld last_step=%lld layer=%s\n", d.x0, d.y0, d.x1,
                   d.y1, d.first, d.last, ampdiag::analyzer::printable(app.selected_layer()).c_str());
       break;

@@ -74,8 +74,8 @@ def screenshot(tmp_path, db, *args):
     assert result.returncode == 0, result.stderr
     plots = {}
     for line in result.stdout.splitlines():
-        name, _, fields = line.partition(" plot: ")
-        plots[name] = {k: (float(v) if re.fullmatch(r"[\d.]+", v) else v) for k, v in re.findall(r"(\w+)=(\S+)", fields)}
+        name, _, fields = line.partition(": ")  # "timeline plot: x0=...", "shown rank: rank=1"
+        plots[name.split(" ")[0]] = {k: (float(v) if re.fullmatch(r"[\d.]+", v) else v) for k, v in re.findall(r"(\w+)=(\S+)", fields)}
     return read_png(png), plots
 
 
@@ -170,3 +170,19 @@ def test_follow_shows_steps_written_while_the_window_is_open(tmp_path):
     # Opened after ~25 steps; after 4 s of following, well over a hundred more are shown.
     assert first_view >= 100, plots["timeline"]
     assert len(marker_columns(pixels, plots["timeline"])) > 0
+
+
+def test_rank_files_are_shown_one_rank_at_a_time(tmp_path):
+    make = binary("AMPDIAG_TEST_RUN")
+    r0, r1 = tmp_path / "run.rank0.db", tmp_path / "run.rank1.db"
+    subprocess.run([make, "healthy", r0, "0", "2"], check=True, timeout=60)
+    subprocess.run([make, "overflow", r1, "1", "2"], check=True, timeout=60)
+    for rank, broken in ((1, True), (0, False)):
+        pixels, plots = screenshot(tmp_path, r0, r1, "--rank", str(rank))
+        assert plots["shown"]["rank"] == rank
+        h = plots["heatmap"]
+        top = pixels[int(h["y0"] + h["row_height"] / 2), int(x_of(4, h))]
+        assert is_colour(top, NONFINITE) == broken
+        assert (len(marker_columns(pixels, plots["timeline"])) > 0) == broken
+    result = subprocess.run([binary("AMPDIAG_GUI"), r0, r1, "--rank", "5"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "rank 5" in result.stderr
