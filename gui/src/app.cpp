@@ -239,6 +239,8 @@ void App::timeline(float x, float y, float w, float h) {
               (long long)o.steps, (long long)o.skipped, o.first_scale, o.last_scale, o.min_scale,
               o.finished ? "" : ", still being written or stopped");
   ImGui::SameLine();
+  ImGui::Checkbox("Loss", &show_loss_);
+  ImGui::SameLine();
   ImGui::Checkbox("Follow", &follow_);
   if (follow_) {
     ImGui::SameLine();
@@ -315,15 +317,56 @@ void App::timeline(float x, float y, float w, float h) {
   }
   step_cursor(draw, p0, p1, first, last);
 
-  // Hover: the step under the cursor.
+  // The loss on its own axis (right), NaN/Inf losses as magenta marks along the top.
+  if (show_loss_) {
+    double loss_lo = INFINITY, loss_hi = -INFINITY;
+    for (const auto& s : run.steps)
+      if (s.row.step >= first && s.row.step <= last && std::isfinite(s.row.loss))
+        loss_lo = std::min(loss_lo, s.row.loss), loss_hi = std::max(loss_hi, s.row.loss);
+    if (!(loss_hi > loss_lo)) {  // one value (or none): a flat line in the middle
+      if (!std::isfinite(loss_lo)) loss_lo = loss_hi = 0;
+      loss_lo -= 0.5, loss_hi += 0.5;
+    }
+    const auto LY = [&](double v) { return float(p1.y - (v - loss_lo) / (loss_hi - loss_lo) * (p1.y - p0.y) * 0.9); };
+    const ImU32 loss_colour = IM_COL32(120, 220, 140, 220);
+    ImVec2 prev(-1, -1);
+    for (const auto& s : run.steps) {
+      if (s.row.step < first || s.row.step > last) continue;
+      const float cx = p0.x + float(step_to_x(s.row.step, first, last, double(p1.x - p0.x)));
+      if (!std::isfinite(s.row.loss)) {
+        if (run.loss_known(s.row)) draw->AddRectFilled(ImVec2(cx - 2, p0.y), ImVec2(cx + 2, p0.y + 6), kNonfinite);
+        prev = ImVec2(-1, -1);
+        continue;
+      }
+      const ImVec2 point(cx, LY(s.row.loss));
+      if (prev.x >= 0) draw->AddLine(prev, point, loss_colour, 1.5f);
+      prev = point;
+    }
+    char label[32];
+    for (double v : {loss_lo, loss_hi}) {
+      std::snprintf(label, sizeof label, "loss %.3g", v);
+      draw->AddText(ImVec2(p1.x - ImGui::CalcTextSize(label).x - 4, LY(v) - 14), loss_colour, label);
+    }
+  }
+
+  // Hover: the step under the cursor, and for a skipped step the analyzer's cause.
   const ImVec2 mouse = ImGui::GetIO().MousePos;
   if (mouse.x >= p0.x && mouse.x < p1.x && mouse.y >= p0.y && mouse.y <= p1.y + marker_strip) {
     const std::int64_t step = first + std::int64_t((mouse.x - p0.x) / (p1.x - p0.x) * double(last - first + 1));
     for (const auto& s : run.steps)
       if (s.row.step == step) {
         ImGui::BeginTooltip();
-        ImGui::Text("step %lld\nscale %g -> %g\nloss %g%s", (long long)step, s.row.scale_before, s.row.scale_after,
-                    s.row.loss, s.row.skipped ? "\nSKIPPED (non-finite gradients)" : "");
+        ImGui::Text("step %lld\nscale %g -> %g\nloss %g", (long long)step, s.row.scale_before, s.row.scale_after, s.row.loss);
+        for (const auto& k : report_.skipped)
+          if (k.rank == run.rank && k.step == step) {
+            ImGui::TextColored(ImVec4(0.95f, 0.35f, 0.35f, 1), "SKIPPED");
+            if (k.forward_known)
+              ImGui::Text("forward went non-finite at %s",
+                          k.forward_module.empty() ? "the model's own forward()" : analyzer::printable(k.forward_module).c_str());
+            if (!k.nonfinite_layers.empty())
+              ImGui::Text("first non-finite gradient: %s%s", analyzer::printable(k.nonfinite_layers.front()).c_str(),
+                          k.nonfinite_layer_count > 1 ? (" (+" + std::to_string(k.nonfinite_layer_count - 1) + " more)").c_str() : "");
+          }
         ImGui::EndTooltip();
         break;
       }

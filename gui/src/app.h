@@ -37,6 +37,7 @@ class App {
   void replace_run(std::size_t index, analyzer::Run run);
   bool following() const { return follow_; }
   void set_following(bool on) { follow_ = on; }
+  void set_show_loss(bool on) { show_loss_ = on; }
   void set_follow_error(std::string error) { follow_error_ = std::move(error); }
   // With several rank files: show this rank (false: no file of that rank).
   bool show_rank(long long rank);
@@ -67,6 +68,7 @@ class App {
   bool follow_ = false, stick_to_newest_ = true;
   std::size_t rank_ = 0;        // which of runs_ the heatmap, detail and layers show
   bool overlay_ranks_ = true;   // the timeline draws every rank's scale
+  bool show_loss_ = false;      // the loss on its own axis in the timeline
   std::vector<long long> disagreeing_;  // ranks a rank-disagreement finding names
   int reloads_ = 0;
   std::string follow_error_;

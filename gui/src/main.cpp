@@ -30,6 +30,7 @@ constexpr const char* kUsage =
     "  --select LAYER      show this layer in the detail panel (default: the top-ranked)\n"
     "  --step N            mark step N in the plots\n"
     "  --rank N            with several rank files, show rank N (also a menu)\n"
+    "  --loss              draw the loss on its own axis in the timeline (also a checkbox)\n"
     "  --follow            reload the runs as a training process writes them (also a checkbox)\n"
     "  --after SECONDS     with --screenshot: keep running (and following) this long first\n"
     "  --screenshot F      render offscreen, write a PNG to F and exit\n";
@@ -39,7 +40,7 @@ struct Options {
   int width = 1600, height = 1000;
   std::string screenshot, select;
   long long step = -1, rank = -1;
-  bool follow = false;
+  bool follow = false, loss = false;
   double after = 0;
 };
 
@@ -70,6 +71,8 @@ Options parse(int argc, char** argv) {
       char* end = nullptr;
       o.after = std::strtod(v.c_str(), &end);
       if (v.empty() || *end || !(o.after >= 0 && o.after <= 3600)) throw UsageError("--after wants seconds (0 to 3600), not '" + v + "'");
+    } else if (a == "--loss") {
+      o.loss = true;
     } else if (a == "--follow") {
       o.follow = true;
     } else if (a == "--select") {
@@ -125,6 +128,7 @@ int run(const Options& o) {
     throw UsageError("--select: no layer named '" + o.select + "' in " + o.dbs.front() + " (ampdiag layers lists them)");
   if (o.select.empty() && o.step >= 0) app.select(app.selected_layer(), o.step);
   app.set_following(o.follow);
+  app.set_show_loss(o.loss);
   std::vector<std::unique_ptr<ampdiag::gui::RunFollower>> followers;
   for (const auto& db : o.dbs) followers.push_back(std::make_unique<ampdiag::gui::RunFollower>(db));
 

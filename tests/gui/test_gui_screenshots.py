@@ -186,3 +186,12 @@ def test_rank_files_are_shown_one_rank_at_a_time(tmp_path):
         assert (len(marker_columns(pixels, plots["timeline"])) > 0) == broken
     result = subprocess.run([binary("AMPDIAG_GUI"), r0, r1, "--rank", "5"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "rank 5" in result.stderr
+
+
+def test_the_loss_is_drawn_only_when_asked(tmp_path, dbs):
+    loss_colour = np.array((120, 220, 140))  # gui/src/app.cpp: the loss line
+    for args, drawn in (([], False), (["--loss"], True)):
+        pixels, plots = screenshot(tmp_path, dbs["overflow"], *args)
+        t = plots["timeline"]
+        area = pixels[int(t["y0"]) : int(t["y1"]), int(t["x0"]) : int(t["x1"])]
+        assert bool(np.any(np.all(np.abs(area - loss_colour) <= 30, axis=2))) == drawn
