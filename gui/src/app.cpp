@@ -250,9 +250,9 @@ void App::timeline(float x, float y, float w, float h) {
     else ImGui::TextColored(ImVec4(0.95f, 0.6f, 0.3f, 1), "%s", analyzer::printable(follow_error_).c_str());
   }
   const ImVec2 origin = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
-  const float marker_strip = 14;
+  const float marker_strip = 14, ruler = 16;
   const float pad = 8;  // room for the top axis label
-  const ImVec2 p0(origin.x + kGutter, origin.y + pad), p1(origin.x + avail.x, origin.y + avail.y - marker_strip);
+  const ImVec2 p0(origin.x + kGutter, origin.y + pad), p1(origin.x + avail.x, origin.y + avail.y - marker_strip - ruler);
   ImDrawList* draw = ImGui::GetWindowDrawList();
   navigate(p0, ImVec2(p1.x, p1.y + marker_strip));
   const std::int64_t first = std::int64_t(std::floor(view_first_)), last = std::int64_t(std::ceil(view_last_));
@@ -317,6 +317,27 @@ void App::timeline(float x, float y, float w, float h) {
   }
   step_cursor(draw, p0, p1, first, last);
 
+  // The step ruler: round step numbers (1, 2 or 5 x 10^k apart), about one per 120 pixels.
+  {
+    const double span = double(last - first + 1), raw = span / std::max(1.0, double(p1.x - p0.x) / 120.0);
+    const double magnitude = std::pow(10.0, std::floor(std::log10(std::max(1.0, raw))));
+    double every = 10 * magnitude;
+    for (double m : {1.0, 2.0, 5.0})
+      if (m * magnitude >= raw) {
+        every = m * magnitude;
+        break;
+      }
+    const std::int64_t every_steps = std::max<std::int64_t>(1, std::int64_t(every));
+    const float ry = p1.y + marker_strip;
+    for (std::int64_t t = (first + every_steps - 1) / every_steps * every_steps; t <= last; t += every_steps) {
+      const float tx = p0.x + float(step_to_x(t, first, last, double(p1.x - p0.x)));
+      draw->AddLine(ImVec2(tx, ry), ImVec2(tx, ry + 4), IM_COL32(180, 180, 180, 255));
+      const std::string label = std::to_string(t);
+      draw->AddText(ImVec2(tx - ImGui::CalcTextSize(label.c_str()).x / 2, ry + 3), IM_COL32(180, 180, 180, 255), label.c_str());
+    }
+    draw->AddText(ImVec2(p0.x - 6 - ImGui::CalcTextSize("step").x, ry + 3), IM_COL32(140, 140, 140, 255), "step");
+  }
+
   // The loss on its own axis (right), NaN/Inf losses as magenta marks along the top.
   if (show_loss_) {
     double loss_lo = INFINITY, loss_hi = -INFINITY;
@@ -351,7 +372,7 @@ void App::timeline(float x, float y, float w, float h) {
 
   // Hover: the step under the cursor, and for a skipped step the analyzer's cause.
   const ImVec2 mouse = ImGui::GetIO().MousePos;
-  if (mouse.x >= p0.x && mouse.x < p1.x && mouse.y >= p0.y && mouse.y <= p1.y + marker_strip) {
+  if (mouse.x >= p0.x && mouse.x < p1.x && mouse.y >= p0.y && mouse.y <= p1.y + marker_strip + ruler) {
     const std::int64_t step = first + std::int64_t((mouse.x - p0.x) / (p1.x - p0.x) * double(last - first + 1));
     for (const auto& s : run.steps)
       if (s.row.step == step) {
