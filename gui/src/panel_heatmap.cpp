@@ -1,0 +1,97 @@
+// The layer x step heatmap panel.
+#include <imgui.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "ampdiag/analyzer/escape.h"
+#include "app.h"
+#include "style.h"
+#include "heatmap.h"
+#include "timeline.h"
+
+namespace ampdiag::gui {
+
+void App::heatmap(float x, float y, float w, float h) {
+  const analyzer::Run& run = this->run();
+  place("Layers x steps: headroom below the fp16 maximum (magenta: NaN/Inf)", x, y, w, h);
+  const ImVec2 origin = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
+  const ImVec2 p0(origin.x + kGutter, origin.y), p1(origin.x + avail.x, origin.y + avail.y);
+  ImDrawList* draw = ImGui::GetWindowDrawList();
+  navigate(p0, p1);
+  const std::int64_t first = std::int64_t(std::floor(view_first_)), last = std::int64_t(std::ceil(view_last_));
+  const float row_h = 14;
+  const int visible = std::max(1, int((p1.y - p0.y) / row_h));
+  const ImVec2 m = ImGui::GetIO().MousePos;
+  if (m.x >= origin.x && m.x < p0.x && m.y >= p0.y && m.y < p1.y && ImGui::GetIO().MouseWheel != 0)
+    row_offset_ -= int(ImGui::GetIO().MouseWheel) * 3;  // the wheel over the names scrolls the rows
+  row_offset_ = std::clamp(row_offset_, 0, std::max(0, int(ranked_.size()) - visible));
+  heat_geometry_ = {p0.x, p0.y, p1.x, p1.y, (long long)first, (long long)last, row_h};
+  const int width = std::max(1, int(p1.x - p0.x));
+  for (int r = 0; r < visible && row_offset_ + r < int(ranked_.size()); ++r) {
+    const auto& layer = *ranked_[std::size_t(row_offset_ + r)].layer;
+    const float ry = p0.y + float(r) * row_h;
+    const std::string name = analyzer::printable(layer.info.name);
+    if (ImGui::IsMouseClicked(ImGuiMouseButton_Left) && m.y >= ry && m.y < ry + row_h && m.x >= origin.x && m.x < p1.x)
+      selected_ = row_offset_ + r;
+    if (row_offset_ + r == selected_)
+      draw->AddRectFilled(ImVec2(origin.x, ry), ImVec2(p0.x - 2, ry + row_h), IM_COL32(60, 80, 130, 255));
+    draw->PushClipRect(ImVec2(origin.x, ry), ImVec2(p0.x - 6, ry + row_h), true);
+    draw->AddText(ImVec2(std::max(origin.x, p0.x - 6 - ImGui::CalcTextSize(name.c_str()).x), ry), IM_COL32(200, 200, 200, 255),
+                  name.c_str());
+    draw->PopClipRect();
+    const auto cells = heatmap_row(layer, run.fp_max, first, last, width);
+    // Runs of one colour are one rectangle: 500 rows stay cheap to draw. With fewer steps
+    // than pixels a cell spans its step's share of the width, edge to edge.
+    const double span = double(std::max<std::int64_t>(1, last - first + 1)), per_step = double(width) / span;
+    const auto edge = [&](int column) {  // left edge of the cell holding `column`
+      if (per_step <= 1) return p0.x + float(column);
+      const double step = std::floor((double(column) + 0.5) / per_step);
+      return p0.x + float(std::round(step * per_step));
+    };
+    const auto right_edge = [&](int column) {
+      if (per_step <= 1) return p0.x + float(column + 1);
+      const double step = std::floor((double(column) + 0.5) / per_step);
+      return std::min(p1.x, p0.x + float(std::round((step + 1) * per_step)));
+    };
+    for (int c = 0; c < width;) {
+      if (!cells[std::size_t(c)].any) {
+        ++c;
+        continue;
+      }
+      const ImU32 colour = headroom_colour(cells[std::size_t(c)]);
+      int end = c + 1;
+      while (end < width && cells[std::size_t(end)].any && headroom_colour(cells[std::size_t(end)]) == colour) ++end;
+      draw->AddRectFilled(ImVec2(edge(c), ry + 1), ImVec2(right_edge(end - 1), ry + row_h - 1), colour);
+      c = end;
+    }
+  }
+  step_cursor(draw, p0, p1, first, last);
+  // Hover: the numbers behind the cell under the cursor.
+  const int hover_row = int((m.y - p0.y) / row_h);
+  if (m.x >= p0.x && m.x < p1.x && m.y >= p0.y && hover_row < visible && row_offset_ + hover_row < int(ranked_.size())) {
+    const auto& layer = *ranked_[std::size_t(row_offset_ + hover_row)].layer;
+    const std::int64_t step = first + std::int64_t((m.x - p0.x) / (p1.x - p0.x) * double(last - first + 1));
+    const auto it = std::lower_bound(layer.samples.begin(), layer.samples.end(), step,
+                                     [](const analyzer::GradSample& s, std::int64_t v) { return s.step < v; });
+    ImGui::BeginTooltip();
+    ImGui::Text("%s", analyzer::printable(layer.info.name).c_str());
+    if (it != layer.samples.end() && it->step == step) {
+      if (it->nonfinite)
+        ImGui::Text("step %lld: NaN/Inf in the gradient", (long long)step);
+      else
+        ImGui::Text("step %lld: |g| max %g before unscale, %.1f bits below the maximum\nzeros %.1f %%, fp16 subnormals %.1f %%",
+                    (long long)step, double(it->absmax), analyzer::headroom_bits(it->absmax, run.fp_max),
+                    it->zero_q / 655.35, it->sub_q / 2.55);
+    } else {
+      ImGui::Text("step %lld: not sampled", (long long)step);
+    }
+    ImGui::EndTooltip();
+  }
+  ImGui::Dummy(avail);
+  ImGui::End();
+}
+
+}  // namespace ampdiag::gui

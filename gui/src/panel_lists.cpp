@@ -1,0 +1,72 @@
+// The findings and layers panels.
+#include <imgui.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "ampdiag/analyzer/escape.h"
+#include "app.h"
+#include "style.h"
+
+namespace ampdiag::gui {
+
+void App::findings(float x, float y, float w, float h) {
+  place("Findings", x, y, w, h);
+  if (report_.findings.empty()) ImGui::TextColored(ImVec4(0.4f, 0.85f, 0.4f, 1), "Healthy: nothing found.");
+  int n = 0;
+  for (const auto& f : report_.findings) {
+    ImGui::PushID(n++);
+    ImGui::TextColored(severity_colour(f.severity), "%s [%s]", analyzer::severity_name(f.severity), f.rule.c_str());
+    if (!f.layer.empty()) {
+      ImGui::SameLine();
+      if (ImGui::SmallButton("Show")) select(f.layer, f.steps.empty() ? -1 : f.steps.front());
+    }
+    ImGui::TextWrapped("%s", analyzer::printable(f.title).c_str());
+    ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+    ImGui::TextWrapped("%s", analyzer::printable(f.evidence).c_str());
+    ImGui::PopStyleColor();
+    if (!f.suggestions.empty()) {
+      const auto& s = f.suggestions.front();
+      ImGui::TextWrapped("fix: %s", analyzer::printable(s.summary).c_str());
+      if (!s.python.empty() && ImGui::SmallButton("Copy Python")) ImGui::SetClipboardText(s.python.c_str());
+      if (!s.cpp.empty()) {
+        ImGui::SameLine();
+        if (ImGui::SmallButton("Copy C++")) ImGui::SetClipboardText(s.cpp.c_str());
+      }
+    }
+    ImGui::Separator();
+    ImGui::PopID();
+  }
+  ImGui::End();
+}
+
+void App::layers(float x, float y, float w, float h) {
+  place("Layers (culprits first)", x, y, w, h);
+  if (ImGui::BeginTable("layers", 3, ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY | ImGuiTableFlags_Resizable)) {
+    ImGui::TableSetupColumn("layer");
+    ImGui::TableSetupColumn("non-finite steps");
+    ImGui::TableSetupColumn("least headroom (bits)");
+    ImGui::TableHeadersRow();
+    ImGuiListClipper clipper;
+    clipper.Begin(int(ranked_.size()));
+    while (clipper.Step())
+      for (int i = clipper.DisplayStart; i < clipper.DisplayEnd; ++i) {
+        const auto& r = ranked_[std::size_t(i)];
+        ImGui::TableNextRow();
+        ImGui::TableNextColumn();
+        if (ImGui::Selectable(analyzer::printable(r.layer->info.name).c_str(), i == selected_, ImGuiSelectableFlags_SpanAllColumns))
+          selected_ = i;
+        ImGui::TableNextColumn();
+        ImGui::Text("%lld", (long long)r.layer->nonfinite_steps);
+        ImGui::TableNextColumn();
+        if (std::isfinite(r.least_headroom)) ImGui::Text("%.1f", r.least_headroom);
+        else ImGui::TextUnformatted(r.least_headroom < 0 ? "non-finite" : "-");
+      }
+    ImGui::EndTable();
+  }
+  ImGui::End();
+}
+
+}  // namespace ampdiag::gui

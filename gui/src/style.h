@@ -1,0 +1,47 @@
+// What the GUI's panels share: colours (tests look for some of them), the plots' left
+// gutter, and how a panel is placed.
+#pragma once
+
+#include <imgui.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "ampdiag/analyzer/findings.h"
+#include "heatmap.h"
+
+namespace ampdiag::gui {
+
+inline const ImU32 kScaleLine = IM_COL32(90, 170, 255, 255);
+inline const ImU32 kSkipped = IM_COL32(235, 50, 50, 255);  // the skipped-step marker; tests look for it
+inline const ImU32 kFloor = IM_COL32(200, 160, 60, 255);
+inline const ImU32 kGrid = IM_COL32(70, 70, 80, 255);
+inline const ImU32 kNonfinite = IM_COL32(230, 0, 230, 255);  // a NaN/Inf gradient; tests look for it
+inline const ImU32 kAllZero = IM_COL32(60, 60, 60, 255);
+inline constexpr double kScaleFloor = 128.0;  // the analyzer's default floor (Thresholds)
+inline constexpr float kGutter = 210;         // left of both plots: axis labels, layer names
+
+// Headroom in bits: orange near the top of the range (little room), blue far below it.
+inline ImU32 headroom_colour(const HeatCell& c) {
+  if (c.nonfinite) return kNonfinite;
+  if (!std::isfinite(c.least_headroom)) return kAllZero;
+  const float t = std::clamp(c.least_headroom / 16.0f, 0.0f, 1.0f);
+  const float r = t < 0.25f ? 250 : 250 - (t - 0.25f) / 0.75f * 210, g = t < 0.25f ? 120 + t * 4 * 100 : 220 - (t - 0.25f) / 0.75f * 130,
+              b = t < 0.25f ? 30 + t * 4 * 50 : 80 + (t - 0.25f) / 0.75f * 80;
+  return IM_COL32(int(r), int(g), int(b), 255);
+}
+
+inline void place(const char* name, float x, float y, float w, float h) {
+  ImGui::SetNextWindowPos(ImVec2(x, y));
+  ImGui::SetNextWindowSize(ImVec2(w, h));
+  ImGui::Begin(name, nullptr, ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoResize | ImGuiWindowFlags_NoCollapse);
+}
+
+inline ImVec4 severity_colour(analyzer::Severity s) {
+  if (s == analyzer::Severity::kError) return ImVec4(0.95f, 0.35f, 0.35f, 1);
+  if (s == analyzer::Severity::kWarning) return ImVec4(0.95f, 0.75f, 0.3f, 1);
+  return ImVec4(0.7f, 0.7f, 0.7f, 1);
+}
+
+
+}  // namespace ampdiag::gui
