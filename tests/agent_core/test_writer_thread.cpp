@@ -3,17 +3,13 @@
 // returns. Also built with ThreadSanitizer in CI (queue, counters, posted rows).
 #include <catch2/catch.hpp>
 
-#include <signal.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <memory>
 #include <thread>
 
 #include "ampdiag/rundb/reader.h"
 #include "ampdiag/rundb/writer.h"
 #include "writer_thread.h"
+#include "../rundb/child_process.h"
 #include "../rundb/temp_dir.h"
 
 using namespace ampdiag;
@@ -58,15 +54,6 @@ std::int64_t rows_in(const std::string& path) {
   return std::int64_t(r.steps().size() + r.grad_stats().size());
 }
 
-template <typename Body>
-int in_child(Body body) {
-  const pid_t pid = ::fork();
-  if (pid == 0) ::_exit(body());
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
-}
-
 }  // namespace
 
 TEST_CASE("the writer thread's rows_written is what the file holds", "[writer]") {
@@ -86,11 +73,9 @@ TEST_CASE("a write failure loses the failed batch and what follows, counts it, a
   TempDir dir;
   const auto path = dir.file("run.db");
   // In a child: the file-size limit (a full disk) must not outlive the test.
-  const int code = in_child([&] {
-    ::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of a killed process, as on a full disk
+  const int code = test::in_child([&] {
     WriterThread w(std::make_unique<rundb::RunDbWriter>(path, false), 1 << 12);
-    const rlimit full{256 * 1024, RLIM_INFINITY};
-    ::setrlimit(RLIMIT_FSIZE, &full);
+    test::forbid_file_growth(256 * 1024);
     std::int64_t dropped = 0;
     for (int round = 0; round < 200; ++round) {
       dropped += train(w, 10, 64);  // never throws, whatever the disk does
@@ -98,8 +83,7 @@ TEST_CASE("a write failure loses the failed batch and what follows, counts it, a
     }
     if (w.write_errors() != 1) return 1;
     // Space returns before the run closes: the file is told what it lost.
-    const rlimit free_again{RLIM_INFINITY, RLIM_INFINITY};
-    ::setrlimit(RLIMIT_FSIZE, &free_again);
+    test::allow_file_growth();
     w.stop();
     if (w.rows_written() + w.lost() + dropped != 200 * 10 * 65) return 2;
     if (w.rows_written() != rows_in(path)) return 3;

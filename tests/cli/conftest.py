@@ -3,7 +3,9 @@ by really running the C++ samples (once per session; they need LibTorch), and sy
 run.db files written by ampdiag_test_run (no LibTorch: the torch-free build runs those)."""
 import os
 import shutil
+import sqlite3
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -79,3 +81,24 @@ def chromium() -> str:
     if not path:
         pytest.fail("Debian's chromium is needed for the HTML test: run scripts/bootstrap")
     return path
+
+
+def committed_steps(db) -> int:
+    """Steps a run being written has committed; 0 before SQLite has written its schema
+    (the writer creates and locks the file first)."""
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2) as c:
+            return c.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def training_in_background(samples_dir, db, at_least):
+    """The ViT sample on a very long run, returned once it has committed `at_least` steps
+    (or after 120 s, or when it exits): the caller kills it."""
+    proc = subprocess.Popen([str(samples_dir / "ampdiag_vit_overflow"), "--db", str(db), "--steps", "1000000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while committed_steps(db) < at_least and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    return proc

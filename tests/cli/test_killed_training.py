@@ -2,27 +2,14 @@
 with --allow-partial (at most the last uncommitted batch is lost); without it, one clear
 line and exit code 2."""
 import signal
-import sqlite3
-import subprocess
-import time
 
-
-def committed_steps(db) -> int:
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2) as c:
-            return c.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
-    except sqlite3.Error:
-        return 0  # not created yet
+from conftest import committed_steps, training_in_background
 
 
 def test_sigkilled_training_leaves_a_readable_run(samples_dir, run, tmp_path):
     db = tmp_path / "killed.db"
-    proc = subprocess.Popen([str(samples_dir / "ampdiag_vit_overflow"), "--db", str(db), "--steps", "1000000"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = training_in_background(samples_dir, db, 30)
     try:
-        deadline = time.monotonic() + 120
-        while committed_steps(db) < 30 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.1)
         seen = committed_steps(db)
         assert seen >= 30, "the sample did not write steps while running"
     finally:

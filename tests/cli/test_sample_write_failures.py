@@ -10,9 +10,10 @@ import signal
 import sqlite3
 import subprocess
 import tempfile
-import time
 
 import pytest
+
+from conftest import training_in_background
 
 RECORDS_PER_STEP = 1 + 28 + 6  # a step row, 28 gradient rows, 6 activation rows
 
@@ -32,15 +33,6 @@ def vit(samples_dir, db, *args, **kwargs):
 def rows_in(db):
     with sqlite3.connect(db) as c:
         return sum(c.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("steps", "grad_stats", "act_stats"))
-
-
-def has_rows(db):
-    """Whether the run being written has committed a step yet (the file exists, empty,
-    from the moment the writer locks it until SQLite writes its schema)."""
-    try:
-        return db.exists() and rows_in(db) > 0
-    except sqlite3.Error:
-        return False
 
 
 def test_a_full_disk_mid_run_keeps_training_and_counts_only_committed_rows(samples_dir, tmp_path, run):
@@ -98,12 +90,8 @@ def test_a_db_that_cannot_be_created_is_one_line_and_exit_2_with_nothing_left(sa
 
 def test_a_second_process_cannot_take_over_a_db_being_written(samples_dir, tmp_path, run):
     db = tmp_path / "run.db"
-    first = subprocess.Popen([str(samples_dir / "ampdiag_vit_overflow"), "--db", str(db), "--steps", "100000"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = training_in_background(samples_dir, db, 1)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and not has_rows(db):
-            time.sleep(0.1)
         second = vit(samples_dir, db, "--steps", "2")  # the samples always overwrite
         assert second.returncode == 2 and "another ampdiag writer" in second.stderr, second.stderr
         assert rows_in(db) > 0  # the first run's steps are still there

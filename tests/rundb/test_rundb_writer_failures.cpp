@@ -3,41 +3,19 @@
 // process may not write a byte, as on a full disk) leaves no file behind.
 #include <catch2/catch.hpp>
 
-#include <signal.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 
 #include "ampdiag/rundb/reader.h"
 #include "ampdiag/rundb/writer.h"
+#include "child_process.h"
 #include "temp_dir.h"
 
 using namespace ampdiag::rundb;
 using ampdiag::test::TempDir;
-
-namespace {
-
-// Runs `body` in a child process and returns its exit code: the child changes limits and
-// signal dispositions that the test process must keep.
-template <typename Body>
-int in_child(Body body) {
-  const pid_t pid = ::fork();
-  if (pid == 0) ::_exit(body());
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
-}
-
-// As on a full disk: every write that would grow a file fails (EFBIG instead of SIGXFSZ).
-void forbid_file_growth(rlim_t bytes) {
-  ::signal(SIGXFSZ, SIG_IGN);
-  const rlimit limit{bytes, bytes};
-  ::setrlimit(RLIMIT_FSIZE, &limit);
-}
-
-}  // namespace
+using ampdiag::test::forbid_file_growth;
+using ampdiag::test::in_child;
 
 TEST_CASE("a second writer on a run.db that is being written is refused, even with overwrite", "[rundb]") {
   TempDir dir;
