@@ -74,7 +74,7 @@ std::string printable(const std::string& s, bool keep_newlines) {
     }
     const unsigned cp = code_point(s, i, n);
     if (control(cp) && !(keep_newlines && cp == '\n'))
-      out += cp < 0x100 ? hex_byte(static_cast<unsigned char>(cp), "\\x") : std::string("?");
+      out += hex_byte(static_cast<unsigned char>(cp), "\\x");  // controls are all below U+00A0
     else
       out.append(s, i, n);
     i += n;

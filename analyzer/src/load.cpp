@@ -21,10 +21,6 @@ namespace {
 // Steps are stored as int32 in memory (GradSample); the agent numbers them from 0.
 constexpr std::int64_t kMaxStep = INT32_MAX;
 
-[[noreturn]] void corrupt(const std::string& path, const std::string& what) {
-  throw rundb::RunDbError(path + ": corrupt run.db: " + what);
-}
-
 // What one thread gathers from its step range.
 struct Partial {
   std::vector<std::vector<GradSample>> samples;                     // by layer
@@ -71,7 +67,7 @@ void scan_range(const std::string& path, std::int64_t first, std::int64_t last, 
         [&](const rundb::GradStatRow& g) {
           const std::int64_t step = g.step, layer = g.layer_id;
           if (layer < 0 || std::size_t(layer) >= layer_count)
-            corrupt(path, "grad_stats has a row for layer " + std::to_string(layer) + ", but the layers table has ids 0 to " +
+            rundb::throw_corrupt(path, "grad_stats has a row for layer " + std::to_string(layer) + ", but the layers table has ids 0 to " +
                               std::to_string(std::int64_t(layer_count) - 1));
           if (step != row_step) {
             close_step();
@@ -183,7 +179,7 @@ Run load_run(const std::string& path, const LoadOptions& options) {
   if (run.steps.empty())
     throw rundb::RunDbError(path + ": holds no steps (the training never reached scaler.update())");
   if (run.steps.front().row.step < 0 || run.steps.back().row.step > kMaxStep)
-    corrupt(path, "steps are numbered from " + std::to_string(run.steps.front().row.step) + " to " +
+    rundb::throw_corrupt(path, "steps are numbered from " + std::to_string(run.steps.front().row.step) + " to " +
                       std::to_string(run.steps.back().row.step) + " (a run.db numbers them from 0 to 2^31-1)");
   for (std::size_t i = 0; i < run.layers.size(); ++i)
     if (run.layers[i].info.id != std::int64_t(i)) throw rundb::RunDbError(path + ": layer ids are not dense: corrupted");
@@ -194,7 +190,7 @@ Run load_run(const std::string& path, const LoadOptions& options) {
   std::int64_t first = 0, last = -1;
   const bool any_grad = reader.grad_step_range(first, last);
   if (any_grad && (first < 0 || last > kMaxStep))
-    corrupt(path, "grad_stats has steps from " + std::to_string(first) + " to " + std::to_string(last) +
+    rundb::throw_corrupt(path, "grad_stats has steps from " + std::to_string(first) + " to " + std::to_string(last) +
                       " (a run.db numbers them from 0 to 2^31-1)");
   const bool histograms = run.meta_or("histogram", "0") == "1";
   const int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));

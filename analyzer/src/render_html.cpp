@@ -117,6 +117,21 @@ std::vector<LayerRowSummary> top_layers(const Report& report, const Run& run, st
   return out;
 }
 
+// One series per plotted top layer, named and coloured as every plot names them; `add`
+// turns each of the layer's samples into points.
+template <typename Add>
+std::vector<svg::Series> top_layer_series(const Report& report, const Run& run, Add add) {
+  std::vector<svg::Series> out;
+  for (const auto& row : top_layers(report, run, kPlotLayers)) {
+    svg::Series s;
+    s.label = row.layer->info.name;
+    s.colour = kColours[out.size() % 6];
+    for (const auto& x : row.layer->samples) add(s, x);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
 // The rank whose layers the page shows: the first that a failing or warning finding is
 // about (a rank disagreement names the odd one out), else the first file.
 const Run& focus_run(const Report& report, const std::vector<Run>& runs) {
@@ -139,17 +154,10 @@ std::string headroom_plot(const Report& report, const std::vector<Run>& runs, co
   p.y_label = "headroom (bits)";
   p.y_include = {0.0, 4.0};  // a readable axis even when no sample was finite
   p.empty_note = "no finite gradient in these layers: every sample was NaN/Inf (crosses below)";
-  int c = 0;
-  for (const auto& row : top_layers(report, run, kPlotLayers)) {
-    svg::Series s;
-    s.label = row.layer->info.name;
-    s.colour = kColours[c++ % 6];
-    for (const auto& x : row.layer->samples) {
-      if (x.nonfinite) s.nonfinite_x.push_back(double(x.step));
-      else if (x.absmax > 0) s.points.push_back({double(x.step), headroom_bits(x.absmax, run.fp_max)});
-    }
-    p.series.push_back(std::move(s));
-  }
+  p.series = top_layer_series(report, run, [&](svg::Series& s, const GradSample& x) {
+    if (x.nonfinite) s.nonfinite_x.push_back(double(x.step));
+    else if (x.absmax > 0) s.points.push_back({double(x.step), headroom_bits(x.absmax, run.fp_max)});
+  });
   p.hlines.push_back({0.0, "overflow"});
   return svg::line_plot(p);
 }
@@ -165,19 +173,12 @@ std::string l2_plot(const Report& report, const std::vector<Run>& runs, const Ru
   p.y_label = "L2 norm";
   p.y_axis = svg::YAxis::kPowerOfTwo;
   bool any = false;
-  int c = 0;
-  for (const auto& row : top_layers(report, run, kPlotLayers)) {
-    svg::Series s;
-    s.label = row.layer->info.name;
-    s.colour = kColours[c++ % 6];
-    for (const auto& x : row.layer->samples) {
-      const auto it = scale.find(x.step);
-      if (x.nonfinite || !(x.l2 > 0) || it == scale.end() || !(it->second > 0)) continue;
-      s.points.push_back({double(x.step), std::log2(double(x.l2) / it->second)});
-      any = true;
-    }
-    p.series.push_back(std::move(s));
-  }
+  p.series = top_layer_series(report, run, [&](svg::Series& s, const GradSample& x) {
+    const auto it = scale.find(x.step);
+    if (x.nonfinite || !(x.l2 > 0) || it == scale.end() || !(it->second > 0)) return;
+    s.points.push_back({double(x.step), std::log2(double(x.l2) / it->second)});
+    any = true;
+  });
   return any ? svg::line_plot(p) : "";
 }
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <map>
 
+#include "ampdiag/analyzer/axis.h"
 #include "markup.h"
 
 namespace ampdiag::analyzer::svg {
@@ -33,19 +34,6 @@ std::string number_label(double v) {
 
 std::string power_of_two_label(double exponent) {
   return "2<tspan dy=\"-5\" font-size=\"8\">" + number_label(exponent) + "</tspan>";
-}
-
-// The tick spacing: 1, 2 or 5 times a power of ten, giving about `target` ticks.
-double nice_step(double span, int target, bool integers) {
-  if (!(span > 0)) span = 1;
-  const double raw = span / target, magnitude = std::pow(10.0, std::floor(std::log10(raw)));
-  double step = 10 * magnitude;
-  for (double m : {1.0, 2.0, 5.0})
-    if (m * magnitude >= raw) {
-      step = m * magnitude;
-      break;
-    }
-  return integers ? std::max(1.0, std::round(step)) : step;
 }
 
 std::vector<double> ticks(double lo, double hi, double step) {

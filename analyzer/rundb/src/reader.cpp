@@ -114,7 +114,7 @@ void RunDbReader::check_tables(const std::vector<const char*>& names) {
     if (!q.next()) throw RunDbError(path_ + ": run.db has no table " + name + ": incomplete or corrupted");
     // Only the writer's own tables are read: a view or a virtual table could compute anything.
     if (q.text(0) != "table" || q.text(1).rfind("CREATE TABLE", 0) != 0)
-      throw RunDbError(path_ + ": corrupt run.db: " + name + " is a " + q.text(0) + ", not the table the writer creates");
+      throw_corrupt(path_, std::string(name) + " is a " + q.text(0) + ", not the table the writer creates");
   }
 }
 
@@ -227,13 +227,12 @@ bool RunDbReader::grad_step_range(std::int64_t& first, std::int64_t& last) {
   if (!q.next() || sqlite3_column_type(q.handle(), 0) == SQLITE_NULL) return false;  // no rows
   // SQLite orders numbers before text and blobs: a damaged value can be either end.
   if (sqlite3_column_type(q.handle(), 0) != SQLITE_INTEGER || sqlite3_column_type(q.handle(), 1) != SQLITE_INTEGER)
-    throw RunDbError(path_ + ": corrupt run.db: grad_stats has a step that is not an integer");
+    throw_corrupt(path_, "grad_stats has a step that is not an integer");
   first = q.int64(0);
   last = q.int64(1);
   // A damaged b-tree can hand out its first and last entries out of order.
   if (last < first)
-    throw RunDbError(path_ + ": corrupt run.db: grad_stats' first step (" + std::to_string(first) + ") is after its last (" +
-                     std::to_string(last) + ")");
+    throw_corrupt(path_, "grad_stats' first step (" + std::to_string(first) + ") is after its last (" + std::to_string(last) + ")");
   return true;
 }
 
@@ -266,9 +265,9 @@ void RunDbReader::for_each_grad_stat(const std::function<void(const GradStatRow&
       int bytes = 0;
       const void* blob = q.blob(3 + kStatFieldCount, &bytes);
       if (bytes != 0 && bytes != kHistogramBytes)
-        throw RunDbError(path_ + ": corrupt run.db: grad_stats row (step " + std::to_string(r.step) + ", layer " +
-                         std::to_string(r.layer_id) + ") has a histogram of " + std::to_string(bytes) + " bytes, not " +
-                         std::to_string(kHistogramBytes));
+        throw_corrupt(path_, "grad_stats row (step " + std::to_string(r.step) + ", layer " + std::to_string(r.layer_id) +
+                                  ") has a histogram of " + std::to_string(bytes) + " bytes, not " +
+                                  std::to_string(kHistogramBytes));
       if (bytes == kHistogramBytes) {
         r.histogram.resize(kHistBins);
         std::memcpy(r.histogram.data(), blob, std::size_t(kHistogramBytes));

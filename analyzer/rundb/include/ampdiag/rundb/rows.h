@@ -16,6 +16,12 @@ class RunDbError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Content the writer never writes (a value out of range, a view for a table): one message
+// shape for every reader.
+[[noreturn]] inline void throw_corrupt(const std::string& path, const std::string& what) {
+  throw RunDbError(path + ": corrupt run.db: " + what);
+}
+
 // The statistics of one tensor (kernels::TensorStats, without depending on kernels).
 struct StatValues {
   std::int64_t numel = 0, nan = 0, inf = 0, zeros = 0, fp16_subnormal = 0;
