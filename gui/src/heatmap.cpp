@@ -16,7 +16,7 @@ std::vector<HeatCell> heatmap_row(const analyzer::LayerSummary& layer, double fp
   auto it = std::lower_bound(samples.begin(), samples.end(), first,
                              [](const analyzer::GradSample& s, std::int64_t step) { return s.step < step; });
   for (; it != samples.end() && it->step <= last; ++it) {
-    const int c = std::clamp(int(step_to_x(it->step, first, last, double(cells.size()))), 0, int(cells.size()) - 1);
+    const int c = column_of(it->step, first, last, int(cells.size()));
     HeatCell& cell = cells[std::size_t(c)];
     if (!cell.any) cell.least_headroom = std::numeric_limits<float>::infinity();
     cell.any = true;

@@ -9,6 +9,7 @@
 #include <imgui_impl_opengl3.h>
 #include <stb_image_write.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -48,6 +49,16 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A number in [min, max] from an option's value (`whole`: digits only), or a UsageError
+// saying what was wanted.
+double number(const std::string& option, const std::string& v, double min, double max, bool whole, const char* what) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end || !(x >= min && x <= max) || (whole && v.find_first_not_of("0123456789") != std::string::npos))
+    throw UsageError(option + " wants " + what + ", not '" + v + "'");
+  return x;
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -67,10 +78,7 @@ Options parse(int argc, char** argv) {
         throw UsageError("--size wants WIDTHxHEIGHT between 320x240 and 8192x8192, not '" + v + "'");
       o.width = w, o.height = h;
     } else if (a == "--after") {
-      const std::string v = value();
-      char* end = nullptr;
-      o.after = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end || !(o.after >= 0 && o.after <= 3600)) throw UsageError("--after wants seconds (0 to 3600), not '" + v + "'");
+      o.after = number(a, value(), 0, 3600, false, "seconds (0 to 3600)");
     } else if (a == "--loss") {
       o.loss = true;
     } else if (a == "--follow") {
@@ -78,15 +86,9 @@ Options parse(int argc, char** argv) {
     } else if (a == "--select") {
       o.select = value();
     } else if (a == "--rank") {
-      const std::string v = value();
-      char* end = nullptr;
-      o.rank = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end || o.rank < 0) throw UsageError("--rank wants a rank number (0 or more), not '" + v + "'");
+      o.rank = (long long)number(a, value(), 0, 1e15, true, "a rank number (0 or more)");
     } else if (a == "--step") {
-      const std::string v = value();
-      char* end = nullptr;
-      o.step = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end || o.step < 0) throw UsageError("--step wants a step number (0 or more), not '" + v + "'");
+      o.step = (long long)number(a, value(), 0, 1e15, true, "a step number (0 or more)");
     } else if (a == "--screenshot") {
       o.screenshot = value();
     } else if (a.rfind("-", 0) == 0) {

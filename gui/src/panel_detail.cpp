@@ -47,10 +47,7 @@ void App::detail(float x, float y, float w, float h) {
   const auto X = [&](long long step) { return p0.x + float(step_to_x(step, first, last, double(p1.x - p0.x))); };
   const int label_every = std::max(1, int((top - bottom) / 6));
   for (int k = int(bottom); k <= int(top); k += label_every) {
-    draw->AddLine(ImVec2(p0.x, Y(k)), ImVec2(p1.x, Y(k)), kGrid);
-    char label[16];
-    std::snprintf(label, sizeof label, "2^%d", k);
-    draw->AddText(ImVec2(p0.x - 6 - ImGui::CalcTextSize(label).x, Y(k) - 7), IM_COL32(180, 180, 180, 255), label);
+    log2_gridline(draw, p0.x, p1.x, Y(k), k);
   }
   draw->AddLine(ImVec2(p0.x, Y(std::log2(run.fp_max))), ImVec2(p1.x, Y(std::log2(run.fp_max))), kSkipped, 1.5f);
   ImVec2 previous(-1, -1);

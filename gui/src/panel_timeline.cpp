@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#include "ampdiag/analyzer/axis.h"
 #include "ampdiag/analyzer/escape.h"
 #include "app.h"
 #include "style.h"
@@ -71,10 +72,7 @@ void App::timeline(float x, float y, float w, float h) {
   const auto Y = [&](double v) { return float(p1.y - (v - lo) / (hi - lo) * (p1.y - p0.y)); };
   for (int k = int(lo); k <= int(hi); ++k) {
     if ((int(hi - lo) > 16) && k % 2) continue;
-    draw->AddLine(ImVec2(p0.x, Y(k)), ImVec2(p1.x, Y(k)), kGrid);
-    char label[16];
-    std::snprintf(label, sizeof label, "2^%d", k);
-    draw->AddText(ImVec2(p0.x - 6 - ImGui::CalcTextSize(label).x, Y(k) - 7), IM_COL32(180, 180, 180, 255), label);
+    log2_gridline(draw, p0.x, p1.x, Y(k), k);
   }
   draw->AddLine(ImVec2(p0.x, Y(std::log2(kScaleFloor))), ImVec2(p1.x, Y(std::log2(kScaleFloor))), kFloor, 1.5f);
 
@@ -85,49 +83,21 @@ void App::timeline(float x, float y, float w, float h) {
       if (i == rank_) continue;
       const bool odd = std::find(disagreeing_.begin(), disagreeing_.end(), runs_[i].rank) != disagreeing_.end();
       const ImU32 colour = odd ? IM_COL32(255, 150, 40, 230) : IM_COL32(190, 190, 215, 230);
-      const auto other = timeline_columns(runs_[i], first, last, width);
-      ImVec2 prev(-1, -1);
-      for (int c = 0; c < width; ++c) {
-        const auto& col = other[std::size_t(c)];
-        if (!col.any) continue;
-        const float cx = p0.x + float(c) + 0.5f;
-        if (prev.x >= 0) {
-          draw->AddLine(prev, ImVec2(cx, prev.y), colour, 2.0f);
-          draw->AddLine(ImVec2(cx, prev.y), ImVec2(cx, Y(col.hi)), colour, 2.0f);
-        }
-        draw->AddLine(ImVec2(cx, Y(col.hi)), ImVec2(cx, Y(col.lo)), colour, 2.0f);
-        prev = ImVec2(cx, Y(col.lo));
-      }
+      draw_scale_steps(draw, timeline_columns(runs_[i], first, last, width), p0.x, Y, colour);
     }
   const auto columns = timeline_columns(run, first, last, width);
-  ImVec2 previous(-1, -1);
+  draw_scale_steps(draw, columns, p0.x, Y, kScaleLine);
   for (int c = 0; c < width; ++c) {
-    const auto& col = columns[std::size_t(c)];
-    if (!col.any) continue;
     const float cx = p0.x + float(c) + 0.5f;
-    const ImVec2 top(cx, Y(col.hi)), bottom(cx, Y(col.lo));
-    // The scale is a step function: it holds until the next step, then jumps.
-    if (previous.x >= 0) {
-      draw->AddLine(previous, ImVec2(cx, previous.y), kScaleLine, 2.0f);
-      draw->AddLine(ImVec2(cx, previous.y), top, kScaleLine, 2.0f);
-    }
-    draw->AddLine(top, bottom, kScaleLine, 2.0f);
-    previous = bottom;
-    if (col.skipped) draw->AddRectFilled(ImVec2(cx - 1.5f, p1.y + 2), ImVec2(cx + 1.5f, p1.y + marker_strip), kSkipped);
+    if (columns[std::size_t(c)].skipped)
+      draw->AddRectFilled(ImVec2(cx - 1.5f, p1.y + 2), ImVec2(cx + 1.5f, p1.y + marker_strip), kSkipped);
   }
   step_cursor(draw, p0, p1, first, last);
 
   // The step ruler: round step numbers (1, 2 or 5 x 10^k apart), about one per 120 pixels.
   {
-    const double span = double(last - first + 1), raw = span / std::max(1.0, double(p1.x - p0.x) / 120.0);
-    const double magnitude = std::pow(10.0, std::floor(std::log10(std::max(1.0, raw))));
-    double every = 10 * magnitude;
-    for (double m : {1.0, 2.0, 5.0})
-      if (m * magnitude >= raw) {
-        every = m * magnitude;
-        break;
-      }
-    const std::int64_t every_steps = std::max<std::int64_t>(1, std::int64_t(every));
+    const std::int64_t every_steps =
+        std::int64_t(analyzer::nice_step(double(last - first + 1), std::max(1.0, double(p1.x - p0.x) / 120.0), true));
     const float ry = p1.y + marker_strip;
     for (std::int64_t t = (first + every_steps - 1) / every_steps * every_steps; t <= last; t += every_steps) {
       const float tx = p0.x + float(step_to_x(t, first, last, double(p1.x - p0.x)));
@@ -174,23 +144,23 @@ void App::timeline(float x, float y, float w, float h) {
   const ImVec2 mouse = ImGui::GetIO().MousePos;
   if (mouse.x >= p0.x && mouse.x < p1.x && mouse.y >= p0.y && mouse.y <= p1.y + marker_strip + ruler) {
     const std::int64_t step = first + std::int64_t((mouse.x - p0.x) / (p1.x - p0.x) * double(last - first + 1));
-    for (const auto& s : run.steps)
-      if (s.row.step == step) {
-        ImGui::BeginTooltip();
-        ImGui::Text("step %lld\nscale %g -> %g\nloss %g", (long long)step, s.row.scale_before, s.row.scale_after, s.row.loss);
-        for (const auto& k : report_.skipped)
-          if (k.rank == run.rank && k.step == step) {
-            ImGui::TextColored(ImVec4(0.95f, 0.35f, 0.35f, 1), "SKIPPED");
-            if (k.forward_known)
-              ImGui::Text("forward went non-finite at %s",
-                          k.forward_module.empty() ? "the model's own forward()" : analyzer::printable(k.forward_module).c_str());
-            if (!k.nonfinite_layers.empty())
-              ImGui::Text("first non-finite gradient: %s%s", analyzer::printable(k.nonfinite_layers.front()).c_str(),
-                          k.nonfinite_layer_count > 1 ? (" (+" + std::to_string(k.nonfinite_layer_count - 1) + " more)").c_str() : "");
-          }
-        ImGui::EndTooltip();
-        break;
-      }
+    const auto it = std::lower_bound(run.steps.begin(), run.steps.end(), step,
+                                     [](const analyzer::StepSummary& s, std::int64_t v) { return s.row.step < v; });
+    if (it != run.steps.end() && it->row.step == step) {
+      ImGui::BeginTooltip();
+      ImGui::Text("step %lld\nscale %g -> %g\nloss %g", (long long)step, it->row.scale_before, it->row.scale_after, it->row.loss);
+      for (const auto& k : report_.skipped)
+        if (k.rank == run.rank && k.step == step) {
+          ImGui::TextColored(ImVec4(0.95f, 0.35f, 0.35f, 1), "SKIPPED");
+          if (k.forward_known)
+            ImGui::Text("forward went non-finite at %s",
+                        k.forward_module.empty() ? "the model's own forward()" : analyzer::printable(k.forward_module).c_str());
+          if (!k.nonfinite_layers.empty())
+            ImGui::Text("first non-finite gradient: %s%s", analyzer::printable(k.nonfinite_layers.front()).c_str(),
+                        k.nonfinite_layer_count > 1 ? (" (+" + std::to_string(k.nonfinite_layer_count - 1) + " more)").c_str() : "");
+        }
+      ImGui::EndTooltip();
+    }
   }
   ImGui::Dummy(avail);
   ImGui::End();

@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <vector>
 
 #include "ampdiag/analyzer/findings.h"
 #include "heatmap.h"
+#include "timeline.h"
 
 namespace ampdiag::gui {
 
@@ -29,6 +32,33 @@ inline ImU32 headroom_colour(const HeatCell& c) {
   const float r = t < 0.25f ? 250 : 250 - (t - 0.25f) / 0.75f * 210, g = t < 0.25f ? 120 + t * 4 * 100 : 220 - (t - 0.25f) / 0.75f * 130,
               b = t < 0.25f ? 30 + t * 4 * 50 : 80 + (t - 0.25f) / 0.75f * 80;
   return IM_COL32(int(r), int(g), int(b), 255);
+}
+
+// A grid line across the plot at `y`, labelled 2^k in the gutter to its left.
+inline void log2_gridline(ImDrawList* draw, float x0, float x1, float y, int k) {
+  draw->AddLine(ImVec2(x0, y), ImVec2(x1, y), kGrid);
+  char label[16];
+  std::snprintf(label, sizeof label, "2^%d", k);
+  draw->AddText(ImVec2(x0 - 6 - ImGui::CalcTextSize(label).x, y - 7), IM_COL32(180, 180, 180, 255), label);
+}
+
+// The scale as a step function over timeline columns: it holds until the next step, then
+// jumps; a column that holds several steps spans their lowest to highest.
+template <typename Y>
+void draw_scale_steps(ImDrawList* draw, const std::vector<TimelineColumn>& columns, float x0, Y y_of, ImU32 colour) {
+  ImVec2 previous(-1, -1);
+  for (std::size_t c = 0; c < columns.size(); ++c) {
+    const auto& col = columns[c];
+    if (!col.any) continue;
+    const float cx = x0 + float(c) + 0.5f;
+    const ImVec2 top(cx, y_of(col.hi)), bottom(cx, y_of(col.lo));
+    if (previous.x >= 0) {
+      draw->AddLine(previous, ImVec2(cx, previous.y), colour, 2.0f);
+      draw->AddLine(ImVec2(cx, previous.y), top, colour, 2.0f);
+    }
+    draw->AddLine(top, bottom, colour, 2.0f);
+    previous = bottom;
+  }
 }
 
 inline void place(const char* name, float x, float y, float w, float h) {

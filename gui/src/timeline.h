@@ -21,5 +21,7 @@ std::vector<TimelineColumn> timeline_columns(const analyzer::Run& run, std::int6
 
 // Where step `step` lands, in pixels from the plot's left edge.
 double step_to_x(std::int64_t step, std::int64_t first, std::int64_t last, double width);
+// The pixel column (0..width-1) that holds step `step`.
+int column_of(std::int64_t step, std::int64_t first, std::int64_t last, int width);
 
 }  // namespace ampdiag::gui
