@@ -177,7 +177,7 @@ class AttachHandle:
         """Records `loss` (a scalar tensor or number) as this step's loss; several calls in
         one step are summed. Without it the loss is what scaler.scale() received, or,
         without a scaler, what backward() was called on."""
-        if self._closed or self._stopped:
+        if self._inert:
             return
         if isinstance(loss, torch.Tensor):
             if loss.numel() != 1:
@@ -187,8 +187,7 @@ class AttachHandle:
             loss = torch.tensor(float(loss))
         else:
             raise TypeError(f"log_loss() takes a scalar tensor or a number, not {type(loss).__name__}")
-        self._begin_cycle()
-        if not self._stopped:
+        if self._begin_cycle():
             self._logged_losses.append(loss)
 
     def close(self) -> None:
@@ -305,7 +304,7 @@ class AttachHandle:
             found = checked and self._found_inf(scaler)
             before = float(scaler.get_scale())
             original_update(new_scale)
-            if self._closed or self._stopped:
+            if self._inert:
                 return
             if not checked:
                 # An update() with no gradients checked since the last one (e.g. holding a
@@ -338,11 +337,19 @@ class AttachHandle:
         self._escalating = False
         self._bf16_found = False
 
-    def _begin_cycle(self):
+    @property
+    def _inert(self):
+        """Closed, or recording stopped: the hooks do nothing and torch's own methods run."""
+        return self._closed or self._stopped
+
+    def _begin_cycle(self) -> bool:
         """The first hook of an optimizer cycle: the step before it is recorded now (it
-        may have had an extra update() since it ended)."""
-        if self._cycle_open or self._closed or self._stopped:
-            return
+        may have had an extra update() since it ended). Returns whether recording goes on:
+        False once it has stopped, the caller then does nothing."""
+        if self._inert:
+            return False
+        if self._cycle_open:
+            return True
         if isinstance(self._session, _PendingSession):
             try:
                 self._open_session(*_rank.rank_now_or_single())
@@ -352,16 +359,16 @@ class AttachHandle:
                 self._stopped = True
                 self._session = _FailedSession(str(e))
                 print(f"ampdiag: cannot record this run, training goes on without it: {e}", file=sys.stderr)
-                return
+                return False
         self._cycle_open = True
         self._session.begin_step()
         self._reset_cycle()
+        return True
 
     def _arrived(self, layer, grad):
-        if self._stopped or (self._replayer is not None and self._replayer.busy):
+        if self._inert or (self._replayer is not None and self._replayer.busy):
             return
-        self._begin_cycle()
-        if self._stopped:
+        if not self._begin_cycle():
             return
         self._grad_calls += 1
         self._backward_seen = True
@@ -370,23 +377,22 @@ class AttachHandle:
             self._next_arrival += 1
 
     def _on_scale(self, outputs):
-        if self._closed or self._stopped:
+        if self._inert:
             return
         t0 = time.perf_counter_ns()
-        self._begin_cycle()
-        if self._stopped:
+        if not self._begin_cycle():
             return
         self._losses.extend(_loss.scalar_losses(outputs))
         self._python_ns += time.perf_counter_ns() - t0
 
     def _before_backward(self, roots):
-        if self._stopped:
+        if self._inert:
             return
         self._roots = _loss.scalar_losses(roots)
         self._grad_calls_before = self._grad_calls
 
     def _after_backward(self):
-        if self._stopped:
+        if self._inert:
             return
         if self._grad_calls > self._grad_calls_before:  # this backward reached the model
             self._losses.extend(self._roots)
@@ -434,11 +440,8 @@ class AttachHandle:
         return found
 
     def _on_unscale(self, original, optimizer, inv_scale, found_inf, allow_fp16):
-        if self._closed or self._stopped:
-            return original(optimizer, inv_scale, found_inf, allow_fp16)
         t0 = time.perf_counter_ns()
-        self._begin_cycle()
-        if self._stopped:
+        if not self._begin_cycle():
             return original(optimizer, inv_scale, found_inf, allow_fp16)
         layers, grads, sparse = self._gradients(optimizer)
         special = sparse or any(g.dtype == torch.float16 for g in grads)
@@ -467,11 +470,8 @@ class AttachHandle:
                    for v in state.get("found_inf_per_device", {}).values())
 
     def _before_optimizer_step(self, optimizer, args, kwargs):
-        if self._closed or self._stopped:
-            return
         t0 = time.perf_counter_ns()
-        self._begin_cycle()
-        if self._stopped:
+        if not self._begin_cycle():
             return
         layers, grads, _ = self._gradients(optimizer)
         self._bf16_found = bool(self._stats(layers, grads)) if grads else False
@@ -506,13 +506,11 @@ class AttachHandle:
 
         def hook(module, args, kwargs, output):
             nonlocal module_id
-            if self._closed or self._stopped or (self._replayer is not None and self._replayer.busy):
+            if self._inert or (self._replayer is not None and self._replayer.busy):
                 return None
             t0 = time.perf_counter_ns()
-            if not self._cycle_open:
-                self._begin_cycle()
-                if self._stopped:
-                    return None
+            if not self._begin_cycle():
+                return None
             if self._backward_seen:  # a forward after a backward: the next micro-batch
                 self._backward_seen = False
                 self._micro_batch += 1
