@@ -13,6 +13,7 @@
 
 #include "ampdiag/analyzer/run.h"
 #include "ampdiag/rundb/reader.h"
+#include "ampdiag/rundb/samples.h"
 
 namespace ampdiag::analyzer {
 
@@ -32,20 +33,44 @@ struct Partial {
   std::string error;
 };
 
-std::uint16_t quantise16(double frac) { return std::uint16_t(std::lround(std::clamp(frac, 0.0, 1.0) * 65535.0)); }
-std::uint8_t quantise8(double frac) { return std::uint8_t(std::lround(std::clamp(frac, 0.0, 1.0) * 255.0)); }
+// What a scan of grad_stats gathers: a full scan everything; with the writer's summaries
+// only the backward order of the steps that went non-finite, and the histograms of the
+// steps after the last written sums.
+struct ScanWhat {
+  bool samples = true;     // GradSamples and the least non-zero |g|
+  bool histograms = true;  // per-layer sums of finite rows' histograms
+  bool order = true;       // non-finite layers in backward order, and the finite one before
+};
 
-void scan_range(const std::string& path, std::int64_t first, std::int64_t last, std::size_t layer_count, bool histograms,
-                Partial& out, std::atomic<std::int64_t>& progress, std::atomic<int>& finished) {
+void add_sample(Partial& out, std::int64_t step, const rundb::SampleRecord& r) {
+  const std::size_t layer = r.layer_id;
+  if (!r.nonfinite) {
+    auto& least = out.least_nonzero[layer];
+    if (r.amin_nz > 0 && (least.second < 0 || r.amin_nz < least.first)) least = {r.amin_nz, step};
+  }
+  out.samples[layer].push_back({std::int32_t(step), r.absmax, r.l2, r.zero_q, r.nonfinite, r.sub_q});
+}
+
+void start_partial(Partial& out, std::size_t layer_count) {
+  out.samples.assign(layer_count, {});
+  out.least_nonzero.assign(layer_count, {0.0, -1});
+  out.histogram.assign(layer_count, {});
+}
+
+[[noreturn]] void unknown_layer(const std::string& path, const char* table, std::int64_t layer, std::size_t layer_count) {
+  rundb::throw_corrupt(path, std::string(table) + " has a row for layer " + std::to_string(layer) +
+                                 ", but the layers table has ids 0 to " + std::to_string(std::int64_t(layer_count) - 1));
+}
+
+void scan_ranges(const std::string& path, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, std::size_t layer_count,
+                 ScanWhat what, Partial& out, std::atomic<std::int64_t>& progress, std::atomic<int>& finished) {
   struct Done {
     std::atomic<int>& n;
     ~Done() { n.fetch_add(1); }
   } done{finished};
   try {
     rundb::RunDbReader reader(path);  // one connection per thread, never shared
-    out.samples.assign(layer_count, {});
-    out.least_nonzero.assign(layer_count, {0.0, -1});
-    out.histogram.assign(layer_count, {});
+    start_partial(out, layer_count);
     std::int64_t current_step = -1;
     // This step's finite rows as (bwd_order, layer): once the step ends, the one just
     // before its first non-finite gradient is kept.
@@ -61,51 +86,99 @@ void scan_range(const std::string& path, std::int64_t first, std::int64_t last, 
       }
       finite_rows.clear();
     };
-    rundb::RunDbReader::GradScan scan;
-    scan.first = first, scan.last = last, scan.histograms = histograms;
-    reader.for_each_grad_stat(
-        [&](const rundb::GradStatRow& g) {
-          const std::int64_t step = g.step, layer = g.layer_id;
-          if (layer < 0 || std::size_t(layer) >= layer_count)
-            rundb::throw_corrupt(path, "grad_stats has a row for layer " + std::to_string(layer) + ", but the layers table has ids 0 to " +
-                              std::to_string(std::int64_t(layer_count) - 1));
-          if (step != row_step) {
-            close_step();
-            row_step = step;
+    auto visit = [&](const rundb::GradStatRow& g) {
+      const std::int64_t step = g.step, layer = g.layer_id;
+      if (layer < 0 || std::size_t(layer) >= layer_count) unknown_layer(path, "grad_stats", layer, layer_count);
+      if (step != row_step) {
+        close_step();
+        row_step = step;
+      }
+      const bool nonfinite = (g.stats.nan | g.stats.inf) != 0;
+      if (what.samples) add_sample(out, step, rundb::make_sample_record(g));
+      if (what.histograms && !nonfinite && !g.histogram.empty()) {
+        auto& sum = out.histogram[std::size_t(layer)];
+        sum.resize(g.histogram.size(), 0);
+        for (std::size_t b = 0; b < g.histogram.size(); ++b) sum[b] += g.histogram[b];
+      }
+      if (what.order) {
+        if (nonfinite) {
+          if (out.nonfinite.empty() || current_step != step) {
+            out.nonfinite.push_back({step, {}});
+            current_step = step;
           }
-          const auto& st = g.stats;
-          const std::int64_t numel = std::max<std::int64_t>(1, st.numel);
-          const bool nonfinite = (st.nan | st.inf) != 0;
-          if (!nonfinite) {
-            auto& least = out.least_nonzero[std::size_t(layer)];
-            if (st.amin_nz > 0 && (least.second < 0 || st.amin_nz < least.first)) least = {st.amin_nz, step};
-            if (!g.histogram.empty()) {
-              auto& sum = out.histogram[std::size_t(layer)];
-              sum.resize(g.histogram.size(), 0);
-              for (std::size_t b = 0; b < g.histogram.size(); ++b) sum[b] += g.histogram[b];
-            }
-          }
-          out.samples[std::size_t(layer)].push_back({std::int32_t(step), float(st.absmax), float(st.l2),
-                                                     quantise16(double(st.zeros) / double(numel)),
-                                                     std::uint8_t(nonfinite ? 1 : 0),
-                                                     quantise8(double(st.fp16_subnormal) / double(numel))});
-          if (nonfinite) {
-            if (out.nonfinite.empty() || current_step != step) {
-              out.nonfinite.push_back({step, {}});
-              current_step = step;
-            }
-            const std::int64_t order = g.bwd_order < 0 ? INT64_MAX : g.bwd_order;  // no hook saw it: after all that did
-            out.nonfinite.back().second.push_back({order, layer});
-          } else if (g.bwd_order >= 0) {
-            finite_rows.push_back({g.bwd_order, layer});
-          }
-          if ((++out.rows & 0xffff) == 0) progress.fetch_add(0x10000, std::memory_order_relaxed);
-        },
-        scan);
-    close_step();
+          const std::int64_t order = g.bwd_order < 0 ? INT64_MAX : g.bwd_order;  // no hook saw it: after all that did
+          out.nonfinite.back().second.push_back({order, layer});
+        } else if (g.bwd_order >= 0) {
+          finite_rows.push_back({g.bwd_order, layer});
+        }
+      }
+      if (what.samples && (++out.rows & 0xffff) == 0) progress.fetch_add(0x10000, std::memory_order_relaxed);
+    };
+    for (const auto& [first, last] : ranges) {
+      rundb::RunDbReader::GradScan scan;
+      scan.first = first, scan.last = last, scan.histograms = what.histograms;
+      reader.for_each_grad_stat(visit, scan);
+      close_step();
+    }
   } catch (const std::exception& e) {
     out.error = e.what();
   }
+}
+
+// The writer's summaries, rows first..last of grad_samples: the samples, the least
+// non-zero |g|, and which steps went non-finite (their order is read from grad_stats).
+void read_summaries(const std::string& path, std::int64_t first, std::int64_t last, std::size_t layer_count, Partial& out,
+                    std::vector<std::int64_t>& nonfinite_steps, std::atomic<std::int64_t>& progress, std::atomic<int>& finished) {
+  struct Done {
+    std::atomic<int>& n;
+    ~Done() { n.fetch_add(1); }
+  } done{finished};
+  try {
+    rundb::RunDbReader reader(path);
+    start_partial(out, layer_count);
+    reader.for_each_sample_blob(first, last, [&](std::int64_t step, const std::vector<rundb::SampleRecord>& records) {
+      if (step < 0 || step > kMaxStep)
+        rundb::throw_corrupt(path, "grad_samples has step " + std::to_string(step) + " (a run.db numbers them from 0 to 2^31-1)");
+      bool nonfinite = false;
+      for (const auto& r : records) {
+        if (r.layer_id >= layer_count) unknown_layer(path, "grad_samples", r.layer_id, layer_count);
+        add_sample(out, step, r);
+        nonfinite |= r.nonfinite != 0;
+      }
+      if (nonfinite) nonfinite_steps.push_back(step);
+      out.rows += std::int64_t(records.size());
+      progress.fetch_add(std::int64_t(records.size()), std::memory_order_relaxed);
+    });
+  } catch (const std::exception& e) {
+    out.error = e.what();
+  }
+}
+
+// Runs `work(t, finished)` on n threads, reporting progress every 100 ms until all end.
+template <typename Work>
+void run_parallel(int n, const LoadOptions& options, std::atomic<std::int64_t>& progress, std::int64_t estimate, Work work) {
+  std::atomic<int> finished{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < n; ++t) workers.emplace_back([&, t] { work(t, finished); });
+  while (options.progress && finished.load() < n) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    options.progress(progress.load(), estimate);
+  }
+  for (auto& w : workers) w.join();
+}
+
+// Consecutive steps as [first, last] ranges.
+std::vector<std::pair<std::int64_t, std::int64_t>> step_ranges(std::vector<std::int64_t> steps) {
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  for (const std::int64_t s : steps) {
+    if (!out.empty() && out.back().second + 1 == s)
+      out.back().second = s;
+    else
+      out.push_back({s, s});
+  }
+  return out;
 }
 
 bool process_alive(const std::string& pid_text) {
@@ -186,7 +259,8 @@ Run load_run(const std::string& path, const LoadOptions& options) {
   for (std::size_t i = 0; i < run.modules.size(); ++i)
     if (run.modules[i].info.id != std::int64_t(i)) throw rundb::RunDbError(path + ": module ids are not dense: corrupted");
 
-  // Gradient statistics, in parallel over step ranges.
+  // Gradient statistics, in parallel: from the writer's summaries where the file has them,
+  // else by scanning grad_stats over step ranges.
   std::int64_t first = 0, last = -1;
   const bool any_grad = reader.grad_step_range(first, last);
   if (any_grad && (first < 0 || last > kMaxStep))
@@ -194,25 +268,61 @@ Run load_run(const std::string& path, const LoadOptions& options) {
                       " (a run.db numbers them from 0 to 2^31-1)");
   const bool histograms = run.meta_or("histogram", "0") == "1";
   const int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  const std::size_t layer_count = run.layers.size();
   std::vector<Partial> parts;
-  if (any_grad) {
+  std::atomic<std::int64_t> progress{0};
+  const std::int64_t estimate = (last - first + 1) * std::int64_t(std::max<std::size_t>(1, layer_count));
+  std::int64_t first_id = 0, last_id = -1;
+  if (any_grad && reader.has_summaries() && !options.full_scan) {
+    if (reader.sample_id_range(first_id, last_id)) {
+      const std::int64_t span = last_id - first_id + 1;
+      const int n = int(std::min<std::int64_t>(threads, span));
+      parts.resize(std::size_t(n));
+      std::vector<std::vector<std::int64_t>> nonfinite(static_cast<std::size_t>(n));
+      run_parallel(n, options, progress, estimate, [&](int t, std::atomic<int>& finished) {
+        read_summaries(path, first_id + span * t / n, first_id + span * (t + 1) / n - 1, layer_count, parts[std::size_t(t)],
+                       nonfinite[std::size_t(t)], progress, finished);
+      });
+      for (const auto& p : parts)
+        if (!p.error.empty()) throw rundb::RunDbError(p.error);
+      // Which layer went non-finite first needs the backward order: read those steps whole.
+      std::vector<std::int64_t> steps;
+      for (const auto& list : nonfinite) steps.insert(steps.end(), list.begin(), list.end());
+      const auto ranges = step_ranges(std::move(steps));
+      const int m = int(std::min<std::size_t>(std::size_t(threads), ranges.size()));
+      std::vector<Partial> order(static_cast<std::size_t>(m));
+      run_parallel(m, LoadOptions{}, progress, estimate, [&](int t, std::atomic<int>& finished) {
+        std::vector<std::pair<std::int64_t, std::int64_t>> mine;
+        for (std::size_t i = std::size_t(t); i < ranges.size(); i += std::size_t(m)) mine.push_back(ranges[i]);
+        scan_ranges(path, mine, layer_count, {false, false, true}, order[std::size_t(t)], progress, finished);
+      });
+      for (auto& p : order) parts.push_back(std::move(p));
+    }
+    if (histograms) {
+      // The written sums, and grad_stats' histograms of the steps after them.
+      std::map<std::int64_t, std::vector<std::uint64_t>> sums;
+      const std::int64_t covered = reader.histogram_sums(sums);
+      Partial tail;
+      std::atomic<int> finished{0};
+      if (covered < last) scan_ranges(path, {{covered + 1, last}}, layer_count, {false, true, false}, tail, progress, finished);
+      else start_partial(tail, layer_count);
+      if (!tail.error.empty()) throw rundb::RunDbError(tail.error);
+      for (auto& [layer, counts] : sums) {
+        if (layer < 0 || std::size_t(layer) >= layer_count) unknown_layer(path, "grad_hist_sums", layer, layer_count);
+        auto& sum = tail.histogram[std::size_t(layer)];
+        sum.resize(counts.size(), 0);
+        for (std::size_t b = 0; b < counts.size(); ++b) sum[b] += counts[b];
+      }
+      parts.push_back(std::move(tail));
+    }
+  } else if (any_grad) {
     const std::int64_t span = last - first + 1;
     const int n = int(std::min<std::int64_t>(threads, span));
     parts.resize(std::size_t(n));
-    std::atomic<std::int64_t> progress{0};
-    std::atomic<int> finished{0};
-    std::vector<std::thread> workers;
-    const std::int64_t estimate = span * std::int64_t(std::max<std::size_t>(1, run.layers.size()));
-    for (int t = 0; t < n; ++t) {
-      const std::int64_t lo = first + span * t / n, hi = first + span * (t + 1) / n - 1;
-      workers.emplace_back(scan_range, path, lo, hi, run.layers.size(), histograms, std::ref(parts[std::size_t(t)]), std::ref(progress),
-                           std::ref(finished));
-    }
-    while (options.progress && finished.load() < n) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      options.progress(progress.load(), estimate);
-    }
-    for (auto& w : workers) w.join();
+    run_parallel(n, options, progress, estimate, [&](int t, std::atomic<int>& finished) {
+      scan_ranges(path, {{first + span * t / n, first + span * (t + 1) / n - 1}}, layer_count, {true, histograms, true},
+                  parts[std::size_t(t)], progress, finished);
+    });
   }
   for (const auto& p : parts)
     if (!p.error.empty()) throw rundb::RunDbError(p.error);
@@ -244,6 +354,12 @@ Run load_run(const std::string& path, const LoadOptions& options) {
       if (s.row.skipped && !list.empty()) run.layers[std::size_t(list.front().second)].first_nonfinite += 1;
     }
   }
+
+  // Summaries are in the order the writer committed them: a step written late sorts in.
+  const auto by_step = [](const GradSample& a, const GradSample& b) { return a.step < b.step; };
+  for (auto& layer : run.layers)
+    if (!std::is_sorted(layer.samples.begin(), layer.samples.end(), by_step))
+      std::stable_sort(layer.samples.begin(), layer.samples.end(), by_step);
 
   // Activation statistics: per step, the first module (forward order) with NaN/Inf.
   std::int64_t current = -1;

@@ -73,6 +73,19 @@ Info read_info(rundb::RunDbReader& r, bool full_check) {
   count("act_stats", [&] { return r.act_stats().size(); });
   count("replays", [&] { return r.replays().size(); });
   count("events", [&] { return r.events().size(); });
+  if (r.has_summaries()) {
+    count("grad_samples", [&] {
+      std::size_t rows = 0;
+      r.for_each_sample_blob(INT64_MIN, INT64_MAX, [&](std::int64_t, const std::vector<rundb::SampleRecord>&) { ++rows; });
+      return rows;
+    });
+    count("grad_hist_sums", [&] {
+      std::map<std::int64_t, std::vector<std::uint64_t>> sums;
+      std::int64_t rows = 0;
+      r.histogram_sums(sums, &rows);
+      return std::size_t(rows);
+    });
+  }
   info.check = full_check ? "integrity_check" : "quick_check";
   try {
     info.problems = r.integrity_problems(full_check);
@@ -99,7 +112,16 @@ std::string as_text(const Info& info) {
     label.resize(std::max<std::size_t>(label.size() + 1, 32), ' ');
     o += analyzer::printable(label) + analyzer::printable(v) + "\n";
   }
-  for (const auto& [table, rows] : info.counts) line(table == "grad_stats" || table == "act_stats" ? table + " rows" : table, std::to_string(rows));
+  for (const auto& [table, rows] : info.counts) {
+    // The two stat tables count rows; the summaries say what they are (docs/FORMAT.md).
+    if (table == "grad_stats" || table == "act_stats") line(table + " rows", std::to_string(rows));
+    else if (table == "grad_samples") line("summaries", std::to_string(rows) + " step summaries (grad_samples)");
+    else if (table == "grad_hist_sums") line("hist sums", std::to_string(rows) + " per-layer histogram sums (grad_hist_sums)");
+    else line(table, std::to_string(rows));
+  }
+  if (!std::any_of(info.counts.begin(), info.counts.end(), [](const auto& c) { return c.first == "grad_samples"; }) &&
+      !std::any_of(info.unreadable.begin(), info.unreadable.end(), [](const auto& c) { return c.first == "grad_samples"; }))
+    line("summaries", "none (an older writer: readers scan every grad_stats row)");
   for (const auto& [table, why] : info.unreadable) line(table, "UNREADABLE");
   if (!info.check_error.empty())
     line("integrity", "DAMAGED: " + analyzer::printable(info.check_error));

@@ -105,6 +105,11 @@ RunDbReader::RunDbReader(const std::string& path) : path_(path) {
                      std::to_string(kSchemaVersion) + "): upgrade ampdiag");
   if (version_ < 1) throw RunDbError(path + ": run.db has an invalid schema_version '" + version + "'");
   if (version_ >= 2) check_tables({"replays"});
+  {
+    Statement q(*db_, "SELECT 1 FROM sqlite_master WHERE name = 'grad_samples'", "the schema (sqlite_master)");
+    summaries_ = q.next();
+  }
+  if (summaries_) check_tables({"grad_samples", "grad_hist_sums"});
 }
 
 void RunDbReader::check_tables(const std::vector<const char*>& names) {
@@ -281,6 +286,58 @@ std::vector<GradStatRow> RunDbReader::grad_stats() {
   std::vector<GradStatRow> out;
   for_each_grad_stat([&](const GradStatRow& r) { out.push_back(r); });
   return out;
+}
+
+bool RunDbReader::sample_id_range(std::int64_t& first, std::int64_t& last) {
+  if (!summaries_) return false;
+  Statement q(*db_, "SELECT (SELECT MIN(id) FROM grad_samples), (SELECT MAX(id) FROM grad_samples)", "table grad_samples");
+  if (!q.next() || sqlite3_column_type(q.handle(), 0) == SQLITE_NULL) return false;
+  first = q.int64(0);
+  last = q.int64(1);
+  if (last < first)
+    throw_corrupt(path_, "grad_samples' first id (" + std::to_string(first) + ") is after its last (" + std::to_string(last) + ")");
+  return true;
+}
+
+void RunDbReader::for_each_sample_blob(
+    std::int64_t first, std::int64_t last,
+    const std::function<void(std::int64_t step, const std::vector<SampleRecord>& records)>& visit) {
+  Statement q(*db_, "SELECT step, samples FROM grad_samples WHERE id >= ?1 AND id <= ?2 ORDER BY id", "table grad_samples");
+  q.bind(1, first).bind(2, last);
+  std::vector<SampleRecord> records;
+  while (q.next()) {
+    if (sqlite3_column_type(q.handle(), 0) != SQLITE_INTEGER) throw_corrupt(path_, "grad_samples has a step that is not an integer");
+    const std::int64_t step = q.int64(0);
+    int bytes = 0;
+    const void* blob = q.blob(1, &bytes);
+    if (bytes <= 0 || bytes % int(sizeof(SampleRecord)) != 0)
+      throw_corrupt(path_, "grad_samples' summary of step " + std::to_string(step) + " has " + std::to_string(bytes) +
+                               " bytes, not a whole number of " + std::to_string(sizeof(SampleRecord)) + "-byte records");
+    records.resize(std::size_t(bytes) / sizeof(SampleRecord));
+    std::memcpy(records.data(), blob, std::size_t(bytes));  // SQLite's buffer need not be aligned
+    visit(step, records);
+  }
+}
+
+std::int64_t RunDbReader::histogram_sums(std::map<std::int64_t, std::vector<std::uint64_t>>& sums, std::int64_t* rows) {
+  if (!summaries_) return -1;
+  Statement q(*db_, "SELECT last_step, layer_id, counts FROM grad_hist_sums ORDER BY id", "table grad_hist_sums");
+  constexpr int kBytes = kHistBins * int(sizeof(std::uint64_t));
+  std::int64_t last = -1;
+  while (q.next()) {
+    int bytes = 0;
+    const void* blob = q.blob(2, &bytes);
+    if (bytes != kBytes)
+      throw_corrupt(path_, "grad_hist_sums has a sum of " + std::to_string(bytes) + " bytes, not " + std::to_string(kBytes));
+    last = std::max(last, q.int64(0));
+    if (rows) ++*rows;
+    auto& sum = sums[q.int64(1)];
+    sum.resize(kHistBins, 0);
+    std::uint64_t counts[kHistBins];
+    std::memcpy(counts, blob, sizeof counts);
+    for (int b = 0; b < kHistBins; ++b) sum[std::size_t(b)] += counts[b];
+  }
+  return last;
 }
 
 std::vector<ActStatRow> RunDbReader::act_stats() {

@@ -61,6 +61,17 @@ CREATE TABLE replays (
   fp32_absmax REAL,
   reason TEXT NOT NULL
 );
+CREATE TABLE grad_samples (
+  id INTEGER PRIMARY KEY,
+  step INTEGER NOT NULL,
+  samples BLOB NOT NULL
+);
+CREATE TABLE grad_hist_sums (
+  id INTEGER PRIMARY KEY,
+  last_step INTEGER NOT NULL,
+  layer_id INTEGER NOT NULL,
+  counts BLOB NOT NULL
+);
 )sql";
 
 std::string stat_columns() {

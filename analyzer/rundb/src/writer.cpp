@@ -136,6 +136,8 @@ void RunDbWriter::open_and_create() {
   event_ = std::make_unique<Statement>(*db_, "INSERT INTO events (step, kind, detail, wall_time) VALUES (?1, ?2, ?3, ?4)");
   replay_ = std::make_unique<Statement>(
       *db_, "INSERT INTO replays (step, module, outcome, fp32_absmax, reason) VALUES (?1, ?2, ?3, ?4, ?5)");
+  samples_ = std::make_unique<Statement>(*db_, "INSERT INTO grad_samples (step, samples) VALUES (?1, ?2)");
+  hist_sums_ = std::make_unique<Statement>(*db_, "INSERT INTO grad_hist_sums (last_step, layer_id, counts) VALUES (?1, ?2, ?3)");
   set_meta("started_at", std::to_string(now_seconds()));
   commit();
 }
@@ -151,6 +153,8 @@ void RunDbWriter::close_all() noexcept {
   act_.reset();
   event_.reset();
   replay_.reset();
+  samples_.reset();
+  hist_sums_.reset();
   db_.reset();
   if (lock_ >= 0) ::close(lock_);
   lock_ = -1;
@@ -172,15 +176,75 @@ void RunDbWriter::begin_if_needed() {
   }
 }
 
-void RunDbWriter::commit() {
-  if (in_transaction_) {
-    in_transaction_ = false;
-    db_->exec("COMMIT;");
+void RunDbWriter::HistogramSums::add(const HistogramSums& other) {
+  for (const auto& [layer, counts] : other.by_layer) {
+    auto& sum = by_layer.try_emplace(layer, HistogramSum{}).first->second;
+    for (int b = 0; b < kHistBins; ++b) sum[std::size_t(b)] += counts[std::size_t(b)];
   }
+  last_step = std::max(last_step, other.last_step);
+  rows += other.rows;
+}
+
+namespace {
+
+// Enough histogram rows between two writes of their sums that grad_hist_sums stays a
+// small fraction of grad_stats, few enough that a reader adds little after the last one.
+constexpr std::int64_t kHistogramFlushRows = 1 << 16;
+// A step's records go into rows of at most this many (3 KiB): SQLite keeps a row of up
+// to ~16 KB whole in one 16 KiB page, so one 12 KB row per step would leave a quarter of
+// every page empty; five 3 KiB rows fill one.
+constexpr std::size_t kRecordsPerSummary = 128;
+
+}  // namespace
+
+void RunDbWriter::add_histogram(const GradStatRow& r) {
+  if (hist_broken_) return;
+  // A new step closes the steps before it: their sums are complete and may be written.
+  if (r.step > hist_open_.last_step && hist_open_.rows >= kHistogramFlushRows) {
+    hist_ready_.add(hist_open_);
+    hist_open_ = {};
+  }
+  auto& sum = hist_open_.by_layer.try_emplace(r.layer_id, HistogramSum{}).first->second;
+  for (int b = 0; b < kHistBins; ++b) sum[std::size_t(b)] += r.histogram[std::size_t(b)];
+  hist_open_.last_step = std::max(hist_open_.last_step, r.step);
+  ++hist_open_.rows;
+}
+
+void RunDbWriter::write_summaries(bool finishing) {
+  for (const auto& [step, records] : pending_samples_)
+    for (std::size_t at = 0; at < records.size(); at += kRecordsPerSummary) {
+      const std::size_t n = std::min(kRecordsPerSummary, records.size() - at);
+      samples_->bind(1, step).bind_blob(2, records.data() + at, int(n * sizeof(SampleRecord))).run();
+    }
+  if (hist_broken_) return;
+  if (finishing) {
+    hist_ready_.add(hist_open_);
+    hist_open_ = {};
+  }
+  // Cumulative since the last write: each write's rows replace nothing, they add up.
+  for (const auto& [layer, counts] : hist_ready_.by_layer)
+    hist_sums_->bind(1, hist_ready_.last_step).bind(2, layer).bind_blob(3, counts.data(), int(sizeof counts)).run();
+}
+
+void RunDbWriter::commit() { commit_transaction(false); }
+
+void RunDbWriter::commit_transaction(bool finishing) {
+  if (!in_transaction_) return;
+  write_summaries(finishing);
+  in_transaction_ = false;
+  db_->exec("COMMIT;");
+  pending_samples_.clear();
+  hist_ready_ = {};
 }
 
 void RunDbWriter::rollback() noexcept {
   in_transaction_ = false;
+  pending_samples_.clear();
+  // Which histogram rows the lost transaction held is unknown: write no more sums, and
+  // readers add up grad_stats' histograms after the last sums written (exact, slower).
+  hist_broken_ = true;
+  hist_open_ = {};
+  hist_ready_ = {};
   // A failed COMMIT may or may not have ended the transaction: ask SQLite.
   if (db_ && sqlite3_get_autocommit(db_->handle()) == 0) sqlite3_exec(db_->handle(), "ROLLBACK;", nullptr, nullptr, nullptr);
 }
@@ -209,6 +273,9 @@ void RunDbWriter::add_step(const StepRow& r) {
 }
 
 void RunDbWriter::add_grad_stat(const GradStatRow& r) {
+  if (r.layer_id < 0 || r.layer_id > std::int64_t(UINT32_MAX))
+    throw RunDbError(path_ + ": gradient row for layer id " + std::to_string(r.layer_id) +
+                     ": layer ids run from 0 to 2^32-1 (add_layer numbers them)");
   begin_if_needed();
   grad_->bind(1, r.step).bind(2, r.layer_id).bind(3, r.bwd_order);
   bind_stats(*grad_, 4, r.stats);
@@ -218,6 +285,9 @@ void RunDbWriter::add_grad_stat(const GradStatRow& r) {
   else
     grad_->bind_blob(histogram, r.histogram.data(), int(r.histogram.size() * sizeof(std::uint32_t)));
   grad_->run();
+  const SampleRecord record = make_sample_record(r);
+  pending_samples_[r.step].push_back(record);
+  if (r.histogram.size() == std::size_t(kHistBins) && !record.nonfinite) add_histogram(r);
 }
 
 void RunDbWriter::add_act_stat(const ActStatRow& r) {
@@ -239,7 +309,7 @@ void RunDbWriter::add_replay(const ReplayRow& r) {
 
 void RunDbWriter::finish() {
   set_meta("finished_at", std::to_string(now_seconds()));
-  commit();
+  commit_transaction(true);
   db_->exec("PRAGMA wal_checkpoint(TRUNCATE);");
   // A finished run is one self-contained file (no -wal, no -shm beside it). A reader that
   // still has it open keeps it in WAL mode; that is harmless, so a refusal is ignored.

@@ -84,6 +84,8 @@ struct Run {
 struct LoadOptions {
   int threads = 0;             // 0: all cores
   bool allow_unfinished = false;
+  // Scan every grad_stats row even where the writer's summaries would do (to check them).
+  bool full_scan = false;
   // Called now and then with rows read so far and an estimate of the total.
   std::function<void(std::int64_t done, std::int64_t total)> progress;
 };

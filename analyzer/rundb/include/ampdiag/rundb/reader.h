@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ampdiag/rundb/rows.h"
+#include "ampdiag/rundb/samples.h"
 
 namespace ampdiag::rundb {
 
@@ -56,12 +57,26 @@ class RunDbReader {
   std::vector<GradStatRow> grad_stats();
   std::vector<ActStatRow> act_stats();
 
+  // The writer's summaries of grad_stats (samples.h): whether the file has them (files
+  // written before them do not), the first and last row id of grad_samples (false: none),
+  // and its rows first..last in id order as (step, records). A summary whose size is not
+  // a whole number of records throws (corrupt).
+  bool has_summaries() const { return summaries_; }
+  bool sample_id_range(std::int64_t& first, std::int64_t& last);
+  void for_each_sample_blob(std::int64_t first, std::int64_t last,
+                            const std::function<void(std::int64_t step, const std::vector<SampleRecord>& records)>& visit);
+  // Adds grad_hist_sums' per-layer sums into `sums` (by layer id, kHistBins counts each);
+  // returns the last step they cover, -1 when there are none. grad_stats' histograms of
+  // later steps are not in them. `rows`, if given, counts the table's rows.
+  std::int64_t histogram_sums(std::map<std::int64_t, std::vector<std::uint64_t>>& sums, std::int64_t* rows = nullptr);
+
  private:
   void check_tables(const std::vector<const char*>& names);
 
   std::string path_;
   std::unique_ptr<Database> db_;
   int version_ = 0;
+  bool summaries_ = false;
 };
 
 }  // namespace ampdiag::rundb

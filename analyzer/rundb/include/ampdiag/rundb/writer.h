@@ -2,10 +2,15 @@
 // transactions that the owner commits. Single-threaded: the agent's writer thread owns it.
 #pragma once
 
+#include <array>
+#include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "ampdiag/rundb/rows.h"
+#include "ampdiag/rundb/samples.h"
 
 namespace ampdiag::rundb {
 
@@ -28,12 +33,15 @@ class RunDbWriter {
   void add_layer(const LayerRow& row);
   void add_module(const ModuleRow& row);
   void add_step(const StepRow& row);
+  // Also packs the row into the step's summary (grad_samples), written at the commit.
+  // Throws for a layer id outside 0..2^32-1 (no run.db holds one).
   void add_grad_stat(const GradStatRow& row);
   void add_act_stat(const ActStatRow& row);
   void add_event(const EventRow& row);
   void add_replay(const ReplayRow& row);
 
-  // Ends the current transaction (a later row starts the next one).
+  // Ends the current transaction (a later row starts the next one), with the summaries of
+  // its gradient rows, so that a reader never sees one without the other.
   void commit();
   // Abandons the current transaction, e.g. after a failed commit (disk full).
   void rollback() noexcept;
@@ -46,10 +54,27 @@ class RunDbWriter {
   void begin_if_needed();
   void open_and_create();
   void close_all() noexcept;
+  void add_histogram(const GradStatRow& row);
+  void write_summaries(bool finishing);
+  void commit_transaction(bool finishing);
+
+  using HistogramSum = std::array<std::uint64_t, kHistBins>;
+  // Per-layer sums of finite rows' histograms, in grad_hist_sums: a reader takes the sums
+  // through their last_step and adds up grad_stats' histograms after it itself. `open`
+  // gathers rows; once it holds kHistogramFlushRows and a later step begins, it moves to
+  // `ready`, which the next commit writes.
+  struct HistogramSums {
+    std::unordered_map<std::int64_t, HistogramSum> by_layer;
+    std::int64_t last_step = -1, rows = 0;
+    void add(const HistogramSums& other);
+  };
 
   std::string path_;
   std::unique_ptr<Database> db_;
-  std::unique_ptr<Statement> meta_, layer_, module_, step_, grad_, act_, event_, replay_;
+  std::unique_ptr<Statement> meta_, layer_, module_, step_, grad_, act_, event_, replay_, samples_, hist_sums_;
+  std::map<std::int64_t, std::vector<SampleRecord>> pending_samples_;  // the open transaction's, by step
+  HistogramSums hist_open_, hist_ready_;
+  bool hist_broken_ = false;  // a transaction was rolled back
   bool in_transaction_ = false;
   int lock_ = -1;  // the flock()ed descriptor of path_
 };

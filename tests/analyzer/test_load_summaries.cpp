@@ -1,0 +1,227 @@
+// load_run reads the writer's per-step summaries (grad_samples, grad_hist_sums) instead
+// of every grad_stats row; what it builds from them must be the Run a full scan builds,
+// for finished runs, runs still being written, and the ways a writer can be driven.
+#include <sqlite3.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+
+#include "../rundb/temp_dir.h"
+#include "ampdiag/analyzer/run.h"
+#include "ampdiag/rundb/writer.h"
+
+using namespace ampdiag;
+using ampdiag::test::TempDir;
+
+namespace {
+
+// A run with overflow episodes in random layers and backward orders, zeros, subnormals,
+// histograms, and commits at irregular points (some in the middle of a step).
+class RandomRun {
+ public:
+  RandomRun(const std::string& path, int layers) : writer_(path, true), layers_(layers) {
+    writer_.set_meta("amp_dtype", "float16");
+    writer_.set_meta("histogram", "1");
+    for (int l = 0; l < layers; ++l)
+      writer_.add_layer({l, "blocks." + std::to_string(l) + ".weight", "blocks." + std::to_string(l), "Linear", "float32",
+                         "[64, 64]", 4096, true, ""});
+  }
+
+  void steps(std::int64_t first, std::int64_t count) {
+    for (std::int64_t s = first; s < first + count; ++s) step(s);
+  }
+
+  void step(std::int64_t s) {
+    const bool overflow = rng_() % 23 == 0;
+    std::vector<int> order(static_cast<std::size_t>(layers_));
+    for (int l = 0; l < layers_; ++l) order[std::size_t(l)] = l;
+    std::shuffle(order.begin(), order.end(), rng_);
+    for (int l = 0; l < layers_; ++l) {
+      rundb::GradStatRow g;
+      g.step = s;
+      g.layer_id = l;
+      g.bwd_order = std::find(order.begin(), order.end(), l) - order.begin();
+      const bool bad = overflow && rng_() % 5 == 0;
+      const double absmax = std::ldexp(1.0 + double(rng_() % 1000) / 1000.0, int(rng_() % 30) - 10);
+      g.stats = {4096, bad ? 3 : 0, bad ? std::int64_t(rng_() % 2) : 0, std::int64_t(rng_() % 4096), std::int64_t(rng_() % 300),
+                 absmax, absmax * std::ldexp(1.0, -int(rng_() % 40)), absmax * 30.0};
+      g.histogram.assign(rundb::kHistBins, 0);
+      for (int k = 0; k < 4; ++k) g.histogram[rng_() % rundb::kHistBins] += std::uint32_t(rng_() % 1000);
+      writer_.add_grad_stat(g);
+      if (rng_() % 997 == 0) writer_.commit();  // a step split between two transactions
+    }
+    rundb::StepRow row;
+    row.step = s;
+    row.loss = 1.0;
+    row.losses = 1;
+    row.scale_before = row.scale_after = 1024.0;
+    row.found_inf = row.skipped = overflow;
+    row.sampled = true;
+    writer_.add_step(row);
+    if (rng_() % 7 == 0) writer_.commit();
+  }
+
+  rundb::RunDbWriter& writer() { return writer_; }
+
+ private:
+  rundb::RunDbWriter writer_;
+  int layers_;
+  std::mt19937 rng_{12345};
+};
+
+analyzer::Run load(const std::string& path, bool full_scan) {
+  analyzer::LoadOptions o;
+  o.full_scan = full_scan;
+  o.allow_unfinished = true;
+  return analyzer::load_run(path, o);
+}
+
+bool same_samples(const std::vector<analyzer::GradSample>& a, const std::vector<analyzer::GradSample>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].step != b[i].step || std::memcmp(&a[i].absmax, &b[i].absmax, 4) != 0 || std::memcmp(&a[i].l2, &b[i].l2, 4) != 0 ||
+        a[i].zero_q != b[i].zero_q || a[i].nonfinite != b[i].nonfinite || a[i].sub_q != b[i].sub_q)
+      return false;
+  return true;
+}
+
+// Every field the rules and views read, layer by layer and step by step.
+void require_same_run(const analyzer::Run& summaries, const analyzer::Run& scan) {
+  REQUIRE(summaries.grad_rows == scan.grad_rows);
+  REQUIRE(summaries.layers.size() == scan.layers.size());
+  for (std::size_t l = 0; l < scan.layers.size(); ++l) {
+    INFO("layer " << l);
+    const auto& a = summaries.layers[l];
+    const auto& b = scan.layers[l];
+    CHECK(same_samples(a.samples, b.samples));
+    CHECK(a.nonfinite_steps == b.nonfinite_steps);
+    CHECK(a.first_nonfinite == b.first_nonfinite);
+    CHECK(a.least_nonzero == b.least_nonzero);
+    CHECK(a.least_nonzero_step == b.least_nonzero_step);
+    CHECK(a.histogram == b.histogram);
+  }
+  REQUIRE(summaries.steps.size() == scan.steps.size());
+  for (std::size_t i = 0; i < scan.steps.size(); ++i) {
+    INFO("step " << scan.steps[i].row.step);
+    CHECK(summaries.steps[i].nonfinite_layers == scan.steps[i].nonfinite_layers);
+    CHECK(summaries.steps[i].last_finite_before == scan.steps[i].last_finite_before);
+  }
+}
+
+void exec(const std::string& path, const char* sql) {
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+  const int rc = sqlite3_exec(db, sql, nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  REQUIRE(rc == SQLITE_OK);
+}
+
+}  // namespace
+
+TEST_CASE("a finished run read from its summaries is the run a full scan reads", "[load][summaries]") {
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  {
+    RandomRun run(path, 200);
+    run.steps(0, 400);  // 80,000 histogram rows: the writer writes their sums more than once
+    run.writer().finish();
+  }
+  const auto scan = load(path, true);
+  REQUIRE(scan.grad_rows == 80000);
+  require_same_run(load(path, false), scan);
+}
+
+TEST_CASE("a run still being written reads the same from its summaries as by a full scan", "[load][summaries]") {
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  RandomRun run(path, 200);
+  run.steps(0, 450);
+  run.writer().commit();
+  // Some histogram sums are written, the rows after them are not summed yet.
+  require_same_run(load(path, false), load(path, true));
+}
+
+TEST_CASE("summaries stay true after a transaction is rolled back", "[load][summaries]") {
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  {
+    RandomRun run(path, 200);
+    run.steps(0, 350);
+    run.writer().commit();
+    run.steps(350, 3);
+    run.writer().rollback();  // as the agent does after a failed commit: those rows are lost
+    run.steps(353, 100);
+    run.writer().finish();
+  }
+  require_same_run(load(path, false), load(path, true));
+}
+
+TEST_CASE("a step written after a later one takes its place in step order", "[load][summaries]") {
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  {
+    RandomRun run(path, 4);
+    run.steps(0, 5);
+    run.writer().commit();
+    run.step(6);
+    run.writer().commit();
+    run.step(5);
+    run.writer().finish();
+  }
+  const auto summaries = load(path, false);
+  for (const auto& layer : summaries.layers) {
+    REQUIRE(layer.samples.size() == 7);
+    for (std::size_t i = 0; i < 7; ++i) CHECK(layer.samples[i].step == std::int32_t(i));
+  }
+  require_same_run(summaries, load(path, true));
+}
+
+TEST_CASE("a run written before the summaries existed is read by scanning grad_stats", "[load][summaries]") {
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  {
+    RandomRun run(path, 20);
+    run.steps(0, 50);
+    run.writer().finish();
+  }
+  const auto expected = load(path, true);
+  exec(path, "DROP TABLE grad_samples; DROP TABLE grad_hist_sums;");
+  require_same_run(load(path, false), expected);
+}
+
+TEST_CASE("a summary that is not a whole number of records is a corrupt run.db", "[load][summaries]") {
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  {
+    RandomRun run(path, 3);
+    run.steps(0, 5);
+    run.writer().finish();
+  }
+  exec(path, "UPDATE grad_samples SET samples = substr(samples, 1, 23) WHERE id = 2;");
+  CHECK_THROWS_WITH(load(path, false), Catch::Contains("corrupt run.db") && Catch::Contains("grad_samples") &&
+                                           Catch::Contains("whole number of 24-byte records"));
+}
+
+TEST_CASE("a summary naming a layer the layers table lacks is a corrupt run.db", "[load][summaries]") {
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  {
+    RandomRun run(path, 3);
+    run.steps(0, 5);
+    run.writer().finish();
+  }
+  // The first record's layer id (its first 4 bytes, little-endian) becomes 9.
+  exec(path, "UPDATE grad_samples SET samples = CAST(x'09000000' || substr(samples, 5) AS BLOB) WHERE id = 1;");
+  CHECK_THROWS_WITH(load(path, false), Catch::Contains("corrupt run.db") && Catch::Contains("grad_samples has a row for layer 9"));
+}
+
+TEST_CASE("the writer refuses a gradient row whose layer id no run.db can hold", "[load][summaries]") {
+  TempDir dir;
+  rundb::RunDbWriter w(dir.file("run.db"), true);
+  rundb::GradStatRow g;
+  g.layer_id = -1;
+  CHECK_THROWS_WITH(w.add_grad_stat(g), Catch::Contains("layer id -1"));
+  g.layer_id = std::int64_t(1) << 33;
+  CHECK_THROWS_WITH(w.add_grad_stat(g), Catch::Contains("layer ids run from 0 to 2^32-1"));
+}
