@@ -2,7 +2,8 @@
 // layers, a few overflow episodes), end to end through the real binary, against a plain
 // single-threaded SQLite scan of the same table in the same run.
 //
-//   ampdiag_report_bench [--steps N] [--layers N] [--reps R] [--keep PATH]
+//   ampdiag_report_bench [--steps N] [--layers N] [--reps R] [--keep PATH] [--generate-only]
+// --generate-only writes the run to --keep's PATH and stops (bench/gui_frames uses it).
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -89,14 +90,24 @@ int main(int argc, char** argv) {
   std::int64_t steps = 20000, layers = 500;
   int reps = 3;
   std::string keep;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool generate_only = false;
+  for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
+    if (a == "--generate-only") {
+      generate_only = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "ampdiag_report_bench: %s needs a value\n", a.c_str());
+      return 2;
+    }
     if (a == "--steps") steps = std::atoll(argv[i + 1]);
     else if (a == "--layers") layers = std::atoll(argv[i + 1]);
     else if (a == "--reps") reps = std::atoi(argv[i + 1]);
     else if (a == "--keep") keep = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: ampdiag_report_bench [--steps N] [--layers N] [--reps R] [--keep PATH]\n");
+      std::fprintf(stderr, "usage: ampdiag_report_bench [--steps N] [--layers N] [--reps R] [--keep PATH] [--generate-only]\n");
       return 2;
     }
   }
@@ -107,9 +118,17 @@ int main(int argc, char** argv) {
   const std::string path = keep.empty() ? (std::filesystem::temp_directory_path() /
                                            ("ampdiag-report-bench-" + std::to_string(::getpid()) + ".db")).string()
                                         : keep;
+  if (generate_only && keep.empty()) {
+    std::fprintf(stderr, "ampdiag_report_bench: --generate-only needs --keep PATH\n");
+    return 2;
+  }
   const auto g0 = Clock::now();
   generate(path, steps, layers);
   const double gen = seconds_since(g0);
+  if (generate_only) {
+    std::printf("%s: %lld steps x %lld layers, generated in %.1f s\n", path.c_str(), (long long)steps, (long long)layers, gen);
+    return 0;
+  }
   std::vector<double> report, scan;
   const std::string cmd = std::string("'") + AMPDIAG_CLI + "' report '" + path + "' --format json > /dev/null";
   for (int r = 0; r < reps; ++r) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 namespace ampdiag::analyzer {
 
@@ -24,7 +25,9 @@ std::vector<LayerRowSummary> rank_layers(const Run& run, const Report& report) {
     LayerRowSummary r;
     r.layer = &l;
     r.samples = std::int64_t(l.samples.size());
-    std::vector<double> h;
+    // Headroom falls as abs-max grows: the k-th least headroom is the k-th largest
+    // abs-max's, so one log2 per layer instead of one per sample.
+    std::vector<float> absmax;
     bool nonfinite = false;
     for (const auto& s : l.samples) {
       if (s.nonfinite) {
@@ -34,12 +37,18 @@ std::vector<LayerRowSummary> rank_layers(const Run& run, const Report& report) {
       ++r.finite_samples;
       r.zeros += s.zero_q / 65535.0;
       r.subnormal += s.sub_q / 255.0;
-      if (s.absmax > 0) h.push_back(headroom_bits(s.absmax, run.fp_max));
+      if (s.absmax > 0) absmax.push_back(s.absmax);
     }
     if (r.finite_samples) r.zeros /= double(r.finite_samples), r.subnormal /= double(r.finite_samples);
-    std::sort(h.begin(), h.end());
-    r.least_headroom = nonfinite ? -INFINITY : (h.empty() ? INFINITY : h.front());
-    r.median_headroom = h.empty() ? INFINITY : h[h.size() / 2];
+    if (absmax.empty()) {
+      r.least_headroom = nonfinite ? -INFINITY : INFINITY;
+      r.median_headroom = INFINITY;
+    } else {
+      const auto mid = absmax.begin() + std::ptrdiff_t(absmax.size() / 2);
+      std::nth_element(absmax.begin(), mid, absmax.end(), std::greater<float>());
+      r.median_headroom = headroom_bits(*mid, run.fp_max);
+      r.least_headroom = nonfinite ? -INFINITY : headroom_bits(*std::max_element(absmax.begin(), absmax.end()), run.fp_max);
+    }
     for (std::size_t i = 0; i < report.findings.size() && r.finding_rank < 0; ++i)
       if (report.findings[i].severity != Severity::kInfo && names(report.findings[i], l.info)) r.finding_rank = int(i);
     rows.push_back(r);

@@ -127,8 +127,11 @@ void scan_ranges(const std::string& path, const std::vector<std::pair<std::int64
 
 // The writer's summaries, rows first..last of grad_samples: the samples, the least
 // non-zero |g|, and which steps went non-finite (their order is read from grad_stats).
-void read_summaries(const std::string& path, std::int64_t first, std::int64_t last, std::size_t layer_count, Partial& out,
-                    std::vector<std::int64_t>& nonfinite_steps, std::atomic<std::int64_t>& progress, std::atomic<int>& finished) {
+// `reserve`: samples to expect per layer (reserved, not touched: growing vectors of a
+// 50 M-row run by doubling would copy and fault in twice the memory).
+void read_summaries(const std::string& path, std::int64_t first, std::int64_t last, std::size_t layer_count, std::size_t reserve,
+                    Partial& out, std::vector<std::int64_t>& nonfinite_steps, std::atomic<std::int64_t>& progress,
+                    std::atomic<int>& finished) {
   struct Done {
     std::atomic<int>& n;
     ~Done() { n.fetch_add(1); }
@@ -136,6 +139,7 @@ void read_summaries(const std::string& path, std::int64_t first, std::int64_t la
   try {
     rundb::RunDbReader reader(path);
     start_partial(out, layer_count);
+    for (auto& v : out.samples) v.reserve(reserve);
     reader.for_each_sample_blob(first, last, [&](std::int64_t step, const std::vector<rundb::SampleRecord>& records) {
       if (step < 0 || step > kMaxStep)
         rundb::throw_corrupt(path, "grad_samples has step " + std::to_string(step) + " (a run.db numbers them from 0 to 2^31-1)");
@@ -279,9 +283,12 @@ Run load_run(const std::string& path, const LoadOptions& options) {
       const int n = int(std::min<std::int64_t>(threads, span));
       parts.resize(std::size_t(n));
       std::vector<std::vector<std::int64_t>> nonfinite(static_cast<std::size_t>(n));
+      // The first part takes the others in when merged: it reserves room for every step.
+      const std::int64_t step_count = last - first + 1;
       run_parallel(n, options, progress, estimate, [&](int t, std::atomic<int>& finished) {
-        read_summaries(path, first_id + span * t / n, first_id + span * (t + 1) / n - 1, layer_count, parts[std::size_t(t)],
-                       nonfinite[std::size_t(t)], progress, finished);
+        const std::size_t reserve = std::size_t(t == 0 ? step_count : step_count / n) + 16;
+        read_summaries(path, first_id + span * t / n, first_id + span * (t + 1) / n - 1, layer_count, reserve,
+                       parts[std::size_t(t)], nonfinite[std::size_t(t)], progress, finished);
       });
       for (const auto& p : parts)
         if (!p.error.empty()) throw rundb::RunDbError(p.error);
@@ -333,7 +340,8 @@ Run load_run(const std::string& path, const LoadOptions& options) {
     run.grad_rows += p.rows;
     for (std::size_t l = 0; l < p.samples.size(); ++l) {
       LayerSummary& layer = run.layers[l];
-      layer.samples.insert(layer.samples.end(), p.samples[l].begin(), p.samples[l].end());
+      if (layer.samples.empty()) layer.samples = std::move(p.samples[l]);
+      else layer.samples.insert(layer.samples.end(), p.samples[l].begin(), p.samples[l].end());
       const auto [amin, at] = p.least_nonzero[l];
       if (at >= 0 && (layer.least_nonzero_step < 0 || amin < layer.least_nonzero))
         layer.least_nonzero = amin, layer.least_nonzero_step = at;

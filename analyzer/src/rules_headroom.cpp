@@ -25,15 +25,22 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
   std::map<std::int64_t, double> scale_at;
   for (const auto& s : run.steps) scale_at[s.row.step] = s.row.scale_before;
   const double init = run.steps.front().row.scale_before;
+  // log2 of every sample of a 50 M-row run costs more than reading it: only abs-maxes
+  // near the threshold need it to decide exactly, and the least headroom is the largest's.
+  const double threshold = run.fp_max / std::exp2(t.headroom_bits);
+  const auto low_headroom = [&](float absmax) {
+    if (absmax > threshold * (1 + 1e-9)) return true;
+    if (absmax < threshold * (1 - 1e-9)) return false;
+    return headroom_bits(absmax, run.fp_max) < t.headroom_bits;
+  };
   for (const auto& layer : run.layers) {
     std::int64_t finite = 0, low = 0, low_scale = 0, first = -1;
-    double least = INFINITY;
+    float largest = 0.0f;
     for (const auto& s : layer.samples) {
       if (s.nonfinite || !(s.absmax > 0.0f)) continue;
       ++finite;
-      const double h = headroom_bits(s.absmax, run.fp_max);
-      least = std::min(least, h);
-      if (h < t.headroom_bits) {
+      largest = std::max(largest, s.absmax);
+      if (low_headroom(s.absmax)) {
         ++low;
         const auto it = scale_at.find(s.step);
         if (it != scale_at.end() && it->second < init) ++low_scale;
@@ -41,6 +48,7 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
       }
     }
     if (finite == 0 || double(low) / double(finite) < t.headroom_fraction || 2 * low_scale < low) continue;
+    const double least = headroom_bits(largest, run.fp_max);
     Finding f;
     f.rule = "low-headroom";
     f.severity = Severity::kWarning;

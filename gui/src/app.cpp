@@ -11,6 +11,7 @@
 #include "style.h"
 #include "ampdiag/analyzer/analyze.h"
 #include "timeline.h"
+#include "gl_texture.h"
 
 namespace ampdiag::gui {
 
@@ -20,6 +21,8 @@ App::App(std::vector<analyzer::Run> runs) : runs_(std::move(runs)) {
   view_first_ = double(run().steps.front().row.step);
   view_last_ = double(run().steps.back().row.step);
 }
+
+App::~App() = default;
 
 void App::rerank() {
   const std::string selected = ranked_.empty() ? "" : selected_layer();
@@ -114,7 +117,12 @@ void App::navigate(const ImVec2& p0, const ImVec2& p1) {
   } else {
     return;
   }
-  const double width = std::min(last - first, all_last - all_first);  // never past the run's ends
+  set_view(first, last);
+}
+
+void App::set_view(double first, double last) {
+  const double all_first = double(run().steps.front().row.step), all_last = double(run().steps.back().row.step);
+  const double width = std::min(std::max(last - first, 0.0), all_last - all_first);  // never past the run's ends
   first = std::clamp(first, all_first, all_last - width);
   view_first_ = first, view_last_ = first + width;
 }

@@ -3,6 +3,7 @@
 // same Run model, rules and findings as `ampdiag report`), so the two never disagree.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include <imgui.h>
@@ -13,6 +14,8 @@
 #include "ampdiag/analyzer/run.h"
 
 namespace ampdiag::gui {
+
+class RgbaTexture;
 
 // Where a plot area was drawn in the last frame (screen pixels), for tests and
 // screenshots: a step's x is step_to_x() from x0; heatmap rows are row_height tall.
@@ -25,6 +28,7 @@ struct PlotGeometry {
 class App {
  public:
   explicit App(std::vector<analyzer::Run> runs);
+  ~App();
   // Lays out and draws one frame into a window of the given size.
   void frame(float width, float height);
   const PlotGeometry& timeline_geometry() const { return geometry_; }
@@ -38,10 +42,18 @@ class App {
   bool following() const { return follow_; }
   void set_following(bool on) { follow_ = on; }
   void set_show_loss(bool on) { show_loss_ = on; }
+  // The heatmap's colour: the share of zeros and fp16 subnormals instead of headroom.
+  void set_heat_underflow(bool on) { heat_underflow_ = on; }
   void set_follow_error(std::string error) { follow_error_ = std::move(error); }
   // With several rank files: show this rank (false: no file of that rank).
   bool show_rank(long long rank);
   long long shown_rank() const { return run().rank; }
+  const analyzer::Run& shown_run() const { return run(); }
+  // Shows steps first..last in the timeline and heatmap (clamped to the run), as zooming
+  // and panning do; the steps shown now.
+  void set_view(double first, double last);
+  double view_first() const { return view_first_; }
+  double view_last() const { return view_last_; }
   // The heatmap's top row (the analyzer's first-ranked layer).
   std::string top_layer() const;
 
@@ -71,6 +83,9 @@ class App {
   bool show_loss_ = false;      // the loss on its own axis in the timeline
   std::vector<long long> disagreeing_;  // ranks a rank-disagreement finding names
   int reloads_ = 0;
+  bool heat_underflow_ = false;          // the heatmap's colour: underflow share, not headroom
+  std::vector<ImU32> heat_pixels_;       // the heatmap's cells, painted each frame
+  std::unique_ptr<RgbaTexture> heat_texture_;
   std::string follow_error_;
 };
 

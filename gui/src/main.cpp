@@ -1,7 +1,9 @@
 // ampdiag-gui: browse a run's loss-scale timeline, its findings and its layers.
 //   ampdiag-gui run.db [more.rank*.db] [--size WxH] [--screenshot out.png]
 // With --screenshot it renders a few frames in a hidden window, writes the PNG and exits
-// (works under xvfb-run with Mesa). Exit 2 with one line on bad input.
+// (works under xvfb-run with Mesa). With --bench-frames N it draws N frames while zooming
+// and panning and prints the load time and frame-time percentiles (docs/PERFORMANCE.md).
+// Exit 2 with one line on bad input.
 #define GL_GLEXT_PROTOTYPES
 #include <GLFW/glfw3.h>
 #include <imgui.h>
@@ -9,6 +11,8 @@
 #include <imgui_impl_opengl3.h>
 #include <stb_image_write.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -34,13 +38,20 @@ constexpr const char* kUsage =
     "  --loss              draw the loss on its own axis in the timeline (also a checkbox)\n"
     "  --follow            reload the runs as a training process writes them (also a checkbox)\n"
     "  --after SECONDS     with --screenshot: keep running (and following) this long first\n"
-    "  --screenshot F      render offscreen, write a PNG to F and exit\n";
+    "  --screenshot F      render offscreen, write a PNG to F and exit\n"
+    "  --bench-frames N    draw N frames offscreen while zooming and panning, print the load time\n"
+    "                      and frame-time percentiles, and exit\n";
+
+using Clock = std::chrono::steady_clock;
+const Clock::time_point kStarted = Clock::now();
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 struct Options {
   std::vector<std::string> dbs;
   int width = 1600, height = 1000;
   std::string screenshot, select;
-  long long step = -1, rank = -1;
+  long long step = -1, rank = -1, bench_frames = 0;
   bool follow = false, loss = false;
   double after = 0;
 };
@@ -89,6 +100,8 @@ Options parse(int argc, char** argv) {
       o.rank = (long long)number(a, value(), 0, 1e15, true, "a rank number (0 or more)");
     } else if (a == "--step") {
       o.step = (long long)number(a, value(), 0, 1e15, true, "a step number (0 or more)");
+    } else if (a == "--bench-frames") {
+      o.bench_frames = (long long)number(a, value(), 1, 1e6, true, "a number of frames (1 to 1000000)");
     } else if (a == "--screenshot") {
       o.screenshot = value();
     } else if (a.rfind("-", 0) == 0) {
@@ -99,6 +112,8 @@ Options parse(int argc, char** argv) {
   }
   if (o.dbs.empty()) throw UsageError("give a run.db (see --help)");
   if (o.after > 0 && o.screenshot.empty()) throw UsageError("--after goes with --screenshot");
+  if (o.bench_frames > 0 && (!o.screenshot.empty() || o.follow))
+    throw UsageError("--bench-frames goes without --screenshot and --follow");
   return o;
 }
 
@@ -118,12 +133,40 @@ void write_png(const std::string& path, int w, int h) {
     throw std::runtime_error(path + ": cannot write the screenshot");
 }
 
+// The view of bench frame i: 40 frames zooming in around the middle, 40 panning, 40
+// zooming out, over and over; the first frame shows the whole run.
+void bench_view(ampdiag::gui::App& app, long long i, double all_first, double all_last) {
+  const long long phase = i % 120;
+  const double first = app.view_first(), last = app.view_last(), span = last - first, mid = (first + last) / 2;
+  if (i == 0) app.set_view(all_first, all_last);
+  else if (phase < 40) app.set_view(mid - span * 0.85 / 2, mid + span * 0.85 / 2);
+  else if (phase < 80) app.set_view(first + span * 0.02, last + span * 0.02);
+  else app.set_view(mid - span / 0.85 / 2, mid + span / 0.85 / 2);
+}
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? NAN : v[std::min(v.size() - 1, std::size_t(p * double(v.size())))];
+}
+
+void print_bench(const Options& o, const ampdiag::analyzer::Run& run, double load_ms, double first_frame_ms,
+                 const std::vector<double>& frames, const std::vector<double>& whole) {
+  auto pct = [&](double p) { return percentile(frames, p); };
+  std::printf("ampdiag-gui bench: %s: %zu steps x %zu layers, %.1f M gradient rows\n",
+              ampdiag::analyzer::printable(o.dbs.front()).c_str(), run.steps.size(), run.layers.size(), double(run.grad_rows) / 1e6);
+  std::printf("load and analysis: %.2f s; first frame drawn %.2f s after start\n", load_ms / 1e3, first_frame_ms / 1e3);
+  std::printf("%zu frames at %dx%d while zooming and panning (ms, rendering included): median %.1f, p90 %.1f, p99 %.1f, max %.1f\n",
+              frames.size(), o.width, o.height, pct(0.5), pct(0.9), pct(0.99), pct(1.0));
+  std::printf("of which %zu show the whole run: median %.1f, max %.1f\n", whole.size(), percentile(whole, 0.5), percentile(whole, 1.0));
+}
+
 int run(const Options& o) {
   std::vector<ampdiag::analyzer::Run> runs;
   ampdiag::analyzer::LoadOptions load;
   load.allow_unfinished = true;  // the GUI shows a run while it trains
   for (const auto& db : o.dbs) runs.push_back(ampdiag::analyzer::load_run(db, load));
   ampdiag::gui::App app(std::move(runs));
+  const double load_ms = ms_since(kStarted);
   if (o.rank >= 0 && !app.show_rank(o.rank))
     throw UsageError("--rank: none of the files given is rank " + std::to_string(o.rank));
   if (!o.select.empty() && !app.select(o.select, o.step))
@@ -139,14 +182,15 @@ int run(const Options& o) {
   glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
   glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 3);
   glfwWindowHint(GLFW_OPENGL_PROFILE, GLFW_OPENGL_CORE_PROFILE);
-  if (!o.screenshot.empty()) glfwWindowHint(GLFW_VISIBLE, GLFW_FALSE);
+  const bool offscreen = !o.screenshot.empty() || o.bench_frames > 0;
+  if (offscreen) glfwWindowHint(GLFW_VISIBLE, GLFW_FALSE);
   GLFWwindow* window = glfwCreateWindow(o.width, o.height, "ampdiag", nullptr, nullptr);
   if (!window) {
     glfwTerminate();
     throw std::runtime_error("cannot create an OpenGL 3.3 window (no display? run under xvfb-run)");
   }
   glfwMakeContextCurrent(window);
-  glfwSwapInterval(o.screenshot.empty() ? 1 : 0);
+  glfwSwapInterval(offscreen ? 0 : 1);
   ImGui::CreateContext();
   ImGui::GetIO().IniFilename = nullptr;  // the layout is the program's, not a file's
   ImGui::StyleColorsDark();
@@ -155,9 +199,14 @@ int run(const Options& o) {
 
   // A screenshot needs a few frames: ImGui sizes windows and tables from the last one.
   int frames = 0;
+  std::vector<double> frame_ms, whole_ms;  // every frame; those showing the whole run
+  double first_frame_ms = 0;
+  const double all_first = app.view_first(), all_last = app.view_last();
   while (!glfwWindowShouldClose(window)) {
+    const auto frame_start = Clock::now();
+    if (o.bench_frames > 0) bench_view(app, (long long)frame_ms.size(), all_first, all_last);
     // Live: wait for input or the next reload check, not a busy loop.
-    if (o.screenshot.empty()) glfwWaitEventsTimeout(app.following() ? 0.25 : 1.0);
+    if (!offscreen) glfwWaitEventsTimeout(app.following() ? 0.25 : 1.0);
     else if (o.after > 0) glfwWaitEventsTimeout(0.05);
     glfwPollEvents();
     if (app.following())
@@ -176,6 +225,16 @@ int run(const Options& o) {
     glClearColor(0.08f, 0.08f, 0.1f, 1);
     glClear(GL_COLOR_BUFFER_BIT);
     ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
+    if (o.bench_frames > 0) {
+      glFinish();  // llvmpipe renders on the CPU: the frame is not done until it has
+      frame_ms.push_back(ms_since(frame_start));
+      if (app.view_first() <= all_first && app.view_last() >= all_last) whole_ms.push_back(frame_ms.back());
+      if (frame_ms.size() == 1) first_frame_ms = ms_since(kStarted);
+      if ((long long)frame_ms.size() == o.bench_frames) {
+        print_bench(o, app.shown_run(), load_ms, first_frame_ms, frame_ms, whole_ms);
+        break;
+      }
+    }
     if (!o.screenshot.empty() && ++frames >= 4 && glfwGetTime() >= o.after) {
       write_png(o.screenshot, fw, fh);
       const auto& g = app.timeline_geometry();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "ampdiag/analyzer/escape.h"
@@ -11,12 +12,18 @@
 #include "style.h"
 #include "heatmap.h"
 #include "timeline.h"
+#include "gl_texture.h"
 
 namespace ampdiag::gui {
 
 void App::heatmap(float x, float y, float w, float h) {
   const analyzer::Run& run = this->run();
-  place("Layers x steps: headroom below the fp16 maximum (magenta: NaN/Inf)", x, y, w, h);
+  place(heat_underflow_ ? "Layers x steps: share of values zero or fp16-subnormal (magenta: NaN/Inf)###heatmap"
+                        : "Layers x steps: headroom below the fp16 maximum (magenta: NaN/Inf)###heatmap",
+        x, y, w, h);
+  if (ImGui::RadioButton("headroom", !heat_underflow_)) heat_underflow_ = false;
+  ImGui::SameLine();
+  if (ImGui::RadioButton("underflow share", heat_underflow_)) heat_underflow_ = true;
   const ImVec2 origin = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
   const ImVec2 p0(origin.x + kGutter, origin.y), p1(origin.x + avail.x, origin.y + avail.y);
   ImDrawList* draw = ImGui::GetWindowDrawList();
@@ -29,7 +36,14 @@ void App::heatmap(float x, float y, float w, float h) {
     row_offset_ -= int(ImGui::GetIO().MouseWheel) * 3;  // the wheel over the names scrolls the rows
   row_offset_ = std::clamp(row_offset_, 0, std::max(0, int(ranked_.size()) - visible));
   heat_geometry_ = {p0.x, p0.y, p1.x, p1.y, (long long)first, (long long)last, row_h};
-  const int width = std::max(1, int(p1.x - p0.x));
+  const int width = std::max(1, int(p1.x - p0.x)), height = std::max(1, int(p1.y - p0.y));
+  // The cells are painted into a texture, one texel per pixel, and drawn as one quad.
+  heat_pixels_.assign(std::size_t(width) * std::size_t(height), 0);
+  const double span = double(std::max<std::int64_t>(1, last - first + 1)), per_step = double(width) / span;
+  std::vector<int> cell_of(static_cast<std::size_t>(width));  // with fewer steps than pixels, a step's cell spans its share
+  for (int x = 0; x < width; ++x)
+    cell_of[std::size_t(x)] =
+        per_step <= 1 ? x : column_of(first + std::int64_t(std::floor((double(x) + 0.5) / per_step)), first, last, width);
   for (int r = 0; r < visible && row_offset_ + r < int(ranked_.size()); ++r) {
     const auto& layer = *ranked_[std::size_t(row_offset_ + r)].layer;
     const float ry = p0.y + float(r) * row_h;
@@ -43,31 +57,19 @@ void App::heatmap(float x, float y, float w, float h) {
                   name.c_str());
     draw->PopClipRect();
     const auto cells = heatmap_row(layer, run.fp_max, first, last, width);
-    // Runs of one colour are one rectangle: 500 rows stay cheap to draw. With fewer steps
-    // than pixels a cell spans its step's share of the width, edge to edge.
-    const double span = double(std::max<std::int64_t>(1, last - first + 1)), per_step = double(width) / span;
-    const auto edge = [&](int column) {  // left edge of the cell holding `column`
-      if (per_step <= 1) return p0.x + float(column);
-      const double step = std::floor((double(column) + 0.5) / per_step);
-      return p0.x + float(std::round(step * per_step));
-    };
-    const auto right_edge = [&](int column) {
-      if (per_step <= 1) return p0.x + float(column + 1);
-      const double step = std::floor((double(column) + 0.5) / per_step);
-      return std::min(p1.x, p0.x + float(std::round((step + 1) * per_step)));
-    };
-    for (int c = 0; c < width;) {
-      if (!cells[std::size_t(c)].any) {
-        ++c;
-        continue;
-      }
-      const ImU32 colour = headroom_colour(cells[std::size_t(c)]);
-      int end = c + 1;
-      while (end < width && cells[std::size_t(end)].any && headroom_colour(cells[std::size_t(end)]) == colour) ++end;
-      draw->AddRectFilled(ImVec2(edge(c), ry + 1), ImVec2(right_edge(end - 1), ry + row_h - 1), colour);
-      c = end;
+    const int top = int(float(r) * row_h) + 1, bottom = std::min(height, int(float(r + 1) * row_h) - 1);
+    if (top >= bottom) continue;
+    ImU32* row = heat_pixels_.data() + std::size_t(top) * std::size_t(width);
+    for (int x = 0; x < width; ++x) {
+      const HeatCell& cell = cells[std::size_t(cell_of[std::size_t(x)])];
+      if (cell.any) row[x] = heat_underflow_ ? underflow_colour(cell) : headroom_colour(cell);
     }
+    for (int y = top + 1; y < bottom; ++y)
+      std::copy_n(row, width, heat_pixels_.data() + std::size_t(y) * std::size_t(width));
   }
+  if (!heat_texture_) heat_texture_ = std::make_unique<RgbaTexture>();
+  heat_texture_->upload(heat_pixels_, width, height);
+  draw->AddImage(heat_texture_->id(), p0, ImVec2(p0.x + float(width), p0.y + float(height)));
   step_cursor(draw, p0, p1, first, last);
   // Hover: the numbers behind the cell under the cursor.
   const int hover_row = int((m.y - p0.y) / row_h);

@@ -21,6 +21,7 @@ inline const ImU32 kFloor = IM_COL32(200, 160, 60, 255);
 inline const ImU32 kGrid = IM_COL32(70, 70, 80, 255);
 inline const ImU32 kNonfinite = IM_COL32(230, 0, 230, 255);  // a NaN/Inf gradient; tests look for it
 inline const ImU32 kAllZero = IM_COL32(60, 60, 60, 255);
+inline const ImU32 kUnderflowLine = IM_COL32(80, 200, 230, 150);
 inline constexpr double kScaleFloor = 128.0;  // the analyzer's default floor (Thresholds)
 inline constexpr float kGutter = 210;         // left of both plots: axis labels, layer names
 
@@ -32,6 +33,15 @@ inline ImU32 headroom_colour(const HeatCell& c) {
   const float r = t < 0.25f ? 250 : 250 - (t - 0.25f) / 0.75f * 210, g = t < 0.25f ? 120 + t * 4 * 100 : 220 - (t - 0.25f) / 0.75f * 130,
               b = t < 0.25f ? 30 + t * 4 * 50 : 80 + (t - 0.25f) / 0.75f * 80;
   return IM_COL32(int(r), int(g), int(b), 255);
+}
+
+// The second channel: the share of values at or below fp16's normal range, dark (none)
+// to bright cyan (all).
+inline ImU32 underflow_colour(const HeatCell& c) {
+  if (c.nonfinite) return kNonfinite;
+  if (c.most_underflow < 0) return kAllZero;
+  const float t = std::clamp(c.most_underflow, 0.0f, 1.0f);
+  return IM_COL32(int(30 + t * 20), int(45 + t * 200), int(70 + t * 185), 255);
 }
 
 // A grid line across the plot at `y`, labelled 2^k in the gutter to its left.

@@ -15,20 +15,41 @@ int column_of(std::int64_t step, std::int64_t first, std::int64_t last, int widt
   return std::clamp(int(step_to_x(step, first, last, double(width))), 0, width - 1);
 }
 
+void ColumnWalker::move_to(std::int64_t step) {
+  column_ = column_of(step, first_, last_, width_);
+  // The column's first and one-past-last step: estimated, then checked against
+  // column_of itself so that both always agree, rounding included.
+  const double per_column = double(std::max<std::int64_t>(1, last_ - first_ + 1)) / double(width_);
+  auto first_step_of = [&](int c) {
+    if (c <= 0) return std::int64_t(INT64_MIN);
+    if (c >= width_) return std::int64_t(INT64_MAX);
+    std::int64_t s = first_ + std::int64_t(std::ceil(double(c) * per_column - 0.5));
+    while (column_of(s, first_, last_, width_) >= c) --s;
+    while (column_of(s + 1, first_, last_, width_) < c) ++s;
+    return s + 1;
+  };
+  start_ = first_step_of(column_);
+  next_ = first_step_of(column_ + 1);
+}
+
 std::vector<TimelineColumn> timeline_columns(const analyzer::Run& run, std::int64_t first, std::int64_t last, int width) {
   std::vector<TimelineColumn> columns(std::size_t(std::max(1, width)));
-  for (const auto& s : run.steps) {
-    const std::int64_t step = s.row.step;
-    if (step < first || step > last) continue;
-    const int c = column_of(step, first, last, int(columns.size()));
-    auto& col = columns[std::size_t(c)];
-    const double v = std::log2(std::max(s.row.scale_after, 1e-300));
-    if (!col.any) col.lo = col.hi = v;
-    col.lo = std::min(col.lo, v);
-    col.hi = std::max(col.hi, v);
+  std::vector<std::pair<double, double>> scale(columns.size());  // lowest and highest scale; log2 once per column
+  ColumnWalker walk(first, last, int(columns.size()));
+  auto it = std::lower_bound(run.steps.begin(), run.steps.end(), first,
+                             [](const analyzer::StepSummary& s, std::int64_t step) { return s.row.step < step; });
+  for (; it != run.steps.end() && it->row.step <= last; ++it) {
+    const std::size_t c = std::size_t(walk.column(it->row.step));
+    auto& col = columns[c];
+    const double v = std::max(it->row.scale_after, 1e-300);
+    if (!col.any) scale[c] = {v, v};
+    scale[c].first = std::min(scale[c].first, v);
+    scale[c].second = std::max(scale[c].second, v);
     col.any = true;
-    col.skipped = col.skipped || s.row.skipped;
+    col.skipped = col.skipped || it->row.skipped;
   }
+  for (std::size_t c = 0; c < columns.size(); ++c)
+    if (columns[c].any) columns[c].lo = std::log2(scale[c].first), columns[c].hi = std::log2(scale[c].second);
   return columns;
 }
 

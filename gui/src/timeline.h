@@ -24,4 +24,23 @@ double step_to_x(std::int64_t step, std::int64_t first, std::int64_t last, doubl
 // The pixel column (0..width-1) that holds step `step`.
 int column_of(std::int64_t step, std::int64_t first, std::int64_t last, int width);
 
+// column_of for increasing steps, without its arithmetic for every step: a zoomed-out
+// view puts hundreds of steps in each column, and only a step past the column's last
+// one needs the next column worked out.
+class ColumnWalker {
+ public:
+  ColumnWalker(std::int64_t first, std::int64_t last, int width) : first_(first), last_(last), width_(width) {}
+  int column(std::int64_t step) {
+    if (step >= next_ || step < start_) move_to(step);
+    return column_;
+  }
+
+ private:
+  void move_to(std::int64_t step);
+  std::int64_t first_, last_;
+  int width_;
+  int column_ = 0;
+  std::int64_t start_ = 0, next_ = INT64_MIN;  // the current column holds steps start_..next_-1
+};
+
 }  // namespace ampdiag::gui
