@@ -198,9 +198,9 @@ TEST_CASE("a summary that is not a whole number of records is a corrupt run.db",
     run.steps(0, 5);
     run.writer().finish();
   }
-  exec(path, "UPDATE grad_samples SET samples = substr(samples, 1, 23) WHERE id = 2;");
+  exec(path, "UPDATE grad_samples SET samples = substr(samples, 1, 19) WHERE id = 2;");
   CHECK_THROWS_WITH(load(path, false), Catch::Contains("corrupt run.db") && Catch::Contains("grad_samples") &&
-                                           Catch::Contains("whole number of 24-byte records"));
+                                           Catch::Contains("whole number of 20-byte records"));
 }
 
 TEST_CASE("a summary naming a layer the layers table lacks is a corrupt run.db", "[load][summaries]") {

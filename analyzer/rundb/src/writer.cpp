@@ -190,10 +190,10 @@ namespace {
 // Enough histogram rows between two writes of their sums that grad_hist_sums stays a
 // small fraction of grad_stats, few enough that a reader adds little after the last one.
 constexpr std::int64_t kHistogramFlushRows = 1 << 16;
-// A step's records go into rows of at most this many (3 KiB): SQLite keeps a row of up
-// to ~16 KB whole in one 16 KiB page, so one 12 KB row per step would leave a quarter of
-// every page empty; five 3 KiB rows fill one.
-constexpr std::size_t kRecordsPerSummary = 128;
+// A step's records go into rows of at most this many (3,000 bytes): SQLite keeps a row
+// of up to ~16 KB whole in one 16 KiB page, so one 10 KB row per step would leave a third
+// of every page empty; five 3,000-byte rows fill one.
+constexpr std::size_t kRecordsPerSummary = 150;
 
 }  // namespace
 
@@ -234,12 +234,14 @@ void RunDbWriter::commit_transaction(bool finishing) {
   in_transaction_ = false;
   db_->exec("COMMIT;");
   pending_samples_.clear();
+  pending_step_ = nullptr;
   hist_ready_ = {};
 }
 
 void RunDbWriter::rollback() noexcept {
   in_transaction_ = false;
   pending_samples_.clear();
+  pending_step_ = nullptr;
   // Which histogram rows the lost transaction held is unknown: write no more sums, and
   // readers add up grad_stats' histograms after the last sums written (exact, slower).
   hist_broken_ = true;
@@ -286,7 +288,13 @@ void RunDbWriter::add_grad_stat(const GradStatRow& r) {
     grad_->bind_blob(histogram, r.histogram.data(), int(r.histogram.size() * sizeof(std::uint32_t)));
   grad_->run();
   const SampleRecord record = make_sample_record(r);
-  pending_samples_[r.step].push_back(record);
+  // Rows come step by step: the step's vector is looked up once, not once per row.
+  if (!pending_step_ || pending_step_->first != r.step) {
+    const std::size_t expect = pending_step_ ? pending_step_->second.size() : 0;  // as many as the step before
+    pending_step_ = &*pending_samples_.try_emplace(r.step).first;
+    pending_step_->second.reserve(expect);
+  }
+  pending_step_->second.push_back(record);
   if (r.histogram.size() == std::size_t(kHistBins) && !record.nonfinite) add_histogram(r);
 }
 

@@ -19,9 +19,11 @@ struct SampleRecord {
   std::uint16_t zero_q;    // zeros / numel, in 1/65535
   std::uint8_t sub_q;      // fp16 subnormals / numel, in 1/255
   std::uint8_t nonfinite;  // 1 if the gradient held NaN or Inf
-  double amin_nz;          // smallest non-zero finite |x|, before unscale
+  // Smallest non-zero finite |x|, before unscale: one of the gradient's own values, and
+  // gradients are at most fp32, so float holds it exactly.
+  float amin_nz;
 };
-static_assert(sizeof(SampleRecord) == 24 && std::is_trivially_copyable_v<SampleRecord>,
+static_assert(sizeof(SampleRecord) == 20 && std::is_trivially_copyable_v<SampleRecord>,
               "grad_samples' record layout is part of the file format");
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "grad_samples is written in the host's byte order");
 

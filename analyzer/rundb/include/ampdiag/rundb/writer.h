@@ -73,6 +73,7 @@ class RunDbWriter {
   std::unique_ptr<Database> db_;
   std::unique_ptr<Statement> meta_, layer_, module_, step_, grad_, act_, event_, replay_, samples_, hist_sums_;
   std::map<std::int64_t, std::vector<SampleRecord>> pending_samples_;  // the open transaction's, by step
+  std::pair<const std::int64_t, std::vector<SampleRecord>>* pending_step_ = nullptr;  // the last row's
   HistogramSums hist_open_, hist_ready_;
   bool hist_broken_ = false;  // a transaction was rolled back
   bool in_transaction_ = false;
