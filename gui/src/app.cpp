@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 
 #include "ampdiag/analyzer/escape.h"
@@ -16,6 +17,7 @@
 namespace ampdiag::gui {
 
 App::App(std::vector<analyzer::Run> runs) : runs_(std::move(runs)) {
+  for (const auto& r : runs_) paths_.push_back(r.path);
   report_ = analyzer::analyze(runs_);
   rerank();
   view_first_ = double(run().steps.front().row.step);
@@ -47,13 +49,124 @@ bool App::show_rank(long long rank) {
 std::string App::top_layer() const { return ranked_.empty() ? "" : ranked_.front().layer->info.name; }
 
 void App::frame(float width, float height) {
-  const float timeline_h = std::floor(height * 0.34f), heat_h = std::floor(height * 0.30f);
-  timeline(0, 0, width, timeline_h);
-  heatmap(0, timeline_h, width, heat_h);
-  const float top = timeline_h + heat_h, third = std::floor(width / 3);
-  findings(0, top, third, height - top);
-  detail(third, top, third, height - top);
-  layers(2 * third, top, width - 2 * third, height - top);
+  const float menu = menu_bar(), h = height - menu;
+  const float timeline_h = std::floor(h * split_timeline_), heat_h = std::floor(h * split_heat_);
+  timeline(0, menu, width, timeline_h);
+  heatmap(0, menu + timeline_h, width, heat_h);
+  const float top = menu + timeline_h + heat_h, left = std::floor(width * split_left_), right = std::floor(width * split_right_);
+  findings(0, top, left, height - top);
+  detail(left, top, right - left, height - top);
+  layers(right, top, width - right, height - top);
+  // Drawn after the panels, so on top of their edges.
+  float below_heat = split_timeline_ + split_heat_;
+  splitter("##split-timeline", false, 0, menu + timeline_h, width, h, split_timeline_);
+  split_heat_ = std::clamp(below_heat - split_timeline_, 0.1f, 0.8f);
+  below_heat = split_timeline_ + split_heat_;
+  splitter("##split-heatmap", false, 0, top, width, h, below_heat);
+  split_heat_ = std::clamp(below_heat - split_timeline_, 0.1f, 0.85f - split_timeline_);
+  splitter("##split-left", true, left, top, height - top, width, split_left_);
+  splitter("##split-right", true, right, top, height - top, width, split_right_);
+  split_left_ = std::min(split_left_, split_right_ - 0.1f), split_right_ = std::max(split_right_, split_left_ + 0.1f);
+  if (open_dialog_) open_dialog();
+}
+
+void App::splitter(const char* id, bool vertical, float x, float y, float length, float total, float& fraction) {
+  constexpr float kGrip = 6;
+  ImGui::SetNextWindowPos(vertical ? ImVec2(x - kGrip / 2, y) : ImVec2(x, y - kGrip / 2));
+  ImGui::SetNextWindowSize(vertical ? ImVec2(kGrip, length) : ImVec2(length, kGrip));
+  ImGui::PushStyleVar(ImGuiStyleVar_WindowPadding, ImVec2(0, 0));
+  ImGui::PushStyleVar(ImGuiStyleVar_WindowMinSize, ImVec2(1, 1));
+  ImGui::Begin(id, nullptr,
+               ImGuiWindowFlags_NoDecoration | ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoBackground |
+                   ImGuiWindowFlags_NoSavedSettings);
+  ImGui::InvisibleButton(id, vertical ? ImVec2(kGrip, length) : ImVec2(length, kGrip));
+  if (ImGui::IsItemHovered() || ImGui::IsItemActive())
+    ImGui::SetMouseCursor(vertical ? ImGuiMouseCursor_ResizeEW : ImGuiMouseCursor_ResizeNS);
+  if (ImGui::IsItemActive() && total > 0) {
+    const ImVec2 d = ImGui::GetIO().MouseDelta;
+    fraction = std::clamp(fraction + (vertical ? d.x : d.y) / total, 0.1f, 0.9f);
+  }
+  ImGui::End();
+  ImGui::PopStyleVar(2);
+}
+
+float App::menu_bar() {
+  float height = 0;
+  if (ImGui::BeginMainMenuBar()) {
+    if (ImGui::BeginMenu("File")) {
+      if (ImGui::MenuItem("Open...")) {
+        open_dialog_ = true;  // opened by open_dialog(), outside the menu's ID scope
+        open_text_.clear();
+      }
+      if (ImGui::MenuItem("Quit")) quit_ = true;
+      ImGui::EndMenu();
+    }
+    if (!open_error_.empty()) ImGui::TextColored(ImVec4(0.95f, 0.45f, 0.35f, 1), "%s", analyzer::printable(open_error_).c_str());
+    else ImGui::TextDisabled("drop run.db files on the window to open them");
+    height = ImGui::GetWindowSize().y;
+    ImGui::EndMainMenuBar();
+  }
+  return height;
+}
+
+void App::open_dialog() {
+  if (!ImGui::IsPopupOpen("Open run.db")) ImGui::OpenPopup("Open run.db");
+  ImGui::SetNextWindowSize(ImVec2(640, 0), ImGuiCond_Appearing);
+  if (ImGui::BeginPopupModal("Open run.db", &open_dialog_)) {
+    ImGui::TextUnformatted("run.db paths, one per line (several: the ranks of one run)");
+    char buffer[8192];
+    const std::size_t n = std::min(open_text_.size(), sizeof buffer - 1);
+    std::copy_n(open_text_.data(), n, buffer);
+    buffer[n] = 0;
+    if (ImGui::InputTextMultiline("##paths", buffer, sizeof buffer, ImVec2(-1, 80))) open_text_ = buffer;
+    if (!open_error_.empty()) ImGui::TextColored(ImVec4(0.95f, 0.45f, 0.35f, 1), "%s", analyzer::printable(open_error_).c_str());
+    if (ImGui::Button("Open")) {
+      std::vector<std::string> paths;
+      std::size_t begin = 0;
+      while (begin <= open_text_.size()) {
+        std::size_t end = open_text_.find('\n', begin);
+        if (end == std::string::npos) end = open_text_.size();
+        std::string line = open_text_.substr(begin, end - begin);
+        while (!line.empty() && (line.back() == ' ' || line.back() == '\r')) line.pop_back();
+        if (!line.empty()) paths.push_back(line);
+        begin = end + 1;
+      }
+      if (paths.empty()) open_error_ = "give the path of a run.db";
+      else if (open(paths)) open_dialog_ = false;
+    }
+    ImGui::SameLine();
+    if (ImGui::Button("Cancel")) open_dialog_ = false;
+    if (!open_dialog_) ImGui::CloseCurrentPopup();
+    ImGui::EndPopup();
+  }
+}
+
+bool App::open(const std::vector<std::string>& paths) {
+  std::vector<analyzer::Run> runs;
+  analyzer::LoadOptions load;
+  load.allow_unfinished = true;
+  try {
+    if (paths.empty()) throw std::runtime_error("no file to open");
+    for (const auto& path : paths) runs.push_back(analyzer::load_run(path, load));
+  } catch (const std::exception& e) {
+    open_error_ = e.what();  // the same one line as the CLI's
+    return false;
+  }
+  runs_ = std::move(runs);
+  paths_ = paths;
+  open_error_.clear();
+  report_ = analyzer::analyze(runs_);
+  rank_ = 0;
+  selected_step_ = -1;
+  ranked_.clear();
+  rerank();
+  row_offset_ = 0;
+  reloads_ = 0;
+  follow_error_.clear();
+  view_first_ = double(run().steps.front().row.step);
+  view_last_ = double(run().steps.back().row.step);
+  ++generation_;
+  return true;
 }
 
 bool App::select(const std::string& layer, long long step) {

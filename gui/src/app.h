@@ -31,9 +31,20 @@ class App {
   ~App();
   // Lays out and draws one frame into a window of the given size.
   void frame(float width, float height);
+  // Shows other run files instead (File > Open, a drop on the window). A file that cannot
+  // be read leaves the runs shown as they are and its one-line error in open_error(),
+  // which the window shows; returns whether the files were opened.
+  bool open(const std::vector<std::string>& paths);
+  const std::string& open_error() const { return open_error_; }
+  const std::vector<std::string>& paths() const { return paths_; }
+  int generation() const { return generation_; }  // one more after each open()
+  bool quit_requested() const { return quit_; }
   const PlotGeometry& timeline_geometry() const { return geometry_; }
   const PlotGeometry& heatmap_geometry() const { return heat_geometry_; }
   const PlotGeometry& detail_geometry() const { return detail_geometry_; }
+  // The selected step's exponent histogram in the layer detail (first = last = the step,
+  // row_height unused); x1 == x0 when none is drawn.
+  const PlotGeometry& histogram_geometry() const { return histogram_geometry_; }
   // Selects a layer by name (false: no such layer) and optionally a step (-1: none).
   bool select(const std::string& layer, long long step);
   std::string selected_layer() const;
@@ -68,11 +79,26 @@ class App {
   void layers(float x, float y, float w, float h);
   void detail(float x, float y, float w, float h);
   void step_cursor(ImDrawList* draw, const ImVec2& p0, const ImVec2& p1, long long first, long long last);
+  float menu_bar();  // returns its height
+  void open_dialog();
+  // A bar between two panels that drags `fraction` (of `total` pixels) along its axis.
+  void splitter(const char* id, bool vertical, float x, float y, float length, float total, float& fraction);
 
   std::vector<analyzer::Run> runs_;
   analyzer::Report report_;
   std::vector<analyzer::LayerRowSummary> ranked_;
-  PlotGeometry geometry_, heat_geometry_, detail_geometry_;
+  PlotGeometry geometry_, heat_geometry_, detail_geometry_, histogram_geometry_;
+  // The exponent histogram of one layer at one step, read from the file when first shown.
+  struct StepHistogram {
+    std::string path;
+    long long step = -1;
+    std::int64_t layer = -1;
+    std::vector<std::uint32_t> counts;  // empty: see note
+    std::string note;                   // why there is none
+  };
+  StepHistogram step_histogram_;
+  const StepHistogram& step_histogram(std::int64_t layer, long long step);
+  void histogram_plot(ImDrawList* draw, const ImVec2& p0, const ImVec2& p1, std::int64_t layer, long long step);
   int selected_ = 0;            // index into ranked_
   long long selected_step_ = -1;  // a step the user picked (a finding's, a click); -1: none
   double view_first_ = 0, view_last_ = 0;  // the visible steps, shared by both plots
@@ -83,6 +109,13 @@ class App {
   bool show_loss_ = false;      // the loss on its own axis in the timeline
   std::vector<long long> disagreeing_;  // ranks a rank-disagreement finding names
   int reloads_ = 0;
+  std::vector<std::string> paths_;  // the files shown, as given
+  std::string open_error_;
+  int generation_ = 0;
+  bool quit_ = false, open_dialog_ = false;
+  std::string open_text_;  // the Open dialog's paths, one per line
+  // The panels' sizes, as shares of the window (the splitters drag them).
+  float split_timeline_ = 0.34f, split_heat_ = 0.30f, split_left_ = 1.0f / 3, split_right_ = 2.0f / 3;
   bool heat_underflow_ = false;          // the heatmap's colour: underflow share, not headroom
   std::vector<ImU32> heat_pixels_;       // the heatmap's cells, painted each frame
   std::unique_ptr<RgbaTexture> heat_texture_;

@@ -36,9 +36,11 @@ constexpr const char* kUsage =
     "  --step N            mark step N in the plots\n"
     "  --rank N            with several rank files, show rank N (also a menu)\n"
     "  --loss              draw the loss on its own axis in the timeline (also a checkbox)\n"
+    "  --underflow         colour the heatmap by the share of zeros and fp16 subnormals (also a switch)\n"
     "  --follow            reload the runs as a training process writes them (also a checkbox)\n"
     "  --after SECONDS     with --screenshot: keep running (and following) this long first\n"
     "  --screenshot F      render offscreen, write a PNG to F and exit\n"
+    "  --drop F            as if F were dropped on the window after the first frame (scripts, tests)\n"
     "  --bench-frames N    draw N frames offscreen while zooming and panning, print the load time\n"
     "                      and frame-time percentiles, and exit\n";
 
@@ -48,11 +50,11 @@ const Clock::time_point kStarted = Clock::now();
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 struct Options {
-  std::vector<std::string> dbs;
+  std::vector<std::string> dbs, drop;
   int width = 1600, height = 1000;
   std::string screenshot, select;
   long long step = -1, rank = -1, bench_frames = 0;
-  bool follow = false, loss = false;
+  bool follow = false, loss = false, underflow = false;
   double after = 0;
 };
 
@@ -92,6 +94,8 @@ Options parse(int argc, char** argv) {
       o.after = number(a, value(), 0, 3600, false, "seconds (0 to 3600)");
     } else if (a == "--loss") {
       o.loss = true;
+    } else if (a == "--underflow") {
+      o.underflow = true;
     } else if (a == "--follow") {
       o.follow = true;
     } else if (a == "--select") {
@@ -102,6 +106,8 @@ Options parse(int argc, char** argv) {
       o.step = (long long)number(a, value(), 0, 1e15, true, "a step number (0 or more)");
     } else if (a == "--bench-frames") {
       o.bench_frames = (long long)number(a, value(), 1, 1e6, true, "a number of frames (1 to 1000000)");
+    } else if (a == "--drop") {
+      o.drop.push_back(value());
     } else if (a == "--screenshot") {
       o.screenshot = value();
     } else if (a.rfind("-", 0) == 0) {
@@ -174,8 +180,9 @@ int run(const Options& o) {
   if (o.select.empty() && o.step >= 0) app.select(app.selected_layer(), o.step);
   app.set_following(o.follow);
   app.set_show_loss(o.loss);
+  app.set_heat_underflow(o.underflow);
   std::vector<std::unique_ptr<ampdiag::gui::RunFollower>> followers;
-  for (const auto& db : o.dbs) followers.push_back(std::make_unique<ampdiag::gui::RunFollower>(db));
+  int followed_generation = -1;
 
   glfwSetErrorCallback([](int, const char* what) { std::fprintf(stderr, "ampdiag-gui: GLFW: %s\n", what); });
   if (!glfwInit()) throw std::runtime_error("cannot open a window (no display? run under xvfb-run)");
@@ -190,6 +197,13 @@ int run(const Options& o) {
     throw std::runtime_error("cannot create an OpenGL 3.3 window (no display? run under xvfb-run)");
   }
   glfwMakeContextCurrent(window);
+  // Files dropped on the window are opened at the next frame, not inside GLFW's callback.
+  std::vector<std::string> dropped = o.drop;
+  glfwSetWindowUserPointer(window, &dropped);
+  glfwSetDropCallback(window, [](GLFWwindow* w, int count, const char** paths) {
+    auto& pending = *static_cast<std::vector<std::string>*>(glfwGetWindowUserPointer(w));
+    pending.assign(paths, paths + count);
+  });
   glfwSwapInterval(offscreen ? 0 : 1);
   ImGui::CreateContext();
   ImGui::GetIO().IniFilename = nullptr;  // the layout is the program's, not a file's
@@ -209,6 +223,16 @@ int run(const Options& o) {
     if (!offscreen) glfwWaitEventsTimeout(app.following() ? 0.25 : 1.0);
     else if (o.after > 0) glfwWaitEventsTimeout(0.05);
     glfwPollEvents();
+    if (!dropped.empty() && (frames > 0 || o.screenshot.empty())) {
+      app.open(dropped);
+      dropped.clear();
+    }
+    if (app.quit_requested()) break;
+    if (app.generation() != followed_generation) {  // follow the files shown now
+      followers.clear();
+      for (const auto& path : app.paths()) followers.push_back(std::make_unique<ampdiag::gui::RunFollower>(path));
+      followed_generation = app.generation();
+    }
     if (app.following())
       for (std::size_t i = 0; i < followers.size(); ++i) {
         if (auto run = followers[i]->poll()) app.replace_run(i, std::move(*run));
@@ -235,7 +259,8 @@ int run(const Options& o) {
         break;
       }
     }
-    if (!o.screenshot.empty() && ++frames >= 4 && glfwGetTime() >= o.after) {
+    ++frames;
+    if (!o.screenshot.empty() && frames >= 5 && dropped.empty() && glfwGetTime() >= o.after) {
       write_png(o.screenshot, fw, fh);
       const auto& g = app.timeline_geometry();
       std::printf("timeline plot: x0=%.1f y0=%.1f x1=%.1f y1=%.1f first_step=%lld last_step=%lld\n", g.x0, g.y0, g.x1, g.y1,
@@ -246,6 +271,12 @@ int run(const Options& o) {
                   ampdiag::analyzer::printable(app.top_layer()).c_str());
       const auto& d = app.detail_geometry();
       std::printf("shown rank: rank=%lld\n", app.shown_rank());
+      const auto& hg = app.histogram_geometry();
+      std::printf("histogram plot: x0=%.1f y0=%.1f x1=%.1f y1=%.1f step=%lld\n", hg.x0, hg.y0, hg.x1, hg.y1, hg.first);
+      std::string files;
+      for (const auto& path : app.paths()) files += (files.empty() ? "" : " ") + ampdiag::analyzer::printable(path);
+      std::printf("files shown: %s\n", files.c_str());
+      if (!app.open_error().empty()) std::printf("open error: %s\n", ampdiag::analyzer::printable(app.open_error()).c_str());
       std::printf("detail plot: x0=%.1f y0=%.1f x1=%.1f y1=%.1f first_step=%lld last_step=%lld layer=%s\n", d.x0, d.y0, d.x1,
                   d.y1, d.first, d.last, ampdiag::analyzer::printable(app.selected_layer()).c_str());
       break;

@@ -32,8 +32,15 @@ void App::detail(float x, float y, float w, float h) {
               row.zeros * 100, row.subnormal * 100);
   // |g| before unscale against the dtype's largest value, log2 axis, over the shared view.
   const ImVec2 origin = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
-  const ImVec2 p0(origin.x + 44, origin.y + 6), p1(origin.x + avail.x - 4, origin.y + avail.y - 16);
+  ImVec2 p0(origin.x + 44, origin.y + 6), p1(origin.x + avail.x - 4, origin.y + avail.y - 16);
   ImDrawList* draw = ImGui::GetWindowDrawList();
+  // A selected step also shows where its values sit in fp16's range, on the right.
+  histogram_geometry_ = {};
+  if (selected_step_ >= 0 && p1.x - p0.x > 200 && p1.y - p0.y > 60) {
+    const float hx = std::floor(p1.x - (p1.x - p0.x) * 0.38f);
+    histogram_plot(draw, ImVec2(hx + 12, p0.y + 18), p1, layer.info.id, selected_step_);
+    p1.x = hx - 8;
+  }
   const long long first = (long long)std::floor(view_first_), last = (long long)std::ceil(view_last_);
   detail_geometry_ = {p0.x, p0.y, p1.x, p1.y, first, last, 0};
   if (p1.y - p0.y < 20 || p1.x - p0.x < 20) {

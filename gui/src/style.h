@@ -74,7 +74,10 @@ void draw_scale_steps(ImDrawList* draw, const std::vector<TimelineColumn>& colum
 inline void place(const char* name, float x, float y, float w, float h) {
   ImGui::SetNextWindowPos(ImVec2(x, y));
   ImGui::SetNextWindowSize(ImVec2(w, h));
-  ImGui::Begin(name, nullptr, ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoResize | ImGuiWindowFlags_NoCollapse);
+  // Never brought to the front: the splitters between the panels stay on top.
+  ImGui::Begin(name, nullptr,
+               ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoResize | ImGuiWindowFlags_NoCollapse |
+                   ImGuiWindowFlags_NoBringToFrontOnFocus);
 }
 
 inline ImVec4 severity_colour(analyzer::Severity s) {

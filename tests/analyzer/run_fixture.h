@@ -90,6 +90,14 @@ class RunFixture {
     return *this;
   }
 
+  // Exponent histograms on every gradient row from now on (meta histogram=1): its values
+  // sit in the bins of its abs-max and of its smallest non-zero value.
+  RunFixture& histograms() {
+    histograms_ = true;
+    writer_.set_meta("histogram", "1");
+    return *this;
+  }
+
   void finish() { writer_.finish(); }
   void commit() { writer_.commit(); }
 
@@ -107,6 +115,12 @@ class RunFixture {
     const auto sub = subnormal_fraction_.find(name);
     const std::int64_t subnormal = sub == subnormal_fraction_.end() ? 0 : std::int64_t(sub->second * 4096);
     g.stats = {4096, nonfinite ? 5 : 0, nonfinite ? 2 : 0, zeros, subnormal, absmax, subnormal ? 1e-6 : 1e-3, 10.0};
+    if (histograms_) {
+      const auto bin = [](double v) { return std::size_t(1 + std::ilogb(v) - rundb::kHistMinExp); };
+      g.histogram.assign(rundb::kHistBins, 0);
+      g.histogram[bin(absmax)] += 100;
+      g.histogram[bin(g.stats.amin_nz)] += std::uint32_t(4096 - 100 - zeros);
+    }
     writer_.add_grad_stat(g);
   }
 
@@ -117,6 +131,7 @@ class RunFixture {
   std::map<std::string, double> zero_fraction_;
   std::map<std::string, double> subnormal_fraction_;
   std::int64_t step_ = 0;
+  bool histograms_ = false;
 };
 
 }  // namespace ampdiag::test

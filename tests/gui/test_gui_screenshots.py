@@ -195,3 +195,73 @@ def test_the_loss_is_drawn_only_when_asked(tmp_path, dbs):
         t = plots["timeline"]
         area = pixels[int(t["y0"]) : int(t["y1"]), int(t["x0"]) : int(t["x1"])]
         assert bool(np.any(np.all(np.abs(area - loss_colour) <= 30, axis=2))) == drawn
+
+
+def run_window(tmp_path, *args):
+    """The GUI's screenshot run with `args`: (exit status, stdout, stderr, pixels)."""
+    png = tmp_path / "window.png"
+    result = subprocess.run(["xvfb-run", "-a", "-s", "-screen 0 1280x800x24", binary("AMPDIAG_GUI"), *map(str, args), "--size",
+                             "1000x700", "--screenshot", png], capture_output=True, text=True, timeout=120)
+    return result.returncode, result.stdout, result.stderr, read_png(png) if result.returncode == 0 else None
+
+
+def test_a_file_that_cannot_be_opened_is_shown_in_the_window_which_stays_on_its_run(tmp_path, dbs):
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"not a database at all")
+    rc, out, err, pixels = run_window(tmp_path, dbs["overflow"], "--drop", bad)
+    assert rc == 0, err
+    assert f"files shown: {dbs['overflow']}" in out
+    error = next(line for line in out.splitlines() if line.startswith("open error: "))
+    assert str(bad) in error and "not a SQLite database" in error
+    # The CLI says the same about the same file.
+    assert pixels is not None
+
+
+def test_a_dropped_run_replaces_the_shown_one(tmp_path, dbs):
+    rc, out, err, pixels = run_window(tmp_path, dbs["overflow"], "--drop", dbs["healthy"])
+    assert rc == 0, err
+    assert f"files shown: {dbs['healthy']}" in out and "open error" not in out
+    heat = next(line for line in out.splitlines() if line.startswith("heatmap plot: "))
+    g = {k: float(v) for k, v in re.findall(r"(x0|y0|x1|y1)=([\d.]+)", heat)}
+    area = pixels[int(g["y0"]) : int(g["y1"]), int(g["x0"]) : int(g["x1"])]
+    assert not np.any(np.all(np.abs(area - np.array(NONFINITE)) <= 8, axis=2)), "the healthy run has no NaN/Inf cell"
+
+
+def test_bench_frames_prints_load_time_and_frame_percentiles(tmp_path, dbs):
+    result = subprocess.run(["xvfb-run", "-a", "-s", "-screen 0 1280x800x24", binary("AMPDIAG_GUI"), dbs["overflow"],
+                             "--bench-frames", "20", "--size", "800x600"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"load and analysis: [\d.]+ s; first frame drawn [\d.]+ s after start", result.stdout)
+    assert re.search(r"20 frames at 800x600 .*median [\d.]+, p90 [\d.]+, p99 [\d.]+, max [\d.]+", result.stdout)
+
+
+def test_the_underflow_channel_colours_by_share_and_keeps_non_finite_cells(tmp_path, dbs):
+    pixels, plots = screenshot(tmp_path, dbs["overflow"], "--underflow")
+    h = plots["heatmap"]
+    top = pixels[int(h["y0"] + h["row_height"] / 2)]
+    assert is_colour(top[int(x_of(4, h))], NONFINITE)
+    # A finite cell of the top row: no zeros or subnormals in this run, the palette's dark end.
+    assert is_colour(top[int(x_of(2, h))], (30, 45, 70))
+
+
+def test_a_selected_step_shows_where_its_values_sit_in_the_exponent_histogram(tmp_path):
+    db = tmp_path / "hist.db"
+    subprocess.run([binary("AMPDIAG_TEST_RUN"), "histogram", db], check=True, timeout=60)
+    pixels, plots = screenshot(tmp_path, db, "--select", "block1.0.attn.qkv.bias", "--step", "2")
+    h = plots["histogram"]
+    assert h["step"] == 2 and h["x1"] > h["x0"] + 60, h
+    bar = np.array((90, 170, 255))  # gui/src/style.h: kScaleLine
+
+    def has_bar(b):  # bin b of 63 (rundb/rows.h): 2^e <= |g| < 2^(e+1), e = b - 41
+        x = int(h["x0"] + (b + 0.5) * (h["x1"] - h["x0"]) / 63)
+        column = pixels[int(h["y0"]) : int(h["y1"]), x - 1 : x + 2]
+        return bool(np.any(np.all(np.abs(column - bar) <= 10, axis=2)))
+
+    assert has_bar(50), "abs-max 1000 is in 2^9..2^10"
+    assert has_bar(31), "the smallest values, 1e-3, are in 2^-10..2^-9"
+    assert not has_bar(10) and not has_bar(58)
+
+
+def test_a_run_without_histograms_says_so_instead_of_drawing_one(tmp_path, dbs):
+    pixels, plots = screenshot(tmp_path, dbs["overflow"], "--select", "block1.0.attn.qkv.bias", "--step", "2")
+    assert plots["histogram"]["x1"] == plots["histogram"]["x0"]
