@@ -63,11 +63,7 @@ void start_partial(Partial& out, std::size_t layer_count) {
 }
 
 void scan_ranges(const std::string& path, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, std::size_t layer_count,
-                 ScanWhat what, Partial& out, std::atomic<std::int64_t>& progress, std::atomic<int>& finished) {
-  struct Done {
-    std::atomic<int>& n;
-    ~Done() { n.fetch_add(1); }
-  } done{finished};
+                 ScanWhat what, Partial& out, std::atomic<std::int64_t>& progress) {
   try {
     rundb::RunDbReader reader(path);  // one connection per thread, never shared
     start_partial(out, layer_count);
@@ -130,12 +126,7 @@ void scan_ranges(const std::string& path, const std::vector<std::pair<std::int64
 // `reserve`: samples to expect per layer (reserved, not touched: growing vectors of a
 // 50 M-row run by doubling would copy and fault in twice the memory).
 void read_summaries(const std::string& path, std::int64_t first, std::int64_t last, std::size_t layer_count, std::size_t reserve,
-                    Partial& out, std::vector<std::int64_t>& nonfinite_steps, std::atomic<std::int64_t>& progress,
-                    std::atomic<int>& finished) {
-  struct Done {
-    std::atomic<int>& n;
-    ~Done() { n.fetch_add(1); }
-  } done{finished};
+                    Partial& out, std::vector<std::int64_t>& nonfinite_steps, std::atomic<std::int64_t>& progress) {
   try {
     rundb::RunDbReader reader(path);
     start_partial(out, layer_count);
@@ -158,12 +149,17 @@ void read_summaries(const std::string& path, std::int64_t first, std::int64_t la
   }
 }
 
-// Runs `work(t, finished)` on n threads, reporting progress every 100 ms until all end.
+// Runs `work(t)` on n threads, reporting progress every 100 ms until all end. `work`
+// keeps its errors in its Partial: it never throws.
 template <typename Work>
 void run_parallel(int n, const LoadOptions& options, std::atomic<std::int64_t>& progress, std::int64_t estimate, Work work) {
   std::atomic<int> finished{0};
   std::vector<std::thread> workers;
-  for (int t = 0; t < n; ++t) workers.emplace_back([&, t] { work(t, finished); });
+  for (int t = 0; t < n; ++t)
+    workers.emplace_back([&, t] {
+      work(t);
+      finished.fetch_add(1);
+    });
   while (options.progress && finished.load() < n) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     options.progress(progress.load(), estimate);
@@ -285,10 +281,10 @@ Run load_run(const std::string& path, const LoadOptions& options) {
       std::vector<std::vector<std::int64_t>> nonfinite(static_cast<std::size_t>(n));
       // The first part takes the others in when merged: it reserves room for every step.
       const std::int64_t step_count = last - first + 1;
-      run_parallel(n, options, progress, estimate, [&](int t, std::atomic<int>& finished) {
+      run_parallel(n, options, progress, estimate, [&](int t) {
         const std::size_t reserve = std::size_t(t == 0 ? step_count : step_count / n) + 16;
         read_summaries(path, first_id + span * t / n, first_id + span * (t + 1) / n - 1, layer_count, reserve,
-                       parts[std::size_t(t)], nonfinite[std::size_t(t)], progress, finished);
+                       parts[std::size_t(t)], nonfinite[std::size_t(t)], progress);
       });
       for (const auto& p : parts)
         if (!p.error.empty()) throw rundb::RunDbError(p.error);
@@ -298,10 +294,10 @@ Run load_run(const std::string& path, const LoadOptions& options) {
       const auto ranges = step_ranges(std::move(steps));
       const int m = int(std::min<std::size_t>(std::size_t(threads), ranges.size()));
       std::vector<Partial> order(static_cast<std::size_t>(m));
-      run_parallel(m, LoadOptions{}, progress, estimate, [&](int t, std::atomic<int>& finished) {
+      run_parallel(m, LoadOptions{}, progress, estimate, [&](int t) {
         std::vector<std::pair<std::int64_t, std::int64_t>> mine;
         for (std::size_t i = std::size_t(t); i < ranges.size(); i += std::size_t(m)) mine.push_back(ranges[i]);
-        scan_ranges(path, mine, layer_count, {false, false, true}, order[std::size_t(t)], progress, finished);
+        scan_ranges(path, mine, layer_count, {false, false, true}, order[std::size_t(t)], progress);
       });
       for (auto& p : order) parts.push_back(std::move(p));
     }
@@ -310,8 +306,7 @@ Run load_run(const std::string& path, const LoadOptions& options) {
       std::map<std::int64_t, std::vector<std::uint64_t>> sums;
       const std::int64_t covered = reader.histogram_sums(sums);
       Partial tail;
-      std::atomic<int> finished{0};
-      if (covered < last) scan_ranges(path, {{covered + 1, last}}, layer_count, {false, true, false}, tail, progress, finished);
+      if (covered < last) scan_ranges(path, {{covered + 1, last}}, layer_count, {false, true, false}, tail, progress);
       else start_partial(tail, layer_count);
       if (!tail.error.empty()) throw rundb::RunDbError(tail.error);
       for (auto& [layer, counts] : sums) {
@@ -326,9 +321,9 @@ Run load_run(const std::string& path, const LoadOptions& options) {
     const std::int64_t span = last - first + 1;
     const int n = int(std::min<std::int64_t>(threads, span));
     parts.resize(std::size_t(n));
-    run_parallel(n, options, progress, estimate, [&](int t, std::atomic<int>& finished) {
+    run_parallel(n, options, progress, estimate, [&](int t) {
       scan_ranges(path, {{first + span * t / n, first + span * (t + 1) / n - 1}}, layer_count, {true, histograms, true},
-                  parts[std::size_t(t)], progress, finished);
+                  parts[std::size_t(t)], progress);
     });
   }
   for (const auto& p : parts)
