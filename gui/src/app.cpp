@@ -16,10 +16,28 @@
 
 namespace ampdiag::gui {
 
-App::App(std::vector<analyzer::Run> runs) : runs_(std::move(runs)) {
-  for (const auto& r : runs_) paths_.push_back(r.path);
+App::App(const std::vector<std::string>& paths) { show(load(paths), paths); }
+
+std::vector<analyzer::Run> App::load(const std::vector<std::string>& paths) {
+  if (paths.empty()) throw std::runtime_error("no file to open");
+  analyzer::LoadOptions options;
+  options.allow_unfinished = true;  // the GUI shows a run while it trains
+  std::vector<analyzer::Run> runs;
+  for (const auto& path : paths) runs.push_back(analyzer::load_run(path, options));
+  return runs;
+}
+
+void App::show(std::vector<analyzer::Run> runs, const std::vector<std::string>& paths) {
+  runs_ = std::move(runs);
+  paths_ = paths;
   report_ = analyzer::analyze(runs_);
+  rank_ = 0;
+  selected_step_ = -1;
+  ranked_.clear();  // a new run selects its own top layer
   rerank();
+  row_offset_ = 0;
+  reloads_ = 0;
+  follow_error_.clear();
   view_first_ = double(run().steps.front().row.step);
   view_last_ = double(run().steps.back().row.step);
 }
@@ -143,28 +161,14 @@ void App::open_dialog() {
 
 bool App::open(const std::vector<std::string>& paths) {
   std::vector<analyzer::Run> runs;
-  analyzer::LoadOptions load;
-  load.allow_unfinished = true;
   try {
-    if (paths.empty()) throw std::runtime_error("no file to open");
-    for (const auto& path : paths) runs.push_back(analyzer::load_run(path, load));
+    runs = load(paths);
   } catch (const std::exception& e) {
     open_error_ = e.what();  // the same one line as the CLI's
     return false;
   }
-  runs_ = std::move(runs);
-  paths_ = paths;
+  show(std::move(runs), paths);
   open_error_.clear();
-  report_ = analyzer::analyze(runs_);
-  rank_ = 0;
-  selected_step_ = -1;
-  ranked_.clear();
-  rerank();
-  row_offset_ = 0;
-  reloads_ = 0;
-  follow_error_.clear();
-  view_first_ = double(run().steps.front().row.step);
-  view_last_ = double(run().steps.back().row.step);
   ++generation_;
   return true;
 }

@@ -27,7 +27,8 @@ struct PlotGeometry {
 
 class App {
  public:
-  explicit App(std::vector<analyzer::Run> runs);
+  // Loads the run files (several: the ranks of one run); throws their one-line error.
+  explicit App(const std::vector<std::string>& paths);
   ~App();
   // Lays out and draws one frame into a window of the given size.
   void frame(float width, float height);
@@ -70,6 +71,8 @@ class App {
 
  private:
   const analyzer::Run& run() const { return runs_[rank_]; }
+  static std::vector<analyzer::Run> load(const std::vector<std::string>& paths);
+  void show(std::vector<analyzer::Run> runs, const std::vector<std::string>& paths);
   void rerank();
   void timeline(float x, float y, float w, float h);
   void heatmap(float x, float y, float w, float h);

@@ -167,11 +167,7 @@ void print_bench(const Options& o, const ampdiag::analyzer::Run& run, double loa
 }
 
 int run(const Options& o) {
-  std::vector<ampdiag::analyzer::Run> runs;
-  ampdiag::analyzer::LoadOptions load;
-  load.allow_unfinished = true;  // the GUI shows a run while it trains
-  for (const auto& db : o.dbs) runs.push_back(ampdiag::analyzer::load_run(db, load));
-  ampdiag::gui::App app(std::move(runs));
+  ampdiag::gui::App app(o.dbs);
   const double load_ms = ms_since(kStarted);
   if (o.rank >= 0 && !app.show_rank(o.rank))
     throw UsageError("--rank: none of the files given is rank " + std::to_string(o.rank));
