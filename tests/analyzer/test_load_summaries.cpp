@@ -109,6 +109,15 @@ void require_same_run(const analyzer::Run& summaries, const analyzer::Run& scan)
   }
 }
 
+// A finished RandomRun of `layers` layers and `steps` steps, at dir/run.db.
+std::string finished_run(const TempDir& dir, int layers, std::int64_t steps) {
+  const std::string path = dir.file("run.db");
+  RandomRun run(path, layers);
+  run.steps(0, steps);
+  run.writer().finish();
+  return path;
+}
+
 void exec(const std::string& path, const char* sql) {
   sqlite3* db = nullptr;
   REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
@@ -121,12 +130,8 @@ void exec(const std::string& path, const char* sql) {
 
 TEST_CASE("a finished run read from its summaries is the run a full scan reads", "[load][summaries]") {
   TempDir dir;
-  const std::string path = dir.file("run.db");
-  {
-    RandomRun run(path, 200);
-    run.steps(0, 400);  // 80,000 histogram rows: the writer writes their sums more than once
-    run.writer().finish();
-  }
+  // 80,000 histogram rows: the writer writes their sums more than once.
+  const std::string path = finished_run(dir, 200, 400);
   const auto scan = load(path, true);
   REQUIRE(scan.grad_rows == 80000);
   require_same_run(load(path, false), scan);
@@ -179,12 +184,7 @@ TEST_CASE("a step written after a later one takes its place in step order", "[lo
 
 TEST_CASE("a run written before the summaries existed is read by scanning grad_stats", "[load][summaries]") {
   TempDir dir;
-  const std::string path = dir.file("run.db");
-  {
-    RandomRun run(path, 20);
-    run.steps(0, 50);
-    run.writer().finish();
-  }
+  const std::string path = finished_run(dir, 20, 50);
   const auto expected = load(path, true);
   exec(path, "DROP TABLE grad_samples; DROP TABLE grad_hist_sums;");
   require_same_run(load(path, false), expected);
@@ -192,12 +192,7 @@ TEST_CASE("a run written before the summaries existed is read by scanning grad_s
 
 TEST_CASE("a summary that is not a whole number of records is a corrupt run.db", "[load][summaries]") {
   TempDir dir;
-  const std::string path = dir.file("run.db");
-  {
-    RandomRun run(path, 3);
-    run.steps(0, 5);
-    run.writer().finish();
-  }
+  const std::string path = finished_run(dir, 3, 5);
   exec(path, "UPDATE grad_samples SET samples = substr(samples, 1, 19) WHERE id = 2;");
   CHECK_THROWS_WITH(load(path, false), Catch::Contains("corrupt run.db") && Catch::Contains("grad_samples") &&
                                            Catch::Contains("whole number of 20-byte records"));
@@ -205,12 +200,7 @@ TEST_CASE("a summary that is not a whole number of records is a corrupt run.db",
 
 TEST_CASE("a summary naming a layer the layers table lacks is a corrupt run.db", "[load][summaries]") {
   TempDir dir;
-  const std::string path = dir.file("run.db");
-  {
-    RandomRun run(path, 3);
-    run.steps(0, 5);
-    run.writer().finish();
-  }
+  const std::string path = finished_run(dir, 3, 5);
   // The first record's layer id (its first 4 bytes, little-endian) becomes 9.
   exec(path, "UPDATE grad_samples SET samples = CAST(x'09000000' || substr(samples, 5) AS BLOB) WHERE id = 1;");
   CHECK_THROWS_WITH(load(path, false), Catch::Contains("corrupt run.db") && Catch::Contains("grad_samples has a row for layer 9"));
