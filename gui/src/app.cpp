@@ -36,7 +36,7 @@ void App::show(std::vector<analyzer::Run> runs, const std::vector<std::string>& 
   ranked_.clear();  // a new run selects its own top layer
   rerank();
   row_offset_ = 0;
-  reloads_ = 0;
+  updates_ = merged_ = whole_loads_ = 0;
   follow_error_.clear();
   view_first_ = double(run().steps.front().row.step);
   view_last_ = double(run().steps.back().row.step);
@@ -186,11 +186,24 @@ bool App::select(const std::string& layer, long long step) {
 void App::replace_run(std::size_t index, analyzer::Run run) {
   if (index >= runs_.size() || run.steps.empty()) return;
   const double old_first = double(runs_[index].steps.front().row.step), old_last = double(runs_[index].steps.back().row.step);
-  const bool at_end = view_last_ >= old_last - 0.5, whole = at_end && view_first_ <= old_first + 0.5;
   runs_[index] = std::move(run);
+  ++whole_loads_;
+  changed(index, old_first, old_last);
+}
+
+void App::merge_run(std::size_t index, analyzer::RunDelta delta) {
+  if (index >= runs_.size()) return;
+  const double old_first = double(runs_[index].steps.front().row.step), old_last = double(runs_[index].steps.back().row.step);
+  analyzer::apply_run_delta(runs_[index], std::move(delta));
+  ++merged_;
+  changed(index, old_first, old_last);
+}
+
+void App::changed(std::size_t index, double old_first, double old_last) {
+  const bool at_end = view_last_ >= old_last - 0.5, whole = at_end && view_first_ <= old_first + 0.5;
   report_ = analyzer::analyze(runs_);
   rerank();
-  ++reloads_;
+  ++updates_;
   // Stick to the newest step: a view of the whole run keeps showing all of it; a zoomed
   // view at the end keeps its width and slides along.
   const double new_last = double(this->run().steps.back().row.step);

@@ -12,6 +12,7 @@
 #include "ampdiag/analyzer/findings.h"
 #include "ampdiag/analyzer/layer_table.h"
 #include "ampdiag/analyzer/run.h"
+#include "ampdiag/analyzer/run_delta.h"
 
 namespace ampdiag::gui {
 
@@ -49,8 +50,14 @@ class App {
   // Selects a layer by name (false: no such layer) and optionally a step (-1: none).
   bool select(const std::string& layer, long long step);
   std::string selected_layer() const;
-  // Live mode: swap in a newer load of run `index` (the rules run again on it).
+  // Live mode: swap in a newer load of run `index`, or merge in what its file gained since
+  // (run_delta.h); the rules run again on it.
   void replace_run(std::size_t index, analyzer::Run run);
+  void merge_run(std::size_t index, analyzer::RunDelta delta);
+  // Where the reads of run `index` went in its file (what a follower reads on from).
+  const analyzer::RunCursor& cursor(std::size_t index) const { return runs_.at(index).cursor; }
+  int merged_updates() const { return merged_; }  // live reads merged in
+  int whole_loads() const { return whole_loads_; }  // live reads that loaded a file whole
   bool following() const { return follow_; }
   void set_following(bool on) { follow_ = on; }
   void set_show_loss(bool on) { show_loss_ = on; }
@@ -74,6 +81,9 @@ class App {
   static std::vector<analyzer::Run> load(const std::vector<std::string>& paths);
   void show(std::vector<analyzer::Run> runs, const std::vector<std::string>& paths);
   void rerank();
+  // After run `index` changed (its steps were first..last before): the rules again, and the
+  // view sticks to the newest step.
+  void changed(std::size_t index, double old_first, double old_last);
   void timeline(float x, float y, float w, float h);
   void heatmap(float x, float y, float w, float h);
   // Mouse wheel zooms around the cursor, dragging pans, a double click shows every step.
@@ -111,7 +121,7 @@ class App {
   bool overlay_ranks_ = true;   // the timeline draws every rank's scale
   bool show_loss_ = false;      // the loss on its own axis in the timeline
   std::vector<long long> disagreeing_;  // ranks a rank-disagreement finding names
-  int reloads_ = 0;
+  int updates_ = 0, merged_ = 0, whole_loads_ = 0;  // live reads: all, merged in, loaded whole
   std::vector<std::string> paths_;  // the files shown, as given
   std::string open_error_;
   int generation_ = 0;

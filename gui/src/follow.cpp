@@ -1,4 +1,4 @@
-// follow.h: reload a run.db in the background when it changes.
+// follow.h: read what a run.db gained, in the background, when it changes.
 #include "follow.h"
 
 #include <sys/stat.h>
@@ -27,14 +27,14 @@ std::string RunFollower::signature() const {
   return s;
 }
 
-std::optional<analyzer::Run> RunFollower::poll() {
+std::optional<RunFollower::Update> RunFollower::poll(const analyzer::RunCursor& cursor) {
   if (pending_.valid()) {
     if (pending_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return std::nullopt;
     try {
-      analyzer::Run run = pending_.get();
+      Update update = pending_.get();
       loaded_signature_ = pending_signature_;
       error_.clear();
-      return run;
+      return update;
     } catch (const std::exception& e) {
       loaded_signature_ = pending_signature_;  // try again only once the file changes again
       error_ = e.what();
@@ -47,11 +47,14 @@ std::optional<analyzer::Run> RunFollower::poll() {
   if (current == loaded_signature_) return std::nullopt;
   last_start_ = now;
   pending_signature_ = current;
-  pending_ = std::async(std::launch::async, [path = path_] {
+  pending_ = std::async(std::launch::async, [path = path_, cursor] {
     analyzer::LoadOptions options;
     options.allow_unfinished = true;
     options.threads = 1;  // leave the other cores to the training
-    return analyzer::load_run(path, options);
+    Update update;
+    if (cursor.started) update.delta = analyzer::read_run_delta(path, cursor, options);
+    if (!cursor.started || update.delta.reload) update.whole = analyzer::load_run(path, options);
+    return update;
   });
   return std::nullopt;
 }

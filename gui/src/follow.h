@@ -1,7 +1,8 @@
 // Follows a run.db that a training process is still writing (WAL): when the file or its
-// WAL changed, it is loaded again in the background, at most once per interval, and the
-// window swaps the new Run in when it is ready. The whole file is read again each time
-// (issue 10 asks for appending only the new steps; that needs an incremental loader).
+// WAL changed, what it gained since the run's cursor is read in the background
+// (read_run_delta), at most once per interval, and the window merges it in. A file that
+// cannot be read on from the cursor (another run now, rows written below it, no summaries)
+// is loaded whole instead.
 #pragma once
 
 #include <chrono>
@@ -10,18 +11,25 @@
 #include <string>
 
 #include "ampdiag/analyzer/run.h"
+#include "ampdiag/analyzer/run_delta.h"
 
 namespace ampdiag::gui {
 
 class RunFollower {
  public:
-  explicit RunFollower(std::string path, std::chrono::milliseconds interval = std::chrono::milliseconds(1000));
-  ~RunFollower();  // waits for a load in flight
+  // What a read brought: the rows after the cursor, or (`whole` set) the run loaded anew.
+  struct Update {
+    std::optional<analyzer::Run> whole;
+    analyzer::RunDelta delta;
+  };
 
-  // Call every frame. Starts a load when the file changed and the interval has passed;
-  // returns the loaded Run once one is ready. A load that fails keeps the old Run and
-  // leaves its message in error().
-  std::optional<analyzer::Run> poll();
+  explicit RunFollower(std::string path, std::chrono::milliseconds interval = std::chrono::milliseconds(1000));
+  ~RunFollower();  // waits for a read in flight
+
+  // Call every frame with the cursor of the run shown from this file. Starts a read when
+  // the file changed and the interval has passed; returns what it read once it is ready. A
+  // read that fails leaves its message in error() and nothing to merge.
+  std::optional<Update> poll(const analyzer::RunCursor& cursor);
   const std::string& error() const { return error_; }
 
  private:
@@ -30,7 +38,7 @@ class RunFollower {
   std::string path_, loaded_signature_, error_;
   std::chrono::milliseconds interval_;
   std::chrono::steady_clock::time_point last_start_{};
-  std::future<analyzer::Run> pending_;
+  std::future<Update> pending_;
   std::string pending_signature_;
 };
 

@@ -231,7 +231,10 @@ int run(const Options& o) {
     }
     if (app.following())
       for (std::size_t i = 0; i < followers.size(); ++i) {
-        if (auto run = followers[i]->poll()) app.replace_run(i, std::move(*run));
+        if (auto update = followers[i]->poll(app.cursor(i))) {
+          if (update->whole) app.replace_run(i, std::move(*update->whole));
+          else app.merge_run(i, std::move(update->delta));
+        }
         if (i == 0) app.set_follow_error(followers[i]->error());
       }
     ImGui_ImplOpenGL3_NewFrame();
@@ -272,6 +275,7 @@ int run(const Options& o) {
       std::string files;
       for (const auto& path : app.paths()) files += (files.empty() ? "" : " ") + ampdiag::analyzer::printable(path);
       std::printf("files shown: %s\n", files.c_str());
+      if (app.following()) std::printf("live updates: merged=%d whole=%d\n", app.merged_updates(), app.whole_loads());
       if (!app.open_error().empty()) std::printf("open error: %s\n", ampdiag::analyzer::printable(app.open_error()).c_str());
       std::printf("detail plot: x0=%.1f y0=%.1f x1=%.1f y1=%.1f first_step=%lld last_step=%lld layer=%s\n", d.x0, d.y0, d.x1,
                   d.y1, d.first, d.last, ampdiag::analyzer::printable(app.selected_layer()).c_str());

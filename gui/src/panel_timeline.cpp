@@ -47,7 +47,7 @@ void App::timeline(float x, float y, float w, float h) {
     ImGui::SameLine();
     ImGui::Checkbox("Stick to newest", &stick_to_newest_);
     ImGui::SameLine();
-    if (follow_error_.empty()) ImGui::TextDisabled("(%d reloads)", reloads_);
+    if (follow_error_.empty()) ImGui::TextDisabled("(%d updates)", updates_);
     else ImGui::TextColored(ImVec4(0.95f, 0.6f, 0.3f, 1), "%s", analyzer::printable(follow_error_).c_str());
   }
   const ImVec2 origin = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();

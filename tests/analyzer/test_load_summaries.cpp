@@ -8,67 +8,16 @@
 #include <random>
 
 #include "../rundb/temp_dir.h"
+#include "random_run.h"
 #include "ampdiag/analyzer/run.h"
 #include "ampdiag/rundb/writer.h"
 
 using namespace ampdiag;
+using ampdiag::test::RandomRun;
 using ampdiag::test::TempDir;
+using ampdiag::test::require_same_run;
 
 namespace {
-
-// A run with overflow episodes in random layers and backward orders, zeros, subnormals,
-// histograms, and commits at irregular points (some in the middle of a step).
-class RandomRun {
- public:
-  RandomRun(const std::string& path, int layers) : writer_(path, true), layers_(layers) {
-    writer_.set_meta("amp_dtype", "float16");
-    writer_.set_meta("histogram", "1");
-    for (int l = 0; l < layers; ++l)
-      writer_.add_layer({l, "blocks." + std::to_string(l) + ".weight", "blocks." + std::to_string(l), "Linear", "float32",
-                         "[64, 64]", 4096, true, ""});
-  }
-
-  void steps(std::int64_t first, std::int64_t count) {
-    for (std::int64_t s = first; s < first + count; ++s) step(s);
-  }
-
-  void step(std::int64_t s) {
-    const bool overflow = rng_() % 23 == 0;
-    std::vector<int> order(static_cast<std::size_t>(layers_));
-    for (int l = 0; l < layers_; ++l) order[std::size_t(l)] = l;
-    std::shuffle(order.begin(), order.end(), rng_);
-    for (int l = 0; l < layers_; ++l) {
-      rundb::GradStatRow g;
-      g.step = s;
-      g.layer_id = l;
-      g.bwd_order = std::find(order.begin(), order.end(), l) - order.begin();
-      const bool bad = overflow && rng_() % 5 == 0;
-      const double absmax = std::ldexp(1.0 + double(rng_() % 1000) / 1000.0, int(rng_() % 30) - 10);
-      g.stats = {4096, bad ? 3 : 0, bad ? std::int64_t(rng_() % 2) : 0, std::int64_t(rng_() % 4096), std::int64_t(rng_() % 300),
-                 absmax, absmax * std::ldexp(1.0, -int(rng_() % 40)), absmax * 30.0};
-      g.histogram.assign(rundb::kHistBins, 0);
-      for (int k = 0; k < 4; ++k) g.histogram[rng_() % rundb::kHistBins] += std::uint32_t(rng_() % 1000);
-      writer_.add_grad_stat(g);
-      if (rng_() % 997 == 0) writer_.commit();  // a step split between two transactions
-    }
-    rundb::StepRow row;
-    row.step = s;
-    row.loss = 1.0;
-    row.losses = 1;
-    row.scale_before = row.scale_after = 1024.0;
-    row.found_inf = row.skipped = overflow;
-    row.sampled = true;
-    writer_.add_step(row);
-    if (rng_() % 7 == 0) writer_.commit();
-  }
-
-  rundb::RunDbWriter& writer() { return writer_; }
-
- private:
-  rundb::RunDbWriter writer_;
-  int layers_;
-  std::mt19937 rng_{12345};
-};
 
 analyzer::Run load(const std::string& path, bool full_scan) {
   analyzer::LoadOptions o;
@@ -77,37 +26,6 @@ analyzer::Run load(const std::string& path, bool full_scan) {
   return analyzer::load_run(path, o);
 }
 
-bool same_samples(const std::vector<analyzer::GradSample>& a, const std::vector<analyzer::GradSample>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (a[i].step != b[i].step || std::memcmp(&a[i].absmax, &b[i].absmax, 4) != 0 || std::memcmp(&a[i].l2, &b[i].l2, 4) != 0 ||
-        a[i].zero_q != b[i].zero_q || a[i].nonfinite != b[i].nonfinite || a[i].sub_q != b[i].sub_q)
-      return false;
-  return true;
-}
-
-// Every field the rules and views read, layer by layer and step by step.
-void require_same_run(const analyzer::Run& summaries, const analyzer::Run& scan) {
-  REQUIRE(summaries.grad_rows == scan.grad_rows);
-  REQUIRE(summaries.layers.size() == scan.layers.size());
-  for (std::size_t l = 0; l < scan.layers.size(); ++l) {
-    INFO("layer " << l);
-    const auto& a = summaries.layers[l];
-    const auto& b = scan.layers[l];
-    CHECK(same_samples(a.samples, b.samples));
-    CHECK(a.nonfinite_steps == b.nonfinite_steps);
-    CHECK(a.first_nonfinite == b.first_nonfinite);
-    CHECK(a.least_nonzero == b.least_nonzero);
-    CHECK(a.least_nonzero_step == b.least_nonzero_step);
-    CHECK(a.histogram == b.histogram);
-  }
-  REQUIRE(summaries.steps.size() == scan.steps.size());
-  for (std::size_t i = 0; i < scan.steps.size(); ++i) {
-    INFO("step " << scan.steps[i].row.step);
-    CHECK(summaries.steps[i].nonfinite_layers == scan.steps[i].nonfinite_layers);
-    CHECK(summaries.steps[i].last_finite_before == scan.steps[i].last_finite_before);
-  }
-}
 
 // A finished RandomRun of `layers` layers and `steps` steps, at dir/run.db.
 std::string finished_run(const TempDir& dir, int layers, std::int64_t steps) {

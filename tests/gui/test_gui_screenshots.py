@@ -167,8 +167,10 @@ def test_follow_shows_steps_written_while_the_window_is_open(tmp_path):
         writer.wait(timeout=60)
     finally:
         writer.kill()
-    # Opened after ~25 steps; after 4 s of following, well over a hundred more are shown.
+    # Opened after ~25 steps; after 4 s of following, well over a hundred more are shown,
+    # merged in from what the file gained, never by loading it whole again.
     assert first_view >= 100, plots["timeline"]
+    assert plots["live"]["merged"] >= 2 and plots["live"]["whole"] == 0, plots["live"]
     assert len(marker_columns(pixels, plots["timeline"])) > 0
 
 

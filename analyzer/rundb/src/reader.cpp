@@ -173,13 +173,14 @@ std::vector<ModuleRow> RunDbReader::modules() {
   return out;
 }
 
-std::vector<StepRow> RunDbReader::steps() {
+std::vector<StepRow> RunDbReader::steps(std::int64_t first_step) {
   std::vector<StepRow> out;
   Statement q(*db_, version_ >= 2 ? "SELECT step, loss, losses, scale_before, scale_after, found_inf, skipped, sampled, "
-                                     "step_ns, agent_ns, wall_time FROM steps ORDER BY step"
+                                     "step_ns, agent_ns, wall_time FROM steps WHERE step >= ?1 ORDER BY step"
                                    : "SELECT step, loss, -1, scale_before, scale_after, found_inf, skipped, sampled, "
-                                     "step_ns, agent_ns, wall_time FROM steps ORDER BY step",
+                                     "step_ns, agent_ns, wall_time FROM steps WHERE step >= ?1 ORDER BY step",
                 "table steps");
+  q.bind(1, first_step);
   while (q.next()) {
     StepRow r;
     r.step = q.int64(0);
@@ -282,6 +283,11 @@ void RunDbReader::for_each_grad_stat(const std::function<void(const GradStatRow&
   }
 }
 
+std::int64_t RunDbReader::step_count() {
+  Statement q(*db_, "SELECT COUNT(*) FROM steps", "table steps");
+  return q.next() ? q.int64(0) : 0;
+}
+
 std::vector<GradStatRow> RunDbReader::grad_stats() {
   std::vector<GradStatRow> out;
   for_each_grad_stat([&](const GradStatRow& r) { out.push_back(r); });
@@ -342,20 +348,36 @@ std::int64_t RunDbReader::histogram_sums(std::map<std::int64_t, std::vector<std:
 
 std::vector<ActStatRow> RunDbReader::act_stats() {
   std::vector<ActStatRow> out;
+  for_each_act_stat([&](const ActStatRow& r) { out.push_back(r); });
+  return out;
+}
+
+void RunDbReader::for_each_act_stat(const std::function<void(const ActStatRow&)>& visit,
+                                    std::pair<std::int64_t, std::int64_t> after) {
   Statement q(*db_, ("SELECT step, fwd_order, module_id, " + std::string(version_ >= 2 ? "micro_batch" : "0") + ", " +
-                     stat_column_list() + " FROM act_stats ORDER BY step, fwd_order")
+                     stat_column_list() + " FROM act_stats WHERE (step, fwd_order) > (?1, ?2) ORDER BY step, fwd_order")
                         .c_str(),
                 "table act_stats");
+  q.bind(1, after.first).bind(2, after.second);
+  ActStatRow r;
   while (q.next()) {
-    ActStatRow r;
     r.step = q.int64(0);
     r.fwd_order = q.int64(1);
     r.module_id = q.int64(2);
     r.micro_batch = q.int64(3);
     r.stats = read_stats(q, 4);
-    out.push_back(r);
+    visit(r);
   }
-  return out;
+}
+
+RunDbReader::Snapshot::Snapshot(RunDbReader& reader) : reader_(reader) { reader_.db_->exec("BEGIN;"); }
+
+RunDbReader::Snapshot::~Snapshot() {
+  try {
+    reader_.db_->exec("COMMIT;");
+  } catch (const std::exception&) {
+    // A read transaction has nothing to lose: the connection closes with the reader.
+  }
 }
 
 }  // namespace ampdiag::rundb

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ampdiag/rundb/rows.h"
@@ -54,6 +55,29 @@ struct StepSummary {
   std::int64_t first_nonfinite_module = -1;  // forward order; -1: none or not probed
 };
 
+// A step's layers that went non-finite, as (backward order, layer id), and the layer
+// whose gradient was the last finite one before the first of them (-1: none).
+struct StepOrder {
+  std::vector<std::pair<std::int64_t, std::int64_t>> nonfinite;
+  std::int64_t last_finite_before = -1;
+};
+
+// How far the reads that built a Run went into its file: run_delta.h reads on from there.
+struct RunCursor {
+  bool started = false;      // anything read yet
+  bool incremental = false;  // the file can be read on from here (false: only whole again)
+  std::string run_id;
+  std::int64_t last_step = -1, step_rows = 0;  // the last steps row read; how many there were
+  std::int64_t last_sample_id = 0;             // the last grad_samples row read
+  std::pair<std::int64_t, std::int64_t> act_key{INT64_MIN, INT64_MIN};  // the last act_stats row read
+  bool act_step_found = false;  // act_key's step already had its first non-finite module
+  std::size_t layers = 0, modules = 0;
+  // What gradient and activation rows said about steps whose steps row was not in the file
+  // yet: the step gets it once its row is read.
+  std::map<std::int64_t, StepOrder> pending_order;
+  std::map<std::int64_t, std::int64_t> pending_module;
+};
+
 struct Run {
   std::string path;
   std::map<std::string, std::string> meta;
@@ -67,6 +91,7 @@ struct Run {
   std::vector<rundb::ReplayRow> replays;
   std::string run_id;  // shared by the ranks of one run; empty in files written before it existed
   std::int64_t grad_rows = 0, act_rows = 0;
+  RunCursor cursor;
 
   std::string meta_or(const std::string& key, const std::string& fallback) const;
   double init_scale() const;

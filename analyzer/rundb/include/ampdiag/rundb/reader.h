@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ampdiag/rundb/rows.h"
@@ -37,7 +38,9 @@ class RunDbReader {
   std::vector<std::string> integrity_problems(bool full);
   std::vector<LayerRow> layers();
   std::vector<ModuleRow> modules();
-  std::vector<StepRow> steps();
+  // Steps in step order; from `first_step` on, if given.
+  std::vector<StepRow> steps(std::int64_t first_step = INT64_MIN);
+  std::int64_t step_count();
   // Agent events other than replays.
   std::vector<EventRow> events();
   // FP32 replays (format 1 files: read from their events).
@@ -56,6 +59,22 @@ class RunDbReader {
   void for_each_grad_stat(const std::function<void(const GradStatRow&)>& visit) { for_each_grad_stat(visit, GradScan{}); }
   std::vector<GradStatRow> grad_stats();
   std::vector<ActStatRow> act_stats();
+  // Row by row in (step, fwd_order) order, the rows after (step, fwd_order) = `after`.
+  void for_each_act_stat(const std::function<void(const ActStatRow&)>& visit,
+                         std::pair<std::int64_t, std::int64_t> after = {INT64_MIN, INT64_MIN});
+
+  // One read transaction for as long as it lives: every read through the reader sees the
+  // file as it was when the first of them ran, however much the writer commits meanwhile.
+  class Snapshot {
+   public:
+    explicit Snapshot(RunDbReader& reader);
+    ~Snapshot();
+    Snapshot(const Snapshot&) = delete;
+    Snapshot& operator=(const Snapshot&) = delete;
+
+   private:
+    RunDbReader& reader_;
+  };
 
   // The writer's summaries of grad_stats (samples.h): whether the file has them (files
   // written before them do not), the first and last row id of grad_samples (false: none),

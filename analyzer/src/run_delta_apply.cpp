@@ -1,0 +1,139 @@
+// apply_run_delta: merges what read_run_delta read into a Run. The cost is the delta's
+// size (and a sort where rows arrived out of step order), not the Run's.
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+
+#include "ampdiag/analyzer/run_delta.h"
+
+namespace ampdiag::analyzer {
+
+namespace {
+
+// A skipped step counts for the layer whose gradient went non-finite first in it.
+void count_first(Run& run, const StepSummary& s, int sign) {
+  if (s.row.skipped && !s.nonfinite_layers.empty()) run.layers[std::size_t(s.nonfinite_layers.front())].first_nonfinite += sign;
+}
+
+void set_order(Run& run, StepSummary& s, StepOrder order) {
+  std::sort(order.nonfinite.begin(), order.nonfinite.end());
+  count_first(run, s, -1);
+  s.nonfinite_layers.clear();
+  for (const auto& [bwd_order, layer] : order.nonfinite) s.nonfinite_layers.push_back(layer);
+  s.last_finite_before = order.last_finite_before;
+  count_first(run, s, +1);
+}
+
+StepSummary* find_step(Run& run, std::int64_t step) {
+  const auto it = std::lower_bound(run.steps.begin(), run.steps.end(), step,
+                                   [](const StepSummary& s, std::int64_t v) { return s.row.step < v; });
+  return it != run.steps.end() && it->row.step == step ? &*it : nullptr;
+}
+
+// New step rows, and rows read again (the agent rewrites a step's row when it records the
+// steps before an overflow after all).
+void merge_steps(Run& run, std::vector<rundb::StepRow>& rows) {
+  for (auto& row : rows) {
+    if (run.steps.empty() || row.step > run.steps.back().row.step) {
+      run.steps.push_back({row, {}, -1, -1});
+    } else if (StepSummary* s = find_step(run, row.step)) {
+      count_first(run, *s, -1);
+      s->row = row;
+      count_first(run, *s, +1);
+    } else {
+      const auto at = std::lower_bound(run.steps.begin(), run.steps.end(), row.step,
+                                       [](const StepSummary& s, std::int64_t v) { return s.row.step < v; });
+      run.steps.insert(at, {row, {}, -1, -1});
+    }
+  }
+}
+
+void merge_grads(Run& run, std::vector<GradPart>& parts) {
+  std::vector<std::size_t> old_size(run.layers.size());
+  for (std::size_t l = 0; l < run.layers.size(); ++l) old_size[l] = run.layers[l].samples.size();
+  for (auto& p : parts) {
+    run.grad_rows += p.rows;
+    for (std::size_t l = 0; l < p.samples.size(); ++l) {
+      LayerSummary& layer = run.layers[l];
+      for (const GradSample& g : p.samples[l]) layer.nonfinite_steps += g.nonfinite;
+      if (layer.samples.empty()) layer.samples = std::move(p.samples[l]);
+      else layer.samples.insert(layer.samples.end(), p.samples[l].begin(), p.samples[l].end());
+      const auto [amin, at] = p.least_nonzero[l];
+      if (at >= 0 && (layer.least_nonzero_step < 0 || amin < layer.least_nonzero))
+        layer.least_nonzero = amin, layer.least_nonzero_step = at;
+    }
+  }
+  // Summaries are in the order the writer committed them: a step written late sorts in.
+  const auto by_step = [](const GradSample& a, const GradSample& b) { return a.step < b.step; };
+  for (std::size_t l = 0; l < run.layers.size(); ++l) {
+    auto& samples = run.layers[l].samples;
+    const auto mid = samples.begin() + std::ptrdiff_t(old_size[l]);
+    if (!std::is_sorted(mid, samples.end(), by_step)) std::stable_sort(mid, samples.end(), by_step);
+    if (mid != samples.begin() && mid != samples.end() && by_step(*mid, *(mid - 1)))
+      std::inplace_merge(samples.begin(), mid, samples.end(), by_step);
+  }
+}
+
+}  // namespace
+
+void apply_run_delta(Run& run, RunDelta&& d) {
+  if (d.reload) throw std::invalid_argument("apply_run_delta: the delta asks for the file to be read again whole (load_run)");
+  run.meta = std::move(d.meta);
+  run.finished = d.finished;
+  run.rank = std::atoll(run.meta_or("rank", "0").c_str());
+  run.world_size = std::atoll(run.meta_or("world_size", "1").c_str());
+  run.run_id = run.meta_or("run_id", "");
+  run.fp_max = run.meta_or("amp_dtype", "float16") == "bfloat16" ? 3.3895313892515355e38 : 65504.0;
+  for (auto& row : d.layers) run.layers.push_back({std::move(row), {}, 0, 0, 0.0, -1, {}});
+  for (auto& row : d.modules) run.modules.push_back({std::move(row), 0, 0, -1, 0.0f});
+  run.events = std::move(d.events);
+  run.replays = std::move(d.replays);
+  merge_steps(run, d.steps);
+  merge_grads(run, d.grads);
+  for (std::size_t l = 0; l < run.layers.size() && l < d.histograms.size(); ++l) {
+    const auto& add = d.histograms[l];
+    auto& sum = run.layers[l].histogram;
+    if (add.empty()) continue;
+    sum.resize(std::max(sum.size(), add.size()), 0);
+    for (std::size_t b = 0; b < add.size(); ++b) sum[b] += add[b];
+  }
+
+  for (const auto& [id, m] : d.module_stats) {
+    ModuleSummary& module = run.modules[std::size_t(id)];
+    module.nonfinite_steps += m.nonfinite_steps;
+    module.first_nonfinite += m.first_nonfinite;
+    if (module.first_step < 0) module.first_step = m.first_step;
+    module.max_absmax = std::max(module.max_absmax, m.max_absmax);
+  }
+  run.act_rows += d.act_rows;
+
+  // What the rows said about each step goes to its step, or waits for its row.
+  auto& pending_order = run.cursor.pending_order;
+  auto& pending_module = run.cursor.pending_module;
+  for (auto& p : d.grads)
+    for (auto& [step, order] : p.order) pending_order[step] = std::move(order);
+  for (const auto& [step, module] : d.first_nonfinite_module) pending_module[step] = module;
+  for (auto it = pending_order.begin(); it != pending_order.end();) {
+    StepSummary* s = find_step(run, it->first);
+    if (!s) {
+      ++it;
+      continue;
+    }
+    set_order(run, *s, std::move(it->second));
+    it = pending_order.erase(it);
+  }
+  for (auto it = pending_module.begin(); it != pending_module.end();) {
+    StepSummary* s = find_step(run, it->first);
+    if (!s) {
+      ++it;
+      continue;
+    }
+    s->first_nonfinite_module = it->second;
+    it = pending_module.erase(it);
+  }
+  d.next.pending_order = std::move(pending_order);
+  d.next.pending_module = std::move(pending_module);
+  run.cursor = std::move(d.next);
+}
+
+}  // namespace ampdiag::analyzer

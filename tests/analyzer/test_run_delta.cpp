@@ -1,0 +1,142 @@
+// Following a run.db while it is written: a Run that reads on from its cursor after each
+// commit holds what load_run reads from the file at that point, and a file that cannot be
+// read on from the cursor says so instead of giving a wrong Run.
+#include <sqlite3.h>
+
+#include <catch2/catch.hpp>
+
+#include "../rundb/temp_dir.h"
+#include "ampdiag/analyzer/run_delta.h"
+#include "random_run.h"
+
+using namespace ampdiag;
+using ampdiag::test::RandomRun;
+using ampdiag::test::TempDir;
+using ampdiag::test::require_same_run;
+
+namespace {
+
+analyzer::Run load(const std::string& path) {
+  analyzer::LoadOptions o;
+  o.allow_unfinished = true;
+  return analyzer::load_run(path, o);
+}
+
+// Reads on from the run's cursor; false when the file asked to be read whole again.
+bool follow(analyzer::Run& run) {
+  analyzer::RunDelta d = analyzer::read_run_delta(run.path, run.cursor);
+  if (d.reload) return false;
+  analyzer::apply_run_delta(run, std::move(d));
+  return true;
+}
+
+void exec(const std::string& path, const char* sql) {
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+  const int rc = sqlite3_exec(db, sql, nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  REQUIRE(rc == SQLITE_OK);
+}
+
+}  // namespace
+
+TEST_CASE("a run followed commit by commit holds what a whole load reads", "[load][delta]") {
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  RandomRun run(path, 60, 12);
+  run.steps(0, 3);
+  run.writer().commit();
+  auto followed = load(path);
+  // Read on after every step: some reads see a step half committed (RandomRun commits in
+  // the middle of steps), and over 1,200 x 60 rows the writer sums histograms more than once.
+  for (std::int64_t s = 3; s < 1200; ++s) {
+    run.step(s);
+    REQUIRE(follow(followed));
+    if (s % 300 == 0) require_same_run(followed, load(path));
+  }
+  run.writer().finish();
+  REQUIRE(follow(followed));
+  CHECK(followed.finished);
+  require_same_run(followed, load(path));
+}
+
+TEST_CASE("steps the agent records late, before an overflow, reach a followed run", "[load][delta]") {
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  RandomRun run(path, 8, 3);
+  run.steps(0, 2);
+  for (std::int64_t s = 2; s < 40; ++s) run.unsampled_step(s);
+  run.writer().commit();
+  auto followed = load(path);
+  REQUIRE(followed.steps.size() == 40);
+  // The agent writes the steps before an overflow after all: their rows again, sampled now.
+  run.steps(30, 15);
+  run.writer().commit();
+  REQUIRE(follow(followed));
+  const auto whole = load(path);
+  REQUIRE(whole.steps.size() == 45);
+  CHECK(whole.steps[35].row.sampled);
+  require_same_run(followed, whole);
+}
+
+TEST_CASE("a steps row written below the cursor asks for a whole read", "[load][delta]") {
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  RandomRun run(path, 4);
+  run.steps(0, 3);
+  run.steps(5, 2);
+  run.writer().commit();
+  auto followed = load(path);
+  run.unsampled_step(3);  // below step 6, the last one read, and not rewriting a row
+  run.writer().commit();
+  CHECK_FALSE(follow(followed));
+}
+
+TEST_CASE("a file that holds another run now asks for a whole read", "[load][delta]") {
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  analyzer::Run followed;
+  {
+    RandomRun first(path, 4);
+    first.writer().set_meta("run_id", "first");
+    first.steps(0, 10);
+    first.writer().finish();
+    followed = load(path);
+  }
+  RandomRun second(path, 4);  // overwrites the file
+  second.writer().set_meta("run_id", "second");
+  second.steps(0, 12);
+  second.writer().commit();
+  CHECK_FALSE(follow(followed));
+}
+
+TEST_CASE("a file without summaries is followed by whole reads", "[load][delta]") {
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  RandomRun run(path, 4);
+  run.steps(0, 10);
+  run.writer().finish();
+  exec(path, "DROP TABLE grad_samples; DROP TABLE grad_hist_sums;");
+  auto followed = load(path);
+  CHECK_FALSE(followed.cursor.incremental);
+  CHECK_FALSE(follow(followed));
+}
+
+TEST_CASE("reading on from a cursor with nothing new changes nothing", "[load][delta]") {
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  RandomRun run(path, 10, 4);
+  run.steps(0, 50);
+  run.writer().finish();
+  auto followed = load(path);
+  REQUIRE(follow(followed));
+  REQUIRE(follow(followed));
+  require_same_run(followed, load(path));
+}
+
+TEST_CASE("a delta that asks for a whole read is refused by the merge", "[load][delta]") {
+  analyzer::Run run;
+  analyzer::RunDelta d;
+  d.reload = true;
+  CHECK_THROWS_AS(analyzer::apply_run_delta(run, std::move(d)), std::invalid_argument);
+}
