@@ -2,6 +2,7 @@
 #include <imgui.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -28,6 +29,7 @@ std::vector<analyzer::Run> App::load(const std::vector<std::string>& paths) {
 }
 
 void App::show(std::vector<analyzer::Run> runs, const std::vector<std::string>& paths) {
+  poll_analysis(true);
   runs_ = std::move(runs);
   paths_ = paths;
   report_ = analyzer::analyze(runs_);
@@ -42,11 +44,27 @@ void App::show(std::vector<analyzer::Run> runs, const std::vector<std::string>& 
   view_last_ = double(run().steps.back().row.step);
 }
 
-App::~App() = default;
+App::~App() { poll_analysis(true); }
 
-void App::rerank() {
+void App::poll_analysis(bool wait) {
+  if (!analysis_.valid() || (!wait && analysis_.wait_for(std::chrono::seconds(0)) != std::future_status::ready)) return;
+  Analysis a;
+  try {
+    a = analysis_.get();
+  } catch (const std::exception& e) {
+    follow_error_ = std::string("the rules failed on the updated run: ") + e.what();
+    return;
+  }
+  report_ = std::move(a.report);
+  if (a.rank == rank_) use_ranking(std::move(a.ranked));
+  else rerank();  // the rank shown changed meanwhile
+}
+
+void App::rerank() { use_ranking(analyzer::rank_layers(run(), report_)); }
+
+void App::use_ranking(std::vector<analyzer::LayerRowSummary> ranked) {
   const std::string selected = ranked_.empty() ? "" : selected_layer();
-  ranked_ = analyzer::rank_layers(run(), report_);
+  ranked_ = std::move(ranked);
   disagreeing_.clear();
   for (const auto& f : report_.findings)
     if (f.rule == "rank-disagreement") disagreeing_.insert(disagreeing_.end(), f.ranks.begin(), f.ranks.end());
@@ -67,6 +85,7 @@ bool App::show_rank(long long rank) {
 std::string App::top_layer() const { return ranked_.empty() ? "" : ranked_.front().layer->info.name; }
 
 void App::frame(float width, float height) {
+  poll_analysis();
   const float menu = menu_bar(), h = height - menu;
   const float timeline_h = std::floor(h * split_timeline_), heat_h = std::floor(h * split_heat_);
   timeline(0, menu, width, timeline_h);
@@ -185,24 +204,37 @@ bool App::select(const std::string& layer, long long step) {
 
 void App::replace_run(std::size_t index, analyzer::Run run) {
   if (index >= runs_.size() || run.steps.empty()) return;
+  poll_analysis(true);
   const double old_first = double(runs_[index].steps.front().row.step), old_last = double(runs_[index].steps.back().row.step);
   runs_[index] = std::move(run);
   ++whole_loads_;
-  changed(index, old_first, old_last);
+  changed(index, old_first, old_last, false);  // the ranking points into the run replaced
 }
 
 void App::merge_run(std::size_t index, analyzer::RunDelta delta) {
   if (index >= runs_.size()) return;
+  poll_analysis(true);
   const double old_first = double(runs_[index].steps.front().row.step), old_last = double(runs_[index].steps.back().row.step);
+  const std::size_t layers = runs_[index].layers.size();
   analyzer::apply_run_delta(runs_[index], std::move(delta));
   ++merged_;
-  changed(index, old_first, old_last);
+  changed(index, old_first, old_last, runs_[index].layers.size() == layers);
 }
 
-void App::changed(std::size_t index, double old_first, double old_last) {
+void App::changed(std::size_t index, double old_first, double old_last, bool in_background) {
   const bool at_end = view_last_ >= old_last - 0.5, whole = at_end && view_first_ <= old_first + 0.5;
-  report_ = analyzer::analyze(runs_);
-  rerank();
+  if (in_background) {
+    analysis_ = std::async(std::launch::async, [this, rank = rank_] {
+      Analysis a;
+      a.report = analyzer::analyze(runs_);
+      a.ranked = analyzer::rank_layers(runs_[rank], a.report);
+      a.rank = rank;
+      return a;
+    });
+  } else {
+    report_ = analyzer::analyze(runs_);
+    rerank();
+  }
   ++updates_;
   // Stick to the newest step: a view of the whole run keeps showing all of it; a zoomed
   // view at the end keeps its width and slides along.

@@ -3,6 +3,7 @@
 // same Run model, rules and findings as `ampdiag report`), so the two never disagree.
 #pragma once
 
+#include <future>
 #include <memory>
 #include <string>
 
@@ -56,6 +57,12 @@ class App {
   void merge_run(std::size_t index, analyzer::RunDelta delta);
   // Where the reads of run `index` went in its file (what a follower reads on from).
   const analyzer::RunCursor& cursor(std::size_t index) const { return runs_.at(index).cursor; }
+  // After a merge the rules and the ranking run on a background thread (on a 50 M-row run
+  // they take about a second; the panels keep drawing the run meanwhile). While they run
+  // nothing may change the runs: merges wait (busy()). poll_analysis() takes a finished one
+  // in (frame() calls it); with `wait`, once it is finished.
+  bool busy() const { return analysis_.valid(); }
+  void poll_analysis(bool wait = false);
   int merged_updates() const { return merged_; }  // live reads merged in
   int whole_loads() const { return whole_loads_; }  // live reads that loaded a file whole
   bool following() const { return follow_; }
@@ -81,9 +88,18 @@ class App {
   static std::vector<analyzer::Run> load(const std::vector<std::string>& paths);
   void show(std::vector<analyzer::Run> runs, const std::vector<std::string>& paths);
   void rerank();
+  // Shows a ranking of run rank_ made with report_ (keeps the selected layer).
+  void use_ranking(std::vector<analyzer::LayerRowSummary> ranked);
   // After run `index` changed (its steps were first..last before): the rules again, and the
   // view sticks to the newest step.
-  void changed(std::size_t index, double old_first, double old_last);
+  // `in_background`: the rules may run on a thread (the run's layers did not move).
+  void changed(std::size_t index, double old_first, double old_last, bool in_background);
+  struct Analysis {
+    analyzer::Report report;
+    std::vector<analyzer::LayerRowSummary> ranked;
+    std::size_t rank = 0;  // the run ranked
+  };
+  std::future<Analysis> analysis_;
   void timeline(float x, float y, float w, float h);
   void heatmap(float x, float y, float w, float h);
   // Mouse wheel zooms around the cursor, dragging pans, a double click shows every step.
