@@ -21,9 +21,13 @@ bool process_alive(const std::string& pid_text) {
 
 }  // namespace
 
-std::string Run::meta_or(const std::string& key, const std::string& fallback) const {
+std::string meta_or(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& fallback) {
   const auto it = meta.find(key);
   return it == meta.end() ? fallback : it->second;
+}
+
+std::string Run::meta_or(const std::string& key, const std::string& fallback) const {
+  return analyzer::meta_or(meta, key, fallback);
 }
 
 double Run::init_scale() const { return std::atof(meta_or("scaler_init_scale", "65536").c_str()); }

@@ -2,9 +2,11 @@
 // size (and a sort where rows arrived out of step order), not the Run's.
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <stdexcept>
 
 #include "ampdiag/analyzer/run_delta.h"
+#include "histogram_counts.h"
 
 namespace ampdiag::analyzer {
 
@@ -28,6 +30,20 @@ StepSummary* find_step(Run& run, std::int64_t step) {
   const auto it = std::lower_bound(run.steps.begin(), run.steps.end(), step,
                                    [](const StepSummary& s, std::int64_t v) { return s.row.step < v; });
   return it != run.steps.end() && it->row.step == step ? &*it : nullptr;
+}
+
+// Gives each step in `pending` (by step) that the run now has its value, and forgets it;
+// the others wait for their steps row.
+template <typename Value, typename Give>
+void settle(Run& run, std::map<std::int64_t, Value>& pending, Give give) {
+  for (auto it = pending.begin(); it != pending.end();) {
+    if (StepSummary* s = find_step(run, it->first)) {
+      give(*s, it->second);
+      it = pending.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 // New step rows, and rows read again (the agent rewrites a step's row when it records the
@@ -90,13 +106,7 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   run.replays = std::move(d.replays);
   merge_steps(run, d.steps);
   merge_grads(run, d.grads);
-  for (std::size_t l = 0; l < run.layers.size() && l < d.histograms.size(); ++l) {
-    const auto& add = d.histograms[l];
-    auto& sum = run.layers[l].histogram;
-    if (add.empty()) continue;
-    sum.resize(std::max(sum.size(), add.size()), 0);
-    for (std::size_t b = 0; b < add.size(); ++b) sum[b] += add[b];
-  }
+  for (std::size_t l = 0; l < run.layers.size() && l < d.histograms.size(); ++l) add_counts(run.layers[l].histogram, d.histograms[l]);
 
   for (const auto& [id, m] : d.module_stats) {
     ModuleSummary& module = run.modules[std::size_t(id)];
@@ -113,24 +123,8 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   for (auto& p : d.grads)
     for (auto& [step, order] : p.order) pending_order[step] = std::move(order);
   for (const auto& [step, module] : d.first_nonfinite_module) pending_module[step] = module;
-  for (auto it = pending_order.begin(); it != pending_order.end();) {
-    StepSummary* s = find_step(run, it->first);
-    if (!s) {
-      ++it;
-      continue;
-    }
-    set_order(run, *s, std::move(it->second));
-    it = pending_order.erase(it);
-  }
-  for (auto it = pending_module.begin(); it != pending_module.end();) {
-    StepSummary* s = find_step(run, it->first);
-    if (!s) {
-      ++it;
-      continue;
-    }
-    s->first_nonfinite_module = it->second;
-    it = pending_module.erase(it);
-  }
+  settle(run, pending_order, [&](StepSummary& s, StepOrder& order) { set_order(run, s, std::move(order)); });
+  settle(run, pending_module, [](StepSummary& s, std::int64_t module) { s.first_nonfinite_module = module; });
   d.next.pending_order = std::move(pending_order);
   d.next.pending_module = std::move(pending_module);
   run.cursor = std::move(d.next);

@@ -14,6 +14,7 @@
 #include "ampdiag/analyzer/run_delta.h"
 #include "ampdiag/rundb/reader.h"
 #include "ampdiag/rundb/samples.h"
+#include "histogram_counts.h"
 
 namespace ampdiag::analyzer {
 
@@ -89,11 +90,8 @@ void scan_ranges(RunDbReader& reader, const std::vector<std::pair<std::int64_t, 
     }
     const bool nonfinite = (g.stats.nan | g.stats.inf) != 0;
     if (what.samples) add_sample(out, step, rundb::make_sample_record(g));
-    if (what.histograms && !nonfinite && !g.histogram.empty() && (!what.histograms_of || what.histograms_of->count({step, layer}))) {
-      auto& sum = out.histogram[std::size_t(layer)];
-      sum.resize(g.histogram.size(), 0);
-      for (std::size_t b = 0; b < g.histogram.size(); ++b) sum[b] += g.histogram[b];
-    }
+    if (what.histograms && !nonfinite && (!what.histograms_of || what.histograms_of->count({step, layer})))
+      add_counts(out.histogram[std::size_t(layer)], g.histogram);
     if (what.order) {
       if (nonfinite) {
         if (!nonfinite_step) nonfinite_step = &out.order[step];
@@ -183,9 +181,10 @@ void throw_failed(const std::vector<GradPart>& parts) {
     if (!p.error.empty()) throw rundb::RunDbError(p.error);
 }
 
-std::string meta_or(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& fallback) {
-  const auto it = meta.find(key);
-  return it == meta.end() ? fallback : it->second;
+// Reading the tables other than the statistics failed: a short table is damage too.
+[[noreturn]] void rethrow_damaged(const rundb::RunDbError& e) {
+  const std::string what = e.what();
+  throw rundb::RunDbError(what.find("corrupted") != std::string::npos ? what : what + " (truncated or corrupted?)");
 }
 
 // The rows of a dense id table beyond the `known` first ones; false when ids are not dense
@@ -228,12 +227,8 @@ void read_all_grads(RunDbReader& reader, const LoadOptions& options, std::size_t
     throw_failed(parts);
     if (histograms) {
       d.histograms.assign(layer_count, {});
-      for (auto& p : parts)
-        for (std::size_t l = 0; l < layer_count; ++l)
-          if (!p.histogram[l].empty()) {
-            d.histograms[l].resize(p.histogram[l].size(), 0);
-            for (std::size_t b = 0; b < p.histogram[l].size(); ++b) d.histograms[l][b] += p.histogram[l][b];
-          }
+      for (const auto& p : parts)
+        for (std::size_t l = 0; l < layer_count; ++l) add_counts(d.histograms[l], p.histogram[l]);
     }
     return;
   }
@@ -281,9 +276,7 @@ void read_histograms(RunDbReader& reader, std::size_t layer_count, RunDelta& d) 
   else start_part(tail, layer_count);
   for (auto& [layer, counts] : sums) {
     if (layer < 0 || std::size_t(layer) >= layer_count) unknown_layer(reader.path(), "grad_hist_sums", layer, layer_count);
-    auto& sum = tail.histogram[std::size_t(layer)];
-    sum.resize(counts.size(), 0);
-    for (std::size_t b = 0; b < counts.size(); ++b) sum[b] += counts[b];
+    add_counts(tail.histogram[std::size_t(layer)], counts);
   }
   d.histograms = std::move(tail.histogram);
 }
@@ -370,8 +363,7 @@ RunDelta read_run_delta(const std::string& path, const RunCursor& from, const Lo
     d.events = reader.events();
     d.replays = reader.replays();
   } catch (const rundb::RunDbError& e) {
-    const std::string what = e.what();
-    throw rundb::RunDbError(what.find("corrupted") != std::string::npos ? what : what + " (truncated or corrupted?)");
+    rethrow_damaged(e);
   }
   const std::size_t layer_count = from.layers + d.layers.size(), module_count = from.modules + d.modules.size();
   d.next.layers = layer_count;
@@ -391,8 +383,7 @@ RunDelta read_run_delta(const std::string& path, const RunCursor& from, const Lo
     touched = std::min(touched, read_acts(reader, from, module_count, d));
     d.steps = reader.steps(from.started ? std::min(touched, from.last_step + 1) : INT64_MIN);
   } catch (const rundb::RunDbError& e) {
-    const std::string what = e.what();
-    throw rundb::RunDbError(what.find("corrupted") != std::string::npos ? what : what + " (truncated or corrupted?)");
+    rethrow_damaged(e);
   }
   if (!d.steps.empty() && (d.steps.front().step < 0 || d.steps.back().step > kMaxStep))
     rundb::throw_corrupt(path, "steps are numbered from " + std::to_string(d.steps.front().step) + " to " +

@@ -55,6 +55,9 @@ struct StepSummary {
   std::int64_t first_nonfinite_module = -1;  // forward order; -1: none or not probed
 };
 
+// meta[key], or `fallback` where the file has no such key.
+std::string meta_or(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& fallback);
+
 // A step's layers that went non-finite, as (backward order, layer id), and the layer
 // whose gradient was the last finite one before the first of them (-1: none).
 struct StepOrder {
