@@ -4,6 +4,8 @@
 // files hold the same thing in every field the rules and views read.
 #pragma once
 
+#include <sqlite3.h>
+
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
@@ -89,6 +91,23 @@ class RandomRun {
   int layers_, modules_;
   std::mt19937 rng_{12345};
 };
+
+// load_run as a window following a training does: a file still being written is read too.
+inline analyzer::Run load_partial(const std::string& path, bool full_scan = false) {
+  analyzer::LoadOptions o;
+  o.full_scan = full_scan;
+  o.allow_unfinished = true;
+  return analyzer::load_run(path, o);
+}
+
+// Runs SQL on the file behind the writer's back (damage, a file from before a table existed).
+inline void exec_sql(const std::string& path, const char* sql) {
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+  const int rc = sqlite3_exec(db, sql, nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  REQUIRE(rc == SQLITE_OK);
+}
 
 inline bool same_samples(const std::vector<analyzer::GradSample>& a, const std::vector<analyzer::GradSample>& b) {
   if (a.size() != b.size()) return false;

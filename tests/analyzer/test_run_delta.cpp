@@ -1,8 +1,6 @@
 // Following a run.db while it is written: a Run that reads on from its cursor after each
 // commit holds what load_run reads from the file at that point, and a file that cannot be
 // read on from the cursor says so instead of giving a wrong Run.
-#include <sqlite3.h>
-
 #include <catch2/catch.hpp>
 
 #include "../rundb/temp_dir.h"
@@ -11,16 +9,12 @@
 
 using namespace ampdiag;
 using ampdiag::test::RandomRun;
+using ampdiag::test::exec_sql;
+using ampdiag::test::load_partial;
 using ampdiag::test::TempDir;
 using ampdiag::test::require_same_run;
 
 namespace {
-
-analyzer::Run load(const std::string& path) {
-  analyzer::LoadOptions o;
-  o.allow_unfinished = true;
-  return analyzer::load_run(path, o);
-}
 
 // Reads on from the run's cursor; false when the file asked to be read whole again.
 bool follow(analyzer::Run& run) {
@@ -28,14 +22,6 @@ bool follow(analyzer::Run& run) {
   if (d.reload) return false;
   analyzer::apply_run_delta(run, std::move(d));
   return true;
-}
-
-void exec(const std::string& path, const char* sql) {
-  sqlite3* db = nullptr;
-  REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
-  const int rc = sqlite3_exec(db, sql, nullptr, nullptr, nullptr);
-  sqlite3_close(db);
-  REQUIRE(rc == SQLITE_OK);
 }
 
 }  // namespace
@@ -46,18 +32,18 @@ TEST_CASE("a run followed commit by commit holds what a whole load reads", "[loa
   RandomRun run(path, 60, 12);
   run.steps(0, 3);
   run.writer().commit();
-  auto followed = load(path);
+  auto followed = load_partial(path);
   // Read on after every step: some reads see a step half committed (RandomRun commits in
   // the middle of steps), and over 1,200 x 60 rows the writer sums histograms more than once.
   for (std::int64_t s = 3; s < 1200; ++s) {
     run.step(s);
     REQUIRE(follow(followed));
-    if (s % 300 == 0) require_same_run(followed, load(path));
+    if (s % 300 == 0) require_same_run(followed, load_partial(path));
   }
   run.writer().finish();
   REQUIRE(follow(followed));
   CHECK(followed.finished);
-  require_same_run(followed, load(path));
+  require_same_run(followed, load_partial(path));
 }
 
 TEST_CASE("steps the agent records late, before an overflow, reach a followed run", "[load][delta]") {
@@ -67,13 +53,13 @@ TEST_CASE("steps the agent records late, before an overflow, reach a followed ru
   run.steps(0, 2);
   for (std::int64_t s = 2; s < 40; ++s) run.unsampled_step(s);
   run.writer().commit();
-  auto followed = load(path);
+  auto followed = load_partial(path);
   REQUIRE(followed.steps.size() == 40);
   // The agent writes the steps before an overflow after all: their rows again, sampled now.
   run.steps(30, 15);
   run.writer().commit();
   REQUIRE(follow(followed));
-  const auto whole = load(path);
+  const auto whole = load_partial(path);
   REQUIRE(whole.steps.size() == 45);
   CHECK(whole.steps[35].row.sampled);
   require_same_run(followed, whole);
@@ -86,7 +72,7 @@ TEST_CASE("a steps row written below the cursor asks for a whole read", "[load][
   run.steps(0, 3);
   run.steps(5, 2);
   run.writer().commit();
-  auto followed = load(path);
+  auto followed = load_partial(path);
   run.unsampled_step(3);  // below step 6, the last one read, and not rewriting a row
   run.writer().commit();
   CHECK_FALSE(follow(followed));
@@ -101,7 +87,7 @@ TEST_CASE("a file that holds another run now asks for a whole read", "[load][del
     first.writer().set_meta("run_id", "first");
     first.steps(0, 10);
     first.writer().finish();
-    followed = load(path);
+    followed = load_partial(path);
   }
   RandomRun second(path, 4);  // overwrites the file
   second.writer().set_meta("run_id", "second");
@@ -116,8 +102,8 @@ TEST_CASE("a file without summaries is followed by whole reads", "[load][delta]"
   RandomRun run(path, 4);
   run.steps(0, 10);
   run.writer().finish();
-  exec(path, "DROP TABLE grad_samples; DROP TABLE grad_hist_sums;");
-  auto followed = load(path);
+  exec_sql(path, "DROP TABLE grad_samples; DROP TABLE grad_hist_sums;");
+  auto followed = load_partial(path);
   CHECK_FALSE(followed.cursor.incremental);
   CHECK_FALSE(follow(followed));
 }
@@ -128,10 +114,10 @@ TEST_CASE("reading on from a cursor with nothing new changes nothing", "[load][d
   RandomRun run(path, 10, 4);
   run.steps(0, 50);
   run.writer().finish();
-  auto followed = load(path);
+  auto followed = load_partial(path);
   REQUIRE(follow(followed));
   REQUIRE(follow(followed));
-  require_same_run(followed, load(path));
+  require_same_run(followed, load_partial(path));
 }
 
 TEST_CASE("a delta that asks for a whole read is refused by the merge", "[load][delta]") {

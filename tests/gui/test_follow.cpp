@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "../analyzer/random_run.h"
 #include "../analyzer/run_fixture.h"
 #include "../rundb/temp_dir.h"
 #include "follow.h"
@@ -21,12 +22,6 @@ std::optional<gui::RunFollower::Update> wait_for_update(gui::RunFollower& f, con
   return std::nullopt;
 }
 
-analyzer::Run load(const std::string& path) {
-  analyzer::LoadOptions o;
-  o.allow_unfinished = true;
-  return analyzer::load_run(path, o);
-}
-
 }  // namespace
 
 TEST_CASE("a followed run.db gains the steps written since, without a whole load", "[gui]") {
@@ -35,7 +30,7 @@ TEST_CASE("a followed run.db gains the steps written since, without a whole load
   test::RunFixture run(path, {"a.weight", "b.weight"});
   for (int i = 0; i < 5; ++i) run.step(65536, 65536);
   run.commit();
-  auto shown = load(path);
+  auto shown = test::load_partial(path);
   gui::RunFollower follower(path, std::chrono::milliseconds(0));
   CHECK_FALSE(follower.poll(shown.cursor));  // nothing changed since it was made
   for (int i = 0; i < 7; ++i) run.step(65536, 32768, 1000, {"a.weight"});
@@ -59,7 +54,7 @@ TEST_CASE("a followed file that holds another run now is loaded whole", "[gui]")
     run.meta("run_id", "first");
     for (int i = 0; i < 5; ++i) run.step(65536, 65536);
     run.commit();
-    shown = load(path);
+    shown = test::load_partial(path);
   }
   gui::RunFollower follower(path, std::chrono::milliseconds(0));
   test::RunFixture again(path, {"a.weight", "b.weight"});  // overwrites it
