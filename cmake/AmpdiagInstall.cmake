@@ -11,6 +11,11 @@ set_target_properties(ampdiag_kernels PROPERTIES EXPORT_NAME kernels)
 set_target_properties(ampdiag_rundb PROPERTIES EXPORT_NAME rundb)
 set_target_properties(ampdiag_analyzer PROPERTIES EXPORT_NAME analyzer)
 set_target_properties(ampdiag_agent_core PROPERTIES EXPORT_NAME agent_core)
+if(AMPDIAG_HAVE_CUDA)
+  # The session core runs device tensors on the CUDA engine (CUDA runtime only).
+  list(APPEND ampdiag_exported ampdiag_kernels_cuda)
+  set_target_properties(ampdiag_kernels_cuda PROPERTIES EXPORT_NAME kernels_cuda)
+endif()
 install(DIRECTORY kernels/include/ analyzer/include/ analyzer/rundb/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 if(AMPDIAG_HAVE_TORCH)
   # The agent links the CPU libraries of the LibTorch it was built against (torch_cpu,

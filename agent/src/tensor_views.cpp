@@ -1,7 +1,8 @@
-// tensor_views.h: dtype mapping and the copy fallback.
+// tensor_views.h: dtype and device mapping, and the same-device copy fallback.
 #include "tensor_views.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 #include <utility>
@@ -20,8 +21,6 @@ bool kernel_dtype(at::ScalarType t, kernels::DType& out) {
   }
 }
 
-}  // namespace
-
 // Whether t's elements fill one gap-free block in any order (contiguous, or a permutation
 // such as a transpose). Every statistic is independent of element order, and the unscale
 // is elementwise, so such a block is read (and rewritten) in place.
@@ -39,22 +38,48 @@ bool dense(const at::Tensor& t) {
   return true;
 }
 
-bool directly_readable(const at::Tensor& t) {
-  kernels::DType d;
-  return t.device().is_cpu() && t.layout() == at::kStrided && kernel_dtype(t.scalar_type(), d) && dense(t);
+// The stream the tensor's producer runs on: torch's current stream for its device, through
+// c10's device-agnostic interface (registered by libc10_cuda when CUDA torch is loaded).
+void* current_stream(const at::Device& d) {
+  const auto* impl = c10::impl::getDeviceGuardImpl(d.type());
+  return impl->getStream(d).native_handle();
 }
 
-kernels::TensorRef stats_view(const at::Tensor& t, at::Tensor& copy) {
-  kernels::DType d = kernels::DType::kFloat32;
-  if (directly_readable(t)) {
-    kernel_dtype(t.scalar_type(), d);
-    return {t.data_ptr(), t.numel(), d};
+}  // namespace
+
+bool session_device(const at::Device& d, Device& out) {
+  if (d.is_cpu()) {
+    out = {DeviceType::kCpu, 0};
+    return true;
   }
-  copy = t.detach().to(at::kCPU);
-  if (!kernel_dtype(copy.scalar_type(), d)) copy = copy.to(at::kFloat);
-  copy = copy.contiguous();
-  kernel_dtype(copy.scalar_type(), d);
-  return {copy.data_ptr(), copy.numel(), d};
+  if (d.is_cuda()) {
+    out = {DeviceType::kCuda, d.has_index() ? int(d.index()) : 0};
+    return true;
+  }
+  return false;
+}
+
+bool directly_readable(const at::Tensor& t) {
+  kernels::DType d;
+  Device where;
+  return session_device(t.device(), where) && t.layout() == at::kStrided && kernel_dtype(t.scalar_type(), d) &&
+         dense(t);
+}
+
+bool stats_view(const at::Tensor& t, at::Tensor& copy, DeviceTensor& out) {
+  if (!session_device(t.device(), out.device) || t.layout() != at::kStrided) return false;
+  const at::Tensor* src = &t;
+  kernels::DType d = kernels::DType::kFloat32;
+  if (!directly_readable(t)) {
+    copy = t.detach();
+    if (!kernel_dtype(copy.scalar_type(), d)) copy = copy.to(at::kFloat);
+    copy = copy.contiguous();
+    src = &copy;
+  }
+  kernel_dtype(src->scalar_type(), d);
+  out.ref = {src->data_ptr(), src->numel(), d};
+  out.stream = out.device.type == DeviceType::kCpu ? nullptr : current_stream(t.device());
+  return true;
 }
 
 }  // namespace ampdiag::agent

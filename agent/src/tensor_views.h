@@ -1,19 +1,24 @@
-// From at::Tensor to what the kernels read, without a copy when the tensor allows it.
+// From at::Tensor to what the session core reads, without a copy when the tensor allows
+// it, and never through the host for a device tensor.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
-#include "ampdiag/kernels/tensor_stats.h"
+#include "device_engine.h"
 
 namespace ampdiag::agent {
 
-// A CPU tensor of float32/float16/bfloat16 whose elements fill one gap-free block (in any
-// order), which the kernels can read (and unscale) in place.
+// The session's device for a tensor's device; false for a device no engine reads.
+bool session_device(const at::Device& d, Device& out);
+
+// A float32/float16/bfloat16 tensor on the CPU or CUDA whose elements fill one gap-free
+// block (in any order): the engines read (and unscale) it in place.
 bool directly_readable(const at::Tensor& t);
 
-// A view of t for the statistics kernels. When t is not directly readable (a CUDA tensor,
-// float64, a non-contiguous layout) `copy` receives a contiguous CPU copy (float64 and
-// other floating types as float32) and the view points into it.
-kernels::TensorRef stats_view(const at::Tensor& t, at::Tensor& copy);
+// What the engines read for t. When t is not directly readable (float64, a non-dense
+// layout) `copy` receives a dense float copy on t's own device and the view points into
+// it; a device tensor's copy is made on its current stream, which also runs the engine.
+// False for a tensor on a device no engine reads.
+bool stats_view(const at::Tensor& t, at::Tensor& copy, DeviceTensor& out);
 
 }  // namespace ampdiag::agent

@@ -159,6 +159,8 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     o.finished = run.finished;
     o.write_error = run.meta_or("write_error", "");
     o.lost_records = std::atoll(run.meta_or("lost_records", "0").c_str());
+    o.dropped_steps = std::atoll(run.meta_or("dropped_steps", "0").c_str());
+    o.dropped_records = std::atoll(run.meta_or("dropped_records", "0").c_str());
     o.amp_dtype = run.meta_or("amp_dtype", "float16");
     o.has_scaler = run.has_scaler();
     o.world_size = run.world_size;

@@ -321,7 +321,7 @@ table{border-collapse:collapse;font-size:13px} td,th{border-bottom:1px solid #ee
          (x.finished ? "finished" : "partial") +
          (x.write_error.empty() ? std::string()
                                 : "; writing it failed, " + std::to_string(x.lost_records) + " records lost: " + escape_markup(x.write_error)) +
-         "</td></tr>\n";
+         escape_markup(incomplete_text(x)) + "</td></tr>\n";
   }
   o += "</table>\n";
   const bool scaled = std::any_of(runs.begin(), runs.end(), [](const Run& run) { return run.has_scaler(); });

@@ -31,6 +31,20 @@ std::string ranks_text(const Finding& f, std::size_t runs) {
   return s + "]";
 }
 
+}  // namespace
+
+std::string incomplete_text(const RunOverview& o) {
+  std::string s;
+  if (o.dropped_steps > 0)
+    s += ", " + std::to_string(o.dropped_steps) + (o.dropped_steps == 1 ? " step" : " steps") +
+         " without their device statistics (they never arrived)";
+  if (o.dropped_records > 0)
+    s += ", " + std::to_string(o.dropped_records) + " records dropped (the agent's writer fell behind)";
+  return s;
+}
+
+namespace {
+
 std::string overview_line(const RunOverview& o) {
   return o.path + ": " + std::to_string(o.steps) + (o.steps == 1 ? " step, " : " steps, ") + std::to_string(o.skipped) +
          " skipped, " +
@@ -38,7 +52,8 @@ std::string overview_line(const RunOverview& o) {
                        : std::string("no loss scaler")) +
          ", " + o.amp_dtype + " on " + (o.device.empty() ? "?" : o.device) + (o.finished ? "" : ", NOT FINISHED (partial)") +
          (o.write_error.empty() ? std::string()
-                                : ", WRITING FAILED: " + std::to_string(o.lost_records) + " records lost (" + o.write_error + ")");
+                                : ", WRITING FAILED: " + std::to_string(o.lost_records) + " records lost (" + o.write_error + ")") +
+         incomplete_text(o);
 }
 
 std::string skipped_line(const SkippedStep& k, bool show_rank) {

@@ -158,6 +158,7 @@ std::string cuda_unavailable_reason() {
 struct CudaStatsEngine::Slot final : CudaTicket {
   cudaEvent_t done = nullptr;
   bool in_flight = false;
+  bool held = false;
   std::size_t tensor_count = 0;
   bool with_histogram = false;
 
@@ -212,12 +213,39 @@ struct CudaStatsEngine::Slot final : CudaTicket {
   const TensorStats* stats() const override { return host_stats; }
   const std::uint64_t* histograms() const override { return with_histogram ? host_histograms : nullptr; }
   std::size_t count() const override { return tensor_count; }
+  void release() override { held = false; }
 };
 
-CudaStatsEngine::CudaStatsEngine(int slots) : slot_count_(slots) {
+namespace {
+
+// Makes `device` current for a scope and restores the caller's device after it.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    AMPDIAG_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) AMPDIAG_CUDA_CHECK(cudaSetDevice(device));
+    device_ = device;
+  }
+  ~DeviceScope() {
+    if (previous_ != device_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0, device_ = 0;
+};
+
+}  // namespace
+
+CudaStatsEngine::CudaStatsEngine(int slots, int device) : slot_count_(slots), device_(device) {
   if (slots < 1) throw std::invalid_argument("CudaStatsEngine: slots must be >= 1, not " + std::to_string(slots));
   if (!cuda_device_available())
     throw std::runtime_error("CudaStatsEngine: no CUDA device (" + cuda_unavailable_reason() + ")");
+  int devices = 0;
+  AMPDIAG_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (device < 0 || device >= devices)
+    throw std::invalid_argument("CudaStatsEngine: device " + std::to_string(device) + " does not exist (" +
+                                std::to_string(devices) + " devices)");
+  const DeviceScope scope(device);
   slots_ = std::make_unique<Slot[]>(std::size_t(slots));
   for (int s = 0; s < slots; ++s)
     AMPDIAG_CUDA_CHECK(cudaEventCreateWithFlags(&slots_[std::size_t(s)].done, cudaEventDisableTiming));
@@ -231,9 +259,10 @@ CudaTicket* CudaStatsEngine::launch(const TensorRef* tensors, std::size_t count,
   Slot* slot = nullptr;
   for (int k = 0; k < slot_count_ && !slot; ++k) {
     Slot& candidate = slots_[std::size_t((next_slot_ + k) % slot_count_)];
-    if (candidate.ready()) slot = &candidate;
+    if (!candidate.held && candidate.ready()) slot = &candidate;
   }
-  if (!slot) return nullptr;  // all in flight: drop, never wait on the training thread
+  if (!slot) return nullptr;  // all held: drop, never wait on the training thread
+  const DeviceScope scope(device_);
   next_slot_ = (next_slot_ + 1) % slot_count_;
 
   // Plan: work items grouped by dtype, each tensor's chunks contiguous and in order.
@@ -320,6 +349,7 @@ CudaTicket* CudaStatsEngine::launch(const TensorRef* tensors, std::size_t count,
   }
   AMPDIAG_CUDA_CHECK(cudaEventRecord(slot->done, stream));
   slot->in_flight = true;
+  slot->held = true;
   slot->tensor_count = count;
   slot->with_histogram = launch.histogram;
   return slot;

@@ -34,7 +34,7 @@ Record step_record(std::int64_t step) {
   Record r;
   r.kind = RecordKind::kStep;
   r.step = step;
-  r.step_data.scale_before = r.step_data.scale_after = 65536.0;
+  r.step_data.outcome.scale_before = r.step_data.outcome.scale_after = 65536.0;
   return r;
 }
 

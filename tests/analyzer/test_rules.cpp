@@ -40,6 +40,21 @@ TEST_CASE("a run without skipped steps is healthy", "[rules]") {
   CHECK(r.skipped.empty());
 }
 
+TEST_CASE("steps recorded without their device statistics are counted in the report, not judged", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 20; ++i) f.step(65536, 65536);
+  f.meta("dropped_steps", "3").meta("dropped_records", "0");
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(r.healthy());
+  REQUIRE(r.runs.size() == 1);
+  CHECK(r.runs[0].dropped_steps == 3);
+  CHECK(render_text(r, Gate("error")).find("3 steps without their device statistics (they never arrived)") !=
+        std::string::npos);
+  CHECK(render_json(r, Gate("error")).find("\"dropped_steps\": 3") != std::string::npos);
+}
+
 TEST_CASE("every step skipped: the first layer in backward order is named, the scale collapses", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);

@@ -130,6 +130,22 @@ TEST_CASE("CUDA fused unscale writes what the CPU engine writes and sets found_i
   cudaFree(dev_found);
 }
 
+TEST_CASE("a slot whose results are held is not launched into until released", "[cuda]") {
+  const auto tensors = mixed_tensors();
+  DeviceCopy device(tensors[0]);
+  const kernels::TensorRef ref{device.ptr, tensors[0].numel, tensors[0].dtype};
+  kernels::CudaStatsEngine gpu(1);
+  kernels::CudaTicket* first = gpu.launch(&ref, 1, {});
+  REQUIRE(first != nullptr);
+  first->wait();
+  CHECK(gpu.launch(&ref, 1, {}) == nullptr);  // ready, but its results are not consumed yet
+  first->release();
+  kernels::CudaTicket* second = gpu.launch(&ref, 1, {});
+  CHECK(second == first);
+  second->wait();
+  second->release();
+}
+
 int main(int argc, char** argv) {
   if (!kernels::cuda_device_available()) {
     std::printf("skipped: no CUDA device (%s)\n", kernels::cuda_unavailable_reason().c_str());

@@ -50,6 +50,7 @@ struct AgentStatus {
   std::int64_t dropped = 0;        // records dropped because the writer fell behind (queue full)
   std::int64_t lost = 0;           // records that never reached the file because writing failed
   std::int64_t write_errors = 0;
+  std::int64_t dropped_steps = 0;  // steps recorded without device statistics that never arrived
   std::string first_error;
 };
 

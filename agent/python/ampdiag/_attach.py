@@ -21,7 +21,7 @@ import torch
 from . import _ampdiag, _loss, _rank
 from ._pin import pin_fp32, unpin_fp32
 from ._replay import NONFINITE, Replayer
-from ._tensors import DTYPE_CODE, describe_inputs, directly_readable, first_float_tensor, readable_view
+from ._tensors import DTYPE_CODE, describe_inputs, directly_readable, engine_place, first_float_tensor, readable_view
 
 _ATTACHED = "_ampdiag_handle"
 
@@ -32,37 +32,6 @@ def _source(module: torch.nn.Module) -> str:
         return f"{inspect.getsourcefile(forward)}:{inspect.getsourcelines(forward)[1]}"
     except (TypeError, OSError):
         return ""
-
-
-class _PendingSession:
-    """Holds what attach() writes until the rank is known (see _rank.py), then hands it to
-    the real session."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __getattr__(self, name):
-        if name not in ("set_meta", "add_layer", "add_module", "add_event", "add_replay"):
-            raise AttributeError(name)
-        return lambda *args: self.calls.append((name, args))
-
-    def status(self):
-        return {"steps": 0, "rows_written": 0, "dropped": 0, "lost": 0, "write_errors": 0, "first_error": ""}
-
-    def close(self):
-        pass
-
-
-class _FailedSession(_PendingSession):
-    """Stands in when a deferred run.db could not be created at the first step: nothing is
-    recorded, and status() says why."""
-
-    def __init__(self, why):
-        super().__init__()
-        self.why = why
-
-    def status(self):
-        return dict(super().status(), write_errors=1, first_error=self.why)
 
 
 class AttachHandle:
@@ -108,7 +77,6 @@ class AttachHandle:
 
         self.model, self.scaler, self.optimizer = model, scaler, optimizer
         self._db, self._run_id = db, run_id
-        self._session_args = (overwrite, queue_capacity, every, context_steps, threads, histogram)
         self._fused = fused_unscale
         self._closed = False
         self._stopped = False  # recording stopped, hooks inert: the run.db could not be created
@@ -116,12 +84,8 @@ class AttachHandle:
         self._restore = []
         self._pinned = []
         self._last_step_skipped = False
-        self._events_posted = set()
-        self._modules = {}  # path -> module id
         self._replayer = Replayer(self._record_replay) if replay else None
-        self._cycle_open = False
         self._grad_calls = 0
-        self._step_started = time.perf_counter_ns()
         self._python_ns = 0
         rank = _rank.known_rank()
         if rank is None:
@@ -130,8 +94,10 @@ class AttachHandle:
             directory = os.path.dirname(os.path.abspath(db))
             if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
                 raise _ampdiag.RunDbError(f"{db}: cannot create it: {directory} is not a writable directory")
-            self._session, self.db_path = _PendingSession(), db
-        else:
+        # The session keeps what is posted until the file is opened.
+        self._session = _ampdiag.Session(overwrite, queue_capacity, every, context_steps, threads, histogram)
+        self.db_path = db
+        if rank is not None:
             self._open_session(*rank)
         self._finalizer = weakref.finalize(self, self._session.close)
         try:
@@ -207,7 +173,7 @@ class AttachHandle:
         for owner in (self.model, self.scaler):
             if owner is not None and owner.__dict__.get(_ATTACHED) is not None and owner.__dict__[_ATTACHED]() is self:
                 del owner.__dict__[_ATTACHED]
-        if self._replayer is not None and not isinstance(self._session, _PendingSession):
+        if self._replayer is not None and self._session.opened:
             self._replayer.close()
         self._finalizer()
 
@@ -223,69 +189,37 @@ class AttachHandle:
     # --- setup ---------------------------------------------------------------------
 
     def _open_session(self, rank, world):
-        overwrite, queue_capacity, every, context_steps, threads, histogram = self._session_args
-        self.db_path = _ampdiag.rank_db_path(self._db, rank, world)
+        path = _ampdiag.rank_db_path(self._db, rank, world)
         # Creating the file is where a bad path fails.
-        session = _ampdiag.Session(self.db_path, overwrite, queue_capacity, every, context_steps, threads, histogram)
-        for key, value in (("rank", str(rank)), ("world_size", str(world)),
-                           ("run_id", self._run_id or _ampdiag.default_run_id(rank, world))):
-            session.set_meta(key, value)
-        pending = getattr(self, "_session", None)
-        self._session = session
-        if isinstance(pending, _PendingSession):
-            for name, args in pending.calls:
-                getattr(session, name)(*args)
-            self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, session.close)
+        self._session.open(path, rank, world, self._run_id or "")
+        self.db_path = path
 
     def _write_meta(self, scaler, every, context_steps, fused, histogram, amp_dtype, params):
-        meta = {
-            "ampdiag_version": "0.1.0",
-            "torch_version": torch.__version__,
-            "source": "ampdiag Python agent",
-            "device": str(params[0].device),
-            "amp_dtype": amp_dtype or ("float16" if scaler is not None else "bfloat16"),
-            "command_line": " ".join([sys.executable] + sys.argv),
-            "pid": str(os.getpid()),
-            "every": str(every),
-            "context_steps": str(context_steps),
-            "fused_unscale": "1" if fused else "0",
-            "histogram": "1" if histogram else "0",
-            "stats_isa": _ampdiag.cpu_isa(),
-            "scaler_enabled": "1" if scaler is not None else "0",
-        }
+        settings = None
         if scaler is not None:
-            meta.update(scaler_init_scale=repr(float(scaler.get_scale())),
-                        scaler_growth_factor=repr(float(scaler.get_growth_factor())),
-                        scaler_backoff_factor=repr(float(scaler.get_backoff_factor())),
-                        scaler_growth_interval=str(scaler.get_growth_interval()))
-        for key, value in meta.items():
-            self._session.set_meta(key, value)
+            settings = (float(scaler.get_scale()), float(scaler.get_growth_factor()),
+                        float(scaler.get_backoff_factor()), int(scaler.get_growth_interval()))
+        self._session.write_meta("ampdiag Python agent", torch.__version__, str(params[0].device),
+                                 amp_dtype or ("float16" if scaler is not None else "bfloat16"),
+                                 " ".join([sys.executable] + sys.argv), bool(fused), settings)
 
     def _register_layers(self, model):
         modules = dict(model.named_modules())
-        self._layer_of = {}  # id(param) -> layer id
-        self._params = []
-        frozen = 0
+        self._params = []  # every registered tensor, kept alive: id() is its key in the session
         for name, p in model.named_parameters(remove_duplicate=False):
-            if id(p) in self._layer_of:
-                first = self._layer_of[id(p)]
-                self._event("shared-parameter",
-                            f"{name} is the same tensor as layer {first}; its statistics are recorded once")
-                continue
-            layer = len(self._params)
-            self._layer_of[id(p)] = layer
-            self._params.append(p)
             module_path = name.rpartition(".")[0]
             module = modules.get(module_path)
-            frozen += not p.requires_grad
-            self._session.add_layer(layer, name, module_path, type(module).__name__ if module is not None else "",
-                                    str(p.dtype).replace("torch.", ""), str(list(p.shape)), p.numel(),
-                                    p.requires_grad, _source(module) if module is not None else "")
+            before = self._session.layer_count
+            layer = self._session.add_layer(id(p), name, module_path,
+                                            type(module).__name__ if module is not None else "",
+                                            str(p.dtype).replace("torch.", ""), str(list(p.shape)), p.numel(),
+                                            p.requires_grad, _source(module) if module is not None else "")
+            if self._session.layer_count == before:
+                continue  # the same tensor as an earlier name (the session says so once)
+            self._params.append(p)
             if p.requires_grad:
                 self._hooks.append(p.register_hook(functools.partial(self._arrived, layer)))
-        if frozen:
-            self._event("frozen-parameters", f"{frozen} parameters do not require grad: listed, no statistics")
+        self._session.layers_done()
 
     def _wrap_scaler(self, scaler):
         original_unscale = scaler._unscale_grads_
@@ -318,17 +252,12 @@ class AttachHandle:
             self._restore.append((scaler, name))
 
     def _event(self, kind, detail, key=None):
-        key = key or (kind, detail)
-        if key not in self._events_posted:
-            self._events_posted.add(key)
-            self._session.add_event(kind, detail)
+        self._session.event_once(repr(key or (kind, detail)), kind, detail)
 
     # --- per optimizer cycle -----------------------------------------------------------
 
     def _reset_cycle(self):
         """Per-cycle state: every hook calls _begin_cycle() before it reads any of it."""
-        self._arrival = [-1] * len(self._params)
-        self._next_arrival = 0
         self._losses = []         # what scale() received, or backward() was called on (no scaler)
         self._logged_losses = []  # log_loss(): wins over the automatic ones
         self._micro_batch = 0
@@ -348,21 +277,18 @@ class AttachHandle:
         False once it has stopped, the caller then does nothing."""
         if self._inert:
             return False
-        if self._cycle_open:
-            return True
-        if isinstance(self._session, _PendingSession):
+        if not self._session.opened:
             try:
                 self._open_session(*_rank.rank_now_or_single())
             except _ampdiag.RunDbError as e:
                 # Training has started: the log never stops it. Every hook goes inert and
                 # the scaler's own methods run, so the numbers are torch's.
                 self._stopped = True
-                self._session = _FailedSession(str(e))
+                self._session.failed(str(e))
                 print(f"ampdiag: cannot record this run, training goes on without it: {e}", file=sys.stderr)
                 return False
-        self._cycle_open = True
-        self._session.begin_step()
-        self._reset_cycle()
+        if self._session.begin_cycle():
+            self._reset_cycle()
         return True
 
     def _arrived(self, layer, grad):
@@ -372,9 +298,7 @@ class AttachHandle:
             return
         self._grad_calls += 1
         self._backward_seen = True
-        if self._arrival[layer] < 0:
-            self._arrival[layer] = self._next_arrival
-            self._next_arrival += 1
+        self._session.arrived(layer)
 
     def _on_scale(self, outputs):
         if self._inert:
@@ -399,15 +323,11 @@ class AttachHandle:
         self._roots = []
 
     def _layer_id(self, param):
-        layer = self._layer_of.get(id(param))
-        if layer is None:  # optimized, but not a parameter of the attached model
-            layer = len(self._params)
-            self._layer_of[id(param)] = layer
+        before = self._session.layer_count
+        layer = self._session.layer_of(id(param), str(param.dtype).replace("torch.", ""), str(list(param.shape)),
+                                       param.numel())
+        if self._session.layer_count != before:  # optimized, but not a parameter of the model
             self._params.append(param)
-            self._arrival.append(-1)
-            self._session.add_layer(layer, f"optimizer.param{layer}", "", "", str(param.dtype).replace("torch.", ""),
-                                    str(list(param.shape)), param.numel(), True, "")
-            self._event("foreign-parameter", f"optimizer.param{layer} is optimized but not part of the model")
         return layer
 
     def _gradients(self, optimizer):
@@ -429,15 +349,16 @@ class AttachHandle:
                 grads.append(grad)
         return layers, grads, sparse
 
-    def _stats(self, layers, grads, inv_scale=None):
+    def _stats(self, layers, grads, inv_scale=None, device_scale=None):
         views = [readable_view(g) for g in grads]
         for layer, g, v in zip(layers, grads, views):
             if v is not g:
                 self._event("slow-path", f"layer {layer} has a {g.dtype} {g.device} gradient: its statistics are "
-                                         "taken on a CPU copy", key=("copy", layer))
-        found = self._session.grads(layers, [self._arrival[i] for i in layers], [v.data_ptr() for v in views],
-                                    [v.numel() for v in views], [DTYPE_CODE[v.dtype] for v in views], inv_scale)
-        return found
+                                         f"taken on a dense copy on {g.device}", key=("copy", layer))
+        places = [engine_place(v) for v in views]
+        return self._session.grads(layers, [v.data_ptr() for v in views], [v.numel() for v in views],
+                                   [DTYPE_CODE[v.dtype] for v in views], [p[0] for p in places],
+                                   [p[1] for p in places], [p[2] for p in places], inv_scale, device_scale)
 
     def _on_unscale(self, original, optimizer, inv_scale, found_inf, allow_fp16):
         t0 = time.perf_counter_ns()
@@ -445,12 +366,17 @@ class AttachHandle:
             return original(optimizer, inv_scale, found_inf, allow_fp16)
         layers, grads, sparse = self._gradients(optimizer)
         special = sparse or any(g.dtype == torch.float16 for g in grads)
+        # Fused: every gradient read in place on the scale's own device (CPU: the scale is a
+        # host value; CUDA: the kernels read inv_scale and write found_inf on the device).
         fusable = (self._fused and grads and not special and all(directly_readable(g) for g in grads)
-                   and inv_scale.device.type == "cpu" and found_inf.device.type == "cpu")
+                   and all(g.device == found_inf.device for g in grads) and inv_scale.device == found_inf.device)
         if fusable:
             with torch.no_grad():
-                if self._stats(layers, grads, float(inv_scale.item())):
-                    found_inf.fill_(1.0)
+                if found_inf.device.type == "cpu":
+                    if self._stats(layers, grads, inv_scale=float(inv_scale.item())):
+                        found_inf.fill_(1.0)
+                else:
+                    self._stats(layers, grads, device_scale=(inv_scale.data_ptr(), found_inf.data_ptr()))
             self._python_ns += time.perf_counter_ns() - t0
             return {found_inf.device: found_inf}
         if grads:
@@ -483,23 +409,14 @@ class AttachHandle:
     def _end_step(self, scale_before, scale_after, found_inf, skipped):
         losses = self._logged_losses or self._losses
         loss = math.fsum(float(t.float().item()) for t in losses) if losses else math.nan
-        now = time.perf_counter_ns()
-        self._session.end_step(loss, len(losses), scale_before, scale_after, found_inf, skipped,
-                               now - self._step_started, self._python_ns)
+        self._session.end_step(loss, len(losses), scale_before, scale_after, found_inf, skipped, self._python_ns)
         self._python_ns = 0
         self._last_step_skipped = skipped
-        self._step_started = now
-        self._cycle_open = False
 
     # --- forward -------------------------------------------------------------------
 
     def _module_id(self, path, module, args):
-        module_id = self._modules.get(path)
-        if module_id is None:
-            module_id = len(self._modules)
-            self._modules[path] = module_id
-            self._session.add_module(module_id, path, type(module).__name__, _source(module), describe_inputs(args))
-        return module_id
+        return self._session.module_id(path, type(module).__name__, _source(module), describe_inputs(args))
 
     def _forward_hook(self, path):
         module_id = None  # resolved on the first call, when the module first runs
@@ -520,7 +437,7 @@ class AttachHandle:
                     module_id = self._module_id(path, module, args)
                 view = tensor if directly_readable(tensor) else readable_view(tensor)
                 if self._session.activation(module_id, view.data_ptr(), view.numel(), DTYPE_CODE[view.dtype],
-                                            self._micro_batch):
+                                            self._micro_batch, *engine_place(view)):
                     self._on_nonfinite_output(path, module, args, kwargs, output)
             self._python_ns += time.perf_counter_ns() - t0
             return None

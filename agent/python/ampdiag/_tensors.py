@@ -1,5 +1,7 @@
-"""How the agent reads tensors: which ones the engine reads in place, the first
-floating-point tensor of a module's output, and a short description of a forward's inputs."""
+"""How the agent reads tensors: which ones the engines read in place (CPU tensors on the
+CPU engine, CUDA tensors on the CUDA engine, on their current stream: never through the
+host), the first floating-point tensor of a module's output, and a short description of a
+forward's inputs."""
 import torch
 
 DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -34,20 +36,33 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
+ENGINE_DEVICES = {"cpu": 0, "cuda": 1}  # the session's device type codes
+
+
 def directly_readable(t: torch.Tensor) -> bool:
     """Every statistic is independent of element order, so a dense block is read in place."""
-    return t.device.type == "cpu" and t.layout == torch.strided and t.dtype in DTYPE_CODE and _dense(t)
+    return t.device.type in ENGINE_DEVICES and t.layout == torch.strided and t.dtype in DTYPE_CODE and _dense(t)
 
 
 def readable_view(t: torch.Tensor) -> torch.Tensor:
     """t itself when the engine can read it in place (data_ptr() is then the block's first
-    element: all strides are positive), else a contiguous CPU copy."""
+    element: all strides are positive), else a dense float copy on t's own device (made on
+    its current stream, which the engine then runs on)."""
     if directly_readable(t):
         return t
-    copy = t.detach().to("cpu")
+    copy = t.detach()
     if copy.dtype not in DTYPE_CODE:
         copy = copy.float()
     return copy.contiguous()
+
+
+def engine_place(t: torch.Tensor):
+    """(device type code, device index, stream) for the session: which engine reads t and,
+    on CUDA, the stream its producer runs on (reading the current stream does not sync)."""
+    if t.device.type == "cpu":
+        return 0, 0, 0
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return ENGINE_DEVICES[t.device.type], index, torch.cuda.current_stream(index).cuda_stream
 
 
 def describe_inputs(args) -> str:

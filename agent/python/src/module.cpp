@@ -5,7 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <chrono>
+#include <tuple>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "ampdiag/kernels/cpu_stats.h"
-#include "ampdiag/rundb/writer.h"
+#include "ampdiag/rundb/rows.h"
 #include "run_paths.h"
-#include "step_recorder.h"
+#include "session.h"
 
 namespace py = pybind11;
 using namespace ampdiag;
@@ -51,130 +51,139 @@ void openmp_parallel_for(std::int64_t count, const std::function<void(std::int64
 }
 #endif
 
+agent::Device device_of(int type, int index) {
+  if (type != 0 && type != 1) throw std::invalid_argument("device type must be 0 (cpu) or 1 (cuda)");
+  if (index < 0) throw std::invalid_argument("device index must be >= 0");
+  return {agent::DeviceType(type), index};
+}
+
+// The Python adapter over the session core: Python hands over data pointers, element
+// counts, dtype codes and devices of tensors it keeps alive for the call.
 class Session {
  public:
-  Session(const std::string& db_path, bool overwrite, std::size_t queue_capacity, std::int64_t every,
-          std::int64_t context_steps, int threads, bool histogram)
-      : histogram_(histogram), engine_([&] {
-          kernels::CpuEngineOptions o;
+  Session(bool overwrite, std::size_t queue_capacity, std::int64_t every, std::int64_t context_steps, int threads,
+          bool histogram)
+      : session_([&] {
           if (threads < 0) throw std::invalid_argument("threads must be >= 0 (0: torch's threads)");
-          o.threads = threads;
+          agent::SessionOptions o;
+          o.overwrite = overwrite;
+          o.histogram = histogram;
+          o.recorder.queue_capacity = queue_capacity;
+          o.recorder.every = every;
+          o.recorder.context_steps = context_steps;
+          o.cpu.threads = threads;
 #ifdef _OPENMP
-          if (threads == 0) o.parallel_for = openmp_parallel_for;
+          if (threads == 0) o.cpu.parallel_for = openmp_parallel_for;
 #endif
           return o;
-        }()) {
-    (void)agent::SamplingPolicy(every, context_steps);  // validates before the file is created
-    auto writer = std::make_unique<rundb::RunDbWriter>(db_path, overwrite);
-    recorder_ = std::make_unique<agent::StepRecorder>(std::move(writer), queue_capacity, every, context_steps);
+        }()) {}
+
+  void open(const std::string& db_path, std::int64_t rank, std::int64_t world_size, const std::string& run_id) {
+    session_.open(db_path, {rank, world_size}, run_id);
+  }
+  void failed(const std::string& why) { session_.failed(why); }
+
+  std::int64_t add_layer(std::uintptr_t key, const std::string& name, const std::string& module_path,
+                         const std::string& module_type, const std::string& dtype, const std::string& shape,
+                         std::int64_t numel, bool trainable, const std::string& source) {
+    return session_.add_layer(key, {name, module_path, module_type, dtype, shape, numel, trainable, source});
+  }
+  std::int64_t layer_of(std::uintptr_t key, const std::string& dtype, const std::string& shape, std::int64_t numel) {
+    agent::LayerInfo info;
+    info.dtype = dtype;
+    info.shape = shape;
+    info.numel = numel;
+    return session_.layer_of(key, info);
   }
 
-  void set_meta(const std::string& k, const std::string& v) { recorder_->writer().post_meta(k, v); }
-  void add_layer(std::int64_t id, const std::string& name, const std::string& module_path, const std::string& module_type,
-                 const std::string& dtype, const std::string& shape, std::int64_t numel, bool trainable,
-                 const std::string& source) {
-    recorder_->writer().post_layer({id, name, module_path, module_type, dtype, shape, numel, trainable, source});
-  }
-  void add_module(std::int64_t id, const std::string& path, const std::string& type, const std::string& source,
-                  const std::string& inputs) {
-    recorder_->writer().post_module({id, path, type, source, inputs});
-  }
-  void add_event(const std::string& kind, const std::string& detail) {
-    recorder_->writer().post_event({recorder_->step(), kind, detail, 0.0});
-  }
-  void add_replay(const std::string& module, const std::string& outcome, double fp32_absmax, const std::string& reason) {
-    if (outcome != "finite" && outcome != "nonfinite" && outcome != "unconfirmed")
-      throw std::invalid_argument("replay outcome must be finite, nonfinite or unconfirmed");
-    recorder_->writer().post_replay({recorder_->step(), module, outcome, fp32_absmax, reason});
-  }
-
-  // Statistics of the gradients (before unscale); with `inv_scale` set, also the unscale
-  // in place, as torch._amp_foreach_non_finite_check_and_unscale_ writes it. Returns
-  // whether any gradient holds NaN/Inf.
-  bool grads(const std::vector<std::int64_t>& ids, const std::vector<std::int64_t>& orders,
-             const std::vector<std::uintptr_t>& ptrs, const std::vector<std::int64_t>& numels,
-             const std::vector<int>& dtypes, py::object inv_scale) {
-    const std::size_t n = ids.size();
-    if (orders.size() != n || ptrs.size() != n || numels.size() != n || dtypes.size() != n)
-      throw std::invalid_argument("grads(): ids, orders, ptrs, numels and dtypes must have the same length");
-    const auto t0 = std::chrono::steady_clock::now();
-    stats_.resize(n);
-    hist_.assign(histogram_ ? n * kernels::kHistBins : 0, 0);
-    bool found;
-    if (inv_scale.is_none()) {
-      refs_.clear();
-      for (std::size_t i = 0; i < n; ++i)
-        refs_.push_back({reinterpret_cast<const void*>(ptrs[i]), numels[i], dtype_code(dtypes[i])});
-      py::gil_scoped_release release;
-      found = engine_.compute(refs_.data(), n, stats_.data(), histogram_ ? hist_.data() : nullptr);
-    } else {
-      const float inv = inv_scale.cast<float>();
-      mrefs_.clear();
-      for (std::size_t i = 0; i < n; ++i) mrefs_.push_back({reinterpret_cast<void*>(ptrs[i]), numels[i], dtype_code(dtypes[i])});
-      py::gil_scoped_release release;
-      found = engine_.unscale_and_compute(mrefs_.data(), n, inv, stats_.data(), histogram_ ? hist_.data() : nullptr);
+  void write_meta(const std::string& source, const std::string& torch_version, const std::string& device,
+                  const std::string& amp_dtype, const std::string& command_line, bool fused_unscale, py::object scaler) {
+    agent::RunMeta m;
+    m.source = source;
+    m.torch_version = torch_version;
+    m.device = device;
+    m.amp_dtype = amp_dtype;
+    m.command_line = command_line;
+    m.fused_unscale = fused_unscale;
+    m.has_scaler = !scaler.is_none();
+    if (m.has_scaler) {
+      const auto t = scaler.cast<std::tuple<double, double, double, std::int64_t>>();
+      std::tie(m.scaler_init_scale, m.scaler_growth_factor, m.scaler_backoff_factor, m.scaler_growth_interval) = t;
     }
+    session_.write_meta(m);
+  }
+
+  // Statistics of the gradients (before unscale), staged for this step; with `inv_scale`
+  // set (host tensors), also the unscale in place, as
+  // torch._amp_foreach_non_finite_check_and_unscale_ writes it; with `device_scale` set
+  // (inv_scale and found_inf pointers on the gradients' one device), the same on device.
+  // Returns whether a host gradient holds NaN/Inf (device results land later).
+  bool grads(const std::vector<std::int64_t>& ids, const std::vector<std::uintptr_t>& ptrs,
+             const std::vector<std::int64_t>& numels, const std::vector<int>& dtypes,
+             const std::vector<int>& device_types, const std::vector<int>& device_indices,
+             const std::vector<std::uintptr_t>& streams, py::object inv_scale, py::object device_scale) {
+    const std::size_t n = ids.size();
+    if (ptrs.size() != n || numels.size() != n || dtypes.size() != n || device_types.size() != n ||
+        device_indices.size() != n || streams.size() != n)
+      throw std::invalid_argument("grads(): every per-tensor list must have the same length");
+    tensors_.clear();
     for (std::size_t i = 0; i < n; ++i)
-      recorder_->stage_grad(ids[i], orders[i], stats_[i], histogram_ ? hist_.data() + i * kernels::kHistBins : nullptr);
-    agent_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-    return found;
+      tensors_.push_back({{reinterpret_cast<const void*>(ptrs[i]), numels[i], dtype_code(dtypes[i])},
+                          device_of(device_types[i], device_indices[i]), reinterpret_cast<void*>(streams[i])});
+    agent::GradBatch b;
+    b.layers = ids.data();
+    b.tensors = tensors_.data();
+    b.count = n;
+    if (!inv_scale.is_none()) {
+      b.unscale = true;
+      b.inv_scale = inv_scale.cast<float>();
+    } else if (!device_scale.is_none()) {
+      const auto p = device_scale.cast<std::pair<std::uintptr_t, std::uintptr_t>>();
+      b.unscale = true;
+      b.device_inv_scale = reinterpret_cast<const float*>(p.first);
+      b.device_found_inf = reinterpret_cast<float*>(p.second);
+    }
+    py::gil_scoped_release release;
+    return session_.grads(b);
   }
 
   // Statistics of one module output, staged at the next forward position. Returns whether
   // it holds NaN/Inf (a bool, not the statistics: this runs for every module every step).
-  bool activation(std::int64_t module_id, std::uintptr_t ptr, std::int64_t numel, int dtype, int micro_batch) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const kernels::TensorRef ref{reinterpret_cast<const void*>(ptr), numel, dtype_code(dtype)};
-    kernels::TensorStats s;
-    {
-      py::gil_scoped_release release;
-      engine_.compute(&ref, 1, &s);
-    }
-    recorder_->stage_act(module_id, recorder_->next_forward_order(), s, micro_batch);
-    agent_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-    return s.has_nonfinite();
+  bool activation(std::int64_t module_id, std::uintptr_t ptr, std::int64_t numel, int dtype, int micro_batch,
+                  int device_type, int device_index, std::uintptr_t stream) {
+    const agent::DeviceTensor t{{reinterpret_cast<const void*>(ptr), numel, dtype_code(dtype)},
+                                device_of(device_type, device_index), reinterpret_cast<void*>(stream)};
+    py::gil_scoped_release release;
+    return session_.activation(module_id, t, micro_batch);
+  }
+
+  std::string engine_for(int device_type, int device_index) const {
+    return agent::engine_name(session_.engine_for(device_of(device_type, device_index)));
   }
 
   void end_step(double loss, std::int64_t losses, double scale_before, double scale_after, bool found_inf, bool skipped,
-                std::int64_t step_ns, std::int64_t python_ns) {
-    agent::StepOutcome o;
-    o.loss = loss;
-    o.losses = losses;
-    o.scale_before = scale_before;
-    o.scale_after = scale_after;
-    o.found_inf = found_inf;
-    o.skipped = skipped;
-    o.step_ns = step_ns;
-    o.agent_ns = agent_ns_ + python_ns;
-    agent_ns_ = 0;
-    recorder_->end_step(o);
+                std::int64_t python_ns) {
+    session_.end_step({loss, losses, scale_before, scale_after, found_inf, skipped}, python_ns);
   }
-  bool amend_scale_after(double scale_after) { return recorder_->amend_scale_after(scale_after); }
-  void begin_step() { recorder_->begin_step(); }
 
-  std::int64_t step() const { return recorder_->step(); }
-  void close() { recorder_->close(); }
   py::dict status() const {
-    const auto c = recorder_->counters();
+    const auto c = session_.counters();
     py::dict d;
     d["steps"] = c.steps;
     d["rows_written"] = c.rows_written;
     d["dropped"] = c.dropped;
+    d["dropped_steps"] = c.dropped_steps;
     d["lost"] = c.lost;
     d["write_errors"] = c.write_errors;
     d["first_error"] = c.first_error;
     return d;
   }
 
+  agent::Session& core() { return session_; }
+
  private:
-  bool histogram_;
-  kernels::CpuStatsEngine engine_;
-  std::unique_ptr<agent::StepRecorder> recorder_;
-  std::vector<kernels::TensorRef> refs_;
-  std::vector<kernels::MutableTensorRef> mrefs_;
-  std::vector<kernels::TensorStats> stats_;
-  std::vector<std::uint64_t> hist_;
-  std::int64_t agent_ns_ = 0;
+  agent::Session session_;
+  std::vector<agent::DeviceTensor> tensors_;
 };
 
 }  // namespace
@@ -200,21 +209,37 @@ PYBIND11_MODULE(_ampdiag, m) {
       },
       "Statistics of one contiguous CPU buffer.");
   py::class_<Session>(m, "Session")
-      .def(py::init<const std::string&, bool, std::size_t, std::int64_t, std::int64_t, int, bool>(), py::arg("db_path"),
-           py::arg("overwrite"), py::arg("queue_capacity"), py::arg("every"), py::arg("context_steps"), py::arg("threads"),
+      .def(py::init<bool, std::size_t, std::int64_t, std::int64_t, int, bool>(), py::arg("overwrite"),
+           py::arg("queue_capacity"), py::arg("every"), py::arg("context_steps"), py::arg("threads"),
            py::arg("histogram"))
-      .def("set_meta", &Session::set_meta)
+      .def("open", &Session::open, py::arg("db_path"), py::arg("rank"), py::arg("world_size"), py::arg("run_id"))
+      .def("failed", &Session::failed)
+      .def_property_readonly("opened", [](Session& s) { return s.core().opened(); })
+      .def("write_meta", &Session::write_meta)
+      .def("set_meta", [](Session& s, const std::string& k, const std::string& v) { s.core().set_meta(k, v); })
       .def("add_layer", &Session::add_layer)
-      .def("add_module", &Session::add_module)
-      .def("add_event", &Session::add_event)
-      .def("add_replay", &Session::add_replay)
-      .def("grads", &Session::grads, py::arg("ids"), py::arg("orders"), py::arg("ptrs"), py::arg("numels"), py::arg("dtypes"),
-           py::arg("inv_scale") = py::none())
+      .def("layers_done", [](Session& s) { s.core().layers_done(); })
+      .def_property_readonly("layer_count", [](Session& s) { return s.core().layer_count(); })
+      .def("layer_of", &Session::layer_of)
+      .def("module_id", [](Session& s, const std::string& path, const std::string& type, const std::string& source,
+                           const std::string& inputs) { return s.core().module_id(path, type, source, inputs); })
+      .def("event", [](Session& s, const std::string& kind, const std::string& detail) { s.core().event(kind, detail); })
+      .def("event_once", [](Session& s, const std::string& key, const std::string& kind, const std::string& detail) {
+        s.core().event_once(key, kind, detail);
+      })
+      .def("add_replay", [](Session& s, const std::string& module, const std::string& outcome, double absmax,
+                            const std::string& reason) { s.core().replay(module, outcome, absmax, reason); })
+      .def("arrived", [](Session& s, std::int64_t layer) { s.core().arrived(layer); })
+      .def("begin_cycle", [](Session& s) { return s.core().begin_cycle(); })
+      .def("add_agent_ns", [](Session& s, std::int64_t ns) { s.core().add_agent_ns(ns); })
+      .def("grads", &Session::grads, py::arg("ids"), py::arg("ptrs"), py::arg("numels"), py::arg("dtypes"),
+           py::arg("device_types"), py::arg("device_indices"), py::arg("streams"), py::arg("inv_scale") = py::none(),
+           py::arg("device_scale") = py::none())
       .def("activation", &Session::activation)
+      .def("engine_for", &Session::engine_for, py::arg("device_type"), py::arg("device_index") = 0)
       .def("end_step", &Session::end_step)
-      .def("amend_scale_after", &Session::amend_scale_after)
-      .def("begin_step", &Session::begin_step)
-      .def_property_readonly("step", &Session::step)
-      .def("close", &Session::close)
+      .def("amend_scale_after", [](Session& s, double v) { return s.core().amend_scale_after(v); })
+      .def_property_readonly("step", [](Session& s) { return s.core().step(); })
+      .def("close", [](Session& s) { s.core().close(); })
       .def("status", &Session::status);
 }

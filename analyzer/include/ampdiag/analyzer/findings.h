@@ -66,6 +66,9 @@ struct RunOverview {
   // Writing the file failed (meta write_error): why, and how many records never reached it.
   std::string write_error;
   std::int64_t lost_records = 0;
+  // Recorded without part of their statistics: steps whose device results never arrived
+  // (meta dropped_steps), and records the agent dropped because its writer fell behind.
+  std::int64_t dropped_steps = 0, dropped_records = 0;
   std::string amp_dtype, device, run_id;
   bool has_scaler = true;
   std::int64_t world_size = 1;

@@ -33,6 +33,9 @@ struct RenderOptions {
 // The verdict's count, as every format words it: "5 findings, 4 fail the gate (--fail-on
 // error)", "1 finding, none fails the gate (--fail-on error)".
 std::string findings_summary(const Report& r, const Gate& gate);
+// ", 3 steps without their device statistics (never arrived)" and the like; empty when the
+// run was recorded whole.
+std::string incomplete_text(const RunOverview& o);
 
 std::string render_text(const Report& r, const Gate& gate, const RenderOptions& o = {});
 std::string render_markdown(const Report& r, const Gate& gate);

@@ -37,19 +37,23 @@ class CudaTicket {
   virtual const TensorStats* stats() const = 0;
   virtual const std::uint64_t* histograms() const = 0;
   virtual std::size_t count() const = 0;
+  // The caller is done with the results: the slot may be launched into again. Until then
+  // it is held, even once ready, so results waiting to be recorded are never overwritten.
+  virtual void release() = 0;
 };
 
 class CudaStatsEngine {
  public:
-  // `slots`: launches that may be in flight at once; each owns its device and pinned
-  // buffers. Throws std::runtime_error when no device is available.
-  explicit CudaStatsEngine(int slots = 4);
+  // `slots`: launches that may be held at once; each owns its device and pinned buffers.
+  // Everything runs on `device`, whatever the calling thread's current device is. Throws
+  // std::runtime_error when no device is available.
+  explicit CudaStatsEngine(int slots = 4, int device = 0);
   ~CudaStatsEngine();
   CudaStatsEngine(const CudaStatsEngine&) = delete;
   CudaStatsEngine& operator=(const CudaStatsEngine&) = delete;
 
   // Enqueues the pass over `tensors` (device pointers, element-aligned) on launch.stream.
-  // Returns null when every slot is still in flight: the caller drops this sample. A slot's
+  // Returns null when every slot is still held: the caller drops this sample. A slot's
   // device and pinned buffers grow on demand (cudaMalloc / cudaMallocHost, which may
   // synchronise): that happens on the first launches of a given size, not in steady state.
   // Throws std::invalid_argument for a malformed TensorRef, std::runtime_error on CUDA errors.
@@ -59,6 +63,7 @@ class CudaStatsEngine {
   struct Slot;
   std::unique_ptr<Slot[]> slots_;
   int slot_count_;
+  int device_;
   int next_slot_ = 0;
 };
 

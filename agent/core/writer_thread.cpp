@@ -67,15 +67,16 @@ void WriterThread::write(const Record& r) {
   if (r.kind == RecordKind::kStep) {
     rundb::StepRow row;
     row.step = r.step;
-    row.loss = r.step_data.loss;
-    row.losses = r.step_data.losses;
-    row.scale_before = r.step_data.scale_before;
-    row.scale_after = r.step_data.scale_after;
-    row.found_inf = r.step_data.found_inf;
-    row.skipped = r.step_data.skipped;
+    const StepOutcome& o = r.step_data.outcome;
+    row.loss = o.loss;
+    row.losses = o.losses;
+    row.scale_before = o.scale_before;
+    row.scale_after = o.scale_after;
+    row.found_inf = o.found_inf;
+    row.skipped = o.skipped;
     row.sampled = r.step_data.sampled;
-    row.step_ns = r.step_data.step_ns;
-    row.agent_ns = r.step_data.agent_ns;
+    row.step_ns = o.step_ns;
+    row.agent_ns = o.agent_ns;
     row.wall_time = r.step_data.wall_time;
     writer_->add_step(row);
   } else if (r.kind == RecordKind::kGrad) {

@@ -14,10 +14,19 @@ namespace ampdiag::agent {
 
 enum class RecordKind : std::uint8_t { kStep, kGrad, kAct };
 
+// How an optimizer cycle ended, as the agent saw it.
+struct StepOutcome {
+  double loss = 0.0;         // sum of the cycle's losses; NaN when non-finite or none
+  std::int64_t losses = 0;   // how many losses were summed (0: none seen)
+  double scale_before = 1.0, scale_after = 1.0;
+  bool found_inf = false, skipped = false;
+  std::int64_t step_ns = 0, agent_ns = 0;
+};
+
 struct StepPayload {
-  double loss, scale_before, scale_after, wall_time;
-  std::int64_t losses, step_ns, agent_ns;
-  bool found_inf, skipped, sampled;
+  StepOutcome outcome;
+  double wall_time;
+  bool sampled;
 };
 
 struct StatPayload {

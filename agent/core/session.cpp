@@ -1,0 +1,357 @@
+// Session; see session.h.
+#include "session.h"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <chrono>
+#include <stdexcept>
+
+#include "sampling.h"
+
+namespace ampdiag::agent {
+
+namespace {
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Shortest text that reads back as the same double (65536 -> "65536").
+std::string number_text(double v) {
+  char buf[32];
+  const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+  return std::string(buf, end);
+}
+
+bool host(const Device& d) { return d.type == DeviceType::kCpu; }
+
+}  // namespace
+
+const char* engine_name(EngineKind k) {
+  switch (k) {
+    case EngineKind::kCpu: return "cpu";
+    case EngineKind::kCuda: return "cuda";
+    case EngineKind::kNone: return "none";
+  }
+  return "?";
+}
+
+Session::Session(SessionOptions options) : options_(std::move(options)), cpu_(options_.cpu) {
+  (void)SamplingPolicy(options_.recorder.every, options_.recorder.context_steps);  // validates before any file
+  if (options_.recorder.queue_capacity < 16) throw std::invalid_argument("queue_capacity must be at least 16 records");
+  if (options_.recorder.max_waiting < 1) throw std::invalid_argument("max_waiting must be at least 1 step");
+  step_start_ns_ = now_ns();
+}
+
+Session::~Session() { close(); }
+
+void Session::open(const std::string& db_path, const RankInfo& rank, const std::string& run_id) {
+  if (recorder_) throw std::logic_error("Session::open: the run.db is already open");
+  auto writer = std::make_unique<rundb::RunDbWriter>(db_path, options_.overwrite);
+  recorder_ = std::make_unique<StepRecorder>(std::move(writer), options_.recorder);
+  WriterThread& w = recorder_->writer();
+  w.post_meta("rank", std::to_string(rank.rank));
+  w.post_meta("world_size", std::to_string(rank.world_size));
+  w.post_meta("run_id", run_id.empty() ? default_run_id(rank) : run_id);
+  for (auto& [k, v] : early_meta_) w.post_meta(std::move(k), std::move(v));
+  for (auto& row : early_layers_) w.post_layer(std::move(row));
+  for (auto& row : early_modules_) w.post_module(std::move(row));
+  for (auto& row : early_events_) w.post_event(std::move(row));
+  early_meta_.clear();
+  early_layers_.clear();
+  early_modules_.clear();
+  early_events_.clear();
+}
+
+// --- registry --------------------------------------------------------------------------
+
+void Session::post_layer(rundb::LayerRow row) {
+  if (recorder_)
+    recorder_->writer().post_layer(std::move(row));
+  else
+    early_layers_.push_back(std::move(row));
+}
+
+void Session::post_event(rundb::EventRow row) {
+  if (recorder_)
+    recorder_->writer().post_event(std::move(row));
+  else
+    early_events_.push_back(std::move(row));
+}
+
+std::int64_t Session::add_layer(std::uintptr_t key, const LayerInfo& info) {
+  const auto found = layer_ids_.find(key);
+  if (found != layer_ids_.end()) {
+    event_once("shared:" + info.name, "shared-parameter",
+               info.name + " is the same tensor as layer " + std::to_string(found->second) +
+                   "; its statistics are recorded once, under that layer");
+    return found->second;
+  }
+  const auto id = std::int64_t(layer_count_++);
+  layer_ids_[key] = id;
+  frozen_ += info.trainable ? 0 : 1;
+  post_layer({id, info.name, info.module_path, info.module_type, info.dtype, info.shape, info.numel, info.trainable,
+              info.source});
+  return id;
+}
+
+void Session::layers_done() {
+  arrival_size_ = layer_count_;
+  arrival_ = std::make_unique<std::atomic<std::int32_t>[]>(arrival_size_);
+  for (std::size_t i = 0; i < arrival_size_; ++i) arrival_[i].store(-1, std::memory_order_relaxed);
+  if (frozen_ > 0)
+    event("frozen-parameters",
+          std::to_string(frozen_) + " parameters do not require grad; they are listed but have no statistics");
+}
+
+std::int64_t Session::layer_of(std::uintptr_t key, const LayerInfo& foreign) {
+  const auto found = layer_ids_.find(key);
+  if (found != layer_ids_.end()) return found->second;
+  // Optimized but not a parameter of the model: a made-up name, and no hook, so no bwd_order.
+  const auto id = std::int64_t(layer_count_++);
+  layer_ids_[key] = id;
+  LayerInfo info = foreign;
+  info.name = "optimizer.param" + std::to_string(id);
+  info.module_path.clear();
+  info.module_type.clear();
+  info.trainable = true;
+  post_layer({id, info.name, "", "", info.dtype, info.shape, info.numel, true, info.source});
+  event_once("foreign:" + std::to_string(id), "foreign-parameter",
+             info.name + " is optimized but is not a parameter of the attached model");
+  return id;
+}
+
+std::int64_t Session::module_id(const std::string& path, const std::string& type, const std::string& source,
+                                const std::string& inputs) {
+  const auto found = module_ids_.find(path);
+  if (found != module_ids_.end()) return found->second;
+  const auto id = std::int64_t(module_ids_.size());
+  module_ids_[path] = id;
+  rundb::ModuleRow row{id, path, type, source, inputs};
+  if (recorder_)
+    recorder_->writer().post_module(std::move(row));
+  else
+    early_modules_.push_back(std::move(row));
+  return id;
+}
+
+void Session::set_meta(const std::string& key, const std::string& value) {
+  if (recorder_)
+    recorder_->writer().post_meta(key, value);
+  else
+    early_meta_.emplace_back(key, value);
+}
+
+void Session::write_meta(const RunMeta& m) {
+  set_meta("ampdiag_version", "0.1.0");
+  set_meta("source", m.source);
+  set_meta("torch_version", m.torch_version);
+  set_meta("device", m.device);
+  set_meta("amp_dtype", m.amp_dtype);
+  set_meta("command_line", m.command_line);
+  set_meta("pid", std::to_string(::getpid()));
+  set_meta("every", std::to_string(options_.recorder.every));
+  set_meta("context_steps", std::to_string(options_.recorder.context_steps));
+  set_meta("fused_unscale", m.fused_unscale ? "1" : "0");
+  set_meta("histogram", options_.histogram ? "1" : "0");
+  set_meta("stats_isa", kernels::cpu_isa_name(cpu_.isa()));
+  set_meta("scaler_enabled", m.has_scaler ? "1" : "0");
+  if (m.has_scaler) {
+    set_meta("scaler_init_scale", number_text(m.scaler_init_scale));
+    set_meta("scaler_growth_factor", number_text(m.scaler_growth_factor));
+    set_meta("scaler_backoff_factor", number_text(m.scaler_backoff_factor));
+    set_meta("scaler_growth_interval", std::to_string(m.scaler_growth_interval));
+  }
+}
+
+void Session::event(const std::string& kind, const std::string& detail) { post_event({step(), kind, detail, 0.0}); }
+
+void Session::event_once(const std::string& key, const std::string& kind, const std::string& detail) {
+  if (events_posted_.insert(key).second) event(kind, detail);
+}
+
+void Session::replay(const std::string& module, const std::string& outcome, double fp32_absmax,
+                     const std::string& reason) {
+  if (outcome != "finite" && outcome != "nonfinite" && outcome != "unconfirmed")
+    throw std::invalid_argument("replay outcome must be finite, nonfinite or unconfirmed, not '" + outcome + "'");
+  if (recorder_) recorder_->writer().post_replay({step(), module, outcome, fp32_absmax, reason});
+}
+
+std::int64_t Session::step() const { return recorder_ ? recorder_->step() : 0; }
+
+// --- backward arrival -----------------------------------------------------------------------
+
+void Session::arrived(std::int64_t layer) {
+  if (layer < 0 || std::size_t(layer) >= arrival_size_) return;
+  const std::int32_t mine = next_arrival_.fetch_add(1, std::memory_order_relaxed);
+  std::int32_t expected = -1;
+  arrival_[std::size_t(layer)].compare_exchange_strong(expected, mine, std::memory_order_relaxed);
+}
+
+std::int32_t Session::arrival(std::int64_t layer) const {
+  if (layer < 0 || std::size_t(layer) >= arrival_size_) return -1;
+  return arrival_[std::size_t(layer)].load(std::memory_order_relaxed);
+}
+
+// --- the cycle ----------------------------------------------------------------------------
+
+bool Session::begin_cycle() {
+  if (cycle_open_) return false;
+  cycle_open_ = true;
+  checked_ = false;
+  if (recorder_) recorder_->begin_step();
+  next_arrival_.store(0, std::memory_order_relaxed);
+  for (std::size_t i = 0; i < arrival_size_; ++i) arrival_[i].store(-1, std::memory_order_relaxed);
+  return true;
+}
+
+EngineKind Session::engine_for(const Device& device) const {
+  if (host(device)) return EngineKind::kCpu;
+  if (device_engine_) return device_engine_->kind();
+#ifdef AMPDIAG_HAVE_CUDA
+  return EngineKind::kCuda;
+#else
+  return EngineKind::kNone;
+#endif
+}
+
+bool Session::device_engine_ready(const Device& device) {
+  if (!device_engine_) device_engine_ = make_cuda_engine();
+  std::string why = device_engine_ ? device_engine_->unavailable() : "this ampdiag build has no CUDA engine";
+  if (why.empty()) return true;
+  event_once("no-engine", "slow-path",
+             "tensors on " + std::string(device.type == DeviceType::kCuda ? "cuda" : "a device") +
+                 " have no statistics: " + why + " (they are never copied to the host)");
+  return false;
+}
+
+void Session::launch_on_device(const kernels::TensorRef* refs, std::size_t n, const DeviceLaunch& launch, LandAs as) {
+  std::unique_ptr<Ticket> ticket = device_engine_->launch(refs, n, launch, std::move(as));
+  if (ticket)
+    recorder_->stage_ticket(std::move(ticket));
+  else
+    recorder_->mark_incomplete(device_engine_->kind() == EngineKind::kCuda ? "cuda" : "device");
+}
+
+bool Session::grads(const GradBatch& b) {
+  if (!recorder_) return false;
+  const std::int64_t t0 = now_ns();
+  begin_cycle();
+  checked_ = true;
+  const std::size_t n = b.count;
+  bool found = false;
+
+  // Host tensors: one pass now.
+  refs_.clear();
+  mrefs_.clear();
+  ids_.clear();
+  for (std::size_t i = 0; i < n; ++i) {
+    const DeviceTensor& t = b.tensors[i];
+    if (!host(t.device)) continue;
+    ids_.push_back(b.layers[i]);
+    if (b.unscale)
+      mrefs_.push_back({const_cast<void*>(t.ref.data), t.ref.numel, t.ref.dtype});
+    else
+      refs_.push_back(t.ref);
+  }
+  if (!ids_.empty()) {
+    const std::size_t k = ids_.size();
+    stats_.resize(k);
+    hist_.assign(options_.histogram ? k * kernels::kHistBins : 0, 0);
+    std::uint64_t* hist = options_.histogram ? hist_.data() : nullptr;
+    found = b.unscale ? cpu_.unscale_and_compute(mrefs_.data(), k, b.inv_scale, stats_.data(), hist)
+                      : cpu_.compute(refs_.data(), k, stats_.data(), hist);
+    for (std::size_t i = 0; i < k; ++i)
+      recorder_->stage_grad(ids_[i], arrival(ids_[i]), stats_[i], hist ? hist + i * kernels::kHistBins : nullptr);
+  }
+
+  // Device tensors: one launch per (device, stream), in the optimizer's order.
+  launched_.assign(n, 0);
+  for (std::size_t first = 0; first < n; ++first) {
+    const DeviceTensor& lead = b.tensors[first];
+    if (host(lead.device) || launched_[first]) continue;
+    if (!device_engine_ready(lead.device)) break;
+    refs_.clear();
+    LandAs as;
+    for (std::size_t i = first; i < n; ++i) {
+      const DeviceTensor& t = b.tensors[i];
+      if (launched_[i] || !(t.device == lead.device) || t.stream != lead.stream) continue;
+      launched_[i] = 1;
+      refs_.push_back(t.ref);
+      as.ids.push_back(b.layers[i]);
+      as.orders.push_back(arrival(b.layers[i]));
+    }
+    DeviceLaunch launch;
+    launch.device = lead.device;
+    launch.stream = lead.stream;
+    launch.histogram = options_.histogram;
+    if (b.unscale) {
+      launch.inv_scale = b.device_inv_scale;
+      launch.found_inf = b.device_found_inf;
+    }
+    launch_on_device(refs_.data(), refs_.size(), launch, std::move(as));
+  }
+  agent_ns_ += now_ns() - t0;
+  return found;
+}
+
+bool Session::activation(std::int64_t module, const DeviceTensor& t, std::int32_t micro_batch) {
+  if (!recorder_) return false;
+  const std::int64_t t0 = now_ns();
+  begin_cycle();
+  const std::int32_t order = recorder_->next_forward_order();
+  bool nonfinite = false;
+  if (host(t.device)) {
+    kernels::TensorStats s;
+    cpu_.compute(&t.ref, 1, &s);
+    recorder_->stage_act(module, order, s, micro_batch);
+    nonfinite = s.has_nonfinite();
+  } else if (device_engine_ready(t.device)) {
+    DeviceLaunch launch;
+    launch.device = t.device;
+    launch.stream = t.stream;
+    LandAs as;
+    as.activation = true;
+    as.ids = {module};
+    as.orders = {order};
+    as.micro_batch = micro_batch;
+    launch_on_device(&t.ref, 1, launch, std::move(as));
+  }
+  agent_ns_ += now_ns() - t0;
+  return nonfinite;
+}
+
+void Session::end_step(StepOutcome o, std::int64_t adapter_ns) {
+  const std::int64_t now = now_ns();
+  o.step_ns = now - step_start_ns_;
+  o.agent_ns = agent_ns_ + adapter_ns;
+  if (recorder_) recorder_->end_step(o);
+  agent_ns_ = 0;
+  step_start_ns_ = now;
+  cycle_open_ = false;
+  checked_ = false;
+}
+
+bool Session::amend_scale_after(double scale_after) {
+  return recorder_ ? recorder_->amend_scale_after(scale_after) : false;
+}
+
+void Session::close() {
+  if (closed_) return;
+  closed_ = true;
+  if (recorder_) recorder_->close();
+}
+
+RecorderCounters Session::counters() const {
+  RecorderCounters c;
+  if (recorder_) c = recorder_->counters();
+  if (!failure_.empty() && c.first_error.empty()) {
+    c.write_errors += 1;
+    c.first_error = failure_;
+  }
+  return c;
+}
+
+}  // namespace ampdiag::agent

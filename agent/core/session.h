@@ -1,0 +1,184 @@
+// The session core every agent shares (torch-free): the layer and module registry, run
+// metadata, once-only events, backward arrival order, the optimizer cycle, the statistics
+// engines and the step recorder with its writer thread. The C++ Agent (LibTorch) and the
+// Python extension are thin adapters that turn their tensors into TensorRefs and their
+// hooks into these calls.
+//
+// The file may be opened after the session starts (a spawned worker learns its rank only
+// at its first step): rows posted before open() are kept and written first.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "ampdiag/kernels/cpu_stats.h"
+#include "ampdiag/rundb/rows.h"
+#include "device_engine.h"
+#include "run_paths.h"
+#include "step_recorder.h"
+
+namespace ampdiag::agent {
+
+struct SessionOptions {
+  bool overwrite = false;
+  RecorderOptions recorder;
+  bool histogram = false;
+  kernels::CpuEngineOptions cpu;
+};
+
+// A parameter as the adapter sees it. `key` identifies the tensor for as long as the
+// adapter keeps it alive (its address, Python's id()).
+struct LayerInfo {
+  std::string name, module_path, module_type, dtype, shape;
+  std::int64_t numel = 0;
+  bool trainable = true;
+  std::string source;
+};
+
+// What only the adapter knows about the run; the session adds the rest (version, pid,
+// sampling, engine, rank).
+struct RunMeta {
+  std::string source;         // "ampdiag C++ agent"
+  std::string torch_version, device, amp_dtype, command_line;
+  bool fused_unscale = true;
+  bool has_scaler = true;
+  double scaler_init_scale = 0, scaler_growth_factor = 0, scaler_backoff_factor = 0;
+  std::int64_t scaler_growth_interval = 0;
+};
+
+// A batch of gradients at the unscale point, in the order the optimizer holds them.
+struct GradBatch {
+  const std::int64_t* layers = nullptr;
+  const DeviceTensor* tensors = nullptr;
+  std::size_t count = 0;
+  // Unscale in place as torch's op does (CPU: the host value; device: device pointers).
+  bool unscale = false;
+  float inv_scale = 1.0f;
+  const float* device_inv_scale = nullptr;
+  float* device_found_inf = nullptr;
+};
+
+class Session {
+ public:
+  explicit Session(SessionOptions options);
+  ~Session();  // = close()
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Creates the run.db (throws rundb::RunDbError for a bad path) and writes what was posted
+  // so far. Once only.
+  void open(const std::string& db_path, const RankInfo& rank, const std::string& run_id);
+  bool opened() const { return recorder_ != nullptr; }
+  // Why recording stopped before it began (open failed after training started), for status().
+  void failed(const std::string& why) { failure_ = why; }
+
+  // --- registry ----------------------------------------------------------------------
+  // Registers a model parameter; a tensor seen before (shared weights) keeps its first id
+  // and gets a one-time event. Returns the layer id.
+  std::int64_t add_layer(std::uintptr_t key, const LayerInfo& info);
+  // The layer of an optimized tensor: a model parameter, or a made-up "optimizer.paramN"
+  // (with an event) for one the model does not hold.
+  std::int64_t layer_of(std::uintptr_t key, const LayerInfo& foreign);
+  std::int64_t layer_count() const { return std::int64_t(layer_count_); }
+  // After the model's parameters: says how many are frozen.
+  void layers_done();
+  // The module's id, registered on first use.
+  std::int64_t module_id(const std::string& path, const std::string& type, const std::string& source,
+                         const std::string& inputs);
+
+  void set_meta(const std::string& key, const std::string& value);
+  void write_meta(const RunMeta& meta);
+  void event(const std::string& kind, const std::string& detail);
+  // Once per key for the run.
+  void event_once(const std::string& key, const std::string& kind, const std::string& detail);
+  void replay(const std::string& module, const std::string& outcome, double fp32_absmax, const std::string& reason);
+
+  // --- backward arrival (any thread: autograd's workers call it) -----------------------
+  void arrived(std::int64_t layer);
+  std::int32_t arrival(std::int64_t layer) const;
+
+  // --- the optimizer cycle (training thread) -------------------------------------------
+  // The first hook of a cycle records the step that ended and resets arrival order.
+  // Returns whether this call opened the cycle.
+  bool begin_cycle();
+  bool cycle_open() const { return cycle_open_; }
+  // Gradients were checked this cycle (an update() without that only moves the scale).
+  bool checked() const { return checked_; }
+  // Statistics of the gradients, staged for this step (with arrival order); CPU tensors
+  // are computed now, device tensors on their engine. Returns found_inf of what was
+  // computed on the host (device results land later).
+  bool grads(const GradBatch& batch);
+  // Statistics of one module output at the next forward position; returns whether it
+  // holds NaN/Inf (known at once on the host; false for a device tensor).
+  bool activation(std::int64_t module, const DeviceTensor& t, std::int32_t micro_batch);
+  // The engine a tensor on `device` goes to (tests and the slow-path event).
+  EngineKind engine_for(const Device& device) const;
+  // Ends the cycle. agent_ns: the adapter's own time on top of the session's.
+  void end_step(StepOutcome outcome, std::int64_t adapter_ns);
+  // An update() after the cycle's update(): the pending step ends at this scale.
+  bool amend_scale_after(double scale_after);
+  void add_agent_ns(std::int64_t ns) { agent_ns_ += ns; }
+  std::int64_t step() const;
+
+  // Replaces the device engine (tests drive the core with a fake one).
+  void set_device_engine(std::unique_ptr<DeviceEngine> engine) { device_engine_ = std::move(engine); }
+  kernels::CpuIsa cpu_isa() const { return cpu_.isa(); }
+
+  // Waits (bounded) for the last tickets and finishes the run.db. Idempotent.
+  void close();
+  RecorderCounters counters() const;
+
+ private:
+  void post_layer(rundb::LayerRow row);
+  void post_event(rundb::EventRow row);
+  // Creates the device engine on first use; false (with a one-time event) when it cannot run.
+  bool device_engine_ready(const Device& device);
+  void launch_on_device(const kernels::TensorRef* refs, std::size_t n, const DeviceLaunch& launch, LandAs as);
+
+  SessionOptions options_;
+  kernels::CpuStatsEngine cpu_;
+  std::unique_ptr<DeviceEngine> device_engine_;
+  std::unique_ptr<StepRecorder> recorder_;
+  std::string failure_;
+  bool closed_ = false;
+
+  // Posted before open(), written first.
+  std::vector<std::pair<std::string, std::string>> early_meta_;
+  std::vector<rundb::LayerRow> early_layers_;
+  std::vector<rundb::ModuleRow> early_modules_;
+  std::vector<rundb::EventRow> early_events_;
+
+  std::unordered_map<std::uintptr_t, std::int64_t> layer_ids_;
+  std::size_t layer_count_ = 0;
+  std::int64_t frozen_ = 0;
+  std::unordered_map<std::string, std::int64_t> module_ids_;
+  std::unordered_set<std::string> events_posted_;
+
+  // Backward arrival: written by autograd's threads, read at the unscale point. Sized
+  // for the model's layers plus room for foreign ones; a layer beyond it has no order.
+  std::unique_ptr<std::atomic<std::int32_t>[]> arrival_;
+  std::size_t arrival_size_ = 0;
+  std::atomic<std::int32_t> next_arrival_{0};
+
+  bool cycle_open_ = false;
+  bool checked_ = false;
+  std::int32_t fwd_order_ = 0;
+  std::int64_t agent_ns_ = 0;
+  std::int64_t step_start_ns_ = 0;
+
+  // Per-call scratch: nothing is allocated on the training thread once warm.
+  std::vector<kernels::TensorRef> refs_;
+  std::vector<kernels::MutableTensorRef> mrefs_;
+  std::vector<std::int64_t> ids_;
+  std::vector<kernels::TensorStats> stats_;
+  std::vector<std::uint64_t> hist_;
+  std::vector<char> launched_;
+};
+
+}  // namespace ampdiag::agent
