@@ -27,8 +27,10 @@ if(NOT AMPDIAG_WITH_CUDA STREQUAL "OFF")
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES 80 90)
     endif()
-    # The default (Static) ends up linking libcudart.so and cudart_static together.
-    set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+    # The CUDA runtime is linked statically (CUDA::cudart_static below): the Python
+    # extension and the agent then need only the driver at run time, and a CPU-only
+    # machine imports them without libcudart.so.
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Static)
     enable_language(CUDA)
     set(CMAKE_CUDA_STANDARD 17)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)

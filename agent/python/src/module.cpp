@@ -197,6 +197,13 @@ PYBIND11_MODULE(_ampdiag, m) {
   m.def("default_run_id", [](std::int64_t rank, std::int64_t world_size) {
     return agent::default_run_id({rank, world_size});
   });
+  m.def("built_with_cuda", [] {
+#ifdef AMPDIAG_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+  });
   m.def("cpu_isa", [] { return std::string(kernels::cpu_isa_name(kernels::best_cpu_isa())); });
   m.def(
       "tensor_stats",
