@@ -67,60 +67,57 @@ void Session::open(const std::string& db_path, const RankInfo& rank, const std::
 
 // --- registry --------------------------------------------------------------------------
 
-void Session::post_layer(rundb::LayerRow row) {
+template <class Row>
+void Session::post(Row row, std::vector<Row>& early, void (WriterThread::*to)(Row)) {
   if (recorder_)
-    recorder_->writer().post_layer(std::move(row));
+    (recorder_->writer().*to)(std::move(row));
   else
-    early_layers_.push_back(std::move(row));
+    early.push_back(std::move(row));
 }
 
-void Session::post_event(rundb::EventRow row) {
-  if (recorder_)
-    recorder_->writer().post_event(std::move(row));
-  else
-    early_events_.push_back(std::move(row));
-}
-
-std::int64_t Session::add_layer(std::uintptr_t key, const LayerInfo& info) {
+Session::Layer Session::add_layer(std::uintptr_t key, const LayerInfo& info) {
   const auto found = layer_ids_.find(key);
   if (found != layer_ids_.end()) {
     event_once("shared:" + info.name, "shared-parameter",
                info.name + " is the same tensor as layer " + std::to_string(found->second) +
                    "; its statistics are recorded once, under that layer");
-    return found->second;
+    return {found->second, false};
   }
   const auto id = std::int64_t(layer_count_++);
   layer_ids_[key] = id;
   frozen_ += info.trainable ? 0 : 1;
-  post_layer({id, info.name, info.module_path, info.module_type, info.dtype, info.shape, info.numel, info.trainable,
-              info.source});
-  return id;
+  post<rundb::LayerRow>({id, info.name, info.module_path, info.module_type, info.dtype, info.shape, info.numel,
+                         info.trainable, info.source},
+                        early_layers_, &WriterThread::post_layer);
+  return {id, true};
+}
+
+void Session::reset_arrival() {
+  next_arrival_.store(0, std::memory_order_relaxed);
+  for (std::size_t i = 0; i < arrival_size_; ++i) arrival_[i].store(-1, std::memory_order_relaxed);
 }
 
 void Session::layers_done() {
   arrival_size_ = layer_count_;
   arrival_ = std::make_unique<std::atomic<std::int32_t>[]>(arrival_size_);
-  for (std::size_t i = 0; i < arrival_size_; ++i) arrival_[i].store(-1, std::memory_order_relaxed);
+  reset_arrival();
   if (frozen_ > 0)
     event("frozen-parameters",
           std::to_string(frozen_) + " parameters do not require grad; they are listed but have no statistics");
 }
 
-std::int64_t Session::layer_of(std::uintptr_t key, const LayerInfo& foreign) {
+Session::Layer Session::layer_of(std::uintptr_t key, const LayerInfo& foreign) {
   const auto found = layer_ids_.find(key);
-  if (found != layer_ids_.end()) return found->second;
+  if (found != layer_ids_.end()) return {found->second, false};
   // Optimized but not a parameter of the model: a made-up name, and no hook, so no bwd_order.
   const auto id = std::int64_t(layer_count_++);
   layer_ids_[key] = id;
-  LayerInfo info = foreign;
-  info.name = "optimizer.param" + std::to_string(id);
-  info.module_path.clear();
-  info.module_type.clear();
-  info.trainable = true;
-  post_layer({id, info.name, "", "", info.dtype, info.shape, info.numel, true, info.source});
+  const std::string name = "optimizer.param" + std::to_string(id);
+  post<rundb::LayerRow>({id, name, "", "", foreign.dtype, foreign.shape, foreign.numel, true, foreign.source},
+                        early_layers_, &WriterThread::post_layer);
   event_once("foreign:" + std::to_string(id), "foreign-parameter",
-             info.name + " is optimized but is not a parameter of the attached model");
-  return id;
+             name + " is optimized but is not a parameter of the attached model");
+  return {id, true};
 }
 
 std::int64_t Session::module_id(const std::string& path, const std::string& type, const std::string& source,
@@ -129,11 +126,7 @@ std::int64_t Session::module_id(const std::string& path, const std::string& type
   if (found != module_ids_.end()) return found->second;
   const auto id = std::int64_t(module_ids_.size());
   module_ids_[path] = id;
-  rundb::ModuleRow row{id, path, type, source, inputs};
-  if (recorder_)
-    recorder_->writer().post_module(std::move(row));
-  else
-    early_modules_.push_back(std::move(row));
+  post<rundb::ModuleRow>({id, path, type, source, inputs}, early_modules_, &WriterThread::post_module);
   return id;
 }
 
@@ -166,7 +159,9 @@ void Session::write_meta(const RunMeta& m) {
   }
 }
 
-void Session::event(const std::string& kind, const std::string& detail) { post_event({step(), kind, detail, 0.0}); }
+void Session::event(const std::string& kind, const std::string& detail) {
+  post<rundb::EventRow>({step(), kind, detail, 0.0}, early_events_, &WriterThread::post_event);
+}
 
 void Session::event_once(const std::string& key, const std::string& kind, const std::string& detail) {
   if (events_posted_.insert(key).second) event(kind, detail);
@@ -202,8 +197,7 @@ bool Session::begin_cycle() {
   cycle_open_ = true;
   checked_ = false;
   if (recorder_) recorder_->begin_step();
-  next_arrival_.store(0, std::memory_order_relaxed);
-  for (std::size_t i = 0; i < arrival_size_; ++i) arrival_[i].store(-1, std::memory_order_relaxed);
+  reset_arrival();
   return true;
 }
 

@@ -79,13 +79,18 @@ class Session {
   void failed(const std::string& why) { failure_ = why; }
 
   // --- registry ----------------------------------------------------------------------
+  // A layer id, and whether this call registered it (the adapter then keeps the tensor
+  // alive: its key must not be reused while the session runs).
+  struct Layer {
+    std::int64_t id = -1;
+    bool added = false;
+  };
   // Registers a model parameter; a tensor seen before (shared weights) keeps its first id
-  // and gets a one-time event. Returns the layer id.
-  std::int64_t add_layer(std::uintptr_t key, const LayerInfo& info);
+  // and gets a one-time event.
+  Layer add_layer(std::uintptr_t key, const LayerInfo& info);
   // The layer of an optimized tensor: a model parameter, or a made-up "optimizer.paramN"
   // (with an event) for one the model does not hold.
-  std::int64_t layer_of(std::uintptr_t key, const LayerInfo& foreign);
-  std::int64_t layer_count() const { return std::int64_t(layer_count_); }
+  Layer layer_of(std::uintptr_t key, const LayerInfo& foreign);
   // After the model's parameters: says how many are frozen.
   void layers_done();
   // The module's id, registered on first use.
@@ -135,8 +140,10 @@ class Session {
   RecorderCounters counters() const;
 
  private:
-  void post_layer(rundb::LayerRow row);
-  void post_event(rundb::EventRow row);
+  // To the writer, or kept until open().
+  template <class Row>
+  void post(Row row, std::vector<Row>& early, void (WriterThread::*to)(Row));
+  void reset_arrival();
   // Creates the device engine on first use; false (with a one-time event) when it cannot run.
   bool device_engine_ready(const Device& device);
   void launch_on_device(const kernels::TensorRef* refs, std::size_t n, const DeviceLaunch& launch, LandAs as);

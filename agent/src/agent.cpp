@@ -175,24 +175,21 @@ void Agent::Impl::register_layers(torch::nn::Module& model) {
     info.module_path = dot == std::string::npos ? "" : info.name.substr(0, dot);
     const auto type = module_types_.find(info.module_path);
     info.module_type = type == module_types_.end() ? "" : type->second;
-    const auto before = session_.layer_count();
-    const std::int64_t id = session_.add_layer(key_of(p), info);
-    if (session_.layer_count() == before) continue;  // shared with an earlier name
+    const auto layer = session_.add_layer(key_of(p), info);
+    if (!layer.added) continue;  // shared with an earlier name
     keep_alive_.push_back(p);
     if (!p.requires_grad()) continue;
     agent::Session* session = &session_;
-    at::Tensor handle_owner = p;
-    const unsigned handle = handle_owner.register_hook([session, id](const at::Tensor&) { session->arrived(id); });
-    hooks_.emplace_back(handle_owner, handle);
+    const std::int64_t id = layer.id;
+    hooks_.emplace_back(p, p.register_hook([session, id](const at::Tensor&) { session->arrived(id); }));
   }
   session_.layers_done();
 }
 
 std::int64_t Agent::Impl::layer_of(const at::Tensor& param) {
-  const auto before = session_.layer_count();
-  const std::int64_t id = session_.layer_of(key_of(param), layer_info(param));
-  if (session_.layer_count() != before) keep_alive_.push_back(param);
-  return id;
+  const auto layer = session_.layer_of(key_of(param), layer_info(param));
+  if (layer.added) keep_alive_.push_back(param);
+  return layer.id;
 }
 
 at::Tensor Agent::Impl::probe(const std::string& path, const at::Tensor& x) {

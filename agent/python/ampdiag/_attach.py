@@ -209,12 +209,11 @@ class AttachHandle:
         for name, p in model.named_parameters(remove_duplicate=False):
             module_path = name.rpartition(".")[0]
             module = modules.get(module_path)
-            before = self._session.layer_count
-            layer = self._session.add_layer(id(p), name, module_path,
-                                            type(module).__name__ if module is not None else "",
-                                            str(p.dtype).replace("torch.", ""), str(list(p.shape)), p.numel(),
-                                            p.requires_grad, _source(module) if module is not None else "")
-            if self._session.layer_count == before:
+            layer, added = self._session.add_layer(id(p), name, module_path,
+                                                   type(module).__name__ if module is not None else "",
+                                                   str(p.dtype).replace("torch.", ""), str(list(p.shape)), p.numel(),
+                                                   p.requires_grad, _source(module) if module is not None else "")
+            if not added:
                 continue  # the same tensor as an earlier name (the session says so once)
             self._params.append(p)
             if p.requires_grad:
@@ -323,10 +322,9 @@ class AttachHandle:
         self._roots = []
 
     def _layer_id(self, param):
-        before = self._session.layer_count
-        layer = self._session.layer_of(id(param), str(param.dtype).replace("torch.", ""), str(list(param.shape)),
-                                       param.numel())
-        if self._session.layer_count != before:  # optimized, but not a parameter of the model
+        layer, added = self._session.layer_of(id(param), str(param.dtype).replace("torch.", ""),
+                                              str(list(param.shape)), param.numel())
+        if added:  # optimized, but not a parameter of the model
             self._params.append(param)
         return layer
 

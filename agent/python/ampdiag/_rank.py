@@ -1,5 +1,5 @@
-"""Which rank this process is (the run id every rank shares is the engine's
-_ampdiag.default_run_id).
+"""Which rank this process is (the run id every rank shares is derived by the session
+core when the run.db is opened: agent/core/run_paths.h).
 
 Under torchrun, RANK and WORLD_SIZE are set before the script starts. Under
 torch.multiprocessing.spawn they are not, and attach() may run before

@@ -83,17 +83,20 @@ class Session {
   }
   void failed(const std::string& why) { session_.failed(why); }
 
-  std::int64_t add_layer(std::uintptr_t key, const std::string& name, const std::string& module_path,
+  // (layer id, whether this call registered it)
+  std::pair<std::int64_t, bool> add_layer(std::uintptr_t key, const std::string& name, const std::string& module_path,
                          const std::string& module_type, const std::string& dtype, const std::string& shape,
                          std::int64_t numel, bool trainable, const std::string& source) {
-    return session_.add_layer(key, {name, module_path, module_type, dtype, shape, numel, trainable, source});
+    const auto layer = session_.add_layer(key, {name, module_path, module_type, dtype, shape, numel, trainable, source});
+    return {layer.id, layer.added};
   }
-  std::int64_t layer_of(std::uintptr_t key, const std::string& dtype, const std::string& shape, std::int64_t numel) {
+  std::pair<std::int64_t, bool> layer_of(std::uintptr_t key, const std::string& dtype, const std::string& shape, std::int64_t numel) {
     agent::LayerInfo info;
     info.dtype = dtype;
     info.shape = shape;
     info.numel = numel;
-    return session_.layer_of(key, info);
+    const auto layer = session_.layer_of(key, info);
+    return {layer.id, layer.added};
   }
 
   void write_meta(const std::string& source, const std::string& torch_version, const std::string& device,
@@ -194,9 +197,6 @@ PYBIND11_MODULE(_ampdiag, m) {
   m.def("rank_db_path", [](const std::string& path, std::int64_t rank, std::int64_t world_size) {
     return agent::rank_db_path(path, {rank, world_size});
   });
-  m.def("default_run_id", [](std::int64_t rank, std::int64_t world_size) {
-    return agent::default_run_id({rank, world_size});
-  });
   m.def("built_with_cuda", [] {
 #ifdef AMPDIAG_HAVE_CUDA
     return true;
@@ -226,7 +226,6 @@ PYBIND11_MODULE(_ampdiag, m) {
       .def("set_meta", [](Session& s, const std::string& k, const std::string& v) { s.core().set_meta(k, v); })
       .def("add_layer", &Session::add_layer)
       .def("layers_done", [](Session& s) { s.core().layers_done(); })
-      .def_property_readonly("layer_count", [](Session& s) { return s.core().layer_count(); })
       .def("layer_of", &Session::layer_of)
       .def("module_id", [](Session& s, const std::string& path, const std::string& type, const std::string& source,
                            const std::string& inputs) { return s.core().module_id(path, type, source, inputs); })
