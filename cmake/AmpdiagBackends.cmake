@@ -58,17 +58,35 @@ if(NOT AMPDIAG_WITH_TORCH STREQUAL "OFF")
   set(CMAKE_CUDA_FLAGS "${ampdiag_cuda_flags_before_torch}")
   if(Torch_FOUND)
     set(AMPDIAG_HAVE_TORCH ON)
-    # torch_cpu is all the CPU-side code needs; keep the CUDA libraries out of the link.
+    # ampdiag_torch: LibTorch's libraries by their paths (TorchConfig's TORCH_LIBRARIES also
+    # drags in the CUDA toolkit's own libraries, which need not match the wheel's).
     find_library(AMPDIAG_TORCH_CPU_LIB torch_cpu PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH REQUIRED)
     find_library(AMPDIAG_C10_LIB c10 PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH REQUIRED)
-    add_library(ampdiag_torch_cpu INTERFACE)
-    target_include_directories(ampdiag_torch_cpu SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
-    target_link_libraries(ampdiag_torch_cpu INTERFACE ${AMPDIAG_TORCH_CPU_LIB} ${AMPDIAG_C10_LIB})
-    target_compile_options(ampdiag_torch_cpu INTERFACE ${TORCH_CXX_FLAGS})
+    set(AMPDIAG_TORCH_LIBS ${AMPDIAG_TORCH_CPU_LIB} ${AMPDIAG_C10_LIB})
+    add_library(ampdiag_torch INTERFACE)
+    target_include_directories(ampdiag_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+    target_compile_options(ampdiag_torch INTERFACE ${TORCH_CXX_FLAGS})
     # ATen's headers require C++20; only what includes them is built as C++20.
-    target_compile_features(ampdiag_torch_cpu INTERFACE cxx_std_20)
-    set_target_properties(ampdiag_torch_cpu PROPERTIES INTERFACE_LINK_OPTIONS
-      "LINKER:-rpath,${TORCH_INSTALL_PREFIX}/lib")
+    target_compile_features(ampdiag_torch INTERFACE cxx_std_20)
+    # A CUDA build links LibTorch's CUDA libraries too, so that the agent, the samples and the
+    # tests run on CUDA tensors. Nothing names a symbol of libtorch_cuda: ATen's CUDA kernels
+    # register when it loads, so it is linked with --no-as-needed (as TorchConfig does). Its
+    # own dependencies (cuDNN, NCCL, ...) resolve through its RPATH into the wheel's nvidia/.
+    set(AMPDIAG_HAVE_TORCH_CUDA OFF)
+    if(AMPDIAG_HAVE_CUDA)
+      find_library(AMPDIAG_TORCH_CUDA_LIB torch_cuda PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH)
+      find_library(AMPDIAG_C10_CUDA_LIB c10_cuda PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH)
+      if(AMPDIAG_TORCH_CUDA_LIB AND AMPDIAG_C10_CUDA_LIB)
+        set(AMPDIAG_HAVE_TORCH_CUDA ON)
+        list(APPEND AMPDIAG_TORCH_LIBS ${AMPDIAG_TORCH_CUDA_LIB} ${AMPDIAG_C10_CUDA_LIB})
+        target_link_libraries(ampdiag_torch INTERFACE -Wl,--no-as-needed ${AMPDIAG_TORCH_CUDA_LIB} -Wl,--as-needed
+                                                      ${AMPDIAG_C10_CUDA_LIB})
+      else()
+        message(STATUS "ampdiag: this LibTorch has no CUDA libraries; the agent and samples run on the CPU only")
+      endif()
+    endif()
+    target_link_libraries(ampdiag_torch INTERFACE ${AMPDIAG_TORCH_CPU_LIB} ${AMPDIAG_C10_LIB})
+    set_target_properties(ampdiag_torch PROPERTIES INTERFACE_LINK_OPTIONS "LINKER:-rpath,${TORCH_INSTALL_PREFIX}/lib")
   else()
     message(STATUS "ampdiag: LibTorch not found (set CMAKE_PREFIX_PATH to torch.utils.cmake_prefix_path); "
                    "building without the torch tests and benchmarks")

@@ -18,11 +18,12 @@ if(AMPDIAG_HAVE_CUDA)
 endif()
 install(DIRECTORY kernels/include/ analyzer/include/ analyzer/rundb/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 if(AMPDIAG_HAVE_TORCH)
-  # The agent links the CPU libraries of the LibTorch it was built against (torch_cpu,
-  # c10: see AmpdiagBackends.cmake), by their paths; ampdiagConfig.cmake checks they exist.
-  list(APPEND ampdiag_exported ampdiag_agent ampdiag_torch_cpu)
+  # The agent links the libraries of the LibTorch it was built against (torch_cpu, c10, and
+  # in a CUDA build torch_cuda, c10_cuda: see AmpdiagBackends.cmake), by their paths;
+  # ampdiagConfig.cmake checks they exist.
+  list(APPEND ampdiag_exported ampdiag_agent ampdiag_torch)
   set_target_properties(ampdiag_agent PROPERTIES EXPORT_NAME agent)
-  set_target_properties(ampdiag_torch_cpu PROPERTIES EXPORT_NAME torch_cpu)
+  set_target_properties(ampdiag_torch PROPERTIES EXPORT_NAME torch)
   install(DIRECTORY agent/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endif()
 install(TARGETS ${ampdiag_exported} EXPORT ampdiagTargets
@@ -36,7 +37,7 @@ install(EXPORT ampdiagTargets NAMESPACE ampdiag:: DESTINATION ${ampdiag_cmake_di
 
 set(AMPDIAG_CONFIG_TORCH_LIBS "")
 if(AMPDIAG_HAVE_TORCH)
-  set(AMPDIAG_CONFIG_TORCH_LIBS "${AMPDIAG_TORCH_CPU_LIB};${AMPDIAG_C10_LIB}")
+  set(AMPDIAG_CONFIG_TORCH_LIBS "${AMPDIAG_TORCH_LIBS}")
 endif()
 configure_package_config_file(cmake/ampdiagConfig.cmake.in "${CMAKE_CURRENT_BINARY_DIR}/ampdiagConfig.cmake"
                               INSTALL_DESTINATION ${ampdiag_cmake_dir})

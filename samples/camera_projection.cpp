@@ -46,17 +46,19 @@ int main(int argc, char** argv) try {
   at::set_num_threads(2);
 
   PoseModel model;
+  model->to(args.device);
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-2));
   GradScaler scaler;
   Agent agent(*model, scaler, samples::agent_options(args));
   const Fp32Pins pins(args.pins);
 
   const auto intrinsic = torch::tensor({{5000.0f, 0.0f, 960.0f}, {0.0f, 5000.0f, 540.0f}, {0.0f, 0.0f, 1.0f}})
-                             .expand({kBatch, 3, 3});
-  const auto rotation = torch::eye(3).expand({kBatch, 3, 3});
+                             .expand({kBatch, 3, 3})
+                             .to(args.device);
+  const auto rotation = torch::eye(3).expand({kBatch, 3, 3}).to(args.device);
   const auto points = torch::cat({torch::randn({kBatch, kPoints, 2}) * 400.0, torch::randn({kBatch, kPoints, 1}) * 100.0 + 3000.0,
-                                  torch::ones({kBatch, kPoints, 1})}, 2);
-  const auto true_t = torch::tensor({{0.0f}, {0.0f}, {2000.0f}}).expand({kBatch, 3, 1});
+                                  torch::ones({kBatch, kPoints, 1})}, 2).to(args.device);
+  const auto true_t = torch::tensor({{0.0f}, {0.0f}, {2000.0f}}).expand({kBatch, 3, 1}).to(args.device);
   torch::Tensor target;
   {
     torch::NoGradGuard no_grad;
@@ -67,7 +69,7 @@ int main(int argc, char** argv) try {
     optimizer.zero_grad();
     torch::Tensor loss;
     {
-      samples::CpuAutocast autocast(at::kHalf);
+      samples::Autocast autocast(args.device, at::kHalf);
       const auto extrinsic = torch::cat({rotation, model->translation.expand({kBatch, 3, 1})}, 2);
       torch::Tensor pixels;
       if (pins.pinned("projection")) {
@@ -88,7 +90,7 @@ int main(int argc, char** argv) try {
     scaler.step(optimizer);
     scaler.update();
     // The scale after update(), as the report's timeline and "lowest" show it.
-    summary.step(loss.item<double>(), scaler.last_step_skipped(), scaler.get_scale());
+    summary.step(loss, scaler.last_step_skipped(), scaler);
   }
   agent.close();
   summary.print(info, args, agent);

@@ -69,20 +69,21 @@ int main(int argc, char** argv) try {
   at::set_num_threads(2);
 
   Model model;
+  model->to(args.device);
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-3));
   GradScaler scaler;
   Agent agent(*model, scaler, samples::agent_options(args));
   const Fp32Pins pins(args.pins);
 
   // Inputs with a positive mean: the key features phi(k) are ~5-10 on every token.
-  const auto inputs = torch::randn({kBatch, kTokens, kDim}) + 2.0;
-  const auto targets = torch::randn({kBatch, 1});
+  const auto inputs = (torch::randn({kBatch, kTokens, kDim}) + 2.0).to(args.device);
+  const auto targets = torch::randn({kBatch, 1}).to(args.device);
   samples::RunSummary summary;
   for (std::int64_t step = 0; step < args.steps; ++step) {
     optimizer.zero_grad();
     torch::Tensor loss;
     {
-      samples::CpuAutocast autocast(at::kHalf);
+      samples::Autocast autocast(args.device, at::kHalf);
       auto x = agent.probe("embed", model->embed(inputs) * 3.0);
       auto& layer = model->layers[0];
       auto a = pins.run("encoder.0.linear_attn", [&](const torch::Tensor& in) { return layer->linear_attn(in); },
@@ -97,7 +98,7 @@ int main(int argc, char** argv) try {
     scaler.step(optimizer);
     scaler.update();
     // The scale after update(), as the report's timeline and "lowest" show it.
-    summary.step(loss.item<double>(), scaler.last_step_skipped(), scaler.get_scale());
+    summary.step(loss, scaler.last_step_skipped(), scaler);
   }
   agent.close();
   summary.print(info, args, agent);

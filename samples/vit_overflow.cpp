@@ -80,6 +80,7 @@ int main(int argc, char** argv) try {
   at::set_num_threads(2);
 
   Vit model;
+  model->to(args.device);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(1e-3).momentum(0.9));
   GradScalerOptions scaler_options;
   scaler_options.growth_interval = 10;  // short, so a 60-step demo shows the scale trying to recover
@@ -87,14 +88,14 @@ int main(int argc, char** argv) try {
   Agent agent(*model, scaler, samples::agent_options(args));
   const Fp32Pins pins(args.pins);
 
-  const auto inputs = torch::randn({kBatch, kTokens, kDim});
-  const auto targets = torch::randn({kBatch, 1});
+  const auto inputs = torch::randn({kBatch, kTokens, kDim}).to(args.device);
+  const auto targets = torch::randn({kBatch, 1}).to(args.device);
   samples::RunSummary summary;
   for (std::int64_t step = 0; step < args.steps; ++step) {
     optimizer.zero_grad();
     torch::Tensor loss;
     {
-      samples::CpuAutocast autocast(at::kHalf);
+      samples::Autocast autocast(args.device, at::kHalf);
       auto x = agent.probe("embed", model->embed(inputs));
       for (int i = 0; i < kDepth; ++i) {
         auto& block = model->blocks[std::size_t(i)];
@@ -111,7 +112,7 @@ int main(int argc, char** argv) try {
     scaler.step(optimizer);
     scaler.update();
     // The scale after update(), as the report's timeline and "lowest" show it.
-    summary.step(loss.item<double>(), scaler.last_step_skipped(), scaler.get_scale());
+    summary.step(loss, scaler.last_step_skipped(), scaler);
   }
   agent.close();
   summary.print(info, args, agent);

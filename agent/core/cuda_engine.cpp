@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "ampdiag/kernels/cuda_readback.h"
 #include "ampdiag/kernels/cuda_stats.h"
 #include "device_engine.h"
 
@@ -15,6 +16,20 @@ namespace {
 // Launches that may be held at once per device: a step's gradient groups and activations,
 // for as many steps as the recorder lets wait (RecorderOptions::max_waiting).
 constexpr int kSlotsPerDevice = 512;
+// Outcome read-backs held at once per device: one per step (two with an extra update()),
+// for as many steps as may wait.
+constexpr int kReadbackSlotsPerDevice = 64;
+
+// Polls `ready` until it says true or `timeout_ms` passed: CUDA events have no timed wait.
+template <class Ready>
+bool poll_until(Ready ready, std::int64_t timeout_ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
 
 class CudaTicketAdapter final : public Ticket {
  public:
@@ -26,13 +41,7 @@ class CudaTicketAdapter final : public Ticket {
   }
   bool ready() override { return ticket_->ready(); }
   bool wait(std::int64_t timeout_ms) override {
-    // CUDA events have no timed wait: poll.
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (!ticket_->ready()) {
-      if (std::chrono::steady_clock::now() >= until) return false;
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    return true;
+    return poll_until([this] { return ticket_->ready(); }, timeout_ms);
   }
   void land(StepSink& step) override {
     const kernels::TensorStats* stats = ticket_->stats();
@@ -51,6 +60,28 @@ class CudaTicketAdapter final : public Ticket {
  private:
   kernels::CudaTicket* ticket_;
   LandAs as_;
+};
+
+class ReadbackTicket final : public Ticket {
+ public:
+  ReadbackTicket(kernels::CudaValues* values, const DeviceOutcome& outcome) : values_(values), outcome_(outcome) {}
+  ~ReadbackTicket() override {
+    if (values_ != nullptr) values_->release();
+  }
+  bool ready() override { return values_->ready(); }
+  bool wait(std::int64_t timeout_ms) override {
+    return poll_until([this] { return values_->ready(); }, timeout_ms);
+  }
+  void land(StepSink& step) override {
+    apply_outcome(outcome_, values_->values(), step.outcome());
+    values_->release();
+    values_ = nullptr;
+  }
+  const char* engine() const override { return "cuda"; }
+
+ private:
+  kernels::CudaValues* values_;
+  DeviceOutcome outcome_;
 };
 
 class CudaEngine final : public DeviceEngine {
@@ -72,9 +103,17 @@ class CudaEngine final : public DeviceEngine {
     if (ticket == nullptr) return nullptr;
     return std::make_unique<CudaTicketAdapter>(ticket, std::move(as));
   }
+  std::unique_ptr<Ticket> read_outcome(const DeviceOutcome& o) override {
+    auto& readback = readbacks_[o.device.index];
+    if (!readback) readback = std::make_unique<kernels::CudaReadback>(kReadbackSlotsPerDevice, o.device.index);
+    kernels::CudaValues* values = readback->read(o.values, DeviceOutcome::kValues, o.stream);
+    if (values == nullptr) return nullptr;
+    return std::make_unique<ReadbackTicket>(values, o);
+  }
 
  private:
   std::map<int, std::unique_ptr<kernels::CudaStatsEngine>> engines_;
+  std::map<int, std::unique_ptr<kernels::CudaReadback>> readbacks_;
 };
 
 }  // namespace

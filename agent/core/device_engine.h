@@ -50,6 +50,26 @@ struct LandAs {
   std::int32_t micro_batch = 0;
 };
 
+// Scalars of a step's outcome that live on a device (a CUDA run keeps its loss scale,
+// found_inf and loss there): read back without the training thread waiting, they
+// complete the step when they land.
+struct DeviceOutcome {
+  enum Field : unsigned {
+    kLoss = 1u << 0,
+    kScaleBefore = 1u << 1,
+    kScaleAfter = 1u << 2,
+    kFoundInf = 1u << 3,
+    kSkippedIsFoundInf = 1u << 4,  // the optimizer skipped exactly when found_inf (torch's fused optimizers)
+  };
+  static constexpr std::size_t kValues = 4;  // loss, scale_before, scale_after, found_inf (as double)
+  Device device;
+  void* stream = nullptr;
+  const double* values = nullptr;  // device pointer to kValues doubles, produced on `stream`
+  unsigned fields = 0;             // which of them the step takes
+};
+// Writes the landed values into the step's outcome, as `fields` says.
+void apply_outcome(const DeviceOutcome& o, const double* values, StepOutcome& into);
+
 class DeviceEngine {
  public:
   virtual ~DeviceEngine() = default;
@@ -61,6 +81,9 @@ class DeviceEngine {
   // std::runtime_error on device errors.
   virtual std::unique_ptr<Ticket> launch(const kernels::TensorRef* tensors, std::size_t count,
                                          const DeviceLaunch& launch, LandAs as) = 0;
+  // Enqueues the copy of o.values to the host; the ticket completes the step's outcome.
+  // Null when no slot is free (the step keeps the outcome the adapter gave).
+  virtual std::unique_ptr<Ticket> read_outcome(const DeviceOutcome& o) = 0;
 };
 
 // The CUDA engine (one kernels::CudaStatsEngine per device, created on first use), or null

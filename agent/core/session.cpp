@@ -38,6 +38,14 @@ const char* engine_name(EngineKind k) {
   return "?";
 }
 
+void apply_outcome(const DeviceOutcome& o, const double* v, StepOutcome& into) {
+  if (o.fields & DeviceOutcome::kLoss) into.loss = v[0];
+  if (o.fields & DeviceOutcome::kScaleBefore) into.scale_before = v[1];
+  if (o.fields & DeviceOutcome::kScaleAfter) into.scale_after = v[2];
+  if (o.fields & DeviceOutcome::kFoundInf) into.found_inf = v[3] != 0.0;
+  if (o.fields & DeviceOutcome::kSkippedIsFoundInf) into.skipped = v[3] != 0.0;
+}
+
 Session::Session(SessionOptions options) : options_(std::move(options)), cpu_(options_.cpu) {
   (void)SamplingPolicy(options_.recorder.every, options_.recorder.context_steps);  // validates before any file
   if (options_.recorder.queue_capacity < 16) throw std::invalid_argument("queue_capacity must be at least 16 records");
@@ -317,10 +325,21 @@ bool Session::activation(std::int64_t module, const DeviceTensor& t, std::int32_
   return nonfinite;
 }
 
-void Session::end_step(StepOutcome o, std::int64_t adapter_ns) {
+std::unique_ptr<Ticket> Session::outcome_ticket(const DeviceOutcome& later) {
+  if (host(later.device) || !device_engine_ready(later.device)) return nullptr;
+  return device_engine_->read_outcome(later);
+}
+
+void Session::end_step(StepOutcome o, std::int64_t adapter_ns, const DeviceOutcome* later) {
   const std::int64_t now = now_ns();
   o.step_ns = now - step_start_ns_;
   o.agent_ns = agent_ns_ + adapter_ns;
+  if (recorder_ && later) {
+    if (std::unique_ptr<Ticket> ticket = outcome_ticket(*later))
+      recorder_->stage_ticket(std::move(ticket));
+    else
+      recorder_->mark_incomplete(device_engine_ && device_engine_->kind() == EngineKind::kCuda ? "cuda" : "device");
+  }
   if (recorder_) recorder_->end_step(o);
   agent_ns_ = 0;
   step_start_ns_ = now;
@@ -330,6 +349,12 @@ void Session::end_step(StepOutcome o, std::int64_t adapter_ns) {
 
 bool Session::amend_scale_after(double scale_after) {
   return recorder_ ? recorder_->amend_scale_after(scale_after) : false;
+}
+
+bool Session::amend_outcome(const DeviceOutcome& later) {
+  if (!recorder_ || !recorder_->pending()) return false;
+  std::unique_ptr<Ticket> ticket = outcome_ticket(later);
+  return ticket && recorder_->amend_ticket(std::move(ticket));
 }
 
 void Session::close() {

@@ -124,10 +124,14 @@ class Session {
   bool activation(std::int64_t module, const DeviceTensor& t, std::int32_t micro_batch);
   // The engine a tensor on `device` goes to (tests and the slow-path event).
   EngineKind engine_for(const Device& device) const;
-  // Ends the cycle. agent_ns: the adapter's own time on top of the session's.
-  void end_step(StepOutcome outcome, std::int64_t adapter_ns);
-  // An update() after the cycle's update(): the pending step ends at this scale.
+  // Ends the cycle. agent_ns: the adapter's own time on top of the session's. `later`:
+  // outcome scalars still on a device, read back without waiting; they complete the step
+  // when they land (until then, and if they never do, the step has what `outcome` says).
+  void end_step(StepOutcome outcome, std::int64_t adapter_ns, const DeviceOutcome* later = nullptr);
+  // An update() after the cycle's update(): the pending step ends at this scale (a host
+  // value, or one read back from the device). False when no step is pending.
   bool amend_scale_after(double scale_after);
+  bool amend_outcome(const DeviceOutcome& later);
   void add_agent_ns(std::int64_t ns) { agent_ns_ += ns; }
   std::int64_t step() const;
 
@@ -146,6 +150,9 @@ class Session {
   void reset_arrival();
   // Creates the device engine on first use; false (with a one-time event) when it cannot run.
   bool device_engine_ready(const Device& device);
+  // The read-back of `later` on its device's engine; null when it cannot be asked for (no
+  // engine: a one-time event; no free slot).
+  std::unique_ptr<Ticket> outcome_ticket(const DeviceOutcome& later);
   void launch_on_device(const kernels::TensorRef* refs, std::size_t n, const DeviceLaunch& launch, LandAs as);
 
   SessionOptions options_;

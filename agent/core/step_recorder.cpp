@@ -102,6 +102,12 @@ bool StepRecorder::amend_scale_after(double scale_after) {
   return true;
 }
 
+bool StepRecorder::amend_ticket(std::unique_ptr<Ticket> ticket) {
+  if (!pending_) return false;
+  current_.tickets.push_back(std::move(ticket));
+  return true;
+}
+
 StepRecorder::StagedStep StepRecorder::fresh_step() {
   StagedStep s;
   if (!spare_.empty()) {

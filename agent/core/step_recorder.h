@@ -70,6 +70,9 @@ class StepRecorder {
   // An update() after the step ended changed the scale again: the pending step ends at
   // `scale_after`. Returns false when no step is pending (before the first step).
   bool amend_scale_after(double scale_after);
+  // The same for a scale still on the device: the ticket joins the pending step.
+  bool amend_ticket(std::unique_ptr<Ticket> ticket);
+  bool pending() const { return pending_; }
   // Records the waiting steps whose tickets have landed. Cheap; begin_step() calls it.
   void settle();
   // Waits (bounded) for the last tickets, reports drops, finishes the run.db. Idempotent.

@@ -67,7 +67,7 @@ class Agent::Impl final : public ScalerObserver {
   void on_scale(const at::Tensor& outputs) override;
   bool on_unscale(UnscaleBatch& batch) override;
   void on_step(bool skipped) override { skipped_ = skipped; }
-  void on_update(double scale_before, double scale_after, bool found_inf) override;
+  void on_update(const ScaleUpdate& update) override;
 
  private:
   void register_layers(torch::nn::Module& model);
@@ -83,8 +83,10 @@ class Agent::Impl final : public ScalerObserver {
   std::vector<at::Tensor> keep_alive_;  // every registered tensor: its address is its key
   std::vector<std::pair<at::Tensor, unsigned>> hooks_;
 
-  // Per cycle: the losses given to scale() (micro-batches, several losses), summed.
+  // Per cycle: the losses given to scale() (micro-batches, several losses), summed: on the
+  // host for host losses, on the device for device ones (read back with the outcome).
   double loss_sum_ = 0.0;
+  at::Tensor device_loss_sum_;
   std::int64_t losses_ = 0;
   bool skipped_ = false;
   bool closed_ = false;
@@ -218,6 +220,7 @@ at::Tensor Agent::Impl::probe(const std::string& path, const at::Tensor& x) {
 void Agent::Impl::begin_cycle() {
   if (!session_.begin_cycle()) return;
   loss_sum_ = 0.0;
+  device_loss_sum_ = at::Tensor();
   losses_ = 0;
 }
 
@@ -225,10 +228,16 @@ void Agent::Impl::on_scale(const at::Tensor& outputs) {
   const auto t0 = Clock::now();
   begin_cycle();
   // A non-scalar output (backward with an explicit gradient) is no loss: counting it as
-  // NaN would report a NaN loss that never was. A device loss is not read here (that would
-  // wait for the device); its step records NaN as "not read".
-  if (outputs.numel() == 1 && at::isFloatingType(outputs.scalar_type()) && outputs.device().is_cpu()) {
-    loss_sum_ += outputs.detach().to(at::kDouble).item<double>();
+  // NaN would report a NaN loss that never was. A device loss is summed on its device
+  // (reading it here would wait for the device) and read back with the step's outcome.
+  if (outputs.numel() == 1 && at::isFloatingType(outputs.scalar_type())) {
+    const at::Tensor loss = outputs.detach().reshape({}).to(at::kDouble);
+    if (outputs.device().is_cpu()) {
+      loss_sum_ += loss.item<double>();
+    } else {
+      const at::Tensor here = device_loss_sum_.defined() ? loss.to(device_loss_sum_.device(), /*non_blocking=*/true) : loss;
+      device_loss_sum_ = device_loss_sum_.defined() ? device_loss_sum_ + here : here;
+    }
     ++losses_;
   }
   session_.add_agent_ns(ns_since(t0));
@@ -286,17 +295,62 @@ bool Agent::Impl::on_unscale(UnscaleBatch& batch) {
   return fusable;
 }
 
-void Agent::Impl::on_update(double scale_before, double scale_after, bool found_inf) {
+namespace {
+
+// A 0-dim tensor as a double on `device` (zero when undefined): device ops only.
+at::Tensor as_double_on(const at::Tensor& t, const at::Device& device) {
+  if (!t.defined()) return at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+  return t.to(device, at::kDouble, /*non_blocking=*/true).reshape({});
+}
+
+}  // namespace
+
+void Agent::Impl::on_update(const ScaleUpdate& u) {
   const auto t0 = Clock::now();
-  if (!session_.checked()) {
-    // update(new_scale) after the cycle's update(), e.g. to hold a minimum scale: the
-    // same optimizer cycle, ending at this scale.
-    session_.amend_scale_after(scale_after);
+  const at::Device device = u.scale_after.device();
+  // update(new_scale) after the cycle's update(), e.g. to hold a minimum scale: the same
+  // optimizer cycle, ending at this scale.
+  const bool amend = !session_.checked();
+  if (device.is_cpu()) {
+    // Host tensors: read now, nothing to wait for.
+    const double after = u.scale_after.item<double>();
+    if (amend) {
+      session_.amend_scale_after(after);
+    } else {
+      double loss = losses_ > 0 ? loss_sum_ : std::numeric_limits<double>::quiet_NaN();
+      if (device_loss_sum_.defined()) loss = std::numeric_limits<double>::quiet_NaN();  // not read: a device loss
+      const bool found = u.found_inf.defined() && u.found_inf.item<float>() != 0.0f;
+      session_.end_step({loss, losses_, u.scale_before.item<double>(), after, found, skipped_}, ns_since(t0));
+    }
+  } else {
+    // Device tensors: one small vector on the device, copied to the host without waiting;
+    // the step is complete when it lands (a step or so later).
+    agent::DeviceOutcome later;
+    agent::session_device(device, later.device);
+    later.stream = agent::current_stream(device);
+    later.fields = agent::DeviceOutcome::kScaleAfter;
+    if (!amend) {
+      later.fields |= agent::DeviceOutcome::kScaleBefore | agent::DeviceOutcome::kFoundInf;
+      if (device_loss_sum_.defined()) later.fields |= agent::DeviceOutcome::kLoss;
+    }
+    at::Tensor loss = as_double_on(device_loss_sum_, device);
+    if (device_loss_sum_.defined() && loss_sum_ != 0.0) loss = loss + loss_sum_;
+    const at::Tensor values =
+        at::stack({loss, as_double_on(u.scale_before, device), as_double_on(u.scale_after, device),
+                   as_double_on(u.found_inf, device)});
+    later.values = values.data_ptr<double>();
+    if (amend) {
+      session_.amend_outcome(later);
+    } else {
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      const double loss_now = device_loss_sum_.defined() ? nan : (losses_ > 0 ? loss_sum_ : nan);
+      session_.end_step({loss_now, losses_, nan, nan, false, skipped_}, ns_since(t0), &later);
+    }
+  }
+  if (amend) {
     session_.add_agent_ns(ns_since(t0));
     return;
   }
-  const double loss = losses_ > 0 ? loss_sum_ : std::numeric_limits<double>::quiet_NaN();
-  session_.end_step({loss, losses_, scale_before, scale_after, found_inf, skipped_}, ns_since(t0));
   skipped_ = false;
 }
 

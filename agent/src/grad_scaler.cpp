@@ -7,6 +7,7 @@
 #include <c10/core/GradMode.h>
 #include <torch/optim/optimizer.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -70,12 +71,13 @@ std::vector<at::Tensor> GradScaler::unscale_grads(torch::optim::Optimizer& optim
     const std::string device = g.device().str();
     groups[{device, int(g.scalar_type())}].push_back(g);
     if (!found_inf_per_device.count(device))
-      found_inf_per_device[device] = g.device() == found_inf.device() ? found_inf : found_inf.to(g.device());
+      found_inf_per_device[device] = g.device() == found_inf.device() ? found_inf : at::zeros_like(found_inf, found_inf.options().device(g.device()));
   }
   if (!handled) {
     for (auto& [key, grads] : groups) {
       at::Tensor& device_found_inf = found_inf_per_device[key.first];
-      at::_amp_foreach_non_finite_check_and_unscale_(grads, device_found_inf, inv_scale.to(grads.front().device()));
+      at::_amp_foreach_non_finite_check_and_unscale_(grads, device_found_inf,
+                                                     inv_scale.to(grads.front().device(), /*non_blocking=*/true));
     }
   }
   std::vector<at::Tensor> out;
@@ -109,8 +111,14 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     throw std::logic_error("GradScaler: step() has already been called since the last update()");
   if (per_optimizer_[&optimizer].stage == Stage::kReady) unscale_(optimizer);
   OptimizerState& state = per_optimizer_[&optimizer];
-  bool found_inf = false;
-  for (const auto& f : state.found_inf_per_device) found_inf = found_inf || f.item<float>() != 0.0f;
+  // The one read of the device in a scaler cycle, as in torch: whether to run a
+  // (non-fused) optimizer is a host decision.
+  at::Tensor any_inf;
+  for (const auto& f : state.found_inf_per_device) {
+    const at::Tensor here = f.to(scale_.device(), /*non_blocking=*/true);
+    any_inf = any_inf.defined() ? any_inf + here : here;
+  }
+  const bool found_inf = any_inf.defined() && any_inf.item<float>() != 0.0f;
   if (!found_inf) optimizer.step();
   state.stage = Stage::kStepped;
   last_step_skipped_ = found_inf;
@@ -118,31 +126,42 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   return !found_inf;
 }
 
+at::Tensor GradScaler::combined_found_inf() const {
+  at::Tensor combined;
+  for (const auto& [opt, state] : per_optimizer_)
+    for (const auto& f : state.found_inf_per_device) {
+      const at::Tensor here = f.to(scale_.device(), /*non_blocking=*/true);
+      combined = combined.defined() ? combined + here : here;
+    }
+  return combined;
+}
+
+void GradScaler::notify_update(const at::Tensor& scale_before, const at::Tensor& found_inf) {
+  if (observer_) observer_->on_update({scale_before, scale_.clone(), found_inf});
+}
+
 void GradScaler::update() {
   if (!enabled_) return;
   check_initialized("update");
-  std::vector<at::Tensor> found_infs;
-  for (auto& [opt, state] : per_optimizer_)
-    for (const auto& f : state.found_inf_per_device) found_infs.push_back(f.to(scale_.device(), true));
-  if (found_infs.empty()) throw std::logic_error("GradScaler: no inf checks were recorded prior to update()");
-  at::Tensor combined = found_infs.front();
-  for (std::size_t i = 1; i < found_infs.size(); ++i) combined = combined + found_infs[i];
-  const double before = observer_ ? scale_.item<double>() : 0.0;
-  at::_amp_update_scale_(scale_, growth_tracker_, combined, growth_factor_, backoff_factor_, growth_interval_);
+  const at::Tensor found_inf = combined_found_inf();
+  if (!found_inf.defined()) throw std::logic_error("GradScaler: no inf checks were recorded prior to update()");
+  const at::Tensor before = observer_ ? scale_.clone() : at::Tensor();
+  at::_amp_update_scale_(scale_, growth_tracker_, found_inf, growth_factor_, backoff_factor_, growth_interval_);
   per_optimizer_.clear();
-  if (observer_) observer_->on_update(before, scale_.item<double>(), combined.item<float>() != 0.0f);
+  notify_update(before, found_inf);
 }
 
 void GradScaler::update(double new_scale) {
   if (!enabled_) return;
   check_initialized("update");
-  const double before = observer_ ? scale_.item<double>() : 0.0;
-  bool found_inf = false;
-  for (auto& [opt, state] : per_optimizer_)
-    for (const auto& f : state.found_inf_per_device) found_inf = found_inf || f.item<float>() != 0.0f;
+  if (!(new_scale > 0.0) || !std::isfinite(new_scale))
+    throw std::invalid_argument("GradScaler::update: new_scale must be a finite number > 0, not " +
+                                std::to_string(new_scale));
+  const at::Tensor found_inf = observer_ ? combined_found_inf() : at::Tensor();
+  const at::Tensor before = observer_ ? scale_.clone() : at::Tensor();
   scale_.fill_(new_scale);
   per_optimizer_.clear();
-  if (observer_) observer_->on_update(before, scale_.item<double>(), found_inf);
+  notify_update(before, found_inf);
 }
 
 double GradScaler::get_scale() const {

@@ -38,14 +38,12 @@ bool dense(const at::Tensor& t) {
   return true;
 }
 
-// The stream the tensor's producer runs on: torch's current stream for its device, through
-// c10's device-agnostic interface (registered by libc10_cuda when CUDA torch is loaded).
+}  // namespace
+
 void* current_stream(const at::Device& d) {
   const auto* impl = c10::impl::getDeviceGuardImpl(d.type());
   return impl->getStream(d).native_handle();
 }
-
-}  // namespace
 
 bool session_device(const at::Device& d, Device& out) {
   if (d.is_cpu()) {

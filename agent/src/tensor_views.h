@@ -11,6 +11,10 @@ namespace ampdiag::agent {
 // The session's device for a tensor's device; false for a device no engine reads.
 bool session_device(const at::Device& d, Device& out);
 
+// The stream work on `d` is enqueued on now: torch's current stream for the device, through
+// c10's device-agnostic interface (registered by libc10_cuda when CUDA torch is loaded).
+void* current_stream(const at::Device& d);
+
 // A float32/float16/bfloat16 tensor on the CPU or CUDA whose elements fill one gap-free
 // block (in any order): the engines read (and unscale) it in place.
 bool directly_readable(const at::Tensor& t);

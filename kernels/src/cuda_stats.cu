@@ -12,6 +12,7 @@
 
 #include "ampdiag/kernels/cuda_stats.h"
 #include "ampdiag/kernels/element_math.h"
+#include "cuda_util.h"
 
 namespace ampdiag::kernels {
 namespace {
@@ -19,13 +20,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr std::int64_t kChunk = 65536;  // elements per block
 constexpr int kFinalizeThreads = 128;
-
-#define AMPDIAG_CUDA_CHECK(expr)                                                               \
-  do {                                                                                         \
-    const cudaError_t ampdiag_err = (expr);                                                    \
-    if (ampdiag_err != cudaSuccess)                                                            \
-      throw std::runtime_error(std::string("CUDA: ") + #expr + ": " + cudaGetErrorString(ampdiag_err)); \
-  } while (0)
 
 struct DeviceTensor {
   void* data;
@@ -215,26 +209,6 @@ struct CudaStatsEngine::Slot final : CudaTicket {
   std::size_t count() const override { return tensor_count; }
   void release() override { held = false; }
 };
-
-namespace {
-
-// Makes `device` current for a scope and restores the caller's device after it.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    AMPDIAG_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) AMPDIAG_CUDA_CHECK(cudaSetDevice(device));
-    device_ = device;
-  }
-  ~DeviceScope() {
-    if (previous_ != device_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0, device_ = 0;
-};
-
-}  // namespace
 
 CudaStatsEngine::CudaStatsEngine(int slots, int device) : slot_count_(slots), device_(device) {
   if (slots < 1) throw std::invalid_argument("CudaStatsEngine: slots must be >= 1, not " + std::to_string(slots));

@@ -2,9 +2,12 @@
 // healthy: checked on the run.db each writes, through analyzer/rundb.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <map>
+#include <sstream>
 
 #include "../rundb/temp_dir.h"
 #include "ampdiag/rundb/reader.h"
@@ -115,6 +118,41 @@ TEST_CASE("camera sample pinned: no overflow, no skipped step", "[samples]") {
   auto r = run_sample(AMPDIAG_SAMPLE_CAMERA, dir.file("cam.db"), "--pin-fp32 projection");
   CHECK(first_nonfinite_module(r).empty());
   for (const auto& s : r.steps()) CHECK_FALSE(s.skipped);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST_CASE("camera sample with --device cuda: the same diagnosis on a GPU, one line and the CPU without one", "[samples]") {
+  TempDir dir;
+  const std::string out = dir.file("out.txt"), err = dir.file("err.txt");
+  const std::string command = std::string("'") + AMPDIAG_SAMPLE_CAMERA + "' --device cuda --db '" + dir.file("cam.db") +
+                              "' > '" + out + "' 2> '" + err + "'";
+  REQUIRE(std::system(command.c_str()) == 0);
+  const std::string said = read_text(out), warned = read_text(err);
+  if (said.find("device: cuda") != std::string::npos) {
+    CHECK(warned.empty());
+  } else {
+    CHECK(said.find("device: cpu") != std::string::npos);
+    CHECK(warned.find("no CUDA device here; training on the CPU") != std::string::npos);
+    CHECK(std::count(warned.begin(), warned.end(), '\n') == 1);
+  }
+  // Wherever it ran, the run.db names the projection, with each step's loss scale read back.
+  rundb::RunDbReader r(dir.file("cam.db"));
+  const auto first = first_nonfinite_module(r);
+  REQUIRE(first.count(0) == 1);
+  for (const auto& [step, module] : first) CHECK(module == "projection");
+  const auto steps = r.steps();
+  REQUIRE(steps.size() == 20);
+  for (const auto& s : steps) {
+    CHECK(s.skipped);
+    CHECK(s.found_inf);
+    CHECK(s.scale_after == s.scale_before / 2);
+  }
 }
 
 TEST_CASE("a sample given an unknown module to pin says so and exits 2", "[samples]") {

@@ -2,6 +2,8 @@
 // gradscaler_trajectory.py (run by ctest as a fixture) is replayed step for step.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include <torch/torch.h>
 
 #include <cstring>
@@ -120,6 +122,46 @@ TEST_CASE("GradScaler rejects the misuse torch rejects", "[scaler]") {
   param.mutable_grad() = torch::ones({2}, torch::kHalf);
   scaler.update();
   CHECK_THROWS_WITH(scaler.unscale_(optimizer), Catch::Contains("FP16 gradients"));
+}
+
+TEST_CASE("update(new_scale) refuses a scale that is not a finite positive number", "[scaler]") {
+  ampdiag::GradScaler scaler;
+  scaler.scale(torch::ones({}));
+  for (double bad : {0.0, -1.0, std::nan(""), double(INFINITY)})
+    CHECK_THROWS_WITH(scaler.update(bad), Catch::Contains("new_scale must be a finite number > 0"));
+  CHECK(scaler.get_scale() == 65536.0);  // nothing changed
+  scaler.update(128.0);
+  CHECK(scaler.get_scale() == 128.0);
+}
+
+// Records what the scaler hands its observer at each update().
+struct UpdateLog final : ampdiag::ScalerObserver {
+  std::vector<ampdiag::ScaleUpdate> updates;
+  void on_scale(const at::Tensor&) override {}
+  bool on_unscale(ampdiag::UnscaleBatch&) override { return false; }
+  void on_step(bool) override {}
+  void on_update(const ampdiag::ScaleUpdate& u) override { updates.push_back(u); }
+};
+
+TEST_CASE("the observer gets the update as tensors: the scale before, a copy of the scale after, found_inf", "[scaler]") {
+  auto param = torch::zeros({2}).set_requires_grad(true);
+  torch::optim::SGD optimizer({param}, torch::optim::SGDOptions(0.1));
+  ampdiag::GradScaler scaler;
+  UpdateLog log;
+  scaler.set_observer(&log);
+  scaler.scale(torch::ones({}));
+  param.mutable_grad() = torch::full({2}, INFINITY);
+  scaler.step(optimizer);
+  scaler.update();   // backs off: 65536 -> 32768
+  scaler.update(8.0);  // no checks since: found_inf undefined
+  REQUIRE(log.updates.size() == 2);
+  CHECK(log.updates[0].scale_before.item<double>() == 65536.0);
+  CHECK(log.updates[0].scale_after.item<double>() == 32768.0);  // a copy: the later update(8) left it alone
+  CHECK(log.updates[0].found_inf.item<float>() == 1.0f);
+  CHECK(log.updates[1].scale_before.item<double>() == 32768.0);
+  CHECK(log.updates[1].scale_after.item<double>() == 8.0);
+  CHECK_FALSE(log.updates[1].found_inf.defined());
+  scaler.set_observer(nullptr);
 }
 
 TEST_CASE("a disabled GradScaler only steps the optimizer", "[scaler]") {

@@ -24,56 +24,74 @@ struct TinyNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(TinyNet);
 
-struct CpuHalfAutocast {
-  CpuHalfAutocast() {
-    at::autocast::set_autocast_dtype(at::kCPU, at::kHalf);
-    at::autocast::set_autocast_enabled(at::kCPU, true);
+// fp16 autocast on `type` (the CPU unless said) for its lifetime.
+struct HalfAutocast {
+  explicit HalfAutocast(c10::DeviceType type = c10::DeviceType::CPU) : type(type) {
+    at::autocast::set_autocast_dtype(type, at::kHalf);
+    at::autocast::set_autocast_enabled(type, true);
     at::autocast::increment_nesting();
   }
-  ~CpuHalfAutocast() {
+  ~HalfAutocast() {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::set_autocast_enabled(type, false);
   }
+  c10::DeviceType type;
 };
+using CpuHalfAutocast = HalfAutocast;
 
 struct TrainResult {
-  std::vector<torch::Tensor> params;
+  std::vector<torch::Tensor> params;  // on the host
   std::int64_t skipped = 0;
+  std::vector<double> losses, scales;  // per step: the loss, the scale after update()
 };
 
-// Trains `steps` steps; `make_agent` (may be empty) attaches an agent to the model and
-// scaler and returns it; `probe` lets the forward call agent.probe.
+// Trains `steps` steps on `device`; `make_agent` (may be empty) attaches an agent to the
+// model and scaler and returns it; the forward calls agent.probe. `around_step` (may be
+// empty) wraps the forward and the scaler calls but step(): the CUDA tests run them with
+// torch's sync debug mode set to error. Losses and scales stay on the device until the end.
 inline TrainResult train_tiny(std::int64_t steps,
-                              const std::function<std::unique_ptr<Agent>(TinyNet&, GradScaler&)>& make_agent) {
+                              const std::function<std::unique_ptr<Agent>(TinyNet&, GradScaler&)>& make_agent,
+                              c10::Device device = c10::kCPU,
+                              const std::function<void(const std::function<void()>&)>& around_step = nullptr) {
   torch::manual_seed(0);
   TinyNet net;
+  net->to(device);
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   GradScalerOptions options;
   options.init_scale = 1e9;  // far too high: the first steps overflow in fp16 and are skipped
   options.growth_interval = 4;
   GradScaler scaler(options);
   std::unique_ptr<Agent> agent = make_agent ? make_agent(net, scaler) : nullptr;
-  const auto x = torch::randn({64, 16});
-  const auto y = torch::randn({64, 1});
+  const auto x = torch::randn({64, 16}).to(device);
+  const auto y = torch::randn({64, 1}).to(device);
   TrainResult result;
+  std::vector<torch::Tensor> losses, scales;
+  const auto run = [&](const std::function<void()>& f) { around_step ? around_step(f) : f(); };
   for (std::int64_t step = 0; step < steps; ++step) {
-    optimizer.zero_grad();
     torch::Tensor loss;
-    {
-      CpuHalfAutocast autocast;
+    run([&] {
+      optimizer.zero_grad();
+      HalfAutocast autocast(device.type());
       auto h = torch::relu(net->a(x));
       if (agent) h = agent->probe("a", h);
       h = torch::relu(net->b(h));
       if (agent) h = agent->probe("b", h);
       loss = torch::mse_loss(net->c(h).to(torch::kFloat), y);
-    }
-    scaler.scale(loss).backward();
-    scaler.step(optimizer);
-    scaler.update();
+    });
+    run([&] {
+      scaler.scale(loss).backward();
+      scaler.unscale_(optimizer);
+    });
+    scaler.step(optimizer);  // reads found_inf to decide, as torch's scaler does
+    run([&] { scaler.update(); });
     result.skipped += scaler.last_step_skipped() ? 1 : 0;
+    losses.push_back(loss.detach().to(torch::kDouble));
+    scales.push_back(scaler.scale_tensor().to(torch::kDouble));
   }
+  for (const auto& l : losses) result.losses.push_back(l.item<double>());
+  for (const auto& s : scales) result.scales.push_back(s.item<double>());
   if (agent) agent->close();
-  for (const auto& p : net->parameters()) result.params.push_back(p.detach().clone());
+  for (const auto& p : net->parameters()) result.params.push_back(p.detach().cpu().clone());
   return result;
 }
 

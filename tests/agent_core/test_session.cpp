@@ -65,8 +65,34 @@ struct FakeEngine final : agent::DeviceEngine {
     return t;
   }
 
+  // Outcome read-backs: here `values` is host memory standing in for the device's.
+  struct Readback {
+    agent::DeviceOutcome outcome;
+    bool landed = false;
+  };
+  struct FakeReadback final : agent::Ticket {
+    std::shared_ptr<Readback> readback;
+    bool ready() override { return readback->landed; }
+    bool wait(std::int64_t) override { return readback->landed; }
+    void land(agent::StepSink& step) override {
+      agent::apply_outcome(readback->outcome, readback->outcome.values, step.outcome());
+    }
+    const char* engine() const override { return "cuda"; }
+  };
+  std::unique_ptr<agent::Ticket> read_outcome(const agent::DeviceOutcome& o) override {
+    if (busy) return nullptr;
+    auto record = std::make_shared<Readback>();
+    record->outcome = o;
+    readbacks->push_back(record);
+    auto t = std::make_unique<FakeReadback>();
+    t->readback = record;
+    return t;
+  }
+
   std::shared_ptr<std::vector<std::shared_ptr<Launch>>> launches =
       std::make_shared<std::vector<std::shared_ptr<Launch>>>();
+  std::shared_ptr<std::vector<std::shared_ptr<Readback>>> readbacks =
+      std::make_shared<std::vector<std::shared_ptr<Readback>>>();
   bool busy = false;
 };
 
@@ -99,8 +125,9 @@ void open_with_layers(agent::Session& s, const std::string& path, int n) {
   s.open(path, {}, "test-run");
 }
 
-// One optimizer cycle whose gradients (layers 0..n-1) are device tensors.
-void device_cycle(agent::Session& s, int n, double scale = 1024.0) {
+// One optimizer cycle whose gradients (layers 0..n-1) are device tensors; `later`: its
+// outcome is read back from the device.
+void device_cycle(agent::Session& s, int n, double scale = 1024.0, const agent::DeviceOutcome* later = nullptr) {
   s.begin_cycle();
   for (int i = n - 1; i >= 0; --i) s.arrived(i);  // backward reaches the last layer first
   std::vector<std::int64_t> ids;
@@ -118,8 +145,21 @@ void device_cycle(agent::Session& s, int n, double scale = 1024.0) {
   o.loss = 1.0;
   o.losses = 1;
   o.scale_before = o.scale_after = scale;
-  s.end_step(o, 0);
+  s.end_step(o, 0, later);
 }
+
+// Outcome values "on the device" (host memory the fake engine reads when it lands).
+agent::DeviceOutcome device_outcome(const double* values, unsigned fields) {
+  agent::DeviceOutcome o;
+  o.device = kGpu0;
+  o.values = values;
+  o.fields = fields;
+  return o;
+}
+
+constexpr unsigned kWholeOutcome = agent::DeviceOutcome::kLoss | agent::DeviceOutcome::kScaleBefore |
+                                   agent::DeviceOutcome::kScaleAfter | agent::DeviceOutcome::kFoundInf |
+                                   agent::DeviceOutcome::kSkippedIsFoundInf;
 
 // A session on a fresh file with `layers` layers and a fake device engine.
 struct FakeDeviceRun {
@@ -129,6 +169,17 @@ struct FakeDeviceRun {
     fake = engine.get();
     session.set_device_engine(std::move(engine));
     open_with_layers(session, db(), layers);
+  }
+  FakeDeviceRun(int layers, agent::SessionOptions o) : session(o) {
+    auto engine = std::make_unique<FakeEngine>();
+    launches = engine->launches;
+    fake = engine.get();
+    session.set_device_engine(std::move(engine));
+    open_with_layers(session, db(), layers);
+  }
+  void land_all() {
+    for (auto& l : *launches) l->landed = true;
+    for (auto& r : *fake->readbacks) r->landed = true;
   }
   std::string db() const { return dir.file("run.db"); }
   void land(std::size_t launch) { (*launches).at(launch)->landed = true; }
@@ -366,4 +417,77 @@ TEST_CASE("without a device engine, device tensors get a one-time event and no s
   int events = 0;
   for (const auto& e : r.events()) events += e.kind == "slow-path" ? 1 : 0;
   CHECK(events == 1);
+}
+
+TEST_CASE("outcome scalars read back from the device complete their step when they land", "[session][tickets]") {
+  FakeDeviceRun run(1);
+  agent::Session& s = run.session;
+  const double values[] = {2.5, 1024.0, 512.0, 1.0};  // loss, scale before, after, found_inf
+  const auto later = device_outcome(values, kWholeOutcome);
+  device_cycle(s, 1, std::nan(""), &later);
+  REQUIRE(run.fake->readbacks->size() == 1);
+  device_cycle(s, 1);  // the next step: the first is still waiting for its outcome
+  run.land_all();
+  s.close();
+  rundb::RunDbReader r(run.db());
+  const auto steps = r.steps();
+  REQUIRE(steps.size() == 2);
+  CHECK(steps[0].loss == 2.5);
+  CHECK(steps[0].scale_before == 1024.0);
+  CHECK(steps[0].scale_after == 512.0);
+  CHECK(steps[0].found_inf);
+  CHECK(steps[0].skipped);
+  CHECK_FALSE(steps[1].found_inf);
+}
+
+TEST_CASE("an overflow known only when its outcome lands still decides what is sampled", "[session][tickets]") {
+  agent::SessionOptions o = options(8);
+  o.recorder.every = 100;
+  FakeDeviceRun run(1, o);
+  agent::Session& s = run.session;
+  const double clean[] = {1.0, 1024.0, 1024.0, 0.0};
+  const double overflow[] = {1.0, 1024.0, 512.0, 1.0};
+  const auto clean_later = device_outcome(clean, kWholeOutcome);
+  const auto overflow_later = device_outcome(overflow, kWholeOutcome);
+  device_cycle(s, 1, 1024.0, &clean_later);     // step 0: every 100th step is sampled
+  device_cycle(s, 1, 1024.0, &clean_later);     // step 1: not sampled
+  device_cycle(s, 1, 1024.0, &overflow_later);  // step 2: sampled, once its found_inf is known
+  run.land_all();
+  s.close();
+  rundb::RunDbReader r(run.db());
+  CHECK(grads_of(r, 0).size() == 1);
+  CHECK(grads_of(r, 1).empty());
+  CHECK(grads_of(r, 2).size() == 1);
+}
+
+TEST_CASE("an extra update() on the device amends the pending step's scale when it lands", "[session][tickets]") {
+  FakeDeviceRun run(1);
+  agent::Session& s = run.session;
+  const double cycle[] = {1.0, 1024.0, 2048.0, 0.0};
+  const double extra[] = {0.0, 0.0, 128.0, 0.0};
+  const auto later = device_outcome(cycle, kWholeOutcome);
+  CHECK_FALSE(s.amend_outcome(device_outcome(extra, agent::DeviceOutcome::kScaleAfter)));  // no step yet
+  device_cycle(s, 1, std::nan(""), &later);
+  CHECK(s.amend_outcome(device_outcome(extra, agent::DeviceOutcome::kScaleAfter)));
+  run.land_all();
+  s.close();
+  rundb::RunDbReader r(run.db());
+  const auto steps = r.steps();
+  REQUIRE(steps.size() == 1);
+  CHECK(steps[0].scale_before == 1024.0);
+  CHECK(steps[0].scale_after == 128.0);  // the later read-back wins
+}
+
+TEST_CASE("an outcome read-back with no free slot leaves the step as the adapter gave it, counted", "[session][tickets]") {
+  FakeDeviceRun run(1);
+  agent::Session& s = run.session;
+  run.fake->busy = true;
+  const double values[] = {1.0, 1024.0, 512.0, 1.0};
+  const auto later = device_outcome(values, kWholeOutcome);
+  device_cycle(s, 1, 4096.0, &later);
+  s.close();
+  CHECK(s.counters().dropped_steps == 1);
+  rundb::RunDbReader r(run.db());
+  REQUIRE(r.steps().size() == 1);
+  CHECK(r.steps()[0].scale_after == 4096.0);
 }

@@ -40,6 +40,16 @@ struct UnscaleBatch {
   at::Tensor inv_scale;            // float, one element, on the scale's device
 };
 
+// The scaler at an update(), as tensors on the scale's device: nothing is read to the host,
+// so observing a CUDA run adds no device synchronisation.
+struct ScaleUpdate {
+  at::Tensor scale_before;  // float 0-dim: the scale this cycle's gradients were multiplied by
+  at::Tensor scale_after;   // float 0-dim: the scale from now on (a copy, not the live tensor)
+  // float 0-dim, > 0 when a gradient checked since the last update() was non-finite;
+  // undefined for an update(new_scale) with no checks since the last update().
+  at::Tensor found_inf;
+};
+
 // Implemented by the agent. Callbacks run on the training thread.
 class ScalerObserver {
  public:
@@ -50,7 +60,7 @@ class ScalerObserver {
   // run torch._amp_foreach_non_finite_check_and_unscale_.
   virtual bool on_unscale(UnscaleBatch& batch) = 0;
   virtual void on_step(bool skipped) = 0;
-  virtual void on_update(double scale_before, double scale_after, bool found_inf) = 0;
+  virtual void on_update(const ScaleUpdate& update) = 0;
 };
 
 class GradScaler {
@@ -65,11 +75,15 @@ class GradScaler {
   // Returns true if the optimizer step ran.
   bool step(torch::optim::Optimizer& optimizer);
   // Backs the scale off after a skipped step, grows it after growth_interval good ones.
+  // Neither update() reads the device: the scale stays a device tensor, as in torch.
   void update();
   void update(double new_scale);
 
-  double get_scale() const;  // 1.0 when disabled; reads the device value
+  double get_scale() const;  // 1.0 when disabled; reads the device value (a sync on CUDA)
   std::int64_t growth_tracker() const;
+  // The live 0-dim float scale on its device (undefined before the first scale() or when
+  // disabled): copy it to keep a step's value, read it only where waiting is fine.
+  const at::Tensor& scale_tensor() const { return scale_; }
   bool is_enabled() const { return enabled_; }
   // Whether the last step() skipped the optimizer (torch's own scaler does not say).
   bool last_step_skipped() const { return last_step_skipped_; }
@@ -97,6 +111,10 @@ class GradScaler {
 
   void check_initialized(const char* function) const;
   void lazy_init(const at::Device& device);
+  // found_inf summed over optimizers and devices, on the scale's device; undefined when
+  // no unscale ran since the last update().
+  at::Tensor combined_found_inf() const;
+  void notify_update(const at::Tensor& scale_before, const at::Tensor& found_inf);
   std::vector<at::Tensor> unscale_grads(torch::optim::Optimizer& optimizer, const at::Tensor& inv_scale,
                                         const at::Tensor& found_inf);
 

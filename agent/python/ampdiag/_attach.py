@@ -26,6 +26,11 @@ from ._tensors import DTYPE_CODE, describe_inputs, directly_readable, engine_pla
 _ATTACHED = "_ampdiag_handle"
 
 
+def _on_device(scaler) -> bool:
+    """Whether the scaler's scale lives on a CUDA device (reading it would wait)."""
+    return scaler._scale is not None and scaler._scale.device.type == "cuda"
+
+
 def _source(module: torch.nn.Module) -> str:
     try:
         forward = type(module).forward
@@ -131,8 +136,9 @@ class AttachHandle:
 
     @property
     def last_step_skipped(self) -> bool:
-        """Whether the last scaler.step() skipped the optimizer (torch itself does not say)."""
-        return self._last_step_skipped
+        """Whether the last scaler.step() skipped the optimizer (torch itself does not say).
+        On CUDA this reads found_inf from the device: it waits for the step to finish."""
+        return bool(self._last_step_skipped)
 
     @property
     def status(self) -> dict:
@@ -234,6 +240,14 @@ class AttachHandle:
 
         def update(new_scale=None):
             checked = self._inf_checked(scaler)
+            if _on_device(scaler):
+                # A CUDA scale stays on the device: the outcome is read back without waiting.
+                found = self._found_inf_tensor(scaler) if checked else None
+                before = scaler._scale.clone()
+                original_update(new_scale)
+                if not self._inert:
+                    self._end_step_on_device(scaler._scale, checked, before, found)
+                return
             found = checked and self._found_inf(scaler)
             before = float(scaler.get_scale())
             original_update(new_scale)
@@ -389,6 +403,14 @@ class AttachHandle:
         return any(state.get("found_inf_per_device") for state in scaler._per_optimizer_states.values())
 
     @staticmethod
+    def _found_inf_tensor(scaler) -> torch.Tensor:
+        """found_inf summed over optimizers and devices, on the scale's device (no sync)."""
+        device = scaler._scale.device
+        found = [v.to(device, non_blocking=True) for state in scaler._per_optimizer_states.values()
+                 for v in state.get("found_inf_per_device", {}).values()]
+        return torch.stack(found).sum()
+
+    @staticmethod
     def _found_inf(scaler) -> bool:
         return any(bool(v.item()) for state in scaler._per_optimizer_states.values()
                    for v in state.get("found_inf_per_device", {}).values())
@@ -403,6 +425,34 @@ class AttachHandle:
 
     def _after_optimizer_step(self, optimizer, args, kwargs):
         self._end_step(1.0, 1.0, self._bf16_found, skipped=False)
+
+    def _end_step_on_device(self, scale, checked, before, found):
+        """Ends the step (or amends the pending one) with its scalars still on the scale's
+        device: one float64 vector (loss, scale before, after, found_inf) that the session
+        copies to pinned memory on the current stream and records when it has landed."""
+        device = scale.device
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        stream = torch.cuda.current_stream(index).cuda_stream
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        if not checked:
+            values = torch.stack([zero, zero, scale.double(), zero])
+            self._session.amend_on_device(values.data_ptr(), index, stream)
+            return
+        losses = self._logged_losses or self._losses
+        fields = (_ampdiag.OUTCOME_SCALE_BEFORE | _ampdiag.OUTCOME_SCALE_AFTER | _ampdiag.OUTCOME_FOUND_INF
+                  | _ampdiag.OUTCOME_SKIPPED_IS_FOUND_INF)
+        host_loss = math.nan
+        loss = zero
+        if losses and all(t.device.type == "cpu" for t in losses):
+            host_loss = math.fsum(float(t.float().item()) for t in losses)  # host values: no wait
+        elif losses:
+            loss = torch.stack([t.reshape(()).to(device, torch.float64, non_blocking=True) for t in losses]).sum()
+            fields |= _ampdiag.OUTCOME_LOSS
+        values = torch.stack([loss, before.double(), scale.double(), found.double()])
+        self._session.end_step_on_device(host_loss, len(losses), False, self._python_ns, values.data_ptr(), index,
+                                         stream, fields)
+        self._python_ns = 0
+        self._last_step_skipped = found  # read only if someone asks
 
     def _end_step(self, scale_before, scale_after, found_inf, skipped):
         losses = self._logged_losses or self._losses

@@ -57,6 +57,16 @@ agent::Device device_of(int type, int index) {
   return {agent::DeviceType(type), index};
 }
 
+agent::DeviceOutcome device_outcome(std::uintptr_t values, int device_index, std::uintptr_t stream, unsigned fields) {
+  if (values == 0) throw std::invalid_argument("the outcome values' data pointer is null");
+  agent::DeviceOutcome o;
+  o.device = device_of(1, device_index);
+  o.stream = reinterpret_cast<void*>(stream);
+  o.values = reinterpret_cast<const double*>(values);
+  o.fields = fields;
+  return o;
+}
+
 // The Python adapter over the session core: Python hands over data pointers, element
 // counts, dtype codes and devices of tensors it keeps alive for the call.
 class Session {
@@ -169,6 +179,22 @@ class Session {
     session_.end_step({loss, losses, scale_before, scale_after, found_inf, skipped}, python_ns);
   }
 
+  // Ends the step with outcome values still on a device (`values`: 4 float64 on
+  // device_index, produced on `stream`: loss, scale before, scale after, found_inf); they
+  // are copied to the host without waiting and complete the step when they land. `fields`
+  // says which of them the step takes (the DeviceOutcome bits); the rest come from here.
+  void end_step_on_device(double loss, std::int64_t losses, bool skipped, std::int64_t python_ns, std::uintptr_t values,
+                          int device_index, std::uintptr_t stream, unsigned fields) {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    const agent::DeviceOutcome later = device_outcome(values, device_index, stream, fields);
+    session_.end_step({loss, losses, nan, nan, false, skipped}, python_ns, &later);
+  }
+
+  // An update() after the cycle's: the pending step's scale_after, still on the device.
+  bool amend_on_device(std::uintptr_t values, int device_index, std::uintptr_t stream) {
+    return session_.amend_outcome(device_outcome(values, device_index, stream, agent::DeviceOutcome::kScaleAfter));
+  }
+
   py::dict status() const {
     const auto c = session_.counters();
     py::dict d;
@@ -204,6 +230,12 @@ PYBIND11_MODULE(_ampdiag, m) {
     return false;
 #endif
   });
+  // DeviceOutcome::Field, for end_step_on_device().
+  m.attr("OUTCOME_LOSS") = unsigned(agent::DeviceOutcome::kLoss);
+  m.attr("OUTCOME_SCALE_BEFORE") = unsigned(agent::DeviceOutcome::kScaleBefore);
+  m.attr("OUTCOME_SCALE_AFTER") = unsigned(agent::DeviceOutcome::kScaleAfter);
+  m.attr("OUTCOME_FOUND_INF") = unsigned(agent::DeviceOutcome::kFoundInf);
+  m.attr("OUTCOME_SKIPPED_IS_FOUND_INF") = unsigned(agent::DeviceOutcome::kSkippedIsFoundInf);
   m.def("cpu_isa", [] { return std::string(kernels::cpu_isa_name(kernels::best_cpu_isa())); });
   m.def(
       "tensor_stats",
@@ -245,6 +277,8 @@ PYBIND11_MODULE(_ampdiag, m) {
       .def("engine_for", &Session::engine_for, py::arg("device_type"), py::arg("device_index") = 0)
       .def("end_step", &Session::end_step)
       .def("amend_scale_after", [](Session& s, double v) { return s.core().amend_scale_after(v); })
+      .def("end_step_on_device", &Session::end_step_on_device)
+      .def("amend_on_device", &Session::amend_on_device)
       .def_property_readonly("step", [](Session& s) { return s.core().step(); })
       .def("close", [](Session& s) { s.core().close(); })
       .def("status", &Session::status);

@@ -1,0 +1,97 @@
+// The C++ agent and GradScaler on CUDA tensors: training is bit-identical with and without
+// the agent, the run.db holds the losses and scales the scaler had (read back from the
+// device a step late), and the forward, scale(), unscale_() and update() never make the
+// host wait for the device (torch's sync debug mode set to error stays silent). Without a
+// CUDA device this binary says why and exits 77, which ctest reports as skipped.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/cuda.h>
+
+#include <cstdio>
+
+#include "../rundb/temp_dir.h"
+#include "ampdiag/rundb/reader.h"
+#include "tiny_training.h"
+
+using namespace ampdiag;
+using namespace ampdiag::test;
+
+namespace {
+
+const c10::Device kCuda(c10::kCUDA, 0);
+
+std::function<std::unique_ptr<Agent>(TinyNet&, GradScaler&)> attach(const std::string& db) {
+  return [db](TinyNet& net, GradScaler& scaler) {
+    AgentOptions o;
+    o.db_path = db;
+    return std::make_unique<Agent>(*net, scaler, o);
+  };
+}
+
+// Runs f with every host synchronisation torch makes turned into an error.
+void without_syncs(const std::function<void()>& f) {
+  auto& state = c10::cuda::warning_state();
+  const auto before = state.get_sync_debug_mode();
+  state.set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  try {
+    f();
+  } catch (...) {
+    state.set_sync_debug_mode(before);
+    throw;
+  }
+  state.set_sync_debug_mode(before);
+}
+
+}  // namespace
+
+TEST_CASE("CUDA training with the agent gives bit-identical parameters", "[cuda]") {
+  TempDir dir;
+  const auto without = train_tiny(30, nullptr, kCuda);
+  REQUIRE(without.skipped > 0);
+  const auto with = train_tiny(30, attach(dir.file("run.db")), kCuda);
+  CHECK(with.skipped == without.skipped);
+  REQUIRE(with.params.size() == without.params.size());
+  for (std::size_t i = 0; i < with.params.size(); ++i) CHECK(bitwise_equal(with.params[i], without.params[i]));
+}
+
+TEST_CASE("forward, scale, unscale_ and update make no host sync on CUDA with the agent attached", "[cuda]") {
+  TempDir dir;
+  CHECK_NOTHROW(train_tiny(12, attach(dir.file("run.db")), kCuda, without_syncs));
+}
+
+TEST_CASE("a CUDA run.db holds each step's loss and scales, read back from the device", "[cuda]") {
+  TempDir dir;
+  const auto result = train_tiny(12, attach(dir.file("run.db")), kCuda);
+  rundb::RunDbReader r(dir.file("run.db"));
+  const auto steps = r.steps();
+  REQUIRE(steps.size() == 12);
+  CHECK(r.meta()["dropped_steps"] == "0");
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    INFO("step " << i);
+    CHECK(steps[i].losses == 1);
+    CHECK(steps[i].loss == float(result.losses[i]));  // the loss is float32; summed in double
+    CHECK(steps[i].scale_after == result.scales[i]);
+    CHECK(steps[i].found_inf == steps[i].skipped);
+    if (i > 0) CHECK(steps[i].scale_before == steps[i - 1].scale_after);
+  }
+  CHECK(steps[0].scale_before == 1e9f);
+}
+
+TEST_CASE("CUDA gradients and probes are recorded from the device engine", "[cuda]") {
+  TempDir dir;
+  train_tiny(6, attach(dir.file("run.db")), kCuda);
+  rundb::RunDbReader r(dir.file("run.db"));
+  CHECK(r.grad_stats().size() == 6 * 6);  // 3 Linear layers x (weight, bias) x 6 steps
+  CHECK(r.act_stats().size() == 6 * 2);   // probes a and b
+  for (const auto& e : r.events()) CHECK(e.kind != "slow-path");  // nothing went through a copy
+}
+
+int main(int argc, char** argv) {
+  if (!torch::cuda::is_available()) {
+    std::printf("skipped: no CUDA device\n");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}
