@@ -173,3 +173,41 @@ def test_a_nan_made_in_the_parents_own_code_names_the_parent_not_the_child(tmp_p
     snippets = [s["python"] for f in rep["findings"] for s in f["suggestions"]]
     assert not any("bn2" in s for s in snippets)  # the replay disproved pinning bn2
     assert any("ampdiag.pin_fp32(model.layer1)" in s for s in snippets)
+
+
+def test_a_parent_returning_its_childs_output_is_listed_without_rows_and_still_blamed_for_its_own_code(
+        tmp_path, verdict):
+    class Amplified(nn.Module):
+        """Its own code makes the Inf (x * 1e5 in the autocast dtype); its child only
+        receives it and returns the tensor the parent returns."""
+
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, x):
+            dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+            return self.proj(x.to(dtype) * 1e5)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.amp, self.drop, self.head = Amplified(), nn.Dropout(0.0), nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.head(self.drop(self.amp(x)))
+
+    torch.manual_seed(0)
+    db = tmp_path / "parent.db"
+    fp16_steps(Model(), db, lambda: torch.ones(4, 8), lambda out: out.mean())
+    listed = {path for (path,) in rows(db, "SELECT path FROM modules")}
+    assert {"amp", "amp.proj", "drop", "head"} <= listed
+    with_rows = {path for (path,) in rows(db, "SELECT DISTINCT m.path FROM act_stats a JOIN modules m ON m.id = a.module_id")}
+    assert with_rows == {"amp.proj", "head"}  # amp's output is amp.proj's; drop returns its input
+    # amp.proj's FP32 replay on the Inf it received stays Inf: the replay escalates to amp,
+    # whose FP32 run is finite, although amp's output is the tensor amp.proj returned.
+    assert rows(db, "SELECT module, outcome FROM replays ORDER BY id")[:2] == [("amp.proj", "nonfinite"),
+                                                                               ("amp", "finite")]
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["rule"], first["module"]) == (1, "forward-nonfinite", "amp")

@@ -21,7 +21,8 @@ import torch
 from . import _ampdiag, _loss, _rank
 from ._pin import pin_fp32, unpin_fp32
 from ._replay import NONFINITE, Replayer
-from ._tensors import DTYPE_CODE, describe_inputs, directly_readable, engine_place, first_float_tensor, readable_view
+from ._tensors import (DTYPE_CODE, describe_inputs, directly_readable, engine_place, first_float_tensor, host_place,
+                       readable_view)
 
 _ATTACHED = "_ampdiag_handle"
 
@@ -277,6 +278,8 @@ class AttachHandle:
         self._backward_seen = False
         self._first_nonfinite = None
         self._escalating = False
+        self._last_output = None          # weakref to the last output given statistics
+        self._last_nonfinite = False      # whether it held NaN/Inf
         self._bf16_found = False
 
     @property
@@ -482,11 +485,28 @@ class AttachHandle:
             tensor = output if type(output) is torch.Tensor else first_float_tensor(output)
             if tensor is not None and tensor.is_floating_point():
                 if module_id is None:
-                    module_id = self._module_id(path, module, args)
-                view = tensor if directly_readable(tensor) else readable_view(tensor)
-                if self._session.activation(module_id, view.data_ptr(), view.numel(), DTYPE_CODE[view.dtype],
-                                            self._micro_batch, *engine_place(view)):
-                    self._on_nonfinite_output(path, module, args, kwargs, output)
+                    module_id = self._module_id(path, module, args)  # listed, with or without rows
+                if self._last_output is not None and self._last_output() is tensor:
+                    # The tensor the last hook saw (a container returning its last child's
+                    # output): the same statistics, and the child comes first in forward
+                    # order. Only an escalating replay still needs the enclosing module.
+                    if self._last_nonfinite:
+                        self._on_nonfinite_output(path, module, args, kwargs, output)
+                elif args and args[0] is tensor:
+                    pass  # it returned its input (Dropout(p=0), Identity): it computed nothing
+                else:
+                    host = host_place(tensor)
+                    if host is not None:
+                        nonfinite = self._session.activation(module_id, *host, self._micro_batch, 0, 0, 0)
+                    else:
+                        view = tensor if directly_readable(tensor) else readable_view(tensor)
+                        nonfinite = self._session.activation(module_id, view.data_ptr(), view.numel(),
+                                                             DTYPE_CODE[view.dtype], self._micro_batch,
+                                                             *engine_place(view))
+                    self._last_output = weakref.ref(tensor)
+                    self._last_nonfinite = nonfinite
+                    if nonfinite:
+                        self._on_nonfinite_output(path, module, args, kwargs, output)
             self._python_ns += time.perf_counter_ns() - t0
             return None
 

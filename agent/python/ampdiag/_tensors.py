@@ -39,6 +39,15 @@ def _dense(t: torch.Tensor) -> bool:
 ENGINE_DEVICES = {"cpu": 0, "cuda": 1}  # the session's device type codes
 
 
+def host_place(t: torch.Tensor):
+    """(data_ptr, numel, dtype code) of a contiguous CPU float tensor the CPU engine reads in
+    place, else None: the forward hooks' fast path (checks ordered cheapest first)."""
+    code = DTYPE_CODE.get(t.dtype)
+    if code is None or not t.is_cpu or not t.is_contiguous() or t.layout is not torch.strided:
+        return None
+    return t.data_ptr(), t.numel(), code
+
+
 def directly_readable(t: torch.Tensor) -> bool:
     """Every statistic is independent of element order, so a dense block is read in place."""
     return t.device.type in ENGINE_DEVICES and t.layout == torch.strided and t.dtype in DTYPE_CODE and _dense(t)
