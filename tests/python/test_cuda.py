@@ -95,3 +95,25 @@ def test_a_model_with_cpu_and_cuda_parameters_is_recorded_whole(tmp_path):
     with sqlite3.connect(tmp_path / "run.db") as c:
         assert c.execute("SELECT COUNT(DISTINCT layer_id) FROM grad_stats").fetchone()[0] == 4
         assert c.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 3
+
+
+def test_bf16_on_cuda_without_a_scaler_makes_no_host_sync_and_records_its_losses(tmp_path):
+    model = make_model("cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 1, device="cuda")
+    losses = []
+    with ampdiag.attach(model, optimizer=opt, db=tmp_path / "run.db", overwrite=True):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(5):
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = torch.nn.functional.mse_loss(model(x).float(), y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach().double())
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    with sqlite3.connect(tmp_path / "run.db") as c:
+        recorded = [r[0] for r in c.execute("SELECT loss FROM steps ORDER BY step")]
+    assert recorded == [float(t) for t in losses]

@@ -32,6 +32,11 @@ def _on_device(scaler) -> bool:
     return scaler._scale is not None and scaler._scale.device.type == "cuda"
 
 
+def _sum_on(device, losses) -> torch.Tensor:
+    """The losses summed as float64 on `device`, with device ops only (no sync)."""
+    return torch.stack([t.reshape(()).to(device, torch.float64, non_blocking=True) for t in losses]).sum()
+
+
 def _source(module: torch.nn.Module) -> str:
     try:
         forward = type(module).forward
@@ -449,18 +454,30 @@ class AttachHandle:
         if losses and all(t.device.type == "cpu" for t in losses):
             host_loss = math.fsum(float(t.float().item()) for t in losses)  # host values: no wait
         elif losses:
-            loss = torch.stack([t.reshape(()).to(device, torch.float64, non_blocking=True) for t in losses]).sum()
+            loss = _sum_on(device, losses)
             fields |= _ampdiag.OUTCOME_LOSS
         values = torch.stack([loss, before.double(), scale.double(), found.double()])
-        self._session.end_step_on_device(host_loss, len(losses), False, self._python_ns, values.data_ptr(), index,
-                                         stream, fields)
+        nan = math.nan
+        self._session.end_step_on_device(host_loss, len(losses), nan, nan, False, False, self._python_ns,
+                                         values.data_ptr(), index, stream, fields)
         self._python_ns = 0
         self._last_step_skipped = found  # read only if someone asks
 
     def _end_step(self, scale_before, scale_after, found_inf, skipped):
         losses = self._logged_losses or self._losses
-        loss = math.fsum(float(t.float().item()) for t in losses) if losses else math.nan
-        self._session.end_step(loss, len(losses), scale_before, scale_after, found_inf, skipped, self._python_ns)
+        on_device = next((t.device for t in losses if t.device.type == "cuda"), None)
+        if on_device is not None:
+            # A CUDA loss (bf16 without a scaler) is summed there and read back with the step,
+            # never with .item(): that would wait for the device.
+            index = on_device.index if on_device.index is not None else torch.cuda.current_device()
+            zero = torch.zeros((), dtype=torch.float64, device=on_device)
+            values = torch.stack([_sum_on(on_device, losses), zero, zero, zero])
+            self._session.end_step_on_device(math.nan, len(losses), scale_before, scale_after, found_inf, skipped,
+                                             self._python_ns, values.data_ptr(), index,
+                                             torch.cuda.current_stream(index).cuda_stream, _ampdiag.OUTCOME_LOSS)
+        else:
+            loss = math.fsum(float(t.float().item()) for t in losses) if losses else math.nan
+            self._session.end_step(loss, len(losses), scale_before, scale_after, found_inf, skipped, self._python_ns)
         self._python_ns = 0
         self._last_step_skipped = skipped
 

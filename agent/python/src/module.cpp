@@ -183,11 +183,11 @@ class Session {
   // device_index, produced on `stream`: loss, scale before, scale after, found_inf); they
   // are copied to the host without waiting and complete the step when they land. `fields`
   // says which of them the step takes (the DeviceOutcome bits); the rest come from here.
-  void end_step_on_device(double loss, std::int64_t losses, bool skipped, std::int64_t python_ns, std::uintptr_t values,
-                          int device_index, std::uintptr_t stream, unsigned fields) {
-    const double nan = std::numeric_limits<double>::quiet_NaN();
+  void end_step_on_device(double loss, std::int64_t losses, double scale_before, double scale_after, bool found_inf,
+                          bool skipped, std::int64_t python_ns, std::uintptr_t values, int device_index,
+                          std::uintptr_t stream, unsigned fields) {
     const agent::DeviceOutcome later = device_outcome(values, device_index, stream, fields);
-    session_.end_step({loss, losses, nan, nan, false, skipped}, python_ns, &later);
+    session_.end_step({loss, losses, scale_before, scale_after, found_inf, skipped}, python_ns, &later);
   }
 
   // An update() after the cycle's: the pending step's scale_after, still on the device.
