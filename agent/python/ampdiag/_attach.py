@@ -218,6 +218,7 @@ class AttachHandle:
     def _register_layers(self, model):
         modules = dict(model.named_modules())
         self._params = []  # every registered tensor, kept alive: id() is its key in the session
+        self._layer_ids = {}  # id() -> layer, for tensors the optimizer has handed over
         for name, p in model.named_parameters(remove_duplicate=False):
             module_path = name.rpartition(".")[0]
             module = modules.get(module_path)
@@ -344,10 +345,13 @@ class AttachHandle:
         self._roots = []
 
     def _layer_id(self, param):
-        layer, added = self._session.layer_of(id(param), str(param.dtype).replace("torch.", ""),
-                                              str(list(param.shape)), param.numel())
-        if added:  # optimized, but not a parameter of the model
-            self._params.append(param)
+        layer = self._layer_ids.get(id(param))  # every key's tensor is kept alive in _params
+        if layer is None:
+            layer, added = self._session.layer_of(id(param), str(param.dtype).replace("torch.", ""),
+                                                  str(list(param.shape)), param.numel())
+            if added:  # optimized, but not a parameter of the model
+                self._params.append(param)
+            self._layer_ids[id(param)] = layer
         return layer
 
     def _gradients(self, optimizer):
@@ -370,15 +374,28 @@ class AttachHandle:
         return layers, grads, sparse
 
     def _stats(self, layers, grads, inv_scale=None, device_scale=None):
-        views = [readable_view(g) for g in grads]
-        for layer, g, v in zip(layers, grads, views):
-            if v is not g:
-                self._event("slow-path", f"layer {layer} has a {g.dtype} {g.device} gradient: its statistics are "
-                                         f"taken on a dense copy on {g.device}", key=("copy", layer))
-        places = [engine_place(v) for v in views]
-        return self._session.grads(layers, [v.data_ptr() for v in views], [v.numel() for v in views],
-                                   [DTYPE_CODE[v.dtype] for v in views], [p[0] for p in places],
-                                   [p[1] for p in places], [p[2] for p in places], inv_scale, device_scale)
+        ptrs, numels, codes, types, indices, streams = [], [], [], [], [], []
+        copies = []  # dense copies, alive until the engine has read them
+        for layer, g in zip(layers, grads):
+            host = host_place(g)
+            if host is not None:  # the common case, cheapest first
+                ptr, numel, code = host
+                place = (0, 0, 0)
+            else:
+                v = readable_view(g)
+                if v is not g:
+                    copies.append(v)
+                    self._event("slow-path", f"layer {layer} has a {g.dtype} {g.device} gradient: its statistics are "
+                                             f"taken on a dense copy on {g.device}", key=("copy", layer))
+                ptr, numel, code = v.data_ptr(), v.numel(), DTYPE_CODE[v.dtype]
+                place = engine_place(v)
+            ptrs.append(ptr)
+            numels.append(numel)
+            codes.append(code)
+            types.append(place[0])
+            indices.append(place[1])
+            streams.append(place[2])
+        return self._session.grads(layers, ptrs, numels, codes, types, indices, streams, inv_scale, device_scale)
 
     def _on_unscale(self, original, optimizer, inv_scale, found_inf, allow_fp16):
         t0 = time.perf_counter_ns()
