@@ -74,6 +74,18 @@ def test_gradient_and_activation_statistics_are_recorded_in_order(tmp_path):
     assert [m for _, m in acts] == [0, 1, 2]
 
 
+def test_modules_whose_output_is_bounded_by_their_input_get_no_hook(tmp_path):
+    def model():
+        return nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.GELU(), nn.LeakyReLU(0.1),
+                             nn.LeakyReLU(5.0), nn.Linear(16, 1))
+
+    db = tmp_path / "run.db"
+    train(2, lambda m, s, o: ampdiag.attach(m, s, db=db), model_factory=model)
+    # ReLU, GELU and a LeakyReLU of slope <= 1 cannot make a value larger or non-finite; a
+    # slope of 5 can.
+    assert [p for (p,) in rows(db, "SELECT path FROM modules ORDER BY id")] == ["0", "2", "5", "6"]
+
+
 def test_detach_restores_the_scaler_and_removes_every_hook(tmp_path):
     model = Tiny()
     scaler = torch.amp.GradScaler("cpu")

@@ -32,6 +32,23 @@ def _on_device(scaler) -> bool:
     return scaler._scale is not None and scaler._scale.device.type == "cuda"
 
 
+# Elementwise modules whose output is no larger than their input (|f(x)| <= |x|) or bounded
+# (tanh, sigmoid, clamps), in the input's dtype: they cannot turn a finite value into NaN/Inf
+# or use up headroom, so they can never be the module a finding names. Not hooked: a small
+# model spends a third of its hooks on them.
+_BOUNDED = (torch.nn.ReLU, torch.nn.ReLU6, torch.nn.GELU, torch.nn.SiLU, torch.nn.Mish, torch.nn.Hardswish,
+            torch.nn.Tanh, torch.nn.Sigmoid, torch.nn.Hardtanh, torch.nn.Hardsigmoid, torch.nn.Softsign,
+            torch.nn.Identity)
+
+
+def _bounded_by_input(module: torch.nn.Module) -> bool:
+    """Whether the module's output is bounded by its input (exact types: a subclass may add
+    code of its own)."""
+    if type(module) in _BOUNDED:
+        return True
+    return type(module) is torch.nn.LeakyReLU and abs(module.negative_slope) <= 1.0
+
+
 def _sum_on(device, losses) -> torch.Tensor:
     """The losses summed as float64 on `device`, with device ops only (no sync)."""
     return torch.stack([t.reshape(()).to(device, torch.float64, non_blocking=True) for t in losses]).sum()
@@ -116,7 +133,7 @@ class AttachHandle:
             self._register_layers(model)
             if activations:
                 for path, module in model.named_modules():
-                    if path:
+                    if path and not _bounded_by_input(module):
                         self._hooks.append(module.register_forward_hook(self._forward_hook(path), with_kwargs=True))
             for path in pins:
                 try:
