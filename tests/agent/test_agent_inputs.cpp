@@ -25,7 +25,7 @@ void one_step(torch::nn::Module& model, const std::function<torch::Tensor()>& fo
   optimizer.zero_grad();
   torch::Tensor loss;
   {
-    CpuHalfAutocast autocast;
+    HalfAutocast autocast;
     loss = forward();
   }
   scaler.scale(loss).backward();

@@ -147,7 +147,7 @@ TEST_CASE("an extra update(new_scale) is the same step, and the step's loss sums
       for (int micro = 0; micro < 2; ++micro) {  // gradient accumulation: two scale() calls
         torch::Tensor loss;
         {
-          CpuHalfAutocast autocast;
+          HalfAutocast autocast;
           loss = net->c(torch::relu(net->b(torch::relu(net->a(x))))).to(torch::kFloat).pow(2).mean() / 2;
         }
         scaler.scale(loss).backward();
@@ -183,7 +183,7 @@ TEST_CASE("a non-scalar passed to scale() is no loss: the step's loss is not NaN
     optimizer.zero_grad();
     torch::Tensor per_sample;
     {
-      CpuHalfAutocast autocast;
+      HalfAutocast autocast;
       per_sample = net->c(torch::relu(net->b(torch::relu(net->a(x))))).to(torch::kFloat).squeeze(1);
     }
     scaler.scale(per_sample).backward(torch::full_like(per_sample, 1.0 / 8));  // a vector "loss"

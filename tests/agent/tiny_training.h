@@ -37,7 +37,6 @@ struct HalfAutocast {
   }
   c10::DeviceType type;
 };
-using CpuHalfAutocast = HalfAutocast;
 
 struct TrainResult {
   std::vector<torch::Tensor> params;  // on the host
