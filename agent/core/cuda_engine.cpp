@@ -20,67 +20,65 @@ constexpr int kSlotsPerDevice = 512;
 // for as many steps as may wait.
 constexpr int kReadbackSlotsPerDevice = 64;
 
-// Polls `ready` until it says true or `timeout_ms` passed: CUDA events have no timed wait.
-template <class Ready>
-bool poll_until(Ready ready, std::int64_t timeout_ms) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (!ready()) {
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  return true;
-}
-
-class CudaTicketAdapter final : public Ticket {
+// A ticket over a slot of a kernels engine (a CudaTicket or CudaValues: ready(), release()).
+// The slot is held until the ticket lands or is dropped; a dropped ticket frees its slot
+// without waiting: the engine reuses a released slot only once its copy has finished.
+template <class Slot>
+class SlotTicket : public Ticket {
  public:
-  CudaTicketAdapter(kernels::CudaTicket* ticket, LandAs as) : ticket_(ticket), as_(std::move(as)) {}
-  ~CudaTicketAdapter() override {
-    // A dropped ticket frees its slot without waiting: the engine reuses a released slot
-    // only once its launch has finished.
-    if (ticket_ != nullptr) ticket_->release();
+  explicit SlotTicket(Slot* slot) : slot_(slot) {}
+  ~SlotTicket() override {
+    if (slot_ != nullptr) slot_->release();
   }
-  bool ready() override { return ticket_->ready(); }
+  bool ready() override { return slot_->ready(); }
   bool wait(std::int64_t timeout_ms) override {
-    return poll_until([this] { return ticket_->ready(); }, timeout_ms);
+    // CUDA events have no timed wait: poll.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (!slot_->ready()) {
+      if (std::chrono::steady_clock::now() >= until) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return true;
   }
+  const char* engine() const override { return "cuda"; }
+
+ protected:
+  // After land() has read the results: the slot may be launched into again.
+  void landed() {
+    slot_->release();
+    slot_ = nullptr;
+  }
+  Slot* slot_;
+};
+
+class StatsTicket final : public SlotTicket<kernels::CudaTicket> {
+ public:
+  StatsTicket(kernels::CudaTicket* ticket, LandAs as) : SlotTicket(ticket), as_(std::move(as)) {}
   void land(StepSink& step) override {
-    const kernels::TensorStats* stats = ticket_->stats();
-    const std::uint64_t* hist = ticket_->histograms();
+    const kernels::TensorStats* stats = slot_->stats();
+    const std::uint64_t* hist = slot_->histograms();
     for (std::size_t i = 0; i < as_.ids.size(); ++i) {
       if (as_.activation)
         step.act(as_.ids[i], as_.orders[i], stats[i], as_.micro_batch);
       else
         step.grad(as_.ids[i], as_.orders[i], stats[i], hist ? hist + i * kernels::kHistBins : nullptr);
     }
-    ticket_->release();
-    ticket_ = nullptr;
+    landed();
   }
-  const char* engine() const override { return "cuda"; }
 
  private:
-  kernels::CudaTicket* ticket_;
   LandAs as_;
 };
 
-class ReadbackTicket final : public Ticket {
+class ReadbackTicket final : public SlotTicket<kernels::CudaValues> {
  public:
-  ReadbackTicket(kernels::CudaValues* values, const DeviceOutcome& outcome) : values_(values), outcome_(outcome) {}
-  ~ReadbackTicket() override {
-    if (values_ != nullptr) values_->release();
-  }
-  bool ready() override { return values_->ready(); }
-  bool wait(std::int64_t timeout_ms) override {
-    return poll_until([this] { return values_->ready(); }, timeout_ms);
-  }
+  ReadbackTicket(kernels::CudaValues* values, const DeviceOutcome& outcome) : SlotTicket(values), outcome_(outcome) {}
   void land(StepSink& step) override {
-    apply_outcome(outcome_, values_->values(), step.outcome());
-    values_->release();
-    values_ = nullptr;
+    apply_outcome(outcome_, slot_->values(), step.outcome());
+    landed();
   }
-  const char* engine() const override { return "cuda"; }
 
  private:
-  kernels::CudaValues* values_;
   DeviceOutcome outcome_;
 };
 
@@ -101,7 +99,7 @@ class CudaEngine final : public DeviceEngine {
     launch.histogram = l.histogram;
     kernels::CudaTicket* ticket = engine->launch(tensors, count, launch);
     if (ticket == nullptr) return nullptr;
-    return std::make_unique<CudaTicketAdapter>(ticket, std::move(as));
+    return std::make_unique<StatsTicket>(ticket, std::move(as));
   }
   std::unique_ptr<Ticket> read_outcome(const DeviceOutcome& o) override {
     auto& readback = readbacks_[o.device.index];

@@ -219,6 +219,10 @@ EngineKind Session::engine_for(const Device& device) const {
 #endif
 }
 
+const char* Session::device_label() const {
+  return device_engine_ && device_engine_->kind() == EngineKind::kCuda ? "cuda" : "device";
+}
+
 bool Session::device_engine_ready(const Device& device) {
   if (!device_engine_) device_engine_ = make_cuda_engine();
   std::string why = device_engine_ ? device_engine_->unavailable() : "this ampdiag build has no CUDA engine";
@@ -234,7 +238,7 @@ void Session::launch_on_device(const kernels::TensorRef* refs, std::size_t n, co
   if (ticket)
     recorder_->stage_ticket(std::move(ticket));
   else
-    recorder_->mark_incomplete(device_engine_->kind() == EngineKind::kCuda ? "cuda" : "device");
+    recorder_->mark_incomplete(device_label());
 }
 
 bool Session::grads(const GradBatch& b) {
@@ -338,7 +342,7 @@ void Session::end_step(StepOutcome o, std::int64_t adapter_ns, const DeviceOutco
     if (std::unique_ptr<Ticket> ticket = outcome_ticket(*later))
       recorder_->stage_ticket(std::move(ticket));
     else
-      recorder_->mark_incomplete(device_engine_ && device_engine_->kind() == EngineKind::kCuda ? "cuda" : "device");
+      recorder_->mark_incomplete(device_label());
   }
   if (recorder_) recorder_->end_step(o);
   agent_ns_ = 0;

@@ -158,6 +158,8 @@ class Session {
   void reset_arrival();
   // Creates the device engine on first use; false (with a one-time event) when it cannot run.
   bool device_engine_ready(const Device& device);
+  // The engine a drop event names for statistics the device engine did not deliver.
+  const char* device_label() const;
   // The read-back of `later` on its device's engine; null when it cannot be asked for (no
   // engine: a one-time event; no free slot).
   std::unique_ptr<Ticket> outcome_ticket(const DeviceOutcome& later);

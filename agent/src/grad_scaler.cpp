@@ -13,6 +13,18 @@
 
 namespace ampdiag {
 
+namespace {
+
+// Adds each found_inf, moved without blocking to `device`, into `sum` (undefined: none yet).
+void add_found_infs(at::Tensor& sum, const std::vector<at::Tensor>& found_infs, const at::Device& device) {
+  for (const auto& f : found_infs) {
+    const at::Tensor here = f.to(device, /*non_blocking=*/true);
+    sum = sum.defined() ? sum + here : here;
+  }
+}
+
+}  // namespace
+
 GradScaler::GradScaler(const GradScalerOptions& o)
     : enabled_(o.enabled),
       init_scale_(o.init_scale),
@@ -114,10 +126,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   // The one read of the device in a scaler cycle, as in torch: whether to run a
   // (non-fused) optimizer is a host decision.
   at::Tensor any_inf;
-  for (const auto& f : state.found_inf_per_device) {
-    const at::Tensor here = f.to(scale_.device(), /*non_blocking=*/true);
-    any_inf = any_inf.defined() ? any_inf + here : here;
-  }
+  add_found_infs(any_inf, state.found_inf_per_device, scale_.device());
   const bool found_inf = any_inf.defined() && any_inf.item<float>() != 0.0f;
   if (!found_inf) optimizer.step();
   state.stage = Stage::kStepped;
@@ -128,11 +137,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
 
 at::Tensor GradScaler::combined_found_inf() const {
   at::Tensor combined;
-  for (const auto& [opt, state] : per_optimizer_)
-    for (const auto& f : state.found_inf_per_device) {
-      const at::Tensor here = f.to(scale_.device(), /*non_blocking=*/true);
-      combined = combined.defined() ? combined + here : here;
-    }
+  for (const auto& [opt, state] : per_optimizer_) add_found_infs(combined, state.found_inf_per_device, scale_.device());
   return combined;
 }
 

@@ -3,7 +3,6 @@
 
 #include <string>
 
-#include "ampdiag/kernels/cuda_stats.h"
 #include "cuda_util.h"
 
 namespace ampdiag::kernels {
@@ -21,28 +20,14 @@ struct CudaReadback::Slot final : CudaValues {
       cudaEventDestroy(done);
     }
   }
-  bool ready() override {
-    if (!in_flight) return true;
-    const cudaError_t status = cudaEventQuery(done);
-    if (status == cudaErrorNotReady) return false;
-    AMPDIAG_CUDA_CHECK(status);
-    in_flight = false;
-    return true;
-  }
+  bool ready() override { return event_passed(done, in_flight); }
   const double* values() const override { return host; }
   std::size_t count() const override { return value_count; }
   void release() override { held = false; }
 };
 
 CudaReadback::CudaReadback(int slots, int device) : slot_count_(slots), device_(device) {
-  if (slots < 1) throw std::invalid_argument("CudaReadback: slots must be >= 1, not " + std::to_string(slots));
-  if (!cuda_device_available())
-    throw std::runtime_error("CudaReadback: no CUDA device (" + cuda_unavailable_reason() + ")");
-  int devices = 0;
-  AMPDIAG_CUDA_CHECK(cudaGetDeviceCount(&devices));
-  if (device < 0 || device >= devices)
-    throw std::invalid_argument("CudaReadback: device " + std::to_string(device) + " does not exist (" +
-                                std::to_string(devices) + " devices)");
+  check_slot_pool("CudaReadback", slots, device);
   const DeviceScope scope(device);
   AMPDIAG_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_), std::size_t(slots) * kMaxValues * sizeof(double)));
   slots_ = std::make_unique<Slot[]>(std::size_t(slots));

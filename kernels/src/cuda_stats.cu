@@ -189,14 +189,7 @@ struct CudaStatsEngine::Slot final : CudaTicket {
     cudaFree(dev_histograms);
   }
 
-  bool ready() override {
-    if (!in_flight) return true;
-    const cudaError_t status = cudaEventQuery(done);
-    if (status == cudaErrorNotReady) return false;
-    AMPDIAG_CUDA_CHECK(status);
-    in_flight = false;
-    return true;
-  }
+  bool ready() override { return event_passed(done, in_flight); }
 
   void wait() override {
     if (!in_flight) return;
@@ -211,14 +204,7 @@ struct CudaStatsEngine::Slot final : CudaTicket {
 };
 
 CudaStatsEngine::CudaStatsEngine(int slots, int device) : slot_count_(slots), device_(device) {
-  if (slots < 1) throw std::invalid_argument("CudaStatsEngine: slots must be >= 1, not " + std::to_string(slots));
-  if (!cuda_device_available())
-    throw std::runtime_error("CudaStatsEngine: no CUDA device (" + cuda_unavailable_reason() + ")");
-  int devices = 0;
-  AMPDIAG_CUDA_CHECK(cudaGetDeviceCount(&devices));
-  if (device < 0 || device >= devices)
-    throw std::invalid_argument("CudaStatsEngine: device " + std::to_string(device) + " does not exist (" +
-                                std::to_string(devices) + " devices)");
+  check_slot_pool("CudaStatsEngine", slots, device);
   const DeviceScope scope(device);
   slots_ = std::make_unique<Slot[]>(std::size_t(slots));
   for (int s = 0; s < slots; ++s)

@@ -21,37 +21,10 @@ import torch
 from . import _ampdiag, _loss, _rank
 from ._pin import pin_fp32, unpin_fp32
 from ._replay import NONFINITE, Replayer
-from ._tensors import (DTYPE_CODE, describe_inputs, directly_readable, engine_place, first_float_tensor, host_place,
-                       readable_view)
+from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, directly_readable, engine_place,
+                       first_float_tensor, host_place, host_sum, readable_view, scale_on_device, sum_on)
 
 _ATTACHED = "_ampdiag_handle"
-
-
-def _on_device(scaler) -> bool:
-    """Whether the scaler's scale lives on a CUDA device (reading it would wait)."""
-    return scaler._scale is not None and scaler._scale.device.type == "cuda"
-
-
-# Elementwise modules whose output is no larger than their input (|f(x)| <= |x|) or bounded
-# (tanh, sigmoid, clamps), in the input's dtype: they cannot turn a finite value into NaN/Inf
-# or use up headroom, so they can never be the module a finding names. Not hooked: a small
-# model spends a third of its hooks on them.
-_BOUNDED = (torch.nn.ReLU, torch.nn.ReLU6, torch.nn.GELU, torch.nn.SiLU, torch.nn.Mish, torch.nn.Hardswish,
-            torch.nn.Tanh, torch.nn.Sigmoid, torch.nn.Hardtanh, torch.nn.Hardsigmoid, torch.nn.Softsign,
-            torch.nn.Identity)
-
-
-def _bounded_by_input(module: torch.nn.Module) -> bool:
-    """Whether the module's output is bounded by its input (exact types: a subclass may add
-    code of its own)."""
-    if type(module) in _BOUNDED:
-        return True
-    return type(module) is torch.nn.LeakyReLU and abs(module.negative_slope) <= 1.0
-
-
-def _sum_on(device, losses) -> torch.Tensor:
-    """The losses summed as float64 on `device`, with device ops only (no sync)."""
-    return torch.stack([t.reshape(()).to(device, torch.float64, non_blocking=True) for t in losses]).sum()
 
 
 def _source(module: torch.nn.Module) -> str:
@@ -133,7 +106,7 @@ class AttachHandle:
             self._register_layers(model)
             if activations:
                 for path, module in model.named_modules():
-                    if path and not _bounded_by_input(module):
+                    if path and not bounded_by_input(module):
                         self._hooks.append(module.register_forward_hook(self._forward_hook(path), with_kwargs=True))
             for path in pins:
                 try:
@@ -264,7 +237,7 @@ class AttachHandle:
 
         def update(new_scale=None):
             checked = self._inf_checked(scaler)
-            if _on_device(scaler):
+            if scale_on_device(scaler):
                 # A CUDA scale stays on the device: the outcome is read back without waiting.
                 found = self._found_inf_tensor(scaler) if checked else None
                 before = scaler._scale.clone()
@@ -447,10 +420,8 @@ class AttachHandle:
     @staticmethod
     def _found_inf_tensor(scaler) -> torch.Tensor:
         """found_inf summed over optimizers and devices, on the scale's device (no sync)."""
-        device = scaler._scale.device
-        found = [v.to(device, non_blocking=True) for state in scaler._per_optimizer_states.values()
-                 for v in state.get("found_inf_per_device", {}).values()]
-        return torch.stack(found).sum()
+        return sum_on(scaler._scale.device, [v for state in scaler._per_optimizer_states.values()
+                                             for v in state.get("found_inf_per_device", {}).values()])
 
     @staticmethod
     def _found_inf(scaler) -> bool:
@@ -470,31 +441,21 @@ class AttachHandle:
 
     def _end_step_on_device(self, scale, checked, before, found):
         """Ends the step (or amends the pending one) with its scalars still on the scale's
-        device: one float64 vector (loss, scale before, after, found_inf) that the session
-        copies to pinned memory on the current stream and records when it has landed."""
-        device = scale.device
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        stream = torch.cuda.current_stream(index).cuda_stream
-        zero = torch.zeros((), dtype=torch.float64, device=device)
+        device (found_inf summed there, float64)."""
+        zero = torch.zeros((), dtype=torch.float64, device=scale.device)
         if not checked:
             values = torch.stack([zero, zero, scale.double(), zero])
-            self._session.amend_on_device(values.data_ptr(), index, stream)
+            self._session.amend_on_device(values.data_ptr(), *engine_place(values)[1:])
             return
         losses = self._logged_losses or self._losses
         fields = (_ampdiag.OUTCOME_SCALE_BEFORE | _ampdiag.OUTCOME_SCALE_AFTER | _ampdiag.OUTCOME_FOUND_INF
                   | _ampdiag.OUTCOME_SKIPPED_IS_FOUND_INF)
-        host_loss = math.nan
         loss = zero
-        if losses and all(t.device.type == "cpu" for t in losses):
-            host_loss = math.fsum(float(t.float().item()) for t in losses)  # host values: no wait
-        elif losses:
-            loss = _sum_on(device, losses)
+        if losses and not all(t.device.type == "cpu" for t in losses):
+            loss = sum_on(scale.device, losses)
             fields |= _ampdiag.OUTCOME_LOSS
-        values = torch.stack([loss, before.double(), scale.double(), found.double()])
-        nan = math.nan
-        self._session.end_step_on_device(host_loss, len(losses), nan, nan, False, False, self._python_ns,
-                                         values.data_ptr(), index, stream, fields)
-        self._python_ns = 0
+        self._end_step_later(torch.stack([loss, before.double(), scale.double(), found]), fields, losses,
+                             math.nan, math.nan, False, False)
         self._last_step_skipped = found  # read only if someone asks
 
     def _end_step(self, scale_before, scale_after, found_inf, skipped):
@@ -503,17 +464,23 @@ class AttachHandle:
         if on_device is not None:
             # A CUDA loss (bf16 without a scaler) is summed there and read back with the step,
             # never with .item(): that would wait for the device.
-            index = on_device.index if on_device.index is not None else torch.cuda.current_device()
             zero = torch.zeros((), dtype=torch.float64, device=on_device)
-            values = torch.stack([_sum_on(on_device, losses), zero, zero, zero])
-            self._session.end_step_on_device(math.nan, len(losses), scale_before, scale_after, found_inf, skipped,
-                                             self._python_ns, values.data_ptr(), index,
-                                             torch.cuda.current_stream(index).cuda_stream, _ampdiag.OUTCOME_LOSS)
+            self._end_step_later(torch.stack([sum_on(on_device, losses), zero, zero, zero]), _ampdiag.OUTCOME_LOSS,
+                                 losses, scale_before, scale_after, found_inf, skipped)
         else:
-            loss = math.fsum(float(t.float().item()) for t in losses) if losses else math.nan
-            self._session.end_step(loss, len(losses), scale_before, scale_after, found_inf, skipped, self._python_ns)
-        self._python_ns = 0
+            self._session.end_step(host_sum(losses), len(losses), scale_before, scale_after, found_inf, skipped,
+                                   self._python_ns)
+            self._python_ns = 0
         self._last_step_skipped = skipped
+
+    def _end_step_later(self, values, fields, losses, scale_before, scale_after, found_inf, skipped):
+        """Ends the step with `values` (loss, scale before, after, found_inf: float64 on a
+        CUDA device), which the session copies to pinned memory on the current stream and
+        writes into the step as `fields` says when they have landed; the rest from here."""
+        loss = host_sum(losses) if not fields & _ampdiag.OUTCOME_LOSS else math.nan
+        self._session.end_step_on_device(loss, len(losses), scale_before, scale_after, found_inf, skipped,
+                                         self._python_ns, values.data_ptr(), *engine_place(values)[1:], fields)
+        self._python_ns = 0
 
     # --- forward -------------------------------------------------------------------
 

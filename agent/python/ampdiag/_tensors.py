@@ -1,7 +1,10 @@
 """How the agent reads tensors: which ones the engines read in place (CPU tensors on the
 CPU engine, CUDA tensors on the CUDA engine, on their current stream: never through the
-host), the first floating-point tensor of a module's output, and a short description of a
-forward's inputs."""
+host), the first floating-point tensor of a module's output, a short description of a
+forward's inputs, sums that stay on their device, and which modules' outputs are never
+worth reading (bounded by their input)."""
+import math
+
 import torch
 
 DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -81,3 +84,35 @@ def describe_inputs(args) -> str:
     for a in args:
         parts.append(str(a.dtype).replace("torch.", "") if isinstance(a, torch.Tensor) else type(a).__name__)
     return ", ".join(parts)
+
+
+def host_sum(losses) -> float:
+    """The sum of host losses (NaN for none), read at once: no device to wait for."""
+    return math.fsum(float(t.float().item()) for t in losses) if losses else math.nan
+
+
+def sum_on(device, tensors) -> torch.Tensor:
+    """The scalars summed as float64 on `device`, with device ops only (no sync)."""
+    return torch.stack([t.reshape(()).to(device, torch.float64, non_blocking=True) for t in tensors]).sum()
+
+
+def scale_on_device(scaler) -> bool:
+    """Whether the scaler's scale lives on a CUDA device (reading it would wait)."""
+    return scaler._scale is not None and scaler._scale.device.type == "cuda"
+
+
+# Elementwise modules whose output is no larger than their input (|f(x)| <= |x|) or bounded
+# (tanh, sigmoid, clamps), in the input's dtype: they cannot turn a finite value into NaN/Inf
+# or use up headroom, so they can never be the module a finding names. Not hooked: a small
+# model spends a third of its hooks on them.
+_BOUNDED = (torch.nn.ReLU, torch.nn.ReLU6, torch.nn.GELU, torch.nn.SiLU, torch.nn.Mish, torch.nn.Hardswish,
+            torch.nn.Tanh, torch.nn.Sigmoid, torch.nn.Hardtanh, torch.nn.Hardsigmoid, torch.nn.Softsign,
+            torch.nn.Identity)
+
+
+def bounded_by_input(module: torch.nn.Module) -> bool:
+    """Whether the module's output is bounded by its input (exact types: a subclass may add
+    code of its own)."""
+    if type(module) in _BOUNDED:
+        return True
+    return type(module) is torch.nn.LeakyReLU and abs(module.negative_slope) <= 1.0
