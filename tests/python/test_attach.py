@@ -86,6 +86,16 @@ def test_modules_whose_output_is_bounded_by_their_input_get_no_hook(tmp_path):
     assert [p for (p,) in rows(db, "SELECT path FROM modules ORDER BY id")] == ["0", "2", "5", "6"]
 
 
+def test_dropouts_with_p_zero_get_no_hook_and_other_dropouts_do(tmp_path):
+    def model():
+        return nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.0), nn.Linear(16, 16), nn.Dropout(0.5), nn.Linear(16, 1))
+
+    db = tmp_path / "run.db"
+    train(2, lambda m, s, o: ampdiag.attach(m, s, db=db), model_factory=model)
+    # p = 0 returns the input itself; p > 0 scales by 1 / (1 - p) and can overflow.
+    assert [p for (p,) in rows(db, "SELECT path FROM modules ORDER BY id")] == ["0", "2", "3", "4"]
+
+
 def test_detach_restores_the_scaler_and_removes_every_hook(tmp_path):
     model = Tiny()
     scaler = torch.amp.GradScaler("cpu")

@@ -189,10 +189,14 @@ def test_a_parent_returning_its_childs_output_is_listed_without_rows_and_still_b
             dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
             return self.proj(x.to(dtype) * 1e5)
 
+    class Passthrough(nn.Module):
+        def forward(self, x):
+            return x
+
     class Model(nn.Module):
         def __init__(self):
             super().__init__()
-            self.amp, self.drop, self.head = Amplified(), nn.Dropout(0.0), nn.Linear(8, 1)
+            self.amp, self.drop, self.head = Amplified(), Passthrough(), nn.Linear(8, 1)
 
         def forward(self, x):
             return self.head(self.drop(self.amp(x)))

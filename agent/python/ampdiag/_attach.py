@@ -81,6 +81,7 @@ class AttachHandle:
         self._fused = fused_unscale
         self._closed = False
         self._stopped = False  # recording stopped, hooks inert: the run.db could not be created
+        self._in_cycle = False  # the session's optimizer cycle is open (Python's copy of it)
         self._hooks = []
         self._restore = []
         self._pinned = []
@@ -289,6 +290,8 @@ class AttachHandle:
         False once it has stopped, the caller then does nothing."""
         if self._inert:
             return False
+        if self._in_cycle:  # every hook of a step asks: answered without the session
+            return True
         if not self._session.opened:
             try:
                 self._open_session(*_rank.rank_now_or_single())
@@ -301,6 +304,7 @@ class AttachHandle:
                 return False
         if self._session.begin_cycle():
             self._reset_cycle()
+        self._in_cycle = True
         return True
 
     def _arrived(self, layer, grad):
@@ -471,6 +475,7 @@ class AttachHandle:
             self._session.end_step(host_sum(losses), len(losses), scale_before, scale_after, found_inf, skipped,
                                    self._python_ns)
             self._python_ns = 0
+            self._in_cycle = False
         self._last_step_skipped = skipped
 
     def _end_step_later(self, values, fields, losses, scale_before, scale_after, found_inf, skipped):
@@ -481,6 +486,7 @@ class AttachHandle:
         self._session.end_step_on_device(loss, len(losses), scale_before, scale_after, found_inf, skipped,
                                          self._python_ns, values.data_ptr(), *engine_place(values)[1:], fields)
         self._python_ns = 0
+        self._in_cycle = False
 
     # --- forward -------------------------------------------------------------------
 

@@ -110,9 +110,18 @@ _BOUNDED = (torch.nn.ReLU, torch.nn.ReLU6, torch.nn.GELU, torch.nn.SiLU, torch.n
             torch.nn.Identity)
 
 
+# Dropouts with p = 0 (a common config default) return their input itself, in training
+# and in eval: they compute nothing. p is read once, at attach() time.
+_DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
+             torch.nn.FeatureAlphaDropout)
+
+
 def bounded_by_input(module: torch.nn.Module) -> bool:
     """Whether the module's output is bounded by its input (exact types: a subclass may add
     code of its own)."""
-    if type(module) in _BOUNDED:
+    kind = type(module)
+    if kind in _BOUNDED:
         return True
-    return type(module) is torch.nn.LeakyReLU and abs(module.negative_slope) <= 1.0
+    if kind in _DROPOUTS:
+        return module.p == 0
+    return kind is torch.nn.LeakyReLU and abs(module.negative_slope) <= 1.0
