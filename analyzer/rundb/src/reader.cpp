@@ -105,6 +105,7 @@ RunDbReader::RunDbReader(const std::string& path) : path_(path) {
                      std::to_string(kSchemaVersion) + "): upgrade ampdiag");
   if (version_ < 1) throw RunDbError(path + ": run.db has an invalid schema_version '" + version + "'");
   if (version_ >= 2) check_tables({"replays"});
+  if (version_ >= 3) check_tables({"gpu_time"});
   {
     Statement q(*db_, "SELECT 1 FROM sqlite_master WHERE name = 'grad_samples'", "the schema (sqlite_master)");
     summaries_ = q.next();
@@ -207,6 +208,21 @@ std::vector<EventRow> RunDbReader::events() {
     ReplayRow unused;
     if (version_ == 1 && parse_v1_replay(e, unused)) continue;  // read by replays()
     out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::vector<GpuTimeRow> RunDbReader::gpu_time() {
+  std::vector<GpuTimeRow> out;
+  if (version_ < 3) return out;
+  Statement q(*db_, "SELECT step, module_id, phase, kind, count, ns FROM gpu_time ORDER BY step, module_id, phase, kind",
+              "table gpu_time");
+  while (q.next()) {
+    const std::int64_t phase = q.int64(2), kind = q.int64(3);
+    if (phase < 0 || phase >= kGpuPhaseCount || kind < 0 || kind >= kGpuKindCount)
+      throw_corrupt(path_, "gpu_time holds phase " + std::to_string(phase) + ", kind " + std::to_string(kind) +
+                               ", which no writer writes");
+    out.push_back({q.int64(0), q.int64(1), GpuPhase(phase), GpuKind(kind), q.int64(4), q.int64(5)});
   }
   return out;
 }

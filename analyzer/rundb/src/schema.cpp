@@ -66,6 +66,15 @@ CREATE TABLE grad_samples (
   step INTEGER NOT NULL,
   samples BLOB NOT NULL
 );
+CREATE TABLE gpu_time (
+  step INTEGER NOT NULL,
+  module_id INTEGER NOT NULL,
+  phase INTEGER NOT NULL,
+  kind INTEGER NOT NULL,
+  count INTEGER NOT NULL,
+  ns INTEGER NOT NULL,
+  PRIMARY KEY (step, module_id, phase, kind)
+) WITHOUT ROWID;
 CREATE TABLE grad_hist_sums (
   id INTEGER PRIMARY KEY,
   last_step INTEGER NOT NULL,
@@ -81,6 +90,29 @@ std::string stat_columns() {
 }
 
 }  // namespace
+
+const char* gpu_phase_name(GpuPhase phase) {
+  switch (phase) {
+    case GpuPhase::kForward: return "forward";
+    case GpuPhase::kBackward: return "backward";
+    case GpuPhase::kUnscale: return "unscale";
+    case GpuPhase::kOptimizer: return "optimizer";
+    case GpuPhase::kAmpdiag: return "ampdiag";
+    case GpuPhase::kOther: break;
+  }
+  return "other";
+}
+
+const char* gpu_kind_name(GpuKind kind) {
+  switch (kind) {
+    case GpuKind::kFloat32: return "fp32";
+    case GpuKind::kFloat16: return "fp16";
+    case GpuKind::kBFloat16: return "bf16";
+    case GpuKind::kMemcpy: return "memcpy";
+    case GpuKind::kOtherKernel: break;
+  }
+  return "other";
+}
 
 std::string stat_column_list() {
   std::string s;

@@ -136,6 +136,9 @@ void RunDbWriter::open_and_create() {
   event_ = std::make_unique<Statement>(*db_, "INSERT INTO events (step, kind, detail, wall_time) VALUES (?1, ?2, ?3, ?4)");
   replay_ = std::make_unique<Statement>(
       *db_, "INSERT INTO replays (step, module, outcome, fp32_absmax, reason) VALUES (?1, ?2, ?3, ?4, ?5)");
+  gpu_ = std::make_unique<Statement>(
+      *db_, "INSERT INTO gpu_time (step, module_id, phase, kind, count, ns) VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
+            "ON CONFLICT (step, module_id, phase, kind) DO UPDATE SET count = count + excluded.count, ns = ns + excluded.ns");
   samples_ = std::make_unique<Statement>(*db_, "INSERT INTO grad_samples (step, samples) VALUES (?1, ?2)");
   hist_sums_ = std::make_unique<Statement>(*db_, "INSERT INTO grad_hist_sums (last_step, layer_id, counts) VALUES (?1, ?2, ?3)");
   set_meta("started_at", std::to_string(now_seconds()));
@@ -308,6 +311,12 @@ void RunDbWriter::add_act_stat(const ActStatRow& r) {
 void RunDbWriter::add_event(const EventRow& r) {
   begin_if_needed();
   event_->bind(1, r.step).bind(2, r.kind).bind(3, r.detail).bind(4, r.wall_time == 0.0 ? now_seconds() : r.wall_time).run();
+}
+
+void RunDbWriter::add_gpu_time(const GpuTimeRow& r) {
+  begin_if_needed();
+  gpu_->bind(1, r.step).bind(2, r.module_id).bind(3, std::int64_t(r.phase)).bind(4, std::int64_t(r.kind)).bind(5, r.count)
+      .bind(6, r.ns).run();
 }
 
 void RunDbWriter::add_replay(const ReplayRow& r) {

@@ -118,6 +118,37 @@ struct ReplayRow {
   std::string reason;
 };
 
+// Device time from the profiler (CUPTI activity records) of one step, module, phase and
+// kind of work, summed over the records; rows of one key add up as records arrive.
+enum class GpuPhase : std::int32_t {
+  kForward = 0,
+  kBackward = 1,
+  kUnscale = 2,    // the scaler's unscale, when torch does it (ampdiag's fused one is kAmpdiag)
+  kOptimizer = 3,
+  kAmpdiag = 4,    // ampdiag's own kernels and copies
+  kOther = 5,      // the step's other work (loss, scaler update, code outside any module)
+};
+enum class GpuKind : std::int32_t {
+  kFloat32 = 0,    // fp32 kernels (TF32 GEMMs included: they take fp32 tensors)
+  kFloat16 = 1,
+  kBFloat16 = 2,
+  kOtherKernel = 3,  // kernels whose precision neither the name nor the module's dtype tells
+  kMemcpy = 4,
+};
+constexpr std::int32_t kGpuPhaseCount = 6;
+constexpr std::int32_t kGpuKindCount = 5;
+const char* gpu_phase_name(GpuPhase phase);
+const char* gpu_kind_name(GpuKind kind);
+
+struct GpuTimeRow {
+  std::int64_t step = 0;
+  std::int64_t module_id = -1;  // -1: no module
+  GpuPhase phase = GpuPhase::kOther;
+  GpuKind kind = GpuKind::kOtherKernel;
+  std::int64_t count = 0;       // kernels or copies
+  std::int64_t ns = 0;          // their summed duration
+};
+
 struct EventRow {
   std::int64_t step = -1;       // -1: not tied to a step
   std::string kind;             // e.g. "dropped", "warning", "error"

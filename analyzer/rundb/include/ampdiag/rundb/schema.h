@@ -6,7 +6,8 @@
 namespace ampdiag::rundb {
 
 // Bumped on any change a reader of the previous version would misread.
-constexpr int kSchemaVersion = 2;
+// 3: gpu_time (the profiler's device time per step, module, phase and precision).
+constexpr int kSchemaVersion = 3;
 // PRAGMA application_id of every run.db: "AMPD".
 constexpr std::int32_t kApplicationId = 0x414d5044;
 

@@ -39,6 +39,8 @@ class RunDbWriter {
   void add_act_stat(const ActStatRow& row);
   void add_event(const EventRow& row);
   void add_replay(const ReplayRow& row);
+  // Adds to the row of the same (step, module, phase, kind) if there is one.
+  void add_gpu_time(const GpuTimeRow& row);
 
   // Ends the current transaction (a later row starts the next one), with the summaries of
   // its gradient rows, so that a reader never sees one without the other.
@@ -71,7 +73,7 @@ class RunDbWriter {
 
   std::string path_;
   std::unique_ptr<Database> db_;
-  std::unique_ptr<Statement> meta_, layer_, module_, step_, grad_, act_, event_, replay_, samples_, hist_sums_;
+  std::unique_ptr<Statement> meta_, layer_, module_, step_, grad_, act_, event_, replay_, samples_, hist_sums_, gpu_;
   std::map<std::int64_t, std::vector<SampleRecord>> pending_samples_;  // the open transaction's, by step
   std::pair<const std::int64_t, std::vector<SampleRecord>>* pending_step_ = nullptr;  // the last row's
   HistogramSums hist_open_, hist_ready_;
