@@ -6,17 +6,18 @@
 include(CMakePackageConfigHelpers)
 
 set(ampdiag_cmake_dir "${CMAKE_INSTALL_LIBDIR}/cmake/ampdiag")
-set(ampdiag_exported ampdiag_kernels ampdiag_rundb ampdiag_analyzer ampdiag_agent_core)
+set(ampdiag_exported ampdiag_kernels ampdiag_rundb ampdiag_analyzer ampdiag_profiler ampdiag_agent_core)
 set_target_properties(ampdiag_kernels PROPERTIES EXPORT_NAME kernels)
 set_target_properties(ampdiag_rundb PROPERTIES EXPORT_NAME rundb)
 set_target_properties(ampdiag_analyzer PROPERTIES EXPORT_NAME analyzer)
+set_target_properties(ampdiag_profiler PROPERTIES EXPORT_NAME profiler)
 set_target_properties(ampdiag_agent_core PROPERTIES EXPORT_NAME agent_core)
 if(AMPDIAG_HAVE_CUDA)
   # The session core runs device tensors on the CUDA engine (CUDA runtime only).
   list(APPEND ampdiag_exported ampdiag_kernels_cuda)
   set_target_properties(ampdiag_kernels_cuda PROPERTIES EXPORT_NAME kernels_cuda)
 endif()
-install(DIRECTORY kernels/include/ analyzer/include/ analyzer/rundb/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY kernels/include/ analyzer/include/ analyzer/rundb/include/ profiler/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 if(AMPDIAG_HAVE_TORCH)
   # The agent links the libraries of the LibTorch it was built against (torch_cpu, c10, and
   # in a CUDA build torch_cuda, c10_cuda: see AmpdiagBackends.cmake), by their paths;

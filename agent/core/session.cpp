@@ -71,6 +71,21 @@ void Session::open(const std::string& db_path, const RankInfo& rank, const std::
   early_layers_.clear();
   early_modules_.clear();
   early_events_.clear();
+  if (options_.profile) start_profiler();
+}
+
+void Session::start_profiler() {
+  auto collector = std::make_unique<ProfileCollector>(options_.profiler_source ? options_.profiler_source()
+                                                                               : profiler::make_cupti_source());
+  const std::string why = collector->start();
+  if (!why.empty()) {
+    set_meta("profiler", "unavailable");
+    event("profiler-unavailable", "device profiling is unavailable, training goes on without it: " + why);
+    return;
+  }
+  set_meta("profiler", collector->source_name());
+  profile_ = std::move(collector);
+  recorder_->writer().set_gpu_source(profile_.get());
 }
 
 // --- registry --------------------------------------------------------------------------
@@ -206,7 +221,22 @@ bool Session::begin_cycle() {
   checked_ = false;
   if (recorder_) recorder_->begin_step();
   reset_arrival();
+  if (profile_) {
+    // Kernels and copies of the steps the regular sampling records; a range for the whole
+    // cycle catches what runs outside every module (the loss, the scaler's update).
+    const std::int64_t step = recorder_->step();
+    profile_->begin_step(step, step % options_.recorder.every == 0);
+    step_range_ = profile_->begin_range(-1, rundb::GpuPhase::kOther, rundb::GpuKind::kOtherKernel);
+  }
   return true;
+}
+
+bool Session::begin_range(std::int64_t module, rundb::GpuPhase phase, rundb::GpuKind hint) {
+  return profile_ && profile_->begin_range(module, phase, hint);
+}
+
+void Session::end_range() {
+  if (profile_) profile_->end_range();
 }
 
 EngineKind Session::engine_for(const Device& device) const {
@@ -234,7 +264,9 @@ bool Session::device_engine_ready(const Device& device) {
 }
 
 void Session::launch_on_device(const kernels::TensorRef* refs, std::size_t n, const DeviceLaunch& launch, LandAs as) {
+  const bool ranged = begin_range(-1, rundb::GpuPhase::kAmpdiag, rundb::GpuKind::kOtherKernel);
   std::unique_ptr<Ticket> ticket = device_engine_->launch(refs, n, launch, std::move(as));
+  if (ranged) end_range();
   if (ticket)
     recorder_->stage_ticket(std::move(ticket));
   else
@@ -331,7 +363,10 @@ bool Session::activation(std::int64_t module, const DeviceTensor& t, std::int32_
 
 std::unique_ptr<Ticket> Session::outcome_ticket(const DeviceOutcome& later) {
   if (host(later.device) || !device_engine_ready(later.device)) return nullptr;
-  return device_engine_->read_outcome(later);
+  const bool ranged = begin_range(-1, rundb::GpuPhase::kAmpdiag, rundb::GpuKind::kOtherKernel);
+  std::unique_ptr<Ticket> ticket = device_engine_->read_outcome(later);
+  if (ranged) end_range();
+  return ticket;
 }
 
 void Session::end_step(StepOutcome o, std::int64_t adapter_ns, const DeviceOutcome* later) {
@@ -343,6 +378,10 @@ void Session::end_step(StepOutcome o, std::int64_t adapter_ns, const DeviceOutco
       recorder_->stage_ticket(std::move(ticket));
     else
       recorder_->mark_incomplete(device_label());
+  }
+  if (step_range_) {
+    profile_->end_range();
+    step_range_ = false;
   }
   if (recorder_) recorder_->end_step(o);
   agent_ns_ = 0;
@@ -364,6 +403,8 @@ bool Session::amend_outcome(const DeviceOutcome& later) {
 void Session::close() {
   if (closed_) return;
   closed_ = true;
+  // CUPTI's last buffers complete before the writer's last drain takes them.
+  if (profile_) profile_->stop();
   if (recorder_) recorder_->close();
 }
 

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,8 +19,10 @@
 #include <vector>
 
 #include "ampdiag/kernels/cpu_stats.h"
+#include "ampdiag/profiler/activity.h"
 #include "ampdiag/rundb/rows.h"
 #include "device_engine.h"
+#include "profile_collector.h"
 #include "run_paths.h"
 #include "step_recorder.h"
 
@@ -38,6 +41,11 @@ struct SessionOptions {
   RecorderOptions recorder;
   bool histogram = false;
   kernels::CpuEngineOptions cpu = session_cpu_options();
+  // Device time per module, phase and precision on recorded steps (CUPTI). Unavailable
+  // (no CUPTI, no device, another profiler): one event, and the run goes on without it.
+  bool profile = false;
+  // Where activity comes from; null: CUPTI. Tests pass synthetic sources.
+  std::function<std::unique_ptr<profiler::ActivitySource>()> profiler_source;
 };
 
 // A parameter as the adapter sees it. `key` identifies the tensor for as long as the
@@ -130,6 +138,12 @@ class Session {
   // Statistics of one module output at the next forward position; returns whether it
   // holds NaN/Inf (known at once on the host; false for a device tensor).
   bool activation(std::int64_t module, const DeviceTensor& t, std::int32_t micro_batch);
+  // Device profiling (SessionOptions::profile): what the calling thread launches until
+  // end_range() belongs to `module` (-1: none) in `phase`. Returns whether a range opened
+  // (false when not profiling this step); end_range() only after true.
+  bool begin_range(std::int64_t module, rundb::GpuPhase phase, rundb::GpuKind hint);
+  void end_range();
+  bool profiling() const { return profile_ != nullptr; }
   // The engine a tensor on `device` goes to (tests and the slow-path event).
   EngineKind engine_for(const Device& device) const;
   // Ends the cycle. agent_ns: the adapter's own time on top of the session's. `later`:
@@ -164,11 +178,14 @@ class Session {
   // engine: a one-time event; no free slot).
   std::unique_ptr<Ticket> outcome_ticket(const DeviceOutcome& later);
   void launch_on_device(const kernels::TensorRef* refs, std::size_t n, const DeviceLaunch& launch, LandAs as);
+  void start_profiler();
 
   SessionOptions options_;
   kernels::CpuStatsEngine cpu_;
   std::unique_ptr<DeviceEngine> device_engine_;
   std::unique_ptr<StepRecorder> recorder_;
+  std::unique_ptr<ProfileCollector> profile_;  // null unless profiling runs
+  bool step_range_ = false;                   // the cycle's own range is open
   std::string failure_;
   bool closed_ = false;
 

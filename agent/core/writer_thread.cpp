@@ -131,6 +131,15 @@ bool WriterThread::drain_once() {
     dropped_reported_ = dropped;
     any = true;
   }
+  if (GpuRowSource* gpu = gpu_source_.load()) {
+    const std::int64_t unattributed = gpu->drain(gpu_rows_);
+    for (const auto& row : gpu_rows_) writer_->add_gpu_time(row);
+    any = any || !gpu_rows_.empty();
+    if (unattributed != gpu_unattributed_) {
+      writer_->set_meta("gpu_unattributed_records", std::to_string(unattributed));
+      gpu_unattributed_ = unattributed;
+    }
+  }
   Record r;
   for (int n = 0; n < 100000 && queue_.pop(r); ++n) {
     write(r);

@@ -14,6 +14,14 @@
 
 namespace ampdiag::agent {
 
+// Rows produced off the training thread that the writer pulls (the profiler's).
+class GpuRowSource {
+ public:
+  virtual ~GpuRowSource() = default;
+  // Replaces `rows` with what is ready; returns the records counted unattributable so far.
+  virtual std::int64_t drain(std::vector<rundb::GpuTimeRow>& rows) = 0;
+};
+
 class WriterThread {
  public:
   // Takes the opened writer: opening happens on the caller's thread so that a bad path
@@ -29,6 +37,8 @@ class WriterThread {
   void post_event(rundb::EventRow row);
   void post_replay(rundb::ReplayRow row);
   void post_meta(std::string key, std::string value);
+  // Pulled at every drain until stop(); the source must outlive stop().
+  void set_gpu_source(GpuRowSource* source) { gpu_source_.store(source); }
 
   // Drains everything, marks the run finished and closes the file. Idempotent.
   void stop();
@@ -58,6 +68,9 @@ class WriterThread {
   std::vector<rundb::EventRow> events_;
   std::vector<rundb::ReplayRow> replays_;
   std::vector<std::pair<std::string, std::string>> meta_;
+  std::atomic<GpuRowSource*> gpu_source_{nullptr};
+  std::vector<rundb::GpuTimeRow> gpu_rows_;  // writer thread only
+  std::int64_t gpu_unattributed_ = 0;
   std::atomic<bool> stopping_{false};
   std::atomic<std::int64_t> rows_written_{0};
   std::atomic<std::int64_t> write_errors_{0};

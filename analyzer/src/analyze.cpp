@@ -8,6 +8,7 @@
 
 #include "ampdiag/analyzer/causes.h"
 #include "ampdiag/rundb/rows.h"
+#include "device_profile.h"
 #include "rules.h"
 
 namespace ampdiag::analyzer {
@@ -168,6 +169,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     o.harmful_skips = rules::harmful_skips(run);
     o.skip_rate = rules::harmful_skip_rate(run);
     o.device = run.meta_or("device", "");
+    o.device_profile = device_profile(run);
     report.runs.push_back(o);
   }
   rules::rank_disagreement(runs, t, all);

@@ -19,7 +19,26 @@ bool process_alive(const std::string& pid_text) {
   return pid > 0 && (::kill(pid_t(pid), 0) == 0 || errno == EPERM);
 }
 
+void read_gpu_profile(rundb::RunDbReader& reader, Run& run) {
+  std::int64_t last_step = INT64_MIN;
+  for (const rundb::GpuTimeRow& r : reader.gpu_time()) {  // in step order
+    if (r.step != last_step) ++run.gpu.steps;
+    last_step = r.step;
+    GpuTime& t = run.gpu.modules[r.module_id];
+    t.ns[int(r.kind)] += r.ns;
+    t.count[int(r.kind)] += r.count;
+    run.gpu.phase_ns[int(r.phase)] += r.ns;
+    run.gpu.total_ns += r.ns;
+  }
+}
+
 }  // namespace
+
+std::int64_t GpuTime::kernel_ns() const {
+  std::int64_t sum = 0;
+  for (int k = 0; k < rundb::kGpuKindCount; ++k) sum += k == int(rundb::GpuKind::kMemcpy) ? 0 : ns[k];
+  return sum;
+}
 
 std::string meta_or(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& fallback) {
   const auto it = meta.find(key);
@@ -75,6 +94,7 @@ Run load_run(const std::string& path, const LoadOptions& options) {
   }
   // The gradient and activation statistics: one read from the start, merged into the Run.
   apply_run_delta(run, read_run_delta(path, RunCursor{}, options));
+  read_gpu_profile(reader, run);
   if (run.steps.empty())
     throw rundb::RunDbError(path + ": holds no steps (the training never reached scaler.update())");
   return run;

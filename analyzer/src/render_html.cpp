@@ -324,6 +324,13 @@ table{border-collapse:collapse;font-size:13px} td,th{border-bottom:1px solid #ee
          escape_markup(incomplete_text(x)) + "</td></tr>\n";
   }
   o += "</table>\n";
+  for (const auto& x : r.runs) {
+    const auto lines = device_profile_lines(x);
+    if (lines.empty()) continue;
+    o += "<pre class=\"note\">";
+    for (const auto& line : lines) o += escape_markup(line) + "\n";
+    o += "</pre>\n";
+  }
   const bool scaled = std::any_of(runs.begin(), runs.end(), [](const Run& run) { return run.has_scaler(); });
   if (scaled) o += "<h2>Loss scale</h2>\n" + scale_plot(runs);
   const std::string losses = loss_plot(runs);
@@ -344,6 +351,7 @@ table{border-collapse:collapse;font-size:13px} td,th{border-bottom:1px solid #ee
     o += "<div>evidence: " + escape_markup(f.evidence) + "</div>\n";
     for (const auto& s : f.suggestions) {
       o += "<div>fix: " + escape_markup(s.summary) + "</div>\n";
+      if (!s.cost.empty()) o += "<div>cost: " + escape_markup(s.cost) + "</div>\n";
       if (!s.python.empty()) o += "<pre>" + escape_markup(s.python) + "</pre>\n";
       if (!s.cpp.empty()) o += "<pre>" + escape_markup(s.cpp) + "</pre>\n";
     }

@@ -13,6 +13,20 @@ namespace {
 using json::number;
 using json::quote;
 
+std::string device_profile_json(const DeviceProfile& p) {
+  if (p.status.empty()) return "null";
+  std::string o = "{\"status\": " + quote(p.status) + ", \"unavailable\": " +
+                  (p.unavailable.empty() ? std::string("null") : quote(p.unavailable)) + ", \"steps\": " + number(p.steps) +
+                  ", \"step_us\": " + number(p.step_us) + ", \"ampdiag_us\": " + number(p.ampdiag_us) + ", \"modules\": [";
+  for (std::size_t i = 0; i < p.modules.size(); ++i) {
+    const auto& m = p.modules[i];
+    o += std::string(i ? ", " : "") + "{\"module\": " + quote(m.module) + ", \"us_per_step\": " + number(m.us_per_step) +
+         ", \"fp16\": " + number(m.fp16) + ", \"bf16\": " + number(m.bf16) + ", \"fp32\": " + number(m.fp32) +
+         ", \"other\": " + number(m.other) + "}";
+  }
+  return o + "]}";
+}
+
 }  // namespace
 
 std::string render_json(const Report& r, const Gate& gate) {
@@ -33,7 +47,8 @@ std::string render_json(const Report& r, const Gate& gate) {
          ", \"dropped_records\": " + number(x.dropped_records) +
          ", \"amp_dtype\": " + quote(x.amp_dtype) + ", \"device\": " + quote(x.device) + ", \"run_id\": " + quote(x.run_id) +
          ", \"world_size\": " + number(x.world_size) + ", \"has_scaler\": " + (x.has_scaler ? "true" : "false") +
-         ", \"harmful_skips\": " + number(x.harmful_skips) + ", \"skip_rate\": " + number(x.skip_rate) + "}";
+         ", \"harmful_skips\": " + number(x.harmful_skips) + ", \"skip_rate\": " + number(x.skip_rate) +
+         ",\n     \"device_profile\": " + device_profile_json(x.device_profile) + "}";
   }
   o += "\n  ],\n  \"findings\": [";
   for (std::size_t i = 0; i < r.findings.size(); ++i) {
@@ -50,7 +65,7 @@ std::string render_json(const Report& r, const Gate& gate) {
     for (std::size_t k = 0; k < f.suggestions.size(); ++k) {
       const auto& s = f.suggestions[k];
       o += std::string(k ? ", " : "") + "{\"summary\": " + quote(s.summary) + ", \"python\": " + quote(s.python) +
-           ", \"cpp\": " + quote(s.cpp) + "}";
+           ", \"cpp\": " + quote(s.cpp) + ", \"cost\": " + (s.cost.empty() ? std::string("null") : quote(s.cost)) + "}";
     }
     o += "]}";
   }

@@ -43,6 +43,25 @@ std::string incomplete_text(const RunOverview& o) {
   return s;
 }
 
+std::vector<std::string> device_profile_lines(const RunOverview& o) {
+  const DeviceProfile& p = o.device_profile;
+  if (p.status.empty()) return {};
+  if (p.status == "unavailable")
+    return {"device profile: unavailable (" + (p.unavailable.empty() ? std::string("no reason recorded") : p.unavailable) + ")"};
+  if (p.steps == 0) return {"device profile: " + p.status + " recorded no device activity (did the model run on a GPU?)"};
+  char head[160];
+  std::snprintf(head, sizeof head, "device profile: %lld steps, %.0f us of device time per step; ampdiag's own kernels %.3g us (%.2g %%)",
+                static_cast<long long>(p.steps), p.step_us, p.ampdiag_us, p.step_us > 0 ? 100.0 * p.ampdiag_us / p.step_us : 0.0);
+  std::vector<std::string> lines = {head};
+  for (const auto& m : p.modules) {
+    char line[160];
+    std::snprintf(line, sizeof line, ": %.3g us/step (fp16 %.0f %%, bf16 %.0f %%, fp32 %.0f %%, other %.0f %%)", m.us_per_step,
+                  100 * m.fp16, 100 * m.bf16, 100 * m.fp32, 100 * m.other);
+    lines.push_back("  " + m.module + line);
+  }
+  return lines;
+}
+
 namespace {
 
 std::string overview_line(const RunOverview& o) {
@@ -92,7 +111,10 @@ std::string render_text(const Report& r, const Gate& gate, const RenderOptions& 
   else
     out += std::string(fails ? red : yellow) + (fails ? "UNHEALTHY" : "WARNINGS") + reset + ": " + findings_summary(r, gate) +
            ".\n";
-  for (const auto& run : r.runs) out += std::string(dim) + printable(overview_line(run)) + reset + "\n";
+  for (const auto& run : r.runs) {
+    out += std::string(dim) + printable(overview_line(run)) + reset + "\n";
+    for (const auto& line : device_profile_lines(run)) out += std::string(dim) + printable(line) + reset + "\n";
+  }
   int n = 0;
   // Names inside titles, evidence and snippets are data: printable() keeps them from
   // driving the terminal.
@@ -106,6 +128,7 @@ std::string render_text(const Report& r, const Gate& gate, const RenderOptions& 
     out += "   evidence: " + data(f.evidence) + "\n";
     for (const auto& s : f.suggestions) {
       out += "   fix:      " + data(s.summary) + (f.confirmation == "confirmed" && &s == &f.suggestions.front() ? " (confirmed by replay)" : "") + "\n";
+      if (!s.cost.empty()) out += "   cost:     " + data(s.cost) + "\n";
       if (!s.python.empty()) out += std::string(dim) + "   Python:\n" + reset + indent(printable(s.python, true), "      ");
       if (!s.cpp.empty()) out += std::string(dim) + "   C++:\n" + reset + indent(printable(s.cpp, true), "      ");
     }
@@ -125,7 +148,10 @@ std::string render_markdown(const Report& r, const Gate& gate) {
   out += r.healthy() ? "**Healthy**: no overflow, underflow or loss-scale problem found.\n\n"
                      : std::string("**") + (gate.fails(r) ? "Unhealthy" : "Warnings") + "**: " +
                            findings_summary(r, gate) + ".\n\n";
-  for (const auto& run : r.runs) out += "- " + markdown_text(overview_line(run)) + "\n";
+  for (const auto& run : r.runs) {
+    out += "- " + markdown_text(overview_line(run)) + "\n";
+    for (const auto& line : device_profile_lines(run)) out += "  - " + markdown_text(line) + "\n";
+  }
   int n = 0;
   const auto code_block = [](const char* language, const std::string& code) {
     const std::string text = printable(code, true), fence = markdown_fence(text);
@@ -139,6 +165,7 @@ std::string render_markdown(const Report& r, const Gate& gate) {
     out += "- evidence: " + markdown_text(f.evidence) + "\n";
     for (const auto& s : f.suggestions) {
       out += "- fix: " + markdown_text(s.summary) + "\n";
+      if (!s.cost.empty()) out += "- cost: " + markdown_text(s.cost) + "\n";
       if (!s.python.empty()) out += code_block("python", s.python);
       if (!s.cpp.empty()) out += code_block("cpp", s.cpp);
     }

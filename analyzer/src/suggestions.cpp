@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ampdiag/analyzer/escape.h"
+#include "device_profile.h"
 
 namespace ampdiag::analyzer::suggest {
 
@@ -89,6 +90,7 @@ Suggestion pin_fp32(const Run& run, const std::string& module_path) {
   s.cpp = "// ampdiag/pin_fp32.h\n"
           "ampdiag::Fp32Pins pins({" + cpp_string(module_path) + "});\n"
           "out = pins.run(" + cpp_string(module_path) + ", [&](const at::Tensor& in) { return module(in); }, x);";
+  s.cost = pin_cost(run, module_path);
   return s;
 }
 

@@ -30,6 +30,7 @@ void App::findings(float x, float y, float w, float h) {
     if (!f.suggestions.empty()) {
       const auto& s = f.suggestions.front();
       ImGui::TextWrapped("fix: %s", analyzer::printable(s.summary).c_str());
+      if (!s.cost.empty()) ImGui::TextWrapped("cost: %s", analyzer::printable(s.cost).c_str());
       if (!s.python.empty() && ImGui::SmallButton("Copy Python")) ImGui::SetClipboardText(s.python.c_str());
       if (!s.cpp.empty()) {
         ImGui::SameLine();

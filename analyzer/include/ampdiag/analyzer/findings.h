@@ -15,6 +15,8 @@ struct Suggestion {
   std::string summary;  // one line: what to do
   std::string python;   // copy-paste snippet
   std::string cpp;      // copy-paste snippet
+  // What following it costs, where the run measured it (the device profile); else empty.
+  std::string cost;
 };
 
 struct Finding {
@@ -56,6 +58,23 @@ struct Thresholds {
   double rank_bits = 4.0;            // rank-disagreement: abs-max this many bits from the others
 };
 
+// One module's device time per profiled step, and the shares of its kernel time by precision.
+struct ModuleDeviceTime {
+  std::string module;  // "(outside every module)" for work no module range held
+  double us_per_step = 0;
+  double fp16 = 0, bf16 = 0, fp32 = 0, other = 0;  // shares of its kernel time, 0..1
+};
+
+// What the device profiler recorded (AgentOptions::profile / attach(profile=True)).
+struct DeviceProfile {
+  std::string status;       // "" (not asked for), "unavailable", or the source ("CUPTI activity API")
+  std::string unavailable;  // why, when unavailable
+  std::int64_t steps = 0;   // profiled steps
+  double step_us = 0;       // device time per profiled step (kernels and copies)
+  double ampdiag_us = 0;    // ampdiag's own kernels and copies per profiled step
+  std::vector<ModuleDeviceTime> modules;  // most time first (a few)
+};
+
 struct RunOverview {
   std::string path;
   std::int64_t rank = 0;
@@ -76,6 +95,7 @@ struct RunOverview {
   // steps after calibration: the one skip rate every view and `diff` use.
   std::int64_t harmful_skips = 0;
   double skip_rate = 0.0;
+  DeviceProfile device_profile;
 };
 
 struct Report {

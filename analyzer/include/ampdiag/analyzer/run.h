@@ -55,6 +55,21 @@ struct StepSummary {
   std::int64_t first_nonfinite_module = -1;  // forward order; -1: none or not probed
 };
 
+// Device time (gpu_time) over the profiled steps, by module id (-1: outside every module).
+struct GpuTime {
+  std::int64_t ns[rundb::kGpuKindCount] = {};
+  std::int64_t count[rundb::kGpuKindCount] = {};
+  std::int64_t kernel_ns() const;  // every kind but copies
+  std::int64_t half_ns() const { return ns[int(rundb::GpuKind::kFloat16)] + ns[int(rundb::GpuKind::kBFloat16)]; }
+};
+
+struct GpuProfile {
+  std::int64_t steps = 0;  // steps with device rows
+  std::map<std::int64_t, GpuTime> modules;
+  std::int64_t phase_ns[rundb::kGpuPhaseCount] = {};
+  std::int64_t total_ns = 0;  // kernels and copies
+};
+
 // meta[key], or `fallback` where the file has no such key.
 std::string meta_or(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& fallback);
 
@@ -94,6 +109,7 @@ struct Run {
   std::vector<rundb::ReplayRow> replays;
   std::string run_id;  // shared by the ranks of one run; empty in files written before it existed
   std::int64_t grad_rows = 0, act_rows = 0;
+  GpuProfile gpu;  // read whole by load_run (not by the incremental reads)
   RunCursor cursor;
 
   std::string meta_or(const std::string& key, const std::string& fallback) const;

@@ -1,0 +1,112 @@
+// device_profile() and pin_cost(); see device_profile.h.
+#include "device_profile.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace ampdiag::analyzer {
+
+namespace {
+
+constexpr std::size_t kListedModules = 8;
+constexpr const char* kOutside = "(outside every module)";
+
+using rundb::GpuKind;
+
+std::string us_text(double us) {
+  char b[32];
+  std::snprintf(b, sizeof b, us >= 100 ? "%.0f" : "%.3g", us);
+  return b;
+}
+
+const std::string* module_path(const Run& run, std::int64_t id) {
+  return id >= 0 && std::size_t(id) < run.modules.size() ? &run.modules[std::size_t(id)].info.path : nullptr;
+}
+
+bool inside(const std::string& path, const std::string& module) {
+  return path == module || (path.size() > module.size() && path.compare(0, module.size(), module) == 0 &&
+                            path[module.size()] == '.');
+}
+
+// fp32 time per fp32 kernel over half time per half kernel, over the modules of `type`
+// that ran kernels of both kinds (pinned ones, say); 0 when there are none.
+double measured_factor(const Run& run, const std::string& type) {
+  std::int64_t fp32_ns = 0, fp32_n = 0, half_ns = 0, half_n = 0;
+  for (const auto& [id, t] : run.gpu.modules) {
+    if (id < 0 || std::size_t(id) >= run.modules.size() || run.modules[std::size_t(id)].info.module_type != type) continue;
+    fp32_ns += t.ns[int(GpuKind::kFloat32)];
+    fp32_n += t.count[int(GpuKind::kFloat32)];
+    half_ns += t.half_ns();
+    half_n += t.count[int(GpuKind::kFloat16)] + t.count[int(GpuKind::kBFloat16)];
+  }
+  if (fp32_n == 0 || half_n == 0 || half_ns == 0) return 0.0;
+  return (double(fp32_ns) / double(fp32_n)) / (double(half_ns) / double(half_n));
+}
+
+}  // namespace
+
+DeviceProfile device_profile(const Run& run) {
+  DeviceProfile p;
+  p.status = run.meta_or("profiler", "");
+  if (p.status == "unavailable") {
+    for (const auto& e : run.events)
+      if (e.kind == "profiler-unavailable") p.unavailable = e.detail;
+    return p;
+  }
+  p.steps = run.gpu.steps;
+  if (p.steps == 0) return p;
+  const double steps = double(p.steps);
+  p.step_us = double(run.gpu.total_ns) / steps / 1e3;
+  p.ampdiag_us = double(run.gpu.phase_ns[int(rundb::GpuPhase::kAmpdiag)]) / steps / 1e3;
+  for (const auto& [id, t] : run.gpu.modules) {
+    const double kernel_ns = double(t.kernel_ns());
+    ModuleDeviceTime m;
+    const std::string* path = module_path(run, id);
+    m.module = path ? *path : kOutside;
+    m.us_per_step = double(t.ns[0] + t.ns[1] + t.ns[2] + t.ns[3] + t.ns[4]) / steps / 1e3;
+    if (kernel_ns > 0) {
+      m.fp32 = double(t.ns[int(GpuKind::kFloat32)]) / kernel_ns;
+      m.fp16 = double(t.ns[int(GpuKind::kFloat16)]) / kernel_ns;
+      m.bf16 = double(t.ns[int(GpuKind::kBFloat16)]) / kernel_ns;
+      m.other = double(t.ns[int(GpuKind::kOtherKernel)]) / kernel_ns;
+    }
+    p.modules.push_back(std::move(m));
+  }
+  std::stable_sort(p.modules.begin(), p.modules.end(),
+                   [](const ModuleDeviceTime& a, const ModuleDeviceTime& b) { return a.us_per_step > b.us_per_step; });
+  if (p.modules.size() > kListedModules) p.modules.resize(kListedModules);
+  return p;
+}
+
+std::string pin_cost(const Run& run, const std::string& module) {
+  if (run.gpu.steps == 0) return "";
+  std::int64_t half = 0, fp32 = 0;
+  for (const auto& [id, t] : run.gpu.modules) {
+    const std::string* path = module_path(run, id);
+    if (!path || !inside(*path, module)) continue;
+    half += t.half_ns();
+    fp32 += t.ns[int(GpuKind::kFloat32)];
+  }
+  if (half == 0 && fp32 == 0) return "";
+  const double steps = double(run.gpu.steps);
+  const std::string precision = run.fp16() ? "fp16" : "bf16";
+  if (half == 0)
+    return "estimated cost: none; " + module + " already runs its kernels in FP32 (" + us_text(double(fp32) / steps / 1e3) +
+           " us/step)";
+  const ModuleSummary* m = run.module_named(module);
+  const std::string type = m ? m->info.module_type : "";
+  const double measured = type.empty() ? 0.0 : measured_factor(run, type);
+  const double k = measured > 0 ? measured : kAssumedFp32Factor;
+  const double half_us = double(half) / steps / 1e3;
+  char factor[32];
+  std::snprintf(factor, sizeof factor, "%.2g", k);
+  std::string why = measured > 0
+                        ? "measured: the fp32 kernels of " + type + " modules in this run take " + factor +
+                              "x as long per kernel as their " + precision + " ones"
+                        : "assumed: this run has no fp32 kernels of a comparable module; memory-bound kernels move twice "
+                          "the bytes in FP32, tensor-core GEMMs can be several times slower";
+  return "estimated cost: " + module + " spends " + us_text(half_us) + " us/step in " + precision +
+         " kernels; in FP32 expect about " + factor + "x that (+" + us_text(half_us * (k - 1)) + " us/step; " + why + ")";
+}
+
+}  // namespace ampdiag::analyzer

@@ -1,0 +1,270 @@
+// Device profiling through the session core, end to end: a synthetic activity source
+// shaped like CUPTI (kernels by correlation id, external ids from the ranges pushed on
+// the launching thread) -> the writer thread -> run.db's gpu_time -> the analyzer's
+// device profile, the pin cost line in the report, and the degrade path.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/render.h"
+#include "ampdiag/analyzer/run.h"
+#include "ampdiag/rundb/reader.h"
+#include "session.h"
+#include "../rundb/temp_dir.h"
+
+using namespace ampdiag;
+using rundb::GpuKind;
+using rundb::GpuPhase;
+using test::TempDir;
+
+namespace {
+
+// What the "device" ran: the test launches kernels; while recording, each gets the next
+// correlation id and, inside a range, an external correlation with the innermost id.
+struct SyntheticGpu {
+  std::mutex mutex;
+  std::vector<std::uint64_t> stack;
+  bool recording = false, stopped = false;
+  std::string refuse;  // start() fails with this
+  std::uint32_t next_correlation = 1;
+  std::uint64_t clock_ns = 1000;
+  profiler::ActivityBatch pending;
+
+  void launch(const std::string& name, std::uint64_t ns) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const std::uint32_t c = next_correlation++;
+    if (!recording) return;
+    pending.kernels.push_back({name, clock_ns, clock_ns + ns, 0, 7, c});
+    clock_ns += ns;
+    if (!stack.empty()) pending.externals.push_back({c, stack.back()});
+  }
+};
+
+struct SyntheticSource final : profiler::ActivitySource {
+  std::shared_ptr<SyntheticGpu> gpu;
+  explicit SyntheticSource(std::shared_ptr<SyntheticGpu> g) : gpu(std::move(g)) {}
+  std::string start() override { return gpu->refuse; }
+  void set_recording(bool on) override {
+    std::lock_guard<std::mutex> lock(gpu->mutex);
+    gpu->recording = on;
+  }
+  void push_range(std::uint64_t id) override {
+    std::lock_guard<std::mutex> lock(gpu->mutex);
+    gpu->stack.push_back(id);
+  }
+  void pop_range() override {
+    std::lock_guard<std::mutex> lock(gpu->mutex);
+    gpu->stack.pop_back();
+  }
+  void collect(profiler::ActivityBatch& out) override {
+    std::lock_guard<std::mutex> lock(gpu->mutex);
+    out.append(std::move(gpu->pending));
+  }
+  void stop() override {
+    std::lock_guard<std::mutex> lock(gpu->mutex);
+    gpu->stopped = true;
+  }
+  std::string name() const override { return "synthetic"; }
+};
+
+agent::SessionOptions profiled(const std::shared_ptr<SyntheticGpu>& gpu, std::int64_t every = 1) {
+  agent::SessionOptions o;
+  o.recorder.every = every;
+  o.recorder.context_steps = 0;
+  o.recorder.close_wait_ms = 0;
+  o.cpu.threads = 1;
+  o.profile = true;
+  o.profiler_source = [gpu] { return std::make_unique<SyntheticSource>(gpu); };
+  return o;
+}
+
+void open(agent::Session& s, const std::string& path) {
+  agent::LayerInfo info;
+  info.name = "encoder.0.weight";
+  info.module_path = "encoder.0";
+  info.dtype = "float32";
+  info.numel = 8;
+  s.add_layer(1000, info);
+  s.layers_done();
+  agent::RunMeta meta;
+  meta.source = "test";
+  meta.device = "cuda:0";
+  meta.amp_dtype = "float16";
+  s.write_meta(meta);
+  s.open(path, {}, "test-run");
+}
+
+// One training step: encoder.0 runs fp16 GEMMs (forward and backward 400 ns each),
+// encoder.1 is pinned and runs fp32 ones (forward 1200 ns: 3x per kernel), the loss runs
+// outside every module, and ampdiag's statistics kernel 100 ns. `overflow`: encoder.0's
+// output holds Inf.
+void step(agent::Session& s, SyntheticGpu& gpu, std::int64_t enc0, std::int64_t enc1, bool overflow = false) {
+  s.begin_cycle();
+  if (s.begin_range(enc0, GpuPhase::kForward, GpuKind::kFloat16)) {
+    gpu.launch("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_tn", 400);
+    s.end_range();
+  }
+  float out[4] = {1, 2, 3, overflow ? std::numeric_limits<float>::infinity() : 4};
+  s.activation(enc0, {{out, 4, kernels::DType::kFloat32}, {}, nullptr}, 0);
+  if (s.begin_range(enc1, GpuPhase::kForward, GpuKind::kFloat32)) {
+    gpu.launch("ampere_sgemm_128x64_tn", 1200);
+    s.end_range();
+  }
+  gpu.launch("void at::native::mse_kernel<float>", 100);  // the step's own range: no module
+  if (s.begin_range(enc0, GpuPhase::kBackward, GpuKind::kFloat16)) {
+    gpu.launch("ampere_fp16_s16816gemm_fp16_64x64_tn", 400);
+    s.end_range();
+  }
+  gpu.launch("void ampdiag::kernels::(anonymous namespace)::stats_kernel<true>(...)", 100);
+  agent::StepOutcome o;
+  o.loss = overflow ? std::nan("") : 1.0;
+  o.losses = 1;
+  o.scale_before = 65536;
+  o.scale_after = overflow ? 32768 : 65536;
+  o.found_inf = o.skipped = overflow;
+  s.end_step(o, 0);
+}
+
+}  // namespace
+
+TEST_CASE("profiled steps write device time per module, phase and precision", "[profile]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  auto gpu = std::make_shared<SyntheticGpu>();
+  {
+    agent::Session s(profiled(gpu));
+    open(s, path);
+    const auto enc0 = s.module_id("encoder.0", "Linear", "", "float16");
+    const auto enc1 = s.module_id("encoder.1", "Linear", "", "float32");
+    for (int i = 0; i < 3; ++i) step(s, *gpu, enc0, enc1);
+    s.close();
+  }
+  CHECK(gpu->stopped);
+  CHECK(gpu->stack.empty());  // every range pushed was popped
+  const auto rows = rundb::RunDbReader(path).gpu_time();
+  auto ns = [&](std::int64_t module, GpuPhase phase, GpuKind kind) {
+    std::int64_t sum = 0;
+    for (const auto& r : rows)
+      if (r.module_id == module && r.phase == phase && r.kind == kind) sum += r.ns;
+    return sum;
+  };
+  CHECK(ns(0, GpuPhase::kForward, GpuKind::kFloat16) == 3 * 400);
+  CHECK(ns(0, GpuPhase::kBackward, GpuKind::kFloat16) == 3 * 400);
+  CHECK(ns(1, GpuPhase::kForward, GpuKind::kFloat32) == 3 * 1200);
+  CHECK(ns(-1, GpuPhase::kOther, GpuKind::kFloat32) == 3 * 100);
+}
+
+TEST_CASE("the report gives the precision split and a pin cost measured from comparable kernels", "[profile]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  auto gpu = std::make_shared<SyntheticGpu>();
+  {
+    agent::Session s(profiled(gpu));
+    open(s, path);
+    const auto enc0 = s.module_id("encoder.0", "Linear", "", "float16");
+    const auto enc1 = s.module_id("encoder.1", "Linear", "", "float32");
+    for (int i = 0; i < 4; ++i) step(s, *gpu, enc0, enc1, i == 2);
+    s.replay("encoder.0", "finite", 812.5, "");
+    s.close();
+  }
+  const auto run = analyzer::load_run(path);
+  const auto report = analyzer::analyze({run});
+  const auto& p = report.runs.at(0).device_profile;
+  CHECK(p.status == "synthetic");
+  CHECK(p.steps == 4);
+  REQUIRE(p.modules.size() == 3);
+  CHECK(p.modules[0].module == "encoder.1");  // most device time first
+  CHECK(p.modules[0].fp32 == Approx(1.0));
+  CHECK(p.modules[1].module == "encoder.0");
+  CHECK(p.modules[1].fp16 == Approx(1.0));
+  CHECK(p.modules[1].us_per_step == Approx(0.8));
+  const analyzer::Finding* pin = nullptr;
+  for (const auto& f : report.findings)
+    if (f.rule == "forward-nonfinite" && f.module == "encoder.0") pin = &f;
+  REQUIRE(pin);
+  REQUIRE(!pin->suggestions.empty());
+  const std::string& cost = pin->suggestions.front().cost;
+  INFO(cost);
+  CHECK(cost.find("encoder.0 spends 0.8 us/step in fp16 kernels") != std::string::npos);
+  CHECK(cost.find("about 3x that") != std::string::npos);
+  CHECK(cost.find("measured: the fp32 kernels of Linear modules") != std::string::npos);
+  const std::string text = analyzer::render_text(report, analyzer::Gate("error"));
+  CHECK(text.find("cost:     estimated cost: encoder.0 spends") != std::string::npos);
+  CHECK(p.ampdiag_us == Approx(0.1));
+  CHECK(text.find("device profile: 4 steps, 2 us of device time per step; ampdiag's own kernels 0.1 us (4.5 %)") !=
+        std::string::npos);
+  CHECK(text.find("encoder.1: 1.2 us/step (fp16 0 %, bf16 0 %, fp32 100 %") != std::string::npos);
+}
+
+TEST_CASE("without comparable fp32 kernels the pin cost states its assumption", "[profile]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  auto gpu = std::make_shared<SyntheticGpu>();
+  {
+    agent::Session s(profiled(gpu));
+    open(s, path);
+    const auto enc0 = s.module_id("encoder.0", "Linear", "", "float16");
+    const auto head = s.module_id("head", "Conv2d", "", "float32");  // fp32, but not a Linear
+    for (int i = 0; i < 3; ++i) step(s, *gpu, enc0, head, i == 1);
+    s.replay("encoder.0", "finite", 812.5, "");
+    s.close();
+  }
+  const auto report = analyzer::analyze({analyzer::load_run(path)});
+  std::string cost;
+  for (const auto& f : report.findings)
+    if (f.module == "encoder.0" && !f.suggestions.empty()) cost = f.suggestions.front().cost;
+  INFO(cost);
+  CHECK(cost.find("about 2x that") != std::string::npos);
+  CHECK(cost.find("assumed: this run has no fp32 kernels of a comparable module") != std::string::npos);
+}
+
+TEST_CASE("steps the sampling skips record no device time", "[profile]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  auto gpu = std::make_shared<SyntheticGpu>();
+  {
+    agent::Session s(profiled(gpu, /*every=*/2));
+    open(s, path);
+    const auto enc0 = s.module_id("encoder.0", "Linear", "", "float16");
+    const auto enc1 = s.module_id("encoder.1", "Linear", "", "float32");
+    for (int i = 0; i < 4; ++i) step(s, *gpu, enc0, enc1);
+    s.close();
+  }
+  std::vector<std::int64_t> steps;
+  for (const auto& r : rundb::RunDbReader(path).gpu_time())
+    if (steps.empty() || steps.back() != r.step) steps.push_back(r.step);
+  CHECK(steps == std::vector<std::int64_t>{0, 2});
+}
+
+TEST_CASE("a profiler that cannot start leaves one event, and the run goes on without it", "[profile]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  auto gpu = std::make_shared<SyntheticGpu>();
+  gpu->refuse = "cuptiActivityEnable(EXTERNAL_CORRELATION) failed: CUPTI_ERROR_UNKNOWN (999)";
+  {
+    agent::Session s(profiled(gpu));
+    open(s, path);
+    CHECK_FALSE(s.profiling());
+    const auto enc0 = s.module_id("encoder.0", "Linear", "", "float16");
+    const auto enc1 = s.module_id("encoder.1", "Linear", "", "float32");
+    for (int i = 0; i < 3; ++i) step(s, *gpu, enc0, enc1);
+    s.close();
+  }
+  CHECK(gpu->stack.empty());  // no range was ever pushed
+  rundb::RunDbReader reader(path);
+  CHECK(reader.steps().size() == 3);
+  CHECK(reader.gpu_time().empty());
+  int events = 0;
+  for (const auto& e : reader.events()) events += e.kind == "profiler-unavailable";
+  CHECK(events == 1);
+  const auto report = analyzer::analyze({analyzer::load_run(path)});
+  const std::string text = analyzer::render_text(report, analyzer::Gate("error"));
+  CHECK(text.find("device profile: unavailable (device profiling is unavailable, training goes on without it: "
+                  "cuptiActivityEnable(EXTERNAL_CORRELATION) failed: CUPTI_ERROR_UNKNOWN (999))") != std::string::npos);
+  CHECK(text.find("HEALTHY") == 0);  // an unavailable profiler is not a finding
+}
