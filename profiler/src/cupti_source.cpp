@@ -70,6 +70,25 @@ struct CuptiApi {
   }
 };
 
+// "" when the CUDA driver is there and sees a device, else why not. Checked before CUPTI
+// is touched: some libcupti builds recurse until the stack overflows in
+// cuptiActivityRegisterCallbacks when there is no driver to load (seen with the
+// nvidia-cuda-cupti wheel of CUDA 13).
+std::string driver_ready() {
+  void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!cuda) cuda = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!cuda) return "no CUDA driver (libcuda.so.1 could not be loaded)";
+  using Init = int (*)(unsigned);
+  using Count = int (*)(int*);
+  const auto init = reinterpret_cast<Init>(dlsym(cuda, "cuInit"));
+  const auto count = reinterpret_cast<Count>(dlsym(cuda, "cuDeviceGetCount"));
+  if (!init || !count) return "the CUDA driver lacks cuInit/cuDeviceGetCount";
+  int devices = 0;
+  if (const int r = init(0); r != 0) return "the CUDA driver did not initialise (cuInit error " + std::to_string(r) + ")";
+  if (count(&devices) != 0 || devices == 0) return "no CUDA device";
+  return "";
+}
+
 std::string demangle(const char* name) {
   if (!name) return "";
   int status = 0;
@@ -89,6 +108,7 @@ class CuptiSource final : public ActivitySource {
   ~CuptiSource() override { stop(); }
 
   std::string start() override {
+    if (std::string why = driver_ready(); !why.empty()) return why;
     if (std::string why = api_.load(); !why.empty()) return why;
     {
       std::lock_guard<std::mutex> lock(g_mutex);

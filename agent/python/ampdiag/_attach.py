@@ -20,6 +20,7 @@ import torch
 
 from . import _ampdiag, _loss, _rank
 from ._pin import pin_fp32, unpin_fp32
+from ._profile import ProfileRanges
 from ._replay import NONFINITE, Replayer
 from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, directly_readable, engine_place,
                        first_float_tensor, host_place, host_sum, readable_view, scale_on_device, sum_on)
@@ -39,7 +40,7 @@ class AttachHandle:
     """What attach() returns. Also a context manager: leaving it closes the handle."""
 
     def __init__(self, model, scaler, optimizer, db, every, activations, pins, fused_unscale, context_steps,
-                 histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id):
+                 histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id, profile):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"attach() takes a torch.nn.Module, not {type(model).__name__}")
         if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
@@ -97,7 +98,7 @@ class AttachHandle:
             if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
                 raise _ampdiag.RunDbError(f"{db}: cannot create it: {directory} is not a writable directory")
         # The session keeps what is posted until the file is opened.
-        self._session = _ampdiag.Session(overwrite, queue_capacity, every, context_steps, threads, histogram)
+        self._session = _ampdiag.Session(overwrite, queue_capacity, every, context_steps, threads, histogram, profile)
         self.db_path = db
         if rank is not None:
             self._open_session(*rank)
@@ -105,10 +106,13 @@ class AttachHandle:
         try:
             self._write_meta(scaler, every, context_steps, fused_unscale, histogram, amp_dtype, params)
             self._register_layers(model)
+            watched = [(path, module) for path, module in model.named_modules() if path and not bounded_by_input(module)]
             if activations:
-                for path, module in model.named_modules():
-                    if path and not bounded_by_input(module):
-                        self._hooks.append(module.register_forward_hook(self._forward_hook(path), with_kwargs=True))
+                for path, module in watched:
+                    self._hooks.append(module.register_forward_hook(self._forward_hook(path), with_kwargs=True))
+            self._profile = ProfileRanges(self, watched) if profile else None
+            if self._profile is not None and optimizer is not None:
+                self._profile.watch_optimizer(optimizer)
             for path in pins:
                 try:
                     module = model.get_submodule(path)
@@ -395,6 +399,9 @@ class AttachHandle:
         t0 = time.perf_counter_ns()
         if not self._begin_cycle():
             return original(optimizer, inv_scale, found_inf, allow_fp16)
+        if self._profile is not None:
+            self._profile.watch_optimizer(optimizer)
+            original = functools.partial(self._profile.unscale, original)
         layers, grads, sparse = self._gradients(optimizer)
         special = sparse or any(g.dtype == torch.float16 for g in grads)
         # Fused: every gradient read in place on the scale's own device (CPU: the scale is a
@@ -557,7 +564,7 @@ def attach(model: torch.nn.Module, scaler: "torch.amp.GradScaler | None" = None,
            optimizer: "torch.optim.Optimizer | None" = None, db="run.db", every: int = 1, activations: bool = True,
            pins=(), fused_unscale: bool = True, context_steps: int = 2, histogram: bool = False,
            overwrite: bool = False, replay: bool = True, queue_capacity: int = 1 << 15, threads: int = 0,
-           amp_dtype: "str | None" = None, run_id: "str | None" = None) -> AttachHandle:
+           amp_dtype: "str | None" = None, run_id: "str | None" = None, profile: bool = False) -> AttachHandle:
     """Attaches ampdiag to a training loop and returns a handle (also a context manager).
 
     model:          the torch.nn.Module being trained (a DDP wrapper is fine).
@@ -576,6 +583,8 @@ def attach(model: torch.nn.Module, scaler: "torch.amp.GradScaler | None" = None,
     amp_dtype:      "float16" or "bfloat16"; default: float16 with a scaler, bfloat16 without.
     run_id:         the id shared by every rank of this run (default: derived from the launcher,
                     random for one process); `ampdiag report` merges only ranks of one run.
+    profile:        on a CUDA device, record each module's device time by precision and phase on
+                    sampled steps (CUPTI); where that is unavailable, one event says why.
     """
     return AttachHandle(model, scaler, optimizer, db, every, activations, tuple(pins), fused_unscale, context_steps,
-                        histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id)
+                        histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id, profile)

@@ -72,7 +72,7 @@ agent::DeviceOutcome device_outcome(std::uintptr_t values, int device_index, std
 class Session {
  public:
   Session(bool overwrite, std::size_t queue_capacity, std::int64_t every, std::int64_t context_steps, int threads,
-          bool histogram)
+          bool histogram, bool profile)
       : session_([&] {
           if (threads < 0) throw std::invalid_argument("threads must be >= 0 (0: torch's threads)");
           agent::SessionOptions o;
@@ -82,6 +82,7 @@ class Session {
           o.recorder.every = every;
           o.recorder.context_steps = context_steps;
           o.cpu.threads = threads;
+          o.profile = profile;
 #ifdef _OPENMP
           if (threads == 0) o.cpu.parallel_for = openmp_parallel_for;
 #endif
@@ -231,6 +232,14 @@ PYBIND11_MODULE(_ampdiag, m) {
 #endif
   });
   // DeviceOutcome::Field, for end_step_on_device().
+  m.attr("PHASE_FORWARD") = int(rundb::GpuPhase::kForward);
+  m.attr("PHASE_BACKWARD") = int(rundb::GpuPhase::kBackward);
+  m.attr("PHASE_UNSCALE") = int(rundb::GpuPhase::kUnscale);
+  m.attr("PHASE_OPTIMIZER") = int(rundb::GpuPhase::kOptimizer);
+  m.attr("KIND_FLOAT32") = int(rundb::GpuKind::kFloat32);
+  m.attr("KIND_FLOAT16") = int(rundb::GpuKind::kFloat16);
+  m.attr("KIND_BFLOAT16") = int(rundb::GpuKind::kBFloat16);
+  m.attr("KIND_OTHER") = int(rundb::GpuKind::kOtherKernel);
   m.attr("OUTCOME_LOSS") = unsigned(agent::DeviceOutcome::kLoss);
   m.attr("OUTCOME_SCALE_BEFORE") = unsigned(agent::DeviceOutcome::kScaleBefore);
   m.attr("OUTCOME_SCALE_AFTER") = unsigned(agent::DeviceOutcome::kScaleAfter);
@@ -248,9 +257,9 @@ PYBIND11_MODULE(_ampdiag, m) {
       },
       "Statistics of one contiguous CPU buffer.");
   py::class_<Session>(m, "Session")
-      .def(py::init<bool, std::size_t, std::int64_t, std::int64_t, int, bool>(), py::arg("overwrite"),
+      .def(py::init<bool, std::size_t, std::int64_t, std::int64_t, int, bool, bool>(), py::arg("overwrite"),
            py::arg("queue_capacity"), py::arg("every"), py::arg("context_steps"), py::arg("threads"),
-           py::arg("histogram"))
+           py::arg("histogram"), py::arg("profile") = false)
       .def("open", &Session::open, py::arg("db_path"), py::arg("rank"), py::arg("world_size"), py::arg("run_id"))
       .def("failed", &Session::failed)
       .def_property_readonly("opened", [](Session& s) { return s.core().opened(); })
@@ -274,6 +283,14 @@ PYBIND11_MODULE(_ampdiag, m) {
            py::arg("device_types"), py::arg("device_indices"), py::arg("streams"), py::arg("inv_scale") = py::none(),
            py::arg("device_scale") = py::none())
       .def("activation", &Session::activation)
+      .def_property_readonly("profiling", [](Session& s) { return s.core().profiling(); })
+      .def("begin_range",
+           [](Session& s, std::int64_t module, int phase, int kind) {
+             if (phase < 0 || phase >= rundb::kGpuPhaseCount) throw std::invalid_argument("phase must be a PHASE_* constant");
+             if (kind < 0 || kind >= rundb::kGpuKindCount) throw std::invalid_argument("kind must be a KIND_* constant");
+             return s.core().begin_range(module, rundb::GpuPhase(phase), rundb::GpuKind(kind));
+           })
+      .def("end_range", [](Session& s) { s.core().end_range(); })
       .def("engine_for", &Session::engine_for, py::arg("device_type"), py::arg("device_index") = 0)
       .def("end_step", &Session::end_step)
       .def("amend_scale_after", [](Session& s, double v) { return s.core().amend_scale_after(v); })
