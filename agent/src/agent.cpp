@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <torch/nn/module.h>
 #include <torch/version.h>
 #include <unistd.h>
@@ -61,12 +62,20 @@ class Agent::Impl final : public ScalerObserver {
   ~Impl() override { close(); }
 
   at::Tensor probe(const std::string& path, const at::Tensor& x);
+  bool begin_module_range(const std::string& path);
+  void end_range() { session_.end_range(); }
   void close();
   AgentStatus status() const;
 
   void on_scale(const at::Tensor& outputs) override;
   bool on_unscale(UnscaleBatch& batch) override;
   void on_step(bool skipped) override { skipped_ = skipped; }
+  void on_optimizer(bool starting) override {
+    if (starting)
+      optimizer_range_ = session_.begin_range(-1, rundb::GpuPhase::kOptimizer, rundb::GpuKind::kOtherKernel);
+    else if (optimizer_range_)
+      session_.end_range();
+  }
   void on_update(const ScaleUpdate& update) override;
 
  private:
@@ -85,6 +94,7 @@ class Agent::Impl final : public ScalerObserver {
 
   // Per cycle: the losses given to scale() (micro-batches, several losses), summed: on the
   // host for host losses, on the device for device ones (read back with the outcome).
+  bool optimizer_range_ = false;
   double loss_sum_ = 0.0;
   at::Tensor device_loss_sum_;
   std::int64_t losses_ = 0;
@@ -109,6 +119,7 @@ agent::SessionOptions session_options(const AgentOptions& o) {
   s.recorder.every = o.every;
   s.recorder.context_steps = o.context_steps;
   s.cpu.threads = o.threads;
+  s.profile = o.profile;
   if (o.threads == 0) {
     // torch's intra-op (OpenMP) team: see CpuEngineOptions::parallel_for. This file is
     // compiled with OpenMP, or at::parallel_for would run serially.
@@ -215,6 +226,19 @@ at::Tensor Agent::Impl::probe(const std::string& path, const at::Tensor& x) {
   }
   session_.add_agent_ns(ns_since(t0));
   return x;
+}
+
+bool Agent::Impl::begin_module_range(const std::string& path) {
+  if (closed_ || !session_.profiling()) return false;
+  begin_cycle();
+  const auto type = module_types_.find(path);
+  const std::int64_t module = session_.module_id(path, type == module_types_.end() ? "" : type->second, "", "");
+  // Autocast's dtype where it is on (the kernels of a module under autocast mostly run in
+  // it), else fp32; kernel names decide where they say.
+  rundb::GpuKind hint = rundb::GpuKind::kFloat32;
+  if (at::autocast::is_autocast_enabled(at::kCUDA))
+    hint = at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16 ? rundb::GpuKind::kBFloat16 : rundb::GpuKind::kFloat16;
+  return session_.begin_range(module, rundb::GpuPhase::kForward, hint);
 }
 
 void Agent::Impl::begin_cycle() {
@@ -380,6 +404,14 @@ Agent::Agent(torch::nn::Module& model, GradScaler& scaler, AgentOptions options)
 Agent::~Agent() = default;
 
 at::Tensor Agent::probe(const std::string& module_path, const at::Tensor& x) { return impl_->probe(module_path, x); }
+
+ModuleRange Agent::module_range(const std::string& module_path) {
+  return ModuleRange(this, impl_->begin_module_range(module_path));
+}
+
+ModuleRange::~ModuleRange() {
+  if (open_) agent_->impl_->end_range();
+}
 
 void Agent::close() { impl_->close(); }
 

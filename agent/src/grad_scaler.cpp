@@ -128,7 +128,11 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   at::Tensor any_inf;
   add_found_infs(any_inf, state.found_inf_per_device, scale_.device());
   const bool found_inf = any_inf.defined() && any_inf.item<float>() != 0.0f;
-  if (!found_inf) optimizer.step();
+  if (!found_inf) {
+    if (observer_) observer_->on_optimizer(true);
+    optimizer.step();
+    if (observer_) observer_->on_optimizer(false);
+  }
   state.stage = Stage::kStepped;
   last_step_skipped_ = found_inf;
   if (observer_) observer_->on_step(found_inf);

@@ -194,3 +194,25 @@ TEST_CASE("a non-scalar passed to scale() is no loss: the step's loss is not NaN
   REQUIRE(steps.size() == 1);
   CHECK(steps[0].losses == 0);
 }
+
+TEST_CASE("profiling that cannot start is one event, and training is bit-identical", "[agent][profile]") {
+  TempDir dir;
+  const auto db = dir.file("profiled.db");
+  const auto without = train_tiny(12, nullptr);
+  const auto with = train_tiny(12, [&](TinyNet& net, GradScaler& scaler) {
+    AgentOptions o;
+    o.db_path = db;
+    o.profile = true;
+    auto agent = std::make_unique<Agent>(*net, scaler, o);
+    { auto range = agent->module_range("a"); }  // not profiling: a guard that does nothing
+    return agent;
+  });
+  for (std::size_t i = 0; i < with.params.size(); ++i) CHECK(bitwise_equal(with.params[i], without.params[i]));
+  rundb::RunDbReader r(db);
+  CHECK(r.steps().size() == 12);
+  if (r.meta().at("profiler") != "unavailable") return;  // a machine with a GPU and CUPTI
+  int events = 0;
+  for (const auto& e : r.events()) events += e.kind == "profiler-unavailable";
+  CHECK(events == 1);
+  CHECK(r.gpu_time().empty());
+}

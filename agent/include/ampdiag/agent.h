@@ -41,6 +41,10 @@ struct AgentOptions {
   // Shared by every rank of the run (meta run_id); empty: derived from the launcher's
   // environment under torchrun, random for one process.
   std::string run_id;
+  // On a CUDA device: each module's device time by precision and phase on sampled steps
+  // (CUPTI; forward time for the modules wrapped in module_range()). Unavailable (no driver,
+  // no device, no CUPTI): one event in run.db, and the run goes on without it.
+  bool profile = false;
 };
 
 struct AgentStatus {
@@ -52,6 +56,24 @@ struct AgentStatus {
   std::int64_t write_errors = 0;
   std::int64_t dropped_steps = 0;  // steps recorded without device statistics that never arrived
   std::string first_error;
+};
+
+class Agent;
+
+// What the calling thread launches while it lives belongs to a module's forward in the
+// device profile (AgentOptions::profile); does nothing when not profiling.
+class ModuleRange {
+ public:
+  ModuleRange(const ModuleRange&) = delete;
+  ModuleRange& operator=(const ModuleRange&) = delete;
+  ModuleRange(ModuleRange&& other) noexcept : agent_(other.agent_), open_(other.open_) { other.open_ = false; }
+  ~ModuleRange();
+
+ private:
+  friend class Agent;
+  ModuleRange(Agent* agent, bool open) : agent_(agent), open_(open) {}
+  Agent* agent_;
+  bool open_;
 };
 
 class Agent {
@@ -68,12 +90,17 @@ class Agent {
   // forward order, and returns x itself (LibTorch modules have no forward hooks).
   at::Tensor probe(const std::string& module_path, const at::Tensor& x);
 
+  // The device profile's range for module `module_path`'s forward, until the guard goes:
+  //   { auto r = agent.module_range("encoder.0"); x = encoder0->forward(x); }
+  [[nodiscard]] ModuleRange module_range(const std::string& module_path);
+
   // Detaches from the model and scaler and finishes the run.db. Idempotent.
   void close();
 
   AgentStatus status() const;
 
  private:
+  friend class ModuleRange;
   class Impl;
   std::unique_ptr<Impl> impl_;
 };

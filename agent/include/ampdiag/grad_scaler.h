@@ -60,6 +60,8 @@ class ScalerObserver {
   // run torch._amp_foreach_non_finite_check_and_unscale_.
   virtual bool on_unscale(UnscaleBatch& batch) = 0;
   virtual void on_step(bool skipped) = 0;
+  // Around the optimizer's step() inside step() (only when it runs).
+  virtual void on_optimizer(bool starting) { (void)starting; }
   virtual void on_update(const ScaleUpdate& update) = 0;
 };
 
