@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ampdiag/analyzer/escape.h"
+#include "ampdiag/analyzer/render.h"
 #include "app.h"
 #include "style.h"
 
@@ -15,6 +16,10 @@ namespace ampdiag::gui {
 void App::findings(float x, float y, float w, float h) {
   place("Findings", x, y, w, h);
   if (report_.findings.empty()) ImGui::TextColored(ImVec4(0.4f, 0.85f, 0.4f, 1), "Healthy: nothing found.");
+  // The device profile (profile=True): ampdiag's own share and where device time goes.
+  for (const auto& run : report_.runs)
+    for (const auto& line : analyzer::device_profile_lines(run))
+      ImGui::TextDisabled("%s", analyzer::printable(line).c_str());
   int n = 0;
   for (const auto& f : report_.findings) {
     ImGui::PushID(n++);

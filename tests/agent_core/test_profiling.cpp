@@ -201,6 +201,29 @@ TEST_CASE("the report gives the precision split and a pin cost measured from com
   CHECK(text.find("encoder.1: 1.2 us/step (fp16 0 %, bf16 0 %, fp32 100 %") != std::string::npos);
 }
 
+TEST_CASE("the JSON and Markdown reports carry the device profile and the cost", "[profile]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  auto gpu = std::make_shared<SyntheticGpu>();
+  {
+    agent::Session s(profiled(gpu));
+    open(s, path);
+    const auto enc0 = s.module_id("encoder.0", "Linear", "", "float16");
+    const auto enc1 = s.module_id("encoder.1", "Linear", "", "float32");
+    for (int i = 0; i < 3; ++i) step(s, *gpu, enc0, enc1, i == 1);
+    s.replay("encoder.0", "finite", 812.5, "");
+    s.close();
+  }
+  const auto report = analyzer::analyze({analyzer::load_run(path)});
+  const std::string json = analyzer::render_json(report, analyzer::Gate("error"));
+  CHECK(json.find("\"device_profile\": {\"status\": \"synthetic\", \"unavailable\": null, \"steps\": 3") !=
+        std::string::npos);
+  CHECK(json.find("\"cost\": \"estimated cost: encoder.0 spends 0.8 us/step in fp16 kernels") != std::string::npos);
+  const std::string markdown = analyzer::render_markdown(report, analyzer::Gate("error"));
+  CHECK(markdown.find("- cost: estimated cost: encoder.0 spends") != std::string::npos);
+  CHECK(markdown.find("  - device profile: 3 steps") != std::string::npos);
+}
+
 TEST_CASE("without comparable fp32 kernels the pin cost states its assumption", "[profile]") {
   TempDir dir;
   const auto path = dir.file("run.db");
