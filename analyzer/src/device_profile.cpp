@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 
 namespace ampdiag::analyzer {
 
@@ -16,6 +17,12 @@ using rundb::GpuKind;
 std::string us_text(double us) {
   char b[32];
   std::snprintf(b, sizeof b, us >= 100 ? "%.0f" : "%.3g", us);
+  return b;
+}
+
+std::string factor_text(double k) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2g", k);
   return b;
 }
 
@@ -80,12 +87,16 @@ DeviceProfile device_profile(const Run& run) {
 
 std::string pin_cost(const Run& run, const std::string& module) {
   if (run.gpu.steps == 0) return "";
+  // Half-precision time by module type, over the module and everything inside it: each
+  // type's kernels slow down by that type's factor.
+  std::map<std::string, std::int64_t> half_by_type;
   std::int64_t half = 0, fp32 = 0;
   for (const auto& [id, t] : run.gpu.modules) {
     const std::string* path = module_path(run, id);
     if (!path || !inside(*path, module)) continue;
     half += t.half_ns();
     fp32 += t.ns[int(GpuKind::kFloat32)];
+    if (t.half_ns() > 0) half_by_type[run.modules[std::size_t(id)].info.module_type] += t.half_ns();
   }
   if (half == 0 && fp32 == 0) return "";
   const double steps = double(run.gpu.steps);
@@ -93,20 +104,38 @@ std::string pin_cost(const Run& run, const std::string& module) {
   if (half == 0)
     return "estimated cost: none; " + module + " already runs its kernels in FP32 (" + us_text(double(fp32) / steps / 1e3) +
            " us/step)";
-  const ModuleSummary* m = run.module_named(module);
-  const std::string type = m ? m->info.module_type : "";
-  const double measured = type.empty() ? 0.0 : measured_factor(run, type);
-  const double k = measured > 0 ? measured : kAssumedFp32Factor;
+  double expected = 0;
+  std::string measured, assumed;
+  std::string incomparable;
+  for (const auto& [type, ns] : half_by_type) {
+    double k = measured_factor(run, type);
+    const std::string name = type.empty() ? std::string("untyped") : type;
+    if (k > 0 && k < 1) {
+      // FP32 kernels faster per kernel than the half ones: smaller work, not comparable.
+      incomparable += (incomparable.empty() ? "" : ", ") + name;
+      k = 0;
+    }
+    expected += double(ns) * (k > 0 ? k : kAssumedFp32Factor);
+    if (k > 0)
+      measured += (measured.empty() ? "" : ", ") + name + " " + factor_text(k) + "x";
+    else
+      assumed += (assumed.empty() ? "" : ", ") + name;
+  }
+  const double k = expected / double(half);
   const double half_us = double(half) / steps / 1e3;
-  char factor[32];
-  std::snprintf(factor, sizeof factor, "%.2g", k);
-  std::string why = measured > 0
-                        ? "measured: the fp32 kernels of " + type + " modules in this run take " + factor +
-                              "x as long per kernel as their " + precision + " ones"
-                        : "assumed: this run has no fp32 kernels of a comparable module; memory-bound kernels move twice "
-                          "the bytes in FP32, tensor-core GEMMs can be several times slower";
+  std::string why;
+  if (!measured.empty())
+    why = "measured: fp32 over " + precision + " time per kernel of the same module type in this run: " + measured;
+  if (!assumed.empty())
+    why += (why.empty() ? "" : "; ") + std::string("assumed ") + factor_text(kAssumedFp32Factor) + "x for " + assumed +
+           ", which ran no comparable fp32 kernels in this run" +
+           (incomparable.empty() ? std::string()
+                                 : " (" + incomparable + "'s fp32 kernels were faster per kernel than its " + precision +
+                                       " ones: smaller work)") +
+           ": memory-bound kernels move twice the bytes in FP32, tensor-core GEMMs can be several times slower";
   return "estimated cost: " + module + " spends " + us_text(half_us) + " us/step in " + precision +
-         " kernels; in FP32 expect about " + factor + "x that (+" + us_text(half_us * (k - 1)) + " us/step; " + why + ")";
+         " kernels; in FP32 expect about " + factor_text(k) + "x that (+" + us_text(half_us * (k - 1)) + " us/step; " + why +
+         ")";
 }
 
 }  // namespace ampdiag::analyzer

@@ -103,7 +103,8 @@ void open(agent::Session& s, const std::string& path) {
 // encoder.1 is pinned and runs fp32 ones (forward 1200 ns: 3x per kernel), the loss runs
 // outside every module, and ampdiag's statistics kernel 100 ns. `overflow`: encoder.0's
 // output holds Inf.
-void step(agent::Session& s, SyntheticGpu& gpu, std::int64_t enc0, std::int64_t enc1, bool overflow = false) {
+void step(agent::Session& s, SyntheticGpu& gpu, std::int64_t enc0, std::int64_t enc1, bool overflow = false,
+          std::uint64_t fp32_ns = 1200) {
   s.begin_cycle();
   if (s.begin_range(enc0, GpuPhase::kForward, GpuKind::kFloat16)) {
     gpu.launch("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_tn", 400);
@@ -112,7 +113,7 @@ void step(agent::Session& s, SyntheticGpu& gpu, std::int64_t enc0, std::int64_t 
   float out[4] = {1, 2, 3, overflow ? std::numeric_limits<float>::infinity() : 4};
   s.activation(enc0, {{out, 4, kernels::DType::kFloat32}, {}, nullptr}, 0);
   if (s.begin_range(enc1, GpuPhase::kForward, GpuKind::kFloat32)) {
-    gpu.launch("ampere_sgemm_128x64_tn", 1200);
+    gpu.launch("ampere_sgemm_128x64_tn", fp32_ns);
     s.end_range();
   }
   gpu.launch("void at::native::mse_kernel<float>", 100);  // the step's own range: no module
@@ -192,7 +193,8 @@ TEST_CASE("the report gives the precision split and a pin cost measured from com
   INFO(cost);
   CHECK(cost.find("encoder.0 spends 0.8 us/step in fp16 kernels") != std::string::npos);
   CHECK(cost.find("about 3x that") != std::string::npos);
-  CHECK(cost.find("measured: the fp32 kernels of Linear modules") != std::string::npos);
+  CHECK(cost.find("measured: fp32 over fp16 time per kernel of the same module type in this run: Linear 3x") !=
+        std::string::npos);
   const std::string text = analyzer::render_text(report, analyzer::Gate("error"));
   CHECK(text.find("cost:     estimated cost: encoder.0 spends") != std::string::npos);
   CHECK(p.ampdiag_us == Approx(0.1));
@@ -243,7 +245,7 @@ TEST_CASE("without comparable fp32 kernels the pin cost states its assumption", 
     if (f.module == "encoder.0" && !f.suggestions.empty()) cost = f.suggestions.front().cost;
   INFO(cost);
   CHECK(cost.find("about 2x that") != std::string::npos);
-  CHECK(cost.find("assumed: this run has no fp32 kernels of a comparable module") != std::string::npos);
+  CHECK(cost.find("assumed 2x for Linear, which ran no comparable fp32 kernels in this run") != std::string::npos);
 }
 
 TEST_CASE("steps the sampling skips record no device time", "[profile]") {
@@ -290,4 +292,26 @@ TEST_CASE("a profiler that cannot start leaves one event, and the run goes on wi
   CHECK(text.find("device profile: unavailable (device profiling is unavailable, training goes on without it: "
                   "cuptiActivityEnable(EXTERNAL_CORRELATION) failed: CUPTI_ERROR_UNKNOWN (999))") != std::string::npos);
   CHECK(text.find("HEALTHY") == 0);  // an unavailable profiler is not a finding
+}
+
+TEST_CASE("fp32 kernels faster than the half ones are not taken as comparable: no cost below nothing", "[profile]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  auto gpu = std::make_shared<SyntheticGpu>();
+  {
+    agent::Session s(profiled(gpu));
+    open(s, path);
+    const auto enc0 = s.module_id("encoder.0", "Linear", "", "float16");
+    const auto enc1 = s.module_id("encoder.1", "Linear", "", "float32");  // a much smaller pinned Linear
+    for (int i = 0; i < 3; ++i) step(s, *gpu, enc0, enc1, i == 1, /*fp32_ns=*/100);
+    s.replay("encoder.0", "finite", 812.5, "");
+    s.close();
+  }
+  const auto report = analyzer::analyze({analyzer::load_run(path)});
+  std::string cost;
+  for (const auto& f : report.findings)
+    if (f.module == "encoder.0" && !f.suggestions.empty()) cost = f.suggestions.front().cost;
+  INFO(cost);
+  CHECK(cost.find("about 2x that (+0.8 us/step") != std::string::npos);
+  CHECK(cost.find("Linear's fp32 kernels were faster per kernel than its fp16 ones") != std::string::npos);
 }
