@@ -102,7 +102,7 @@ std::string pin_cost(const Run& run, const std::string& module) {
   const double steps = double(run.gpu.steps);
   const std::string precision = run.fp16() ? "fp16" : "bf16";
   if (half == 0)
-    return "estimated cost: none; " + module + " already runs its kernels in FP32 (" + us_text(double(fp32) / steps / 1e3) +
+    return "none: " + module + " already runs its kernels in FP32 (" + us_text(double(fp32) / steps / 1e3) +
            " us/step)";
   double expected = 0;
   std::string measured, assumed;
@@ -133,7 +133,7 @@ std::string pin_cost(const Run& run, const std::string& module) {
                                  : " (" + incomparable + "'s fp32 kernels were faster per kernel than its " + precision +
                                        " ones: smaller work)") +
            ": memory-bound kernels move twice the bytes in FP32, tensor-core GEMMs can be several times slower";
-  return "estimated cost: " + module + " spends " + us_text(half_us) + " us/step in " + precision +
+  return module + " spends " + us_text(half_us) + " us/step in " + precision +
          " kernels; in FP32 expect about " + factor_text(k) + "x that (+" + us_text(half_us * (k - 1)) + " us/step; " + why +
          ")";
 }

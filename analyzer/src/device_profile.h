@@ -11,7 +11,7 @@ namespace ampdiag::analyzer {
 
 DeviceProfile device_profile(const Run& run);
 
-// "estimated cost: ..." for running `module` (and everything inside it) in FP32; empty when
+// What running `module` (and everything inside it) in FP32 would cost, estimated; empty when
 // the run has no device time for it.
 std::string pin_cost(const Run& run, const std::string& module);
 

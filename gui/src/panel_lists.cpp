@@ -17,9 +17,17 @@ void App::findings(float x, float y, float w, float h) {
   place("Findings", x, y, w, h);
   if (report_.findings.empty()) ImGui::TextColored(ImVec4(0.4f, 0.85f, 0.4f, 1), "Healthy: nothing found.");
   // The device profile (profile=True): ampdiag's own share and where device time goes.
-  for (const auto& run : report_.runs)
-    for (const auto& line : analyzer::device_profile_lines(run))
-      ImGui::TextDisabled("%s", analyzer::printable(line).c_str());
+  for (const auto& run : report_.runs) {
+    const auto lines = analyzer::device_profile_lines(run);
+    if (lines.empty()) continue;
+    ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+    ImGui::TextWrapped("%s", analyzer::printable(lines.front()).c_str());
+    ImGui::PopStyleColor();
+    if (lines.size() > 1 && ImGui::TreeNode(&run, "device time by module (%zu)", lines.size() - 1)) {
+      for (std::size_t i = 1; i < lines.size(); ++i) ImGui::TextDisabled("%s", analyzer::printable(lines[i]).c_str());
+      ImGui::TreePop();
+    }
+  }
   int n = 0;
   for (const auto& f : report_.findings) {
     ImGui::PushID(n++);
