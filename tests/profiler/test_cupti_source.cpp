@@ -1,5 +1,5 @@
-// The CUPTI source itself. Without a device CUPTI refuses to enable (error 999 on a
-// machine without a driver): start() must say so in one line, and nothing else may fail.
+// The CUPTI source itself. Without a driver or device (this machine: no libcuda) start()
+// must say so in one line, before touching CUPTI, and nothing after it may fail.
 // With a device, a copy inside a pushed range comes back carrying the range's id.
 // Run as two ctest tests: "[nodevice]" (here) and "[device]" (exits 77, skipped, here).
 #define CATCH_CONFIG_RUNNER
