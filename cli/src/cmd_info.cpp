@@ -73,6 +73,7 @@ Info read_info(rundb::RunDbReader& r, bool full_check) {
   count("act_stats", [&] { return r.act_stats().size(); });
   count("replays", [&] { return r.replays().size(); });
   count("events", [&] { return r.events().size(); });
+  if (r.schema_version() >= 3) count("gpu_time", [&] { return r.gpu_time().size(); });
   if (r.has_summaries()) {
     count("grad_samples", [&] {
       std::size_t rows = 0;

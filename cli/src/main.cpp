@@ -7,6 +7,7 @@
 
 #include "ampdiag/analyzer/escape.h"
 #include "ampdiag/rundb/rows.h"
+#include "ampdiag/rundb/schema.h"
 #include "args.h"
 #include "commands.h"
 
@@ -37,7 +38,8 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   if (!std::strcmp(argv[1], "--version")) {
-    std::puts("ampdiag 0.1.0 (run.db format 1)");
+    std::printf("ampdiag 0.1.0 (writes run.db format %d, reads formats 1 to %d)\n", ampdiag::rundb::kSchemaVersion,
+                ampdiag::rundb::kSchemaVersion);
     return 0;
   }
   const std::string command = argv[1];

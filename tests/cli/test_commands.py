@@ -18,6 +18,11 @@ def test_top_level_help_and_version(run):
     assert run("--version").stdout.startswith("ampdiag 0.1.0")
 
 
+def test_version_names_the_run_db_format_the_writer_writes(run, test_runs):
+    info = json.loads(run("info", test_runs["healthy"], "--format", "json").stdout)
+    assert f"writes run.db format {info['format']}," in run("--version").stdout
+
+
 def test_layers_sorts_least_headroom_first(run, sample_dbs):
     rows = list(csv.DictReader(io.StringIO(run("layers", sample_dbs[("vit", True)], "--csv").stdout)))
     assert len(rows) == 28  # embed 2, two blocks of 12, head 2
