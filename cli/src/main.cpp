@@ -24,6 +24,7 @@ commands:
   diff BASE.db NEW.db          what got worse between two runs (exit 1 on a regression)
   export RUN.db                a table as CSV or JSON
   info RUN.db                  metadata, counts, integrity
+  whatif RUN.db                the run's gradients through another loss-scaler configuration
 
 `ampdiag COMMAND --help` describes each. Exit codes: 0 healthy, 1 findings that fail the
 gate, 2 usage or input error.
@@ -50,7 +51,8 @@ int main(int argc, char** argv) {
     if (command == "diff") return cmd_diff(argc - 2, argv + 2);
     if (command == "export") return cmd_export(argc - 2, argv + 2);
     if (command == "info") return cmd_info(argc - 2, argv + 2);
-    std::fprintf(stderr, "ampdiag: unknown command '%s' (commands: report, layers, timeline, diff, export, info)\n",
+    if (command == "whatif") return cmd_whatif(argc - 2, argv + 2);
+    std::fprintf(stderr, "ampdiag: unknown command '%s' (commands: report, layers, timeline, diff, export, info, whatif)\n",
                  ampdiag::analyzer::printable(command).c_str());
     return 2;
   } catch (const UsageError& e) {

@@ -1,0 +1,71 @@
+// What-if loss-scaler replay: the recorded run's gradient magnitudes (the largest finite
+// |g| per step, divided by the scale it was recorded at) run through another scaler
+// configuration, predicting its skipped steps and scale trajectory.
+//
+// What is known of a step under scale s, recorded at scale S:
+//   - its forward went NaN/Inf (a probed module, or a NaN/Inf loss): skipped at any scale;
+//   - finite at S with statistics: its largest |g| is m * S, so it overflows iff m * s > max;
+//   - finite at S without statistics (sampling): finite for s <= S, unknown above;
+//   - overflowed at S (censored: m is only known to exceed max / S): overflows for s >= S,
+//     unknown below.
+// Unknown steps are resolved both ways: two replays bound the prediction. The estimate in
+// between gives an unknown step the magnitude of the nearest recorded steps around it,
+// kept within what the recording says of it (above max / S for an overflow, at most
+// max / S for a finite step); a censored step with no larger neighbour is taken to be just
+// above max / S (the smallest overflow consistent with it). Gradients are
+// assumed not to depend on the scaler (the same data, the same weights up to the skipped
+// updates), and only the parameters' gradients are seen: an overflow inside backward that
+// leaves them finite is not (the prediction is then optimistic).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ampdiag/analyzer/run.h"
+
+namespace ampdiag::analyzer {
+
+struct ScalerConfig {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  std::int64_t growth_interval = 2000;
+  double min_scale = 0.0;  // a floor for back-offs (not torch's: some scalers have one); 0: none
+
+  // Throws std::invalid_argument naming the bad setting (as torch's GradScaler checks them).
+  void check() const;
+  std::string describe() const;  // "init 65536, growth 2 every 2000, backoff 0.5"
+};
+
+// The configuration the run was recorded with (meta), torch's defaults where it says nothing.
+ScalerConfig recorded_config(const Run& run);
+
+// One bounding replay.
+struct ScalerReplay {
+  std::int64_t skipped = 0;
+  double lowest_scale = 0.0, final_scale = 0.0;  // scale used by a step; after the last update
+  std::vector<double> scales;                    // the scale each step ran at
+  std::vector<bool> skips;
+};
+
+struct WhatIf {
+  ScalerConfig config;
+  std::int64_t steps = 0;
+  ScalerReplay estimate;                 // unknown steps from their neighbours (see above)
+  ScalerReplay optimistic, pessimistic;  // unknown steps finite / overflowing
+  std::int64_t always_skipped = 0;       // forward NaN/Inf: skipped at any scale
+  std::int64_t censored = 0;             // overflowed when recorded, so only bounded below
+  std::int64_t unrecorded = 0;           // finite when recorded but without statistics
+  // Steps whose outcome differs between the two replays: where the bounds come from.
+  std::vector<std::int64_t> uncertain_steps;
+};
+
+// Throws std::invalid_argument for a run without a loss scaler (bf16) or a bad config.
+WhatIf what_if(const Run& run, const ScalerConfig& config);
+
+// A small grid of configurations around torch's defaults, best first: fewest estimated
+// skips, then fewest in the pessimistic bound, then the highest lowest scale (less underflow).
+std::vector<WhatIf> search_configs(const Run& run);
+
+}  // namespace ampdiag::analyzer

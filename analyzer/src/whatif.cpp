@@ -1,0 +1,208 @@
+// what_if() and search_configs(); see whatif.h.
+#include "ampdiag/analyzer/whatif.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <stdexcept>
+
+#include "ampdiag/analyzer/causes.h"
+
+namespace ampdiag::analyzer {
+
+namespace {
+
+enum class Known { kFinite, kOverflow, kMagnitude, kFiniteUpTo, kOverflowFrom };
+
+// What the recording says of one step, independent of the scale replayed.
+struct StepFacts {
+  Known kind = Known::kFiniteUpTo;
+  double magnitude = 0.0;  // kMagnitude: the largest finite |g| unscaled
+  double scale = 0.0;      // the scale it was recorded at
+  double estimate = 0.0;   // kFiniteUpTo, kOverflowFrom: the magnitude the estimate assumes
+};
+
+// Fills `estimate` for the steps known on one side only: the larger magnitude of the nearest
+// measured steps before and after, within what the step's own outcome allows.
+void estimate_unknown(std::vector<StepFacts>& facts, double fp_max) {
+  const std::size_t n = facts.size();
+  std::vector<double> before(n, 0.0), after(n, 0.0);
+  double last = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    before[i] = last;
+    if (facts[i].kind == Known::kMagnitude) last = facts[i].magnitude;
+  }
+  last = 0.0;
+  for (std::size_t i = n; i-- > 0;) {
+    after[i] = last;
+    if (facts[i].kind == Known::kMagnitude) last = facts[i].magnitude;
+  }
+  // Overflows the parameters' gradients do not explain: backward overflowed inside (an
+  // activation's gradient), by a factor the parameters' magnitudes do not show. Each such
+  // overflow is a lower bound on that factor; the largest, capped so that no recorded
+  // finite step would have overflowed with it, scales every magnitude the estimate uses.
+  double hidden = 1.0, cap = INFINITY;
+  for (std::size_t i = 0; i < n; ++i) {
+    const StepFacts& f = facts[i];
+    const double near = std::max(before[i], after[i]);
+    if (f.kind == Known::kOverflowFrom && near > 0) hidden = std::max(hidden, fp_max / f.scale / near);
+    if (f.kind == Known::kMagnitude && f.magnitude > 0) cap = std::min(cap, fp_max / f.scale / f.magnitude);
+  }
+  hidden = std::max(1.0, std::min(hidden, cap));
+  for (std::size_t i = 0; i < n; ++i) {
+    StepFacts& f = facts[i];
+    const double near = std::max(before[i], after[i]) * hidden;
+    const double edge = fp_max / f.scale;  // the largest magnitude finite at its scale
+    if (f.kind == Known::kMagnitude) f.estimate = f.magnitude * hidden;
+    if (f.kind == Known::kFiniteUpTo) f.estimate = std::min(near, edge);
+    if (f.kind == Known::kOverflowFrom) f.estimate = std::max(near, std::nextafter(edge, INFINITY));
+  }
+}
+
+std::vector<StepFacts> facts_of(const Run& run, WhatIf& w) {
+  // The largest finite |g| and whether anything was non-finite, per sampled step.
+  std::map<std::int64_t, std::pair<float, bool>> sampled;
+  for (const auto& layer : run.layers)
+    for (const auto& s : layer.samples) {
+      auto& [absmax, nonfinite] = sampled[s.step];
+      absmax = std::max(absmax, s.absmax);
+      nonfinite = nonfinite || s.nonfinite;
+    }
+  std::vector<StepFacts> facts;
+  facts.reserve(run.steps.size());
+  for (const auto& step : run.steps) {
+    StepFacts f;
+    f.scale = step.row.scale_before;
+    const bool loss_nonfinite = run.loss_known(step.row) && !std::isfinite(step.row.loss);
+    const bool overflowed = step.row.found_inf || step.row.skipped;
+    if (overflowed && (loss_nonfinite || step_cause(run, step).forward_known)) {
+      f.kind = Known::kOverflow;
+      ++w.always_skipped;
+    } else if (overflowed) {
+      f.kind = Known::kOverflowFrom;
+      ++w.censored;
+    } else if (const auto it = sampled.find(step.row.step); it != sampled.end() && !it->second.second) {
+      f.kind = Known::kMagnitude;
+      f.magnitude = double(it->second.first) / f.scale;
+    } else {
+      f.kind = Known::kFiniteUpTo;
+      ++w.unrecorded;
+    }
+    facts.push_back(f);
+  }
+  return facts;
+}
+
+enum class Resolve { kFinite, kOverflow, kEstimate };
+
+// Whether the step overflows at `scale`; `resolve` decides what the recording cannot tell.
+bool overflows(const StepFacts& f, double scale, double fp_max, Resolve resolve) {
+  const bool unknown = resolve == Resolve::kEstimate ? f.estimate * scale > fp_max : resolve == Resolve::kOverflow;
+  // The estimate also carries the overflow inside backward that the recording implies.
+  if (resolve == Resolve::kEstimate && f.kind == Known::kMagnitude) return f.estimate * scale > fp_max;
+  switch (f.kind) {
+    case Known::kOverflow: return true;
+    case Known::kFinite: return false;
+    case Known::kMagnitude: return f.magnitude * scale > fp_max;
+    case Known::kFiniteUpTo: return scale <= f.scale ? false : unknown;
+    case Known::kOverflowFrom: return scale >= f.scale ? true : unknown;
+  }
+  return unknown;
+}
+
+// torch.amp.GradScaler's update (torch._amp_update_scale_), with the optional floor.
+ScalerReplay replay(const std::vector<StepFacts>& facts, const ScalerConfig& c, double fp_max, Resolve unknown) {
+  ScalerReplay r;
+  double scale = c.init_scale;
+  std::int64_t tracker = 0;
+  r.lowest_scale = scale;
+  for (const auto& f : facts) {
+    r.scales.push_back(scale);
+    r.lowest_scale = std::min(r.lowest_scale, scale);
+    const bool skip = overflows(f, scale, fp_max, unknown);
+    r.skips.push_back(skip);
+    if (skip) {
+      ++r.skipped;
+      scale = std::max(scale * c.backoff_factor, c.min_scale);
+      tracker = 0;
+    } else if (++tracker == c.growth_interval) {
+      if (std::isfinite(scale * c.growth_factor)) scale *= c.growth_factor;
+      tracker = 0;
+    }
+  }
+  r.final_scale = scale;
+  return r;
+}
+
+std::string number(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+}  // namespace
+
+void ScalerConfig::check() const {
+  if (!(init_scale > 0) || !std::isfinite(init_scale)) throw std::invalid_argument("--init-scale must be a positive finite number");
+  if (!(growth_factor > 1) || !std::isfinite(growth_factor)) throw std::invalid_argument("--growth-factor must be above 1");
+  if (!(backoff_factor > 0 && backoff_factor < 1)) throw std::invalid_argument("--backoff-factor must be between 0 and 1");
+  if (growth_interval < 1) throw std::invalid_argument("--growth-interval must be a positive number of steps");
+  if (!(min_scale >= 0) || !std::isfinite(min_scale)) throw std::invalid_argument("--min-scale must be 0 (none) or positive");
+}
+
+std::string ScalerConfig::describe() const {
+  return "init " + number(init_scale) + ", growth " + number(growth_factor) + " every " + std::to_string(growth_interval) +
+         ", backoff " + number(backoff_factor) + (min_scale > 0 ? ", floor " + number(min_scale) : std::string());
+}
+
+ScalerConfig recorded_config(const Run& run) {
+  ScalerConfig c;
+  auto real = [&](const char* key, double fallback) {
+    const std::string v = run.meta_or(key, "");
+    return v.empty() ? fallback : std::atof(v.c_str());
+  };
+  c.init_scale = real("scaler_init_scale", c.init_scale);
+  c.growth_factor = real("scaler_growth_factor", c.growth_factor);
+  c.backoff_factor = real("scaler_backoff_factor", c.backoff_factor);
+  c.growth_interval = std::int64_t(real("scaler_growth_interval", double(c.growth_interval)));
+  return c;
+}
+
+WhatIf what_if(const Run& run, const ScalerConfig& config) {
+  if (!run.has_scaler()) throw std::invalid_argument(run.path + ": the run had no loss scaler (bf16): there is nothing to replay");
+  config.check();
+  WhatIf w;
+  w.config = config;
+  w.steps = std::int64_t(run.steps.size());
+  std::vector<StepFacts> facts = facts_of(run, w);
+  estimate_unknown(facts, run.fp_max);
+  w.estimate = replay(facts, config, run.fp_max, Resolve::kEstimate);
+  w.optimistic = replay(facts, config, run.fp_max, Resolve::kFinite);
+  w.pessimistic = replay(facts, config, run.fp_max, Resolve::kOverflow);
+  for (std::size_t i = 0; i < facts.size(); ++i)
+    if (w.optimistic.skips[i] != w.pessimistic.skips[i]) w.uncertain_steps.push_back(run.steps[i].row.step);
+  return w;
+}
+
+std::vector<WhatIf> search_configs(const Run& run) {
+  std::vector<WhatIf> out;
+  for (double init : {1024.0, 8192.0, 65536.0, 1048576.0})
+    for (std::int64_t interval : {100, 500, 2000})
+      for (double backoff : {0.5, 0.25}) {
+        ScalerConfig c;
+        c.init_scale = init;
+        c.growth_interval = interval;
+        c.backoff_factor = backoff;
+        out.push_back(what_if(run, c));
+      }
+  std::stable_sort(out.begin(), out.end(), [](const WhatIf& a, const WhatIf& b) {
+    if (a.estimate.skipped != b.estimate.skipped) return a.estimate.skipped < b.estimate.skipped;
+    if (a.pessimistic.skipped != b.pessimistic.skipped) return a.pessimistic.skipped < b.pessimistic.skipped;
+    return a.estimate.lowest_scale > b.estimate.lowest_scale;
+  });
+  return out;
+}
+
+}  // namespace ampdiag::analyzer

@@ -1,0 +1,173 @@
+// What-if scaler replay against an independent simulation: "true" per-step gradient
+// magnitudes, recorded under one torch-style scaler (simulated here, step by step, as
+// torch._amp_update_scale_ does it), then predicted under another and compared with the
+// same simulation run under that other configuration.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "ampdiag/analyzer/run.h"
+#include "ampdiag/analyzer/whatif.h"
+#include "../rundb/temp_dir.h"
+#include "run_fixture.h"
+
+using namespace ampdiag;
+using analyzer::ScalerConfig;
+using test::RunFixture;
+using test::TempDir;
+
+namespace {
+
+constexpr double kFp16Max = 65504.0;
+
+struct Simulated {
+  std::vector<double> scales;
+  std::vector<bool> skips;
+  std::int64_t skipped = 0;
+};
+
+// The scaler over true magnitudes m[t] (largest |g| before scaling).
+Simulated simulate(const std::vector<double>& m, const ScalerConfig& c) {
+  Simulated s;
+  double scale = c.init_scale;
+  std::int64_t good = 0;
+  for (double magnitude : m) {
+    s.scales.push_back(scale);
+    const bool overflow = magnitude * scale > kFp16Max;
+    s.skips.push_back(overflow);
+    s.skipped += overflow;
+    if (overflow) {
+      scale *= c.backoff_factor;
+      good = 0;
+    } else if (++good == c.growth_interval) {
+      scale *= c.growth_factor;
+      good = 0;
+    }
+  }
+  return s;
+}
+
+// Records the simulated run as the agent would: scaled abs-max on finite steps, Inf on the
+// overflowing ones; `every`: statistics on every N-th finite step only.
+analyzer::Run record(const std::string& path, const std::vector<double>& m, const ScalerConfig& c, int every = 1) {
+  const Simulated s = simulate(m, c);
+  {
+    RunFixture f(path, {"w"});
+    f.meta("scaler_init_scale", std::to_string(c.init_scale));
+    f.meta("scaler_growth_interval", std::to_string(c.growth_interval));
+    f.meta("scaler_backoff_factor", std::to_string(c.backoff_factor));
+    f.meta("scaler_growth_factor", std::to_string(c.growth_factor));
+    for (std::size_t t = 0; t < m.size(); ++t) {
+      const double after = t + 1 < m.size() ? s.scales[t + 1] : s.scales[t];
+      if (s.skips[t])
+        f.step(s.scales[t], after, 1.0, {"w"});
+      else if (t % std::size_t(every) == 0)
+        f.step(s.scales[t], after, m[t] * s.scales[t]);
+      else
+        f.step(s.scales[t], after, 1.0, {}, 0.5, {"none"});  // no statistics this step
+    }
+    f.finish();
+  }
+  return analyzer::load_run(path);
+}
+
+ScalerConfig config(double init, std::int64_t interval, double backoff = 0.5) {
+  ScalerConfig c;
+  c.init_scale = init;
+  c.growth_interval = interval;
+  c.backoff_factor = backoff;
+  return c;
+}
+
+// Smooth magnitudes around `level`, slowly falling, with a few steps twice as large.
+std::vector<double> magnitudes(std::size_t n, double level) {
+  std::vector<double> m;
+  for (std::size_t t = 0; t < n; ++t) m.push_back(level * (1.0 - 0.002 * double(t)) * (t % 17 == 5 ? 2.0 : 1.0));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("replaying the recorded configuration gives back the recorded skips and scales", "[whatif]") {
+  TempDir dir;
+  const auto m = magnitudes(80, 30.0);
+  const ScalerConfig a = config(65536, 5);
+  const auto run = record(dir.file("a.db"), m, a);
+  const auto truth = simulate(m, a);
+  const auto w = analyzer::what_if(run, analyzer::recorded_config(run));
+  CHECK(w.uncertain_steps.empty());
+  CHECK(w.estimate.skipped == truth.skipped);
+  CHECK(w.optimistic.skipped == truth.skipped);
+  CHECK(w.pessimistic.skipped == truth.skipped);
+  CHECK(w.estimate.scales == truth.scales);
+}
+
+TEST_CASE("another configuration is predicted as the same magnitudes would run under it", "[whatif]") {
+  TempDir dir;
+  const auto m = magnitudes(120, 30.0);
+  const auto run = record(dir.file("a.db"), m, config(65536, 10));
+  for (const ScalerConfig& b : {config(1024, 10), config(256, 4), config(4096, 50, 0.25), config(65536, 2)}) {
+    INFO(b.describe());
+    const auto truth = simulate(m, b);
+    const auto w = analyzer::what_if(run, b);
+    CHECK(std::abs(w.estimate.skipped - truth.skipped) <= 1);
+    CHECK(w.optimistic.skipped <= truth.skipped);
+    CHECK(w.pessimistic.skipped >= truth.skipped);
+  }
+}
+
+TEST_CASE("a step that overflowed when recorded is only bounded below", "[whatif]") {
+  TempDir dir;
+  // Step 2 overflowed at 4096: its magnitude is only known to exceed 65504 / 4096 = 16.
+  const std::vector<double> m = {10, 10, 40, 10, 10};
+  const auto run = record(dir.file("a.db"), m, config(4096, 1000));
+  SECTION("at the recorded scale or above it overflows for certain") {
+    const auto w = analyzer::what_if(run, config(8192, 1000));
+    CHECK(w.uncertain_steps.empty());
+    CHECK(w.estimate.skips[2]);
+  }
+  SECTION("below it the recording cannot tell, and says which step") {
+    const auto w = analyzer::what_if(run, config(2048, 1000));
+    CHECK(w.censored == 1);
+    CHECK(w.uncertain_steps == std::vector<std::int64_t>{2});
+    CHECK_FALSE(w.optimistic.skips[2]);
+    CHECK(w.pessimistic.skips[2]);
+    // The estimate takes the smallest overflow consistent with the record (just above 16),
+    // which 2048 does not reach (16 * 2048 = 32768).
+    CHECK_FALSE(w.estimate.skips[2]);
+  }
+}
+
+TEST_CASE("steps without statistics are finite below their recorded scale and unknown above", "[whatif]") {
+  TempDir dir;
+  const auto m = magnitudes(40, 30.0);
+  const auto run = record(dir.file("a.db"), m, config(1024, 1000), /*every=*/4);
+  const auto lower = analyzer::what_if(run, config(512, 1000));
+  CHECK(lower.uncertain_steps.empty());
+  CHECK(lower.estimate.skipped == simulate(m, config(512, 1000)).skipped);
+  const auto higher = analyzer::what_if(run, config(4096, 1000));
+  CHECK(higher.unrecorded > 0);
+  CHECK(higher.optimistic.skipped <= higher.pessimistic.skipped);
+}
+
+TEST_CASE("what_if refuses a run without a scaler and a malformed configuration", "[whatif]") {
+  TempDir dir;
+  auto run = record(dir.file("a.db"), magnitudes(10, 1.0), config(1024, 10));
+  CHECK_THROWS_AS(analyzer::what_if(run, config(0, 10)), std::invalid_argument);
+  CHECK_THROWS_AS(analyzer::what_if(run, config(1024, 0)), std::invalid_argument);
+  CHECK_THROWS_AS(analyzer::what_if(run, config(1024, 10, 1.5)), std::invalid_argument);
+  run.meta["scaler_enabled"] = "0";
+  CHECK_THROWS_WITH(analyzer::what_if(run, config(1024, 10)), Catch::Contains("no loss scaler"));
+}
+
+TEST_CASE("the search recommends the configuration with the fewest predicted skips", "[whatif]") {
+  TempDir dir;
+  const auto m = magnitudes(200, 30.0);
+  const auto run = record(dir.file("a.db"), m, config(65536, 2000));
+  const auto ranked = analyzer::search_configs(run);
+  REQUIRE(ranked.size() > 1);
+  for (std::size_t i = 1; i < ranked.size(); ++i) CHECK(ranked[0].estimate.skipped <= ranked[i].estimate.skipped);
+  CHECK(ranked[0].estimate.skipped < analyzer::what_if(run, analyzer::recorded_config(run)).estimate.skipped);
+}
