@@ -1,0 +1,99 @@
+"""`ampdiag whatif` against the real torch.amp.GradScaler: the vit_overflow sample's model
+trained under one scaler configuration with ampdiag attached, then trained again, without
+it, under others; the prediction for each must match what the real scaler did (skipped
+steps within one)."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import ampdiag as agent
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "samples" / "python"))
+import vit_overflow as vit  # noqa: E402
+
+STEPS = 60
+
+
+def train(init_scale, growth_interval, backoff_factor=0.5, db=None):
+    """The sample's loop; returns (skipped steps, lowest scale)."""
+    torch.manual_seed(0)
+    model = vit.Vit()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval,
+                                  backoff_factor=backoff_factor)
+    x, y = torch.randn(vit.BATCH, vit.TOKENS, vit.DIM), torch.randn(vit.BATCH, 1)
+    handle = agent.attach(model, scaler, db=db) if db else None
+    skipped, lowest = 0, init_scale
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.mse_loss(model(x).float(), y)
+        scaler.scale(loss).backward()
+        before = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        skipped += scaler.get_scale() < before
+        lowest = min(lowest, scaler.get_scale())
+    if handle:
+        handle.close()
+    return skipped, lowest
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    db = tmp_path_factory.mktemp("whatif") / "a.db"
+    train(65536.0, 10, db=db)
+    return db
+
+
+@pytest.mark.parametrize("init_scale, growth_interval, backoff_factor",
+                         [(1024.0, 10, 0.5), (256.0, 5, 0.5), (1024.0, 100, 0.25), (8192.0, 2000, 0.5)])
+def test_the_prediction_matches_a_rerun_under_that_configuration(recorded, ampdiag, init_scale, growth_interval,
+                                                                 backoff_factor):
+    result = ampdiag("whatif", recorded, "--init-scale", init_scale, "--growth-interval", growth_interval,
+                     "--backoff-factor", backoff_factor, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    predicted = json.loads(result.stdout)["predictions"][0]
+    skipped, lowest = train(init_scale, growth_interval, backoff_factor)
+    assert abs(predicted["estimate"]["skipped"] - skipped) <= 1, (predicted, skipped)
+    assert predicted["estimate"]["lowest_scale"] == lowest
+
+
+def test_the_search_recommends_fewer_skips_than_the_recorded_configuration_and_a_rerun_agrees(recorded, ampdiag):
+    result = ampdiag("whatif", recorded, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    best = report["predictions"][0]
+    assert best["estimate"]["skipped"] < report["recorded"]["skipped"]
+    c = best["config"]
+    skipped, _ = train(c["init_scale"], c["growth_interval"], c["backoff_factor"])
+    assert abs(best["estimate"]["skipped"] - skipped) <= 1
+    text = ampdiag("whatif", recorded).stdout
+    assert "Recommended: torch.amp.GradScaler(" in text
+
+
+def test_bad_options_are_refused_with_the_option_named(recorded, ampdiag):
+    result = ampdiag("whatif", recorded, "--growth-interval", "0")
+    assert result.returncode == 2
+    assert "--growth-interval" in result.stderr
+
+
+def test_a_bf16_run_without_a_scaler_is_refused(tmp_path, ampdiag):
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    db = tmp_path / "bf16.db"
+    with agent.attach(model, optimizer=optimizer, db=db):
+        for _ in range(3):
+            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(torch.randn(4, 8)).float().pow(2).mean()
+            loss.backward()
+            optimizer.step()
+    result = ampdiag("whatif", db)
+    assert result.returncode == 2
+    assert "without a loss scaler" in result.stderr
