@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "ampdiag/analyzer/causes.h"
+#include "ampdiag/rundb/reader.h"
 
 namespace ampdiag::analyzer {
 
@@ -136,6 +137,27 @@ ScalerReplay replay(const std::vector<StepFacts>& facts, const ScalerConfig& c, 
   return r;
 }
 
+// fp16 rounds |x| < 2^-25 to zero (2^-25 itself ties to even: zero; above it rounds up to
+// 2^-24, the smallest subnormal). Bin b >= 1 holds 2^e <= |x| < 2^(e+1), e = kHistMinExp + b - 1;
+// bin 0 everything below 2^kHistMinExp.
+double underflow_share(const Run& run, const ScalerReplay& r, const StepHistograms& histograms) {
+  double flushed = 0, total = 0;
+  for (std::size_t i = 0; i < run.steps.size(); ++i) {
+    if (r.skips[i]) continue;
+    const auto h = histograms.find(run.steps[i].row.step);
+    if (h == histograms.end() || h->second.size() != std::size_t(rundb::kHistBins)) continue;
+    const double shift = std::log2(r.scales[i] / run.steps[i].row.scale_before);
+    for (int b = 0; b < rundb::kHistBins; ++b) {
+      const double count = double(h->second[std::size_t(b)]);
+      total += count;
+      // The top of the bin after the shift: below 2^-25 every value in it flushes.
+      const double top = b == 0 ? rundb::kHistMinExp + shift : rundb::kHistMinExp + (b - 1) + 1 + shift;
+      if (b < rundb::kHistBins - 1 && top <= -25.0) flushed += count;
+    }
+  }
+  return total > 0 ? flushed / total : -1.0;
+}
+
 std::string number(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%g", v);
@@ -170,7 +192,19 @@ ScalerConfig recorded_config(const Run& run) {
   return c;
 }
 
-WhatIf what_if(const Run& run, const ScalerConfig& config) {
+StepHistograms read_step_histograms(const std::string& path) {
+  StepHistograms out;
+  rundb::RunDbReader reader(path);
+  reader.for_each_grad_stat([&](const rundb::GradStatRow& g) {
+    if (g.histogram.empty() || g.stats.nan + g.stats.inf > 0) return;
+    auto& sum = out[g.step];
+    sum.resize(rundb::kHistBins, 0);
+    for (int b = 0; b < rundb::kHistBins; ++b) sum[std::size_t(b)] += g.histogram[std::size_t(b)];
+  });
+  return out;
+}
+
+WhatIf what_if(const Run& run, const ScalerConfig& config, const StepHistograms* histograms) {
   if (!run.has_scaler()) throw std::invalid_argument(run.path + ": the run had no loss scaler (bf16): there is nothing to replay");
   config.check();
   WhatIf w;
@@ -183,10 +217,11 @@ WhatIf what_if(const Run& run, const ScalerConfig& config) {
   w.pessimistic = replay(facts, config, run.fp_max, Resolve::kOverflow);
   for (std::size_t i = 0; i < facts.size(); ++i)
     if (w.optimistic.skips[i] != w.pessimistic.skips[i]) w.uncertain_steps.push_back(run.steps[i].row.step);
+  if (histograms && !histograms->empty()) w.underflow = underflow_share(run, w.estimate, *histograms);
   return w;
 }
 
-std::vector<WhatIf> search_configs(const Run& run) {
+std::vector<WhatIf> search_configs(const Run& run, const StepHistograms* histograms) {
   std::vector<WhatIf> out;
   for (double init : {1024.0, 8192.0, 65536.0, 1048576.0})
     for (std::int64_t interval : {100, 500, 2000})
@@ -195,10 +230,11 @@ std::vector<WhatIf> search_configs(const Run& run) {
         c.init_scale = init;
         c.growth_interval = interval;
         c.backoff_factor = backoff;
-        out.push_back(what_if(run, c));
+        out.push_back(what_if(run, c, histograms));
       }
   std::stable_sort(out.begin(), out.end(), [](const WhatIf& a, const WhatIf& b) {
     if (a.estimate.skipped != b.estimate.skipped) return a.estimate.skipped < b.estimate.skipped;
+    if (a.underflow != b.underflow) return a.underflow < b.underflow;
     if (a.pessimistic.skipped != b.pessimistic.skipped) return a.pessimistic.skipped < b.pessimistic.skipped;
     return a.estimate.lowest_scale > b.estimate.lowest_scale;
   });

@@ -64,6 +64,11 @@ std::string prediction_text(const analyzer::WhatIf& w) {
   if (!w.uncertain_steps.empty())
     s += " (bounds: lowest " + range(w.pessimistic.lowest_scale, w.optimistic.lowest_scale) + ", final " +
          range(w.pessimistic.final_scale, w.optimistic.final_scale) + ")";
+  if (w.underflow >= 0) {
+    char share[32];
+    std::snprintf(share, sizeof share, "%.3g %%", 100 * w.underflow);
+    s += std::string("\n  flushed to zero in fp16: ") + share + " of the recorded non-zero gradient values";
+  }
   return s + "\n";
 }
 
@@ -84,7 +89,8 @@ std::string prediction_json(const analyzer::WhatIf& w) {
          "}, \"skipped\": [" + number(w.optimistic.skipped) + ", " + number(w.pessimistic.skipped) +
          "], \"lowest_scale\": [" + number(w.pessimistic.lowest_scale) + ", " + number(w.optimistic.lowest_scale) +
          "], \"final_scale\": [" + number(w.pessimistic.final_scale) + ", " + number(w.optimistic.final_scale) +
-         "], \"uncertain_steps\": [" + uncertain + "]}";
+         "], \"uncertain_steps\": [" + uncertain + "], \"underflow_share\": " +
+         (w.underflow >= 0 ? number(w.underflow) : std::string("null")) + "}";
 }
 
 }  // namespace
@@ -114,14 +120,19 @@ int cmd_whatif(int argc, char** argv) {
   asked.backoff_factor = args.number("--backoff-factor", recorded.backoff_factor, 0.0, 1.0);
   asked.growth_interval = args.integer("--growth-interval", recorded.growth_interval, 1, 1000000000);
   asked.min_scale = args.number("--min-scale", 0.0, 0.0, 1e38);
+  // The underflow share needs each step's exponent histograms (attach(histogram=True)).
+  analyzer::StepHistograms histograms;
+  if (run.meta_or("histogram", "0") == "1") histograms = analyzer::read_step_histograms(run.path);
+  const analyzer::StepHistograms* hist = histograms.empty() ? nullptr : &histograms;
   std::vector<analyzer::WhatIf> predictions;
   try {
     asked.check();
-    predictions = search ? analyzer::search_configs(run) : std::vector<analyzer::WhatIf>{analyzer::what_if(run, asked)};
+    predictions = search ? analyzer::search_configs(run, hist)
+                         : std::vector<analyzer::WhatIf>{analyzer::what_if(run, asked, hist)};
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  const analyzer::WhatIf as_recorded = analyzer::what_if(run, recorded);
+  const analyzer::WhatIf as_recorded = analyzer::what_if(run, recorded, hist);
   std::int64_t skipped = 0;
   for (const auto& s : run.steps) skipped += s.row.skipped ? 1 : 0;
 
@@ -141,6 +152,9 @@ int cmd_whatif(int argc, char** argv) {
             " steps with NaN/Inf in forward (skipped at any scale), " + std::to_string(as_recorded.censored) +
             " overflowed (only a lower bound on their gradients), " + std::to_string(as_recorded.unrecorded) +
             " finite without statistics (sampling).\n";
+    if (!hist) text += "No exponent histograms were recorded (attach(histogram=True)): no underflow prediction.\n";
+    else if (as_recorded.underflow >= 0)
+      text += "As recorded, " + num(100 * as_recorded.underflow) + " % of the non-zero gradient values were below fp16's range.\n";
     if (search) {
       text += "\nSearched " + std::to_string(predictions.size()) + " configurations; the best first:\n";
       for (std::size_t i = 0; i < predictions.size() && i < 5; ++i)

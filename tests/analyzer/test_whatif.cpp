@@ -51,10 +51,12 @@ Simulated simulate(const std::vector<double>& m, const ScalerConfig& c) {
 
 // Records the simulated run as the agent would: scaled abs-max on finite steps, Inf on the
 // overflowing ones; `every`: statistics on every N-th finite step only.
-analyzer::Run record(const std::string& path, const std::vector<double>& m, const ScalerConfig& c, int every = 1) {
+analyzer::Run record(const std::string& path, const std::vector<double>& m, const ScalerConfig& c, int every = 1,
+                     bool histograms = false) {
   const Simulated s = simulate(m, c);
   {
     RunFixture f(path, {"w"});
+    if (histograms) f.histograms();
     f.meta("scaler_init_scale", std::to_string(c.init_scale));
     f.meta("scaler_growth_interval", std::to_string(c.growth_interval));
     f.meta("scaler_backoff_factor", std::to_string(c.backoff_factor));
@@ -170,4 +172,28 @@ TEST_CASE("the search recommends the configuration with the fewest predicted ski
   REQUIRE(ranked.size() > 1);
   for (std::size_t i = 1; i < ranked.size(); ++i) CHECK(ranked[0].estimate.skipped <= ranked[i].estimate.skipped);
   CHECK(ranked[0].estimate.skipped < analyzer::what_if(run, analyzer::recorded_config(run)).estimate.skipped);
+}
+
+TEST_CASE("with histograms the share of values a lower scale flushes to zero is predicted", "[whatif]") {
+  TempDir dir;
+  const auto path = dir.file("a.db");
+  // Recorded at 1024 throughout: per row, 100 values at the abs-max (30 * 1024) and the rest
+  // (3996) at 1e-3, the fixture's smallest non-zero value.
+  const std::vector<double> m(10, 30.0);
+  const auto run = record(path, m, config(1024, 1000), 1, /*histograms=*/true);
+  const auto histograms = analyzer::read_step_histograms(path);
+  REQUIRE(histograms.size() == m.size());
+  // The same values, computed directly: v * s / 1024 below 2^-25 rounds to zero in fp16.
+  const auto expected = [](double s) {
+    double flushed = 0;
+    for (const auto& [value, count] : {std::pair{30.0 * 1024, 100.0}, std::pair{1e-3, 3996.0}})
+      if (value * s / 1024 < std::ldexp(1.0, -25)) flushed += count;
+    return flushed / 4096;
+  };
+  for (double s : {1024.0, 32.0, std::ldexp(1.0, -10), std::ldexp(1.0, -30)}) {
+    INFO("scale " << s);
+    const auto w = analyzer::what_if(run, config(s, 1000), &histograms);
+    CHECK(w.underflow == Approx(expected(s)));
+  }
+  CHECK(analyzer::what_if(run, config(1024, 1000)).underflow == -1.0);  // no histograms given
 }

@@ -18,7 +18,7 @@ import vit_overflow as vit  # noqa: E402
 STEPS = 60
 
 
-def train(init_scale, growth_interval, backoff_factor=0.5, db=None):
+def train(init_scale, growth_interval, backoff_factor=0.5, db=None, histogram=False):
     """The sample's loop; returns (skipped steps, lowest scale)."""
     torch.manual_seed(0)
     model = vit.Vit()
@@ -26,7 +26,7 @@ def train(init_scale, growth_interval, backoff_factor=0.5, db=None):
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval,
                                   backoff_factor=backoff_factor)
     x, y = torch.randn(vit.BATCH, vit.TOKENS, vit.DIM), torch.randn(vit.BATCH, 1)
-    handle = agent.attach(model, scaler, db=db) if db else None
+    handle = agent.attach(model, scaler, db=db, histogram=histogram) if db else None
     skipped, lowest = 0, init_scale
     for _ in range(STEPS):
         optimizer.zero_grad()
@@ -97,3 +97,17 @@ def test_a_bf16_run_without_a_scaler_is_refused(tmp_path, ampdiag):
     result = ampdiag("whatif", db)
     assert result.returncode == 2
     assert "without a loss scaler" in result.stderr
+
+
+def test_with_histograms_a_far_lower_scale_predicts_more_values_flushed_to_zero(tmp_path, ampdiag):
+    db = tmp_path / "hist.db"
+    train(65536.0, 10, db=db, histogram=True)
+
+    def share(init_scale):
+        result = ampdiag("whatif", db, "--init-scale", init_scale, "--format", "json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)["predictions"][0]["underflow_share"]
+
+    low, high = share(2.0 ** -20), share(64.0)
+    assert 0.0 <= high < low <= 1.0
+    assert "flushed to zero in fp16:" in ampdiag("whatif", db, "--init-scale", 2.0 ** -20).stdout

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -59,13 +60,24 @@ struct WhatIf {
   std::int64_t unrecorded = 0;           // finite when recorded but without statistics
   // Steps whose outcome differs between the two replays: where the bounds come from.
   std::vector<std::int64_t> uncertain_steps;
+  // With the exponent histograms (histogram=True): the share of the recorded finite non-zero
+  // gradient values that the estimate's scales would flush to zero in fp16 (below 2^-25,
+  // which rounds to 0), over the steps it does not skip; -1 when not known. Values already
+  // zero when recorded are not counted (they have no exponent).
+  double underflow = -1.0;
 };
 
+// Per step, the exponent histograms of its gradients summed over the layers (the
+// rundb::kHistBins bins of finite non-zero values as recorded, at the step's scale).
+using StepHistograms = std::map<std::int64_t, std::vector<std::uint64_t>>;
+StepHistograms read_step_histograms(const std::string& path);
+
 // Throws std::invalid_argument for a run without a loss scaler (bf16) or a bad config.
-WhatIf what_if(const Run& run, const ScalerConfig& config);
+WhatIf what_if(const Run& run, const ScalerConfig& config, const StepHistograms* histograms = nullptr);
 
 // A small grid of configurations around torch's defaults, best first: fewest estimated
-// skips, then fewest in the pessimistic bound, then the highest lowest scale (less underflow).
-std::vector<WhatIf> search_configs(const Run& run);
+// skips, then the least underflow where known, then fewest in the pessimistic bound, then
+// the highest lowest scale.
+std::vector<WhatIf> search_configs(const Run& run, const StepHistograms* histograms = nullptr);
 
 }  // namespace ampdiag::analyzer
