@@ -12,5 +12,6 @@ int cmd_diff(int argc, char** argv);
 int cmd_export(int argc, char** argv);
 int cmd_info(int argc, char** argv);
 int cmd_whatif(int argc, char** argv);
+int cmd_fp8(int argc, char** argv);
 
 }  // namespace ampdiag::cli

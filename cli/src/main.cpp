@@ -25,6 +25,7 @@ commands:
   export RUN.db                a table as CSV or JSON
   info RUN.db                  metadata, counts, integrity
   whatif RUN.db                the run's gradients through another loss-scaler configuration
+  fp8 RUN.db                   which layers' gradients would fit E4M3 / E5M2 under delayed scaling
 
 `ampdiag COMMAND --help` describes each. Exit codes: 0 healthy, 1 findings that fail the
 gate, 2 usage or input error.
@@ -52,7 +53,8 @@ int main(int argc, char** argv) {
     if (command == "export") return cmd_export(argc - 2, argv + 2);
     if (command == "info") return cmd_info(argc - 2, argv + 2);
     if (command == "whatif") return cmd_whatif(argc - 2, argv + 2);
-    std::fprintf(stderr, "ampdiag: unknown command '%s' (commands: report, layers, timeline, diff, export, info, whatif)\n",
+    if (command == "fp8") return cmd_fp8(argc - 2, argv + 2);
+    std::fprintf(stderr, "ampdiag: unknown command '%s' (commands: report, layers, timeline, diff, export, info, whatif, fp8)\n",
                  ampdiag::analyzer::printable(command).c_str());
     return 2;
   } catch (const UsageError& e) {

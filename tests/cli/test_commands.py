@@ -6,7 +6,7 @@ import json
 import pytest
 
 
-@pytest.mark.parametrize("command", ["report", "layers", "timeline", "diff", "export", "info", "whatif"])
+@pytest.mark.parametrize("command", ["report", "layers", "timeline", "diff", "export", "info", "whatif", "fp8"])
 def test_every_command_has_help(run, command):
     result = run(command, "--help")
     assert result.returncode == 0

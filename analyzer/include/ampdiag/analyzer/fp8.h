@@ -1,0 +1,53 @@
+// FP8 readiness per layer: under per-tensor delayed scaling (each step's scale from the
+// largest |g| of the previous `history` steps, the usual FP8 recipe), which share of each
+// gradient's values E4M3 (max 448) and E5M2 (max 57344) would hold in their normal range,
+// and which layers would not fit. Computed from the exponent histograms the agent records
+// with histogram=True, one binade at a time. docs/ANALYZER.md has the model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ampdiag/analyzer/run.h"
+
+namespace ampdiag::analyzer {
+
+struct Fp8Format {
+  const char* name;
+  double max;          // largest finite value
+  int min_normal_exp;  // smallest normal value is 2^min_normal_exp
+};
+constexpr Fp8Format kE4M3{"E4M3", 448.0, -6};
+constexpr Fp8Format kE5M2{"E5M2", 57344.0, -14};
+
+struct Fp8Options {
+  std::int64_t history = 16;  // steps of amax history the scale is taken from
+  int margin_bits = 0;        // scale lowered by this many binades below what the amax allows
+  double fit_share = 0.99;    // a layer fits when this share of its values is in the normal range
+  void check() const;         // throws std::invalid_argument naming the option
+};
+
+// Shares of a tensor's finite non-zero values (0..1), as recorded.
+struct Fp8Shares {
+  double normal = 0, below = 0, above = 0;  // in the normal range; under it (subnormal or zero); over the max
+};
+
+struct Fp8Layer {
+  std::string layer;
+  std::int64_t steps = 0;            // finite steps with a histogram
+  std::int64_t saturated_steps[2] = {};  // steps whose |g| exceeded the format's max (E4M3, E5M2)
+  Fp8Shares shares[2];               // E4M3, E5M2
+  bool fits[2] = {};
+};
+
+struct Fp8Readiness {
+  Fp8Options options;
+  bool histograms = false;       // the run recorded them (else nothing can be said)
+  std::vector<Fp8Layer> layers;  // least E5M2 normal share first, then least E4M3
+};
+
+// Reads the per-step histograms of `run`'s file (run.path), streaming.
+Fp8Readiness fp8_readiness(const Run& run, const Fp8Options& options = {});
+
+}  // namespace ampdiag::analyzer

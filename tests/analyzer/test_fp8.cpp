@@ -1,0 +1,93 @@
+// FP8 readiness against a direct computation on the values the fixture records: each row
+// holds 100 values at its abs-max and the rest at 1e-3 (run_fixture.h).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "ampdiag/analyzer/fp8.h"
+#include "ampdiag/analyzer/run.h"
+#include "../rundb/temp_dir.h"
+#include "run_fixture.h"
+
+using namespace ampdiag;
+using test::RunFixture;
+using test::TempDir;
+
+namespace {
+
+// The share of the row's values in `fmt`'s normal binades under a power-of-two scale that
+// puts `amax` (unscaled) in the top binade; values recorded at `scale`.
+double normal_share(const analyzer::Fp8Format& fmt, double absmax, double scale) {
+  const double amax = absmax / scale;
+  const double fp8_scale = std::ldexp(1.0, int(std::floor(std::log2(fmt.max / amax))));
+  const double top = std::ldexp(1.0, int(std::floor(std::log2(fmt.max))) + 1);
+  double normal = 0;
+  for (const auto& [value, count] : {std::pair{absmax, 100.0}, std::pair{1e-3, 3996.0}}) {
+    const double w = value / scale * fp8_scale;
+    if (w >= std::ldexp(1.0, fmt.min_normal_exp) && w < top) normal += count;
+  }
+  return normal / 4096;
+}
+
+}  // namespace
+
+TEST_CASE("gradient values are placed in E4M3 and E5M2's normal range as a direct computation does", "[fp8]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  {
+    RunFixture f(path, {"small.weight", "wide.weight"});
+    f.histograms();
+    for (int i = 0; i < 20; ++i) f.step(1024, 1024, 30.0 * 1024);
+    f.finish();
+  }
+  const auto r = analyzer::fp8_readiness(analyzer::load_run(path));
+  REQUIRE(r.histograms);
+  REQUIRE(r.layers.size() == 2);
+  for (const auto& l : r.layers) {
+    CHECK(l.steps == 20);
+    CHECK(l.shares[0].normal == Approx(normal_share(analyzer::kE4M3, 30.0 * 1024, 1024)));
+    CHECK(l.shares[1].normal == Approx(normal_share(analyzer::kE5M2, 30.0 * 1024, 1024)));
+    // 1e-3 at a scale that puts 30 near E4M3's top is below E4M3's normal range, not E5M2's.
+    CHECK(l.shares[0].below == Approx(3996.0 / 4096));
+    CHECK_FALSE(l.fits[0]);
+    CHECK(l.fits[1]);
+    CHECK(l.saturated_steps[0] == 0);
+  }
+}
+
+TEST_CASE("a gradient that grows past its amax history saturates on the steps the history did not cover",
+          "[fp8]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  {
+    RunFixture f(path, {"w"});
+    f.histograms();
+    // Largest |g| 20 for 10 steps, then 100: the first step at 100 is scaled for 20.
+    for (int i = 0; i < 10; ++i) f.step(1024, 1024, 20.0 * 1024);
+    for (int i = 0; i < 5; ++i) f.step(1024, 1024, 100.0 * 1024);
+    f.finish();
+  }
+  analyzer::Fp8Options o;
+  o.history = 4;
+  const auto r = analyzer::fp8_readiness(analyzer::load_run(path), o);
+  REQUIRE(r.layers.size() == 1);
+  // 20 -> scale 2^4 (20 * 16 = 320 <= 448); 100 * 16 = 1600 > 448: only the step the history
+  // had not seen yet saturates.
+  CHECK(r.layers[0].saturated_steps[0] == 1);
+  CHECK(r.layers[0].shares[0].above > 0);
+}
+
+TEST_CASE("fp8 readiness says when a run has no histograms, and checks its options", "[fp8]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  {
+    RunFixture f(path, {"w"});
+    f.step(1024, 1024, 100.0);
+    f.finish();
+  }
+  const auto run = analyzer::load_run(path);
+  CHECK_FALSE(analyzer::fp8_readiness(run).histograms);
+  analyzer::Fp8Options bad;
+  bad.history = 0;
+  CHECK_THROWS_WITH(analyzer::fp8_readiness(run, bad), Catch::Contains("--history"));
+}
