@@ -30,7 +30,8 @@ bool Report::healthy() const {
 
 const std::vector<std::string>& rule_ids() {
   static const std::vector<std::string> ids = {"scale-collapse", "overflow-origin",   "forward-nonfinite", "low-headroom",
-                                               "underflow",      "skip-rate",         "rank-disagreement", "missing-ranks"};
+                                               "underflow",      "skip-rate",         "rank-disagreement", "missing-ranks",
+                                               "autopin"};
   return ids;
 }
 
@@ -123,6 +124,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::low_headroom(run, t, found);
     rules::underflow(run, t, found);
     rules::skip_rate(run, t, found);
+    rules::autopin(run, found);
     for (auto& f : found) {
       f.ranks = {run.rank};
       all.push_back(std::move(f));

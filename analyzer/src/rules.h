@@ -30,6 +30,8 @@ void forward_nonfinite(const Run& run, const Thresholds& t, std::vector<Finding>
 void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out);
+// Modules the agent pinned itself (events "autopin"): info, with the skips after the pin.
+void autopin(const Run& run, std::vector<Finding>& out);
 void rank_disagreement(const std::vector<Run>& runs, const Thresholds& t, std::vector<Finding>& out);
 
 }  // namespace ampdiag::analyzer::rules

@@ -21,9 +21,11 @@ import torch
 from . import _ampdiag, _loss, _rank
 from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
-from ._replay import NONFINITE, Replayer
+from ._autopin import AutoPinner
+from ._replay import FINITE, NONFINITE, Replayer
 from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, directly_readable, engine_place,
-                       first_float_tensor, host_place, host_sum, readable_view, scale_on_device, sum_on)
+                       first_float_tensor, found_inf, found_inf_tensor, host_place, host_sum, inf_checked,
+                       readable_view, scale_on_device, sum_on)
 
 _ATTACHED = "_ampdiag_handle"
 
@@ -40,7 +42,7 @@ class AttachHandle:
     """What attach() returns. Also a context manager: leaving it closes the handle."""
 
     def __init__(self, model, scaler, optimizer, db, every, activations, pins, fused_unscale, context_steps,
-                 histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id, profile):
+                 histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id, profile, autopin):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"attach() takes a torch.nn.Module, not {type(model).__name__}")
         if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
@@ -76,6 +78,10 @@ class AttachHandle:
             raise ValueError(f"amp_dtype must be 'float16' or 'bfloat16', not {amp_dtype!r}")
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ValueError(f"run_id must be a non-empty string, not {run_id!r}")
+        if not isinstance(autopin, int) or autopin < 0:
+            raise ValueError(f"autopin must be False or the most modules to pin (an integer >= 0), not {autopin!r}")
+        if autopin and not (replay and activations):
+            raise ValueError("autopin needs activations=True and replay=True: it pins only what an FP32 replay confirmed")
 
         self.model, self.scaler, self.optimizer = model, scaler, optimizer
         self._db, self._run_id = db, run_id
@@ -88,6 +94,7 @@ class AttachHandle:
         self._pinned = []
         self._last_step_skipped = False
         self._replayer = Replayer(self._record_replay) if replay else None
+        self._autopin = AutoPinner(self, int(autopin)) if autopin else None
         self._grad_calls = 0
         self._python_ns = 0
         rank = _rank.known_rank()
@@ -241,16 +248,16 @@ class AttachHandle:
             return original_scale(outputs)
 
         def update(new_scale=None):
-            checked = self._inf_checked(scaler)
+            checked = inf_checked(scaler)
             if scale_on_device(scaler):
                 # A CUDA scale stays on the device: the outcome is read back without waiting.
-                found = self._found_inf_tensor(scaler) if checked else None
+                found = found_inf_tensor(scaler) if checked else None
                 before = scaler._scale.clone()
                 original_update(new_scale)
                 if not self._inert:
                     self._end_step_on_device(scaler._scale, checked, before, found)
                 return
-            found = checked and self._found_inf(scaler)
+            found = checked and found_inf(scaler)
             before = float(scaler.get_scale())
             original_update(new_scale)
             if self._inert:
@@ -308,6 +315,8 @@ class AttachHandle:
                 return False
         if self._session.begin_cycle():
             self._reset_cycle()
+            if self._autopin is not None:
+                self._autopin.announce()
         self._in_cycle = True
         return True
 
@@ -423,22 +432,6 @@ class AttachHandle:
         # torch's own unscale (it also raises for FP16 gradients, as it should).
         return original(optimizer, inv_scale, found_inf, allow_fp16)
 
-    @staticmethod
-    def _inf_checked(scaler) -> bool:
-        """Whether gradients were unscaled and checked since the last update()."""
-        return any(state.get("found_inf_per_device") for state in scaler._per_optimizer_states.values())
-
-    @staticmethod
-    def _found_inf_tensor(scaler) -> torch.Tensor:
-        """found_inf summed over optimizers and devices, on the scale's device (no sync)."""
-        return sum_on(scaler._scale.device, [v for state in scaler._per_optimizer_states.values()
-                                             for v in state.get("found_inf_per_device", {}).values()])
-
-    @staticmethod
-    def _found_inf(scaler) -> bool:
-        return any(bool(v.item()) for state in scaler._per_optimizer_states.values()
-                   for v in state.get("found_inf_per_device", {}).values())
-
     def _before_optimizer_step(self, optimizer, args, kwargs):
         t0 = time.perf_counter_ns()
         if not self._begin_cycle():
@@ -483,6 +476,8 @@ class AttachHandle:
                                    self._python_ns)
             self._python_ns = 0
             self._in_cycle = False
+            if self._autopin is not None:
+                self._autopin.pin()
         self._last_step_skipped = skipped
 
     def _end_step_later(self, values, fields, losses, scale_before, scale_after, found_inf, skipped):
@@ -494,6 +489,8 @@ class AttachHandle:
                                          self._python_ns, values.data_ptr(), *engine_place(values)[1:], fields)
         self._python_ns = 0
         self._in_cycle = False
+        if self._autopin is not None:
+            self._autopin.pin()
 
     # --- forward -------------------------------------------------------------------
 
@@ -554,7 +551,10 @@ class AttachHandle:
             self._first_nonfinite = path
         elif not (self._escalating and self._first_nonfinite.startswith(path + ".")):
             return
-        self._escalating = self._replayer.verdict(path, module, args, kwargs, output) == NONFINITE
+        verdict = self._replayer.verdict(path, module, args, kwargs, output)
+        self._escalating = verdict == NONFINITE
+        if verdict == FINITE and self._autopin is not None:
+            self._autopin.confirmed(path, module)
 
     def _record_replay(self, path, outcome, absmax, reason):
         self._session.add_replay(path, outcome, absmax, reason)
@@ -564,7 +564,8 @@ def attach(model: torch.nn.Module, scaler: "torch.amp.GradScaler | None" = None,
            optimizer: "torch.optim.Optimizer | None" = None, db="run.db", every: int = 1, activations: bool = True,
            pins=(), fused_unscale: bool = True, context_steps: int = 2, histogram: bool = False,
            overwrite: bool = False, replay: bool = True, queue_capacity: int = 1 << 15, threads: int = 0,
-           amp_dtype: "str | None" = None, run_id: "str | None" = None, profile: bool = False) -> AttachHandle:
+           amp_dtype: "str | None" = None, run_id: "str | None" = None, profile: bool = False,
+           autopin: "bool | int" = False) -> AttachHandle:
     """Attaches ampdiag to a training loop and returns a handle (also a context manager).
 
     model:          the torch.nn.Module being trained (a DDP wrapper is fine).
@@ -583,8 +584,11 @@ def attach(model: torch.nn.Module, scaler: "torch.amp.GradScaler | None" = None,
     amp_dtype:      "float16" or "bfloat16"; default: float16 with a scaler, bfloat16 without.
     run_id:         the id shared by every rank of this run (default: derived from the launcher,
                     random for one process); `ampdiag report` merges only ranks of one run.
+    autopin:        True (one module) or N: a module whose FP32 replay confirmed it as the origin of a
+                    NaN/Inf in forward runs in FP32 from the next step on (an `autopin` event;
+                    the report says what happened after it); never more than N modules.
     profile:        on a CUDA device, record each module's device time by precision and phase on
                     sampled steps (CUPTI); where that is unavailable, one event says why.
     """
     return AttachHandle(model, scaler, optimizer, db, every, activations, tuple(pins), fused_unscale, context_steps,
-                        histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id, profile)
+                        histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id, profile, autopin)

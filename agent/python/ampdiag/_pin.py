@@ -46,6 +46,9 @@ def unpin_fp32(module: torch.nn.Module) -> torch.nn.Module:
     """Undoes pin_fp32()."""
     original = getattr(module, _PINNED, None)
     if original is not None:
-        module.forward = original
+        if getattr(original, "__func__", None) is type(module).forward and getattr(original, "__self__", None) is module:
+            module.__dict__.pop("forward", None)  # the class's own forward shows through again
+        else:
+            module.forward = original  # an instance-level forward the module had before
         delattr(module, _PINNED)
     return module

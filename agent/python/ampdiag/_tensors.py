@@ -96,6 +96,22 @@ def sum_on(device, tensors) -> torch.Tensor:
     return torch.stack([t.reshape(()).to(device, torch.float64, non_blocking=True) for t in tensors]).sum()
 
 
+def inf_checked(scaler) -> bool:
+    """Whether gradients were unscaled and checked since the last update()."""
+    return any(state.get("found_inf_per_device") for state in scaler._per_optimizer_states.values())
+
+
+def found_inf_tensor(scaler) -> torch.Tensor:
+    """found_inf summed over optimizers and devices, on the scale's device (no sync)."""
+    return sum_on(scaler._scale.device, [v for state in scaler._per_optimizer_states.values()
+                                         for v in state.get("found_inf_per_device", {}).values()])
+
+
+def found_inf(scaler) -> bool:
+    return any(bool(v.item()) for state in scaler._per_optimizer_states.values()
+               for v in state.get("found_inf_per_device", {}).values())
+
+
 def scale_on_device(scaler) -> bool:
     """Whether the scaler's scale lives on a CUDA device (reading it would wait)."""
     return scaler._scale is not None and scaler._scale.device.type == "cuda"

@@ -1,0 +1,38 @@
+// autopin: what the agent pinned to FP32 on its own (attach(autopin=N)), and what happened
+// after: the user makes the pin permanent in code.
+#include <string>
+
+#include "rules.h"
+#include "suggestions.h"
+
+namespace ampdiag::analyzer::rules {
+
+void autopin(const Run& run, std::vector<Finding>& out) {
+  for (const auto& e : run.events) {
+    if (e.kind != "autopin" || e.detail.empty()) continue;
+    const std::string& path = e.detail;  // the agent writes the module path, nothing else
+    std::int64_t before = 0, skipped_before = 0, after = 0, skipped_after = 0;
+    for (const auto& s : run.steps) {
+      const bool at_or_after = s.row.step >= e.step;
+      (at_or_after ? after : before) += 1;
+      (at_or_after ? skipped_after : skipped_before) += s.row.skipped ? 1 : 0;
+    }
+    Finding f;
+    f.rule = "autopin";
+    f.severity = Severity::kInfo;
+    f.module = path;
+    f.score = 1.0;
+    f.steps = {e.step};
+    f.title = "auto-pinned " + path + " to FP32 at step " + std::to_string(e.step) + "; after it, " +
+              plural(skipped_after, "skip");
+    f.evidence = "its FP32 replay had confirmed it as the origin of a NaN/Inf in forward; from step " +
+                 std::to_string(e.step) + " on, " + std::to_string(skipped_after) + " of " + plural(after, "step") +
+                 " skipped (before it, " + std::to_string(skipped_before) + " of " + plural(before, "step") + ")";
+    Suggestion pin = suggest::pin_fp32(run, path);
+    pin.summary = "Make the pin permanent in code (ampdiag pinned " + path + " only while attached): " + pin.summary;
+    f.suggestions.push_back(std::move(pin));
+    out.push_back(std::move(f));
+  }
+}
+
+}  // namespace ampdiag::analyzer::rules
