@@ -41,9 +41,9 @@ void ProfileCollector::stop() {
 
 std::int64_t ProfileCollector::drain(std::vector<rundb::GpuTimeRow>& rows) {
   std::lock_guard<std::mutex> lock(drain_mutex_);
-  source_->collect(batch_);
-  if (!batch_.empty()) aggregator_.add(std::move(batch_));
-  batch_ = {};
+  profiler::ActivityBatch batch;
+  source_->collect(batch);
+  if (!batch.empty()) aggregator_.add(std::move(batch));
   if (stopped_ && !finished_) {
     aggregator_.finish();
     finished_ = true;

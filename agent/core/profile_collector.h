@@ -48,7 +48,6 @@ class ProfileCollector final : public GpuRowSource {
 
   std::mutex drain_mutex_;  // the aggregator and what follows
   profiler::Aggregator aggregator_{ranges_};
-  profiler::ActivityBatch batch_;
   bool stopped_ = false, finished_ = false;
 };
 

@@ -7,6 +7,10 @@
 
 namespace ampdiag::agent {
 
+// The regular part of the sampling: every N-th step, known when the step begins (the
+// device profile records these).
+inline bool regular_sample(std::int64_t step, std::int64_t every) { return step % every == 0; }
+
 class SamplingPolicy {
  public:
   SamplingPolicy(std::int64_t every, std::int64_t context) : every_(every), context_(context) {
@@ -29,7 +33,7 @@ class SamplingPolicy {
       d.record = true;
       --after_;
     } else {
-      d.record = step % every_ == 0;
+      d.record = regular_sample(step, every_);
     }
     return d;
   }

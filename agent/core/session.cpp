@@ -225,7 +225,7 @@ bool Session::begin_cycle() {
     // Kernels and copies of the steps the regular sampling records; a range for the whole
     // cycle catches what runs outside every module (the loss, the scaler's update).
     const std::int64_t step = recorder_->step();
-    profile_->begin_step(step, step % options_.recorder.every == 0);
+    profile_->begin_step(step, regular_sample(step, options_.recorder.every));
     step_range_ = profile_->begin_range(-1, rundb::GpuPhase::kOther, rundb::GpuKind::kOtherKernel);
   }
   return true;

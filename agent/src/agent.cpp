@@ -81,6 +81,11 @@ class Agent::Impl final : public ScalerObserver {
  private:
   void register_layers(torch::nn::Module& model);
   std::int64_t layer_of(const at::Tensor& param);
+  // The type of the model's module at `path`; empty for a path the model does not have.
+  std::string module_type(const std::string& path) const {
+    const auto type = module_types_.find(path);
+    return type == module_types_.end() ? "" : type->second;
+  }
   void begin_cycle();
 
   AgentOptions options_;
@@ -186,8 +191,7 @@ void Agent::Impl::register_layers(torch::nn::Module& model) {
     info.name = item.key();
     const auto dot = info.name.rfind('.');
     info.module_path = dot == std::string::npos ? "" : info.name.substr(0, dot);
-    const auto type = module_types_.find(info.module_path);
-    info.module_type = type == module_types_.end() ? "" : type->second;
+    info.module_type = module_type(info.module_path);
     const auto layer = session_.add_layer(key_of(p), info);
     if (!layer.added) continue;  // shared with an earlier name
     keep_alive_.push_back(p);
@@ -218,8 +222,7 @@ at::Tensor Agent::Impl::probe(const std::string& path, const at::Tensor& x) {
   at::Tensor copy;
   agent::DeviceTensor view;
   if (agent::stats_view(x, copy, view)) {
-    const auto type = module_types_.find(path);
-    const std::int64_t module = session_.module_id(path, type == module_types_.end() ? "" : type->second, "", "");
+    const std::int64_t module = session_.module_id(path, module_type(path), "", "");
     // The forward of micro-batch k runs before its k-th scale() call. (The Python agent
     // counts forwards that follow a backward; autograd hooks here may run on other threads.)
     session_.activation(module, view, std::int32_t(losses_));
@@ -231,8 +234,7 @@ at::Tensor Agent::Impl::probe(const std::string& path, const at::Tensor& x) {
 bool Agent::Impl::begin_module_range(const std::string& path) {
   if (closed_ || !session_.profiling()) return false;
   begin_cycle();
-  const auto type = module_types_.find(path);
-  const std::int64_t module = session_.module_id(path, type == module_types_.end() ? "" : type->second, "", "");
+  const std::int64_t module = session_.module_id(path, module_type(path), "", "");
   // Autocast's dtype where it is on (the kernels of a module under autocast mostly run in
   // it), else fp32; kernel names decide where they say.
   rundb::GpuKind hint = rundb::GpuKind::kFloat32;

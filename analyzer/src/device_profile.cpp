@@ -70,7 +70,7 @@ DeviceProfile device_profile(const Run& run) {
     ModuleDeviceTime m;
     const std::string* path = module_path(run, id);
     m.module = path ? *path : kOutside;
-    m.us_per_step = double(t.ns[0] + t.ns[1] + t.ns[2] + t.ns[3] + t.ns[4]) / steps / 1e3;
+    m.us_per_step = (kernel_ns + double(t.ns[int(GpuKind::kMemcpy)])) / steps / 1e3;
     if (kernel_ns > 0) {
       m.fp32 = double(t.ns[int(GpuKind::kFloat32)]) / kernel_ns;
       m.fp16 = double(t.ns[int(GpuKind::kFloat16)]) / kernel_ns;

@@ -14,9 +14,11 @@ namespace {
 
 constexpr Fp8Format kFormats[2] = {kE4M3, kE5M2};
 
-// The layer's amax history: unscaled largest |g| of its finite samples, in step order.
+// The layer's amax history: the unscaled largest |g| of each of its samples, in step
+// order (negative for a non-finite one), unscaled once rather than per row that reads it.
 struct History {
-  const std::vector<GradSample>* samples = nullptr;
+  std::vector<std::int64_t> steps;
+  std::vector<double> amax;
   std::size_t next = 0;  // the first sample at or after the current step
 };
 
@@ -47,7 +49,11 @@ Fp8Readiness fp8_readiness(const Run& run, const Fp8Options& options) {
   out.histograms = run.meta_or("histogram", "0") == "1";
   if (!out.histograms) return out;
   std::vector<History> history(run.layers.size());
-  for (std::size_t i = 0; i < run.layers.size(); ++i) history[i].samples = &run.layers[i].samples;
+  for (std::size_t i = 0; i < run.layers.size(); ++i)
+    for (const GradSample& s : run.layers[i].samples) {
+      history[i].steps.push_back(s.step);
+      history[i].amax.push_back(s.nonfinite ? -1.0 : double(s.absmax) / step_scale(run, s.step));
+    }
   std::map<std::int64_t, Sums> sums;
   rundb::RunDbReader reader(run.path);
   reader.for_each_grad_stat([&](const rundb::GradStatRow& g) {
@@ -59,13 +65,12 @@ Fp8Readiness fp8_readiness(const Run& run, const Fp8Options& options) {
     // Delayed scaling: the largest unscaled |g| of the previous `history` finite samples
     // (this step's own when there are none yet), to a power-of-two scale.
     History& h = history[std::size_t(g.layer_id)];
-    const auto& samples = *h.samples;
-    while (h.next < samples.size() && samples[h.next].step < g.step) ++h.next;
+    while (h.next < h.steps.size() && h.steps[h.next] < g.step) ++h.next;
     double amax = 0;
     std::int64_t seen = 0;
     for (std::size_t k = h.next; k-- > 0 && seen < options.history;) {
-      if (samples[k].nonfinite) continue;
-      amax = std::max(amax, double(samples[k].absmax) / step_scale(run, samples[k].step));
+      if (h.amax[k] < 0) continue;
+      amax = std::max(amax, h.amax[k]);
       ++seen;
     }
     const double current = g.stats.absmax / recorded_scale;

@@ -15,14 +15,14 @@ namespace ampdiag::analyzer {
 
 namespace {
 
-enum class Known { kFinite, kOverflow, kMagnitude, kFiniteUpTo, kOverflowFrom };
+enum class Known { kOverflow, kMagnitude, kFiniteUpTo, kOverflowFrom };
 
 // What the recording says of one step, independent of the scale replayed.
 struct StepFacts {
   Known kind = Known::kFiniteUpTo;
   double magnitude = 0.0;  // kMagnitude: the largest finite |g| unscaled
   double scale = 0.0;      // the scale it was recorded at
-  double estimate = 0.0;   // kFiniteUpTo, kOverflowFrom: the magnitude the estimate assumes
+  double estimate = 0.0;   // the magnitude the estimate assumes (with the overflow inside backward)
 };
 
 // Fills `estimate` for the steps known on one side only: the larger magnitude of the nearest
@@ -100,13 +100,12 @@ enum class Resolve { kFinite, kOverflow, kEstimate };
 
 // Whether the step overflows at `scale`; `resolve` decides what the recording cannot tell.
 bool overflows(const StepFacts& f, double scale, double fp_max, Resolve resolve) {
-  const bool unknown = resolve == Resolve::kEstimate ? f.estimate * scale > fp_max : resolve == Resolve::kOverflow;
-  // The estimate also carries the overflow inside backward that the recording implies.
-  if (resolve == Resolve::kEstimate && f.kind == Known::kMagnitude) return f.estimate * scale > fp_max;
+  const bool estimated = f.estimate * scale > fp_max;
+  const bool unknown = resolve == Resolve::kEstimate ? estimated : resolve == Resolve::kOverflow;
   switch (f.kind) {
     case Known::kOverflow: return true;
-    case Known::kFinite: return false;
-    case Known::kMagnitude: return f.magnitude * scale > fp_max;
+    // The estimate also carries the overflow inside backward that the recording implies.
+    case Known::kMagnitude: return resolve == Resolve::kEstimate ? estimated : f.magnitude * scale > fp_max;
     case Known::kFiniteUpTo: return scale <= f.scale ? false : unknown;
     case Known::kOverflowFrom: return scale >= f.scale ? true : unknown;
   }
@@ -205,7 +204,8 @@ StepHistograms read_step_histograms(const std::string& path) {
 }
 
 WhatIf what_if(const Run& run, const ScalerConfig& config, const StepHistograms* histograms) {
-  if (!run.has_scaler()) throw std::invalid_argument(run.path + ": the run had no loss scaler (bf16): there is nothing to replay");
+  if (!run.has_scaler())
+    throw std::invalid_argument(run.path + " was recorded without a loss scaler (bf16): there is no loss scaler to replay");
   config.check();
   WhatIf w;
   w.config = config;

@@ -109,8 +109,6 @@ int cmd_whatif(int argc, char** argv) {
   const std::string out = output_path(args);
   const auto runs = load_runs(args.positionals(), args.flag("--allow-partial"), 0);
   const analyzer::Run& run = runs.front();
-  if (!run.has_scaler())
-    throw UsageError(run.path + " was recorded without a loss scaler (bf16): there is no scaler to replay");
   const analyzer::ScalerConfig recorded = analyzer::recorded_config(run);
   const bool search = !(args.has("--init-scale") || args.has("--growth-factor") || args.has("--backoff-factor") ||
                         args.has("--growth-interval") || args.has("--min-scale"));
@@ -125,14 +123,14 @@ int cmd_whatif(int argc, char** argv) {
   if (run.meta_or("histogram", "0") == "1") histograms = analyzer::read_step_histograms(run.path);
   const analyzer::StepHistograms* hist = histograms.empty() ? nullptr : &histograms;
   std::vector<analyzer::WhatIf> predictions;
-  try {
-    asked.check();
+  analyzer::WhatIf as_recorded;
+  try {  // a run without a scaler (bf16), a bad setting
+    as_recorded = analyzer::what_if(run, recorded, hist);
     predictions = search ? analyzer::search_configs(run, hist)
                          : std::vector<analyzer::WhatIf>{analyzer::what_if(run, asked, hist)};
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  const analyzer::WhatIf as_recorded = analyzer::what_if(run, recorded, hist);
   std::int64_t skipped = 0;
   for (const auto& s : run.steps) skipped += s.row.skipped ? 1 : 0;
 

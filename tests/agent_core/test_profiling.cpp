@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -131,20 +132,44 @@ void step(agent::Session& s, SyntheticGpu& gpu, std::int64_t enc0, std::int64_t 
   s.end_step(o, 0);
 }
 
+// What a test run varies: its steps, which one overflows (encoder.0's output holds Inf and
+// its FP32 replay was finite), the second module, its fp32 kernels, the sampling.
+struct Plan {
+  int steps = 3;
+  int overflow_at = -1;
+  std::string second = "encoder.1", second_type = "Linear";
+  std::uint64_t fp32_ns = 1200;
+  std::int64_t every = 1;
+};
+
+// Runs the plan through a profiled session into `path`; `opened` sees the session once open.
+void run_profiled(const std::string& path, const std::shared_ptr<SyntheticGpu>& gpu, const Plan& plan,
+                  const std::function<void(agent::Session&)>& opened = nullptr) {
+  agent::Session s(profiled(gpu, plan.every));
+  open(s, path);
+  if (opened) opened(s);
+  const auto enc0 = s.module_id("encoder.0", "Linear", "", "float16");
+  const auto second = s.module_id(plan.second, plan.second_type, "", "float32");
+  for (int i = 0; i < plan.steps; ++i) step(s, *gpu, enc0, second, i == plan.overflow_at, plan.fp32_ns);
+  if (plan.overflow_at >= 0) s.replay("encoder.0", "finite", 812.5, "");
+  s.close();
+}
+
+// The cost line of the first fix the report gives for encoder.0.
+std::string encoder0_pin_cost(const std::string& path) {
+  const auto report = analyzer::analyze({analyzer::load_run(path)});
+  for (const auto& f : report.findings)
+    if (f.module == "encoder.0" && !f.suggestions.empty()) return f.suggestions.front().cost;
+  return "";
+}
+
 }  // namespace
 
 TEST_CASE("profiled steps write device time per module, phase and precision", "[profile]") {
   TempDir dir;
   const auto path = dir.file("run.db");
   auto gpu = std::make_shared<SyntheticGpu>();
-  {
-    agent::Session s(profiled(gpu));
-    open(s, path);
-    const auto enc0 = s.module_id("encoder.0", "Linear", "", "float16");
-    const auto enc1 = s.module_id("encoder.1", "Linear", "", "float32");
-    for (int i = 0; i < 3; ++i) step(s, *gpu, enc0, enc1);
-    s.close();
-  }
+  run_profiled(path, gpu, Plan{});
   CHECK(gpu->stopped);
   CHECK(gpu->stack.empty());  // every range pushed was popped
   const auto rows = rundb::RunDbReader(path).gpu_time();
@@ -163,16 +188,10 @@ TEST_CASE("profiled steps write device time per module, phase and precision", "[
 TEST_CASE("the report gives the precision split and a pin cost measured from comparable kernels", "[profile]") {
   TempDir dir;
   const auto path = dir.file("run.db");
-  auto gpu = std::make_shared<SyntheticGpu>();
-  {
-    agent::Session s(profiled(gpu));
-    open(s, path);
-    const auto enc0 = s.module_id("encoder.0", "Linear", "", "float16");
-    const auto enc1 = s.module_id("encoder.1", "Linear", "", "float32");
-    for (int i = 0; i < 4; ++i) step(s, *gpu, enc0, enc1, i == 2);
-    s.replay("encoder.0", "finite", 812.5, "");
-    s.close();
-  }
+  Plan plan;
+  plan.steps = 4;
+  plan.overflow_at = 2;
+  run_profiled(path, std::make_shared<SyntheticGpu>(), plan);
   const auto run = analyzer::load_run(path);
   const auto report = analyzer::analyze({run});
   const auto& p = report.runs.at(0).device_profile;
@@ -206,16 +225,9 @@ TEST_CASE("the report gives the precision split and a pin cost measured from com
 TEST_CASE("the JSON and Markdown reports carry the device profile and the cost", "[profile]") {
   TempDir dir;
   const auto path = dir.file("run.db");
-  auto gpu = std::make_shared<SyntheticGpu>();
-  {
-    agent::Session s(profiled(gpu));
-    open(s, path);
-    const auto enc0 = s.module_id("encoder.0", "Linear", "", "float16");
-    const auto enc1 = s.module_id("encoder.1", "Linear", "", "float32");
-    for (int i = 0; i < 3; ++i) step(s, *gpu, enc0, enc1, i == 1);
-    s.replay("encoder.0", "finite", 812.5, "");
-    s.close();
-  }
+  Plan plan;
+  plan.overflow_at = 1;
+  run_profiled(path, std::make_shared<SyntheticGpu>(), plan);
   const auto report = analyzer::analyze({analyzer::load_run(path)});
   const std::string json = analyzer::render_json(report, analyzer::Gate("error"));
   CHECK(json.find("\"device_profile\": {\"status\": \"synthetic\", \"unavailable\": null, \"steps\": 3") !=
@@ -229,20 +241,12 @@ TEST_CASE("the JSON and Markdown reports carry the device profile and the cost",
 TEST_CASE("without comparable fp32 kernels the pin cost states its assumption", "[profile]") {
   TempDir dir;
   const auto path = dir.file("run.db");
-  auto gpu = std::make_shared<SyntheticGpu>();
-  {
-    agent::Session s(profiled(gpu));
-    open(s, path);
-    const auto enc0 = s.module_id("encoder.0", "Linear", "", "float16");
-    const auto head = s.module_id("head", "Conv2d", "", "float32");  // fp32, but not a Linear
-    for (int i = 0; i < 3; ++i) step(s, *gpu, enc0, head, i == 1);
-    s.replay("encoder.0", "finite", 812.5, "");
-    s.close();
-  }
-  const auto report = analyzer::analyze({analyzer::load_run(path)});
-  std::string cost;
-  for (const auto& f : report.findings)
-    if (f.module == "encoder.0" && !f.suggestions.empty()) cost = f.suggestions.front().cost;
+  Plan plan;
+  plan.overflow_at = 1;
+  plan.second = "head";
+  plan.second_type = "Conv2d";  // fp32, but not a Linear
+  run_profiled(path, std::make_shared<SyntheticGpu>(), plan);
+  const std::string cost = encoder0_pin_cost(path);
   INFO(cost);
   CHECK(cost.find("about 2x that") != std::string::npos);
   CHECK(cost.find("assumed 2x for Linear, which ran no comparable fp32 kernels in this run") != std::string::npos);
@@ -251,15 +255,10 @@ TEST_CASE("without comparable fp32 kernels the pin cost states its assumption", 
 TEST_CASE("steps the sampling skips record no device time", "[profile]") {
   TempDir dir;
   const auto path = dir.file("run.db");
-  auto gpu = std::make_shared<SyntheticGpu>();
-  {
-    agent::Session s(profiled(gpu, /*every=*/2));
-    open(s, path);
-    const auto enc0 = s.module_id("encoder.0", "Linear", "", "float16");
-    const auto enc1 = s.module_id("encoder.1", "Linear", "", "float32");
-    for (int i = 0; i < 4; ++i) step(s, *gpu, enc0, enc1);
-    s.close();
-  }
+  Plan plan;
+  plan.steps = 4;
+  plan.every = 2;
+  run_profiled(path, std::make_shared<SyntheticGpu>(), plan);
   std::vector<std::int64_t> steps;
   for (const auto& r : rundb::RunDbReader(path).gpu_time())
     if (steps.empty() || steps.back() != r.step) steps.push_back(r.step);
@@ -271,15 +270,7 @@ TEST_CASE("a profiler that cannot start leaves one event, and the run goes on wi
   const auto path = dir.file("run.db");
   auto gpu = std::make_shared<SyntheticGpu>();
   gpu->refuse = "cuptiActivityEnable(EXTERNAL_CORRELATION) failed: CUPTI_ERROR_UNKNOWN (999)";
-  {
-    agent::Session s(profiled(gpu));
-    open(s, path);
-    CHECK_FALSE(s.profiling());
-    const auto enc0 = s.module_id("encoder.0", "Linear", "", "float16");
-    const auto enc1 = s.module_id("encoder.1", "Linear", "", "float32");
-    for (int i = 0; i < 3; ++i) step(s, *gpu, enc0, enc1);
-    s.close();
-  }
+  run_profiled(path, gpu, Plan{}, [](agent::Session& s) { CHECK_FALSE(s.profiling()); });
   CHECK(gpu->stack.empty());  // no range was ever pushed
   rundb::RunDbReader reader(path);
   CHECK(reader.steps().size() == 3);
@@ -297,20 +288,11 @@ TEST_CASE("a profiler that cannot start leaves one event, and the run goes on wi
 TEST_CASE("fp32 kernels faster than the half ones are not taken as comparable: no cost below nothing", "[profile]") {
   TempDir dir;
   const auto path = dir.file("run.db");
-  auto gpu = std::make_shared<SyntheticGpu>();
-  {
-    agent::Session s(profiled(gpu));
-    open(s, path);
-    const auto enc0 = s.module_id("encoder.0", "Linear", "", "float16");
-    const auto enc1 = s.module_id("encoder.1", "Linear", "", "float32");  // a much smaller pinned Linear
-    for (int i = 0; i < 3; ++i) step(s, *gpu, enc0, enc1, i == 1, /*fp32_ns=*/100);
-    s.replay("encoder.0", "finite", 812.5, "");
-    s.close();
-  }
-  const auto report = analyzer::analyze({analyzer::load_run(path)});
-  std::string cost;
-  for (const auto& f : report.findings)
-    if (f.module == "encoder.0" && !f.suggestions.empty()) cost = f.suggestions.front().cost;
+  Plan plan;
+  plan.overflow_at = 1;
+  plan.fp32_ns = 100;  // a much smaller pinned Linear
+  run_profiled(path, std::make_shared<SyntheticGpu>(), plan);
+  const std::string cost = encoder0_pin_cost(path);
   INFO(cost);
   CHECK(cost.find("about 2x that (+0.8 us/step") != std::string::npos);
   CHECK(cost.find("Linear's fp32 kernels were faster per kernel than its fp16 ones") != std::string::npos);

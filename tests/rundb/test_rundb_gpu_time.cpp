@@ -2,25 +2,14 @@
 // values no writer writes are refused.
 #include <catch2/catch.hpp>
 
-#include <sqlite3.h>
-
 #include "ampdiag/rundb/reader.h"
 #include "ampdiag/rundb/writer.h"
+#include "run_sql.h"
 #include "temp_dir.h"
 
 using namespace ampdiag::rundb;
+using ampdiag::test::run_sql;
 using ampdiag::test::TempDir;
-
-namespace {
-
-void exec(const std::string& path, const char* statements) {
-  sqlite3* db = nullptr;
-  REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
-  REQUIRE(sqlite3_exec(db, statements, nullptr, nullptr, nullptr) == SQLITE_OK);
-  sqlite3_close(db);
-}
-
-}  // namespace
 
 TEST_CASE("gpu_time rows of the same step, module, phase and kind add up", "[rundb][gpu]") {
   TempDir dir;
@@ -46,7 +35,7 @@ TEST_CASE("a run.db written before format 3 has no gpu_time rows", "[rundb][gpu]
   TempDir dir;
   const auto path = dir.file("v2.db");
   { RunDbWriter w(path, false); }
-  exec(path, "DROP TABLE gpu_time; UPDATE meta SET value = '2' WHERE key = 'schema_version';");
+  run_sql(path, "DROP TABLE gpu_time; UPDATE meta SET value = '2' WHERE key = 'schema_version';");
   RunDbReader r(path);
   CHECK(r.schema_version() == 2);
   CHECK(r.gpu_time().empty());
@@ -56,7 +45,7 @@ TEST_CASE("a format 3 run.db without gpu_time is refused as incomplete", "[rundb
   TempDir dir;
   const auto path = dir.file("run.db");
   { RunDbWriter w(path, false); }
-  exec(path, "DROP TABLE gpu_time;");
+  run_sql(path, "DROP TABLE gpu_time;");
   REQUIRE_THROWS_WITH(RunDbReader(path), Catch::Contains("no table gpu_time"));
 }
 
@@ -64,6 +53,6 @@ TEST_CASE("a gpu_time phase no writer writes is reported as corruption", "[rundb
   TempDir dir;
   const auto path = dir.file("run.db");
   { RunDbWriter w(path, false); }
-  exec(path, "INSERT INTO gpu_time VALUES (0, 0, 9, 0, 1, 1);");
+  run_sql(path, "INSERT INTO gpu_time VALUES (0, 0, 9, 0, 1, 1);");
   REQUIRE_THROWS_WITH(RunDbReader(path).gpu_time(), Catch::Contains("gpu_time") && Catch::Contains("phase 9"));
 }

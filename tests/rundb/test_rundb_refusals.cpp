@@ -3,13 +3,13 @@
 
 #include <fstream>
 
-#include <sqlite3.h>
-
 #include "ampdiag/rundb/reader.h"
 #include "ampdiag/rundb/writer.h"
+#include "run_sql.h"
 #include "temp_dir.h"
 
 using namespace ampdiag::rundb;
+using ampdiag::test::run_sql;
 using ampdiag::test::TempDir;
 
 namespace {
@@ -17,13 +17,6 @@ namespace {
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
   out << bytes;
-}
-
-void sql(const std::string& path, const char* statement) {
-  sqlite3* db = nullptr;
-  REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
-  REQUIRE(sqlite3_exec(db, statement, nullptr, nullptr, nullptr) == SQLITE_OK);
-  sqlite3_close(db);
 }
 
 }  // namespace
@@ -62,7 +55,7 @@ TEST_CASE("the reader refuses a file that is not SQLite", "[rundb]") {
 
 TEST_CASE("the reader refuses a SQLite file that is not a run.db", "[rundb]") {
   TempDir dir;
-  sql(dir.file("other.db"), "CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1);");
+  run_sql(dir.file("other.db"), "CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1);");
   REQUIRE_THROWS_WITH(RunDbReader(dir.file("other.db")), Catch::Contains("not an ampdiag run.db"));
 }
 
@@ -70,7 +63,7 @@ TEST_CASE("the reader refuses a run.db from a newer format", "[rundb]") {
   TempDir dir;
   const auto path = dir.file("future.db");
   { RunDbWriter w(path, false); }
-  sql(path, "UPDATE meta SET value = '99' WHERE key = 'schema_version';");
+  run_sql(path, "UPDATE meta SET value = '99' WHERE key = 'schema_version';");
   REQUIRE_THROWS_WITH(RunDbReader(path), Catch::Contains("newer") && Catch::Contains("upgrade"));
 }
 

@@ -1,16 +1,16 @@
 // What the writer stores, the reader returns.
 #include <catch2/catch.hpp>
 
-#include <sqlite3.h>
-
 #include <cmath>
 
 #include "ampdiag/rundb/reader.h"
 #include "ampdiag/rundb/schema.h"
 #include "ampdiag/rundb/writer.h"
+#include "run_sql.h"
 #include "temp_dir.h"
 
 using namespace ampdiag::rundb;
+using ampdiag::test::run_sql;
 using ampdiag::test::TempDir;
 
 TEST_CASE("every table round-trips through writer and reader", "[rundb]") {
@@ -90,8 +90,6 @@ TEST_CASE("every table round-trips through writer and reader", "[rundb]") {
 TEST_CASE("a format 1 run.db still reads: replays from its events, losses not known", "[rundb]") {
   TempDir dir;
   const auto path = dir.file("v1.db");
-  sqlite3* db = nullptr;
-  REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
   // The format 1 tables as ampdiag 0.1 wrote them (the columns the reader selects).
   const char* v1 = R"sql(
     PRAGMA application_id = 1095585860;
@@ -116,8 +114,7 @@ TEST_CASE("a format 1 run.db still reads: replays from its events, losses not kn
     INSERT INTO events VALUES (3, 0, 'replay', 'module=head error=RuntimeError: shape mismatch', 1.0);
     INSERT INTO events VALUES (4, -1, 'frozen-parameters', '2 parameters', 1.0);
   )sql";
-  REQUIRE(sqlite3_exec(db, v1, nullptr, nullptr, nullptr) == SQLITE_OK);
-  sqlite3_close(db);
+  run_sql(path, v1);
 
   RunDbReader r(path);
   CHECK(r.schema_version() == 1);

@@ -295,6 +295,11 @@ class AttachHandle:
         """Closed, or recording stopped: the hooks do nothing and torch's own methods run."""
         return self._closed or self._stopped
 
+    @property
+    def _standing_aside(self):
+        """Inert, or an FP32 replay is running: the model's and autograd's hooks do nothing."""
+        return self._inert or (self._replayer is not None and self._replayer.busy)
+
     def _begin_cycle(self) -> bool:
         """The first hook of an optimizer cycle: the step before it is recorded now (it
         may have had an extra update() since it ended). Returns whether recording goes on:
@@ -321,7 +326,7 @@ class AttachHandle:
         return True
 
     def _arrived(self, layer, grad):
-        if self._inert or (self._replayer is not None and self._replayer.busy):
+        if self._standing_aside:
             return
         if not self._begin_cycle():
             return
@@ -474,10 +479,7 @@ class AttachHandle:
         else:
             self._session.end_step(host_sum(losses), len(losses), scale_before, scale_after, found_inf, skipped,
                                    self._python_ns)
-            self._python_ns = 0
-            self._in_cycle = False
-            if self._autopin is not None:
-                self._autopin.pin()
+            self._step_ended()
         self._last_step_skipped = skipped
 
     def _end_step_later(self, values, fields, losses, scale_before, scale_after, found_inf, skipped):
@@ -487,6 +489,11 @@ class AttachHandle:
         loss = host_sum(losses) if not fields & _ampdiag.OUTCOME_LOSS else math.nan
         self._session.end_step_on_device(loss, len(losses), scale_before, scale_after, found_inf, skipped,
                                          self._python_ns, values.data_ptr(), *engine_place(values)[1:], fields)
+        self._step_ended()
+
+    def _step_ended(self):
+        """The session has ended the step: the next hook opens the next cycle, and the
+        modules confirmed in this one are pinned from it on."""
         self._python_ns = 0
         self._in_cycle = False
         if self._autopin is not None:
@@ -502,7 +509,7 @@ class AttachHandle:
 
         def hook(module, args, kwargs, output):
             nonlocal module_id
-            if self._inert or (self._replayer is not None and self._replayer.busy):
+            if self._standing_aside:
                 return None
             t0 = time.perf_counter_ns()
             if not self._begin_cycle():
@@ -584,9 +591,8 @@ def attach(model: torch.nn.Module, scaler: "torch.amp.GradScaler | None" = None,
     amp_dtype:      "float16" or "bfloat16"; default: float16 with a scaler, bfloat16 without.
     run_id:         the id shared by every rank of this run (default: derived from the launcher,
                     random for one process); `ampdiag report` merges only ranks of one run.
-    autopin:        True (one module) or N: a module whose FP32 replay confirmed it as the origin of a
-                    NaN/Inf in forward runs in FP32 from the next step on (an `autopin` event;
-                    the report says what happened after it); never more than N modules.
+    autopin:        True (one module) or N: pin to FP32, from the next step on, each module (at most N)
+                    whose FP32 replay confirmed it as a forward NaN/Inf's origin; the report says so.
     profile:        on a CUDA device, record each module's device time by precision and phase on
                     sampled steps (CUPTI); where that is unavailable, one event says why.
     """

@@ -35,19 +35,17 @@ class ProfileRanges:
         # and a replay's deep copy of it is another module.
         self._open = {}
         for path, module in modules:
-            handle._hooks.append(module.register_forward_pre_hook(self._pre_hook(path, module)))
-            handle._hooks.append(module.register_forward_hook(self._post_hook(module)))
+            handle._hooks.append(module.register_forward_pre_hook(self._pre_hook(path)))
+            handle._hooks.append(module.register_forward_hook(self._post_hook()))
 
     @property
     def _session(self):
         return self._handle._session
 
     def _active(self) -> bool:
-        h = self._handle
-        return self._session.opened and self._session.profiling and not h._inert and not (
-            h._replayer is not None and h._replayer.busy)
+        return self._session.opened and self._session.profiling and not self._handle._standing_aside
 
-    def _pre_hook(self, path, module):
+    def _pre_hook(self, path):
         module_id = None
 
         def hook(module, args):
@@ -63,7 +61,7 @@ class ProfileRanges:
 
         return hook
 
-    def _post_hook(self, module):
+    def _post_hook(self):
         def hook(module, args, output):
             stack = self._open.get(id(module))
             if not stack:
