@@ -119,6 +119,10 @@ class Session {
   // Once per key for the run.
   void event_once(const std::string& key, const std::string& kind, const std::string& detail);
   void replay(const std::string& module, const std::string& outcome, double fp32_absmax, const std::string& reason);
+  // What the optimizer step of `step` did to one half-precision layer: of `nonzero`
+  // elements with a finite non-zero gradient, `stalled` kept their value. Throws
+  // std::invalid_argument for counts no measurement gives.
+  void weight_update(std::int64_t step, std::int64_t layer, std::int64_t nonzero, std::int64_t stalled);
 
   // --- backward arrival (any thread: autograd's workers call it) -----------------------
   void arrived(std::int64_t layer);

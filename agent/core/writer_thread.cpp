@@ -50,6 +50,11 @@ void WriterThread::post_replay(rundb::ReplayRow row) {
   replays_.push_back(std::move(row));
 }
 
+void WriterThread::post_weight_update(rundb::WeightUpdateRow row) {
+  std::lock_guard<std::mutex> lock(posted_mutex_);
+  weight_updates_.push_back(row);
+}
+
 void WriterThread::post_meta(std::string key, std::string value) {
   std::lock_guard<std::mutex> lock(posted_mutex_);
   meta_.emplace_back(std::move(key), std::move(value));
@@ -110,6 +115,7 @@ bool WriterThread::drain_once() {
   std::vector<rundb::ModuleRow> modules;
   std::vector<rundb::EventRow> events;
   std::vector<rundb::ReplayRow> replays;
+  std::vector<rundb::WeightUpdateRow> weight_updates;
   std::vector<std::pair<std::string, std::string>> meta;
   {
     std::lock_guard<std::mutex> lock(posted_mutex_);
@@ -117,14 +123,17 @@ bool WriterThread::drain_once() {
     modules.swap(modules_);
     events.swap(events_);
     replays.swap(replays_);
+    weight_updates.swap(weight_updates_);
     meta.swap(meta_);
   }
-  bool any = !(layers.empty() && modules.empty() && events.empty() && replays.empty() && meta.empty());
+  bool any = !(layers.empty() && modules.empty() && events.empty() && replays.empty() && meta.empty() &&
+               weight_updates.empty());
   for (const auto& [k, v] : meta) writer_->set_meta(k, v);
   for (const auto& row : layers) writer_->add_layer(row);
   for (const auto& row : modules) writer_->add_module(row);
   for (const auto& row : events) writer_->add_event(row);
   for (const auto& row : replays) writer_->add_replay(row);
+  for (const auto& row : weight_updates) writer_->add_weight_update(row);
   const std::int64_t dropped = dropped_.load(std::memory_order_relaxed);
   if (dropped != dropped_reported_) {
     writer_->set_meta("dropped_records", std::to_string(dropped));

@@ -31,7 +31,7 @@ bool Report::healthy() const {
 const std::vector<std::string>& rule_ids() {
   static const std::vector<std::string> ids = {"scale-collapse", "overflow-origin",   "forward-nonfinite", "low-headroom",
                                                "underflow",      "skip-rate",         "rank-disagreement", "missing-ranks",
-                                               "autopin"};
+                                               "autopin",        "stalled-updates",   "half-parameters"};
   return ids;
 }
 
@@ -61,6 +61,17 @@ namespace {
 // The findings must agree: a fix that cannot work while another finding holds is
 // replaced by the one that can, and a symptom names its cause.
 void make_consistent(Report& report) {
+  // torch.amp.GradScaler refuses fp16 parameters' gradients: with fp16 parameters a scaler
+  // comes with FP32 master weights, which the stalled-updates fix already says.
+  const bool half_parameters = std::any_of(report.findings.begin(), report.findings.end(), [](const Finding& f) {
+    return f.rule == "stalled-updates" || f.rule == "half-parameters";
+  });
+  for (auto& f : report.findings)
+    if (f.rule == "underflow" && half_parameters)
+      f.suggestions = {{"Keep FP32 master weights and add a loss scaler: train the float32 model under fp16 "
+                        "autocast with torch.amp.GradScaler (it refuses gradients of fp16 parameters), which lifts "
+                        "these gradients into fp16's range.",
+                        "", ""}};
   const Finding* culprit = nullptr;
   for (const auto& f : report.findings)
     if ((f.rule == "overflow-origin" || f.rule == "forward-nonfinite") && f.severity != Severity::kInfo &&
@@ -125,6 +136,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::underflow(run, t, found);
     rules::skip_rate(run, t, found);
     rules::autopin(run, found);
+    rules::half_parameters(run, t, found);
     for (auto& f : found) {
       f.ranks = {run.rank};
       all.push_back(std::move(f));

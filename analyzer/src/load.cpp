@@ -32,6 +32,19 @@ void read_gpu_profile(rundb::RunDbReader& reader, Run& run) {
   }
 }
 
+void read_weight_updates(rundb::RunDbReader& reader, Run& run) {
+  for (const rundb::WeightUpdateRow& r : reader.weight_updates()) {
+    if (r.layer_id < 0 || std::size_t(r.layer_id) >= run.layers.size())
+      throw rundb::RunDbError(run.path + ": weight_updates names layer " + std::to_string(r.layer_id) +
+                              ", which the layers table does not hold (the file is damaged)");
+    LayerSummary& layer = run.layers[std::size_t(r.layer_id)];
+    if (layer.first_update_step < 0) layer.first_update_step = r.step;
+    ++layer.update_steps;
+    layer.update_nonzero += r.nonzero;
+    layer.update_stalled += r.stalled;
+  }
+}
+
 }  // namespace
 
 std::int64_t GpuTime::kernel_ns() const {
@@ -95,6 +108,7 @@ Run load_run(const std::string& path, const LoadOptions& options) {
   // The gradient and activation statistics: one read from the start, merged into the Run.
   apply_run_delta(run, read_run_delta(path, RunCursor{}, options));
   read_gpu_profile(reader, run);
+  read_weight_updates(reader, run);
   if (run.steps.empty())
     throw rundb::RunDbError(path + ": holds no steps (the training never reached scaler.update())");
   return run;

@@ -32,6 +32,9 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 // Modules the agent pinned itself (events "autopin"): info, with the skips after the pin.
 void autopin(const Run& run, std::vector<Finding>& out);
+// Parameters stored in half precision (no FP32 master weights): layers whose updates mostly
+// round away (warning), else one info finding that the run keeps such parameters.
+void half_parameters(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void rank_disagreement(const std::vector<Run>& runs, const Thresholds& t, std::vector<Finding>& out);
 
 }  // namespace ampdiag::analyzer::rules

@@ -74,6 +74,7 @@ Info read_info(rundb::RunDbReader& r, bool full_check) {
   count("replays", [&] { return r.replays().size(); });
   count("events", [&] { return r.events().size(); });
   if (r.schema_version() >= 3) count("gpu_time", [&] { return r.gpu_time().size(); });
+  if (r.schema_version() >= 4) count("weight_updates", [&] { return r.weight_updates().size(); });
   if (r.has_summaries()) {
     count("grad_samples", [&] {
       std::size_t rows = 0;

@@ -30,6 +30,7 @@ options:
   --underflow-fraction X  underflow when zeros + fp16 subnormals exceed this share (default 0.5)
   --skip-rate X           skip-rate above this share of steps after calibration (default 0.10)
   --rank-bits X           rank-disagreement beyond X bits of abs-max (default 4)
+  --stalled-fraction X    stalled-updates above this share of a layer's updates rounding away (default 0.5)
   --allow-partial         report on a run.db still being written, or whose process died
   --threads N             threads reading the file (default: all cores)
   --color WHEN            auto (default), always, never
@@ -40,7 +41,8 @@ options:
 int cmd_report(int argc, char** argv) {
   const Args args(argc, argv,
                   {"--format", "-o", "--output", "--fail-on", "--scale-floor", "--backoff-run", "--headroom-bits",
-                   "--headroom-fraction", "--underflow-fraction", "--skip-rate", "--rank-bits", "--threads", "--color"},
+                   "--headroom-fraction", "--underflow-fraction", "--skip-rate", "--rank-bits", "--stalled-fraction",
+                   "--threads", "--color"},
                   {"--allow-partial"});
   if (args.help()) {
     std::fputs(kHelp, stdout);
@@ -63,6 +65,7 @@ int cmd_report(int argc, char** argv) {
   t.underflow_fraction = args.number("--underflow-fraction", t.underflow_fraction, 0.0, 1.0);
   t.skip_rate = args.number("--skip-rate", t.skip_rate, 0.0, 1.0);
   t.rank_bits = args.number("--rank-bits", t.rank_bits, 0.0, 128.0);
+  t.stalled_fraction = args.number("--stalled-fraction", t.stalled_fraction, 0.0, 1.0);
   const bool color = use_color(args);
   const std::string out = output_path(args);
   const int threads = int(args.integer("--threads", 0, 0, 256));

@@ -7,12 +7,19 @@ import sys
 import ampdiag
 
 
-def parse_args(description: str, default_db: str, default_steps: int, pinnable: list) -> argparse.Namespace:
+def parse_args(description: str, default_db: str, default_steps: int, pinnable: list,
+               flags: dict = None) -> argparse.Namespace:
+    """flags: extra on/off options of the sample, {"--name": "help"}."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--db", default=default_db, help=f"run.db to write (default {default_db}; replaced if it exists)")
     parser.add_argument("--steps", type=int, default=default_steps, help=f"training steps (default {default_steps})")
-    parser.add_argument("--pin-fp32", action="append", default=[], choices=pinnable, metavar="MODULE",
-                        help="run MODULE in FP32 (autocast off, fp32 inputs); one of: " + ", ".join(pinnable))
+    if pinnable:
+        parser.add_argument("--pin-fp32", action="append", default=[], choices=pinnable, metavar="MODULE",
+                            help="run MODULE in FP32 (autocast off, fp32 inputs); one of: " + ", ".join(pinnable))
+    else:
+        parser.set_defaults(pin_fp32=[])
+    for flag, help_text in (flags or {}).items():
+        parser.add_argument(flag, action="store_true", help=help_text)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.steps < 1:

@@ -36,6 +36,18 @@ def test_pinned_sample_is_healthy(sample, tmp_path, report):
     assert code == 0 and rep["healthy"]
 
 
+def test_half_weights_sample_is_flagged_for_stalled_updates_and_its_fp32_master_run_is_healthy(tmp_path, report):
+    run_sample("half_weights.py", "--db", tmp_path / "half.db", "--steps", "40")
+    code, rep = report(tmp_path / "half.db")
+    assert code == 0  # a warning: training goes on, it only learns less
+    stalled = [f for f in rep["findings"] if f["rule"] == "stalled-updates"]
+    assert len(stalled) == 1 and stalled[0]["layer"].endswith(".weight")
+    run_sample("half_weights.py", "--db", tmp_path / "master.db", "--steps", "40", "--fp32-master")
+    code, rep = report(tmp_path / "master.db")
+    assert code == 0 and rep["healthy"]
+    assert not [f for f in rep["findings"] if f["rule"] in ("stalled-updates", "half-parameters")]
+
+
 def test_two_rank_ddp_run_writes_one_db_per_rank_read_together(tmp_path, report):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SAMPLES), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1")

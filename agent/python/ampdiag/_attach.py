@@ -22,7 +22,9 @@ from . import _ampdiag, _loss, _rank
 from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
 from ._autopin import AutoPinner
+from ._options import check_options, default_amp_dtype
 from ._replay import FINITE, NONFINITE, Replayer
+from ._updates import UpdateProbe, holds_half_parameters
 from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, directly_readable, engine_place,
                        first_float_tensor, found_inf, found_inf_tensor, host_place, host_sum, inf_checked,
                        readable_view, scale_on_device, sum_on)
@@ -66,22 +68,8 @@ class AttachHandle:
             if p.device.type not in ("cpu", "cuda"):
                 raise ValueError(f"a parameter is on the {p.device.type!r} device: this ampdiag build reads "
                                  "CPU and CUDA tensors only")
-        if isinstance(db, os.PathLike):
-            db = os.fspath(db)
-        if not isinstance(db, str) or not db:
-            raise ValueError(f"db must be a file path such as 'run.db', not {db!r}")
-        for name, value, low in (("every", every, 1), ("context_steps", context_steps, 0),
-                                 ("queue_capacity", queue_capacity, 16), ("threads", threads, 0)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, not {value!r}")
-        if amp_dtype not in (None, "float16", "bfloat16"):
-            raise ValueError(f"amp_dtype must be 'float16' or 'bfloat16', not {amp_dtype!r}")
-        if run_id is not None and (not isinstance(run_id, str) or not run_id):
-            raise ValueError(f"run_id must be a non-empty string, not {run_id!r}")
-        if not isinstance(autopin, int) or autopin < 0:
-            raise ValueError(f"autopin must be False or the most modules to pin (an integer >= 0), not {autopin!r}")
-        if autopin and not (replay and activations):
-            raise ValueError("autopin needs activations=True and replay=True: it pins only what an FP32 replay confirmed")
+        db = check_options(db, every, context_steps, queue_capacity, threads, amp_dtype, run_id, autopin, replay,
+                           activations)
 
         self.model, self.scaler, self.optimizer = model, scaler, optimizer
         self._db, self._run_id = db, run_id
@@ -95,6 +83,7 @@ class AttachHandle:
         self._last_step_skipped = False
         self._replayer = Replayer(self._record_replay) if replay else None
         self._autopin = AutoPinner(self, int(autopin)) if autopin else None
+        self._updates = UpdateProbe(self, every) if holds_half_parameters(params) else None
         self._grad_calls = 0
         self._python_ns = 0
         rank = _rank.known_rank()
@@ -132,6 +121,8 @@ class AttachHandle:
             else:
                 self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
                 self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
+                if self._updates is not None:
+                    self._updates.watch(optimizer)
                 _loss.watch(self)
             setattr(model, _ATTACHED, weakref.ref(self))
             if scaler is not None:
@@ -189,6 +180,8 @@ class AttachHandle:
                 del owner.__dict__[_ATTACHED]
         if self._replayer is not None and self._session.opened:
             self._replayer.close()
+        if self._updates is not None:
+            self._updates.flush()
         self._finalizer()
 
     detach = close
@@ -214,7 +207,7 @@ class AttachHandle:
             settings = (float(scaler.get_scale()), float(scaler.get_growth_factor()),
                         float(scaler.get_backoff_factor()), int(scaler.get_growth_interval()))
         self._session.write_meta("ampdiag Python agent", torch.__version__, str(params[0].device),
-                                 amp_dtype or ("float16" if scaler is not None else "bfloat16"),
+                                 amp_dtype or default_amp_dtype(scaler, params),
                                  " ".join([sys.executable] + sys.argv), bool(fused), settings)
 
     def _register_layers(self, model):
@@ -413,6 +406,8 @@ class AttachHandle:
         t0 = time.perf_counter_ns()
         if not self._begin_cycle():
             return original(optimizer, inv_scale, found_inf, allow_fp16)
+        if self._updates is not None:
+            self._updates.watch(optimizer)
         if self._profile is not None:
             self._profile.watch_optimizer(optimizer)
             original = functools.partial(self._profile.unscale, original)
@@ -588,7 +583,9 @@ def attach(model: torch.nn.Module, scaler: "torch.amp.GradScaler | None" = None,
     replay:         re-run the first module with a non-finite output once in FP32, on copies of
                     the module and its inputs, and record whether that fixes it.
     overwrite:      replace an existing db file instead of refusing.
-    amp_dtype:      "float16" or "bfloat16"; default: float16 with a scaler, bfloat16 without.
+    amp_dtype:      "float16" or "bfloat16"; default: float16 with a scaler or fp16 parameters,
+                    else bfloat16. Half-precision parameters also get their stalled updates
+                    counted on sampled steps (no FP32 master weights: see docs/PYTHON.md).
     run_id:         the id shared by every rank of this run (default: derived from the launcher,
                     random for one process); `ampdiag report` merges only ranks of one run.
     autopin:        True (one module) or N: pin to FP32, from the next step on, each module (at most N)

@@ -276,6 +276,8 @@ PYBIND11_MODULE(_ampdiag, m) {
       })
       .def("add_replay", [](Session& s, const std::string& module, const std::string& outcome, double absmax,
                             const std::string& reason) { s.core().replay(module, outcome, absmax, reason); })
+      .def("weight_update", [](Session& s, std::int64_t step, std::int64_t layer, std::int64_t nonzero,
+                               std::int64_t stalled) { s.core().weight_update(step, layer, nonzero, stalled); })
       .def("arrived", [](Session& s, std::int64_t layer) { s.core().arrived(layer); })
       .def("begin_cycle", [](Session& s) { return s.core().begin_cycle(); })
       .def("add_agent_ns", [](Session& s, std::int64_t ns) { s.core().add_agent_ns(ns); })

@@ -106,6 +106,7 @@ RunDbReader::RunDbReader(const std::string& path) : path_(path) {
   if (version_ < 1) throw RunDbError(path + ": run.db has an invalid schema_version '" + version + "'");
   if (version_ >= 2) check_tables({"replays"});
   if (version_ >= 3) check_tables({"gpu_time"});
+  if (version_ >= 4) check_tables({"weight_updates"});
   {
     Statement q(*db_, "SELECT 1 FROM sqlite_master WHERE name = 'grad_samples'", "the schema (sqlite_master)");
     summaries_ = q.next();
@@ -223,6 +224,22 @@ std::vector<GpuTimeRow> RunDbReader::gpu_time() {
       throw_corrupt(path_, "gpu_time holds phase " + std::to_string(phase) + ", kind " + std::to_string(kind) +
                                ", which no writer writes");
     out.push_back({q.int64(0), q.int64(1), GpuPhase(phase), GpuKind(kind), q.int64(4), q.int64(5)});
+  }
+  return out;
+}
+
+std::vector<WeightUpdateRow> RunDbReader::weight_updates() {
+  std::vector<WeightUpdateRow> out;
+  if (version_ < 4) return out;
+  Statement q(*db_, "SELECT step, layer_id, nonzero, stalled FROM weight_updates ORDER BY step, layer_id",
+              "table weight_updates");
+  while (q.next()) {
+    WeightUpdateRow row{q.int64(0), q.int64(1), q.int64(2), q.int64(3)};
+    if (row.nonzero < 0 || row.stalled < 0 || row.stalled > row.nonzero)
+      throw_corrupt(path_, "weight_updates says " + std::to_string(row.stalled) + " of " + std::to_string(row.nonzero) +
+                               " elements of layer " + std::to_string(row.layer_id) + " stalled at step " +
+                               std::to_string(row.step) + ", which no writer writes");
+    out.push_back(row);
   }
   return out;
 }

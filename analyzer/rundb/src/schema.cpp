@@ -75,6 +75,13 @@ CREATE TABLE gpu_time (
   ns INTEGER NOT NULL,
   PRIMARY KEY (step, module_id, phase, kind)
 ) WITHOUT ROWID;
+CREATE TABLE weight_updates (
+  step INTEGER NOT NULL,
+  layer_id INTEGER NOT NULL,
+  nonzero INTEGER NOT NULL,
+  stalled INTEGER NOT NULL,
+  PRIMARY KEY (step, layer_id)
+) WITHOUT ROWID;
 CREATE TABLE grad_hist_sums (
   id INTEGER PRIMARY KEY,
   last_step INTEGER NOT NULL,

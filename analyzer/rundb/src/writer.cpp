@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
 #include <algorithm>
 
 #include "schema.h"
@@ -139,6 +140,8 @@ void RunDbWriter::open_and_create() {
   gpu_ = std::make_unique<Statement>(
       *db_, "INSERT INTO gpu_time (step, module_id, phase, kind, count, ns) VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
             "ON CONFLICT (step, module_id, phase, kind) DO UPDATE SET count = count + excluded.count, ns = ns + excluded.ns");
+  weights_ = std::make_unique<Statement>(
+      *db_, "INSERT OR REPLACE INTO weight_updates (step, layer_id, nonzero, stalled) VALUES (?1, ?2, ?3, ?4)");
   samples_ = std::make_unique<Statement>(*db_, "INSERT INTO grad_samples (step, samples) VALUES (?1, ?2)");
   hist_sums_ = std::make_unique<Statement>(*db_, "INSERT INTO grad_hist_sums (last_step, layer_id, counts) VALUES (?1, ?2, ?3)");
   set_meta("started_at", std::to_string(now_seconds()));
@@ -317,6 +320,15 @@ void RunDbWriter::add_gpu_time(const GpuTimeRow& r) {
   begin_if_needed();
   gpu_->bind(1, r.step).bind(2, r.module_id).bind(3, std::int64_t(r.phase)).bind(4, std::int64_t(r.kind)).bind(5, r.count)
       .bind(6, r.ns).run();
+}
+
+void RunDbWriter::add_weight_update(const WeightUpdateRow& r) {
+  if (r.nonzero < 0 || r.stalled < 0 || r.stalled > r.nonzero)
+    throw std::invalid_argument("weight update of layer " + std::to_string(r.layer_id) + " at step " +
+                                std::to_string(r.step) + ": " + std::to_string(r.stalled) + " stalled of " +
+                                std::to_string(r.nonzero) + " is not a count of elements");
+  begin_if_needed();
+  weights_->bind(1, r.step).bind(2, r.layer_id).bind(3, r.nonzero).bind(4, r.stalled).run();
 }
 
 void RunDbWriter::add_replay(const ReplayRow& r) {

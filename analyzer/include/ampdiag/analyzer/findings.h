@@ -56,6 +56,7 @@ struct Thresholds {
   double underflow_fraction = 0.5;   // underflow: zeros + fp16 subnormals above this share
   double skip_rate = 0.10;           // skip-rate: skipped share of steps after calibration
   double rank_bits = 4.0;            // rank-disagreement: abs-max this many bits from the others
+  double stalled_fraction = 0.5;     // stalled-updates: share of a layer's updates that rounded away
 };
 
 // One module's device time per profiled step, and the shares of its kernel time by precision.

@@ -35,6 +35,11 @@ struct LayerSummary {
   // Its exponent histograms (rundb::kHistBins) summed over its finite samples; empty when
   // the agent recorded none.
   std::vector<std::uint64_t> histogram;
+  // Its optimizer updates on the steps the agent measured them (half-precision parameters
+  // only, the weight_updates table): elements with a finite non-zero gradient, and those
+  // whose stored value the step left unchanged.
+  std::int64_t update_steps = 0, update_nonzero = 0, update_stalled = 0;
+  std::int64_t first_update_step = -1;
 };
 
 struct ModuleSummary {

@@ -62,6 +62,8 @@ class RunDbReader {
   // The profiler's rows in (step, module, phase, kind) order; none in files before format 3.
   // A phase or kind outside the format's throws (corrupt).
   std::vector<GpuTimeRow> gpu_time();
+  // In step, then layer order; none in files before format 4.
+  std::vector<WeightUpdateRow> weight_updates();
   // Row by row in (step, fwd_order) order, the rows after (step, fwd_order) = `after`.
   void for_each_act_stat(const std::function<void(const ActStatRow&)>& visit,
                          std::pair<std::int64_t, std::int64_t> after = {INT64_MIN, INT64_MIN});

@@ -149,6 +149,17 @@ struct GpuTimeRow {
   std::int64_t ns = 0;          // their summed duration
 };
 
+// On a measured step of a run whose parameters are stored in half precision (fp16/bf16
+// without FP32 master weights): of one layer's elements whose gradient was finite and not
+// zero, how many the optimizer step left unchanged (their update was smaller than half a
+// unit in the last place of the weight, so it rounded away).
+struct WeightUpdateRow {
+  std::int64_t step = 0;
+  std::int64_t layer_id = 0;
+  std::int64_t nonzero = 0;  // elements with a finite, non-zero gradient
+  std::int64_t stalled = 0;  // of those, elements whose stored value did not change
+};
+
 struct EventRow {
   std::int64_t step = -1;       // -1: not tied to a step
   std::string kind;             // e.g. "dropped", "warning", "error"

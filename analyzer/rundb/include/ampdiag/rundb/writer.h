@@ -41,6 +41,8 @@ class RunDbWriter {
   void add_replay(const ReplayRow& row);
   // Adds to the row of the same (step, module, phase, kind) if there is one.
   void add_gpu_time(const GpuTimeRow& row);
+  // Throws std::invalid_argument for counts no measurement gives (stalled > nonzero, < 0).
+  void add_weight_update(const WeightUpdateRow& row);
 
   // Ends the current transaction (a later row starts the next one), with the summaries of
   // its gradient rows, so that a reader never sees one without the other.
@@ -73,7 +75,8 @@ class RunDbWriter {
 
   std::string path_;
   std::unique_ptr<Database> db_;
-  std::unique_ptr<Statement> meta_, layer_, module_, step_, grad_, act_, event_, replay_, samples_, hist_sums_, gpu_;
+  std::unique_ptr<Statement> meta_, layer_, module_, step_, grad_, act_, event_, replay_, samples_, hist_sums_, gpu_,
+      weights_;
   std::map<std::int64_t, std::vector<SampleRecord>> pending_samples_;  // the open transaction's, by step
   std::pair<const std::int64_t, std::vector<SampleRecord>>* pending_step_ = nullptr;  // the last row's
   HistogramSums hist_open_, hist_ready_;

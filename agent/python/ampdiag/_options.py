@@ -1,0 +1,32 @@
+"""attach()'s plain options: checked before anything is attached, and their defaults."""
+import os
+
+import torch
+
+
+def check_options(db, every, context_steps, queue_capacity, threads, amp_dtype, run_id, autopin, replay,
+                  activations) -> str:
+    """Raises ValueError naming the first bad option; returns db as a str path."""
+    if isinstance(db, os.PathLike):
+        db = os.fspath(db)
+    if not isinstance(db, str) or not db:
+        raise ValueError(f"db must be a file path such as 'run.db', not {db!r}")
+    for name, value, low in (("every", every, 1), ("context_steps", context_steps, 0),
+                             ("queue_capacity", queue_capacity, 16), ("threads", threads, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, not {value!r}")
+    if amp_dtype not in (None, "float16", "bfloat16"):
+        raise ValueError(f"amp_dtype must be 'float16' or 'bfloat16', not {amp_dtype!r}")
+    if run_id is not None and (not isinstance(run_id, str) or not run_id):
+        raise ValueError(f"run_id must be a non-empty string, not {run_id!r}")
+    if not isinstance(autopin, int) or autopin < 0:
+        raise ValueError(f"autopin must be False or the most modules to pin (an integer >= 0), not {autopin!r}")
+    if autopin and not (replay and activations):
+        raise ValueError("autopin needs activations=True and replay=True: it pins only what an FP32 replay confirmed")
+    return db
+
+
+def default_amp_dtype(scaler, params) -> str:
+    # Without a scaler the run is bf16 autocast, unless the model itself is fp16 (model.half()).
+    fp16_model = any(p.dtype == torch.float16 for p in params if p.requires_grad)
+    return "float16" if scaler is not None or fp16_model else "bfloat16"
