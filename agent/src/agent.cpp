@@ -16,6 +16,8 @@
 #include <unordered_map>
 
 #include "ampdiag/grad_scaler.h"
+#include "ampdiag/pin_fp32.h"
+#include "replay_pins.h"
 #include "run_paths.h"
 #include "session.h"
 #include "tensor_views.h"
@@ -61,11 +63,16 @@ class Agent::Impl final : public ScalerObserver {
   Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions options);
   ~Impl() override { close(); }
 
-  at::Tensor probe(const std::string& path, const at::Tensor& x);
+  at::Tensor probe(const std::string& path, const at::Tensor& x) {
+    record(path, x);
+    return x;
+  }
+  at::Tensor forward_as(const std::string& path, const Forward& run, const Forward& replay, const at::Tensor& x);
   bool begin_module_range(const std::string& path);
   void end_range() { session_.end_range(); }
   void close();
   AgentStatus status() const;
+  using Forward = Agent::Forward;
 
   void on_scale(const at::Tensor& outputs) override;
   bool on_unscale(UnscaleBatch& batch) override;
@@ -79,6 +86,8 @@ class Agent::Impl final : public ScalerObserver {
   void on_update(const ScaleUpdate& update) override;
 
  private:
+  // Probes x as module `path`'s output; returns whether it was the step's first NaN/Inf.
+  bool record(const std::string& path, const at::Tensor& x);
   void register_layers(torch::nn::Module& model);
   std::int64_t layer_of(const at::Tensor& param);
   // The type of the model's module at `path`; empty for a path the model does not have.
@@ -92,6 +101,7 @@ class Agent::Impl final : public ScalerObserver {
   GradScaler* scaler_;
   std::string db_path_;
   agent::Session session_;
+  agent::ReplayPins replay_pins_;
 
   std::unordered_map<std::string, std::string> module_types_;  // path -> type, from the model
   std::vector<at::Tensor> keep_alive_;  // every registered tensor: its address is its key
@@ -104,6 +114,7 @@ class Agent::Impl final : public ScalerObserver {
   at::Tensor device_loss_sum_;
   std::int64_t losses_ = 0;
   bool skipped_ = false;
+  bool nonfinite_seen_ = false;  // a probe of this cycle held NaN/Inf
   bool closed_ = false;
 
   // Per-call scratch, kept to avoid allocating on the training thread.
@@ -151,7 +162,13 @@ std::uintptr_t key_of(const at::Tensor& t) { return reinterpret_cast<std::uintpt
 }  // namespace
 
 Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions options)
-    : options_(std::move(options)), scaler_(&scaler), session_(session_options(options_)) {
+    : options_(std::move(options)),
+      scaler_(&scaler),
+      session_(session_options(options_)),
+      replay_pins_(session_, options_.replay, options_.autopin) {
+  if (options_.autopin < 0) throw std::invalid_argument("AgentOptions.autopin must be >= 0 (0: never pin)");
+  if (options_.autopin > 0 && !options_.replay)
+    throw std::invalid_argument("AgentOptions.autopin needs replay: it pins only what an FP32 replay confirmed");
   if (!scaler.is_enabled())
     throw std::invalid_argument(
         "ampdiag::Agent: the GradScaler is disabled, so there is no loss scale to watch; enable it "
@@ -209,26 +226,44 @@ std::int64_t Agent::Impl::layer_of(const at::Tensor& param) {
   return layer.id;
 }
 
-at::Tensor Agent::Impl::probe(const std::string& path, const at::Tensor& x) {
-  if (closed_ || !x.defined()) return x;
+bool Agent::Impl::record(const std::string& path, const at::Tensor& x) {
+  if (closed_ || !x.defined()) return false;
   if (!at::isFloatingType(x.scalar_type())) {
     session_.event_once("probe-type:" + path, "warning",
                         "probe " + path + " saw a " + std::string(c10::toString(x.scalar_type())) +
                             " tensor; only floating-point outputs have statistics");
-    return x;
+    return false;
   }
   const auto t0 = Clock::now();
   begin_cycle();
   at::Tensor copy;
   agent::DeviceTensor view;
+  bool first_nonfinite = false;
   if (agent::stats_view(x, copy, view)) {
     const std::int64_t module = session_.module_id(path, module_type(path), "", "");
     // The forward of micro-batch k runs before its k-th scale() call. (The Python agent
     // counts forwards that follow a backward; autograd hooks here may run on other threads.)
-    session_.activation(module, view, std::int32_t(losses_));
+    // Known at once for host tensors only: a device tensor's result lands later.
+    first_nonfinite = session_.activation(module, view, std::int32_t(losses_)) && !nonfinite_seen_;
+    nonfinite_seen_ = nonfinite_seen_ || first_nonfinite;
   }
   session_.add_agent_ns(ns_since(t0));
-  return x;
+  return first_nonfinite;
+}
+
+at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, const Forward& replay,
+                                   const at::Tensor& x) {
+  if (closed_) return run(x);
+  begin_cycle();
+  at::Tensor y;
+  if (replay_pins_.pinned(path)) {
+    AutocastDisabled off;
+    y = run(to_fp32(x));
+  } else {
+    y = run(x);
+  }
+  if (record(path, y)) replay_pins_.nonfinite_output(path, replay, x);
+  return y;
 }
 
 bool Agent::Impl::begin_module_range(const std::string& path) {
@@ -245,6 +280,8 @@ bool Agent::Impl::begin_module_range(const std::string& path) {
 
 void Agent::Impl::begin_cycle() {
   if (!session_.begin_cycle()) return;
+  replay_pins_.announce();
+  nonfinite_seen_ = false;
   loss_sum_ = 0.0;
   device_loss_sum_ = at::Tensor();
   losses_ = 0;
@@ -377,6 +414,7 @@ void Agent::Impl::on_update(const ScaleUpdate& u) {
     session_.add_agent_ns(ns_since(t0));
     return;
   }
+  replay_pins_.step_ended();
   skipped_ = false;
 }
 
@@ -406,6 +444,11 @@ Agent::Agent(torch::nn::Module& model, GradScaler& scaler, AgentOptions options)
 Agent::~Agent() = default;
 
 at::Tensor Agent::probe(const std::string& module_path, const at::Tensor& x) { return impl_->probe(module_path, x); }
+
+at::Tensor Agent::forward_as(const std::string& module_path, const Forward& run, const Forward& replay,
+                             const at::Tensor& x) {
+  return impl_->forward_as(module_path, run, replay, x);
+}
 
 ModuleRange Agent::module_range(const std::string& module_path) {
   return ModuleRange(this, impl_->begin_module_range(module_path));

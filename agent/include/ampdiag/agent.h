@@ -16,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,13 @@ struct AgentOptions {
   // (CUPTI; forward time for the modules wrapped in module_range()). Unavailable (no driver,
   // no device, no CUPTI): one event in run.db, and the run goes on without it.
   bool profile = false;
+  // For modules run through Agent::forward(): the first module of a step whose output holds
+  // NaN/Inf is run once more in FP32 on a clone (once per module and run), and the result is
+  // recorded (replays: finite = confirmed, nonfinite, unconfirmed with the reason).
+  bool replay = true;
+  // Pin to FP32, from the next step on, up to this many modules whose replay confirmed them
+  // as the origin of a NaN/Inf in forward (event "autopin"); 0: never. Needs replay.
+  std::int64_t autopin = 0;
 };
 
 struct AgentStatus {
@@ -89,6 +97,24 @@ class Agent {
   // Records the statistics of x as the output of module `module_path` in this step's
   // forward order, and returns x itself (LibTorch modules have no forward hooks).
   at::Tensor probe(const std::string& module_path, const at::Tensor& x);
+
+  // Runs module `module_path`'s forward on x and probes its output (as probe() does); a
+  // module pinned by AgentOptions::autopin runs in FP32 (autocast off, fp32 input). `module`
+  // is a LibTorch module holder (torch::nn::Linear, TORCH_MODULE(...)); the replay runs on
+  // its clone(), so a module that is not Cloneable is replayed as "unconfirmed".
+  //   x = x + agent.forward("blocks.0.attn", block->attn, block->norm1(x));
+  template <class Holder>
+  at::Tensor forward(const std::string& module_path, Holder& module, const at::Tensor& x) {
+    using Module = typename Holder::ContainedType;
+    return forward_as(
+        module_path, [&](const at::Tensor& in) { return at::Tensor(module->forward(in)); },
+        [&](const at::Tensor& in) { return at::Tensor(std::dynamic_pointer_cast<Module>(module->clone())->forward(in)); },
+        x);
+  }
+  // forward() for any callable: `run` is the module's forward, `replay` runs it on a copy
+  // that may be changed (a replay must leave the model as it was).
+  using Forward = std::function<at::Tensor(const at::Tensor&)>;
+  at::Tensor forward_as(const std::string& module_path, const Forward& run, const Forward& replay, const at::Tensor& x);
 
   // The device profile's range for module `module_path`'s forward, until the guard goes:
   //   { auto r = agent.module_range("encoder.0"); x = encoder0->forward(x); }

@@ -1,0 +1,92 @@
+#include "replay_pins.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <mutex>
+
+#include "ampdiag/pin_fp32.h"
+
+namespace ampdiag::agent {
+
+namespace {
+
+// The CPU generator's state, put back when it goes: a replay that draws random numbers
+// (dropout) must not shift the training's.
+class CpuRngRestored {
+ public:
+  CpuRngRestored() : generator_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    state_ = generator_.get_state();
+  }
+  ~CpuRngRestored() {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    generator_.set_state(state_);
+  }
+  CpuRngRestored(const CpuRngRestored&) = delete;
+  CpuRngRestored& operator=(const CpuRngRestored&) = delete;
+
+ private:
+  at::Generator generator_;
+  at::Tensor state_;
+};
+
+std::string first_line(const char* what) {
+  std::string s(what ? what : "");
+  const auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+}  // namespace
+
+void ReplayPins::nonfinite_output(const std::string& path, const Forward& replay, const at::Tensor& x) {
+  if (!replay_ || !replayed_.insert(path).second) return;
+  std::string outcome = "unconfirmed", reason;
+  double absmax = std::numeric_limits<double>::quiet_NaN();
+  try {
+    at::Tensor y;
+    {
+      CpuRngRestored rng;
+      AutocastDisabled off;
+      c10::NoGradGuard no_grad;
+      y = replay(to_fp32(x).clone());
+    }
+    if (!y.defined() || !at::isFloatingType(y.scalar_type())) {
+      reason = "the replay returned no floating-point tensor";
+    } else if (at::isfinite(y).all().item<bool>()) {
+      outcome = "finite";
+      absmax = y.numel() ? y.abs().max().item<double>() : 0.0;
+    } else {
+      outcome = "nonfinite";
+    }
+  } catch (const std::exception& e) {
+    reason = "the FP32 replay raised: " + first_line(e.what());
+  }
+  session_.replay(path, outcome, absmax, reason);
+  if (outcome != "finite" || limit_ <= 0) return;
+  if (std::int64_t(pinned_.size() + confirmed_.size()) < limit_)
+    confirmed_.push_back(path);
+  else
+    session_.event_once("autopin-limit", "autopin-limit",
+                        path + " was confirmed too, but autopin's limit of " + std::to_string(limit_) +
+                            " modules is reached: pin it in code if it keeps overflowing");
+}
+
+void ReplayPins::step_ended() {
+  for (auto& path : confirmed_) {
+    pinned_.insert(path);
+    announce_.push_back(std::move(path));
+  }
+  confirmed_.clear();
+}
+
+void ReplayPins::announce() {
+  for (const auto& path : announce_) session_.event("autopin", path);
+  announce_.clear();
+}
+
+}  // namespace ampdiag::agent
