@@ -118,4 +118,28 @@ Fp8Readiness fp8_readiness(const Run& run, const Fp8Options& options) {
   return out;
 }
 
+void add_fp8_overview(Report& report, const std::vector<Run>& runs, const Fp8Options& options) {
+  constexpr std::size_t kListed = 3;
+  for (std::size_t i = 0; i < runs.size() && i < report.runs.size(); ++i) {
+    const Fp8Readiness r = fp8_readiness(runs[i], options);
+    if (!r.histograms) continue;
+    Fp8Overview& o = report.runs[i].fp8;
+    o.recorded = true;
+    o.history = options.history;
+    o.fit_share = options.fit_share;
+    o.layers = std::int64_t(r.layers.size());
+    std::vector<const Fp8Layer*> unfit;
+    for (const auto& l : r.layers) {
+      o.fit_e4m3 += l.fits[0];
+      o.fit_e5m2 += l.fits[1];
+      if (!l.fits[0]) unfit.push_back(&l);
+    }
+    std::stable_sort(unfit.begin(), unfit.end(), [](const Fp8Layer* a, const Fp8Layer* b) {
+      return a->shares[0].normal < b->shares[0].normal;
+    });
+    for (std::size_t k = 0; k < unfit.size() && k < kListed; ++k)
+      o.least_ready.push_back({unfit[k]->layer, unfit[k]->shares[0].normal, unfit[k]->shares[1].normal});
+  }
+}
+
 }  // namespace ampdiag::analyzer

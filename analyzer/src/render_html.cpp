@@ -325,7 +325,8 @@ table{border-collapse:collapse;font-size:13px} td,th{border-bottom:1px solid #ee
   }
   o += "</table>\n";
   for (const auto& x : r.runs) {
-    const auto lines = device_profile_lines(x);
+    auto lines = device_profile_lines(x);
+    for (auto& line : fp8_lines(x.fp8)) lines.push_back(std::move(line));
     if (lines.empty()) continue;
     o += "<pre class=\"note\">";
     for (const auto& line : lines) o += escape_markup(line) + "\n";

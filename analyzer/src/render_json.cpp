@@ -27,6 +27,18 @@ std::string device_profile_json(const DeviceProfile& p) {
   return o + "]}";
 }
 
+std::string fp8_json(const Fp8Overview& f) {
+  if (!f.recorded) return "null";
+  std::string o = "{\"history\": " + number(f.history) + ", \"fit_share\": " + number(f.fit_share) +
+                  ", \"layers\": " + number(f.layers) + ", \"fit_e4m3\": " + number(f.fit_e4m3) +
+                  ", \"fit_e5m2\": " + number(f.fit_e5m2) + ", \"least_ready\": [";
+  for (std::size_t i = 0; i < f.least_ready.size(); ++i)
+    o += std::string(i ? ", " : "") + "{\"layer\": " + quote(f.least_ready[i].name) +
+         ", \"e4m3_normal\": " + number(f.least_ready[i].e4m3_normal) +
+         ", \"e5m2_normal\": " + number(f.least_ready[i].e5m2_normal) + "}";
+  return o + "]}";
+}
+
 }  // namespace
 
 std::string render_json(const Report& r, const Gate& gate) {
@@ -48,7 +60,8 @@ std::string render_json(const Report& r, const Gate& gate) {
          ", \"amp_dtype\": " + quote(x.amp_dtype) + ", \"device\": " + quote(x.device) + ", \"run_id\": " + quote(x.run_id) +
          ", \"world_size\": " + number(x.world_size) + ", \"has_scaler\": " + (x.has_scaler ? "true" : "false") +
          ", \"harmful_skips\": " + number(x.harmful_skips) + ", \"skip_rate\": " + number(x.skip_rate) +
-         ",\n     \"device_profile\": " + device_profile_json(x.device_profile) + "}";
+         ",\n     \"device_profile\": " + device_profile_json(x.device_profile) +
+         ", \"fp8\": " + fp8_json(x.fp8) + "}";
   }
   o += "\n  ],\n  \"findings\": [";
   for (std::size_t i = 0; i < r.findings.size(); ++i) {

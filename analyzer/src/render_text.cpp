@@ -62,6 +62,29 @@ std::vector<std::string> device_profile_lines(const RunOverview& o) {
   return lines;
 }
 
+std::vector<std::string> fp8_lines(const Fp8Overview& f) {
+  if (!f.recorded) return {};
+  if (f.layers == 0) return {"FP8 readiness: no finite gradient histogram to judge"};
+  char head[200];
+  std::snprintf(head, sizeof head,
+                "FP8 readiness of the gradients (delayed scaling over %lld steps): %lld of %lld layers fit E4M3, %lld fit "
+                "E5M2 (at least %.0f %% of their values normal; ampdiag fp8 has the table)",
+                static_cast<long long>(f.history), static_cast<long long>(f.fit_e4m3), static_cast<long long>(f.layers),
+                static_cast<long long>(f.fit_e5m2), 100.0 * f.fit_share);
+  std::vector<std::string> lines = {head};
+  if (!f.least_ready.empty()) {
+    std::string least = "  least E4M3-ready: ";
+    for (std::size_t i = 0; i < f.least_ready.size(); ++i) {
+      char shares[96];
+      std::snprintf(shares, sizeof shares, " (E4M3 %.1f %%, E5M2 %.1f %% normal)", 100.0 * f.least_ready[i].e4m3_normal,
+                    100.0 * f.least_ready[i].e5m2_normal);
+      least += (i ? "; " : "") + f.least_ready[i].name + shares;
+    }
+    lines.push_back(least);
+  }
+  return lines;
+}
+
 namespace {
 
 std::string overview_line(const RunOverview& o) {
@@ -114,6 +137,7 @@ std::string render_text(const Report& r, const Gate& gate, const RenderOptions& 
   for (const auto& run : r.runs) {
     out += std::string(dim) + printable(overview_line(run)) + reset + "\n";
     for (const auto& line : device_profile_lines(run)) out += std::string(dim) + printable(line) + reset + "\n";
+    for (const auto& line : fp8_lines(run.fp8)) out += std::string(dim) + printable(line) + reset + "\n";
   }
   int n = 0;
   // Names inside titles, evidence and snippets are data: printable() keeps them from
@@ -151,6 +175,7 @@ std::string render_markdown(const Report& r, const Gate& gate) {
   for (const auto& run : r.runs) {
     out += "- " + markdown_text(overview_line(run)) + "\n";
     for (const auto& line : device_profile_lines(run)) out += "  - " + markdown_text(line) + "\n";
+    for (const auto& line : fp8_lines(run.fp8)) out += "  - " + markdown_text(line) + "\n";
   }
   int n = 0;
   const auto code_block = [](const char* language, const std::string& code) {

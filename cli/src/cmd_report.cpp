@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/fp8.h"
 #include "ampdiag/analyzer/render.h"
 #include "commands.h"
 #include "table_output.h"
@@ -75,7 +76,8 @@ int cmd_report(int argc, char** argv) {
     if (!run.finished)
       std::fprintf(stderr, "ampdiag report: %s is not finished: this report covers the %zu %s written so far\n",
                    run.path.c_str(), run.steps.size(), run.steps.size() == 1 ? "step" : "steps");
-  const analyzer::Report report = analyzer::analyze(runs, t);
+  analyzer::Report report = analyzer::analyze(runs, t);
+  analyzer::add_fp8_overview(report, runs);
   std::string text;
   if (format == "json") text = analyzer::render_json(report, gate);
   else if (format == "markdown") text = analyzer::render_markdown(report, gate);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ampdiag/analyzer/escape.h"
+#include "ampdiag/analyzer/fp8.h"
 #include "app.h"
 #include "style.h"
 #include "ampdiag/analyzer/analyze.h"
@@ -33,6 +34,10 @@ void App::show(std::vector<analyzer::Run> runs, const std::vector<std::string>& 
   runs_ = std::move(runs);
   paths_ = paths;
   report_ = analyzer::analyze(runs_);
+  // Read once per load (it reads the histograms again): follow updates keep it.
+  analyzer::add_fp8_overview(report_, runs_);
+  fp8_.clear();
+  for (const auto& run : report_.runs) fp8_.push_back(run.fp8);
   rank_ = 0;
   selected_step_ = -1;
   ranked_.clear();  // a new run selects its own top layer

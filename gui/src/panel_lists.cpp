@@ -17,6 +17,13 @@ void App::findings(float x, float y, float w, float h) {
   place("Findings", x, y, w, h);
   if (report_.findings.empty()) ImGui::TextColored(ImVec4(0.4f, 0.85f, 0.4f, 1), "Healthy: nothing found.");
   // The device profile (profile=True): ampdiag's own share and where device time goes.
+  for (std::size_t i = 0; i < fp8_.size(); ++i) {
+    const auto lines = analyzer::fp8_lines(fp8_[i]);
+    if (lines.empty()) continue;
+    ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+    for (const auto& line : lines) ImGui::TextWrapped("%s", analyzer::printable(line).c_str());
+    ImGui::PopStyleColor();
+  }
   for (const auto& run : report_.runs) {
     const auto lines = analyzer::device_profile_lines(run);
     if (lines.empty()) continue;

@@ -4,7 +4,9 @@
 
 #include <cmath>
 
+#include "ampdiag/analyzer/analyze.h"
 #include "ampdiag/analyzer/fp8.h"
+#include "ampdiag/analyzer/render.h"
 #include "ampdiag/analyzer/run.h"
 #include "../rundb/temp_dir.h"
 #include "run_fixture.h"
@@ -90,4 +92,47 @@ TEST_CASE("fp8 readiness says when a run has no histograms, and checks its optio
   analyzer::Fp8Options bad;
   bad.history = 0;
   CHECK_THROWS_WITH(analyzer::fp8_readiness(run, bad), Catch::Contains("--history"));
+}
+
+TEST_CASE("the report's FP8 overview counts the layers that fit and lists the least E4M3-ready", "[fp8]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  {
+    RunFixture f(path, {"small.weight", "wide.weight"});
+    f.histograms();
+    for (int i = 0; i < 20; ++i) f.step(1024, 1024, 30.0 * 1024);
+    f.finish();
+  }
+  const std::vector<analyzer::Run> runs = {analyzer::load_run(path)};
+  analyzer::Report report = analyzer::analyze(runs);
+  CHECK_FALSE(report.runs[0].fp8.recorded);  // analyze() alone does not read the histograms again
+  analyzer::add_fp8_overview(report, runs);
+  const auto& o = report.runs[0].fp8;
+  REQUIRE(o.recorded);
+  CHECK(o.layers == 2);
+  CHECK(o.fit_e4m3 == 0);  // as the direct computation above: E4M3 does not fit, E5M2 does
+  CHECK(o.fit_e5m2 == 2);
+  REQUIRE(o.least_ready.size() == 2);
+  CHECK(o.least_ready[0].e4m3_normal == Approx(normal_share(analyzer::kE4M3, 30.0 * 1024, 1024)));
+  const auto lines = analyzer::fp8_lines(o);
+  REQUIRE(lines.size() == 2);
+  CHECK_THAT(lines[0], Catch::Contains("0 of 2 layers fit E4M3, 2 fit E5M2"));
+  CHECK_THAT(lines[1], Catch::Contains("least E4M3-ready: small.weight") || Catch::Contains("least E4M3-ready: wide.weight"));
+  CHECK_THAT(analyzer::render_json(report, analyzer::Gate("error")), Catch::Contains("\"fit_e5m2\": 2"));
+  CHECK_THAT(analyzer::render_text(report, analyzer::Gate("error")), Catch::Contains("FP8 readiness of the gradients"));
+}
+
+TEST_CASE("a run without histograms has no FP8 lines and a null fp8 in JSON", "[fp8]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  {
+    RunFixture f(path, {"w"});
+    f.step(1024, 1024, 100.0);
+    f.finish();
+  }
+  const std::vector<analyzer::Run> runs = {analyzer::load_run(path)};
+  analyzer::Report report = analyzer::analyze(runs);
+  analyzer::add_fp8_overview(report, runs);
+  CHECK(analyzer::fp8_lines(report.runs[0].fp8).empty());
+  CHECK_THAT(analyzer::render_json(report, analyzer::Gate("error")), Catch::Contains("\"fp8\": null"));
 }

@@ -76,6 +76,20 @@ struct DeviceProfile {
   std::vector<ModuleDeviceTime> modules;  // most time first (a few)
 };
 
+// FP8 readiness of the gradients in brief (fp8.h; `ampdiag fp8` has the table), when the
+// run recorded exponent histograms; filled by add_fp8_overview(), not by analyze().
+struct Fp8Overview {
+  bool recorded = false;  // the run has gradient histograms and the overview was computed
+  std::int64_t history = 0;
+  double fit_share = 0;
+  std::int64_t layers = 0, fit_e4m3 = 0, fit_e5m2 = 0;
+  struct Layer {
+    std::string name;
+    double e4m3_normal = 0, e5m2_normal = 0;  // shares, 0..1
+  };
+  std::vector<Layer> least_ready;  // layers that do not fit E4M3, least ready first (a few)
+};
+
 struct RunOverview {
   std::string path;
   std::int64_t rank = 0;
@@ -97,6 +111,7 @@ struct RunOverview {
   std::int64_t harmful_skips = 0;
   double skip_rate = 0.0;
   DeviceProfile device_profile;
+  Fp8Overview fp8;
 };
 
 struct Report {

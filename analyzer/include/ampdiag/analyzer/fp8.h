@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ampdiag/analyzer/findings.h"
 #include "ampdiag/analyzer/run.h"
 
 namespace ampdiag::analyzer {
@@ -49,5 +50,9 @@ struct Fp8Readiness {
 
 // Reads the per-step histograms of `run`'s file (run.path), streaming.
 Fp8Readiness fp8_readiness(const Run& run, const Fp8Options& options = {});
+
+// The readiness in brief for each of the report's runs that recorded histograms (the same
+// run order as analyze() was given): the report's FP8 lines. Reads each file once more.
+void add_fp8_overview(Report& report, const std::vector<Run>& runs, const Fp8Options& options = {});
 
 }  // namespace ampdiag::analyzer

@@ -39,6 +39,8 @@ std::string incomplete_text(const RunOverview& o);
 // The device profile in a few lines (the first says whether it ran and what ampdiag's own
 // kernels cost); none when profiling was not asked for.
 std::vector<std::string> device_profile_lines(const RunOverview& o);
+// FP8 readiness in a line or two (add_fp8_overview); none without gradient histograms.
+std::vector<std::string> fp8_lines(const Fp8Overview& f);
 
 std::string render_text(const Report& r, const Gate& gate, const RenderOptions& o = {});
 std::string render_markdown(const Report& r, const Gate& gate);
