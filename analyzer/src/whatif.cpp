@@ -241,4 +241,29 @@ std::vector<WhatIf> search_configs(const Run& run, const StepHistograms* histogr
   return out;
 }
 
+std::string grad_scaler_call(const Run& run, const ScalerConfig& c) {
+  const std::string device = run.meta_or("device", "cuda").rfind("cpu", 0) == 0 ? "cpu" : "cuda";
+  return "torch.amp.GradScaler(\"" + device + "\", init_scale=" + number(c.init_scale) +
+         ", growth_factor=" + number(c.growth_factor) + ", backoff_factor=" + number(c.backoff_factor) +
+         ", growth_interval=" + std::to_string(c.growth_interval) + ")";
+}
+
+std::vector<std::string> whatif_lines(const Run& run) {
+  if (!run.has_scaler() || !run.fp16()) return {};
+  std::int64_t skipped = 0;
+  for (const auto& s : run.steps) skipped += s.row.skipped ? 1 : 0;
+  const ScalerConfig recorded = recorded_config(run);
+  const std::vector<WhatIf> grid = search_configs(run);
+  if (grid.empty()) return {};
+  const WhatIf& best = grid.front();
+  std::string bounds;
+  if (best.optimistic.skipped != best.pessimistic.skipped)
+    bounds = " (bounds " + std::to_string(best.optimistic.skipped) + " to " + std::to_string(best.pessimistic.skipped) + ")";
+  return {"recorded with " + recorded.describe() + ": " + std::to_string(skipped) + " skipped",
+          "best of " + std::to_string(grid.size()) + ": " + best.config.describe() + ": " +
+              std::to_string(best.estimate.skipped) + " skips" + bounds + ", lowest scale " +
+              number(best.estimate.lowest_scale),
+          grad_scaler_call(run, best.config)};
+}
+
 }  // namespace ampdiag::analyzer

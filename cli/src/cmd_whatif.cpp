@@ -72,12 +72,6 @@ std::string prediction_text(const analyzer::WhatIf& w) {
   return s + "\n";
 }
 
-std::string python_snippet(const analyzer::Run& run, const analyzer::ScalerConfig& c) {
-  const std::string device = run.meta_or("device", "cuda").rfind("cpu", 0) == 0 ? "cpu" : "cuda";
-  return "torch.amp.GradScaler(\"" + device + "\", init_scale=" + num(c.init_scale) + ", growth_factor=" + num(c.growth_factor) +
-         ", backoff_factor=" + num(c.backoff_factor) + ", growth_interval=" + std::to_string(c.growth_interval) + ")";
-}
-
 std::string prediction_json(const analyzer::WhatIf& w) {
   std::string uncertain;
   for (std::size_t i = 0; i < w.uncertain_steps.size(); ++i) uncertain += (i ? ", " : "") + number(w.uncertain_steps[i]);
@@ -157,7 +151,7 @@ int cmd_whatif(int argc, char** argv) {
       text += "\nSearched " + std::to_string(predictions.size()) + " configurations; the best first:\n";
       for (std::size_t i = 0; i < predictions.size() && i < 5; ++i)
         text += "\n" + predictions[i].config.describe() + ":\n" + prediction_text(predictions[i]);
-      text += "\nRecommended: " + python_snippet(run, predictions.front().config) + "\n";
+      text += "\nRecommended: " + analyzer::grad_scaler_call(run, predictions.front().config) + "\n";
     } else {
       text += "\n" + asked.describe() + ":\n" + prediction_text(predictions.front());
     }

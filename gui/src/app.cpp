@@ -10,6 +10,7 @@
 
 #include "ampdiag/analyzer/escape.h"
 #include "ampdiag/analyzer/fp8.h"
+#include "ampdiag/analyzer/whatif.h"
 #include "app.h"
 #include "style.h"
 #include "ampdiag/analyzer/analyze.h"
@@ -38,6 +39,8 @@ void App::show(std::vector<analyzer::Run> runs, const std::vector<std::string>& 
   analyzer::add_fp8_overview(report_, runs_);
   fp8_.clear();
   for (const auto& run : report_.runs) fp8_.push_back(run.fp8);
+  whatif_ = analyzer::whatif_lines(runs_.front());
+  whatif_open_ = !report_.runs.empty() && report_.runs.front().skipped > 0;
   rank_ = 0;
   selected_step_ = -1;
   ranked_.clear();  // a new run selects its own top layer

@@ -116,6 +116,8 @@ class App {
   std::vector<analyzer::Run> runs_;
   analyzer::Report report_;
   std::vector<analyzer::Fp8Overview> fp8_;  // per run, from the last full load
+  std::vector<std::string> whatif_;         // the first run's what-if in brief, same
+  bool whatif_open_ = false;                // open it at first: the run skipped steps
   std::vector<analyzer::LayerRowSummary> ranked_;
   PlotGeometry geometry_, heat_geometry_, detail_geometry_, histogram_geometry_;
   // The exponent histogram of one layer at one step, read from the file when first shown.

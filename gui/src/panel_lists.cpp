@@ -24,6 +24,14 @@ void App::findings(float x, float y, float w, float h) {
     for (const auto& line : lines) ImGui::TextWrapped("%s", analyzer::printable(line).c_str());
     ImGui::PopStyleColor();
   }
+  if (!whatif_.empty()) {
+    // The same replay as `ampdiag whatif`: would another GradScaler setting skip less?
+    ImGui::SetNextItemOpen(whatif_open_, ImGuiCond_Once);
+    if (ImGui::TreeNode("whatif", "What-if: another loss scaler (ampdiag whatif)")) {
+      for (const auto& line : whatif_) ImGui::TextWrapped("%s", analyzer::printable(line).c_str());
+      ImGui::TreePop();
+    }
+  }
   for (const auto& run : report_.runs) {
     const auto lines = analyzer::device_profile_lines(run);
     if (lines.empty()) continue;

@@ -174,6 +174,21 @@ TEST_CASE("the search recommends the configuration with the fewest predicted ski
   CHECK(ranked[0].estimate.skipped < analyzer::what_if(run, analyzer::recorded_config(run)).estimate.skipped);
 }
 
+TEST_CASE("the GUI's what-if lines give the recorded skips and the search's best configuration", "[whatif]") {
+  TempDir dir;
+  auto run = record(dir.file("a.db"), magnitudes(200, 30.0), config(65536, 2000));
+  std::int64_t skipped = 0;
+  for (const auto& s : run.steps) skipped += s.row.skipped ? 1 : 0;
+  const auto best = analyzer::search_configs(run).front();
+  const auto lines = analyzer::whatif_lines(run);
+  REQUIRE(lines.size() == 3);
+  CHECK_THAT(lines[0], Catch::EndsWith(": " + std::to_string(skipped) + " skipped"));
+  CHECK_THAT(lines[1], Catch::Contains(best.config.describe() + ": " + std::to_string(best.estimate.skipped) + " skips"));
+  CHECK(lines[2] == analyzer::grad_scaler_call(run, best.config));
+  run.meta["scaler_enabled"] = "0";
+  CHECK(analyzer::whatif_lines(run).empty());  // bf16 without a scaler: nothing to replay
+}
+
 TEST_CASE("with histograms the share of values a lower scale flushes to zero is predicted", "[whatif]") {
   TempDir dir;
   const auto path = dir.file("a.db");

@@ -80,4 +80,13 @@ WhatIf what_if(const Run& run, const ScalerConfig& config, const StepHistograms*
 // the highest lowest scale.
 std::vector<WhatIf> search_configs(const Run& run, const StepHistograms* histograms = nullptr);
 
+// The torch call that makes `c`: torch.amp.GradScaler("cpu", init_scale=..., ...).
+std::string grad_scaler_call(const Run& run, const ScalerConfig& c);
+
+// The what-if in brief, for the GUI: the recorded configuration's skips, the best of the
+// grid (estimate, bounds, lowest scale) and its GradScaler call. Ranked without the
+// histograms (by skips, then the bounds and the lowest scale). Empty for a run without a
+// loss scaler.
+std::vector<std::string> whatif_lines(const Run& run);
+
 }  // namespace ampdiag::analyzer
