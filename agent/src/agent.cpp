@@ -19,6 +19,7 @@
 #include "ampdiag/pin_fp32.h"
 #include "replay_pins.h"
 #include "run_paths.h"
+#include "sampling.h"
 #include "session.h"
 #include "tensor_views.h"
 
@@ -78,10 +79,13 @@ class Agent::Impl final : public ScalerObserver {
   bool on_unscale(UnscaleBatch& batch) override;
   void on_step(bool skipped) override { skipped_ = skipped; }
   void on_optimizer(bool starting) override {
-    if (starting)
+    if (starting) {
       optimizer_range_ = session_.begin_range(-1, rundb::GpuPhase::kOptimizer, rundb::GpuKind::kOtherKernel);
-    else if (optimizer_range_)
-      session_.end_range();
+      weights_before_step();
+    } else {
+      if (optimizer_range_) session_.end_range();
+      weights_after_step();
+    }
   }
   void on_update(const ScaleUpdate& update) override;
 
@@ -96,6 +100,11 @@ class Agent::Impl final : public ScalerObserver {
     return type == module_types_.end() ? "" : type->second;
   }
   void begin_cycle();
+  // Stalled updates of half-precision parameters (no FP32 master weights) on the steps the
+  // regular sampling records: a copy and a mask of finite non-zero gradients before the
+  // optimizer's step, the unchanged elements counted after it (table weight_updates).
+  void weights_before_step();
+  void weights_after_step();
 
   AgentOptions options_;
   GradScaler* scaler_;
@@ -106,6 +115,11 @@ class Agent::Impl final : public ScalerObserver {
   std::unordered_map<std::string, std::string> module_types_;  // path -> type, from the model
   std::vector<at::Tensor> keep_alive_;  // every registered tensor: its address is its key
   std::vector<std::pair<at::Tensor, unsigned>> hooks_;
+  struct HalfParam {
+    std::int64_t layer;
+    at::Tensor param, before, moved;  // before/moved: only while a measured step runs
+  };
+  std::vector<HalfParam> half_params_;  // trainable fp16/bf16 parameters on the host
 
   // Per cycle: the losses given to scale() (micro-batches, several losses), summed: on the
   // host for host losses, on the device for device ones (read back with the outcome).
@@ -213,6 +227,14 @@ void Agent::Impl::register_layers(torch::nn::Module& model) {
     if (!layer.added) continue;  // shared with an earlier name
     keep_alive_.push_back(p);
     if (!p.requires_grad()) continue;
+    if (p.scalar_type() == at::kHalf || p.scalar_type() == at::kBFloat16) {
+      if (p.device().is_cpu())
+        half_params_.push_back({layer.id, p, {}, {}});
+      else  // counting there would read the device back on the training thread
+        session_.event_once("half-params-device", "warning",
+                            "the C++ agent counts stalled updates of half-precision parameters on the CPU only; " +
+                                info.name + " is on " + p.device().str());
+    }
     agent::Session* session = &session_;
     const std::int64_t id = layer.id;
     hooks_.emplace_back(p, p.register_hook([session, id](const at::Tensor&) { session->arrived(id); }));
@@ -356,6 +378,29 @@ bool Agent::Impl::on_unscale(UnscaleBatch& batch) {
   copies_.clear();
   session_.add_agent_ns(ns_since(t0));
   return fusable;
+}
+
+void Agent::Impl::weights_before_step() {
+  if (half_params_.empty() || closed_ || !agent::regular_sample(session_.step(), options_.every)) return;
+  at::NoGradGuard no_grad;
+  for (auto& h : half_params_) {
+    const at::Tensor& g = h.param.grad();
+    if (!g.defined() || g.is_sparse() || g.sizes() != h.param.sizes()) continue;
+    h.before = h.param.detach().clone();
+    h.moved = at::isfinite(g).logical_and_(g != 0);
+  }
+}
+
+void Agent::Impl::weights_after_step() {
+  at::NoGradGuard no_grad;
+  for (auto& h : half_params_) {
+    if (!h.before.defined()) continue;
+    const std::int64_t nonzero = h.moved.sum().item<std::int64_t>();
+    const std::int64_t stalled = h.moved.logical_and_(h.param.detach() == h.before).sum().item<std::int64_t>();
+    session_.weight_update(session_.step(), h.layer, nonzero, stalled);
+    h.before = at::Tensor();
+    h.moved = at::Tensor();
+  }
 }
 
 namespace {
