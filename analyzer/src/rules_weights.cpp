@@ -63,23 +63,29 @@ void half_parameters(const Run& run, const Thresholds& t, std::vector<Finding>& 
     if (l.update_nonzero > 0 && stalled_share(l) > t.stalled_fraction) stalling.push_back(&l);
   }
   if (half_layers == 0) return;
+  // Rows exist only where the optimizer stepped the half-precision tensors themselves: an
+  // optimizer over FP32 master copies leaves none, so without rows nothing is claimed.
+  const bool direct = nonzero > 0;
   const std::string kept = "the run keeps " + std::to_string(half_layers) + " of " +
                            plural(trainable, "trainable parameter tensor") + " (" + std::to_string(half_elements) +
-                           " elements) in " + dtype + ", with no FP32 master weights";
+                           " elements) in " + dtype + (direct ? ", with no FP32 master weights" : "");
   if (stalling.empty()) {
     Finding f;
     f.rule = "half-parameters";
     f.severity = Severity::kInfo;
     f.score = 0.5;
-    f.title = "The model trains " + std::to_string(half_layers) + " of " + plural(trainable, "parameter tensor") +
-              " in " + dtype + " (no FP32 master weights); their updates did not stall";
-    if (nonzero == 0) f.title = f.title.substr(0, f.title.find(';'));
+    f.title = direct ? "The model trains " + std::to_string(half_layers) + " of " +
+                           plural(trainable, "parameter tensor") + " in " + dtype +
+                           " (no FP32 master weights); their updates did not stall"
+                     : "The model holds " + std::to_string(half_layers) + " of " + plural(trainable, "parameter tensor") +
+                           " in " + dtype;
     f.evidence = kept + "; " +
-                 (nonzero > 0 ? "on " + plural(measured_steps, "measured step") + ", " + percent(double(stalled) / double(nonzero)) +
+                 (direct ? "on " + plural(measured_steps, "measured step") + ", " + percent(double(stalled) / double(nonzero)) +
                                     " of the elements with a non-zero gradient kept their value (a layer is flagged above " +
                                     percent(t.stalled_fraction) + ")"
-                              : std::string("no update was measured (no optimizer step ran on a sampled step, or the "
-                                            "agent predates the measurement)"));
+                         : std::string("no optimizer step updated them directly on a measured step (the optimizer "
+                                       "may keep FP32 master copies, no sampled step ran one, or the agent predates "
+                                       "the measurement)"));
     out.push_back(std::move(f));
     return;
   }

@@ -90,7 +90,8 @@ TEST_CASE("the stalled threshold decides which layers are flagged", "[rules][wei
   const auto path = write_run(dir, {{"enc.weight", "float16", {{100, 97}}}, {"enc.bias", "float16", {{100, 10}}}});
   analyzer::Thresholds t;
   t.stalled_fraction = 0.05;
-  const Finding* f = find(findings(path, t), "stalled-updates");
+  const auto low = findings(path, t);
+  const Finding* f = find(low, "stalled-updates");
   REQUIRE(f != nullptr);
   CHECK_THAT(f->title, Catch::Contains("2 layers"));
   t.stalled_fraction = 0.99;
@@ -130,4 +131,16 @@ TEST_CASE("weight_updates naming a layer the file does not hold is refused as da
     w.finish();
   }
   REQUIRE_THROWS_WITH(analyzer::load_run(path), Catch::Contains("weight_updates names layer 7"));
+}
+
+TEST_CASE("half-precision parameters no optimizer step updated directly are not called master-less",
+          "[rules][weights]") {
+  TempDir dir;
+  // An optimizer over FP32 master copies: the agent measured nothing on the fp16 tensors.
+  const auto path = write_run(dir, {{"enc.weight", "float16", {}}});
+  const auto all = findings(path);
+  const Finding* f = find(all, "half-parameters");
+  REQUIRE(f != nullptr);
+  CHECK_THAT(f->title, Catch::Equals("The model holds 1 of 1 parameter tensor in float16"));
+  CHECK_THAT(f->evidence, !Catch::Contains("no FP32 master weights") && Catch::Contains("FP32 master copies"));
 }
