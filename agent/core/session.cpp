@@ -200,10 +200,12 @@ void Session::replay(const std::string& module, const std::string& outcome, doub
 void Session::weight_update(std::int64_t step, std::int64_t layer, std::int64_t nonzero, std::int64_t stalled) {
   if (layer < 0 || std::size_t(layer) >= layer_count_)
     throw std::invalid_argument("weight_update: no layer " + std::to_string(layer) + " is registered");
-  if (nonzero < 0 || stalled < 0 || stalled > nonzero)
+  const rundb::WeightUpdateRow row{step, layer, nonzero, stalled};
+  // Checked here, on the caller's thread: the writer thread would refuse it too late.
+  if (!row.counts_valid())
     throw std::invalid_argument("weight_update: " + std::to_string(stalled) + " stalled of " + std::to_string(nonzero) +
                                 " elements is not a count");
-  if (recorder_) recorder_->writer().post_weight_update({step, layer, nonzero, stalled});
+  if (recorder_) recorder_->writer().post_weight_update(row);
 }
 
 std::int64_t Session::step() const { return recorder_ ? recorder_->step() : 0; }

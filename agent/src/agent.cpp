@@ -73,7 +73,6 @@ class Agent::Impl final : public ScalerObserver {
   void end_range() { session_.end_range(); }
   void close();
   AgentStatus status() const;
-  using Forward = Agent::Forward;
 
   void on_scale(const at::Tensor& outputs) override;
   bool on_unscale(UnscaleBatch& batch) override;

@@ -241,6 +241,12 @@ std::vector<WhatIf> search_configs(const Run& run, const StepHistograms* histogr
   return out;
 }
 
+std::int64_t recorded_skips(const Run& run) {
+  std::int64_t skipped = 0;
+  for (const auto& s : run.steps) skipped += s.row.skipped ? 1 : 0;
+  return skipped;
+}
+
 std::string grad_scaler_call(const Run& run, const ScalerConfig& c) {
   const std::string device = run.meta_or("device", "cuda").rfind("cpu", 0) == 0 ? "cpu" : "cuda";
   return "torch.amp.GradScaler(\"" + device + "\", init_scale=" + number(c.init_scale) +
@@ -250,8 +256,6 @@ std::string grad_scaler_call(const Run& run, const ScalerConfig& c) {
 
 std::vector<std::string> whatif_lines(const Run& run) {
   if (!run.has_scaler() || !run.fp16()) return {};
-  std::int64_t skipped = 0;
-  for (const auto& s : run.steps) skipped += s.row.skipped ? 1 : 0;
   const ScalerConfig recorded = recorded_config(run);
   const std::vector<WhatIf> grid = search_configs(run);
   if (grid.empty()) return {};
@@ -259,7 +263,7 @@ std::vector<std::string> whatif_lines(const Run& run) {
   std::string bounds;
   if (best.optimistic.skipped != best.pessimistic.skipped)
     bounds = " (bounds " + std::to_string(best.optimistic.skipped) + " to " + std::to_string(best.pessimistic.skipped) + ")";
-  return {"recorded with " + recorded.describe() + ": " + std::to_string(skipped) + " skipped",
+  return {"recorded with " + recorded.describe() + ": " + std::to_string(recorded_skips(run)) + " skipped",
           "best of " + std::to_string(grid.size()) + ": " + best.config.describe() + ": " +
               std::to_string(best.estimate.skipped) + " skips" + bounds + ", lowest scale " +
               number(best.estimate.lowest_scale),

@@ -125,8 +125,7 @@ int cmd_whatif(int argc, char** argv) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  std::int64_t skipped = 0;
-  for (const auto& s : run.steps) skipped += s.row.skipped ? 1 : 0;
+  const std::int64_t skipped = analyzer::recorded_skips(run);
 
   std::string text;
   if (format == "json") {

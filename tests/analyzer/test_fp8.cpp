@@ -31,17 +31,20 @@ double normal_share(const analyzer::Fp8Format& fmt, double absmax, double scale)
   return normal / 4096;
 }
 
+// Two layers with histograms, 20 steps recorded at scale 1024 with abs-max 30 (unscaled).
+void record_two_layers(const std::string& path) {
+  RunFixture f(path, {"small.weight", "wide.weight"});
+  f.histograms();
+  for (int i = 0; i < 20; ++i) f.step(1024, 1024, 30.0 * 1024);
+  f.finish();
+}
+
 }  // namespace
 
 TEST_CASE("gradient values are placed in E4M3 and E5M2's normal range as a direct computation does", "[fp8]") {
   TempDir dir;
   const auto path = dir.file("run.db");
-  {
-    RunFixture f(path, {"small.weight", "wide.weight"});
-    f.histograms();
-    for (int i = 0; i < 20; ++i) f.step(1024, 1024, 30.0 * 1024);
-    f.finish();
-  }
+  record_two_layers(path);
   const auto r = analyzer::fp8_readiness(analyzer::load_run(path));
   REQUIRE(r.histograms);
   REQUIRE(r.layers.size() == 2);
@@ -97,12 +100,7 @@ TEST_CASE("fp8 readiness says when a run has no histograms, and checks its optio
 TEST_CASE("the report's FP8 overview counts the layers that fit and lists the least E4M3-ready", "[fp8]") {
   TempDir dir;
   const auto path = dir.file("run.db");
-  {
-    RunFixture f(path, {"small.weight", "wide.weight"});
-    f.histograms();
-    for (int i = 0; i < 20; ++i) f.step(1024, 1024, 30.0 * 1024);
-    f.finish();
-  }
+  record_two_layers(path);
   const std::vector<analyzer::Run> runs = {analyzer::load_run(path)};
   analyzer::Report report = analyzer::analyze(runs);
   CHECK_FALSE(report.runs[0].fp8.recorded);  // analyze() alone does not read the histograms again

@@ -235,7 +235,7 @@ std::vector<WeightUpdateRow> RunDbReader::weight_updates() {
               "table weight_updates");
   while (q.next()) {
     WeightUpdateRow row{q.int64(0), q.int64(1), q.int64(2), q.int64(3)};
-    if (row.nonzero < 0 || row.stalled < 0 || row.stalled > row.nonzero)
+    if (!row.counts_valid())
       throw_corrupt(path_, "weight_updates says " + std::to_string(row.stalled) + " of " + std::to_string(row.nonzero) +
                                " elements of layer " + std::to_string(row.layer_id) + " stalled at step " +
                                std::to_string(row.step) + ", which no writer writes");

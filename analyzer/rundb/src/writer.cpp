@@ -323,7 +323,7 @@ void RunDbWriter::add_gpu_time(const GpuTimeRow& r) {
 }
 
 void RunDbWriter::add_weight_update(const WeightUpdateRow& r) {
-  if (r.nonzero < 0 || r.stalled < 0 || r.stalled > r.nonzero)
+  if (!r.counts_valid())
     throw std::invalid_argument("weight update of layer " + std::to_string(r.layer_id) + " at step " +
                                 std::to_string(r.step) + ": " + std::to_string(r.stalled) + " stalled of " +
                                 std::to_string(r.nonzero) + " is not a count of elements");

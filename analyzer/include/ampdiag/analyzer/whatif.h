@@ -80,6 +80,9 @@ WhatIf what_if(const Run& run, const ScalerConfig& config, const StepHistograms*
 // the highest lowest scale.
 std::vector<WhatIf> search_configs(const Run& run, const StepHistograms* histograms = nullptr);
 
+// The steps the run's own scaler skipped.
+std::int64_t recorded_skips(const Run& run);
+
 // The torch call that makes `c`: torch.amp.GradScaler("cpu", init_scale=..., ...).
 std::string grad_scaler_call(const Run& run, const ScalerConfig& c);
 

@@ -158,6 +158,8 @@ struct WeightUpdateRow {
   std::int64_t layer_id = 0;
   std::int64_t nonzero = 0;  // elements with a finite, non-zero gradient
   std::int64_t stalled = 0;  // of those, elements whose stored value did not change
+  // What a measurement can give: 0 <= stalled <= nonzero.
+  bool counts_valid() const { return nonzero >= 0 && stalled >= 0 && stalled <= nonzero; }
 };
 
 struct EventRow {
