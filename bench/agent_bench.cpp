@@ -1,8 +1,10 @@
-// Agent overhead: the same fp16-autocast training loop (a 6-layer transformer on the CPU)
-// without the agent, with it (fused unscale), and with it (observe only), interleaved
-// round by round; plus the run.db writer's sustained rows per second.
+// Agent overhead: the same fp16-autocast training loop (a 6-layer transformer on the CPU;
+// with --device cuda a 12-layer, d=768 one on the GPU) without the agent, with it (fused
+// unscale), and with it (observe only), interleaved round by round; plus the run.db
+// writer's sustained rows per second.
 //
-//   ampdiag_agent_bench [--rounds R] [--steps-per-round K]
+//   ampdiag_agent_bench [--rounds R] [--steps-per-round K] [--device cpu|cuda]
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <ATen/autocast_mode.h>
@@ -24,7 +26,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr std::int64_t kDim = 256, kLayers = 6, kBatch = 8, kTokens = 32;
+struct Shape {
+  std::int64_t dim, layers, batch, tokens;
+};
+constexpr Shape kCpuShape{256, 6, 8, 32}, kCudaShape{768, 12, 16, 256};
 
 struct Setup {
   const char* name = "";
@@ -37,12 +42,15 @@ struct Setup {
   std::vector<double> unscale_seconds;  // scaler.unscale_(): where the agent does its pass
 };
 
-void make(Setup& s, const std::string& db, int mode) {
+void make(Setup& s, const std::string& db, int mode, const Shape& shape, c10::Device device) {
   torch::manual_seed(0);
-  s.model = torch::nn::TransformerEncoder(
-      torch::nn::TransformerEncoderOptions(torch::nn::TransformerEncoderLayerOptions(kDim, 8).dim_feedforward(4 * kDim).dropout(0.0), kLayers));
-  s.head = torch::nn::Linear(kDim, 1);
+  const auto layer = torch::nn::TransformerEncoderLayerOptions(shape.dim, shape.dim > 256 ? shape.dim / 64 : 8)
+                         .dim_feedforward(4 * shape.dim)
+                         .dropout(0.0);
+  s.model = torch::nn::TransformerEncoder(torch::nn::TransformerEncoderOptions(layer, shape.layers));
+  s.head = torch::nn::Linear(shape.dim, 1);
   s.model->register_module("head", s.head);
+  s.model->to(device);
   s.optimizer = std::make_unique<torch::optim::AdamW>(s.model->parameters(), torch::optim::AdamWOptions(1e-4));
   s.scaler = std::make_unique<ampdiag::GradScaler>();
   if (mode > 0) {
@@ -56,15 +64,16 @@ void make(Setup& s, const std::string& db, int mode) {
 
 void step(Setup& s, const torch::Tensor& x, const torch::Tensor& y) {
   const auto t0 = Clock::now();
+  const auto type = x.device().type();
   s.optimizer->zero_grad();
   torch::Tensor loss;
   {
-    at::autocast::set_autocast_dtype(at::kCPU, at::kHalf);
-    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(type, at::kHalf);
+    at::autocast::set_autocast_enabled(type, true);
     at::autocast::increment_nesting();
     loss = torch::mse_loss(s.head(s.model(x).mean(0)).to(torch::kFloat), y);
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::set_autocast_enabled(type, false);
   }
   s.scaler->scale(loss).backward();
   const auto u0 = Clock::now();
@@ -72,6 +81,8 @@ void step(Setup& s, const torch::Tensor& x, const torch::Tensor& y) {
   s.unscale_seconds.push_back(std::chrono::duration<double>(Clock::now() - u0).count());
   s.scaler->step(*s.optimizer);
   s.scaler->update();
+  // On CUDA the step ends when the device is done with it (the benchmark's own sync).
+  if (x.is_cuda()) torch::cuda::synchronize();
   s.step_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
@@ -100,8 +111,22 @@ double writer_rows_per_second(const std::string& path, std::int64_t rows) {
 
 int main(int argc, char** argv) {
   int rounds = 60, per_round = 1;
+  c10::Device device = c10::kCPU;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
+    if (a == "--device") {
+      const std::string d = argv[i + 1];
+      if (d != "cpu" && d != "cuda") {
+        std::fprintf(stderr, "ampdiag_agent_bench: --device takes cpu or cuda, not '%s'\n", d.c_str());
+        return 2;
+      }
+      if (d == "cuda" && !torch::cuda::is_available()) {
+        std::fprintf(stderr, "ampdiag_agent_bench: --device cuda: torch sees no CUDA device here\n");
+        return 77;
+      }
+      device = d == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+      continue;
+    }
     const int v = std::atoi(argv[i + 1]);
     if (v < 1) {
       std::fprintf(stderr, "ampdiag_agent_bench: %s needs a positive integer\n", a.c_str());
@@ -110,7 +135,7 @@ int main(int argc, char** argv) {
     if (a == "--rounds") rounds = v;
     else if (a == "--steps-per-round") per_round = v;
     else {
-      std::fprintf(stderr, "usage: ampdiag_agent_bench [--rounds R] [--steps-per-round K]\n");
+      std::fprintf(stderr, "usage: ampdiag_agent_bench [--rounds R] [--steps-per-round K] [--device cpu|cuda]\n");
       return 2;
     }
   }
@@ -121,11 +146,12 @@ int main(int argc, char** argv) {
   Setup setups[3];
   const char* names[3] = {"without agent", "agent, fused unscale", "agent, observe only"};
   for (int m = 0; m < 3; ++m) setups[m].name = names[m];
-  for (int m = 0; m < 3; ++m) make(setups[m], (dir / ("agent" + std::to_string(m) + ".db")).string(), m);
+  const Shape shape = device.is_cuda() ? kCudaShape : kCpuShape;
+  for (int m = 0; m < 3; ++m) make(setups[m], (dir / ("agent" + std::to_string(m) + ".db")).string(), m, shape, device);
   std::int64_t params = 0;
   for (const auto& p : setups[0].model->parameters()) params += p.numel();
-  const auto x = torch::randn({kTokens, kBatch, kDim});
-  const auto y = torch::randn({kBatch, 1});
+  const auto x = torch::randn({shape.tokens, shape.batch, shape.dim}, torch::TensorOptions().device(device));
+  const auto y = torch::randn({shape.batch, 1}, torch::TensorOptions().device(device));
   for (auto& s : setups) {
     step(s, x, y);  // warm-up: allocator, autocast cache, thread pools
     step(s, x, y);
@@ -136,20 +162,23 @@ int main(int argc, char** argv) {
     for (auto& s : setups)
       for (int k = 0; k < per_round; ++k) step(s, x, y);
 
-  std::printf("## Agent overhead: %lld-layer transformer, d=%lld, %lld params, batch %lld x %lld tokens, fp16 autocast on CPU\n\n",
-              (long long)kLayers, (long long)kDim, (long long)params, (long long)kBatch, (long long)kTokens);
+  std::printf("## Agent overhead: %lld-layer transformer, d=%lld, %lld params, batch %lld x %lld tokens, fp16 autocast on %s\n\n",
+              (long long)shape.layers, (long long)shape.dim, (long long)params, (long long)shape.batch,
+              (long long)shape.tokens, device.is_cuda() ? "CUDA" : "CPU");
   std::printf("Median step time of %d steps each, interleaved in %d rounds; per-layer statistics every step.\n\n",
               rounds * per_round, rounds);
   // The whole step is noisy on a shared machine (a few %); the unscale phase, where the
   // agent's pass runs (fused: instead of torch's op; observe only: before it), is measured
   // in place, so its difference to the loop without the agent is the agent's cost there.
-  std::printf("| loop | median step ms | median unscale_() ms | agent cost in unscale_(), share of the step |\n");
-  std::printf("|---|---:|---:|---:|\n");
+  // On CUDA unscale_() only enqueues work, so there the whole step (up to the device's end) is compared.
+  std::printf("| loop | median step ms | step overhead | median unscale_() ms (host) | agent cost in unscale_(), share of the step |\n");
+  std::printf("|---|---:|---:|---:|---:|\n");
   const double base = median(setups[0].step_seconds);
   const double base_unscale = median(setups[0].unscale_seconds);
   for (auto& s : setups) {
     const double t = median(s.step_seconds), u = median(s.unscale_seconds);
-    std::printf("| %s | %.1f | %.2f | %+.1f %% |\n", s.name, t * 1e3, u * 1e3, (u - base_unscale) / base * 100.0);
+    std::printf("| %s | %.2f | %+.1f %% | %.2f | %+.1f %% |\n", s.name, t * 1e3, (t / base - 1) * 100.0, u * 1e3,
+                (u - base_unscale) / base * 100.0);
   }
   for (auto& s : setups)
     if (s.agent) s.agent->close();

@@ -1,11 +1,13 @@
-"""Step time of ordinary PyTorch fp16-autocast training loops on the CPU without ampdiag and
+"""Step time of ordinary PyTorch fp16-autocast training loops without ampdiag and
 with ampdiag.attach() (activations on, the default; observe-only unscale; no activations),
 interleaved step by step; medians and the overhead against the loop without it, measured
 in the same run. Two models: a 6-layer nn.TransformerEncoder (d=256) and a small MLP of
 about 2 ms a step, where the agent's fixed cost per hook and per step shows most. Prints
-Markdown tables.
+Markdown tables. With --device cuda the loops run on the GPU, with a BERT-base-sized
+encoder instead of the small one, and each step is timed up to a device synchronisation
+(the benchmark's own, after scaler.update()).
 
-    PYTHONPATH=build/python python bench/python_attach_bench.py [--steps N] [--rounds R]
+    PYTHONPATH=build/python python bench/python_attach_bench.py [--steps N] [--rounds R] [--device cpu|cuda]
 
 Each round builds fresh loops and interleaves them for N steps; the table gives the median
 over all rounds' steps, and the spread of the per-round overheads.
@@ -22,21 +24,33 @@ from torch import nn
 import ampdiag
 
 
-def transformer():
-    layer = nn.TransformerEncoderLayer(256, 8, dim_feedforward=1024, dropout=0.0, batch_first=True)
-    model = nn.Sequential(nn.TransformerEncoder(layer, 6, enable_nested_tensor=False), nn.Linear(256, 1))
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-4), torch.randn(8, 32, 256), torch.randn(8, 1)
+def encoder(d, layers, batch, tokens):
+    def make(device):
+        layer = nn.TransformerEncoderLayer(d, d // 32 if d > 256 else 8, dim_feedforward=4 * d, dropout=0.0,
+                                           batch_first=True)
+        model = nn.Sequential(nn.TransformerEncoder(layer, layers, enable_nested_tensor=False), nn.Linear(d, 1)).to(device)
+        return (model, torch.optim.AdamW(model.parameters(), lr=1e-4), torch.randn(batch, tokens, d, device=device),
+                torch.randn(batch, 1, device=device))
+    make.__name__ = f"encoder{d}"
+    return make
 
 
-def mlp():
+def mlp(device):
     model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                          nn.Linear(512, 1))
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-4), torch.randn(128, 256), torch.randn(128, 1)
+                          nn.Linear(512, 1)).to(device)
+    return (model, torch.optim.AdamW(model.parameters(), lr=1e-4), torch.randn(128, 256, device=device),
+            torch.randn(128, 1, device=device))
 
 
 MODELS = {
-    "6-layer TransformerEncoder, d=256, batch 8 x 32 tokens": transformer,
-    "MLP 256-512-512-512-1, batch 128": mlp,
+    "cpu": {
+        "6-layer TransformerEncoder, d=256, batch 8 x 32 tokens": encoder(256, 6, 8, 32),
+        "MLP 256-512-512-512-1, batch 128": mlp,
+    },
+    "cuda": {
+        "12-layer TransformerEncoder, d=768 (BERT-base size), batch 16 x 256 tokens": encoder(768, 12, 16, 256),
+        "MLP 256-512-512-512-1, batch 128": mlp,
+    },
 }
 
 LOOPS = (("without ampdiag", None), ("attach (activations on)", {}),
@@ -46,21 +60,23 @@ LOOPS = (("without ampdiag", None), ("attach (activations on)", {}),
 def step(model, optimizer, scaler, x, y):
     t0 = time.perf_counter()
     optimizer.zero_grad()
-    with torch.autocast("cpu", dtype=torch.float16):
+    with torch.autocast(x.device.type, dtype=torch.float16):
         out = model(x)
         loss = nn.functional.mse_loss((out.mean(1) if out.dim() == 3 else out).float(), y)
     scaler.scale(loss).backward()
     scaler.step(optimizer)
     scaler.update()
+    if x.is_cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - t0
 
 
-def run_round(make, steps, tmp, round_index):
+def run_round(make, device, steps, tmp, round_index):
     loops = {}
     for name, options in LOOPS:
         torch.manual_seed(0)
-        model, optimizer, x, y = make()
-        scaler = torch.amp.GradScaler("cpu")
+        model, optimizer, x, y = make(device)
+        scaler = torch.amp.GradScaler(device)
         handle = None
         if options is not None:
             handle = ampdiag.attach(model, scaler, db=Path(tmp) / f"{make.__name__}-r{round_index}-{len(loops)}.db", **options)
@@ -81,14 +97,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--device", choices=sorted(MODELS), default="cpu")
     args = parser.parse_args()
     if args.steps < 1 or args.rounds < 1:
         parser.error("--steps and --rounds must be at least 1")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.rounds} rounds of {args.steps} "
-          "interleaved steps per loop.\n")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here")
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {where}; {args.rounds} rounds of {args.steps} interleaved steps per loop.\n")
     with tempfile.TemporaryDirectory() as tmp:
-        for title, make in MODELS.items():
-            rounds = [run_round(make, args.steps, tmp, r) for r in range(args.rounds)]
+        for title, make in MODELS[args.device].items():
+            rounds = [run_round(make, args.device, args.steps, tmp, r) for r in range(args.rounds)]
             all_times = {name: [t for r in rounds for t in r[name]] for name, _ in LOOPS}
             base = statistics.median(all_times["without ampdiag"])
             print(f"### {title}\n")

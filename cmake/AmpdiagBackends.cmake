@@ -81,6 +81,10 @@ if(NOT AMPDIAG_WITH_TORCH STREQUAL "OFF")
         list(APPEND AMPDIAG_TORCH_LIBS ${AMPDIAG_TORCH_CUDA_LIB} ${AMPDIAG_C10_CUDA_LIB})
         target_link_libraries(ampdiag_torch INTERFACE -Wl,--no-as-needed ${AMPDIAG_TORCH_CUDA_LIB} -Wl,--as-needed
                                                       ${AMPDIAG_C10_CUDA_LIB})
+        # c10's CUDA headers include the toolkit's (cuda_runtime.h), which need not be on the
+        # compiler's default path. Its include directories only: CUDA::toolkit would also add
+        # the toolkit's library directory, whose NCCL then shadows the wheel's.
+        target_include_directories(ampdiag_torch SYSTEM INTERFACE ${CUDAToolkit_INCLUDE_DIRS})
       else()
         message(STATUS "ampdiag: this LibTorch has no CUDA libraries; the agent and samples run on the CPU only")
       endif()

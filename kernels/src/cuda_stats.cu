@@ -100,24 +100,35 @@ __global__ void finalize_kernel(const DeviceTensor* tensors, int count, const ma
   }
 }
 
+// Buffers grow to the next power of two: cudaFree and cudaFreeHost synchronise the device,
+// so a slot should regrow rarely, not for every slightly larger launch.
+inline std::size_t grown(std::size_t need) {
+  std::size_t capacity = 1;
+  while (capacity < need) capacity *= 2;
+  return capacity;
+}
+
+// Each returns 1 when it allocated, else 0 (CudaStatsEngine::allocations() sums them).
 template <class T>
-void ensure_host(T*& ptr, std::size_t& capacity, std::size_t need) {
-  if (need <= capacity) return;
+int ensure_host(T*& ptr, std::size_t& capacity, std::size_t need) {
+  if (need <= capacity) return 0;
   if (ptr) AMPDIAG_CUDA_CHECK(cudaFreeHost(ptr));
   ptr = nullptr;
   capacity = 0;
-  AMPDIAG_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&ptr), need * sizeof(T)));
-  capacity = need;
+  AMPDIAG_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&ptr), grown(need) * sizeof(T)));
+  capacity = grown(need);
+  return 1;
 }
 
 template <class T>
-void ensure_device(T*& ptr, std::size_t& capacity, std::size_t need) {
-  if (need <= capacity) return;
+int ensure_device(T*& ptr, std::size_t& capacity, std::size_t need) {
+  if (need <= capacity) return 0;
   if (ptr) AMPDIAG_CUDA_CHECK(cudaFree(ptr));
   ptr = nullptr;
   capacity = 0;
-  AMPDIAG_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr), need * sizeof(T)));
-  capacity = need;
+  AMPDIAG_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr), grown(need) * sizeof(T)));
+  capacity = grown(need);
+  return 1;
 }
 
 std::once_flag g_probe_once;
@@ -191,6 +202,19 @@ struct CudaStatsEngine::Slot final : CudaTicket {
 
   bool ready() override { return event_passed(done, in_flight); }
 
+  // How large its buffers are, to prefer the smallest slot that fits (0: never used).
+  std::size_t size() const { return host_items_cap + host_tensors_cap + host_hist_cap; }
+
+  // Whether a launch of `count` tensors in `items` chunks runs without allocating.
+  bool fits(std::size_t count, std::size_t items, bool histogram) const {
+    count = std::max<std::size_t>(count, 1);
+    items = std::max<std::size_t>(items, 1);
+    return count <= host_tensors_cap && items <= host_items_cap && count <= host_stats_cap &&
+           count <= dev_tensors_cap && items <= dev_items_cap && items <= dev_partials_cap && count <= dev_stats_cap &&
+           (!histogram || (count * kHistBins <= host_hist_cap && items * kHistBins <= dev_item_hist_cap &&
+                           count * kHistBins <= dev_hist_cap));
+  }
+
   void wait() override {
     if (!in_flight) return;
     AMPDIAG_CUDA_CHECK(cudaEventSynchronize(done));
@@ -216,15 +240,6 @@ CudaStatsEngine::~CudaStatsEngine() = default;
 CudaTicket* CudaStatsEngine::launch(const TensorRef* tensors, std::size_t count, const CudaLaunch& launch) {
   if (count > 0 && tensors == nullptr) throw std::invalid_argument("CudaStatsEngine::launch: tensors is null");
   if (count > std::size_t(INT32_MAX)) throw std::invalid_argument("CudaStatsEngine::launch: too many tensors");
-  Slot* slot = nullptr;
-  for (int k = 0; k < slot_count_ && !slot; ++k) {
-    Slot& candidate = slots_[std::size_t((next_slot_ + k) % slot_count_)];
-    if (!candidate.held && candidate.ready()) slot = &candidate;
-  }
-  if (!slot) return nullptr;  // all held: drop, never wait on the training thread
-  const DeviceScope scope(device_);
-  next_slot_ = (next_slot_ + 1) % slot_count_;
-
   // Plan: work items grouped by dtype, each tensor's chunks contiguous and in order.
   std::size_t item_count = 0;
   for (std::size_t t = 0; t < count; ++t) {
@@ -239,18 +254,38 @@ CudaTicket* CudaStatsEngine::launch(const TensorRef* tensors, std::size_t count,
     item_count += std::size_t((ref.numel + kChunk - 1) / kChunk);
   }
   if (item_count > std::size_t(INT32_MAX)) throw std::invalid_argument("CudaStatsEngine::launch: too many chunks");
-  ensure_host(slot->host_tensors, slot->host_tensors_cap, std::max<std::size_t>(count, 1));
-  ensure_host(slot->host_items, slot->host_items_cap, std::max<std::size_t>(item_count, 1));
-  ensure_host(slot->host_stats, slot->host_stats_cap, std::max<std::size_t>(count, 1));
-  ensure_device(slot->dev_tensors, slot->dev_tensors_cap, std::max<std::size_t>(count, 1));
-  ensure_device(slot->dev_items, slot->dev_items_cap, std::max<std::size_t>(item_count, 1));
-  ensure_device(slot->dev_partials, slot->dev_partials_cap, std::max<std::size_t>(item_count, 1));
-  ensure_device(slot->dev_stats, slot->dev_stats_cap, std::max<std::size_t>(count, 1));
-  if (launch.histogram) {
-    ensure_host(slot->host_histograms, slot->host_hist_cap, std::max<std::size_t>(count, 1) * kHistBins);
-    ensure_device(slot->dev_item_histograms, slot->dev_item_hist_cap, std::max<std::size_t>(item_count, 1) * kHistBins);
-    ensure_device(slot->dev_histograms, slot->dev_hist_cap, std::max<std::size_t>(count, 1) * kHistBins);
+  // The smallest free slot whose buffers fit; else a never used one (allocating there frees
+  // nothing, and freeing is what synchronises); else the lowest free one, which grows. Small
+  // launches then keep to small slots and large ones find the large slots they grew, so a
+  // steady launch pattern stops allocating after its first steps.
+  Slot* fitting = nullptr;
+  Slot* unused = nullptr;
+  Slot* any = nullptr;
+  for (int k = 0; k < slot_count_; ++k) {
+    Slot& candidate = slots_[std::size_t(k)];
+    if (candidate.held || !candidate.ready()) continue;
+    if (!any) any = &candidate;
+    if (candidate.fits(count, item_count, launch.histogram)) {
+      if (!fitting || candidate.size() < fitting->size()) fitting = &candidate;
+    } else if (!unused && candidate.size() == 0) {
+      unused = &candidate;
+    }
   }
+  Slot* slot = fitting ? fitting : unused ? unused : any;
+  if (!slot) return nullptr;  // all held: drop, never wait on the training thread
+  const DeviceScope scope(device_);
+  const std::size_t tensors_need = std::max<std::size_t>(count, 1), items_need = std::max<std::size_t>(item_count, 1);
+  allocations_ += ensure_host(slot->host_tensors, slot->host_tensors_cap, tensors_need) +
+                  ensure_host(slot->host_items, slot->host_items_cap, items_need) +
+                  ensure_host(slot->host_stats, slot->host_stats_cap, tensors_need) +
+                  ensure_device(slot->dev_tensors, slot->dev_tensors_cap, tensors_need) +
+                  ensure_device(slot->dev_items, slot->dev_items_cap, items_need) +
+                  ensure_device(slot->dev_partials, slot->dev_partials_cap, items_need) +
+                  ensure_device(slot->dev_stats, slot->dev_stats_cap, tensors_need);
+  if (launch.histogram)
+    allocations_ += ensure_host(slot->host_histograms, slot->host_hist_cap, tensors_need * kHistBins) +
+                    ensure_device(slot->dev_item_histograms, slot->dev_item_hist_cap, items_need * kHistBins) +
+                    ensure_device(slot->dev_histograms, slot->dev_hist_cap, tensors_need * kHistBins);
 
   const DType order[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
   int group_begin[3] = {0, 0, 0};

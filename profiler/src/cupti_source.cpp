@@ -19,7 +19,11 @@ constexpr std::size_t kBufferBytes = std::size_t(4) << 20;
 constexpr std::size_t kBufferAlign = 8;  // CUPTI's requirement for activity buffers
 constexpr std::uint32_t kFlushPeriodMs = 200;
 constexpr CUpti_ExternalCorrelationKind kExternalKind = CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0;
-constexpr CUpti_ActivityKind kRecorded[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY};
+// DRIVER and RUNTIME records are not read, but CUPTI emits EXTERNAL_CORRELATION records
+// only for API calls it traces: without them (seen on an H100, CUDA 13.0) no kernel or
+// copy carries its range.
+constexpr CUpti_ActivityKind kRecorded[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                                            CUPTI_ACTIVITY_KIND_DRIVER, CUPTI_ACTIVITY_KIND_RUNTIME};
 
 struct CuptiApi {
   decltype(&cuptiActivityEnable) enable = nullptr;
@@ -196,8 +200,10 @@ class CuptiSource final : public ActivitySource {
       if (CUptiResult r = api_.enable(kind); r != CUPTI_SUCCESS) {
         api_.disable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
         for (CUpti_ActivityKind k : kRecorded) api_.disable(k);
-        return api_.describe(kind == CUPTI_ACTIVITY_KIND_MEMCPY ? "cuptiActivityEnable(MEMCPY)"
-                                                                : "cuptiActivityEnable(CONCURRENT_KERNEL)",
+        return api_.describe(kind == CUPTI_ACTIVITY_KIND_MEMCPY    ? "cuptiActivityEnable(MEMCPY)"
+                             : kind == CUPTI_ACTIVITY_KIND_DRIVER  ? "cuptiActivityEnable(DRIVER)"
+                             : kind == CUPTI_ACTIVITY_KIND_RUNTIME ? "cuptiActivityEnable(RUNTIME)"
+                                                                   : "cuptiActivityEnable(CONCURRENT_KERNEL)",
                              r);
       }
     }

@@ -146,6 +146,39 @@ TEST_CASE("a slot whose results are held is not launched into until released", "
   second->release();
 }
 
+TEST_CASE("a training-like launch pattern stops allocating once its slots have grown", "[cuda]") {
+  // Per "step": 100 one-tensor launches (activations) and one of many tensors (gradients),
+  // whose results are held until the next step's launches are in, as the agent holds them.
+  const auto tensors = mixed_tensors();
+  std::vector<std::unique_ptr<DeviceCopy>> device;
+  std::vector<kernels::TensorRef> all;
+  for (const auto& t : tensors) {
+    device.push_back(std::make_unique<DeviceCopy>(t));
+    all.push_back({device.back()->ptr, t.numel, t.dtype});
+  }
+  kernels::CudaStatsEngine gpu(512);
+  std::vector<kernels::CudaTicket*> held, previous;
+  std::size_t after_warm_up = 0;
+  for (int step = 0; step < 12; ++step) {
+    for (int a = 0; a < 100; ++a) held.push_back(gpu.launch(&all[std::size_t(a) % all.size()], 1, {}));
+    held.push_back(gpu.launch(all.data(), all.size(), {}));
+    for (kernels::CudaTicket* t : previous) {
+      REQUIRE(t != nullptr);
+      t->wait();
+      t->release();
+    }
+    previous.swap(held);
+    held.clear();
+    if (step == 3) after_warm_up = gpu.allocations();
+  }
+  CHECK(after_warm_up > 0);
+  CHECK(gpu.allocations() == after_warm_up);
+  for (kernels::CudaTicket* t : previous) {
+    t->wait();
+    t->release();
+  }
+}
+
 int main(int argc, char** argv) {
   if (!kernels::cuda_device_available()) {
     std::printf("skipped: no CUDA device (%s)\n", kernels::cuda_unavailable_reason().c_str());

@@ -26,7 +26,7 @@ from ._options import check_options, default_amp_dtype
 from ._replay import FINITE, NONFINITE, Replayer
 from ._updates import UpdateProbe, holds_half_parameters
 from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, directly_readable, engine_place,
-                       first_float_tensor, found_inf, found_inf_tensor, host_place, host_sum, inf_checked,
+                       fast_place, first_float_tensor, found_inf, found_inf_tensor, host_sum, inf_checked,
                        readable_view, scale_on_device, sum_on)
 
 _ATTACHED = "_ampdiag_handle"
@@ -382,10 +382,9 @@ class AttachHandle:
         ptrs, numels, codes, types, indices, streams = [], [], [], [], [], []
         copies = []  # dense copies, alive until the engine has read them
         for layer, g in zip(layers, grads):
-            host = host_place(g)
-            if host is not None:  # the common case, cheapest first
-                ptr, numel, code = host
-                place = (0, 0, 0)
+            fast = fast_place(g)
+            if fast is not None:  # the common case, cheapest first
+                ptr, numel, code, *place = fast
             else:
                 v = readable_view(g)
                 if v is not g:
@@ -525,9 +524,11 @@ class AttachHandle:
                 elif args and args[0] is tensor:
                     pass  # it returned its input (Dropout(p=0), Identity): it computed nothing
                 else:
-                    host = host_place(tensor)
-                    if host is not None:
-                        nonfinite = self._session.activation(module_id, *host, self._micro_batch, 0, 0, 0)
+                    fast = fast_place(tensor)
+                    if fast is not None:
+                        ptr, numel, code, kind, index, stream = fast
+                        nonfinite = self._session.activation(module_id, ptr, numel, code, self._micro_batch, kind,
+                                                             index, stream)
                     else:
                         view = tensor if directly_readable(tensor) else readable_view(tensor)
                         nonfinite = self._session.activation(module_id, view.data_ptr(), view.numel(),

@@ -42,13 +42,32 @@ def _dense(t: torch.Tensor) -> bool:
 ENGINE_DEVICES = {"cpu": 0, "cuda": 1}  # the session's device type codes
 
 
-def host_place(t: torch.Tensor):
-    """(data_ptr, numel, dtype code) of a contiguous CPU float tensor the CPU engine reads in
-    place, else None: the forward hooks' fast path (checks ordered cheapest first)."""
+# The raw cudaStream_t of a device's current stream, as torch's compiler reads it: the
+# public torch.cuda.current_stream() builds a Stream object, ~10 µs that every hook and
+# every gradient paid (on a host-bound GPU step, that is step time).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream_handle(index: int) -> int:
+    """The cudaStream_t of CUDA device `index`'s current stream (reading it does not sync)."""
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+def fast_place(t: torch.Tensor):
+    """(data_ptr, numel, dtype code, device type code, device index, stream) of a contiguous
+    CPU or CUDA float tensor an engine reads in place, else None: the hooks' and the
+    gradient pass's fast path (checks ordered cheapest first)."""
     code = DTYPE_CODE.get(t.dtype)
-    if code is None or not t.is_cpu or not t.is_contiguous() or t.layout is not torch.strided:
+    if code is None or not t.is_contiguous() or t.layout is not torch.strided:
         return None
-    return t.data_ptr(), t.numel(), code
+    if t.is_cpu:
+        return t.data_ptr(), t.numel(), code, 0, 0, 0
+    if t.is_cuda:
+        index = t.get_device()
+        return t.data_ptr(), t.numel(), code, 1, index, current_stream_handle(index)
+    return None
 
 
 def directly_readable(t: torch.Tensor) -> bool:
@@ -73,8 +92,8 @@ def engine_place(t: torch.Tensor):
     on CUDA, the stream its producer runs on (reading the current stream does not sync)."""
     if t.device.type == "cpu":
         return 0, 0, 0
-    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    return ENGINE_DEVICES[t.device.type], index, torch.cuda.current_stream(index).cuda_stream
+    index = t.get_device()
+    return ENGINE_DEVICES[t.device.type], index, current_stream_handle(index)
 
 
 def describe_inputs(args) -> str:

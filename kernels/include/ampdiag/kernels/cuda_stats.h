@@ -54,17 +54,21 @@ class CudaStatsEngine {
 
   // Enqueues the pass over `tensors` (device pointers, element-aligned) on launch.stream.
   // Returns null when every slot is still held: the caller drops this sample. A slot's
-  // device and pinned buffers grow on demand (cudaMalloc / cudaMallocHost, which may
-  // synchronise): that happens on the first launches of a given size, not in steady state.
+  // device and pinned buffers grow on demand (cudaMalloc / cudaMallocHost; freeing the old
+  // ones synchronises): that happens on the first launches of a given size, not in steady state.
   // Throws std::invalid_argument for a malformed TensorRef, std::runtime_error on CUDA errors.
   CudaTicket* launch(const TensorRef* tensors, std::size_t count, const CudaLaunch& launch);
+
+  // Device and pinned buffers allocated so far (each may have synchronised the device): a
+  // launch takes the lowest free slot whose buffers fit, so in a steady state this stays put.
+  std::size_t allocations() const { return allocations_; }
 
  private:
   struct Slot;
   std::unique_ptr<Slot[]> slots_;
   int slot_count_;
   int device_;
-  int next_slot_ = 0;
+  std::size_t allocations_ = 0;
 };
 
 }  // namespace ampdiag::kernels
