@@ -76,13 +76,15 @@ __device__ void finalize_tensor(const LaunchArgs& a, int t) {
   total.reset();
   for (int k = 0; k < tensor.items; ++k) total.merge(load_partial(&a.partials[tensor.first_item + k]));
   math::finalize(total, tensor.numel, a.out[t]);
-  if (a.histograms) {
-    for (int b = 0; b < kHistBins; ++b) {
-      std::uint64_t sum = 0;
-      for (int k = 0; k < tensor.items; ++k) sum += __ldcg(&a.histograms[std::int64_t(tensor.first_item + k) * kHistBins + b]);
-      a.histograms_out[std::int64_t(t) * kHistBins + b] = sum;
-    }
-  }
+}
+
+// Bin b of tensor t's histogram summed over its chunks. One thread per (tensor, bin): per
+// tensor, the sums over a large tensor's chunks took longer than the statistics pass.
+__device__ void finalize_bin(const LaunchArgs& a, int t, int b) {
+  const DeviceTensor tensor = tensor_at(a, t);
+  std::uint64_t sum = 0;
+  for (int k = 0; k < tensor.items; ++k) sum += __ldcg(&a.histograms[std::int64_t(tensor.first_item + k) * kHistBins + b]);
+  a.histograms_out[std::int64_t(t) * kHistBins + b] = sum;
 }
 
 template <DType D, bool kUnscale>
@@ -139,13 +141,19 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const LaunchArgs a) {
   if (!last_block) return;
   __threadfence();
   for (int k = threadIdx.x; k < a.count; k += kThreads) finalize_tensor(a, k);
+  if (a.histograms)
+    for (std::int64_t k = threadIdx.x; k < std::int64_t(a.count) * kHistBins; k += kThreads)
+      finalize_bin(a, int(k / kHistBins), int(k % kHistBins));
   if (threadIdx.x == 0) *a.finished = 0;  // for the slot's next launch (after this one's event)
 }
 
 // A launch whose tensors are all empty has no stats blocks: its results come from here.
 __global__ void finalize_kernel(const LaunchArgs a) {
   const int t = int(blockIdx.x) * kFinalizeThreads + int(threadIdx.x);
-  if (t < a.count) finalize_tensor(a, t);
+  if (t >= a.count) return;
+  finalize_tensor(a, t);
+  if (a.histograms)
+    for (int b = 0; b < kHistBins; ++b) finalize_bin(a, t, b);
 }
 
 // Buffers grow to the next power of two: cudaFree and cudaFreeHost synchronise the device,
