@@ -117,3 +117,4 @@ def test_bf16_on_cuda_without_a_scaler_makes_no_host_sync_and_records_its_losses
     with sqlite3.connect(tmp_path / "run.db") as c:
         recorded = [r[0] for r in c.execute("SELECT loss FROM steps ORDER BY step")]
     assert recorded == [float(t) for t in losses]
+

@@ -1,0 +1,40 @@
+"""attach(profile=True) on a CUDA model: CUPTI starts, and gpu_time holds the first
+Linear's device time in forward and in backward and the optimizer's, on several sampled
+steps. Skipped without a CUDA device. scripts/cuda-check runs it on its own, under a time
+limit: on the first GPU lent (an H100), two tests of the whole tests/python suite had not
+finished after two and a half minutes, and the profile=True ones are the suspects."""
+import sqlite3
+
+import pytest
+import torch
+
+import ampdiag
+from test_cuda import make_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="skipped: no CUDA device")
+
+
+def test_profile_on_cuda_records_device_time_per_module_in_forward_backward_and_optimizer(tmp_path):
+    db = tmp_path / "run.db"
+    model = make_model("cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cuda")
+    x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 1, device="cuda")
+    with ampdiag.attach(model, scaler, db=db, overwrite=True, profile=True) as handle:
+        assert handle._session.profiling, "CUPTI did not start on this device"
+        for _ in range(6):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = torch.nn.functional.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    with sqlite3.connect(db) as c:
+        linear = {i for (i,) in c.execute("SELECT id FROM modules WHERE path = '0'")}
+        phases = {p for (p,) in c.execute("SELECT DISTINCT phase FROM gpu_time WHERE module_id IN (%s)"
+                                          % ",".join(map(str, linear)))}
+        optimizer_ns = c.execute("SELECT SUM(ns) FROM gpu_time WHERE phase = 3").fetchone()[0]
+        steps = c.execute("SELECT COUNT(DISTINCT step) FROM gpu_time").fetchone()[0]
+    assert {0, 1} <= phases  # the first Linear's kernels, in forward and in backward
+    assert optimizer_ns and optimizer_ns > 0
+    assert steps >= 3
