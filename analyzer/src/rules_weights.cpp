@@ -38,7 +38,7 @@ Suggestion fp32_master_weights(const Run& run) {
              "    loss = loss_fn(model(x), y)\n"
              "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()";
   s.cpp = "model->to(torch::kFloat32);  // before building the optimizer\n"
-          "at::autocast::set_autocast_enabled(at::kCPU, true);  // at::kCUDA on GPUs\n"
+          "at::autocast::set_autocast_enabled(" + std::string(device == "cuda" ? "at::kCUDA" : "at::kCPU") + ", true);\n"
           "ampdiag::GradScaler scaler;";
   return s;
 }

@@ -100,8 +100,9 @@ Suggestion use_bf16(const Run& run) {
   s.python = "with torch.autocast(device_type=\"" + device_type(run) + "\", dtype=torch.bfloat16):\n"
              "    loss = model(x)\n"
              "loss.backward()  # no GradScaler with bf16";
-  s.cpp = "at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);  // at::kCUDA on GPUs\n"
-          "at::autocast::set_autocast_enabled(at::kCPU, true);";
+  const std::string type = device_type(run) == "cuda" ? "at::kCUDA" : "at::kCPU";
+  s.cpp = "at::autocast::set_autocast_dtype(" + type + ", at::kBFloat16);\n"
+          "at::autocast::set_autocast_enabled(" + type + ", true);";
   return s;
 }
 

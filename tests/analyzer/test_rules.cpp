@@ -1,6 +1,7 @@
 // The analyzer's rules on hand-built run.db fixtures, one situation per test.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <limits>
 
 #include "../rundb/temp_dir.h"
@@ -359,6 +360,26 @@ TEST_CASE("suggestions name the exact module path in Python and C++", "[rules][s
   CHECK_THAT(s.python, Catch::Contains("where blocks.3.attn's forward() calls it"));
   CHECK_THAT(s.python, Catch::Contains("out = self.qkv(x.float())"));
   CHECK_THAT(s.cpp, Catch::Contains("ampdiag::Fp32Pins pins({\"blocks.3.attn.qkv\"})"));
+}
+
+TEST_CASE("the bf16 suggestion's C++ snippet sets autocast on the run's own device", "[rules][suggestions]") {
+  for (const std::string device : {"cpu", "cuda:0"}) {
+    TempDir dir;
+    RunFixture f(dir.file("run.db"), {"blocks.3.attn.qkv.weight", "head.weight"});
+    f.meta("device", device);
+    double scale = 65536;
+    for (int i = 0; i < 10; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"blocks.3.attn.qkv.weight"});
+    f.finish();
+    const auto r = report_of(dir.file("run.db"));
+    const auto& suggestions = r.findings.front().suggestions;
+    const auto bf16 = std::find_if(suggestions.begin(), suggestions.end(),
+                                   [](const Suggestion& s) { return s.summary.find("bfloat16") != std::string::npos; });
+    REQUIRE(bf16 != suggestions.end());
+    const std::string type = device == "cpu" ? "at::kCPU" : "at::kCUDA";
+    INFO(device);
+    CHECK_THAT(bf16->cpp, Catch::Contains("set_autocast_dtype(" + type + ", at::kBFloat16)"));
+    CHECK_THAT(bf16->cpp, Catch::Contains("set_autocast_enabled(" + type + ", true)"));
+  }
 }
 
 TEST_CASE("the verdict line counts only the findings that fail the gate, in singular or plural", "[render]") {
