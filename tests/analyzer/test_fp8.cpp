@@ -39,6 +39,13 @@ void record_two_layers(const std::string& path) {
   f.finish();
 }
 
+// One layer, one step, no histograms.
+void record_without_histograms(const std::string& path) {
+  RunFixture f(path, {"w"});
+  f.step(1024, 1024, 100.0);
+  f.finish();
+}
+
 }  // namespace
 
 TEST_CASE("gradient values are placed in E4M3 and E5M2's normal range as a direct computation does", "[fp8]") {
@@ -85,11 +92,7 @@ TEST_CASE("a gradient that grows past its amax history saturates on the steps th
 TEST_CASE("fp8 readiness says when a run has no histograms, and checks its options", "[fp8]") {
   TempDir dir;
   const auto path = dir.file("run.db");
-  {
-    RunFixture f(path, {"w"});
-    f.step(1024, 1024, 100.0);
-    f.finish();
-  }
+  record_without_histograms(path);
   const auto run = analyzer::load_run(path);
   CHECK_FALSE(analyzer::fp8_readiness(run).histograms);
   analyzer::Fp8Options bad;
@@ -123,11 +126,7 @@ TEST_CASE("the report's FP8 overview counts the layers that fit and lists the le
 TEST_CASE("a run without histograms has no FP8 lines and a null fp8 in JSON", "[fp8]") {
   TempDir dir;
   const auto path = dir.file("run.db");
-  {
-    RunFixture f(path, {"w"});
-    f.step(1024, 1024, 100.0);
-    f.finish();
-  }
+  record_without_histograms(path);
   const std::vector<analyzer::Run> runs = {analyzer::load_run(path)};
   analyzer::Report report = analyzer::analyze(runs);
   analyzer::add_fp8_overview(report, runs);

@@ -19,12 +19,14 @@ def make_model(device):
                                torch.nn.Linear(64, 1)).to(device)
 
 
-def train(steps, db=None, fused=False, no_sync=False, device="cuda"):
+def train(steps, db=None, fused=False, no_sync=False, device="cuda", init_scale=2.0 ** 40, **options):
+    """Trains the tiny model for `steps` steps (the default scale overflows at first), with
+    ampdiag attached (with `options`) when `db` is given."""
     model = make_model(device)
     opt = (torch.optim.Adam(model.parameters(), lr=1e-3, fused=True) if fused
            else torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
-    scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 40, growth_interval=4)  # overflows at first
-    handle = ampdiag.attach(model, scaler, db=db, overwrite=True) if db else None
+    scaler = torch.amp.GradScaler("cuda", init_scale=init_scale, growth_interval=4)
+    handle = ampdiag.attach(model, scaler, db=db, overwrite=True, **options) if db else None
     x = torch.randn(64, 16, device=device)
     y = torch.randn(64, 1, device=device)
     losses, scales = [], []
