@@ -22,8 +22,16 @@ constexpr CUpti_ExternalCorrelationKind kExternalKind = CUPTI_EXTERNAL_CORRELATI
 // DRIVER and RUNTIME records are not read, but CUPTI emits EXTERNAL_CORRELATION records
 // only for API calls it traces: without them (seen on an H100, CUDA 13.0) no kernel or
 // copy carries its range.
-constexpr CUpti_ActivityKind kRecorded[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-                                            CUPTI_ACTIVITY_KIND_DRIVER, CUPTI_ACTIVITY_KIND_RUNTIME};
+struct RecordedKind {
+  CUpti_ActivityKind kind;
+  const char* enable_call;  // for the message when enabling it fails
+};
+constexpr RecordedKind kRecorded[] = {
+    {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, "cuptiActivityEnable(CONCURRENT_KERNEL)"},
+    {CUPTI_ACTIVITY_KIND_MEMCPY, "cuptiActivityEnable(MEMCPY)"},
+    {CUPTI_ACTIVITY_KIND_DRIVER, "cuptiActivityEnable(DRIVER)"},
+    {CUPTI_ACTIVITY_KIND_RUNTIME, "cuptiActivityEnable(RUNTIME)"},
+};
 
 struct CuptiApi {
   decltype(&cuptiActivityEnable) enable = nullptr;
@@ -131,7 +139,7 @@ class CuptiSource final : public ActivitySource {
 
   void set_recording(bool on) override {
     if (!started_ || on == recording_) return;
-    for (CUpti_ActivityKind kind : kRecorded) on ? api_.enable(kind) : api_.disable(kind);
+    for (const RecordedKind& k : kRecorded) on ? api_.enable(k.kind) : api_.disable(k.kind);
     recording_ = on;
   }
 
@@ -196,18 +204,14 @@ class CuptiSource final : public ActivitySource {
     // holds the device fail here.
     if (CUptiResult r = api_.enable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION); r != CUPTI_SUCCESS)
       return api_.describe("cuptiActivityEnable(EXTERNAL_CORRELATION)", r);
-    for (CUpti_ActivityKind kind : kRecorded) {
-      if (CUptiResult r = api_.enable(kind); r != CUPTI_SUCCESS) {
+    for (const RecordedKind& k : kRecorded) {
+      if (CUptiResult r = api_.enable(k.kind); r != CUPTI_SUCCESS) {
         api_.disable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
-        for (CUpti_ActivityKind k : kRecorded) api_.disable(k);
-        return api_.describe(kind == CUPTI_ACTIVITY_KIND_MEMCPY    ? "cuptiActivityEnable(MEMCPY)"
-                             : kind == CUPTI_ACTIVITY_KIND_DRIVER  ? "cuptiActivityEnable(DRIVER)"
-                             : kind == CUPTI_ACTIVITY_KIND_RUNTIME ? "cuptiActivityEnable(RUNTIME)"
-                                                                   : "cuptiActivityEnable(CONCURRENT_KERNEL)",
-                             r);
+        for (const RecordedKind& other : kRecorded) api_.disable(other.kind);
+        return api_.describe(k.enable_call, r);
       }
     }
-    for (CUpti_ActivityKind kind : kRecorded) api_.disable(kind);  // on for sampled steps only
+    for (const RecordedKind& k : kRecorded) api_.disable(k.kind);  // on for sampled steps only
     if (api_.flush_period) api_.flush_period(kFlushPeriodMs);
     return "";
   }

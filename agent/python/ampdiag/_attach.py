@@ -530,7 +530,7 @@ class AttachHandle:
                         nonfinite = self._session.activation(module_id, ptr, numel, code, self._micro_batch, kind,
                                                              index, stream)
                     else:
-                        view = tensor if directly_readable(tensor) else readable_view(tensor)
+                        view = readable_view(tensor)  # the tensor itself when the engine reads it in place
                         nonfinite = self._session.activation(module_id, view.data_ptr(), view.numel(),
                                                              DTYPE_CODE[view.dtype], self._micro_batch,
                                                              *engine_place(view))

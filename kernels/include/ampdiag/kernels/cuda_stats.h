@@ -60,7 +60,7 @@ class CudaStatsEngine {
   CudaTicket* launch(const TensorRef* tensors, std::size_t count, const CudaLaunch& launch);
 
   // Device and pinned buffers allocated so far (each may have synchronised the device): a
-  // launch takes the lowest free slot whose buffers fit, so in a steady state this stays put.
+  // launch takes the smallest free slot whose buffers fit, so in a steady state this stays put.
   std::size_t allocations() const { return allocations_; }
 
  private:
