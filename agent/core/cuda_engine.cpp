@@ -58,10 +58,11 @@ class StatsTicket final : public SlotTicket<kernels::CudaTicket> {
     const kernels::TensorStats* stats = slot_->stats();
     const std::uint64_t* hist = slot_->histograms();
     for (std::size_t i = 0; i < as_.ids.size(); ++i) {
+      const std::uint64_t* h = hist ? hist + i * kernels::kHistBins : nullptr;
       if (as_.activation)
-        step.act(as_.ids[i], as_.orders[i], stats[i], as_.micro_batch);
+        step.act(as_.ids[i], as_.orders[i], stats[i], h, as_.micro_batch);
       else
-        step.grad(as_.ids[i], as_.orders[i], stats[i], hist ? hist + i * kernels::kHistBins : nullptr);
+        step.grad(as_.ids[i], as_.orders[i], stats[i], h);
     }
     landed();
   }

@@ -354,13 +354,19 @@ bool Session::activation(std::int64_t module, const DeviceTensor& t, std::int32_
   bool nonfinite = false;
   if (host(t.device)) {
     kernels::TensorStats s;
-    cpu_.compute(&t.ref, 1, &s);
-    recorder_->stage_act(module, order, s, micro_batch);
+    std::uint64_t* hist = nullptr;
+    if (options_.histogram) {
+      hist_.resize(kernels::kHistBins);
+      hist = hist_.data();
+    }
+    cpu_.compute(&t.ref, 1, &s, hist);
+    recorder_->stage_act(module, order, s, hist, micro_batch);
     nonfinite = s.has_nonfinite();
   } else if (device_engine_ready(t.device)) {
     DeviceLaunch launch;
     launch.device = t.device;
     launch.stream = t.stream;
+    launch.histogram = options_.histogram;
     LandAs as;
     as.activation = true;
     as.ids = {module};

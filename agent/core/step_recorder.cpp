@@ -27,9 +27,9 @@ class StepRecorder::Sink final : public StepSink {
             const std::uint64_t* histogram) override {
     add_stat(step_, RecordKind::kGrad, layer, bwd_order, s, histogram, 0);
   }
-  void act(std::int64_t module, std::int64_t fwd_order, const kernels::TensorStats& s,
+  void act(std::int64_t module, std::int64_t fwd_order, const kernels::TensorStats& s, const std::uint64_t* histogram,
            std::int32_t micro_batch) override {
-    add_stat(step_, RecordKind::kAct, module, fwd_order, s, nullptr, micro_batch);
+    add_stat(step_, RecordKind::kAct, module, fwd_order, s, histogram, micro_batch);
   }
   StepOutcome& outcome() override { return step_.outcome; }
 
@@ -74,9 +74,9 @@ void StepRecorder::stage_grad(std::int64_t layer, std::int64_t bwd_order, const 
 }
 
 void StepRecorder::stage_act(std::int64_t module, std::int64_t fwd_order, const kernels::TensorStats& s,
-                             std::int32_t micro_batch) {
+                             const std::uint64_t* histogram, std::int32_t micro_batch) {
   begin_step();
-  add_stat(current_, RecordKind::kAct, module, fwd_order, s, nullptr, micro_batch);
+  add_stat(current_, RecordKind::kAct, module, fwd_order, s, histogram, micro_batch);
 }
 
 void StepRecorder::stage_ticket(std::unique_ptr<Ticket> ticket) {

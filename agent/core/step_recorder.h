@@ -59,7 +59,8 @@ class StepRecorder {
 
   void stage_grad(std::int64_t layer, std::int64_t bwd_order, const kernels::TensorStats& s,
                   const std::uint64_t* histogram = nullptr);
-  void stage_act(std::int64_t module, std::int64_t fwd_order, const kernels::TensorStats& s, std::int32_t micro_batch = 0);
+  void stage_act(std::int64_t module, std::int64_t fwd_order, const kernels::TensorStats& s,
+                 const std::uint64_t* histogram = nullptr, std::int32_t micro_batch = 0);
   // Results of this step that land later.
   void stage_ticket(std::unique_ptr<Ticket> ticket);
   // Some of this step's statistics could not even be asked for (the engine had no free

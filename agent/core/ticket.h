@@ -19,7 +19,7 @@ class StepSink {
   virtual void grad(std::int64_t layer, std::int64_t bwd_order, const kernels::TensorStats& s,
                     const std::uint64_t* histogram) = 0;
   virtual void act(std::int64_t module, std::int64_t fwd_order, const kernels::TensorStats& s,
-                   std::int32_t micro_batch) = 0;
+                   const std::uint64_t* histogram, std::int32_t micro_batch) = 0;
   // The step's outcome as the agent gave it at end_step(); a ticket may complete it (a loss
   // or a found_inf read back from the device).
   virtual StepOutcome& outcome() = 0;

@@ -99,6 +99,7 @@ void WriterThread::write(const Record& r) {
     row.fwd_order = r.stat.order;
     row.micro_batch = r.stat.micro_batch;
     row.stats = to_values(r.stat.stats);
+    if (r.stat.has_histogram) row.histogram.assign(r.stat.histogram, r.stat.histogram + kernels::kHistBins);
     writer_->add_act_stat(row);
   }
 }

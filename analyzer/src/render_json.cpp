@@ -27,16 +27,28 @@ std::string device_profile_json(const DeviceProfile& p) {
   return o + "]}";
 }
 
+std::string fp8_least_ready(const Fp8Overview::Group& g, const char* key) {
+  std::string o = "[";
+  for (std::size_t i = 0; i < g.least_ready.size(); ++i)
+    o += std::string(i ? ", " : "") + "{\"" + key + "\": " + quote(g.least_ready[i].name) +
+         ", \"e4m3_normal\": " + number(g.least_ready[i].e4m3_normal) +
+         ", \"e5m2_normal\": " + number(g.least_ready[i].e5m2_normal) + "}";
+  return o + "]";
+}
+
+// The gradients' group at the top level (as before activations were judged), the
+// activations' nested; null when the run recorded no activation histograms.
 std::string fp8_json(const Fp8Overview& f) {
   if (!f.recorded) return "null";
+  const auto& g = f.gradients;
   std::string o = "{\"history\": " + number(f.history) + ", \"fit_share\": " + number(f.fit_share) +
-                  ", \"layers\": " + number(f.layers) + ", \"fit_e4m3\": " + number(f.fit_e4m3) +
-                  ", \"fit_e5m2\": " + number(f.fit_e5m2) + ", \"least_ready\": [";
-  for (std::size_t i = 0; i < f.least_ready.size(); ++i)
-    o += std::string(i ? ", " : "") + "{\"layer\": " + quote(f.least_ready[i].name) +
-         ", \"e4m3_normal\": " + number(f.least_ready[i].e4m3_normal) +
-         ", \"e5m2_normal\": " + number(f.least_ready[i].e5m2_normal) + "}";
-  return o + "]}";
+                  ", \"layers\": " + number(g.count) + ", \"fit_e4m3\": " + number(g.fit_e4m3) +
+                  ", \"fit_e5m2\": " + number(g.fit_e5m2) + ", \"least_ready\": " + fp8_least_ready(g, "layer");
+  const auto& a = f.activations;
+  o += ", \"activations\": ";
+  if (!f.activations_recorded) return o + "null}";
+  return o + "{\"modules\": " + number(a.count) + ", \"fit_e4m3\": " + number(a.fit_e4m3) + ", \"fit_e5m2\": " +
+         number(a.fit_e5m2) + ", \"least_ready\": " + fp8_least_ready(a, "module") + "}}";
 }
 
 }  // namespace

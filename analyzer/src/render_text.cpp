@@ -62,26 +62,43 @@ std::vector<std::string> device_profile_lines(const RunOverview& o) {
   return lines;
 }
 
+namespace {
+
+// "FP8 readiness of the <what> ...: A of B <unit> fit E4M3, C fit E5M2", then the least
+// ready; `tail` closes the first line.
+void add_fp8_group(std::vector<std::string>& lines, const Fp8Overview::Group& g, const char* what, const char* unit,
+                   const std::string& scaling, const std::string& tail) {
+  if (g.count == 0) {
+    lines.push_back(std::string("FP8 readiness of the ") + what + ": no finite histogram to judge");
+    return;
+  }
+  char head[160];
+  std::snprintf(head, sizeof head, "FP8 readiness of the %s%s: %lld of %lld %s fit E4M3, %lld fit E5M2", what,
+                scaling.c_str(), static_cast<long long>(g.fit_e4m3), static_cast<long long>(g.count), unit,
+                static_cast<long long>(g.fit_e5m2));
+  lines.push_back(head + tail);
+  if (g.least_ready.empty()) return;
+  std::string least = "  least E4M3-ready: ";
+  for (std::size_t i = 0; i < g.least_ready.size(); ++i) {
+    char shares[96];
+    std::snprintf(shares, sizeof shares, " (E4M3 %.1f %%, E5M2 %.1f %% normal)", 100.0 * g.least_ready[i].e4m3_normal,
+                  100.0 * g.least_ready[i].e5m2_normal);
+    least += (i ? "; " : "") + g.least_ready[i].name + shares;
+  }
+  lines.push_back(least);
+}
+
+}  // namespace
+
 std::vector<std::string> fp8_lines(const Fp8Overview& f) {
   if (!f.recorded) return {};
-  if (f.layers == 0) return {"FP8 readiness: no finite gradient histogram to judge"};
-  char head[200];
-  std::snprintf(head, sizeof head,
-                "FP8 readiness of the gradients (delayed scaling over %lld steps): %lld of %lld layers fit E4M3, %lld fit "
-                "E5M2 (at least %.0f %% of their values normal; ampdiag fp8 has the table)",
-                static_cast<long long>(f.history), static_cast<long long>(f.fit_e4m3), static_cast<long long>(f.layers),
-                static_cast<long long>(f.fit_e5m2), 100.0 * f.fit_share);
-  std::vector<std::string> lines = {head};
-  if (!f.least_ready.empty()) {
-    std::string least = "  least E4M3-ready: ";
-    for (std::size_t i = 0; i < f.least_ready.size(); ++i) {
-      char shares[96];
-      std::snprintf(shares, sizeof shares, " (E4M3 %.1f %%, E5M2 %.1f %% normal)", 100.0 * f.least_ready[i].e4m3_normal,
-                    100.0 * f.least_ready[i].e5m2_normal);
-      least += (i ? "; " : "") + f.least_ready[i].name + shares;
-    }
-    lines.push_back(least);
-  }
+  char scaling[64], tail[128];
+  std::snprintf(scaling, sizeof scaling, " (delayed scaling over %lld steps)", static_cast<long long>(f.history));
+  std::snprintf(tail, sizeof tail, " (at least %.0f %% of their values normal; ampdiag fp8 has the tables)",
+                100.0 * f.fit_share);
+  std::vector<std::string> lines;
+  add_fp8_group(lines, f.gradients, "gradients", "layers", scaling, tail);
+  if (f.activations_recorded) add_fp8_group(lines, f.activations, "activations", "modules", "", "");
   return lines;
 }
 

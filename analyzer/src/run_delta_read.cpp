@@ -335,7 +335,7 @@ std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t m
         if (m.first_step < 0) m.first_step = a.step;
         d.first_nonfinite_module[a.step] = a.module_id;
       },
-      from.act_key);
+      from.act_key, false);
   d.next.act_step_found = found_in_step;
   return least_step;
 }

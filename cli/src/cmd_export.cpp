@@ -135,12 +135,15 @@ void export_table(rundb::RunDbReader& reader, const std::string& table, std::FIL
     });
     sink.finish();
   } else if (table == "act_stats") {
-    Sink sink(out, json, with_stat_columns({"step", "module_id", "fwd_order", "micro_batch"}));
-    for (const auto& a : reader.act_stats()) {
+    auto columns = with_stat_columns({"step", "module_id", "fwd_order", "micro_batch"});
+    columns.push_back("histogram");
+    Sink sink(out, json, columns);
+    reader.for_each_act_stat([&](const rundb::ActStatRow& a) {
       std::vector<Cell> cells = {number(a.step), number(a.module_id), number(a.fwd_order), number(a.micro_batch)};
       add_stats(cells, a.stats);
+      cells.push_back(histogram(a.histogram));
       sink.row(cells);
-    }
+    });
     sink.finish();
   } else if (table == "replays") {
     Sink sink(out, json, {"step", "module", "outcome", "fp32_absmax", "reason"});

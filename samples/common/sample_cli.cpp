@@ -29,7 +29,7 @@ namespace {
   std::fprintf(out,
                "\n  --seed N           random seed (default 0)\n"
                "  --every N          record per-layer statistics every N steps (default 1)\n"
-               "  --histogram        also record the gradients' exponent histograms\n"
+               "  --histogram        also record the exponent histograms of gradients and activations\n"
                "  --device DEVICE    train on cpu (default) or cuda[:N]; without a CUDA device, on the CPU\n");
   std::exit(code);
 }

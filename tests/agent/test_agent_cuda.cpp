@@ -22,10 +22,11 @@ namespace {
 
 const c10::Device kCuda(c10::kCUDA, 0);
 
-std::function<std::unique_ptr<Agent>(TinyNet&, GradScaler&)> attach(const std::string& db) {
-  return [db](TinyNet& net, GradScaler& scaler) {
+std::function<std::unique_ptr<Agent>(TinyNet&, GradScaler&)> attach(const std::string& db, bool histogram = false) {
+  return [db, histogram](TinyNet& net, GradScaler& scaler) {
     AgentOptions o;
     o.db_path = db;
+    o.histogram = histogram;
     return std::make_unique<Agent>(*net, scaler, o);
   };
 }
@@ -86,6 +87,16 @@ TEST_CASE("CUDA gradients and probes are recorded from the device engine", "[cud
   CHECK(r.grad_stats().size() == 6 * 6);  // 3 Linear layers x (weight, bias) x 6 steps
   CHECK(r.act_stats().size() == 6 * 2);   // probes a and b
   for (const auto& e : r.events()) CHECK(e.kind != "slow-path");  // nothing went through a copy
+}
+
+TEST_CASE("with histograms on, CUDA gradients and probes carry histograms of their finite non-zero values", "[cuda]") {
+  TempDir dir;
+  train_tiny(6, attach(dir.file("run.db"), true), kCuda);
+  rundb::RunDbReader r(dir.file("run.db"));
+  const auto acts = r.act_stats();
+  REQUIRE(acts.size() == 6 * 2);
+  for (const auto& a : acts) REQUIRE(counts_finite_nonzero(a.histogram, a.stats));
+  for (const auto& g : r.grad_stats()) REQUIRE(counts_finite_nonzero(g.histogram, g.stats));
 }
 
 int main(int argc, char** argv) {

@@ -105,6 +105,23 @@ TEST_CASE("probes record activation statistics in forward order and return their
   CHECK(acts[0].stats.zeros > 0);  // relu output
 }
 
+TEST_CASE("with histograms on, gradients and probes carry histograms of their finite non-zero values", "[agent]") {
+  TempDir dir;
+  train_tiny(6, [db = dir.file("run.db")](TinyNet& net, GradScaler& scaler) {
+    AgentOptions o;
+    o.db_path = db;
+    o.histogram = true;
+    return std::make_unique<Agent>(*net, scaler, o);
+  });
+  rundb::RunDbReader r(dir.file("run.db"));
+  const auto acts = r.act_stats();
+  REQUIRE(acts.size() == 6 * 2);
+  for (const auto& a : acts) REQUIRE(counts_finite_nonzero(a.histogram, a.stats));
+  const auto grads = r.grad_stats();
+  REQUIRE(grads.size() == 6 * 6);
+  for (const auto& g : grads) REQUIRE(counts_finite_nonzero(g.histogram, g.stats));
+}
+
 TEST_CASE("sampling every N steps still records overflowing steps and their neighbours", "[agent]") {
   TempDir dir;
   const auto db = dir.file("sparse.db");

@@ -11,6 +11,7 @@
 
 #include "ampdiag/agent.h"
 #include "ampdiag/grad_scaler.h"
+#include "ampdiag/rundb/rows.h"
 
 namespace ampdiag::test {
 
@@ -37,6 +38,13 @@ struct HalfAutocast {
   }
   c10::DeviceType type;
 };
+
+// A recorded histogram has run.db's bins and counts exactly the row's finite non-zero values.
+inline bool counts_finite_nonzero(const std::vector<std::uint32_t>& histogram, const rundb::StatValues& s) {
+  std::int64_t sum = 0;
+  for (const auto c : histogram) sum += c;
+  return histogram.size() == std::size_t(rundb::kHistBins) && sum == s.numel - s.zeros - s.nan - s.inf;
+}
 
 struct TrainResult {
   std::vector<torch::Tensor> params;  // on the host

@@ -42,7 +42,7 @@ struct FakeEngine final : agent::DeviceEngine {
         s.numel = 8;
         s.absmax = float(launch->as.ids[i] + 1);  // tells the rows apart
         if (launch->as.activation)
-          step.act(launch->as.ids[i], launch->as.orders[i], s, launch->as.micro_batch);
+          step.act(launch->as.ids[i], launch->as.orders[i], s, nullptr, launch->as.micro_batch);
         else
           step.grad(launch->as.ids[i], launch->as.orders[i], s, nullptr);
       }
@@ -353,6 +353,46 @@ TEST_CASE("device activations land as tickets at their forward position", "[sess
   CHECK(acts[0].stats.absmax == 1.0f);  // from the fake engine
   CHECK(acts[1].module_id == 1);
   CHECK(acts[1].stats.absmax == 3.0f);  // from the CPU engine
+  CHECK(acts[1].histogram.empty());  // histograms are off
+}
+
+TEST_CASE("with histograms on, a host activation's exponent histogram counts its values' binades", "[session]") {
+  TempDir dir;
+  agent::SessionOptions o = options();
+  o.histogram = true;
+  const std::vector<float> values = {0.5f, 0.75f, 3.0f, 3.5f, 1e-20f, 0.0f, 70000.0f, -4.0f};
+  {
+    agent::Session s(o);
+    open_with_layers(s, dir.file("run.db"), 1);
+    s.begin_cycle();
+    const auto m = s.module_id("enc", "Linear", "", "");
+    s.activation(m, {{values.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr}, 0);
+    s.end_step({}, 0);
+    s.close();
+  }
+  // Directly: bin 0 below 2^kHistMinExp, bin 1 + (e - kHistMinExp) for 2^e <= |x| < 2^(e+1).
+  std::vector<std::uint32_t> expected(rundb::kHistBins, 0);
+  for (const float v : values) {
+    if (v == 0.0f) continue;
+    const int e = std::ilogb(v);
+    expected[e < rundb::kHistMinExp ? 0 : std::size_t(1 + e - rundb::kHistMinExp)] += 1;
+  }
+  rundb::RunDbReader r(dir.file("run.db"));
+  const auto acts = r.act_stats();
+  REQUIRE(acts.size() == 1);
+  CHECK(acts[0].histogram == expected);
+}
+
+TEST_CASE("with histograms on, a device activation's launch asks for its histogram", "[session][tickets]") {
+  agent::SessionOptions o = options();
+  o.histogram = true;
+  FakeDeviceRun run(1, o);
+  agent::Session& s = run.session;
+  s.begin_cycle();
+  s.activation(s.module_id("enc", "Linear", "", ""), on_gpu(5), 0);
+  REQUIRE(run.launches->size() == 1);
+  CHECK(run.launches->at(0)->as.activation);
+  CHECK(run.launches->at(0)->launch.histogram);
 }
 
 TEST_CASE("rows posted before the file opens are written when it opens", "[session][registry]") {

@@ -54,8 +54,9 @@ class RunFixture {
     return *this;
   }
 
-  // Forward probe outputs for the current step (call before step()).
-  RunFixture& activation(const std::string& module, bool nonfinite) {
+  // Forward probe outputs for the current step (call before step()); with histograms(),
+  // 100 of its values sit in the bin of `absmax`, the rest in that of 0.1 (its amin_nz).
+  RunFixture& activation(const std::string& module, bool nonfinite, double absmax = 10.0) {
     std::int64_t id = -1;
     for (std::size_t i = 0; i < modules_.size(); ++i)
       if (modules_[i] == module) id = std::int64_t(i);
@@ -68,7 +69,12 @@ class RunFixture {
     a.step = step_;
     a.module_id = id;
     a.fwd_order = fwd_order_[step_]++;
-    a.stats = {4096, nonfinite ? 3 : 0, 0, 0, 0, 10.0, 0.1, 100.0};
+    a.stats = {4096, nonfinite ? 3 : 0, 0, 0, 0, absmax, 0.1, 100.0};
+    if (histograms_) {
+      a.histogram.assign(rundb::kHistBins, 0);
+      a.histogram[bin(absmax)] += 100;
+      a.histogram[bin(a.stats.amin_nz)] += 4096 - 100 - (nonfinite ? 3 : 0);
+    }
     writer_.add_act_stat(a);
     return *this;
   }
@@ -90,7 +96,7 @@ class RunFixture {
     return *this;
   }
 
-  // Exponent histograms on every gradient row from now on (meta histogram=1): its values
+  // Exponent histograms on every gradient and activation row from now on (meta histogram=1): its values
   // sit in the bins of its abs-max and of its smallest non-zero value.
   RunFixture& histograms() {
     histograms_ = true;
@@ -116,13 +122,14 @@ class RunFixture {
     const std::int64_t subnormal = sub == subnormal_fraction_.end() ? 0 : std::int64_t(sub->second * 4096);
     g.stats = {4096, nonfinite ? 5 : 0, nonfinite ? 2 : 0, zeros, subnormal, absmax, subnormal ? 1e-6 : 1e-3, 10.0};
     if (histograms_) {
-      const auto bin = [](double v) { return std::size_t(1 + std::ilogb(v) - rundb::kHistMinExp); };
       g.histogram.assign(rundb::kHistBins, 0);
       g.histogram[bin(absmax)] += 100;
       g.histogram[bin(g.stats.amin_nz)] += std::uint32_t(4096 - 100 - zeros);
     }
     writer_.add_grad_stat(g);
   }
+
+  static std::size_t bin(double v) { return std::size_t(1 + std::ilogb(v) - rundb::kHistMinExp); }
 
   rundb::RunDbWriter writer_;
   std::vector<std::string> layers_;

@@ -18,13 +18,14 @@ using test::TempDir;
 namespace {
 
 // The share of the row's values in `fmt`'s normal binades under a power-of-two scale that
-// puts `amax` (unscaled) in the top binade; values recorded at `scale`.
-double normal_share(const analyzer::Fp8Format& fmt, double absmax, double scale) {
+// puts `amax` (unscaled) in the top binade; values recorded at `scale`; 100 of the row's
+// 4096 values at `absmax`, the rest at `small`.
+double normal_share(const analyzer::Fp8Format& fmt, double absmax, double scale, double small = 1e-3) {
   const double amax = absmax / scale;
   const double fp8_scale = std::ldexp(1.0, int(std::floor(std::log2(fmt.max / amax))));
   const double top = std::ldexp(1.0, int(std::floor(std::log2(fmt.max))) + 1);
   double normal = 0;
-  for (const auto& [value, count] : {std::pair{absmax, 100.0}, std::pair{1e-3, 3996.0}}) {
+  for (const auto& [value, count] : {std::pair{absmax, 100.0}, std::pair{small, 3996.0}}) {
     const double w = value / scale * fp8_scale;
     if (w >= std::ldexp(1.0, fmt.min_normal_exp) && w < top) normal += count;
   }
@@ -65,6 +66,73 @@ TEST_CASE("gradient values are placed in E4M3 and E5M2's normal range as a direc
     CHECK(l.fits[1]);
     CHECK(l.saturated_steps[0] == 0);
   }
+  CHECK_FALSE(r.activation_histograms);  // the fixture probed no forward
+  CHECK(r.activations.empty());
+}
+
+TEST_CASE("activation values are placed in E4M3 and E5M2's normal range as a direct computation does, unscaled",
+          "[fp8]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  {
+    RunFixture f(path, {"w"});
+    f.histograms();
+    // Recorded at loss scale 1024: forward values carry no loss scale, the reading must not divide by it.
+    for (int i = 0; i < 20; ++i) f.activation("proj", false, 3000.0).step(1024, 1024);
+    f.finish();
+  }
+  const auto r = analyzer::fp8_readiness(analyzer::load_run(path));
+  REQUIRE(r.activation_histograms);
+  REQUIRE(r.activations.size() == 1);
+  const auto& a = r.activations[0];
+  CHECK(a.name == "proj");
+  CHECK(a.steps == 20);
+  CHECK(a.shares[0].normal == Approx(normal_share(analyzer::kE4M3, 3000.0, 1.0, 0.1)));
+  CHECK(a.shares[1].normal == Approx(normal_share(analyzer::kE5M2, 3000.0, 1.0, 0.1)));
+  // 0.1 scaled for 3000 in E4M3's top binade (2^-3) is 0.0125, below 2^-6; E5M2's scale 2^4 keeps it.
+  CHECK(a.shares[0].below == Approx(3996.0 / 4096));
+  CHECK_FALSE(a.fits[0]);
+  CHECK(a.fits[1]);
+}
+
+TEST_CASE("a module called twice a step is scaled from the steps before, not from its own earlier call", "[fp8]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  {
+    RunFixture f(path, {"w"});
+    f.histograms();
+    for (int i = 0; i < 4; ++i) f.activation("shared", false, 20.0).activation("shared", false, 20.0).step(1024, 1024);
+    f.activation("shared", false, 100.0).activation("shared", false, 100.0).step(1024, 1024);
+    f.finish();
+  }
+  const auto r = analyzer::fp8_readiness(analyzer::load_run(path));
+  REQUIRE(r.activations.size() == 1);
+  const auto& a = r.activations[0];
+  CHECK(a.steps == 5);
+  CHECK(a.saturated_steps[0] == 1);
+  // History 20 -> E4M3 scale 2^4: both calls' 100 values at 100 land at 1600, above 448.
+  CHECK(a.shares[0].above == Approx(200.0 / (10 * 4096)));
+}
+
+TEST_CASE("a non-finite activation is not judged and leaves its step out of the history", "[fp8]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  {
+    RunFixture f(path, {"w"});
+    f.histograms();
+    f.activation("proj", false, 20.0).step(1024, 1024);
+    f.activation("proj", false, 2000.0).activation("proj", true, 2000.0).step(1024, 1024);
+    f.activation("proj", false, 100.0).step(1024, 1024);
+    f.finish();
+  }
+  analyzer::Fp8Options o;
+  o.history = 1;
+  const auto r = analyzer::fp8_readiness(analyzer::load_run(path), o);
+  REQUIRE(r.activations.size() == 1);
+  // Step 1's finite call is judged; its step (non-finite) is no amax: step 2 is scaled for
+  // step 0's 20 and saturates at 100.
+  CHECK(r.activations[0].steps == 3);
+  CHECK(r.activations[0].saturated_steps[0] == 2);  // step 1 (2000 on 20's scale) and step 2
 }
 
 TEST_CASE("a gradient that grows past its amax history saturates on the steps the history did not cover",
@@ -100,6 +168,24 @@ TEST_CASE("fp8 readiness says when a run has no histograms, and checks its optio
   CHECK_THROWS_WITH(analyzer::fp8_readiness(run, bad), Catch::Contains("--history"));
 }
 
+TEST_CASE("a layer or module that was never finite is named as not judged, not counted as fitting", "[fp8]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  {
+    RunFixture f(path, {"ok.weight", "bad.weight"});
+    f.histograms();
+    for (int i = 0; i < 3; ++i) f.activation("bad", true).activation("ok", false).step(1024, 1024, 1000.0, {"bad.weight"});
+    f.finish();
+  }
+  const auto r = analyzer::fp8_readiness(analyzer::load_run(path));
+  REQUIRE(r.layers.size() == 1);
+  CHECK(r.layers[0].name == "ok.weight");
+  CHECK(r.unjudged_layers == std::vector<std::string>{"bad.weight"});
+  REQUIRE(r.activations.size() == 1);
+  CHECK(r.activations[0].name == "ok");
+  CHECK(r.unjudged_modules == std::vector<std::string>{"bad"});
+}
+
 TEST_CASE("the report's FP8 overview counts the layers that fit and lists the least E4M3-ready", "[fp8]") {
   TempDir dir;
   const auto path = dir.file("run.db");
@@ -110,17 +196,46 @@ TEST_CASE("the report's FP8 overview counts the layers that fit and lists the le
   analyzer::add_fp8_overview(report, runs);
   const auto& o = report.runs[0].fp8;
   REQUIRE(o.recorded);
-  CHECK(o.layers == 2);
-  CHECK(o.fit_e4m3 == 0);  // as the direct computation above: E4M3 does not fit, E5M2 does
-  CHECK(o.fit_e5m2 == 2);
-  REQUIRE(o.least_ready.size() == 2);
-  CHECK(o.least_ready[0].e4m3_normal == Approx(normal_share(analyzer::kE4M3, 30.0 * 1024, 1024)));
+  CHECK(o.gradients.count == 2);
+  CHECK(o.gradients.fit_e4m3 == 0);  // as the direct computation above: E4M3 does not fit, E5M2 does
+  CHECK(o.gradients.fit_e5m2 == 2);
+  REQUIRE(o.gradients.least_ready.size() == 2);
+  CHECK(o.gradients.least_ready[0].e4m3_normal == Approx(normal_share(analyzer::kE4M3, 30.0 * 1024, 1024)));
   const auto lines = analyzer::fp8_lines(o);
   REQUIRE(lines.size() == 2);
   CHECK_THAT(lines[0], Catch::Contains("0 of 2 layers fit E4M3, 2 fit E5M2"));
   CHECK_THAT(lines[1], Catch::Contains("least E4M3-ready: small.weight") || Catch::Contains("least E4M3-ready: wide.weight"));
   CHECK_THAT(analyzer::render_json(report, analyzer::Gate("error")), Catch::Contains("\"fit_e5m2\": 2"));
   CHECK_THAT(analyzer::render_text(report, analyzer::Gate("error")), Catch::Contains("FP8 readiness of the gradients"));
+  CHECK_FALSE(o.activations_recorded);
+  CHECK_THAT(analyzer::render_json(report, analyzer::Gate("error")), Catch::Contains("\"activations\": null"));
+}
+
+TEST_CASE("the report's FP8 overview counts the modules whose outputs fit", "[fp8]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  {
+    RunFixture f(path, {"w"});
+    f.histograms();
+    for (int i = 0; i < 20; ++i) f.activation("wide", false, 3000.0).activation("narrow", false, 1.0).step(1024, 1024);
+    f.finish();
+  }
+  const std::vector<analyzer::Run> runs = {analyzer::load_run(path)};
+  analyzer::Report report = analyzer::analyze(runs);
+  analyzer::add_fp8_overview(report, runs);
+  const auto& o = report.runs[0].fp8;
+  REQUIRE(o.activations_recorded);
+  CHECK(o.activations.count == 2);
+  CHECK(o.activations.fit_e4m3 == 1);  // narrow: 1 and 0.1 both normal; wide: 0.1 falls below (see above)
+  CHECK(o.activations.fit_e5m2 == 2);
+  REQUIRE(o.activations.least_ready.size() == 1);
+  CHECK(o.activations.least_ready[0].name == "wide");
+  const auto lines = analyzer::fp8_lines(o);
+  REQUIRE(lines.size() == 4);  // the gradients' two lines, then the activations'
+  CHECK_THAT(lines[2], Catch::Contains("FP8 readiness of the activations: 1 of 2 modules fit E4M3, 2 fit E5M2"));
+  CHECK_THAT(lines[3], Catch::Contains("least E4M3-ready: wide"));
+  CHECK_THAT(analyzer::render_json(report, analyzer::Gate("error")),
+             Catch::Contains("\"activations\": {\"modules\": 2, \"fit_e4m3\": 1"));
 }
 
 TEST_CASE("a run without histograms has no FP8 lines and a null fp8 in JSON", "[fp8]") {

@@ -98,6 +98,14 @@ def test_a_histogram_blob_of_the_wrong_size_is_an_error(run, test_runs, tmp_path
     one_line_error(run("report", path), "histogram of 3 bytes")
 
 
+def test_an_activation_histogram_blob_of_the_wrong_size_is_an_error(run, test_runs, tmp_path):
+    path = copy_of(test_runs, tmp_path)
+    edit(path, "UPDATE act_stats SET histogram = x'010203' WHERE (step, fwd_order) = (SELECT step, fwd_order FROM act_stats LIMIT 1)",
+         "INSERT OR REPLACE INTO meta VALUES ('histogram', '1')")
+    one_line_error(run("export", path, "--format", "json", "--table", "act_stats"), "act_stats row", "histogram of 3 bytes")
+    one_line_error(run("fp8", path), "act_stats row", "histogram of 3 bytes")
+
+
 def test_a_table_replaced_by_an_endless_recursive_view_is_refused_at_once(run, test_runs, tmp_path):
     path = copy_of(test_runs, tmp_path)
     edit(path, "DROP TABLE steps",

@@ -87,6 +87,37 @@ TEST_CASE("every table round-trips through writer and reader", "[rundb]") {
   CHECK(replays[0].reason.find("shapes") != std::string::npos);
 }
 
+TEST_CASE("an activation's histogram round-trips; a row without one reads empty", "[rundb]") {
+  TempDir dir;
+  const auto path = dir.file("run.db");
+  {
+    RunDbWriter w(path, false);
+    w.add_module({0, "block", "Linear", "", ""});
+    ActStatRow a{0, 0, 0, 0, {10, 0, 0, 0, 0, 5.0, 0.5, 7.0}, {}};
+    w.add_act_stat(a);
+    a.fwd_order = 1;
+    a.histogram.assign(kHistBins, 0);
+    a.histogram[1] = 4, a.histogram[kHistBins - 2] = 6;
+    w.add_act_stat(a);
+    w.finish();
+  }
+  RunDbReader r(path);
+  const auto acts = r.act_stats();
+  REQUIRE(acts.size() == 2);
+  CHECK(acts[0].histogram.empty());
+  REQUIRE(acts[1].histogram.size() == std::size_t(kHistBins));
+  CHECK(acts[1].histogram[1] == 4);
+  CHECK(acts[1].histogram[kHistBins - 2] == 6);
+}
+
+TEST_CASE("the writer refuses a histogram that is not kHistBins counts", "[rundb]") {
+  TempDir dir;
+  RunDbWriter w(dir.file("run.db"), false);
+  w.add_module({0, "block", "Linear", "", ""});
+  ActStatRow a{0, 0, 0, 0, {10, 0, 0, 0, 0, 5.0, 0.5, 7.0}, std::vector<std::uint32_t>(3, 1)};
+  CHECK_THROWS_WITH(w.add_act_stat(a), Catch::Contains("3 bins"));
+}
+
 TEST_CASE("a format 1 run.db still reads: replays from its events, losses not known", "[rundb]") {
   TempDir dir;
   const auto path = dir.file("v1.db");
@@ -121,6 +152,7 @@ TEST_CASE("a format 1 run.db still reads: replays from its events, losses not kn
   CHECK(r.steps().at(0).losses == -1);
   CHECK(r.modules().at(0).inputs.empty());
   CHECK(r.act_stats().at(0).micro_batch == 0);
+  CHECK(r.act_stats().at(0).histogram.empty());  // act_stats has no histogram column
   REQUIRE(r.events().size() == 1);  // the replays are not events any more
   CHECK(r.events()[0].kind == "frozen-parameters");
   const auto replays = r.replays();

@@ -35,7 +35,7 @@ struct AgentOptions {
   std::int64_t every = 1;           // record per-layer statistics every N steps
   std::int64_t context_steps = 2;   // ...and this many steps before/after an overflow or scale change
   bool fused_unscale = true;        // do the scaler's unscale in the statistics pass
-  bool histogram = false;           // record exponent histograms of the gradients
+  bool histogram = false;           // record exponent histograms of the gradients and activations
   std::size_t queue_capacity = 1 << 15;  // records between the training and the writer thread
   int threads = 0;                  // own CPU threads for the statistics pass; 0 = torch's intra-op pool
   std::string amp_dtype = "float16";  // recorded in the run's metadata

@@ -30,6 +30,24 @@ StatValues read_stats(const Statement& s, int first) {
   return v;
 }
 
+constexpr int kHistogramBytes = kHistBins * int(sizeof(std::uint32_t));
+
+// A histogram column: NULL (no histogram) or exactly kHistBins counts. `row` names the row
+// in the error, and is only asked for then.
+template <typename NameRow>
+void read_histogram(const std::string& path, const Statement& q, int column, std::vector<std::uint32_t>& out,
+                    NameRow row) {
+  int bytes = 0;
+  const void* blob = q.blob(column, &bytes);
+  out.clear();
+  if (bytes == 0) return;
+  if (bytes != kHistogramBytes)
+    throw_corrupt(path, row() + " has a histogram of " + std::to_string(bytes) + " bytes, not " +
+                            std::to_string(kHistogramBytes));
+  out.resize(kHistBins);
+  std::memcpy(out.data(), blob, std::size_t(kHistogramBytes));
+}
+
 // Format 1 kept replays as events: "module=PATH fp32_finite=0|1 fp32_absmax=X" or
 // "module=PATH error=TYPE: MESSAGE". Read here so that nothing above parses free text.
 bool parse_v1_replay(const EventRow& e, ReplayRow& out) {
@@ -112,6 +130,11 @@ RunDbReader::RunDbReader(const std::string& path) : path_(path) {
     summaries_ = q.next();
   }
   if (summaries_) check_tables({"grad_samples", "grad_hist_sums"});
+  {
+    // Added to format 4 as an optional column: files written before it lack it.
+    Statement q(*db_, "SELECT 1 FROM pragma_table_info('act_stats') WHERE name = 'histogram'", "the schema of act_stats");
+    act_histograms_ = q.next();
+  }
 }
 
 void RunDbReader::check_tables(const std::vector<const char*>& names) {
@@ -281,7 +304,6 @@ void RunDbReader::for_each_grad_stat(const std::function<void(const GradStatRow&
                         .c_str(),
               "table grad_stats");
   q.bind(1, scan.first).bind(2, scan.last);
-  constexpr int kHistogramBytes = kHistBins * int(sizeof(std::uint32_t));
   GradStatRow r;
   sqlite3_stmt* st = q.handle();
   while (q.next()) {
@@ -299,18 +321,10 @@ void RunDbReader::for_each_grad_stat(const std::function<void(const GradStatRow&
         r.stats.*f.real = v == 0.0 && sqlite3_column_type(st, 3 + i) == SQLITE_NULL ? NAN : v;
       }
     }
-    r.histogram.clear();
     if (scan.histograms) {
-      int bytes = 0;
-      const void* blob = q.blob(3 + kStatFieldCount, &bytes);
-      if (bytes != 0 && bytes != kHistogramBytes)
-        throw_corrupt(path_, "grad_stats row (step " + std::to_string(r.step) + ", layer " + std::to_string(r.layer_id) +
-                                  ") has a histogram of " + std::to_string(bytes) + " bytes, not " +
-                                  std::to_string(kHistogramBytes));
-      if (bytes == kHistogramBytes) {
-        r.histogram.resize(kHistBins);
-        std::memcpy(r.histogram.data(), blob, std::size_t(kHistogramBytes));
-      }
+      read_histogram(path_, q, 3 + kStatFieldCount, r.histogram, [&] {
+        return "grad_stats row (step " + std::to_string(r.step) + ", layer " + std::to_string(r.layer_id) + ")";
+      });
     }
     visit(r);
   }
@@ -386,9 +400,11 @@ std::vector<ActStatRow> RunDbReader::act_stats() {
 }
 
 void RunDbReader::for_each_act_stat(const std::function<void(const ActStatRow&)>& visit,
-                                    std::pair<std::int64_t, std::int64_t> after) {
+                                    std::pair<std::int64_t, std::int64_t> after, bool histograms) {
+  histograms = histograms && act_histograms_;
   Statement q(*db_, ("SELECT step, fwd_order, module_id, " + std::string(version_ >= 2 ? "micro_batch" : "0") + ", " +
-                     stat_column_list() + " FROM act_stats WHERE (step, fwd_order) > (?1, ?2) ORDER BY step, fwd_order")
+                     stat_column_list() + (histograms ? ", histogram" : "") +
+                     " FROM act_stats WHERE (step, fwd_order) > (?1, ?2) ORDER BY step, fwd_order")
                         .c_str(),
                 "table act_stats");
   q.bind(1, after.first).bind(2, after.second);
@@ -399,6 +415,11 @@ void RunDbReader::for_each_act_stat(const std::function<void(const ActStatRow&)>
     r.module_id = q.int64(2);
     r.micro_batch = q.int64(3);
     r.stats = read_stats(q, 4);
+    if (histograms) {
+      read_histogram(path_, q, 4 + kStatFieldCount, r.histogram, [&] {
+        return "act_stats row (step " + std::to_string(r.step) + ", fwd_order " + std::to_string(r.fwd_order) + ")";
+      });
+    }
     visit(r);
   }
 }

@@ -137,7 +137,7 @@ void create_schema(Database& db) {
               .c_str());
   db.exec(("CREATE TABLE act_stats (\n  step INTEGER NOT NULL,\n  fwd_order INTEGER NOT NULL,\n"
            "  module_id INTEGER NOT NULL,\n  micro_batch INTEGER NOT NULL,\n" +
-           stat_columns() + "  PRIMARY KEY (step, fwd_order)\n) WITHOUT ROWID;")
+           stat_columns() + "  histogram BLOB,\n  PRIMARY KEY (step, fwd_order)\n) WITHOUT ROWID;")
               .c_str());
   db.exec(("INSERT INTO meta VALUES ('schema_version', '" + std::to_string(kSchemaVersion) + "');").c_str());
   db.exec("COMMIT;");

@@ -34,6 +34,18 @@ void bind_stats(Statement& s, int first, const StatValues& v) {
   }
 }
 
+// NULL for no histogram; anything but kHistBins counts would read back as a corrupt file.
+void bind_histogram(Statement& s, int index, const std::vector<std::uint32_t>& histogram) {
+  if (histogram.empty()) {
+    s.bind_null(index);
+    return;
+  }
+  if (histogram.size() != std::size_t(kHistBins))
+    throw std::invalid_argument("a histogram has " + std::to_string(histogram.size()) + " bins; run.db's have " +
+                                std::to_string(kHistBins));
+  s.bind_blob(index, histogram.data(), int(histogram.size() * sizeof(std::uint32_t)));
+}
+
 // "?first, ?first+1, ..." for n parameters.
 std::string placeholders(int first, int n) {
   std::string s;
@@ -131,8 +143,8 @@ void RunDbWriter::open_and_create() {
              placeholders(4, kStatFieldCount) + ", ?" + std::to_string(4 + kStatFieldCount) + ")")
                 .c_str());
   act_ = std::make_unique<Statement>(
-      *db_, ("INSERT INTO act_stats (step, fwd_order, module_id, micro_batch, " + stats + ") VALUES (?1, ?2, ?3, ?4, " +
-             placeholders(5, kStatFieldCount) + ")")
+      *db_, ("INSERT INTO act_stats (step, fwd_order, module_id, micro_batch, " + stats + ", histogram) VALUES (?1, ?2, ?3, ?4, " +
+             placeholders(5, kStatFieldCount) + ", ?" + std::to_string(5 + kStatFieldCount) + ")")
                 .c_str());
   event_ = std::make_unique<Statement>(*db_, "INSERT INTO events (step, kind, detail, wall_time) VALUES (?1, ?2, ?3, ?4)");
   replay_ = std::make_unique<Statement>(
@@ -287,11 +299,7 @@ void RunDbWriter::add_grad_stat(const GradStatRow& r) {
   begin_if_needed();
   grad_->bind(1, r.step).bind(2, r.layer_id).bind(3, r.bwd_order);
   bind_stats(*grad_, 4, r.stats);
-  const int histogram = 4 + kStatFieldCount;
-  if (r.histogram.empty())
-    grad_->bind_null(histogram);
-  else
-    grad_->bind_blob(histogram, r.histogram.data(), int(r.histogram.size() * sizeof(std::uint32_t)));
+  bind_histogram(*grad_, 4 + kStatFieldCount, r.histogram);
   grad_->run();
   const SampleRecord record = make_sample_record(r);
   // Rows come step by step: the step's vector is looked up once, not once per row.
@@ -308,6 +316,7 @@ void RunDbWriter::add_act_stat(const ActStatRow& r) {
   begin_if_needed();
   act_->bind(1, r.step).bind(2, r.fwd_order).bind(3, r.module_id).bind(4, r.micro_batch);
   bind_stats(*act_, 5, r.stats);
+  bind_histogram(*act_, 5 + kStatFieldCount, r.histogram);
   act_->run();
 }
 

@@ -76,18 +76,24 @@ struct DeviceProfile {
   std::vector<ModuleDeviceTime> modules;  // most time first (a few)
 };
 
-// FP8 readiness of the gradients in brief (fp8.h; `ampdiag fp8` has the table), when the
-// run recorded exponent histograms; filled by add_fp8_overview(), not by analyze().
+// FP8 readiness of the gradients and activations in brief (fp8.h; `ampdiag fp8` has the
+// tables), when the run recorded exponent histograms; filled by add_fp8_overview(), not by
+// analyze().
 struct Fp8Overview {
   bool recorded = false;  // the run has gradient histograms and the overview was computed
   std::int64_t history = 0;
   double fit_share = 0;
-  std::int64_t layers = 0, fit_e4m3 = 0, fit_e5m2 = 0;
-  struct Layer {
-    std::string name;
+  struct Tensor {
+    std::string name;  // layer (gradients) or module path (activations)
     double e4m3_normal = 0, e5m2_normal = 0;  // shares, 0..1
   };
-  std::vector<Layer> least_ready;  // layers that do not fit E4M3, least ready first (a few)
+  struct Group {
+    std::int64_t count = 0, fit_e4m3 = 0, fit_e5m2 = 0;  // layers or modules judged; how many fit
+    std::vector<Tensor> least_ready;  // those that do not fit E4M3, least ready first (a few)
+  };
+  Group gradients;                     // one per layer
+  bool activations_recorded = false;   // the run has activation histograms too
+  Group activations;                   // one per module
 };
 
 struct RunOverview {

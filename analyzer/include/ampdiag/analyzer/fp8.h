@@ -1,7 +1,7 @@
-// FP8 readiness per layer: under per-tensor delayed scaling (each step's scale from the
-// largest |g| of the previous `history` steps, the usual FP8 recipe), which share of each
-// gradient's values E4M3 (max 448) and E5M2 (max 57344) would hold in their normal range,
-// and which layers would not fit. Computed from the exponent histograms the agent records
+// FP8 readiness per layer and module: under per-tensor delayed scaling (each step's scale
+// from the largest |x| of the previous `history` steps, the usual FP8 recipe), which share
+// of each gradient's and each module output's values E4M3 (max 448) and E5M2 (max 57344)
+// would hold in their normal range, and which would not fit. Computed from the exponent histograms the agent records
 // with histogram=True, one binade at a time. docs/ANALYZER.md has the model.
 #pragma once
 
@@ -34,8 +34,9 @@ struct Fp8Shares {
   double normal = 0, below = 0, above = 0;  // in the normal range; under it (subnormal or zero); over the max
 };
 
+// One layer's gradient or one module's output.
 struct Fp8Layer {
-  std::string layer;
+  std::string name;                  // the layer, or the module's path
   std::int64_t steps = 0;            // finite steps with a histogram
   std::int64_t saturated_steps[2] = {};  // steps whose |g| exceeded the format's max (E4M3, E5M2)
   Fp8Shares shares[2];               // E4M3, E5M2
@@ -45,7 +46,15 @@ struct Fp8Layer {
 struct Fp8Readiness {
   Fp8Options options;
   bool histograms = false;       // the run recorded them (else nothing can be said)
-  std::vector<Fp8Layer> layers;  // least E5M2 normal share first, then least E4M3
+  std::vector<Fp8Layer> layers;  // gradients: least E5M2 normal share first, then least E4M3
+  // Activations (module outputs, forward values: no loss scale), in the same order; the
+  // agent records their histograms with the gradients' when it probes the forward (files
+  // from before it did have none).
+  bool activation_histograms = false;
+  std::vector<Fp8Layer> activations;
+  // Recorded with histograms, but never finite (every row held NaN or Inf, or was all
+  // zeros): nothing to judge.
+  std::vector<std::string> unjudged_layers, unjudged_modules;
 };
 
 // Reads the per-step histograms of `run`'s file (run.path), streaming.

@@ -65,8 +65,10 @@ class RunDbReader {
   // In step, then layer order; none in files before format 4.
   std::vector<WeightUpdateRow> weight_updates();
   // Row by row in (step, fwd_order) order, the rows after (step, fwd_order) = `after`.
+  // Histograms as for_each_grad_stat's (left empty without `histograms`); empty in files
+  // written before act_stats had them.
   void for_each_act_stat(const std::function<void(const ActStatRow&)>& visit,
-                         std::pair<std::int64_t, std::int64_t> after = {INT64_MIN, INT64_MIN});
+                         std::pair<std::int64_t, std::int64_t> after = {INT64_MIN, INT64_MIN}, bool histograms = true);
 
   // One read transaction for as long as it lives: every read through the reader sees the
   // file as it was when the first of them ran, however much the writer commits meanwhile.
@@ -101,6 +103,7 @@ class RunDbReader {
   std::unique_ptr<Database> db_;
   int version_ = 0;
   bool summaries_ = false;
+  bool act_histograms_ = false;  // act_stats has its histogram column
 };
 
 }  // namespace ampdiag::rundb

@@ -103,6 +103,7 @@ struct ActStatRow {
   std::int64_t fwd_order = 0;   // order of the probe within the step's forwards (all micro-batches)
   std::int64_t micro_batch = 0; // which forward of the step (gradient accumulation), 0-based
   StatValues stats;
+  std::vector<std::uint32_t> histogram;  // empty, or kHistBins counts (as GradStatRow's)
 };
 
 // One FP32 replay of a module whose output held NaN/Inf: the agent ran it again with
