@@ -50,6 +50,9 @@ Session::Session(SessionOptions options) : options_(std::move(options)), cpu_(op
   (void)SamplingPolicy(options_.recorder.every, options_.recorder.context_steps);  // validates before any file
   if (options_.recorder.queue_capacity < 16) throw std::invalid_argument("queue_capacity must be at least 16 records");
   if (options_.recorder.max_waiting < 1) throw std::invalid_argument("max_waiting must be at least 1 step");
+  if (options_.activation_every < 1 || options_.activation_every > INT64_MAX / options_.recorder.every)
+    throw std::invalid_argument("activation_every must be >= 1 (full activation statistics on one recorded step in N), "
+                                "and every * activation_every must fit in 64 bits");
   step_start_ns_ = now_ns();
 }
 
@@ -172,6 +175,7 @@ void Session::write_meta(const RunMeta& m) {
   set_meta("context_steps", std::to_string(options_.recorder.context_steps));
   set_meta("fused_unscale", m.fused_unscale ? "1" : "0");
   set_meta("histogram", options_.histogram ? "1" : "0");
+  set_meta("activation_every", std::to_string(options_.activation_every));
   set_meta("stats_isa", kernels::cpu_isa_name(cpu_.isa()));
   set_meta("scaler_enabled", m.has_scaler ? "1" : "0");
   if (m.has_scaler) {
@@ -353,6 +357,12 @@ bool Session::activation(std::int64_t module, const DeviceTensor& t, std::int32_
   const std::int32_t order = recorder_->next_forward_order();
   bool nonfinite = false;
   if (host(t.device)) {
+    // Outside the full steps a finite output costs one max over its bits and leaves no row.
+    const bool full = regular_sample(recorder_->step(), options_.recorder.every * options_.activation_every);
+    if (!full && !cpu_.has_nonfinite(t.ref)) {
+      agent_ns_ += now_ns() - t0;
+      return false;
+    }
     kernels::TensorStats s;
     std::uint64_t* hist = nullptr;
     if (options_.histogram) {

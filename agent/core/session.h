@@ -40,6 +40,10 @@ struct SessionOptions {
   bool overwrite = false;
   RecorderOptions recorder;
   bool histogram = false;
+  // Host activations get their full statistics on one regularly recorded step in
+  // `activation_every` (steps 0, every * N, ...); on the other steps only a NaN/Inf check,
+  // and a row only for an output that holds NaN/Inf. Device activations: every step.
+  std::int64_t activation_every = 1;
   kernels::CpuEngineOptions cpu = session_cpu_options();
   // Device time per module, phase and precision on recorded steps (CUPTI). Unavailable
   // (no CUPTI, no device, another profiler): one event, and the run goes on without it.
@@ -139,8 +143,9 @@ class Session {
   // are computed now, device tensors on their engine. Returns found_inf of what was
   // computed on the host (device results land later).
   bool grads(const GradBatch& batch);
-  // Statistics of one module output at the next forward position; returns whether it
-  // holds NaN/Inf (known at once on the host; false for a device tensor).
+  // Statistics of one module output at the next forward position (on a host tensor only
+  // checked for NaN/Inf outside SessionOptions::activation_every's steps); returns whether
+  // it holds NaN/Inf (known at once on the host; false for a device tensor).
   bool activation(std::int64_t module, const DeviceTensor& t, std::int32_t micro_batch);
   // Device profiling (SessionOptions::profile): what the calling thread launches until
   // end_range() belongs to `module` (-1: none) in `phase`. Returns whether a range opened

@@ -144,6 +144,7 @@ agent::SessionOptions session_options(const AgentOptions& o) {
   agent::SessionOptions s;
   s.overwrite = o.overwrite;
   s.histogram = o.histogram;
+  s.activation_every = o.activation_every;
   s.recorder.queue_capacity = o.queue_capacity;
   s.recorder.every = o.every;
   s.recorder.context_steps = o.context_steps;

@@ -149,7 +149,51 @@ AMPDIAG_CHUNK_VARIANT(chunk_avx512, 16, __attribute__((target("avx512f,avx512bw,
 
 #undef AMPDIAG_CHUNK_VARIANT
 
+// NaN and Inf have the largest magnitudes as bit patterns: an all-ones exponent. So a
+// tensor holds one exactly when the largest of its elements' bits without the sign
+// reaches that exponent: an unsigned max over the raw bits, which vectorizes on the 16-bit
+// formats' own lanes (32 per AVX-512 instruction) with no widening or classifying.
+template <typename Bits>
+AMPDIAG_HD bool reaches(const void* src, std::int64_t count, Bits magnitude_mask, Bits exponent) {
+  Bits largest = 0;
+  const char* p = static_cast<const char*>(src);
+  for (std::int64_t i = 0; i < count; ++i) {
+    Bits v;
+    std::memcpy(&v, p + i * std::int64_t(sizeof v), sizeof v);
+    largest = std::max<Bits>(largest, v & magnitude_mask);
+  }
+  return largest >= exponent;
+}
+
+AMPDIAG_HD bool nonfinite_dispatch(const void* src, std::int64_t count, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return reaches<std::uint32_t>(src, count, 0x7fffffffu, 0x7f800000u);
+    case DType::kFloat16: return reaches<std::uint16_t>(src, count, 0x7fff, 0x7c00);
+    case DType::kBFloat16: return reaches<std::uint16_t>(src, count, 0x7fff, 0x7f80);
+  }
+  return false;
+}
+
+#define AMPDIAG_NONFINITE_VARIANT(name, attributes) \
+  attributes bool name(const void* src, std::int64_t count, DType dtype) { return nonfinite_dispatch(src, count, dtype); }
+
+AMPDIAG_NONFINITE_VARIANT(nonfinite_baseline, )
+AMPDIAG_NONFINITE_VARIANT(nonfinite_avx2, __attribute__((target("avx2"))))
+AMPDIAG_NONFINITE_VARIANT(nonfinite_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx2"))))
+
+#undef AMPDIAG_NONFINITE_VARIANT
+
 }  // namespace
+
+NonfiniteFn nonfinite_fn(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512: return nonfinite_avx512;
+    case CpuIsa::kAvx2: return nonfinite_avx2;
+    case CpuIsa::kBaseline:
+    case CpuIsa::kAuto: break;
+  }
+  return nonfinite_baseline;
+}
 
 ChunkFn chunk_fn(CpuIsa isa) {
   switch (isa) {

@@ -23,4 +23,8 @@ using ChunkFn = void (*)(const ChunkWork& work, math::Partial& out);
 // The loop compiled for `isa` (which must be supported and not kAuto).
 ChunkFn chunk_fn(CpuIsa isa);
 
+// Whether `count` elements of `dtype` at `src` hold a NaN or Inf (compiled per ISA too).
+using NonfiniteFn = bool (*)(const void* src, std::int64_t count, DType dtype);
+NonfiniteFn nonfinite_fn(CpuIsa isa);
+
 }  // namespace ampdiag::kernels

@@ -108,6 +108,11 @@ bool CpuStatsEngine::unscale_and_compute(const MutableTensorRef* tensors, std::s
   return run(reinterpret_cast<const TensorRef*>(tensors), count, true, inv_scale, out, histograms);
 }
 
+bool CpuStatsEngine::has_nonfinite(const TensorRef& tensor) const {
+  check_tensor(tensor, 0);
+  return tensor.numel > 0 && nonfinite_fn(isa_)(tensor.data, tensor.numel, tensor.dtype);
+}
+
 bool CpuStatsEngine::run(const TensorRef* tensors, std::size_t count, bool unscale, float inv_scale,
                          TensorStats* out, std::uint64_t* histograms) {
   if (count > 0 && (tensors == nullptr || out == nullptr))

@@ -13,11 +13,15 @@ using namespace ampdiag::test;
 
 namespace {
 
-std::function<std::unique_ptr<Agent>(TinyNet&, GradScaler&)> attach(const std::string& db, bool fused) {
-  return [db, fused](TinyNet& net, GradScaler& scaler) {
+std::function<std::unique_ptr<Agent>(TinyNet&, GradScaler&)> attach(const std::string& db, bool fused,
+                                                                     std::int64_t activation_every = 10,
+                                                                     bool histogram = false) {
+  return [=](TinyNet& net, GradScaler& scaler) {
     AgentOptions o;
     o.db_path = db;
     o.fused_unscale = fused;
+    o.activation_every = activation_every;
+    o.histogram = histogram;
     return std::make_unique<Agent>(*net, scaler, o);
   };
 }
@@ -91,7 +95,7 @@ TEST_CASE("bwd_order is the order in which gradients arrive in backward", "[agen
 
 TEST_CASE("probes record activation statistics in forward order and return their input", "[agent]") {
   TempDir dir;
-  train_tiny(2, attach(dir.file("run.db"), true));
+  train_tiny(2, attach(dir.file("run.db"), true, 1));
   rundb::RunDbReader r(dir.file("run.db"));
   const auto modules = r.modules();
   REQUIRE(modules.size() == 2);
@@ -107,12 +111,7 @@ TEST_CASE("probes record activation statistics in forward order and return their
 
 TEST_CASE("with histograms on, gradients and probes carry histograms of their finite non-zero values", "[agent]") {
   TempDir dir;
-  train_tiny(6, [db = dir.file("run.db")](TinyNet& net, GradScaler& scaler) {
-    AgentOptions o;
-    o.db_path = db;
-    o.histogram = true;
-    return std::make_unique<Agent>(*net, scaler, o);
-  });
+  train_tiny(6, attach(dir.file("run.db"), true, 1, true));
   rundb::RunDbReader r(dir.file("run.db"));
   const auto acts = r.act_stats();
   REQUIRE(acts.size() == 6 * 2);
@@ -120,6 +119,18 @@ TEST_CASE("with histograms on, gradients and probes carry histograms of their fi
   const auto grads = r.grad_stats();
   REQUIRE(grads.size() == 6 * 6);
   for (const auto& g : grads) REQUIRE(counts_finite_nonzero(g.histogram, g.stats));
+}
+
+TEST_CASE("finite probes get full statistics on one recorded step in activation_every, and no row between",
+          "[agent]") {
+  TempDir dir;
+  train_tiny(12, attach(dir.file("run.db"), true, 5));
+  rundb::RunDbReader r(dir.file("run.db"));
+  REQUIRE(r.meta().at("activation_every") == "5");
+  std::vector<std::int64_t> steps;
+  for (const auto& a : r.act_stats()) steps.push_back(a.step);
+  const std::vector<std::int64_t> want = {0, 0, 5, 5, 10, 10};  // probes a and b; the forward stays finite
+  REQUIRE(steps == want);
 }
 
 TEST_CASE("sampling every N steps still records overflowing steps and their neighbours", "[agent]") {

@@ -383,6 +383,47 @@ TEST_CASE("with histograms on, a host activation's exponent histogram counts its
   CHECK(acts[0].histogram == expected);
 }
 
+TEST_CASE("between full activation steps a host output is only checked: a row only when it holds NaN/Inf",
+          "[session]") {
+  TempDir dir;
+  agent::SessionOptions o = options();
+  o.recorder.every = 2;
+  o.activation_every = 2;  // full statistics on steps 0, 4, 8, ...
+  const std::vector<float> finite(8, 2.0f);
+  std::vector<float> overflowed(8, 3.0f);
+  overflowed[5] = std::numeric_limits<float>::infinity();
+  std::vector<bool> reported;
+  {
+    agent::Session s(o);
+    open_with_layers(s, dir.file("run.db"), 1);
+    const auto m = s.module_id("enc", "Linear", "", "");
+    for (int step = 0; step < 5; ++step) {
+      s.begin_cycle();
+      reported.push_back(s.activation(m, {{finite.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr}, 0));
+      reported.push_back(s.activation(m, {{overflowed.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr}, 0));
+      s.end_step({}, 0);
+    }
+    s.close();
+  }
+  CHECK(reported == std::vector<bool>{false, true, false, true, false, true, false, true, false, true});
+  rundb::RunDbReader r(dir.file("run.db"));
+  std::vector<std::pair<std::int64_t, std::int64_t>> rows;  // (step, fwd_order)
+  for (const auto& a : r.act_stats()) {
+    rows.push_back({a.step, a.fwd_order});
+    CHECK(a.stats.absmax == (a.fwd_order == 0 ? 2.0f : 3.0f));  // full statistics, also for a checked one
+  }
+  // Steps 0 and 4: both outputs; step 2 (recorded, not full): the overflowed one only, at
+  // its own forward position; odd steps are not recorded (every = 2).
+  const std::vector<std::pair<std::int64_t, std::int64_t>> want = {{0, 0}, {0, 1}, {2, 1}, {4, 0}, {4, 1}};
+  CHECK(rows == want);
+}
+
+TEST_CASE("activation_every below 1 is refused", "[session]") {
+  agent::SessionOptions o = options();
+  o.activation_every = 0;
+  CHECK_THROWS_WITH(agent::Session(o), Catch::Contains("activation_every"));
+}
+
 TEST_CASE("with histograms on, a device activation's launch asks for its histogram", "[session][tickets]") {
   agent::SessionOptions o = options();
   o.histogram = true;

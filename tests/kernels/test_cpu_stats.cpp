@@ -202,3 +202,51 @@ TEST_CASE("histogram bins are powers of two with under- and overflow bins", "[hi
   for (auto h : hist) total += h;
   CHECK(total == 7);  // zero, NaN and Inf are not counted
 }
+
+TEST_CASE("has_nonfinite says what the statistics' NaN and Inf counts say, on every case of the sweep",
+          "[stats][nonfinite]") {
+  for_each_case([](const EngineCase& c, const HostTensor& t, void* data) {
+    INFO(c.describe());
+    const auto engine = make_engine(c.isa, 1);
+    const auto want = reference_stats(t.data(), t.numel, t.dtype);
+    REQUIRE(engine.has_nonfinite({data, t.numel, t.dtype}) == (want.nan + want.inf > 0));
+  });
+}
+
+TEST_CASE("has_nonfinite finds a single NaN or Inf anywhere, and never the largest finite value", "[stats][nonfinite]") {
+  // The largest finite magnitude of each format, and its NaN/Inf patterns (either sign).
+  struct Format {
+    DType dtype;
+    std::uint32_t largest_finite;
+    std::vector<std::uint32_t> nonfinite;
+  };
+  const Format formats[] = {
+      {DType::kFloat32, 0x7f7fffffu, {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffffffffu, 0x7f800001u}},
+      {DType::kFloat16, 0x7bffu, {0x7c00u, 0xfc00u, 0x7e00u, 0xffffu, 0x7c01u}},
+      {DType::kBFloat16, 0x7f7fu, {0x7f80u, 0xff80u, 0x7fc0u, 0xffffu, 0x7f81u}},
+  };
+  constexpr std::int64_t n = 5003;  // a vector tail on every ISA
+  for (const auto& f : formats)
+    for (auto isa : supported_isas()) {
+      INFO(kernels::cpu_isa_name(isa) << " " << kernels::dtype_name(f.dtype));
+      const auto engine = make_engine(isa, 1);
+      const std::size_t size = kernels::element_size(f.dtype);
+      std::vector<unsigned char> bytes(std::size_t(n) * size);
+      const auto put = [&](std::int64_t i, std::uint32_t bits) { std::memcpy(&bytes[std::size_t(i) * size], &bits, size); };
+      for (std::int64_t i = 0; i < n; ++i) put(i, i % 2 ? f.largest_finite : f.largest_finite | (size == 4 ? 0x80000000u : 0x8000u));
+      const TensorRef ref{bytes.data(), n, f.dtype};
+      CHECK_FALSE(engine.has_nonfinite(ref));
+      for (const std::uint32_t bits : f.nonfinite)
+        for (const std::int64_t at : {std::int64_t(0), n / 2, n - 1}) {
+          put(at, bits);
+          CHECK(engine.has_nonfinite(ref));
+          put(at, f.largest_finite);
+        }
+    }
+}
+
+TEST_CASE("has_nonfinite refuses a malformed tensor and says an empty one holds none", "[stats][nonfinite]") {
+  const auto engine = make_engine(CpuIsa::kAuto, 1);
+  CHECK_FALSE(engine.has_nonfinite({nullptr, 0, DType::kFloat16}));
+  CHECK_THROWS_WITH(engine.has_nonfinite({nullptr, 4, DType::kFloat32}), Catch::Contains("data is null"));
+}

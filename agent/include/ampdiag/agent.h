@@ -36,6 +36,9 @@ struct AgentOptions {
   std::int64_t context_steps = 2;   // ...and this many steps before/after an overflow or scale change
   bool fused_unscale = true;        // do the scaler's unscale in the statistics pass
   bool histogram = false;           // record exponent histograms of the gradients and activations
+  // Full statistics of CPU probes on one recorded step in N; on the others only a NaN/Inf
+  // check (a row only for a value that holds one). CUDA probes: every recorded step.
+  std::int64_t activation_every = 10;
   std::size_t queue_capacity = 1 << 15;  // records between the training and the writer thread
   int threads = 0;                  // own CPU threads for the statistics pass; 0 = torch's intra-op pool
   std::string amp_dtype = "float16";  // recorded in the run's metadata

@@ -43,8 +43,8 @@ def _source(module: torch.nn.Module) -> str:
 class AttachHandle:
     """What attach() returns. Also a context manager: leaving it closes the handle."""
 
-    def __init__(self, model, scaler, optimizer, db, every, activations, pins, fused_unscale, context_steps,
-                 histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id, profile, autopin):
+    def __init__(self, model, scaler, optimizer, db, every, activations, activation_every, pins, fused_unscale,
+                 context_steps, histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id, profile, autopin):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"attach() takes a torch.nn.Module, not {type(model).__name__}")
         if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
@@ -69,7 +69,7 @@ class AttachHandle:
                 raise ValueError(f"a parameter is on the {p.device.type!r} device: this ampdiag build reads "
                                  "CPU and CUDA tensors only")
         db = check_options(db, every, context_steps, queue_capacity, threads, amp_dtype, run_id, autopin, replay,
-                           activations)
+                           activations, activation_every)
 
         self.model, self.scaler, self.optimizer = model, scaler, optimizer
         self._db, self._run_id = db, run_id
@@ -94,7 +94,8 @@ class AttachHandle:
             if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
                 raise _ampdiag.RunDbError(f"{db}: cannot create it: {directory} is not a writable directory")
         # The session keeps what is posted until the file is opened.
-        self._session = _ampdiag.Session(overwrite, queue_capacity, every, context_steps, threads, histogram, profile)
+        self._session = _ampdiag.Session(overwrite, queue_capacity, every, context_steps, threads, histogram, profile,
+                                         activation_every)
         self.db_path = db
         if rank is not None:
             self._open_session(*rank)
@@ -565,7 +566,7 @@ class AttachHandle:
 
 def attach(model: torch.nn.Module, scaler: "torch.amp.GradScaler | None" = None,
            optimizer: "torch.optim.Optimizer | None" = None, db="run.db", every: int = 1, activations: bool = True,
-           pins=(), fused_unscale: bool = True, context_steps: int = 2, histogram: bool = False,
+           activation_every: int = 10, pins=(), fused_unscale: bool = True, context_steps: int = 2, histogram: bool = False,
            overwrite: bool = False, replay: bool = True, queue_capacity: int = 1 << 15, threads: int = 0,
            amp_dtype: "str | None" = None, run_id: "str | None" = None, profile: bool = False,
            autopin: "bool | int" = False) -> AttachHandle:
@@ -579,6 +580,8 @@ def attach(model: torch.nn.Module, scaler: "torch.amp.GradScaler | None" = None,
                     `context_steps` steps around them are always recorded).
     activations:    forward hooks on every module: output statistics, forward order, the first
                     module whose output is NaN/Inf.
+    activation_every: full output statistics on one recorded step in N; on the others a CPU
+                    output is only checked for NaN/Inf (a row only when it holds one).
     pins:           module paths to run in FP32 while attached (see pin_fp32()).
     fused_unscale:  do the scaler's unscale inside ampdiag's pass (same bits as torch's).
     replay:         re-run the first module with a non-finite output once in FP32, on copies of
@@ -594,5 +597,6 @@ def attach(model: torch.nn.Module, scaler: "torch.amp.GradScaler | None" = None,
     profile:        on a CUDA device, record each module's device time by precision and phase on
                     sampled steps (CUPTI); where that is unavailable, one event says why.
     """
-    return AttachHandle(model, scaler, optimizer, db, every, activations, tuple(pins), fused_unscale, context_steps,
-                        histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id, profile, autopin)
+    return AttachHandle(model, scaler, optimizer, db, every, activations, activation_every, tuple(pins), fused_unscale,
+                        context_steps, histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id, profile,
+                        autopin)

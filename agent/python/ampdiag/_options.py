@@ -5,14 +5,15 @@ import torch
 
 
 def check_options(db, every, context_steps, queue_capacity, threads, amp_dtype, run_id, autopin, replay,
-                  activations) -> str:
+                  activations, activation_every) -> str:
     """Raises ValueError naming the first bad option; returns db as a str path."""
     if isinstance(db, os.PathLike):
         db = os.fspath(db)
     if not isinstance(db, str) or not db:
         raise ValueError(f"db must be a file path such as 'run.db', not {db!r}")
     for name, value, low in (("every", every, 1), ("context_steps", context_steps, 0),
-                             ("queue_capacity", queue_capacity, 16), ("threads", threads, 0)):
+                             ("queue_capacity", queue_capacity, 16), ("threads", threads, 0),
+                             ("activation_every", activation_every, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, not {value!r}")
     if amp_dtype not in (None, "float16", "bfloat16"):

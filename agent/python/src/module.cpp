@@ -72,12 +72,13 @@ agent::DeviceOutcome device_outcome(std::uintptr_t values, int device_index, std
 class Session {
  public:
   Session(bool overwrite, std::size_t queue_capacity, std::int64_t every, std::int64_t context_steps, int threads,
-          bool histogram, bool profile)
+          bool histogram, bool profile, std::int64_t activation_every)
       : session_([&] {
           if (threads < 0) throw std::invalid_argument("threads must be >= 0 (0: torch's threads)");
           agent::SessionOptions o;
           o.overwrite = overwrite;
           o.histogram = histogram;
+          o.activation_every = activation_every;
           o.recorder.queue_capacity = queue_capacity;
           o.recorder.every = every;
           o.recorder.context_steps = context_steps;
@@ -257,9 +258,9 @@ PYBIND11_MODULE(_ampdiag, m) {
       },
       "Statistics of one contiguous CPU buffer.");
   py::class_<Session>(m, "Session")
-      .def(py::init<bool, std::size_t, std::int64_t, std::int64_t, int, bool, bool>(), py::arg("overwrite"),
-           py::arg("queue_capacity"), py::arg("every"), py::arg("context_steps"), py::arg("threads"),
-           py::arg("histogram"), py::arg("profile") = false)
+      .def(py::init<bool, std::size_t, std::int64_t, std::int64_t, int, bool, bool, std::int64_t>(),
+           py::arg("overwrite"), py::arg("queue_capacity"), py::arg("every"), py::arg("context_steps"),
+           py::arg("threads"), py::arg("histogram"), py::arg("profile") = false, py::arg("activation_every") = 1)
       .def("open", &Session::open, py::arg("db_path"), py::arg("rank"), py::arg("world_size"), py::arg("run_id"))
       .def("failed", &Session::failed)
       .def_property_readonly("opened", [](Session& s) { return s.core().opened(); })

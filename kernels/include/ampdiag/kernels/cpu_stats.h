@@ -61,6 +61,11 @@ class CpuStatsEngine {
   bool unscale_and_compute(const MutableTensorRef* tensors, std::size_t count, float inv_scale,
                            TensorStats* out, std::uint64_t* histograms = nullptr);
 
+  // Whether the tensor holds a NaN or Inf: what compute()'s nan + inf say, at a fraction of
+  // its cost (an unsigned max over the raw bits, on the calling thread). For a value only
+  // checked, not recorded. Throws std::invalid_argument for a malformed TensorRef.
+  bool has_nonfinite(const TensorRef& tensor) const;
+
   CpuIsa isa() const { return isa_; }
   int threads() const;
 
