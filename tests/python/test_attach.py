@@ -63,7 +63,7 @@ def test_last_step_skipped_tells_what_torch_does_not(tmp_path):
 
 def test_gradient_and_activation_statistics_are_recorded_in_order(tmp_path):
     db = tmp_path / "run.db"
-    train(2, lambda m, s, o: ampdiag.attach(m, s, db=db))
+    train(2, lambda m, s, o: ampdiag.attach(m, s, db=db, activation_every=1))
     layers = dict(rows(db, "SELECT id, name FROM layers"))
     assert set(layers.values()) == {"a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias"}
     order = {layers[i]: o for i, o in rows(db, "SELECT layer_id, bwd_order FROM grad_stats WHERE step = 1")}
@@ -72,6 +72,35 @@ def test_gradient_and_activation_statistics_are_recorded_in_order(tmp_path):
     assert modules == ["a", "b", "c"]
     acts = rows(db, "SELECT fwd_order, module_id FROM act_stats WHERE step = 1 ORDER BY fwd_order")
     assert [m for _, m in acts] == [0, 1, 2]
+
+
+def test_outputs_get_full_statistics_on_one_step_in_activation_every_and_a_nonfinite_one_on_any(tmp_path):
+    db = tmp_path / "run.db"
+    blow_up = [False]
+
+    class Blows(nn.Module):  # a finite output, or +Inf in fp16 on the steps the test says
+        def forward(self, x):
+            return x * (1e5 if blow_up[0] else 1.0)
+
+    model = nn.Sequential(nn.Linear(16, 16), Blows(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    x, y = torch.full((4, 16), 1.0), torch.randn(4, 1)
+    with ampdiag.attach(model, scaler, db=db, activation_every=3, replay=False):
+        for step in range(8):
+            blow_up[0] = step == 4
+            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    got = rows(db, "SELECT a.step, m.path, a.inf > 0 OR a.nan > 0 FROM act_stats a JOIN modules m ON m.id = a.module_id "
+                   "ORDER BY a.step, a.fwd_order")
+    # Steps 0, 3, 6: every output. Step 4: only the outputs that held NaN/Inf, from the first on.
+    assert [(s, p) for s, p, _ in got if s != 4] == [(s, p) for s in (0, 3, 6) for p in ("0", "1", "2")]
+    assert [(p, bad) for s, p, bad in got if s == 4] == [("1", 1), ("2", 1)]
+    assert rows(db, "SELECT value FROM meta WHERE key = 'activation_every'") == [("3",)]
 
 
 def test_modules_whose_output_is_bounded_by_their_input_get_no_hook(tmp_path):
@@ -239,6 +268,7 @@ def test_an_existing_db_is_not_overwritten_unless_asked(tmp_path):
 
 @pytest.mark.parametrize("kwargs,error,match", [
     ({"every": 0}, ValueError, "every"),
+    ({"activation_every": 0}, ValueError, "activation_every"),
     ({"queue_capacity": 3}, ValueError, "queue_capacity"),
     ({"pins": ["no.such"]}, ValueError, "no module 'no.such'"),
     ({"scaler": None}, ValueError, "pass scaler="),

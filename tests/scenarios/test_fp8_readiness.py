@@ -53,7 +53,7 @@ def test_activation_histograms_are_the_module_outputs_binades(tmp_path):
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     db = tmp_path / "acts.db"
-    handle = agent.attach(model, scaler, db=db, histogram=True)
+    handle = agent.attach(model, scaler, db=db, histogram=True, activation_every=1)  # every step's outputs
     seen = defaultdict(list)  # (step, module path) -> histograms, in call order
     step = [0]
     for name, module in model.named_modules():
@@ -75,6 +75,7 @@ def test_activation_histograms_are_the_module_outputs_binades(tmp_path):
         assert blob is not None and len(blob) == 4 * HIST_BINS
         recorded[(s, path)].append(list(struct.unpack(f"<{HIST_BINS}I", blob)))
     assert {path for _, path in recorded} >= {"0", "1", "2", "4"}
+    assert {s for s, _ in recorded} == {0, 1, 2, 3}
     for key, histograms in recorded.items():
         assert histograms == seen[key], key
 
