@@ -176,6 +176,23 @@ void activation_readiness(const Run& run, rundb::RunDbReader& reader, const Fp8O
       sums, [&](std::int64_t id) { return run.modules[std::size_t(id)].info.path; }, options, out.unjudged_modules);
 }
 
+Fp8Overview::Group overview_group(const std::vector<Fp8Layer>& tensors) {
+  constexpr std::size_t kListed = 3;
+  Fp8Overview::Group g;
+  g.count = std::int64_t(tensors.size());
+  std::vector<const Fp8Layer*> unfit;
+  for (const auto& l : tensors) {
+    g.fit_e4m3 += l.fits[0];
+    g.fit_e5m2 += l.fits[1];
+    if (!l.fits[0]) unfit.push_back(&l);
+  }
+  std::stable_sort(unfit.begin(), unfit.end(),
+                   [](const Fp8Layer* a, const Fp8Layer* b) { return a->shares[0].normal < b->shares[0].normal; });
+  for (std::size_t k = 0; k < unfit.size() && k < kListed; ++k)
+    g.least_ready.push_back({unfit[k]->name, unfit[k]->shares[0].normal, unfit[k]->shares[1].normal});
+  return g;
+}
+
 }  // namespace
 
 void Fp8Options::check() const {
@@ -195,27 +212,6 @@ Fp8Readiness fp8_readiness(const Run& run, const Fp8Options& options) {
   activation_readiness(run, reader, options, out);
   return out;
 }
-
-namespace {
-
-Fp8Overview::Group overview_group(const std::vector<Fp8Layer>& tensors) {
-  constexpr std::size_t kListed = 3;
-  Fp8Overview::Group g;
-  g.count = std::int64_t(tensors.size());
-  std::vector<const Fp8Layer*> unfit;
-  for (const auto& l : tensors) {
-    g.fit_e4m3 += l.fits[0];
-    g.fit_e5m2 += l.fits[1];
-    if (!l.fits[0]) unfit.push_back(&l);
-  }
-  std::stable_sort(unfit.begin(), unfit.end(),
-                   [](const Fp8Layer* a, const Fp8Layer* b) { return a->shares[0].normal < b->shares[0].normal; });
-  for (std::size_t k = 0; k < unfit.size() && k < kListed; ++k)
-    g.least_ready.push_back({unfit[k]->name, unfit[k]->shares[0].normal, unfit[k]->shares[1].normal});
-  return g;
-}
-
-}  // namespace
 
 void add_fp8_overview(Report& report, const std::vector<Run>& runs, const Fp8Options& options) {
   for (std::size_t i = 0; i < runs.size() && i < report.runs.size(); ++i) {

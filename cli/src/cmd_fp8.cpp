@@ -67,34 +67,39 @@ int cmd_fp8(int argc, char** argv) {
     throw UsageError(runs.front().path +
                      " has no exponent histograms: record the run with attach(..., histogram=True) "
                      "(C++: AgentOptions::histogram = true)");
-  const auto row = [](const char* tensor, const analyzer::Fp8Layer& l) {
-    const std::string fits = l.fits[0] ? "E4M3, E5M2" : (l.fits[1] ? "E5M2" : "neither");
-    return std::vector<std::string>{tensor, l.name, std::to_string(l.steps), pct(l.shares[0].normal),
-                                    pct(l.shares[0].below), pct(l.shares[0].above), std::to_string(l.saturated_steps[0]),
-                                    pct(l.shares[1].normal), pct(l.shares[1].below), pct(l.shares[1].above),
-                                    std::to_string(l.saturated_steps[1]), fits};
+  // One table's rows: the first --top of `all`, after `lead` (the tensor column, or none).
+  using Table = std::vector<std::vector<std::string>>;
+  const auto add_rows = [&](Table& table, std::vector<std::string> lead, const std::vector<analyzer::Fp8Layer>& all) {
+    for (std::size_t i = 0; i < all.size() && (top == 0 || i < std::size_t(top)); ++i) {
+      const auto& l = all[i];
+      std::vector<std::string> cells = lead;
+      for (std::string cell : {l.name, std::to_string(l.steps), pct(l.shares[0].normal), pct(l.shares[0].below),
+                               pct(l.shares[0].above), std::to_string(l.saturated_steps[0]), pct(l.shares[1].normal),
+                               pct(l.shares[1].below), pct(l.shares[1].above), std::to_string(l.saturated_steps[1])})
+        cells.push_back(std::move(cell));
+      cells.push_back(l.fits[0] ? "E4M3, E5M2" : (l.fits[1] ? "E5M2" : "neither"));
+      table.push_back(std::move(cells));
+    }
   };
-  const std::vector<std::string> header = {"tensor", "name", "steps", "e4m3_normal_pct", "e4m3_below_pct",
-                                           "e4m3_above_pct", "e4m3_saturated_steps", "e5m2_normal_pct",
-                                           "e5m2_below_pct", "e5m2_above_pct", "e5m2_saturated_steps", "fits"};
-  const auto rows = [&](std::vector<std::vector<std::string>>& table, const char* tensor,
-                        const std::vector<analyzer::Fp8Layer>& all) {
-    for (std::size_t i = 0; i < all.size() && (top == 0 || i < std::size_t(top)); ++i) table.push_back(row(tensor, all[i]));
+  // The header: `lead` (tensor and name, or in text `layer` / `module`), then the statistics.
+  const auto header = [](std::vector<std::string> lead) {
+    for (const char* column : {"steps", "e4m3_normal_pct", "e4m3_below_pct", "e4m3_above_pct", "e4m3_saturated_steps",
+                               "e5m2_normal_pct", "e5m2_below_pct", "e5m2_above_pct", "e5m2_saturated_steps", "fits"})
+      lead.push_back(column);
+    return Table{lead};
   };
   std::string text;
   if (format != "text") {
-    std::vector<std::vector<std::string>> table = {header};
-    rows(table, "gradient", r.layers);
-    rows(table, "activation", r.activations);
+    Table table = header({"tensor", "name"});
+    add_rows(table, {"gradient"}, r.layers);
+    add_rows(table, {"activation"}, r.activations);
     text = render_table(table, format);
   } else {
     // One table per kind, without the tensor column its heading already names.
     const auto section = [&](bool gradients, const std::vector<analyzer::Fp8Layer>& all,
                              const std::vector<std::string>& unjudged) {
-      std::vector<std::vector<std::string>> table = {header};
-      table[0][1] = gradients ? "layer" : "module";
-      rows(table, "", all);
-      for (auto& line : table) line.erase(line.begin());
+      Table table = header({gradients ? "layer" : "module"});
+      add_rows(table, {}, all);
       std::size_t fit[2] = {};
       for (const auto& l : all) fit[0] += l.fits[0], fit[1] += l.fits[1];
       char head[256];
