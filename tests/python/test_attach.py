@@ -103,6 +103,66 @@ def test_outputs_get_full_statistics_on_one_step_in_activation_every_and_a_nonfi
     assert rows(db, "SELECT value FROM meta WHERE key = 'activation_every'") == [("3",)]
 
 
+def test_outputs_off_the_hooks_fast_path_get_the_same_statistics_as_torch_computes(tmp_path):
+    # The hook reads a contiguous host output inline; a sliced (non-dense), float64 or tuple
+    # output goes through the helpers. Each must give torch's own abs-max and NaN count.
+    seen = {}
+
+    def watch(name):
+        def hook(module, args, output):
+            t = (output[1] if isinstance(output, tuple) else output).detach().float()
+            seen.setdefault(name, []).append((float(t.nan_to_num(nan=0.0).abs().max()), int(t.isnan().sum())))
+        return hook
+
+    class Sliced(nn.Module):  # every other column (no dense block to read in place); the others large
+        def forward(self, x):
+            y = x * 3.0
+            y[:, 1::2] = 1000.0
+            return y[:, ::2]
+
+    class Double(nn.Module):  # float64, which the engine does not read: a float32 copy
+        def forward(self, x):
+            out = x.double() * 3.0
+            out[0, 0] = float("nan")
+            return out
+
+    class Pair(nn.Module):  # a tuple: its first floating-point tensor
+        def forward(self, x):
+            return torch.arange(3), x - 7.0
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.sliced, self.wide, self.pair = nn.Linear(16, 16), Sliced(), Double(), Pair()
+
+        def forward(self, x):
+            h = self.lin(x)
+            self.wide(h)
+            return self.pair(self.sliced(h))[1].float().sum(1, keepdim=True)
+
+    db = tmp_path / "run.db"
+    torch.manual_seed(0)
+    model = Model()
+    for name in ("sliced", "wide", "pair"):
+        getattr(model, name).register_forward_hook(watch(name))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    with ampdiag.attach(model, scaler, db=db, activation_every=1, replay=False):
+        for _ in range(2):
+            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    got = rows(db, "SELECT m.path, a.absmax, a.nan FROM act_stats a JOIN modules m ON m.id = a.module_id "
+                   "WHERE m.path != 'lin' ORDER BY a.step, a.fwd_order")
+    expected = [(name, *seen[name][step]) for step in range(2) for name in ("wide", "sliced", "pair")]
+    assert [(p, n) for p, _, n in got] == [(p, n) for p, _, n in expected]
+    assert [a for _, a, _ in got] == pytest.approx([a for _, a, _ in expected], rel=1e-6)
+
+
 def test_modules_whose_output_is_bounded_by_their_input_get_no_hook(tmp_path):
     def model():
         return nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.GELU(), nn.LeakyReLU(0.1),

@@ -22,12 +22,13 @@ from . import _ampdiag, _loss, _rank
 from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
 from ._autopin import AutoPinner
+from ._forward import forward_hook
 from ._options import check_options, default_amp_dtype
 from ._replay import FINITE, NONFINITE, Replayer
 from ._updates import UpdateProbe, holds_half_parameters
 from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, directly_readable, engine_place,
-                       fast_place, first_float_tensor, found_inf, found_inf_tensor, host_sum, inf_checked,
-                       readable_view, scale_on_device, sum_on)
+                       fast_place, found_inf, found_inf_tensor, host_sum, inf_checked, readable_view,
+                       scale_on_device, sum_on)
 
 _ATTACHED = "_ampdiag_handle"
 
@@ -77,6 +78,7 @@ class AttachHandle:
         self._closed = False
         self._stopped = False  # recording stopped, hooks inert: the run.db could not be created
         self._in_cycle = False  # the session's optimizer cycle is open (Python's copy of it)
+        self._live = False      # in a cycle, recording, no replay running: hooks take their fast path
         self._hooks = []
         self._restore = []
         self._pinned = []
@@ -167,6 +169,7 @@ class AttachHandle:
         if self._closed:
             return
         self._closed = True
+        self._live = False
         _loss.unwatch(self)
         for hook in self._hooks:
             hook.remove()
@@ -317,12 +320,11 @@ class AttachHandle:
             if self._autopin is not None:
                 self._autopin.announce()
         self._in_cycle = True
+        self._live = True
         return True
 
     def _arrived(self, layer, grad):
-        if self._standing_aside:
-            return
-        if not self._begin_cycle():
+        if not self._live and (self._standing_aside or not self._begin_cycle()):
             return
         self._grad_calls += 1
         self._backward_seen = True
@@ -491,6 +493,7 @@ class AttachHandle:
         modules confirmed in this one are pinned from it on."""
         self._python_ns = 0
         self._in_cycle = False
+        self._live = False
         if self._autopin is not None:
             self._autopin.pin()
 
@@ -500,49 +503,7 @@ class AttachHandle:
         return self._session.module_id(path, type(module).__name__, _source(module), describe_inputs(args))
 
     def _forward_hook(self, path):
-        module_id = None  # resolved on the first call, when the module first runs
-
-        def hook(module, args, kwargs, output):
-            nonlocal module_id
-            if self._standing_aside:
-                return None
-            t0 = time.perf_counter_ns()
-            if not self._begin_cycle():
-                return None
-            if self._backward_seen:  # a forward after a backward: the next micro-batch
-                self._backward_seen = False
-                self._micro_batch += 1
-            tensor = output if type(output) is torch.Tensor else first_float_tensor(output)
-            if tensor is not None and tensor.is_floating_point():
-                if module_id is None:
-                    module_id = self._module_id(path, module, args)  # listed, with or without rows
-                if self._last_output is not None and self._last_output() is tensor:
-                    # The tensor the last hook saw (a container returning its last child's
-                    # output): the same statistics, and the child comes first in forward
-                    # order. Only an escalating replay still needs the enclosing module.
-                    if self._last_nonfinite:
-                        self._on_nonfinite_output(path, module, args, kwargs, output)
-                elif args and args[0] is tensor:
-                    pass  # it returned its input (Dropout(p=0), Identity): it computed nothing
-                else:
-                    fast = fast_place(tensor)
-                    if fast is not None:
-                        ptr, numel, code, kind, index, stream = fast
-                        nonfinite = self._session.activation(module_id, ptr, numel, code, self._micro_batch, kind,
-                                                             index, stream)
-                    else:
-                        view = readable_view(tensor)  # the tensor itself when the engine reads it in place
-                        nonfinite = self._session.activation(module_id, view.data_ptr(), view.numel(),
-                                                             DTYPE_CODE[view.dtype], self._micro_batch,
-                                                             *engine_place(view))
-                    self._last_output = weakref.ref(tensor)
-                    self._last_nonfinite = nonfinite
-                    if nonfinite:
-                        self._on_nonfinite_output(path, module, args, kwargs, output)
-            self._python_ns += time.perf_counter_ns() - t0
-            return None
-
-        return hook
+        return forward_hook(self, path)
 
     def _on_nonfinite_output(self, path, module, args, kwargs, output):
         # Hooks fire as modules finish: a child before its parent. When the first module
@@ -555,7 +516,11 @@ class AttachHandle:
             self._first_nonfinite = path
         elif not (self._escalating and self._first_nonfinite.startswith(path + ".")):
             return
-        verdict = self._replayer.verdict(path, module, args, kwargs, output)
+        self._live = False  # the replay runs the module again: every hook stands aside
+        try:
+            verdict = self._replayer.verdict(path, module, args, kwargs, output)
+        finally:
+            self._live = self._in_cycle and not self._inert
         self._escalating = verdict == NONFINITE
         if verdict == FINITE and self._autopin is not None:
             self._autopin.confirmed(path, module)

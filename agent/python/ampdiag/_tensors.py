@@ -70,6 +70,18 @@ def fast_place(t: torch.Tensor):
     return None
 
 
+def activation_elsewhere(session, module_id, tensor, micro_batch):
+    """The session's activation() of an output off the forward hook's fast path: a CUDA one
+    read on its current stream, or a dense float copy of one the engine cannot read in place."""
+    fast = fast_place(tensor)
+    if fast is not None:
+        ptr, numel, code, kind, index, stream = fast
+        return session.activation(module_id, ptr, numel, code, micro_batch, kind, index, stream)
+    view = readable_view(tensor)  # the tensor itself when the engine reads it in place
+    return session.activation(module_id, view.data_ptr(), view.numel(), DTYPE_CODE[view.dtype], micro_batch,
+                              *engine_place(view))
+
+
 def directly_readable(t: torch.Tensor) -> bool:
     """Every statistic is independent of element order, so a dense block is read in place."""
     return t.device.type in ENGINE_DEVICES and t.layout == torch.strided and t.dtype in DTYPE_CODE and _dense(t)

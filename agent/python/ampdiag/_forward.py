@@ -1,0 +1,57 @@
+"""The agent's forward hook: every watched module's output, on every step (statistics on
+the full steps, a NaN/Inf check on the others, forward order, the first non-finite module
+and its FP32 replay)."""
+import time
+import weakref
+
+import torch
+
+from ._tensors import DTYPE_CODE, activation_elsewhere, first_float_tensor
+
+
+def forward_hook(handle, path):
+    module_id = None  # resolved on the first call, when the module first runs
+    # Runs for every watched module on every step, between torch's kernels: in a training
+    # loop each object it looks up costs cache misses (~20 µs a hook in all, where a warm
+    # microbenchmark says 1), so the common case (a recording cycle, a contiguous host
+    # output) is inline, with what it calls bound here; the rest goes through helpers.
+    # Measured in docs/PERFORMANCE.md.
+    activation, now, tensor_type, code_of, strided, ref = (handle._session.activation, time.perf_counter_ns,
+                                                           torch.Tensor, DTYPE_CODE.get, torch.strided, weakref.ref)
+
+    def hook(module, args, kwargs, output):
+        nonlocal module_id
+        if not handle._live and (handle._standing_aside or not handle._begin_cycle()):
+            return None
+        t0 = now()
+        if handle._backward_seen:  # a forward after a backward: the next micro-batch
+            handle._backward_seen = False
+            handle._micro_batch += 1
+        tensor = output if type(output) is tensor_type else first_float_tensor(output)
+        code = None if tensor is None else code_of(tensor.dtype)
+        if code is None and (tensor is None or not tensor.is_floating_point()):
+            handle._python_ns += now() - t0
+            return None
+        if module_id is None:
+            module_id = handle._module_id(path, module, args)  # listed, with or without rows
+        last = handle._last_output
+        if last is not None and last() is tensor:
+            # The tensor the last hook saw (a container returning its last child's output):
+            # the same statistics, and the child comes first in forward order. Only an
+            # escalating replay still needs the enclosing module.
+            if handle._last_nonfinite:
+                handle._on_nonfinite_output(path, module, args, kwargs, output)
+        elif not (args and args[0] is tensor):  # else it returned its input: it computed nothing
+            if code is not None and tensor.is_contiguous() and tensor.layout is strided and tensor.is_cpu:
+                nonfinite = activation(module_id, tensor.data_ptr(), tensor.numel(), code, handle._micro_batch, 0,
+                                       0, 0)
+            else:
+                nonfinite = activation_elsewhere(handle._session, module_id, tensor, handle._micro_batch)
+            handle._last_output = ref(tensor)
+            handle._last_nonfinite = nonfinite
+            if nonfinite:
+                handle._on_nonfinite_output(path, module, args, kwargs, output)
+        handle._python_ns += now() - t0
+        return None
+
+    return hook
