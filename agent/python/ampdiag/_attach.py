@@ -27,8 +27,8 @@ from ._options import check_options, default_amp_dtype
 from ._replay import FINITE, NONFINITE, Replayer
 from ._updates import UpdateProbe, holds_half_parameters
 from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, directly_readable, engine_place,
-                       fast_place, found_inf, found_inf_tensor, host_sum, inf_checked, readable_view,
-                       scale_on_device, sum_on)
+                       fast_place, found_inf, found_inf_tensor, host_scale, host_sum, inf_checked,
+                       readable_view, scale_on_device, sum_on)
 
 _ATTACHED = "_ampdiag_handle"
 
@@ -255,16 +255,16 @@ class AttachHandle:
                     self._end_step_on_device(scaler._scale, checked, before, found)
                 return
             found = checked and found_inf(scaler)
-            before = float(scaler.get_scale())
+            before = host_scale(scaler)
             original_update(new_scale)
             if self._inert:
                 return
             if not checked:
                 # An update() with no gradients checked since the last one (e.g. holding a
                 # minimum scale after the cycle's update()): the same step, at this scale.
-                self._session.amend_scale_after(float(scaler.get_scale()))
+                self._session.amend_scale_after(host_scale(scaler))
                 return
-            self._end_step(before, float(scaler.get_scale()), found, skipped=found)
+            self._end_step(before, host_scale(scaler), found, skipped=found)
 
         for name, fn in (("_unscale_grads_", _unscale_grads_), ("scale", scale), ("update", update)):
             setattr(scaler, name, functools.wraps(getattr(type(scaler), name))(fn))
@@ -381,6 +381,27 @@ class AttachHandle:
                 grads.append(grad)
         return layers, grads, sparse
 
+    def _host_gradients(self, optimizer):
+        """(layer ids, pointers, sizes, dtype codes) of the optimizer's gradients when every one
+        is a contiguous float32 or bfloat16 host tensor, read and unscaled in place; else None
+        (FP16, sparse or device gradients take the general path, which says why)."""
+        layers, ptrs, numels, codes = [], [], [], []
+        layer_ids, code_of, strided = self._layer_ids, DTYPE_CODE.get, torch.strided
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                g = p.grad
+                if g is None:
+                    continue
+                code = code_of(g.dtype)
+                if code is None or code == 1 or not g.is_cpu or g.layout is not strided or not g.is_contiguous():
+                    return None
+                layer = layer_ids.get(id(p))
+                layers.append(self._layer_id(p) if layer is None else layer)
+                ptrs.append(g.data_ptr())
+                numels.append(g.numel())
+                codes.append(code)
+        return layers, ptrs, numels, codes
+
     def _stats(self, layers, grads, inv_scale=None, device_scale=None):
         ptrs, numels, codes, types, indices, streams = [], [], [], [], [], []
         copies = []  # dense copies, alive until the engine has read them
@@ -413,6 +434,16 @@ class AttachHandle:
         if self._profile is not None:
             self._profile.watch_optimizer(optimizer)
             original = functools.partial(self._profile.unscale, original)
+        if self._fused and found_inf.is_cpu and inv_scale.is_cpu:
+            host = self._host_gradients(optimizer)
+            if host is not None and host[0]:  # the common case: one pass over the gradients
+                layers, ptrs, numels, codes = host
+                places = [0] * len(layers)
+                if self._session.grads(layers, ptrs, numels, codes, places, places, places, float(inv_scale.item()),
+                                       None):
+                    found_inf.fill_(1.0)
+                self._python_ns += time.perf_counter_ns() - t0
+                return {found_inf.device: found_inf}
         layers, grads, sparse = self._gradients(optimizer)
         special = sparse or any(g.dtype == torch.float16 for g in grads)
         # Fused: every gradient read in place on the scale's own device (CPU: the scale is a
@@ -466,7 +497,7 @@ class AttachHandle:
 
     def _end_step(self, scale_before, scale_after, found_inf, skipped):
         losses = self._logged_losses or self._losses
-        on_device = next((t.device for t in losses if t.device.type == "cuda"), None)
+        on_device = next((t.device for t in losses if t.is_cuda), None)
         if on_device is not None:
             # A CUDA loss (bf16 without a scaler) is summed there and read back with the step,
             # never with .item(): that would wait for the device.

@@ -119,7 +119,7 @@ def describe_inputs(args) -> str:
 
 def host_sum(losses) -> float:
     """The sum of host losses (NaN for none), read at once: no device to wait for."""
-    return math.fsum(float(t.float().item()) for t in losses) if losses else math.nan
+    return math.fsum(t.item() for t in losses) if losses else math.nan  # item(): exact for every float dtype
 
 
 def sum_on(device, tensors) -> torch.Tensor:
@@ -145,7 +145,15 @@ def found_inf(scaler) -> bool:
 
 def scale_on_device(scaler) -> bool:
     """Whether the scaler's scale lives on a CUDA device (reading it would wait)."""
-    return scaler._scale is not None and scaler._scale.device.type == "cuda"
+    return scaler._scale is not None and scaler._scale.is_cuda
+
+
+def host_scale(scaler) -> float:
+    """scaler.get_scale() of a scaler whose scale is on the host, with fewer lookups: it is
+    read twice at every update()."""
+    if not scaler._enabled:
+        return 1.0
+    return float(scaler._init_scale) if scaler._scale is None else scaler._scale.item()
 
 
 # Elementwise modules whose output is no larger than their input (|f(x)| <= |x|) or bounded
