@@ -163,6 +163,18 @@ def test_outputs_off_the_hooks_fast_path_get_the_same_statistics_as_torch_comput
     assert [a for _, a, _ in got] == pytest.approx([a for _, a, _ in expected], rel=1e-6)
 
 
+def test_fp16_gradients_are_refused_at_unscale_as_torchs_scaler_refuses_them(tmp_path):
+    # FP16 parameters leave the agent's gradient fast path: torch's own unscale_ raises.
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1).half()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=tmp_path / "run.db"):
+        scaler.scale(model(torch.randn(4, 8, dtype=torch.float16)).float().sum()).backward()
+        with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+            scaler.step(optimizer)
+
+
 def test_modules_whose_output_is_bounded_by_their_input_get_no_hook(tmp_path):
     def model():
         return nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.GELU(), nn.LeakyReLU(0.1),
