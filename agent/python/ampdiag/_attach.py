@@ -229,7 +229,7 @@ class AttachHandle:
                 continue  # the same tensor as an earlier name (the session says so once)
             self._params.append(p)
             if p.requires_grad:
-                self._hooks.append(p.register_hook(functools.partial(self._arrived, layer)))
+                self._hooks.append(p.register_hook(self._arrival_hook(layer)))
         self._session.layers_done()
 
     def _wrap_scaler(self, scaler):
@@ -323,12 +323,17 @@ class AttachHandle:
         self._live = True
         return True
 
-    def _arrived(self, layer, grad):
-        if not self._live and (self._standing_aside or not self._begin_cycle()):
-            return
-        self._grad_calls += 1
-        self._backward_seen = True
-        self._session.arrived(layer)
+    def _arrival_hook(self, layer):
+        arrived = self._session.arrived  # bound once: this runs for every gradient of every step
+
+        def hook(grad):
+            if not self._live and (self._standing_aside or not self._begin_cycle()):
+                return
+            self._grad_calls += 1
+            self._backward_seen = True
+            arrived(layer)
+
+        return hook
 
     def _on_scale(self, outputs):
         if self._inert:
