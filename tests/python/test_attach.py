@@ -175,6 +175,24 @@ def test_fp16_gradients_are_refused_at_unscale_as_torchs_scaler_refuses_them(tmp
             scaler.step(optimizer)
 
 
+def test_an_evaluation_under_inference_mode_runs_while_attached(tmp_path):
+    # Inference tensors have no version counter, which the forward hook reads.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(8, 8)), nn.Linear(8, 1))  # a container returning its child's output
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=tmp_path / "run.db"):
+        for _ in range(2):
+            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(4, 8)).float().mean()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.float16):
+                assert torch.isfinite(model(torch.randn(4, 8))).all()
+
+
 def test_modules_whose_output_is_bounded_by_their_input_get_no_hook(tmp_path):
     def model():
         return nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.GELU(), nn.LeakyReLU(0.1),

@@ -215,3 +215,35 @@ def test_a_parent_returning_its_childs_output_is_listed_without_rows_and_still_b
     code, rep = verdict(db)
     first = rep["findings"][0]
     assert (code, first["rule"], first["module"]) == (1, "forward-nonfinite", "amp")
+
+
+def test_a_block_that_overflows_its_childs_output_in_place_is_blamed_not_the_next_module(tmp_path, verdict):
+    class Basic(nn.Module):
+        """torchvision's BasicBlock pattern: the residual added in place to the child's
+        output, then an in-place ReLU; the block returns its child's tensor, changed."""
+
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn, self.relu = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            out = self.bn(self.conv(x))
+            out += x * 1e5  # the block's own code: overflows fp16
+            return self.relu(out)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.layer1, self.fc = nn.Conv2d(3, 4, 3, padding=1), Basic(), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(self.layer1(self.stem(x)).mean((2, 3)))
+
+    torch.manual_seed(0)
+    db = tmp_path / "inplace.db"
+    fp16_steps(Net(), db, lambda: torch.randn(2, 3, 8, 8),
+               lambda out: nn.functional.cross_entropy(out, torch.tensor([0, 1])))
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["rule"], first["module"], first["confirmation"]) == (1, "forward-nonfinite", "layer1",
+                                                                             "confirmed")

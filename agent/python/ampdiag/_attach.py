@@ -284,6 +284,7 @@ class AttachHandle:
         self._first_nonfinite = None
         self._escalating = False
         self._last_output = None          # weakref to the last output given statistics
+        self._last_version = 0            # its version counter then (in-place changes bump it)
         self._last_nonfinite = False      # whether it held NaN/Inf
         self._bf16_found = False
 

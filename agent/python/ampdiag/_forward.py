@@ -34,20 +34,27 @@ def forward_hook(handle, path):
             return None
         if module_id is None:
             module_id = handle._module_id(path, module, args)  # listed, with or without rows
+        try:
+            version = tensor._version
+        except RuntimeError:  # an inference tensor (torch.inference_mode) has no version counter
+            version = None
         last = handle._last_output
-        if last is not None and last() is tensor:
-            # The tensor the last hook saw (a container returning its last child's output):
-            # the same statistics, and the child comes first in forward order. Only an
-            # escalating replay still needs the enclosing module.
+        seen = last is not None and last() is tensor
+        if seen and version is not None and version == handle._last_version:
+            # The tensor the last hook read, unchanged (a container returning its last
+            # child's output): the same statistics, and the child comes first in forward
+            # order. Only an escalating replay still needs the enclosing module.
             if handle._last_nonfinite:
                 handle._on_nonfinite_output(path, module, args, kwargs, output)
-        elif not (args and args[0] is tensor):  # else it returned its input: it computed nothing
+        elif seen or not (args and args[0] is tensor):  # else it returned its input: it computed nothing
+            # (A seen tensor changed in place since, as a residual block's `out += x`, is read again.)
             if code is not None and tensor.is_contiguous() and tensor.layout is strided and tensor.is_cpu:
                 nonfinite = activation(module_id, tensor.data_ptr(), tensor.numel(), code, handle._micro_batch, 0,
                                        0, 0)
             else:
                 nonfinite = activation_elsewhere(handle._session, module_id, tensor, handle._micro_batch)
             handle._last_output = ref(tensor)
+            handle._last_version = version
             handle._last_nonfinite = nonfinite
             if nonfinite:
                 handle._on_nonfinite_output(path, module, args, kwargs, output)
