@@ -3,6 +3,7 @@
 #include "ampdiag/kernels/cpu_stats.h"
 
 #include <algorithm>
+#include <atomic>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -110,7 +111,26 @@ bool CpuStatsEngine::unscale_and_compute(const MutableTensorRef* tensors, std::s
 
 bool CpuStatsEngine::has_nonfinite(const TensorRef& tensor) const {
   check_tensor(tensor, 0);
-  return tensor.numel > 0 && nonfinite_fn(isa_)(tensor.data, tensor.numel, tensor.dtype);
+  const NonfiniteFn fn = nonfinite_fn(isa_);
+  const std::size_t size = element_size(tensor.dtype);
+  // Large tensors on the host's team only: a module's output was just written by its
+  // threads, and one thread alone waits on the half that sits in the other core's cache.
+  // Measured inside a training step (2 threads): 256 KiB took 7.8 µs against 10.6 alone,
+  // 512 KiB 13.2 against 20.5; at 128 KiB the team's start costs what it saves. Our own
+  // pool would first have to wake up.
+  constexpr std::size_t kParallelBytes = std::size_t(256) << 10;
+  if (!parallel_for_ || std::size_t(tensor.numel) * size < kParallelBytes || tensor.numel < 2 * chunk_elements_)
+    return tensor.numel > 0 && fn(tensor.data, tensor.numel, tensor.dtype);
+  const std::int64_t jobs = (tensor.numel + chunk_elements_ - 1) / chunk_elements_;
+  std::atomic<bool> found{false};
+  parallel_for_(jobs, [&](std::int64_t j) {
+    const std::int64_t begin = j * chunk_elements_;
+    const std::int64_t count = std::min(chunk_elements_, tensor.numel - begin);
+    if (!found.load(std::memory_order_relaxed) &&
+        fn(static_cast<const char*>(tensor.data) + std::size_t(begin) * size, count, tensor.dtype))
+      found.store(true, std::memory_order_relaxed);
+  });
+  return found.load();
 }
 
 bool CpuStatsEngine::run(const TensorRef* tensors, std::size_t count, bool unscale, float inv_scale,

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "engine_cases.h"
@@ -241,6 +242,45 @@ TEST_CASE("has_nonfinite finds a single NaN or Inf anywhere, and never the large
           put(at, bits);
           CHECK(engine.has_nonfinite(ref));
           put(at, f.largest_finite);
+        }
+    }
+}
+
+TEST_CASE("has_nonfinite on the host's team finds a NaN or Inf in every chunk, the last partial one included",
+          "[stats][nonfinite]") {
+  // A large tensor goes to the host's parallel_for in chunks; jobs run here in reverse
+  // order, so a chunk read at the wrong offset shows.
+  std::int64_t jobs_run = 0;
+  kernels::CpuEngineOptions options;
+  options.chunk_elements = 1024;
+  options.parallel_for = [&](std::int64_t count, const std::function<void(std::int64_t)>& task) {
+    for (std::int64_t j = count - 1; j >= 0; --j) task(j);
+    jobs_run += count;
+  };
+  constexpr std::int64_t n = 131072 + 1003;  // >= 256 KiB in every format, and a partial last chunk
+  const struct {
+    DType dtype;
+    std::uint32_t one, inf;
+  } formats[] = {{DType::kFloat32, 0x3f800000u, 0x7f800000u}, {DType::kFloat16, 0x3c00u, 0x7c00u},
+                 {DType::kBFloat16, 0x3f80u, 0x7f80u}};
+  for (auto isa : supported_isas())
+    for (const auto& f : formats) {
+      INFO(kernels::cpu_isa_name(isa) << " " << kernels::dtype_name(f.dtype));
+      options.isa = isa;
+      const kernels::CpuStatsEngine engine(options);
+      const std::size_t size = kernels::element_size(f.dtype);
+      std::vector<unsigned char> bytes(std::size_t(n) * size);
+      const auto put = [&](std::int64_t i, std::uint32_t v) { std::memcpy(&bytes[std::size_t(i) * size], &v, size); };
+      for (std::int64_t i = 0; i < n; ++i) put(i, f.one);
+      const TensorRef ref{bytes.data(), n, f.dtype};
+      jobs_run = 0;
+      CHECK_FALSE(engine.has_nonfinite(ref));
+      CHECK(jobs_run == (n + 1023) / 1024);
+      for (std::int64_t at = 0; at < n; at += 1024)
+        for (const std::int64_t i : {at, std::min(at + 1023, n - 1)}) {
+          put(i, f.inf);
+          CHECK(engine.has_nonfinite(ref));
+          put(i, f.one);
         }
     }
 }

@@ -62,8 +62,9 @@ class CpuStatsEngine {
                            TensorStats* out, std::uint64_t* histograms = nullptr);
 
   // Whether the tensor holds a NaN or Inf: what compute()'s nan + inf say, at a fraction of
-  // its cost (an unsigned max over the raw bits, on the calling thread). For a value only
-  // checked, not recorded. Throws std::invalid_argument for a malformed TensorRef.
+  // its cost (an unsigned max over the raw bits: on the calling thread, or in chunks on the
+  // host's parallel_for from 256 KiB on). For a value only checked, not recorded. Throws
+  // std::invalid_argument for a malformed TensorRef.
   bool has_nonfinite(const TensorRef& tensor) const;
 
   CpuIsa isa() const { return isa_; }
