@@ -290,7 +290,6 @@ void Session::launch_on_device(const kernels::TensorRef* refs, std::size_t n, co
 
 bool Session::grads(const GradBatch& b) {
   if (!recorder_) return false;
-  const std::int64_t t0 = now_ns();
   begin_cycle();
   checked_ = true;
   const std::size_t n = b.count;
@@ -346,23 +345,18 @@ bool Session::grads(const GradBatch& b) {
     }
     launch_on_device(refs_.data(), refs_.size(), launch, std::move(as));
   }
-  agent_ns_ += now_ns() - t0;
   return found;
 }
 
 bool Session::activation(std::int64_t module, const DeviceTensor& t, std::int32_t micro_batch) {
   if (!recorder_) return false;
-  const std::int64_t t0 = now_ns();
   begin_cycle();
   const std::int32_t order = recorder_->next_forward_order();
   bool nonfinite = false;
   if (host(t.device)) {
     // Outside the full steps a finite output costs one max over its bits and leaves no row.
     const bool full = regular_sample(recorder_->step(), options_.recorder.every * options_.activation_every);
-    if (!full && !cpu_.has_nonfinite(t.ref)) {
-      agent_ns_ += now_ns() - t0;
-      return false;
-    }
+    if (!full && !cpu_.has_nonfinite(t.ref)) return false;
     kernels::TensorStats s;
     std::uint64_t* hist = nullptr;
     if (options_.histogram) {
@@ -384,7 +378,6 @@ bool Session::activation(std::int64_t module, const DeviceTensor& t, std::int32_
     as.micro_batch = micro_batch;
     launch_on_device(&t.ref, 1, launch, std::move(as));
   }
-  agent_ns_ += now_ns() - t0;
   return nonfinite;
 }
 

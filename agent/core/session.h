@@ -155,7 +155,9 @@ class Session {
   bool profiling() const { return profile_ != nullptr; }
   // The engine a tensor on `device` goes to (tests and the slow-path event).
   EngineKind engine_for(const Device& device) const;
-  // Ends the cycle. agent_ns: the adapter's own time on top of the session's. `later`:
+  // Ends the cycle. adapter_ns, with what add_agent_ns() added: the step's agent_ns. The
+  // adapters time their hooks around the calls into the session, so the session counts
+  // none of its own (it would count the statistics pass twice). `later`:
   // outcome scalars still on a device, read back without waiting; they complete the step
   // when they land (until then, and if they never do, the step has what `outcome` says).
   void end_step(StepOutcome outcome, std::int64_t adapter_ns, const DeviceOutcome* later = nullptr);

@@ -229,6 +229,33 @@ TEST_CASE("CPU gradients are computed at once and recorded with their arrival or
   CHECK(rows[1].stats.inf == 8);
 }
 
+TEST_CASE("a step's agent_ns is the adapter's: the session's statistics calls are inside its timing", "[session]") {
+  // Both agents time their hooks around the session's calls; if the session added its own
+  // time too, the pass would be counted twice.
+  TempDir dir;
+  {
+    agent::Session s(options());
+    open_with_layers(s, dir.file("run.db"), 1);
+    std::vector<float> grad(std::size_t(1) << 22, 0.5f), output(std::size_t(1) << 20, 0.25f);
+    const std::int64_t id = 0;
+    const DeviceTensor g{{grad.data(), std::int64_t(grad.size()), kernels::DType::kFloat32}, kCpu, nullptr};
+    s.begin_cycle();
+    s.activation(s.module_id("m", "Linear", "", ""), {{output.data(), std::int64_t(output.size()),
+                                                       kernels::DType::kFloat32}, kCpu, nullptr}, 0);
+    agent::GradBatch b;
+    b.layers = &id;
+    b.tensors = &g;
+    b.count = 1;
+    s.grads(b);
+    s.end_step({}, 1234);
+    s.close();
+  }
+  rundb::RunDbReader r(dir.file("run.db"));
+  const auto steps = r.steps();
+  REQUIRE(steps.size() == 1);
+  CHECK(steps[0].agent_ns == 1234);
+}
+
 TEST_CASE("the engine is chosen by the tensor's device, and device memory never reaches the CPU engine", "[session]") {
   FakeDeviceRun run(3);
   agent::Session& s = run.session;
