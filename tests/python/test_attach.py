@@ -140,22 +140,14 @@ def test_outputs_off_the_hooks_fast_path_get_the_same_statistics_as_torch_comput
             self.wide(h)
             return self.pair(self.sliced(h))[1].float().sum(1, keepdim=True)
 
+    def watched_model():
+        model = Model()
+        for name in ("sliced", "wide", "pair"):
+            getattr(model, name).register_forward_hook(watch(name))
+        return model
+
     db = tmp_path / "run.db"
-    torch.manual_seed(0)
-    model = Model()
-    for name in ("sliced", "wide", "pair"):
-        getattr(model, name).register_forward_hook(watch(name))
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu")
-    x, y = torch.randn(8, 16), torch.randn(8, 1)
-    with ampdiag.attach(model, scaler, db=db, activation_every=1, replay=False):
-        for _ in range(2):
-            optimizer.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = nn.functional.mse_loss(model(x).float(), y)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+    train(2, lambda m, s, o: ampdiag.attach(m, s, db=db, activation_every=1, replay=False), model_factory=watched_model)
     got = rows(db, "SELECT m.path, a.absmax, a.nan FROM act_stats a JOIN modules m ON m.id = a.module_id "
                    "WHERE m.path != 'lin' ORDER BY a.step, a.fwd_order")
     expected = [(name, *seen[name][step]) for step in range(2) for name in ("wide", "sliced", "pair")]

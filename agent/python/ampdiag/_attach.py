@@ -27,7 +27,7 @@ from ._options import check_options, default_amp_dtype
 from ._replay import FINITE, NONFINITE, Replayer
 from ._updates import UpdateProbe, holds_half_parameters
 from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, directly_readable, engine_place,
-                       fast_place, found_inf, found_inf_tensor, host_scale, host_sum, inf_checked,
+                       fast_place, found_inf, found_inf_tensor, host_sum, inf_checked,
                        readable_view, scale_on_device, sum_on)
 
 _ATTACHED = "_ampdiag_handle"
@@ -255,16 +255,16 @@ class AttachHandle:
                     self._end_step_on_device(scaler._scale, checked, before, found)
                 return
             found = checked and found_inf(scaler)
-            before = host_scale(scaler)
+            before = float(scaler.get_scale())
             original_update(new_scale)
             if self._inert:
                 return
             if not checked:
                 # An update() with no gradients checked since the last one (e.g. holding a
                 # minimum scale after the cycle's update()): the same step, at this scale.
-                self._session.amend_scale_after(host_scale(scaler))
+                self._session.amend_scale_after(float(scaler.get_scale()))
                 return
-            self._end_step(before, host_scale(scaler), found, skipped=found)
+            self._end_step(before, float(scaler.get_scale()), found, skipped=found)
 
         for name, fn in (("_unscale_grads_", _unscale_grads_), ("scale", scale), ("update", update)):
             setattr(scaler, name, functools.wraps(getattr(type(scaler), name))(fn))
@@ -392,7 +392,7 @@ class AttachHandle:
         is a contiguous float32 or bfloat16 host tensor, read and unscaled in place; else None
         (FP16, sparse or device gradients take the general path, which says why)."""
         layers, ptrs, numels, codes = [], [], [], []
-        layer_ids, code_of, strided = self._layer_ids, DTYPE_CODE.get, torch.strided
+        code_of, strided = DTYPE_CODE.get, torch.strided
         for group in optimizer.param_groups:
             for p in group["params"]:
                 g = p.grad
@@ -401,8 +401,7 @@ class AttachHandle:
                 code = code_of(g.dtype)
                 if code is None or code == 1 or not g.is_cpu or g.layout is not strided or not g.is_contiguous():
                     return None
-                layer = layer_ids.get(id(p))
-                layers.append(self._layer_id(p) if layer is None else layer)
+                layers.append(self._layer_id(p))
                 ptrs.append(g.data_ptr())
                 numels.append(g.numel())
                 codes.append(code)

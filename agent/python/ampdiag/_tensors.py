@@ -148,14 +148,6 @@ def scale_on_device(scaler) -> bool:
     return scaler._scale is not None and scaler._scale.is_cuda
 
 
-def host_scale(scaler) -> float:
-    """scaler.get_scale() of a scaler whose scale is on the host, with fewer lookups: it is
-    read twice at every update()."""
-    if not scaler._enabled:
-        return 1.0
-    return float(scaler._init_scale) if scaler._scale is None else scaler._scale.item()
-
-
 # Elementwise modules whose output is no larger than their input (|f(x)| <= |x|) or bounded
 # (tanh, sigmoid, clamps), in the input's dtype: they cannot turn a finite value into NaN/Inf
 # or use up headroom, so they can never be the module a finding names. Not hooked: a small
