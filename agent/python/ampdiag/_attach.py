@@ -27,7 +27,7 @@ from ._options import check_options, default_amp_dtype
 from ._replay import FINITE, NONFINITE, Replayer
 from ._updates import UpdateProbe, holds_half_parameters
 from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, directly_readable, engine_place,
-                       fast_place, found_inf, found_inf_tensor, host_sum, inf_checked,
+                       fast_place, found_inf, found_inf_tensor, host_gradients, host_sum, inf_checked,
                        readable_view, scale_on_device, sum_on)
 
 _ATTACHED = "_ampdiag_handle"
@@ -387,26 +387,6 @@ class AttachHandle:
                 grads.append(grad)
         return layers, grads, sparse
 
-    def _host_gradients(self, optimizer):
-        """(layer ids, pointers, sizes, dtype codes) of the optimizer's gradients when every one
-        is a contiguous float32 or bfloat16 host tensor, read and unscaled in place; else None
-        (FP16, sparse or device gradients take the general path, which says why)."""
-        layers, ptrs, numels, codes = [], [], [], []
-        code_of, strided = DTYPE_CODE.get, torch.strided
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                g = p.grad
-                if g is None:
-                    continue
-                code = code_of(g.dtype)
-                if code is None or code == 1 or not g.is_cpu or g.layout is not strided or not g.is_contiguous():
-                    return None
-                layers.append(self._layer_id(p))
-                ptrs.append(g.data_ptr())
-                numels.append(g.numel())
-                codes.append(code)
-        return layers, ptrs, numels, codes
-
     def _stats(self, layers, grads, inv_scale=None, device_scale=None):
         ptrs, numels, codes, types, indices, streams = [], [], [], [], [], []
         copies = []  # dense copies, alive until the engine has read them
@@ -440,7 +420,7 @@ class AttachHandle:
             self._profile.watch_optimizer(optimizer)
             original = functools.partial(self._profile.unscale, original)
         if self._fused and found_inf.is_cpu and inv_scale.is_cpu:
-            host = self._host_gradients(optimizer)
+            host = host_gradients(optimizer, self._layer_id)
             if host is not None and host[0]:  # the common case: one pass over the gradients
                 layers, ptrs, numels, codes = host
                 places = [0] * len(layers)

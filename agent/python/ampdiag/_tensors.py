@@ -82,6 +82,28 @@ def activation_elsewhere(session, module_id, tensor, micro_batch):
                               *engine_place(view))
 
 
+def host_gradients(optimizer, layer_id):
+    """(layer ids, pointers, sizes, dtype codes) of the optimizer's gradients when every one
+    is a contiguous float32 or bfloat16 host tensor, read and unscaled in place; else None
+    (FP16, sparse or device gradients take the agent's general path, which says why).
+    layer_id(param) names each parameter's layer."""
+    layers, ptrs, numels, codes = [], [], [], []
+    code_of, strided = DTYPE_CODE.get, torch.strided
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            g = p.grad
+            if g is None:
+                continue
+            code = code_of(g.dtype)
+            if code is None or code == 1 or not g.is_cpu or g.layout is not strided or not g.is_contiguous():
+                return None
+            layers.append(layer_id(p))
+            ptrs.append(g.data_ptr())
+            numels.append(g.numel())
+            codes.append(code)
+    return layers, ptrs, numels, codes
+
+
 def directly_readable(t: torch.Tensor) -> bool:
     """Every statistic is independent of element order, so a dense block is read in place."""
     return t.device.type in ENGINE_DEVICES and t.layout == torch.strided and t.dtype in DTYPE_CODE and _dense(t)
