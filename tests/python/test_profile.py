@@ -1,6 +1,7 @@
 """attach(profile=True): where CUPTI cannot run (this machine: no driver) it says so once and
 training is untouched; where it runs, the agent's ranges cover each module's forward and
 backward and the optimizer (checked here through the session's range calls)."""
+import copy
 import sqlite3
 import subprocess
 
@@ -97,3 +98,16 @@ def test_without_profile_no_module_gets_a_pre_hook(tmp_path):
     assert all(m._forward_pre_hooks for m in (model.a, model.b, model.c))
     profiled.close()
     assert all(not m._forward_pre_hooks for m in model.modules())
+
+
+def test_a_deep_copy_of_the_model_opens_no_range(tmp_path):
+    # An EMA or a teacher deep-copied after attach carries the hooks; its forward is not
+    # the watched model's and gets no range under its modules' names.
+    model = Tiny()
+    handle = ampdiag.attach(model, torch.amp.GradScaler("cpu"), db=tmp_path / "run.db", profile=True)
+    handle._session = RecordingSession(handle._session)
+    copy.deepcopy(model)(torch.randn(4, 16))
+    assert handle._session.calls == []
+    model(torch.randn(4, 16))
+    assert [c[0] for c in handle._session.calls].count("begin") == 3
+    handle.close()

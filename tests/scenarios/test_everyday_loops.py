@@ -1,5 +1,6 @@
 """Loops users write every day, healthy: each must exit 0 under --fail-on error, with the
 steps and losses counted as docs/PYTHON.md says."""
+import copy
 import math
 
 import pytest
@@ -250,3 +251,31 @@ def test_a_scale_that_settles_at_4096_and_probes_for_growth_is_not_a_collapse(tm
     found = {f["rule"]: f["severity"] for f in rep["findings"]}
     assert "scale-collapse" not in found and "skip-rate" not in found
     assert found.get("overflow-origin") == "info"  # named, and said to be harmless
+
+
+def test_a_teacher_deep_copied_after_attach_is_not_recorded_as_the_student(tmp_path, verdict):
+    # EMA and mean-teacher loops deep-copy the attached model; the copy carries its forward
+    # hooks. Its forward (here in fp16, overflowing in its first layer) is not the
+    # student's: the student trains healthily, so nothing may be blamed on "0".
+    db = tmp_path / "teacher.db"
+    torch.manual_seed(0)
+    student = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(student.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1000)
+    with ampdiag.attach(student, scaler, db=db):
+        teacher = copy.deepcopy(student)
+        with torch.no_grad():
+            teacher[0].weight.mul_(1e4)
+        for x, y in batches(30):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                with torch.no_grad():
+                    assert not torch.isfinite(teacher(x * 10)).all()
+                loss = nn.functional.mse_loss(student(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
+    assert "forward-nonfinite" not in [rule for rule, _ in rules(rep)]
+    assert rows(db, "SELECT count(*) FROM act_stats WHERE nan > 0 OR inf > 0") == [(0,)]

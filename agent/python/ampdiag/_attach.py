@@ -108,7 +108,7 @@ class AttachHandle:
             watched = [(path, module) for path, module in model.named_modules() if path and not bounded_by_input(module)]
             if activations:
                 for path, module in watched:
-                    self._hooks.append(module.register_forward_hook(self._forward_hook(path), with_kwargs=True))
+                    self._hooks.append(module.register_forward_hook(self._forward_hook(path, module), with_kwargs=True))
             self._profile = ProfileRanges(self, watched) if profile else None
             if self._profile is not None and optimizer is not None:
                 self._profile.watch_optimizer(optimizer)
@@ -518,8 +518,8 @@ class AttachHandle:
     def _module_id(self, path, module, args):
         return self._session.module_id(path, type(module).__name__, _source(module), describe_inputs(args))
 
-    def _forward_hook(self, path):
-        return forward_hook(self, path)
+    def _forward_hook(self, path, module):
+        return forward_hook(self, path, module)
 
     def _on_nonfinite_output(self, path, module, args, kwargs, output):
         # Hooks fire as modules finish: a child before its parent. When the first module

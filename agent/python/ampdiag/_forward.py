@@ -9,7 +9,7 @@ import torch
 from ._tensors import DTYPE_CODE, activation_elsewhere, first_float_tensor
 
 
-def forward_hook(handle, path):
+def forward_hook(handle, path, owner):
     module_id = None  # resolved on the first call, when the module first runs
     # Runs for every watched module on every step, between torch's kernels: in a training
     # loop each object it looks up costs cache misses (~20 µs a hook in all, where a warm
@@ -21,7 +21,9 @@ def forward_hook(handle, path):
 
     def hook(module, args, kwargs, output):
         nonlocal module_id
-        if not handle._live and (handle._standing_aside or not handle._begin_cycle()):
+        # A deep copy of the model (an EMA or a teacher) carries this hook: its forward is
+        # not the watched module's, and recording it would blame the module for the copy.
+        if module is not owner or not handle._live and (handle._standing_aside or not handle._begin_cycle()):
             return None
         t0 = now()
         if handle._backward_seen:  # a forward after a backward: the next micro-batch

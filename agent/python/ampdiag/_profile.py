@@ -35,7 +35,7 @@ class ProfileRanges:
         # and a replay's deep copy of it is another module.
         self._open = {}
         for path, module in modules:
-            handle._hooks.append(module.register_forward_pre_hook(self._pre_hook(path)))
+            handle._hooks.append(module.register_forward_pre_hook(self._pre_hook(path, module)))
             handle._hooks.append(module.register_forward_hook(self._post_hook()))
 
     @property
@@ -45,12 +45,13 @@ class ProfileRanges:
     def _active(self) -> bool:
         return self._session.opened and self._session.profiling and not self._handle._standing_aside
 
-    def _pre_hook(self, path):
+    def _pre_hook(self, path, owner):
         module_id = None
 
         def hook(module, args):
             nonlocal module_id
-            if not self._active() or not self._handle._begin_cycle():
+            # A deep copy of the model (an EMA, a teacher) carries this hook: not the watched module.
+            if module is not owner or not self._active() or not self._handle._begin_cycle():
                 return None
             if module_id is None:
                 module_id = self._handle._module_id(path, module, args)
