@@ -279,3 +279,47 @@ def test_a_teacher_deep_copied_after_attach_is_not_recorded_as_the_student(tmp_p
     assert code == 0, rep["findings"]
     assert "forward-nonfinite" not in [rule for rule, _ in rules(rep)]
     assert rows(db, "SELECT count(*) FROM act_stats WHERE nan > 0 OR inf > 0") == [(0,)]
+
+
+class Checkpointed(nn.Module):
+    """A stem, two residual blocks run through torch.utils.checkpoint, a head."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.reentrant = reentrant
+        self.stem, self.head = nn.Linear(16, 32), nn.Linear(32, 1)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32)) for _ in range(2))
+
+    def forward(self, x, checkpointed=True):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = x + (torch.utils.checkpoint.checkpoint(block, x, use_reentrant=self.reentrant) if checkpointed
+                     else block(x))
+        return self.head(x)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_gradient_checkpointing_recomputes_without_a_second_forward(tmp_path, verdict, reentrant):
+    # Backward runs each checkpointed block's forward again (its hooks fire inside the
+    # backward): the same values, not the next micro-batch. The rows are those of the
+    # same loop without checkpointing.
+    def run(db, checkpointed):
+        torch.manual_seed(0)
+        model = Checkpointed(reentrant)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1000)
+        with ampdiag.attach(model, scaler, db=db):
+            for x, y in batches(12):
+                opt.zero_grad()
+                with torch.autocast("cpu", dtype=torch.float16):
+                    loss = nn.functional.mse_loss(model(x, checkpointed).float(), y)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+        return rows(db, "SELECT step, fwd_order, module_id, micro_batch, absmax FROM act_stats ORDER BY step, fwd_order")
+
+    checkpointed = run(tmp_path / "checkpointed.db", True)
+    assert checkpointed == run(tmp_path / "plain.db", False)
+    assert {micro_batch for *_, micro_batch, _ in checkpointed} == {0}
+    code, rep = verdict(tmp_path / "checkpointed.db")
+    assert code == 0, rep["findings"]

@@ -280,7 +280,8 @@ class AttachHandle:
         self._losses = []         # what scale() received, or backward() was called on (no scaler)
         self._logged_losses = []  # log_loss(): wins over the automatic ones
         self._micro_batch = 0
-        self._backward_seen = False
+        self._backward_seen = False       # a backward started or reached the model since the last forward
+        self._batch_grad_calls = self._grad_calls  # gradients seen when this micro-batch began
         self._first_nonfinite = None
         self._escalating = False
         self._last_output = None          # weakref to the last output given statistics
@@ -343,13 +344,26 @@ class AttachHandle:
         if not self._begin_cycle():
             return
         self._losses.extend(_loss.scalar_losses(outputs))
+        self._watch_backward_start(outputs)
         self._python_ns += time.perf_counter_ns() - t0
+
+    def _watch_backward_start(self, roots):
+        """Flags the moment a backward from these roots starts, before any gradient arrives:
+        a checkpointed block may run its forward again inside it, before any of the
+        model's gradients arrive, and its hooks must know."""
+        for root in _loss.tensors(roots):
+            if root.grad_fn is not None:
+                root.grad_fn.register_prehook(self._backward_started)
+
+    def _backward_started(self, grad_outputs):
+        self._backward_seen = True
 
     def _before_backward(self, roots):
         if self._inert:
             return
         self._roots = _loss.scalar_losses(roots)
         self._grad_calls_before = self._grad_calls
+        self._watch_backward_start(roots)
 
     def _after_backward(self):
         if self._inert:

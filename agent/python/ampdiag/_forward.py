@@ -18,6 +18,7 @@ def forward_hook(handle, path, owner):
     # Measured in docs/PERFORMANCE.md.
     activation, now, tensor_type, code_of, strided, ref = (handle._session.activation, time.perf_counter_ns,
                                                            torch.Tensor, DTYPE_CODE.get, torch.strided, weakref.ref)
+    in_backward = torch._C._current_graph_task_id  # -1 outside autograd's backward
 
     def hook(module, args, kwargs, output):
         nonlocal module_id
@@ -25,10 +26,16 @@ def forward_hook(handle, path, owner):
         # not the watched module's, and recording it would blame the module for the copy.
         if module is not owner or not handle._live and (handle._standing_aside or not handle._begin_cycle()):
             return None
-        t0 = now()
-        if handle._backward_seen:  # a forward after a backward: the next micro-batch
+        if handle._backward_seen:
+            if in_backward() != -1:
+                # A checkpointed block running its forward again for the backward: the
+                # values its first forward had, recorded then.
+                return None
             handle._backward_seen = False
-            handle._micro_batch += 1
+            if handle._grad_calls != handle._batch_grad_calls:  # the backward reached the model
+                handle._batch_grad_calls = handle._grad_calls
+                handle._micro_batch += 1  # a forward after a backward: the next micro-batch
+        t0 = now()
         tensor = output if type(output) is tensor_type else first_float_tensor(output)
         code = None if tensor is None else code_of(tensor.dtype)
         if code is None and (tensor is None or not tensor.is_floating_point()):

@@ -41,10 +41,15 @@ def unwatch(handle) -> None:
         _original = None
 
 
+def tensors(value) -> list:
+    """The tensors in a root or a list of roots."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors(v)]
+    return []
+
+
 def scalar_losses(value) -> list:
     """The scalar floating-point tensors in a root or a list of roots, detached."""
-    if isinstance(value, torch.Tensor):
-        return [value.detach()] if value.numel() == 1 and value.is_floating_point() else []
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in scalar_losses(v)]
-    return []
+    return [t.detach() for t in tensors(value) if t.numel() == 1 and t.is_floating_point()]
