@@ -8,14 +8,15 @@
 
 namespace ampdiag::analyzer::rules {
 
-// Steps skipped at the start while the scaler halves its way down from init_scale.
+// Steps skipped while the scaler halves its way down from init_scale, before it first
+// grows or holds a scale for a few steps in a row (steps that fit may come in between).
 std::int64_t calibration_skips(const Run& run);
 // A skip right after the scale grew: the scaler probing for room, normal behaviour.
 bool is_growth_probe(const Run& run, std::size_t step_index);
 // Skipped steps that are neither calibration nor growth probes.
 std::int64_t harmful_skips(const Run& run);
-// harmful_skips over the steps after calibration (1 when every step was a calibration
-// skip): the one skip rate of the skip-rate rule, overflow_hurts and RunOverview (diff).
+// harmful_skips over the steps that were not calibration skips (1 when every step was
+// one): the one skip rate of the skip-rate rule, overflow_hurts and RunOverview (diff).
 double harmful_skip_rate(const Run& run);
 // Whether the run's overflows hurt it: the scale fell below the floor, or harmful skips
 // exceed the skip-rate threshold.

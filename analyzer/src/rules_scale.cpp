@@ -21,12 +21,43 @@ std::string plural(std::int64_t n, const std::string& noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
-std::int64_t calibration_skips(const Run& run) {
-  std::int64_t n = 0;
-  for (const auto& s : run.steps) {
-    if (!s.row.skipped || s.row.scale_after >= s.row.scale_before) break;
-    ++n;
+namespace {
+
+// A descent that went this many optimizer steps in a row without an overflow has found
+// its level.
+constexpr std::size_t kSettledSteps = 5;
+
+// Where the scaler's descent from init_scale ends: at the first growth, or once the scale
+// held through kSettledSteps steps in a row. Successes between its back-offs do not end
+// it: batches differ, and the next one may not fit the scale the last one did. A descent
+// still under way when the run ends has not found a level: then only the leading skips
+// are calibration.
+std::size_t calibration_end(const Run& run) {
+  std::size_t taken_in_a_row = 0;
+  for (std::size_t i = 0; i < run.steps.size(); ++i) {
+    const auto& row = run.steps[i].row;
+    if (row.scale_after > row.scale_before) return i;
+    taken_in_a_row = row.skipped ? 0 : taken_in_a_row + 1;
+    if (taken_in_a_row == kSettledSteps) return i + 1;
   }
+  std::size_t leading = 0;
+  while (leading < run.steps.size() && run.steps[leading].row.skipped &&
+         run.steps[leading].row.scale_after < run.steps[leading].row.scale_before)
+    ++leading;
+  return leading;
+}
+
+bool is_calibration(const Run& run, std::size_t i, std::size_t end) {
+  const auto& row = run.steps[i].row;
+  return i < end && row.skipped && row.scale_after < row.scale_before;
+}
+
+}  // namespace
+
+std::int64_t calibration_skips(const Run& run) {
+  const std::size_t end = calibration_end(run);
+  std::int64_t n = 0;
+  for (std::size_t i = 0; i < end; ++i) n += is_calibration(run, i, end);
   return n;
 }
 
@@ -35,9 +66,10 @@ bool is_growth_probe(const Run& run, std::size_t i) {
 }
 
 std::int64_t harmful_skips(const Run& run) {
+  const std::size_t end = calibration_end(run);
   std::int64_t n = 0;
-  for (std::size_t i = std::size_t(calibration_skips(run)); i < run.steps.size(); ++i)
-    n += run.steps[i].row.skipped && !is_growth_probe(run, i);
+  for (std::size_t i = 0; i < run.steps.size(); ++i)
+    n += run.steps[i].row.skipped && !is_calibration(run, i, end) && !is_growth_probe(run, i);
   return n;
 }
 
@@ -68,8 +100,10 @@ void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& o
     backoffs += s.row.scale_after < s.row.scale_before;
   }
   std::int64_t harmful_backoffs = 0;  // neither the initial calibration nor answers to growth probes
-  for (std::size_t i = std::size_t(calibration_skips(run)); i < run.steps.size(); ++i)
-    harmful_backoffs += run.steps[i].row.scale_after < run.steps[i].row.scale_before && !is_growth_probe(run, i);
+  const std::size_t end = calibration_end(run);
+  for (std::size_t i = 0; i < run.steps.size(); ++i)
+    harmful_backoffs += run.steps[i].row.scale_after < run.steps[i].row.scale_before && !is_calibration(run, i, end) &&
+                        !is_growth_probe(run, i);
   const double first = run.steps.front().row.scale_before, last = run.steps.back().row.scale_after;
   // Still falling: the scale ends at its lowest after at least `backoff_run` back-offs that
   // were not the initial calibration, and is within 4 bits (16x) of the floor. A scale that
@@ -112,9 +146,11 @@ void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& o
 
 void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   if (!run.has_scaler()) return;
+  const std::size_t end = calibration_end(run);
   const std::int64_t calibration = calibration_skips(run);
   std::int64_t skipped = 0, probes = 0, considered = 0, first = -1;
-  for (std::size_t i = std::size_t(calibration); i < run.steps.size(); ++i) {
+  for (std::size_t i = 0; i < run.steps.size(); ++i) {
+    if (is_calibration(run, i, end)) continue;
     ++considered;
     if (!run.steps[i].row.skipped) continue;
     if (is_growth_probe(run, i)) {
@@ -147,10 +183,10 @@ void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   f.evidence += "; threshold " + fmt(t.skip_rate * 100.0) + "%";
   if (first >= 0) f.steps.push_back(first);
   if (calibration >= 4 && rate <= 0.5) {
-    const double settled = run.steps[std::size_t(calibration - 1)].row.scale_after;
+    const double settled = end < run.steps.size() ? run.steps[end].row.scale_before : run.steps.back().row.scale_after;
     f.suggestions.push_back(suggest::scaler_settings(
         run, settled, std::atoll(run.meta_or("scaler_growth_interval", "2000").c_str()),
-        "Start the scaler where it settled instead of halving down to it for " + std::to_string(calibration) + " steps."));
+        "Start the scaler where it settled instead of halving down to it in " + std::to_string(calibration) + " skipped steps."));
   }
   out.push_back(f);
 }

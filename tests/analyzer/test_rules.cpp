@@ -309,6 +309,53 @@ TEST_CASE("calibration and growth-probe skips are not harmful", "[rules]") {
   CHECK(o->severity == Severity::kInfo);
 }
 
+TEST_CASE("a scale coming down from init_scale between successful steps is calibrating, not skipping", "[rules]") {
+  // What a real scaler does when batches differ: an overflow, a step that fits, another
+  // batch that does not, until it settles (4 skips in 20 steps, 2 after the first success).
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 32768, 1000, {"head.weight"}).step(32768, 16384, 1000, {"head.weight"}).step(16384, 16384);
+  f.step(16384, 8192, 1000, {"head.weight"}).step(8192, 8192).step(8192, 8192);
+  f.step(8192, 4096, 1000, {"head.weight"});
+  for (int i = 0; i < 13; ++i) f.step(4096, 4096);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(r.healthy());
+  CHECK(find(r, "skip-rate") == nullptr);
+  CHECK(r.runs.front().calibration_skips == 4);
+  CHECK(r.runs.front().harmful_skips == 0);
+}
+
+TEST_CASE("skips after the scale settled still count, and the calibration before is named", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 32768, 1000, {"head.weight"}).step(32768, 16384).step(16384, 8192, 1000, {"head.weight"});
+  for (int i = 0; i < 6; ++i) f.step(8192, 8192);  // settled
+  double scale = 8192;
+  for (int i = 0; i < 4; ++i, scale /= 2) {  // then one step in four overflows
+    f.step(scale, scale / 2, 1000, {"head.weight"});
+    for (int k = 0; k < 3; ++k) f.step(scale / 2, scale / 2);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* s = find(r, "skip-rate");
+  REQUIRE(s != nullptr);
+  CHECK_THAT(s->evidence, Catch::Contains("4 of 23 steps skipped (not counting 2 skipped at the start"));
+  CHECK(r.runs.front().calibration_skips == 2);
+}
+
+TEST_CASE("a scale still coming down when the run ends is not excused as calibration", "[rules]") {
+  // Never 5 steps in a row without an overflow, never a growth: it has not settled.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < 6; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"}).step(scale / 2, scale / 2).step(scale / 2, scale / 2);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "skip-rate") != nullptr);
+  CHECK(r.runs.front().calibration_skips == 1);
+}
+
 TEST_CASE("a rank that disagrees with the others is named", "[rules][ranks]") {
   TempDir dir;
   {
