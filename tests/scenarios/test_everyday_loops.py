@@ -323,3 +323,28 @@ def test_gradient_checkpointing_recomputes_without_a_second_forward(tmp_path, ve
     assert {micro_batch for *_, micro_batch, _ in checkpointed} == {0}
     code, rep = verdict(tmp_path / "checkpointed.db")
     assert code == 0, rep["findings"]
+
+
+def test_a_short_run_whose_scale_comes_down_between_steps_that_fit_is_healthy(tmp_path, verdict):
+    # A CI smoke run: 20 steps from torch's default init_scale. The scaler skips, takes a
+    # step at 16384, then meets batches that do not fit and halves twice more: calibration.
+    db = tmp_path / "smoke.db"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    skipped = []
+    with ampdiag.attach(model, scaler, db=db) as handle:
+        for _ in range(20):
+            x = torch.randn(8, 16) * 10
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), torch.zeros(8, 4))
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            skipped.append(handle.last_step_skipped)
+    assert skipped[:5] == [True, True, False, True, True] and not any(skipped[5:])
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
+    assert "skip-rate" not in [rule for rule, _ in rules(rep)]
