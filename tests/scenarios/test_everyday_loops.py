@@ -326,25 +326,27 @@ def test_gradient_checkpointing_recomputes_without_a_second_forward(tmp_path, ve
 
 
 def test_a_short_run_whose_scale_comes_down_between_steps_that_fit_is_healthy(tmp_path, verdict):
-    # A CI smoke run: 20 steps from torch's default init_scale. The scaler skips, takes a
-    # step at 16384, then meets batches that do not fit and halves twice more: calibration.
+    # A CI smoke run: 20 steps from torch's default init_scale, batches of two sizes. The
+    # bias gradient is 32 * c * scale (c: 0.4 for a large batch, 0.05 for a small one), Inf
+    # above 65504: the scaler skips twice, takes the small batch at 16384, halves twice
+    # more on large ones and settles at 4096. Calibration, with a step that fit inside it.
     db = tmp_path / "smoke.db"
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    model = nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     scaler = torch.amp.GradScaler("cpu")
     skipped = []
     with ampdiag.attach(model, scaler, db=db) as handle:
-        for _ in range(20):
-            x = torch.randn(8, 16) * 10
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = nn.functional.mse_loss(model(x).float(), torch.zeros(8, 4))
+        for c in [0.4, 0.4, 0.05, 0.4, 0.4] + [0.05, 0.4] * 7 + [0.05]:
             opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(32, 16) * 0.01).float().sum() * c
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
             skipped.append(handle.last_step_skipped)
     assert skipped[:5] == [True, True, False, True, True] and not any(skipped[5:])
+    assert scaler.get_scale() == 4096.0
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
     assert "skip-rate" not in [rule for rule, _ in rules(rep)]
