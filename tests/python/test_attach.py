@@ -167,6 +167,28 @@ def test_fp16_gradients_are_refused_at_unscale_as_torchs_scaler_refuses_them(tmp
             scaler.step(optimizer)
 
 
+def test_a_data_parallel_replica_is_recorded_as_the_module_it_replicates(tmp_path):
+    # DataParallel runs every forward on replicas carrying the watched modules' hooks
+    # (torch marks them _is_replica). Unlike a deep copy (an EMA), a replica is the module.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    db = tmp_path / "run.db"
+    with ampdiag.attach(model, scaler, db=db):
+        replica = model[0]._replicate_for_data_parallel()  # what replicate() does, on one device
+        for name, param in model[0].named_parameters():
+            setattr(replica, name, param * 1)  # the replica's copy, in the graph back to the parameter
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model[1](replica(torch.randn(4, 8))).float().mean()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    recorded = rows(db, "SELECT m.path FROM act_stats a JOIN modules m ON m.id = a.module_id ORDER BY a.fwd_order")
+    assert [p for (p,) in recorded] == ["0", "1"]
+
+
 def test_an_evaluation_under_inference_mode_runs_while_attached(tmp_path):
     # Inference tensors have no version counter, which the forward hook reads.
     torch.manual_seed(0)

@@ -24,7 +24,9 @@ def forward_hook(handle, path, owner):
         nonlocal module_id
         # A deep copy of the model (an EMA or a teacher) carries this hook: its forward is
         # not the watched module's, and recording it would blame the module for the copy.
-        if module is not owner or not handle._live and (handle._standing_aside or not handle._begin_cycle()):
+        # A DataParallel replica is the watched module, run on another device.
+        if (module is not owner and not getattr(module, "_is_replica", False)
+                or not handle._live and (handle._standing_aside or not handle._begin_cycle())):
             return None
         if handle._backward_seen:
             if in_backward() != -1:

@@ -50,8 +50,10 @@ class ProfileRanges:
 
         def hook(module, args):
             nonlocal module_id
-            # A deep copy of the model (an EMA, a teacher) carries this hook: not the watched module.
-            if module is not owner or not self._active() or not self._handle._begin_cycle():
+            # A deep copy of the model (an EMA, a teacher) carries this hook: not the watched
+            # module. A DataParallel replica is.
+            if (module is not owner and not getattr(module, "_is_replica", False)
+                    or not self._active() or not self._handle._begin_cycle()):
                 return None
             if module_id is None:
                 module_id = self._handle._module_id(path, module, args)
