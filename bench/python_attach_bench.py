@@ -99,6 +99,20 @@ def run_round(make, device, steps, tmp, round_index):
     return {name: loop[-1] for name, loop in loops.items()}
 
 
+def matmul_gflops(dtype, n=256, repeats=5):
+    """This CPU's matrix-multiply rate in a dtype: the budgets assume fp16 about as fast as
+    fp32 (AMX, AVX-512 FP16); where it is emulated, every step is many times longer and
+    the overheads say nothing about them."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best / 1e9
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
@@ -110,7 +124,14 @@ def main():
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here")
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"torch {torch.__version__}, {where}; {args.rounds} rounds of {args.steps} interleaved steps per loop.\n")
+    print(f"torch {torch.__version__}, {where}; {args.rounds} rounds of {args.steps} interleaved steps per loop.")
+    if args.device == "cpu":
+        fp16, fp32 = matmul_gflops(torch.float16), matmul_gflops(torch.float32)
+        print(f"Matrix multiply: fp16 {fp16:.1f} GFLOP/s, fp32 {fp32:.1f} GFLOP/s.")
+        if fp16 < fp32 / 4:
+            print("fp16 is emulated on this CPU: its steps are many times longer than the budgets assume, so these "
+                  "overheads do not measure against them (docs/PERFORMANCE.md).")
+    print()
     with tempfile.TemporaryDirectory() as tmp:
         for title, make in MODELS[args.device].items():
             rounds = [run_round(make, args.device, args.steps, tmp, r) for r in range(args.rounds)]

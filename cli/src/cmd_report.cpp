@@ -29,7 +29,7 @@ options:
   --headroom-bits X       low-headroom within X bits of the largest value (default 1)
   --headroom-fraction X   ...in at least this share of sampled steps (default 0.5)
   --underflow-fraction X  underflow when zeros + fp16 subnormals exceed this share (default 0.5)
-  --skip-rate X           skip-rate above this share of steps after calibration (default 0.10)
+  --skip-rate X           skip-rate above this share of steps that were not calibration (default 0.10)
   --rank-bits X           rank-disagreement beyond X bits of abs-max (default 4)
   --stalled-fraction X    stalled-updates above this share of a layer's updates rounding away (default 0.5)
   --allow-partial         report on a run.db still being written, or whose process died
