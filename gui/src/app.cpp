@@ -34,17 +34,12 @@ void App::show(std::vector<analyzer::Run> runs, const std::vector<std::string>& 
   poll_analysis(true);
   runs_ = std::move(runs);
   paths_ = paths;
-  report_ = analyzer::analyze(runs_);
-  // Read once per load (it reads the histograms again): follow updates keep it.
-  analyzer::add_fp8_overview(report_, runs_);
-  fp8_.clear();
-  for (const auto& run : report_.runs) fp8_.push_back(run.fp8);
-  whatif_ = analyzer::whatif_lines(runs_.front());
-  whatif_open_ = !report_.runs.empty() && report_.runs.front().skipped > 0;
   rank_ = 0;
   selected_step_ = -1;
   ranked_.clear();  // a new run selects its own top layer
-  rerank();
+  use_analysis(analysis(rank_, true));
+  fp8_read_ = std::chrono::steady_clock::now();
+  whatif_open_ = !report_.runs.empty() && report_.runs.front().skipped > 0;
   row_offset_ = 0;
   updates_ = merged_ = whole_loads_ = 0;
   follow_error_.clear();
@@ -63,7 +58,27 @@ void App::poll_analysis(bool wait) {
     follow_error_ = std::string("the rules failed on the updated run: ") + e.what();
     return;
   }
+  use_analysis(std::move(a));
+}
+
+App::Analysis App::analysis(std::size_t rank, bool with_fp8) const {
+  Analysis a;
+  a.report = analyzer::analyze(runs_);
+  a.ranked = analyzer::rank_layers(runs_[rank], a.report);
+  a.rank = rank;
+  a.whatif = analyzer::whatif_lines(runs_.front());
+  if (with_fp8) {
+    analyzer::add_fp8_overview(a.report, runs_);
+    a.fp8.emplace();
+    for (const auto& run : a.report.runs) a.fp8->push_back(run.fp8);
+  }
+  return a;
+}
+
+void App::use_analysis(Analysis a) {
   report_ = std::move(a.report);
+  whatif_ = std::move(a.whatif);
+  if (a.fp8) fp8_ = std::move(*a.fp8);
   if (a.rank == rank_) use_ranking(std::move(a.ranked));
   else rerank();  // the rank shown changed meanwhile
 }
@@ -231,18 +246,15 @@ void App::merge_run(std::size_t index, analyzer::RunDelta delta) {
 
 void App::changed(std::size_t index, double old_first, double old_last, bool in_background) {
   const bool at_end = view_last_ >= old_last - 0.5, whole = at_end && view_first_ <= old_first + 0.5;
-  if (in_background) {
-    analysis_ = std::async(std::launch::async, [this, rank = rank_] {
-      Analysis a;
-      a.report = analyzer::analyze(runs_);
-      a.ranked = analyzer::rank_layers(runs_[rank], a.report);
-      a.rank = rank;
-      return a;
-    });
-  } else {
-    report_ = analyzer::analyze(runs_);
-    rerank();
-  }
+  // The FP8 overview reads every histogram from the files again: not on every update.
+  constexpr auto kFp8Refresh = std::chrono::seconds(30);
+  const auto now = std::chrono::steady_clock::now();
+  const bool with_fp8 = now - fp8_read_ >= kFp8Refresh;
+  if (with_fp8) fp8_read_ = now;
+  if (in_background)
+    analysis_ = std::async(std::launch::async, [this, rank = rank_, with_fp8] { return analysis(rank, with_fp8); });
+  else
+    use_analysis(analysis(rank_, with_fp8));
   ++updates_;
   // Stick to the newest step: a view of the whole run keeps showing all of it; a zoomed
   // view at the end keeps its width and slides along.

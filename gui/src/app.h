@@ -3,7 +3,9 @@
 // same Run model, rules and findings as `ampdiag report`), so the two never disagree.
 #pragma once
 
+#include <chrono>
 #include <future>
+#include <optional>
 #include <memory>
 #include <string>
 
@@ -65,6 +67,7 @@ class App {
   void poll_analysis(bool wait = false);
   int merged_updates() const { return merged_; }  // live reads merged in
   int whole_loads() const { return whole_loads_; }  // live reads that loaded a file whole
+  const std::vector<std::string>& whatif() const { return whatif_; }
   bool following() const { return follow_; }
   void set_following(bool on) { follow_ = on; }
   void set_show_loss(bool on) { show_loss_ = on; }
@@ -98,7 +101,14 @@ class App {
     analyzer::Report report;
     std::vector<analyzer::LayerRowSummary> ranked;
     std::size_t rank = 0;  // the run ranked
+    std::vector<std::string> whatif;
+    std::optional<std::vector<analyzer::Fp8Overview>> fp8;  // read again this time
   };
+  // The rules, ranking and what-if of the runs as they are now; the FP8 overview too when
+  // `with_fp8` (it reads every histogram from the files again).
+  Analysis analysis(std::size_t rank, bool with_fp8) const;
+  // Takes an analysis of the runs shown (the window's thread).
+  void use_analysis(Analysis a);
   std::future<Analysis> analysis_;
   void timeline(float x, float y, float w, float h);
   void heatmap(float x, float y, float w, float h);
@@ -115,8 +125,9 @@ class App {
 
   std::vector<analyzer::Run> runs_;
   analyzer::Report report_;
-  std::vector<analyzer::Fp8Overview> fp8_;  // per run, from the last full load
-  std::vector<std::string> whatif_;         // the first run's what-if in brief, same
+  std::vector<analyzer::Fp8Overview> fp8_;  // per run; while following, read again every kFp8Refresh
+  std::chrono::steady_clock::time_point fp8_read_;
+  std::vector<std::string> whatif_;         // the first run's what-if in brief
   bool whatif_open_ = false;                // open it at first: the run skipped steps
   std::vector<analyzer::LayerRowSummary> ranked_;
   PlotGeometry geometry_, heat_geometry_, detail_geometry_, histogram_geometry_;

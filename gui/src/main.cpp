@@ -297,6 +297,11 @@ int run(const Options& o) {
       for (const auto& path : app.paths()) files += (files.empty() ? "" : " ") + ampdiag::analyzer::printable(path);
       std::printf("files shown: %s\n", files.c_str());
       if (app.following()) std::printf("live updates: merged=%d whole=%d\n", app.merged_updates(), app.whole_loads());
+      long long skipped = 0;
+      for (const auto& s : app.shown_run().steps) skipped += s.row.skipped;
+      std::printf("steps shown: count=%zu skipped=%lld\n", app.shown_run().steps.size(), skipped);
+      if (!app.whatif().empty())
+        std::printf("what-if: %s\n", ampdiag::analyzer::printable(app.whatif().front()).c_str());
       if (!app.open_error().empty()) std::printf("open error: %s\n", ampdiag::analyzer::printable(app.open_error()).c_str());
       std::printf("detail plot: x0=%.1f y0=%.1f x1=%.1f y1=%.1f first_step=%lld last_step=%lld layer=%s\n", d.x0, d.y0, d.x1,
                   d.y1, d.first, d.last, ampdiag::analyzer::printable(app.selected_layer()).c_str());

@@ -76,6 +76,7 @@ def screenshot(tmp_path, db, *args):
     for line in result.stdout.splitlines():
         name, _, fields = line.partition(": ")  # "timeline plot: x0=...", "shown rank: rank=1"
         plots[name.split(" ")[0]] = {k: (float(v) if re.fullmatch(r"[\d.]+", v) else v) for k, v in re.findall(r"(\w+)=(\S+)", fields)}
+        plots[name.split(" ")[0]]["line"] = fields
     return read_png(png), plots
 
 
@@ -172,6 +173,8 @@ def test_follow_shows_steps_written_while_the_window_is_open(tmp_path):
     assert first_view >= 100, plots["timeline"]
     assert plots["live"]["merged"] >= 2 and plots["live"]["whole"] == 0, plots["live"]
     assert len(marker_columns(pixels, plots["timeline"])) > 0
+    # The what-if summary follows too: its count of recorded skips is the run's now.
+    assert plots["what-if"]["line"].endswith(f": {int(plots['steps']['skipped'])} skipped"), (plots["what-if"], plots["steps"])
 
 
 def test_rank_files_are_shown_one_rank_at_a_time(tmp_path):
