@@ -37,8 +37,8 @@ void App::show(std::vector<analyzer::Run> runs, const std::vector<std::string>& 
   rank_ = 0;
   selected_step_ = -1;
   ranked_.clear();  // a new run selects its own top layer
+  summaries_asked_ = std::chrono::steady_clock::now();
   use_analysis(analysis(rank_, true));
-  fp8_read_ = std::chrono::steady_clock::now();
   whatif_open_ = !report_.runs.empty() && report_.runs.front().skipped > 0;
   row_offset_ = 0;
   updates_ = merged_ = whole_loads_ = 0;
@@ -61,24 +61,29 @@ void App::poll_analysis(bool wait) {
   use_analysis(std::move(a));
 }
 
-App::Analysis App::analysis(std::size_t rank, bool with_fp8) const {
+App::Analysis App::analysis(std::size_t rank, bool with_summaries) const {
   Analysis a;
   a.report = analyzer::analyze(runs_);
   a.ranked = analyzer::rank_layers(runs_[rank], a.report);
   a.rank = rank;
-  a.whatif = analyzer::whatif_lines(runs_.front());
-  if (with_fp8) {
+  if (with_summaries) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto& s = a.summaries.emplace();
+    s.whatif = analyzer::whatif_lines(runs_.front());
     analyzer::add_fp8_overview(a.report, runs_);
-    a.fp8.emplace();
-    for (const auto& run : a.report.runs) a.fp8->push_back(run.fp8);
+    for (const auto& run : a.report.runs) s.fp8.push_back(run.fp8);
+    s.cost = std::chrono::steady_clock::now() - t0;
   }
   return a;
 }
 
 void App::use_analysis(Analysis a) {
   report_ = std::move(a.report);
-  whatif_ = std::move(a.whatif);
-  if (a.fp8) fp8_ = std::move(*a.fp8);
+  if (a.summaries) {
+    whatif_ = std::move(a.summaries->whatif);
+    fp8_ = std::move(a.summaries->fp8);
+    summaries_cost_ = a.summaries->cost;
+  }
   if (a.rank == rank_) use_ranking(std::move(a.ranked));
   else rerank();  // the rank shown changed meanwhile
 }
@@ -246,15 +251,14 @@ void App::merge_run(std::size_t index, analyzer::RunDelta delta) {
 
 void App::changed(std::size_t index, double old_first, double old_last, bool in_background) {
   const bool at_end = view_last_ >= old_last - 0.5, whole = at_end && view_first_ <= old_first + 0.5;
-  // The FP8 overview reads every histogram from the files again: not on every update.
-  constexpr auto kFp8Refresh = std::chrono::seconds(30);
   const auto now = std::chrono::steady_clock::now();
-  const bool with_fp8 = now - fp8_read_ >= kFp8Refresh;
-  if (with_fp8) fp8_read_ = now;
+  const bool with_summaries = now - summaries_asked_ >= 10 * summaries_cost_;
+  if (with_summaries) summaries_asked_ = now;
   if (in_background)
-    analysis_ = std::async(std::launch::async, [this, rank = rank_, with_fp8] { return analysis(rank, with_fp8); });
+    analysis_ = std::async(std::launch::async,
+                           [this, rank = rank_, with_summaries] { return analysis(rank, with_summaries); });
   else
-    use_analysis(analysis(rank_, with_fp8));
+    use_analysis(analysis(rank_, with_summaries));
   ++updates_;
   // Stick to the newest step: a view of the whole run keeps showing all of it; a zoomed
   // view at the end keeps its width and slides along.

@@ -101,12 +101,18 @@ class App {
     analyzer::Report report;
     std::vector<analyzer::LayerRowSummary> ranked;
     std::size_t rank = 0;  // the run ranked
-    std::vector<std::string> whatif;
-    std::optional<std::vector<analyzer::Fp8Overview>> fp8;  // read again this time
+    // The summaries that cost more than the rules (the what-if replays the scaler over a
+    // grid of settings; the FP8 overview reads every histogram from the files again),
+    // when computed this time, and what they cost.
+    struct Summaries {
+      std::vector<std::string> whatif;
+      std::vector<analyzer::Fp8Overview> fp8;
+      std::chrono::steady_clock::duration cost{};
+    };
+    std::optional<Summaries> summaries;
   };
-  // The rules, ranking and what-if of the runs as they are now; the FP8 overview too when
-  // `with_fp8` (it reads every histogram from the files again).
-  Analysis analysis(std::size_t rank, bool with_fp8) const;
+  // The rules and ranking of the runs as they are now; the summaries too when asked.
+  Analysis analysis(std::size_t rank, bool with_summaries) const;
   // Takes an analysis of the runs shown (the window's thread).
   void use_analysis(Analysis a);
   std::future<Analysis> analysis_;
@@ -125,9 +131,12 @@ class App {
 
   std::vector<analyzer::Run> runs_;
   analyzer::Report report_;
-  std::vector<analyzer::Fp8Overview> fp8_;  // per run; while following, read again every kFp8Refresh
-  std::chrono::steady_clock::time_point fp8_read_;
+  std::vector<analyzer::Fp8Overview> fp8_;  // per run
   std::vector<std::string> whatif_;         // the first run's what-if in brief
+  // When the summaries were last asked for, and what they cost then: while following, they
+  // are computed again once ten times that has passed (a tenth of the time at most).
+  std::chrono::steady_clock::time_point summaries_asked_;
+  std::chrono::steady_clock::duration summaries_cost_{};
   bool whatif_open_ = false;                // open it at first: the run skipped steps
   std::vector<analyzer::LayerRowSummary> ranked_;
   PlotGeometry geometry_, heat_geometry_, detail_geometry_, histogram_geometry_;
