@@ -350,3 +350,24 @@ def test_a_short_run_whose_scale_comes_down_between_steps_that_fit_is_healthy(tm
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
     assert "skip-rate" not in [rule for rule, _ in rules(rep)]
+
+
+def test_bf16_with_reentrant_checkpointing_records_the_loss_not_the_blocks_inner_backward(tmp_path):
+    # A reentrant checkpoint calls torch.autograd.backward() again inside the backward, on
+    # the block's recomputed outputs: that is not a root the user backpropagated.
+    db = tmp_path / "bf16.db"
+    torch.manual_seed(0)
+    model = Checkpointed(reentrant=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen = []
+    with ampdiag.attach(model, optimizer=opt, db=db):
+        for x, y in batches(4):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            loss.backward()
+            opt.step()
+            seen.append(loss.item())
+    recorded = rows(db, "SELECT loss, losses FROM steps ORDER BY step")
+    assert [n for _, n in recorded] == [1] * 4
+    assert [loss for loss, _ in recorded] == pytest.approx(seen)

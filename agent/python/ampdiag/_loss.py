@@ -1,7 +1,7 @@
 """The loss of a run without a GradScaler: the roots that `backward()` is called on.
 
 torch.Tensor.backward() calls torch.autograd.backward() by name, so one wrapper installed
-while any handle needs it sees every root. A root counts for a handle only if that
+while any handle needs it sees every root (of a backward started outside any other). A root counts for a handle only if that
 backward reached the handle's model (one of its gradient hooks fired), so a second model
 or an unrelated backward is not mistaken for the training loss.
 """
@@ -14,6 +14,10 @@ _original = None
 
 
 def _backward(tensors, *args, **kwargs):
+    if torch._C._current_graph_task_id() != -1:
+        # Called inside a backward (a reentrant checkpoint recomputing its block): part of
+        # the backward under way, whose roots are the loss.
+        return _original(tensors, *args, **kwargs)
     watchers = list(_watchers)
     for w in watchers:
         w._before_backward(tensors)
