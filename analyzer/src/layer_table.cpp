@@ -49,6 +49,7 @@ std::vector<LayerRowSummary> rank_layers(const Run& run, const Report& report) {
       r.median_headroom = headroom_bits(*mid, run.fp_max);
       r.least_headroom = nonfinite ? -INFINITY : headroom_bits(*std::max_element(absmax.begin(), absmax.end()), run.fp_max);
     }
+    if (l.update_nonzero > 0) r.stalled_updates = double(l.update_stalled) / double(l.update_nonzero);
     for (std::size_t i = 0; i < report.findings.size() && r.finding_rank < 0; ++i)
       if (report.findings[i].severity != Severity::kInfo && names(report.findings[i], l.info)) r.finding_rank = int(i);
     rows.push_back(r);

@@ -22,12 +22,13 @@ constexpr const char* kLayersHelp = R"(usage: ampdiag layers RUN.db [options]
 
 One row per parameter: samples, steps with NaN/Inf, times it went non-finite first in
 backward, least and median headroom (bits below the largest fp value), mean share of
-zeros and fp16 subnormals.
+zeros and fp16 subnormals; for a run with half-precision parameters, also the share of
+their measured updates that rounded away (stalled_updates_pct).
 
 options:
   --sort KEY       rank (default: the report's ranking, culprits first), headroom (least
                    first; non-finite counts as least), first, nonfinite, zeros, subnormal,
-                   numel, name, id
+                   stalled, numel, name, id
   --top N          only the first N rows
   --format F       text (default), csv or json; --csv is --format csv
   -o, --output F   write there instead of stdout
@@ -65,7 +66,8 @@ int cmd_layers(int argc, char** argv) {
   }
   if (args.positionals().size() != 1) throw UsageError("give exactly one run.db (see --help)");
   const std::string sort =
-      args.choice("--sort", "rank", {"rank", "headroom", "first", "nonfinite", "zeros", "subnormal", "numel", "name", "id"});
+      args.choice("--sort", "rank",
+                  {"rank", "headroom", "first", "nonfinite", "zeros", "subnormal", "stalled", "numel", "name", "id"});
   const long long top = args.integer("--top", 0, 0, 1LL << 40);
   const std::string format = table_format(args);
   const auto runs = load_runs(args.positionals(), args.flag("--allow-partial"), 0);
@@ -78,6 +80,8 @@ int cmd_layers(int argc, char** argv) {
       {"nonfinite", [](auto& a, auto& b) { return a.layer->nonfinite_steps > b.layer->nonfinite_steps; }},
       {"zeros", [](auto& a, auto& b) { return a.zeros > b.zeros; }},
       {"subnormal", [](auto& a, auto& b) { return a.subnormal > b.subnormal; }},
+      // Unmeasured (NaN) last.
+      {"stalled", [](auto& a, auto& b) { return !std::isnan(a.stalled_updates) && !(a.stalled_updates <= b.stalled_updates); }},
       {"numel", [](auto& a, auto& b) { return a.layer->info.numel > b.layer->info.numel; }},
       {"name", [](auto& a, auto& b) { return a.layer->info.name < b.layer->info.name; }},
       {"id", [](auto& a, auto& b) { return a.layer->info.id < b.layer->info.id; }},
@@ -87,11 +91,16 @@ int cmd_layers(int argc, char** argv) {
   std::vector<std::vector<std::string>> table = {{"id", "layer", "module", "numel", "samples", "nonfinite_steps",
                                                   "first_in_backward", "least_headroom_bits", "median_headroom_bits",
                                                   "zeros_pct", "subnormal_pct"}};
-  for (const auto& r : rows)
+  // Only runs that measured updates (half-precision parameters) have the column.
+  const bool updates = std::any_of(run.layers.begin(), run.layers.end(), [](const auto& l) { return l.update_nonzero > 0; });
+  if (updates) table.front().push_back("stalled_updates_pct");
+  for (const auto& r : rows) {
     table.push_back({std::to_string(r.layer->info.id), r.layer->info.name, r.layer->info.module_path,
                      std::to_string(r.layer->info.numel), std::to_string(r.samples),
                      std::to_string(r.layer->nonfinite_steps), std::to_string(r.layer->first_nonfinite),
                      num(r.least_headroom), num(r.median_headroom), num(r.zeros * 100, "%.1f"), num(r.subnormal * 100, "%.1f")});
+    if (updates) table.back().push_back(num(r.stalled_updates * 100, "%.1f"));
+  }
   write_output(output_path(args), render_table(table, format));
   return 0;
 }

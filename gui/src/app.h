@@ -68,6 +68,9 @@ class App {
   int merged_updates() const { return merged_; }  // live reads merged in
   int whole_loads() const { return whole_loads_; }  // live reads that loaded a file whole
   const std::vector<std::string>& whatif() const { return whatif_; }
+  // The Layers panel's columns: the share of updates that rounded away only for a run
+  // that measured them (half-precision parameters).
+  std::vector<const char*> layer_columns() const;
   bool following() const { return follow_; }
   void set_following(bool on) { follow_ = on; }
   void set_show_loss(bool on) { show_loss_ = on; }

@@ -300,6 +300,9 @@ int run(const Options& o) {
       long long skipped = 0;
       for (const auto& s : app.shown_run().steps) skipped += s.row.skipped;
       std::printf("steps shown: count=%zu skipped=%lld\n", app.shown_run().steps.size(), skipped);
+      std::string columns;
+      for (const char* name : app.layer_columns()) columns += std::string(columns.empty() ? "" : "|") + name;
+      std::printf("layers columns: %s\n", columns.c_str());
       if (!app.whatif().empty())
         std::printf("what-if: %s\n", ampdiag::analyzer::printable(app.whatif().front()).c_str());
       if (!app.open_error().empty()) std::printf("open error: %s\n", ampdiag::analyzer::printable(app.open_error()).c_str());

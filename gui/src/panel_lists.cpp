@@ -71,12 +71,19 @@ void App::findings(float x, float y, float w, float h) {
   ImGui::End();
 }
 
+std::vector<const char*> App::layer_columns() const {
+  std::vector<const char*> names = {"layer", "non-finite steps", "least headroom (bits)"};
+  if (std::any_of(ranked_.begin(), ranked_.end(), [](const auto& r) { return !std::isnan(r.stalled_updates); }))
+    names.push_back("updates rounded away");
+  return names;
+}
+
 void App::layers(float x, float y, float w, float h) {
   place("Layers (culprits first)", x, y, w, h);
-  if (ImGui::BeginTable("layers", 3, ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY | ImGuiTableFlags_Resizable)) {
-    ImGui::TableSetupColumn("layer");
-    ImGui::TableSetupColumn("non-finite steps");
-    ImGui::TableSetupColumn("least headroom (bits)");
+  const auto columns = layer_columns();
+  const bool updates = columns.size() == 4;
+  if (ImGui::BeginTable("layers", int(columns.size()), ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY | ImGuiTableFlags_Resizable)) {
+    for (const char* name : columns) ImGui::TableSetupColumn(name);
     ImGui::TableHeadersRow();
     ImGuiListClipper clipper;
     clipper.Begin(int(ranked_.size()));
@@ -92,6 +99,10 @@ void App::layers(float x, float y, float w, float h) {
         ImGui::TableNextColumn();
         if (std::isfinite(r.least_headroom)) ImGui::Text("%.1f", r.least_headroom);
         else ImGui::TextUnformatted(r.least_headroom < 0 ? "non-finite" : "-");
+        if (!updates) continue;
+        ImGui::TableNextColumn();
+        if (std::isnan(r.stalled_updates)) ImGui::TextUnformatted("-");
+        else ImGui::Text("%.1f %%", r.stalled_updates * 100);
       }
     ImGui::EndTable();
   }

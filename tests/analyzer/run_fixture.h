@@ -14,7 +14,9 @@ namespace ampdiag::test {
 
 class RunFixture {
  public:
-  RunFixture(const std::string& path, std::vector<std::string> layers, std::int64_t rank = 0, std::int64_t world = 1)
+  // `dtype`: the parameters' (torch's name: "float16" for a model stored in half precision).
+  RunFixture(const std::string& path, std::vector<std::string> layers, std::int64_t rank = 0, std::int64_t world = 1,
+             const std::string& dtype = "Float")
       : writer_(path, true), layers_(std::move(layers)) {
     writer_.set_meta("amp_dtype", "float16");
     writer_.set_meta("device", "cpu");
@@ -24,7 +26,7 @@ class RunFixture {
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const auto dot = layers_[i].rfind('.');
       writer_.add_layer({std::int64_t(i), layers_[i], dot == std::string::npos ? "" : layers_[i].substr(0, dot), "Linear",
-                         "Float", "[64, 64]", 4096, true, ""});
+                         dtype, "[64, 64]", 4096, true, ""});
     }
   }
 
@@ -87,6 +89,14 @@ class RunFixture {
 
   RunFixture& meta(const std::string& key, const std::string& value) {
     writer_.set_meta(key, value);
+    return *this;
+  }
+
+  // One layer's measured optimizer update on the step being built (half-precision
+  // parameters): of `nonzero` elements with a gradient, `stalled` kept their value.
+  RunFixture& weight_update(const std::string& layer, std::int64_t nonzero, std::int64_t stalled) {
+    for (std::size_t i = 0; i < layers_.size(); ++i)
+      if (layers_[i] == layer) writer_.add_weight_update({step_, std::int64_t(i), nonzero, stalled});
     return *this;
   }
 

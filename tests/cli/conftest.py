@@ -32,12 +32,13 @@ def samples_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def test_runs(tmp_path_factory) -> dict:
-    """{"overflow": path, "healthy": path}: synthetic runs (see tests/fixtures): the first
-    has block1.0.attn overflowing until the scale collapses, the second is healthy."""
+    """{"overflow": path, "healthy": path, "half": path}: synthetic runs (see tests/fixtures):
+    the first has block1.0.attn overflowing until the scale collapses, the second is
+    healthy, the third has fp16 parameters whose head.weight updates mostly round away."""
     make = _binary("AMPDIAG_TEST_RUN")
     out = tmp_path_factory.mktemp("test_runs")
     runs = {}
-    for kind in ("overflow", "healthy"):
+    for kind in ("overflow", "healthy", "half"):
         runs[kind] = out / f"{kind}.db"
         subprocess.run([str(make), kind, str(runs[kind])], check=True, capture_output=True, timeout=60)
     return runs

@@ -23,6 +23,14 @@ def test_layers_rank_the_culprit_first(run, test_runs):
     assert len(rows) == 8 and rows[0]["layer"] == "block1.0.attn.qkv.bias"
 
 
+def test_layers_show_the_share_of_updates_that_rounded_away_only_where_it_was_measured(run, test_runs):
+    rows = list(csv.DictReader(io.StringIO(run("layers", test_runs["half"], "--format", "csv", "--sort", "stalled").stdout)))
+    assert (rows[0]["layer"], rows[0]["stalled_updates_pct"]) == ("head.weight", "80.0")
+    assert {r["stalled_updates_pct"] for r in rows[1:]} == {"5.0"}
+    fp32 = run("layers", test_runs["healthy"], "--format", "csv").stdout
+    assert "stalled_updates_pct" not in fp32.splitlines()[0]
+
+
 def test_timeline_has_every_step_and_its_cause(run, test_runs):
     rows = list(csv.DictReader(io.StringIO(run("timeline", test_runs["overflow"], "--format", "csv").stdout)))
     assert len(rows) == 60

@@ -177,6 +177,16 @@ def test_follow_shows_steps_written_while_the_window_is_open(tmp_path):
     assert plots["what-if"]["line"].endswith(f": {int(plots['steps']['skipped'])} skipped"), (plots["what-if"], plots["steps"])
 
 
+def test_the_layers_panel_shows_updates_rounded_away_only_for_half_precision_parameters(tmp_path, dbs):
+    half = tmp_path / "half.db"
+    subprocess.run([binary("AMPDIAG_TEST_RUN"), "half", half], check=True, timeout=60)
+    _, plots = screenshot(tmp_path, half)
+    assert plots["layers"]["line"].split("|")[-1] == "updates rounded away"
+    assert plots["heatmap"]["top_row"] == "head.weight"  # the stalled-updates finding names it first
+    _, plots = screenshot(tmp_path, dbs["healthy"])
+    assert "updates rounded away" not in plots["layers"]["line"]
+
+
 def test_rank_files_are_shown_one_rank_at_a_time(tmp_path):
     make = binary("AMPDIAG_TEST_RUN")
     r0, r1 = tmp_path / "run.rank0.db", tmp_path / "run.rank1.db"

@@ -2,6 +2,7 @@
 // and the one ranking of layers: the culprits the findings name first.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -17,6 +18,9 @@ struct LayerRowSummary {
   double median_headroom = 0.0;  // over finite non-zero samples; +inf when none
   double zeros = 0.0, subnormal = 0.0;  // mean shares over finite samples
   int finding_rank = -1;         // position of the first finding that names it; -1: none
+  // Share of its measured optimizer updates that rounded away (half-precision parameters,
+  // the stalled-updates rule's measure); NaN when none was measured.
+  double stalled_updates = NAN;
 };
 
 // One row per layer, in the analyzer's ranking: layers named by findings (in the findings'
