@@ -36,12 +36,21 @@ void App::timeline(float x, float y, float w, float h) {
     ImGui::Checkbox("All ranks' scales", &overlay_ranks_);
     ImGui::SameLine();
   }
-  ImGui::Text("%s: %lld steps, %lld skipped, scale %g -> %g (lowest %g)%s", analyzer::printable(run.path).c_str(),
-              (long long)o.steps, (long long)o.skipped, o.first_scale, o.last_scale, o.min_scale,
-              o.finished ? "" : ", still being written or stopped");
+  // Without a scaler (bf16, or half-precision parameters) the recorded scale is a constant
+  // 1: no floor to fall below, and the loss is what there is to see.
+  const bool scaler = run.has_scaler();
+  if (scaler)
+    ImGui::Text("%s: %lld steps, %lld skipped, scale %g -> %g (lowest %g)%s", analyzer::printable(run.path).c_str(),
+                (long long)o.steps, (long long)o.skipped, o.first_scale, o.last_scale, o.min_scale,
+                o.finished ? "" : ", still being written or stopped");
+  else
+    ImGui::Text("%s: %lld steps, no loss scaler: the loss by step%s", analyzer::printable(run.path).c_str(),
+                (long long)o.steps, o.finished ? "" : ", still being written or stopped");
   ImGui::SameLine();
-  ImGui::Checkbox("Loss", &show_loss_);
-  ImGui::SameLine();
+  if (scaler) {  // else it is always drawn
+    ImGui::Checkbox("Loss", &show_loss_);
+    ImGui::SameLine();
+  }
   ImGui::Checkbox("Follow", &follow_);
   if (follow_) {
     ImGui::SameLine();
@@ -60,7 +69,7 @@ void App::timeline(float x, float y, float w, float h) {
   geometry_ = {p0.x, p0.y, p1.x, p1.y, (long long)first, (long long)last};
 
   // y: log2 of the scale, from the lowest to the highest seen (and the floor).
-  double lo = std::log2(kScaleFloor), hi = lo;
+  double lo = scaler ? std::log2(kScaleFloor) : 0.0, hi = lo;
   for (std::size_t i = 0; i < runs_.size(); ++i) {
     if (i != rank_ && !overlay_ranks_) continue;
     for (const auto& s : runs_[i].steps) {
@@ -70,11 +79,11 @@ void App::timeline(float x, float y, float w, float h) {
   }
   lo = std::floor(lo) - 1, hi = std::ceil(hi) + 1;
   const auto Y = [&](double v) { return float(p1.y - (v - lo) / (hi - lo) * (p1.y - p0.y)); };
-  for (int k = int(lo); k <= int(hi); ++k) {
+  for (int k = int(lo); scaler && k <= int(hi); ++k) {
     if ((int(hi - lo) > 16) && k % 2) continue;
     log2_gridline(draw, p0.x, p1.x, Y(k), k);
   }
-  draw->AddLine(ImVec2(p0.x, Y(std::log2(kScaleFloor))), ImVec2(p1.x, Y(std::log2(kScaleFloor))), kFloor, 1.5f);
+  if (scaler) draw->AddLine(ImVec2(p0.x, Y(std::log2(kScaleFloor))), ImVec2(p1.x, Y(std::log2(kScaleFloor))), kFloor, 1.5f);
 
   const int width = std::max(1, int(p1.x - p0.x));
   // Other ranks first, dimmer (orange when a finding says they disagree), the shown rank on top.
@@ -86,7 +95,7 @@ void App::timeline(float x, float y, float w, float h) {
       draw_scale_steps(draw, timeline_columns(runs_[i], first, last, width), p0.x, Y, colour);
     }
   const auto columns = timeline_columns(run, first, last, width);
-  draw_scale_steps(draw, columns, p0.x, Y, kScaleLine);
+  if (scaler) draw_scale_steps(draw, columns, p0.x, Y, kScaleLine);
   for (int c = 0; c < width; ++c) {
     const float cx = p0.x + float(c) + 0.5f;
     if (columns[std::size_t(c)].skipped)
@@ -109,7 +118,7 @@ void App::timeline(float x, float y, float w, float h) {
   }
 
   // The loss on its own axis (right), NaN/Inf losses as magenta marks along the top.
-  if (show_loss_) {
+  if (show_loss_ || !scaler) {
     double loss_lo = INFINITY, loss_hi = -INFINITY;
     for (const auto& s : run.steps)
       if (s.row.step >= first && s.row.step <= last && std::isfinite(s.row.loss))

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 SKIPPED_MARKER = (235, 50, 50)  # gui/src/app.cpp: kSkipped
+SCALE_LINE, FLOOR = (90, 170, 255), (200, 160, 60)  # gui/src/style.h
 NONFINITE = (230, 0, 230)  # gui/src/app.cpp: kNonfinite
 
 
@@ -185,6 +186,23 @@ def test_the_layers_panel_shows_updates_rounded_away_only_for_half_precision_par
     assert plots["heatmap"]["top_row"] == "head.weight"  # the stalled-updates finding names it first
     _, plots = screenshot(tmp_path, dbs["healthy"])
     assert "updates rounded away" not in plots["layers"]["line"]
+
+
+def colour_in(pixels, geometry, colour):
+    plot = pixels[int(geometry["y0"]) : int(geometry["y1"]), int(geometry["x0"]) : int(geometry["x1"])]
+    return bool(np.all(np.abs(plot - np.array(colour)) <= 8, axis=2).any())
+
+
+def test_a_run_without_a_scaler_shows_its_loss_not_a_constant_scale_under_the_floor(tmp_path, dbs):
+    half = tmp_path / "half.db"
+    subprocess.run([binary("AMPDIAG_TEST_RUN"), "half", half], check=True, timeout=60)
+    pixels, plots = screenshot(tmp_path, half)
+    timeline = plots["timeline"]
+    plot = pixels[int(timeline["y0"]) : int(timeline["y1"]), int(timeline["x0"]) : int(timeline["x1"])]
+    assert ((plot[:, :, 1] - plot[:, :, 0] > 60) & (plot[:, :, 1] - plot[:, :, 2] > 40)).any()  # the loss: green
+    assert not colour_in(pixels, timeline, SCALE_LINE) and not colour_in(pixels, timeline, FLOOR)
+    pixels, plots = screenshot(tmp_path, dbs["healthy"])  # with a scaler: the scale and its floor
+    assert colour_in(pixels, plots["timeline"], SCALE_LINE) and colour_in(pixels, plots["timeline"], FLOOR)
 
 
 def test_rank_files_are_shown_one_rank_at_a_time(tmp_path):
