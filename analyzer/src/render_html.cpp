@@ -219,11 +219,14 @@ std::string layer_table(const Report& report, const Run& run) {
   std::map<std::int64_t, double> scale;
   for (const auto& s : run.steps) scale[s.row.step] = s.row.scale_before;
   const bool fp16 = run.fp16();
+  // Only runs that measured their half-precision parameters' updates have the last column.
+  const bool updates = std::any_of(run.layers.begin(), run.layers.end(), [](const auto& l) { return l.update_nonzero > 0; });
   std::string o =
       "<table><tr><th>layer</th><th>NaN/Inf steps</th><th>first in backward</th><th>least headroom</th>"
       "<th>median headroom</th><th>zeros</th>" +
       std::string(fp16 ? "<th>fp16 subnormal</th>" : "") +
-      "<th title=\"before unscale\">smallest non-zero |g|</th><th title=\"after unscale\">largest L2</th></tr>\n";
+      "<th title=\"before unscale\">smallest non-zero |g|</th><th title=\"after unscale\">largest L2</th>" +
+      std::string(updates ? "<th title=\"of its measured updates\">updates rounded away</th>" : "") + "</tr>\n";
   for (const auto& row : top_layers(report, run, kTableLayers)) {
     const LayerSummary& l = *row.layer;
     double l2 = 0;
@@ -244,7 +247,10 @@ std::string layer_table(const Report& report, const Run& run) {
     o += "<tr><td><code>" + escape_markup(l.info.name) + "</code></td><td>" + std::to_string(l.nonfinite_steps) + "</td><td>" +
          std::to_string(l.first_nonfinite) + "</td><td>" + bits(row.least_headroom) + "</td><td>" + bits(row.median_headroom) +
          "</td><td>" + fmt("%.1f%%", row.zeros * 100) + "</td>" + (fp16 ? "<td>" + fmt("%.1f%%", row.subnormal * 100) + "</td>" : "") +
-         "<td>" + least + "</td><td>" + (l2 > 0 ? fmt("%.3g", l2) : "-") + "</td></tr>\n";
+         "<td>" + least + "</td><td>" + (l2 > 0 ? fmt("%.3g", l2) : "-") + "</td>" +
+         (updates ? "<td>" + (std::isnan(row.stalled_updates) ? std::string("-") : fmt("%.1f%%", row.stalled_updates * 100)) + "</td>"
+                  : std::string()) +
+         "</tr>\n";
   }
   return o + "</table>\n";
 }
@@ -315,7 +321,10 @@ table{border-collapse:collapse;font-size:13px} td,th{border-bottom:1px solid #ee
   o += "<table><tr><th>run</th><th>steps</th><th>skipped</th><th>loss scale</th><th>dtype</th><th>state</th></tr>\n";
   for (const auto& x : r.runs) {
     char scale[96];
-    std::snprintf(scale, sizeof scale, "%g &rarr; %g (lowest %g)", x.first_scale, x.last_scale, x.min_scale);
+    if (x.has_scaler)
+      std::snprintf(scale, sizeof scale, "%g &rarr; %g (lowest %g)", x.first_scale, x.last_scale, x.min_scale);
+    else
+      std::snprintf(scale, sizeof scale, "no loss scaler");
     o += "<tr><td>" + escape_markup(x.path) + "</td><td>" + std::to_string(x.steps) + "</td><td>" + std::to_string(x.skipped) +
          "</td><td>" + scale + "</td><td>" + escape_markup(x.amp_dtype) + " on " + escape_markup(x.device) + "</td><td>" +
          (x.finished ? "finished" : "partial") +

@@ -143,6 +143,14 @@ def test_layer_table_shows_the_smallest_nonzero_gradient_and_the_largest_norm(ru
     assert "Gradient L2 norm of the top layers" in html
 
 
+def test_a_run_of_half_precision_parameters_shows_its_updates_rounded_away_and_no_scale(run, test_runs, tmp_path):
+    html = html_report(run, [test_runs["half"]], tmp_path / "report.html")
+    assert "<td>no loss scaler</td>" in html
+    assert "updates rounded away</th></tr>" in html
+    assert re.search(r"<code>head\.weight</code>.*?<td>80\.0%</td></tr>", html)
+    assert "updates rounded away" not in html_report(run, [test_runs["healthy"]], tmp_path / "healthy.html")
+
+
 def test_exponent_histograms_are_plotted_against_fp16s_range_when_recorded(run, samples_dir, tmp_path):
     db = tmp_path / "vit-histogram.db"
     subprocess.run([str(samples_dir / "ampdiag_vit_overflow"), "--db", str(db), "--histogram", "--steps", "20"],
