@@ -196,8 +196,8 @@ void Session::event_once(const std::string& key, const std::string& kind, const 
 
 void Session::replay(const std::string& module, const std::string& outcome, double fp32_absmax,
                      const std::string& reason) {
-  if (outcome != "finite" && outcome != "nonfinite" && outcome != "unconfirmed")
-    throw std::invalid_argument("replay outcome must be finite, nonfinite or unconfirmed, not '" + outcome + "'");
+  if (outcome != "finite" && outcome != "nonfinite" && outcome != "intrinsic" && outcome != "unconfirmed")
+    throw std::invalid_argument("replay outcome must be finite, nonfinite, intrinsic or unconfirmed, not '" + outcome + "'");
   if (recorder_) recorder_->writer().post_replay({step(), module, outcome, fp32_absmax, reason});
 }
 

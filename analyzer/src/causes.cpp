@@ -40,6 +40,14 @@ ForwardCause forward_cause(const Run& run, const std::string& first_seen) {
       c.fp32_absmax = r->fp32_absmax;
       return c;
     }
+    if (r->outcome == "intrinsic") {
+      c.module = path;
+      c.confirmation = "unconfirmed";
+      c.intrinsic = true;
+      c.own_code = path != first_seen;
+      c.reason = path + " makes NaN/Inf from finite inputs in FP32 too, so fp16's range is not the cause";
+      return c;
+    }
     if (r->outcome != "nonfinite") {  // unconfirmed: evidence of nothing, never escalated past
       c.module = path;
       c.confirmation = "unconfirmed";
@@ -69,8 +77,9 @@ ForwardCause forward_cause(const Run& run, const std::string& first_seen) {
 StepCause step_cause(const Run& run, const StepSummary& step) {
   StepCause c;
   if (step.first_nonfinite_module >= 0) {
-    c.forward_known = true;
-    c.forward_module = forward_cause(run, run.modules[std::size_t(step.first_nonfinite_module)].info.path).module;
+    const ForwardCause cause = forward_cause(run, run.modules[std::size_t(step.first_nonfinite_module)].info.path);
+    c.forward_known = !(cause.intrinsic && std::isfinite(step.row.loss));
+    if (c.forward_known) c.forward_module = cause.module;
   }
   if (!step.nonfinite_layers.empty()) c.first_gradient = run.layers[std::size_t(step.nonfinite_layers.front())].info.name;
   return c;

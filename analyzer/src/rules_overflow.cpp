@@ -22,8 +22,19 @@ std::string step_list(const std::vector<std::int64_t>& steps, std::size_t limit 
 }
 
 // A step whose forward already went non-finite is a forward problem: every gradient is
-// NaN then, and "first in backward" would only name the loss's last layer.
-bool forward_failed(const StepSummary& s) { return s.first_nonfinite_module >= 0 || !std::isfinite(s.row.loss); }
+// NaN then, and "first in backward" would only name the loss's last layer. Not so a module
+// that makes NaN/Inf by design (a -inf mask) while the loss stayed finite.
+bool forward_failed(const Run& run, const StepSummary& s) { return step_cause(run, s).forward_known || !std::isfinite(s.row.loss); }
+
+// Steps where `module` was the forward's cause and the loss went NaN/Inf.
+std::int64_t nonfinite_losses_caused(const Run& run, const std::string& module) {
+  std::int64_t n = 0;
+  for (const auto& s : run.steps)
+    if (s.first_nonfinite_module >= 0 && run.loss_known(s.row) && !std::isfinite(s.row.loss) &&
+        forward_cause(run, run.modules[std::size_t(s.first_nonfinite_module)].info.path).module == module)
+      ++n;
+  return n;
+}
 
 }  // namespace
 
@@ -39,7 +50,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
   std::map<std::string, PerModule> modules;
   std::int64_t considered = 0;
   for (const auto& s : run.steps) {
-    if (!s.row.skipped || s.nonfinite_layers.empty() || forward_failed(s)) continue;
+    if (!s.row.skipped || s.nonfinite_layers.empty() || forward_failed(run, s)) continue;
     ++considered;
     const auto& layer = run.layers[std::size_t(s.nonfinite_layers.front())].info;
     // The overflow happened in backward between the last finite gradient and this one: in
@@ -140,6 +151,27 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
       f.score += 1.0;
     } else if (cause.confirmation == "unconfirmed") {
       f.evidence += "; unconfirmed: " + cause.reason;
+    }
+    if (cause.intrinsic) {
+      // Not fp16's range: pinning cannot help, and a mask whose -inf the model absorbs
+      // (the loss stayed finite) is no problem at all.
+      const std::int64_t hurt = nonfinite_losses_caused(run, path);
+      f.evidence += hurt ? "; the loss was NaN/Inf in " + plural(hurt, "step") + " it started" : "; the loss stayed finite";
+      if (hurt == 0) {
+        f.severity = Severity::kInfo;
+        f.score = 5.0;
+        f.title = name + " outputs NaN/Inf from finite inputs, in FP32 too, and the loss stays finite: by design (a -inf mask), "
+                         "not an overflow";
+        out.push_back(f);
+        continue;  // the next culprit, if any, is the top one
+      }
+      f.title = name + " makes NaN/Inf from finite inputs even in FP32: its code, not fp16's range";
+      f.suggestions.push_back({"Look at " + name + "'s code: from finite inputs it returns NaN/Inf in FP32 too (a log or a "
+                               "division by 0, an exp beyond float32, an inf fill); pinning it to FP32 cannot help.",
+                               "", ""});
+      out.push_back(f);
+      top = false;
+      continue;
     }
     if (!path.empty()) {
       f.suggestions.push_back(suggest::pin_fp32(run, path));

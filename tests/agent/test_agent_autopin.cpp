@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "../rundb/temp_dir.h"
@@ -150,4 +151,50 @@ TEST_CASE("autopin without replay, or below zero, is refused", "[agent][replay]"
   o.replay = false;
   REQUIRE_THROWS_WITH(Agent(*net, scaler, o), Catch::Contains("autopin needs replay"));
   REQUIRE_THROWS_WITH(Agent(*net, scaler, options(dir.file("b.db"), -1)), Catch::Contains("autopin must be >= 0"));
+}
+
+namespace {
+
+// Fills the upper triangle with -inf, as a causal mask does: NaN/Inf in any precision.
+struct MaskImpl : torch::nn::Cloneable<MaskImpl> {
+  MaskImpl() { reset(); }
+  void reset() override {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    const auto n = x.size(-1);
+    return x.masked_fill(torch::ones({n, n}, torch::kBool).triu(1), -std::numeric_limits<double>::infinity());
+  }
+};
+TORCH_MODULE(Mask);
+
+}  // namespace
+
+TEST_CASE("a module making -inf from finite inputs is replayed as intrinsic and never pinned", "[agent][replay]") {
+  TempDir dir;
+  torch::manual_seed(0);
+  Mask mask;
+  torch::nn::Linear head(16, 1);
+  torch::optim::SGD opt(head->parameters(), torch::optim::SGDOptions(1e-3));
+  GradScalerOptions so;
+  so.init_scale = 256.0;
+  GradScaler scaler(so);
+  {
+    Agent agent(*head, scaler, options(dir.file("run.db"), 1));
+    for (int i = 0; i < 3; ++i) {
+      opt.zero_grad();
+      torch::Tensor loss;
+      {
+        HalfAutocast autocast;
+        const auto x = torch::randn({4, 16, 16});
+        loss = head(agent.forward("mask", mask, x).softmax(-1)).mean().to(torch::kFloat);
+      }
+      REQUIRE(std::isfinite(loss.item<double>()));  // the softmax absorbs the -inf
+      scaler.scale(loss).backward();
+      REQUIRE(scaler.step(opt));
+      scaler.update();
+    }
+  }
+  const auto replays = rundb::RunDbReader(dir.file("run.db")).replays();
+  REQUIRE(replays.size() == 1);
+  REQUIRE(replays[0].outcome == "intrinsic");
+  REQUIRE(events_of(dir.file("run.db"), "autopin").empty());
 }

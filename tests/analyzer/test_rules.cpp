@@ -280,6 +280,50 @@ TEST_CASE("still NaN/Inf in FP32 with no enclosing replay blames the caller's co
   for (const auto& s : fw->suggestions) CHECK_THAT(s.python, !Catch::Contains("pin_fp32"));
 }
 
+TEST_CASE("a module making -inf from finite inputs in FP32 too while the loss stays finite is a mask, not a failure", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"attn.qkv.weight", "head.weight"});
+  f.replay("attn.mask", "intrinsic");
+  for (int i = 0; i < 6; ++i) f.activation("attn.mask", true).activation("head", false).step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(r.healthy());
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->severity == Severity::kInfo);
+  CHECK(fw->module == "attn.mask");
+  CHECK(fw->suggestions.empty());
+}
+
+TEST_CASE("a module making NaN from finite inputs in FP32 too where the loss goes NaN is named, never pinned", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"norm.weight", "head.weight"});
+  f.replay("norm", "intrinsic");
+  for (int i = 0; i < 3; ++i) f.activation("norm", true).activation("head", true).step(65536, 32768, 1000, {}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->severity == Severity::kError);
+  CHECK(fw->module == "norm");
+  CHECK_THAT(fw->title, Catch::Contains("even in FP32"));
+  for (const auto& s : fw->suggestions) CHECK_THAT(s.python, !Catch::Contains("pin_fp32"));
+}
+
+TEST_CASE("a gradient overflow in a step whose forward only held a mask's -inf is a backward overflow", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"attn.qkv.weight", "head.weight"});
+  f.replay("attn.mask", "intrinsic");
+  double scale = 65536;
+  for (int i = 0; i < 10; ++i, scale /= 2) f.activation("attn.mask", true).step(scale, scale / 2, 1000, {"head.weight"});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->layer == "head.weight");
+  CHECK(r.skipped.front().forward_module.empty());
+}
+
 TEST_CASE("a layer near the fp16 maximum while the scale is held low has low headroom", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);

@@ -247,3 +247,34 @@ def test_a_block_that_overflows_its_childs_output_in_place_is_blamed_not_the_nex
     first = rep["findings"][0]
     assert (code, first["rule"], first["module"], first["confirmation"]) == (1, "forward-nonfinite", "layer1",
                                                                              "confirmed")
+
+
+class CausalMask(nn.Module):
+    """Fills the scores above the diagonal with -inf: NaN/Inf by design, in any precision."""
+
+    def forward(self, scores):
+        n = scores.shape[-1]
+        return scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+
+
+class MaskedAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.qkv, self.mask, self.out = nn.Linear(8, 32), nn.Linear(32, 96), CausalMask(), nn.Linear(32, 1)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.inp(x)).chunk(3, -1)
+        return self.out(self.mask(q @ k.transpose(-1, -2) / 32 ** 0.5).softmax(-1) @ v)
+
+
+def test_a_mask_module_making_minus_inf_by_design_is_not_a_failure(tmp_path, verdict):
+    # Its FP32 replay is -inf too, from finite scores: "intrinsic", not an fp16 overflow
+    # and nothing its parent's code did. Softmax absorbs the -inf, the loss stays finite.
+    db = tmp_path / "mask.db"
+    torch.manual_seed(0)
+    fp16_steps(MaskedAttention(), db, lambda: torch.randn(4, 16, 8),
+               lambda out: nn.functional.mse_loss(out.float(), torch.zeros_like(out, dtype=torch.float32)), steps=6)
+    assert rows(db, "SELECT module, outcome FROM replays") == [("mask", "intrinsic")]
+    code, rep = verdict(db)
+    assert code == 0 and rep["healthy"], rep["findings"]
+    assert [(f["rule"], f["module"], f["severity"]) for f in rep["findings"]] == [("forward-nonfinite", "mask", "info")]

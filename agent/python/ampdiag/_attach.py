@@ -24,7 +24,7 @@ from ._profile import ProfileRanges
 from ._autopin import AutoPinner
 from ._forward import forward_hook
 from ._options import check_options, default_amp_dtype
-from ._replay import FINITE, NONFINITE, Replayer
+from ._replay import FINITE, INTRINSIC, NONFINITE, Replayer
 from ._updates import UpdateProbe, holds_half_parameters
 from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, directly_readable, engine_place,
                        fast_place, found_inf, found_inf_tensor, host_gradients, host_sum, inf_checked,
@@ -552,6 +552,10 @@ class AttachHandle:
         finally:
             self._live = self._in_cycle and not self._inert
         self._escalating = verdict == NONFINITE
+        if verdict == INTRINSIC:
+            # It makes NaN/Inf from finite inputs in FP32 too (a -inf mask): no fp16 cause to
+            # find above it, and the next module to go NaN/Inf in this step is looked at.
+            self._first_nonfinite = None
         if verdict == FINITE and self._autopin is not None:
             self._autopin.confirmed(path, module)
 

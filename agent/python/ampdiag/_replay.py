@@ -24,6 +24,7 @@ from ._pin import _PINNED, _to_fp32
 from ._tensors import first_float_tensor
 
 FINITE, NONFINITE, UNCONFIRMED = "finite", "nonfinite", "unconfirmed"
+INTRINSIC = "intrinsic"  # NaN/Inf in FP32 from finite inputs: the module makes it in any precision
 PENDING = "pending"  # waiting for the module's next call
 
 
@@ -120,13 +121,14 @@ def run_fp32(module, args, kwargs):
     try:
         twin = _twin(module)
         args, kwargs = copy_inputs(args, kwargs)
+        inputs_finite = all(bool(torch.isfinite(t).all()) for t in _tensors((args, kwargs)) if t.is_floating_point())
         with torch.no_grad(), torch.autocast("cpu", enabled=False), \
                 (torch.autocast("cuda", enabled=False) if torch.cuda.is_available() else contextlib.nullcontext()):
             out = first_float_tensor(twin(*_to_fp32(args), **_to_fp32(kwargs)))
         if out is None:
             return UNCONFIRMED, math.nan, "its FP32 output holds no floating-point tensor"
         if not bool(torch.isfinite(out).all()):
-            return NONFINITE, math.nan, ""
+            return (INTRINSIC if inputs_finite else NONFINITE), math.nan, ""
         return FINITE, float(out.abs().max()) if out.numel() else 0.0, ""
     except Exception as error:  # a replay must never break the training
         return UNCONFIRMED, math.nan, f"the replay raised {type(error).__name__}: {error}"
@@ -145,8 +147,8 @@ class Replayer:
         self.busy = False      # a replay is running: the agent's hooks stand aside
 
     def verdict(self, path, module, args, kwargs, output) -> str:
-        """The module's verdict (FINITE, NONFINITE, UNCONFIRMED), replaying it now if it has
-        none; PENDING while the replay waits for the module's next call."""
+        """The module's verdict (FINITE, NONFINITE, INTRINSIC, UNCONFIRMED), replaying it now
+        if it has none; PENDING while the replay waits for the module's next call."""
         known = self._verdicts.get(path)
         if known is not None:
             return known

@@ -57,7 +57,7 @@ CREATE TABLE replays (
   id INTEGER PRIMARY KEY,
   step INTEGER NOT NULL,
   module TEXT NOT NULL,
-  outcome TEXT NOT NULL CHECK (outcome IN ('finite', 'nonfinite', 'unconfirmed')),
+  outcome TEXT NOT NULL CHECK (outcome IN ('finite', 'nonfinite', 'intrinsic', 'unconfirmed')),
   fp32_absmax REAL,
   reason TEXT NOT NULL
 );

@@ -23,6 +23,9 @@ struct ForwardCause {
   // The NaN/Inf arises in `module`'s own code (between its children): `first_seen` only
   // received it, and its FP32 replay was still NaN/Inf.
   bool own_code = false;
+  // `module` makes NaN/Inf from finite inputs in FP32 too (replay outcome "intrinsic"): a
+  // -inf mask, or a bug in its code; not fp16's range, and pinning it cannot help.
+  bool intrinsic = false;
   // Modules whose FP32 replay was still NaN/Inf: pinning them would not help.
   std::vector<std::string> disproved;
   double fp32_absmax = 0.0;  // of the confirming replay
@@ -33,7 +36,9 @@ ForwardCause forward_cause(const Run& run, const std::string& first_seen);
 // What the timeline and the skipped-steps list say about one step.
 struct StepCause {
   std::string forward_module;  // forward_cause(...).module of the step's first non-finite output
-  bool forward_known = false;  // the step's forward held NaN/Inf in a probed module
+  // The step's forward held NaN/Inf in a probed module, and it mattered: not a module that
+  // makes them by design (intrinsic) while the loss stayed finite.
+  bool forward_known = false;
   std::string first_gradient;  // the first gradient (backward order) that held NaN/Inf
 };
 

@@ -112,8 +112,10 @@ struct ReplayRow {
   std::int64_t step = -1;
   std::string module;           // module path
   // "finite": its FP32 output was finite (pinning it fixes the forward); "nonfinite": still
-  // NaN/Inf in FP32 (it received NaN/Inf, or FP32 does not help); "unconfirmed": the
-  // replay could not run or raised; `reason` says why. Never evidence either way.
+  // NaN/Inf in FP32 (it received NaN/Inf, or FP32 does not help); "intrinsic": NaN/Inf in
+  // FP32 from finite inputs (it makes them in any precision: a -inf mask, or a bug);
+  // "unconfirmed": the replay could not run or raised; `reason` says why. Never evidence
+  // either way.
   std::string outcome;
   double fp32_absmax = 0.0;     // largest |x| of the FP32 output; NaN when not finite
   std::string reason;
