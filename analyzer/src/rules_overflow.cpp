@@ -36,6 +36,41 @@ std::int64_t nonfinite_losses_caused(const Run& run, const std::string& module) 
   return n;
 }
 
+// The module that overflowed fp16 in forward after a module that makes NaN/Inf by design
+// (the agent replays the next module once the first is intrinsic): its FP32 replay was
+// finite and its output NaN/Inf; the one that was so most often.
+const ModuleSummary* overflowed_after_intrinsic(const Run& run) {
+  const ModuleSummary* found = nullptr;
+  for (const auto& m : run.modules) {
+    const rundb::ReplayRow* r = run.replay_of(m.info.path);
+    if (r && r->outcome == "finite" && m.nonfinite_steps > 0 && (!found || m.nonfinite_steps > found->nonfinite_steps))
+      found = &m;
+  }
+  return found;
+}
+
+Finding confirmed_overflow(const Run& run, const ModuleSummary& m, const std::string& before, Severity severity,
+                           double score) {
+  const rundb::ReplayRow* r = run.replay_of(m.info.path);
+  Finding f;
+  f.rule = "forward-nonfinite";
+  f.severity = severity;
+  f.module = m.info.path;
+  f.confirmation = "confirmed";
+  f.score = score;
+  f.title = m.info.path + " overflows fp16 in forward, after " + before + "'s NaN/Inf by design";
+  char absmax[48];
+  std::snprintf(absmax, sizeof absmax, "%.6g", r->fp32_absmax);
+  f.evidence = "its output was NaN/Inf in " + plural(m.nonfinite_steps, "step") +
+               "; confirmed: re-run once in FP32 on copies of the same inputs, its output was finite" +
+               (std::isfinite(r->fp32_absmax) ? std::string(" (max |x| ") + absmax + ")" : "") + "; " + before +
+               ", first in forward order, makes NaN/Inf from finite inputs in FP32 too";
+  if (m.first_step >= 0) f.steps.push_back(m.first_step);
+  f.suggestions.push_back(suggest::pin_fp32(run, m.info.path));
+  if (run.fp16()) f.suggestions.push_back(suggest::use_bf16(run));
+  return f;
+}
+
 }  // namespace
 
 void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
@@ -164,6 +199,17 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
                          "not an overflow";
         out.push_back(f);
         continue;  // the next culprit, if any, is the top one
+      }
+      if (const ModuleSummary* m = overflowed_after_intrinsic(run)) {
+        // The module after it that overflowed fp16 made the loss NaN/Inf; its own -inf is
+        // by design.
+        out.push_back(confirmed_overflow(run, *m, name, top ? Severity::kError : Severity::kWarning, f.score + 1.0));
+        top = false;
+        f.severity = Severity::kInfo;
+        f.score = 5.0;
+        f.title = name + " outputs NaN/Inf from finite inputs, in FP32 too: by design (a -inf mask), not an overflow";
+        out.push_back(f);
+        continue;
       }
       f.title = name + " makes NaN/Inf from finite inputs even in FP32: its code, not fp16's range";
       f.suggestions.push_back({"Look at " + name + "'s code: from finite inputs it returns NaN/Inf in FP32 too (a log or a "

@@ -310,6 +310,23 @@ TEST_CASE("a module making NaN from finite inputs in FP32 too where the loss goe
   for (const auto& s : fw->suggestions) CHECK_THAT(s.python, !Catch::Contains("pin_fp32"));
 }
 
+TEST_CASE("an fp16 overflow after a mask's -inf is named, not the mask", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"attn.qkv.weight", "mlp.weight"});
+  f.replay("attn.mask", "intrinsic").replay("mlp", "finite");
+  for (int i = 0; i < 3; ++i) f.activation("attn.mask", true).activation("mlp", true).step(65536, 32768, 1000, {}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module == "mlp");
+  CHECK(fw->severity == Severity::kError);
+  CHECK(fw->confirmation == "confirmed");
+  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("pin_fp32(model.mlp)"));
+  for (const auto& finding : r.findings)
+    if (finding.module == "attn.mask") CHECK(finding.severity == Severity::kInfo);
+}
+
 TEST_CASE("a gradient overflow in a step whose forward only held a mask's -inf is a backward overflow", "[rules][replay]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"attn.qkv.weight", "head.weight"});
