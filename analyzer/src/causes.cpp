@@ -74,12 +74,24 @@ ForwardCause forward_cause(const Run& run, const std::string& first_seen) {
   }
 }
 
+const ModuleSummary* overflow_after_intrinsic(const Run& run) {
+  const ModuleSummary* found = nullptr;
+  for (const auto& m : run.modules) {
+    const rundb::ReplayRow* r = run.replay_of(m.info.path);
+    if (r && r->outcome == "finite" && m.nonfinite_steps > 0 && (!found || m.nonfinite_steps > found->nonfinite_steps))
+      found = &m;
+  }
+  return found;
+}
+
 StepCause step_cause(const Run& run, const StepSummary& step) {
   StepCause c;
   if (step.first_nonfinite_module >= 0) {
     const ForwardCause cause = forward_cause(run, run.modules[std::size_t(step.first_nonfinite_module)].info.path);
     c.forward_known = !(cause.intrinsic && std::isfinite(step.row.loss));
     if (c.forward_known) c.forward_module = cause.module;
+    if (c.forward_known && cause.intrinsic)
+      if (const ModuleSummary* m = overflow_after_intrinsic(run)) c.forward_module = m->info.path;
   }
   if (!step.nonfinite_layers.empty()) c.first_gradient = run.layers[std::size_t(step.nonfinite_layers.front())].info.name;
   return c;

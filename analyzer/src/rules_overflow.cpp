@@ -36,19 +36,6 @@ std::int64_t nonfinite_losses_caused(const Run& run, const std::string& module) 
   return n;
 }
 
-// The module that overflowed fp16 in forward after a module that makes NaN/Inf by design
-// (the agent replays the next module once the first is intrinsic): its FP32 replay was
-// finite and its output NaN/Inf; the one that was so most often.
-const ModuleSummary* overflowed_after_intrinsic(const Run& run) {
-  const ModuleSummary* found = nullptr;
-  for (const auto& m : run.modules) {
-    const rundb::ReplayRow* r = run.replay_of(m.info.path);
-    if (r && r->outcome == "finite" && m.nonfinite_steps > 0 && (!found || m.nonfinite_steps > found->nonfinite_steps))
-      found = &m;
-  }
-  return found;
-}
-
 Finding confirmed_overflow(const Run& run, const ModuleSummary& m, const std::string& before, Severity severity,
                            double score) {
   const rundb::ReplayRow* r = run.replay_of(m.info.path);
@@ -191,8 +178,8 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
       // Not fp16's range: pinning cannot help, and a mask whose -inf the model absorbs
       // (the loss stayed finite) is no problem at all.
       const std::int64_t hurt = nonfinite_losses_caused(run, path);
-      f.evidence += hurt ? "; the loss was NaN/Inf in " + plural(hurt, "step") + " it started" : "; the loss stayed finite";
       if (hurt == 0) {
+        f.evidence += "; the loss stayed finite";
         f.severity = Severity::kInfo;
         f.score = 5.0;
         f.title = name + " outputs NaN/Inf from finite inputs, in FP32 too, and the loss stays finite: by design (a -inf mask), "
@@ -200,7 +187,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
         out.push_back(f);
         continue;  // the next culprit, if any, is the top one
       }
-      if (const ModuleSummary* m = overflowed_after_intrinsic(run)) {
+      if (const ModuleSummary* m = overflow_after_intrinsic(run)) {
         // The module after it that overflowed fp16 made the loss NaN/Inf; its own -inf is
         // by design.
         out.push_back(confirmed_overflow(run, *m, name, top ? Severity::kError : Severity::kWarning, f.score + 1.0));
@@ -208,9 +195,11 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
         f.severity = Severity::kInfo;
         f.score = 5.0;
         f.title = name + " outputs NaN/Inf from finite inputs, in FP32 too: by design (a -inf mask), not an overflow";
+        f.evidence += "; the NaN/Inf that reached the loss came from " + m->info.path;
         out.push_back(f);
         continue;
       }
+      f.evidence += "; the loss was NaN/Inf in " + plural(hurt, "step") + " it started";
       f.title = name + " makes NaN/Inf from finite inputs even in FP32: its code, not fp16's range";
       f.suggestions.push_back({"Look at " + name + "'s code: from finite inputs it returns NaN/Inf in FP32 too (a log or a "
                                "division by 0, an exp beyond float32, an inf fill); pinning it to FP32 cannot help.",

@@ -325,6 +325,7 @@ TEST_CASE("an fp16 overflow after a mask's -inf is named, not the mask", "[rules
   CHECK_THAT(fw->suggestions.front().python, Catch::Contains("pin_fp32(model.mlp)"));
   for (const auto& finding : r.findings)
     if (finding.module == "attn.mask") CHECK(finding.severity == Severity::kInfo);
+  CHECK(r.skipped.front().forward_module == "mlp");
 }
 
 TEST_CASE("a gradient overflow in a step whose forward only held a mask's -inf is a backward overflow", "[rules][replay]") {

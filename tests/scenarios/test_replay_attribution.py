@@ -278,3 +278,20 @@ def test_a_mask_module_making_minus_inf_by_design_is_not_a_failure(tmp_path, ver
     code, rep = verdict(db)
     assert code == 0 and rep["healthy"], rep["findings"]
     assert [(f["rule"], f["module"], f["severity"]) for f in rep["findings"]] == [("forward-nonfinite", "mask", "info")]
+
+
+def test_an_fp16_overflow_after_a_mask_is_named_not_the_mask(tmp_path, verdict):
+    # out's weights make its output overflow fp16 (finite in FP32): the mask, first in
+    # forward order with its -inf, is by design; out is what the report must name.
+    db = tmp_path / "mask-overflow.db"
+    torch.manual_seed(0)
+    model = MaskedAttention()
+    with torch.no_grad():
+        model.out.weight.mul_(3e4)
+    fp16_steps(model, db, lambda: torch.randn(4, 16, 8) * 30, lambda out: out.float().mean(), steps=4)
+    assert sorted(rows(db, "SELECT module, outcome FROM replays")) == [("mask", "intrinsic"), ("out", "finite")]
+    code, rep = verdict(db)
+    assert code == 1
+    top = rep["findings"][0]
+    assert (top["rule"], top["module"], top["severity"]) == ("forward-nonfinite", "out", "error")
+    assert rep["skipped_steps"][0]["forward_module"] == "out"

@@ -33,6 +33,11 @@ struct ForwardCause {
 
 ForwardCause forward_cause(const Run& run, const std::string& first_seen);
 
+// The module that overflowed fp16 in forward after one that makes NaN/Inf by design (the
+// agent replays the next module once the first is intrinsic): its FP32 replay was finite
+// and its output NaN/Inf; the one that was so most often. nullptr: none.
+const ModuleSummary* overflow_after_intrinsic(const Run& run);
+
 // What the timeline and the skipped-steps list say about one step.
 struct StepCause {
   std::string forward_module;  // forward_cause(...).module of the step's first non-finite output
