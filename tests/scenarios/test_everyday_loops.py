@@ -371,3 +371,34 @@ def test_bf16_with_reentrant_checkpointing_records_the_loss_not_the_blocks_inner
     recorded = rows(db, "SELECT loss, losses FROM steps ORDER BY step")
     assert [n for _, n in recorded] == [1] * 4
     assert [loss for loss, _ in recorded] == pytest.approx(seen)
+
+
+def test_a_validation_pass_between_steps_is_not_recorded_as_training(tmp_path, verdict):
+    # Every 5 steps the loop evaluates under no_grad; its inputs overflow fp16 in the first
+    # layer (an eval-only problem). Training is healthy: nothing may be blamed on a
+    # training step, and the full-statistics steps hold the training forward's rows only.
+    db, plain = tmp_path / "val.db", tmp_path / "plain.db"
+
+    def loop(db, validate):
+        torch.manual_seed(0)
+        model = Mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1000)
+        with ampdiag.attach(model, scaler, db=db):
+            for step, (x, y) in enumerate(batches(20)):
+                if validate and step % 5 == 0:
+                    model.eval()
+                    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+                        assert not torch.isfinite(model(x * 1e5)).all()
+                    model.train()
+                opt.zero_grad()
+                with torch.autocast("cpu", dtype=torch.float16):
+                    loss = nn.functional.mse_loss(model(x).float(), y)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+        return rows(db, "SELECT step, fwd_order, module_id, absmax FROM act_stats ORDER BY step, fwd_order")
+
+    assert loop(db, True) == loop(plain, False)
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]

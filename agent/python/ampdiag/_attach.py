@@ -325,6 +325,12 @@ class AttachHandle:
         self._live = True
         return True
 
+    def _begin_forward_cycle(self) -> bool:
+        """_begin_cycle() for a forward: one with gradients off (an evaluation between steps,
+        under no_grad or inference_mode) begins no cycle and is not recorded; once a cycle
+        is open, every forward belongs to it."""
+        return (self._in_cycle or torch.is_grad_enabled()) and self._begin_cycle()
+
     def _arrival_hook(self, layer):
         arrived = self._session.arrived  # bound once: this runs for every gradient of every step
 

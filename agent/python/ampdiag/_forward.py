@@ -26,7 +26,7 @@ def forward_hook(handle, path, owner):
         # not the watched module's, and recording it would blame the module for the copy.
         # A DataParallel replica is the watched module, run on another device.
         if (module is not owner and not getattr(module, "_is_replica", False)
-                or not handle._live and (handle._standing_aside or not handle._begin_cycle())):
+                or not handle._live and (handle._standing_aside or not handle._begin_forward_cycle())):
             return None
         if handle._backward_seen:
             if in_backward() != -1:

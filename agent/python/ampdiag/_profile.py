@@ -53,7 +53,7 @@ class ProfileRanges:
             # A deep copy of the model (an EMA, a teacher) carries this hook: not the watched
             # module. A DataParallel replica is.
             if (module is not owner and not getattr(module, "_is_replica", False)
-                    or not self._active() or not self._handle._begin_cycle()):
+                    or not self._active() or not self._handle._begin_forward_cycle()):
                 return None
             if module_id is None:
                 module_id = self._handle._module_id(path, module, args)
