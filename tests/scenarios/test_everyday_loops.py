@@ -25,8 +25,10 @@ def batches(n, size=32):
     return [(torch.randn(size, 16, generator=g), torch.randn(size, 1, generator=g)) for _ in range(n)]
 
 
-def fp16_loop(db, steps=12, micro=1, hold_min_scale=None, clip=False, set_to_none=True, model=None, two_losses=False):
-    """A plain fp16 loop with a real GradScaler; returns (the losses the user saw per step, skipped flags)."""
+def fp16_loop(db, steps=12, micro=1, hold_min_scale=None, clip=False, set_to_none=True, model=None, two_losses=False,
+              between_steps=None):
+    """A plain fp16 loop with a real GradScaler; returns (the losses the user saw per step,
+    skipped flags). `between_steps(step, model, x)` runs before each step (an evaluation)."""
     torch.manual_seed(0)
     model = model or Mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -35,6 +37,8 @@ def fp16_loop(db, steps=12, micro=1, hold_min_scale=None, clip=False, set_to_non
     with ampdiag.attach(model, scaler, db=db) as handle:
         data = batches(steps * micro)
         for step in range(steps):
+            if between_steps:
+                between_steps(step, model, data[step * micro][0])
             opt.zero_grad(set_to_none=set_to_none)
             total = 0.0
             for k in range(micro):
@@ -60,25 +64,30 @@ def fp16_loop(db, steps=12, micro=1, hold_min_scale=None, clip=False, set_to_non
     return seen, skipped
 
 
-def test_bf16_without_a_scaler_is_healthy_and_its_loss_is_recorded(tmp_path, verdict):
-    db = tmp_path / "bf16.db"
-    torch.manual_seed(0)
-    model = Mlp()
+def bf16_loop(db, model, steps):
+    """A bf16 loop without a scaler; asserts that every step recorded the one loss the user
+    saw."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     seen = []
     with ampdiag.attach(model, optimizer=opt, db=db):
-        for x, y in batches(10):
+        for x, y in batches(steps):
             opt.zero_grad()
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss = nn.functional.mse_loss(model(x).float(), y)
             loss.backward()
             opt.step()
             seen.append(loss.item())
+    recorded = rows(db, "SELECT loss, losses FROM steps ORDER BY step")
+    assert [n for _, n in recorded] == [1] * steps
+    assert [loss for loss, _ in recorded] == pytest.approx(seen)
+
+
+def test_bf16_without_a_scaler_is_healthy_and_its_loss_is_recorded(tmp_path, verdict):
+    db = tmp_path / "bf16.db"
+    torch.manual_seed(0)
+    bf16_loop(db, Mlp(), 10)
     code, rep = verdict(db)
     assert (code, rep["healthy"]) == (0, True), rep["findings"]
-    recorded = rows(db, "SELECT loss, losses FROM steps ORDER BY step")
-    assert [n for _, n in recorded] == [1] * 10
-    assert [loss for loss, _ in recorded] == pytest.approx(seen)
 
 
 def test_bf16_log_loss_wins_over_the_backward_root(tmp_path):
@@ -355,50 +364,25 @@ def test_a_short_run_whose_scale_comes_down_between_steps_that_fit_is_healthy(tm
 def test_bf16_with_reentrant_checkpointing_records_the_loss_not_the_blocks_inner_backward(tmp_path):
     # A reentrant checkpoint calls torch.autograd.backward() again inside the backward, on
     # the block's recomputed outputs: that is not a root the user backpropagated.
-    db = tmp_path / "bf16.db"
     torch.manual_seed(0)
-    model = Checkpointed(reentrant=True)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    seen = []
-    with ampdiag.attach(model, optimizer=opt, db=db):
-        for x, y in batches(4):
-            opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = nn.functional.mse_loss(model(x).float(), y)
-            loss.backward()
-            opt.step()
-            seen.append(loss.item())
-    recorded = rows(db, "SELECT loss, losses FROM steps ORDER BY step")
-    assert [n for _, n in recorded] == [1] * 4
-    assert [loss for loss, _ in recorded] == pytest.approx(seen)
+    bf16_loop(tmp_path / "bf16.db", Checkpointed(reentrant=True), 4)
 
 
 def test_a_validation_pass_between_steps_is_not_recorded_as_training(tmp_path, verdict):
     # Every 5 steps the loop evaluates under no_grad; its inputs overflow fp16 in the first
     # layer (an eval-only problem). Training is healthy: nothing may be blamed on a
     # training step, and the full-statistics steps hold the training forward's rows only.
+    def validate(step, model, x):
+        if step % 5 == 0:
+            model.eval()
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+                assert not torch.isfinite(model(x * 1e5)).all()
+            model.train()
+
     db, plain = tmp_path / "val.db", tmp_path / "plain.db"
-
-    def loop(db, validate):
-        torch.manual_seed(0)
-        model = Mlp()
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1000)
-        with ampdiag.attach(model, scaler, db=db):
-            for step, (x, y) in enumerate(batches(20)):
-                if validate and step % 5 == 0:
-                    model.eval()
-                    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
-                        assert not torch.isfinite(model(x * 1e5)).all()
-                    model.train()
-                opt.zero_grad()
-                with torch.autocast("cpu", dtype=torch.float16):
-                    loss = nn.functional.mse_loss(model(x).float(), y)
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-        return rows(db, "SELECT step, fwd_order, module_id, absmax FROM act_stats ORDER BY step, fwd_order")
-
-    assert loop(db, True) == loop(plain, False)
+    fp16_loop(db, steps=20, between_steps=validate)
+    fp16_loop(plain, steps=20)
+    query = "SELECT step, fwd_order, module_id, absmax FROM act_stats ORDER BY step, fwd_order"
+    assert rows(db, query) == rows(plain, query)
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
