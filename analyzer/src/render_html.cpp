@@ -220,7 +220,7 @@ std::string layer_table(const Report& report, const Run& run) {
   for (const auto& s : run.steps) scale[s.row.step] = s.row.scale_before;
   const bool fp16 = run.fp16();
   // Only runs that measured their half-precision parameters' updates have the last column.
-  const bool updates = std::any_of(run.layers.begin(), run.layers.end(), [](const auto& l) { return l.update_nonzero > 0; });
+  const bool updates = run.measured_updates();
   std::string o =
       "<table><tr><th>layer</th><th>NaN/Inf steps</th><th>first in backward</th><th>least headroom</th>"
       "<th>median headroom</th><th>zeros</th>" +

@@ -24,7 +24,17 @@ std::string step_list(const std::vector<std::int64_t>& steps, std::size_t limit 
 // A step whose forward already went non-finite is a forward problem: every gradient is
 // NaN then, and "first in backward" would only name the loss's last layer. Not so a module
 // that makes NaN/Inf by design (a -inf mask) while the loss stayed finite.
-bool forward_failed(const Run& run, const StepSummary& s) { return step_cause(run, s).forward_known || !std::isfinite(s.row.loss); }
+bool forward_failed(const Run& run, const StepSummary& s) {
+  return step_cause(run, s).forward_known || !std::isfinite(s.row.loss);
+}
+
+// The evidence a replay whose FP32 output was finite gives.
+std::string confirmed_evidence(double fp32_absmax) {
+  char absmax[48];
+  std::snprintf(absmax, sizeof absmax, "%.6g", fp32_absmax);
+  return std::string("confirmed: re-run once in FP32 on copies of the same inputs, its output was finite") +
+         (std::isfinite(fp32_absmax) ? std::string(" (max |x| ") + absmax + ")" : "");
+}
 
 // Steps where `module` was the forward's cause and the loss went NaN/Inf.
 std::int64_t nonfinite_losses_caused(const Run& run, const std::string& module) {
@@ -46,12 +56,8 @@ Finding confirmed_overflow(const Run& run, const ModuleSummary& m, const std::st
   f.confirmation = "confirmed";
   f.score = score;
   f.title = m.info.path + " overflows fp16 in forward, after " + before + "'s NaN/Inf by design";
-  char absmax[48];
-  std::snprintf(absmax, sizeof absmax, "%.6g", r->fp32_absmax);
-  f.evidence = "its output was NaN/Inf in " + plural(m.nonfinite_steps, "step") +
-               "; confirmed: re-run once in FP32 on copies of the same inputs, its output was finite" +
-               (std::isfinite(r->fp32_absmax) ? std::string(" (max |x| ") + absmax + ")" : "") + "; " + before +
-               ", first in forward order, makes NaN/Inf from finite inputs in FP32 too";
+  f.evidence = "its output was NaN/Inf in " + plural(m.nonfinite_steps, "step") + "; " + confirmed_evidence(r->fp32_absmax) +
+               "; " + before + ", first in forward order, makes NaN/Inf from finite inputs in FP32 too";
   if (m.first_step >= 0) f.steps.push_back(m.first_step);
   f.suggestions.push_back(suggest::pin_fp32(run, m.info.path));
   if (run.fp16()) f.suggestions.push_back(suggest::use_bf16(run));
@@ -166,10 +172,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     if (cause.own_code)
       f.evidence += "; " + cause.first_seen + " showed it first but only received it (its FP32 replay was still NaN/Inf)";
     if (cause.confirmation == "confirmed") {
-      char absmax[48];
-      std::snprintf(absmax, sizeof absmax, "%.6g", cause.fp32_absmax);
-      f.evidence += std::string("; confirmed: re-run once in FP32 on copies of the same inputs, its output was finite") +
-                    (std::isfinite(cause.fp32_absmax) ? std::string(" (max |x| ") + absmax + ")" : "");
+      f.evidence += "; " + confirmed_evidence(cause.fp32_absmax);
       f.score += 1.0;
     } else if (cause.confirmation == "unconfirmed") {
       f.evidence += "; unconfirmed: " + cause.reason;
@@ -178,26 +181,20 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
       // Not fp16's range: pinning cannot help, and a mask whose -inf the model absorbs
       // (the loss stayed finite) is no problem at all.
       const std::int64_t hurt = nonfinite_losses_caused(run, path);
-      if (hurt == 0) {
-        f.evidence += "; the loss stayed finite";
+      // Where the loss went NaN/Inf, a module after it that overflowed fp16 may have made it so.
+      const ModuleSummary* after = hurt ? overflow_after_intrinsic(run) : nullptr;
+      if (hurt == 0 || after) {
+        if (after) {
+          out.push_back(confirmed_overflow(run, *after, name, top ? Severity::kError : Severity::kWarning, f.score + 1.0));
+          top = false;
+        }
         f.severity = Severity::kInfo;
         f.score = 5.0;
-        f.title = name + " outputs NaN/Inf from finite inputs, in FP32 too, and the loss stays finite: by design (a -inf mask), "
-                         "not an overflow";
+        f.title = name + " outputs NaN/Inf from finite inputs, in FP32 too" +
+                  (after ? "" : ", and the loss stays finite") + ": by design (a -inf mask), not an overflow";
+        f.evidence += after ? "; the NaN/Inf that reached the loss came from " + after->info.path : "; the loss stayed finite";
         out.push_back(f);
         continue;  // the next culprit, if any, is the top one
-      }
-      if (const ModuleSummary* m = overflow_after_intrinsic(run)) {
-        // The module after it that overflowed fp16 made the loss NaN/Inf; its own -inf is
-        // by design.
-        out.push_back(confirmed_overflow(run, *m, name, top ? Severity::kError : Severity::kWarning, f.score + 1.0));
-        top = false;
-        f.severity = Severity::kInfo;
-        f.score = 5.0;
-        f.title = name + " outputs NaN/Inf from finite inputs, in FP32 too: by design (a -inf mask), not an overflow";
-        f.evidence += "; the NaN/Inf that reached the loss came from " + m->info.path;
-        out.push_back(f);
-        continue;
       }
       f.evidence += "; the loss was NaN/Inf in " + plural(hurt, "step") + " it started";
       f.title = name + " makes NaN/Inf from finite inputs even in FP32: its code, not fp16's range";

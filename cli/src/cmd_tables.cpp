@@ -92,7 +92,7 @@ int cmd_layers(int argc, char** argv) {
                                                   "first_in_backward", "least_headroom_bits", "median_headroom_bits",
                                                   "zeros_pct", "subnormal_pct"}};
   // Only runs that measured updates (half-precision parameters) have the column.
-  const bool updates = std::any_of(run.layers.begin(), run.layers.end(), [](const auto& l) { return l.update_nonzero > 0; });
+  const bool updates = run.measured_updates();
   if (updates) table.front().push_back("stalled_updates_pct");
   for (const auto& r : rows) {
     table.push_back({std::to_string(r.layer->info.id), r.layer->info.name, r.layer->info.module_path,

@@ -73,15 +73,14 @@ void App::findings(float x, float y, float w, float h) {
 
 std::vector<const char*> App::layer_columns() const {
   std::vector<const char*> names = {"layer", "non-finite steps", "least headroom (bits)"};
-  if (std::any_of(ranked_.begin(), ranked_.end(), [](const auto& r) { return !std::isnan(r.stalled_updates); }))
-    names.push_back("updates rounded away");
+  if (run().measured_updates()) names.push_back("updates rounded away");
   return names;
 }
 
 void App::layers(float x, float y, float w, float h) {
   place("Layers (culprits first)", x, y, w, h);
   const auto columns = layer_columns();
-  const bool updates = columns.size() == 4;
+  const bool updates = run().measured_updates();
   if (ImGui::BeginTable("layers", int(columns.size()), ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY | ImGuiTableFlags_Resizable)) {
     for (const char* name : columns) ImGui::TableSetupColumn(name);
     ImGui::TableHeadersRow();

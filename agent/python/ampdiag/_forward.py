@@ -6,7 +6,7 @@ import weakref
 
 import torch
 
-from ._tensors import DTYPE_CODE, activation_elsewhere, first_float_tensor
+from ._tensors import DTYPE_CODE, activation_elsewhere, first_float_tensor, foreign_copy
 
 
 def forward_hook(handle, path, owner):
@@ -22,10 +22,8 @@ def forward_hook(handle, path, owner):
 
     def hook(module, args, kwargs, output):
         nonlocal module_id
-        # A deep copy of the model (an EMA or a teacher) carries this hook: its forward is
-        # not the watched module's, and recording it would blame the module for the copy.
-        # A DataParallel replica is the watched module, run on another device.
-        if (module is not owner and not getattr(module, "_is_replica", False)
+        # Recording a deep copy's forward (an EMA's) would blame the module for the copy.
+        if (module is not owner and foreign_copy(module)
                 or not handle._live and (handle._standing_aside or not handle._begin_forward_cycle())):
             return None
         if handle._backward_seen:

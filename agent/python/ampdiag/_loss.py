@@ -1,9 +1,10 @@
 """The loss of a run without a GradScaler: the roots that `backward()` is called on.
 
 torch.Tensor.backward() calls torch.autograd.backward() by name, so one wrapper installed
-while any handle needs it sees every root (of a backward started outside any other). A root counts for a handle only if that
-backward reached the handle's model (one of its gradient hooks fired), so a second model
-or an unrelated backward is not mistaken for the training loss.
+while any handle needs it sees every root (of a backward started outside any other). A
+root counts for a handle only if that backward reached the handle's model (one of its
+gradient hooks fired), so a second model or an unrelated backward is not mistaken for the
+training loss.
 """
 import weakref
 

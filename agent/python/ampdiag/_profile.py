@@ -6,6 +6,7 @@ device) every hook here returns at once."""
 import torch
 
 from . import _ampdiag
+from ._tensors import foreign_copy
 
 _KIND_OF_DTYPE = {torch.float16: _ampdiag.KIND_FLOAT16, torch.bfloat16: _ampdiag.KIND_BFLOAT16,
                   torch.float32: _ampdiag.KIND_FLOAT32}
@@ -50,9 +51,7 @@ class ProfileRanges:
 
         def hook(module, args):
             nonlocal module_id
-            # A deep copy of the model (an EMA, a teacher) carries this hook: not the watched
-            # module. A DataParallel replica is.
-            if (module is not owner and not getattr(module, "_is_replica", False)
+            if (module is not owner and foreign_copy(module)
                     or not self._active() or not self._handle._begin_forward_cycle()):
                 return None
             if module_id is None:

@@ -185,6 +185,14 @@ _DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.
              torch.nn.FeatureAlphaDropout)
 
 
+def foreign_copy(module: torch.nn.Module) -> bool:
+    """Whether a module that carries a hook but is not the one it was registered on is a
+    copy to stand aside for: a deep copy of the model (an EMA, a mean teacher) carries
+    torch's hooks and is not the watched module; a DataParallel replica (torch marks it
+    _is_replica) is the watched module on another device."""
+    return not getattr(module, "_is_replica", False)
+
+
 def bounded_by_input(module: torch.nn.Module) -> bool:
     """Whether the module's output is bounded by its input (exact types: a subclass may add
     code of its own)."""

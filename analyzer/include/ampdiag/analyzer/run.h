@@ -121,6 +121,12 @@ struct Run {
   double init_scale() const;
   // Whether a loss scaler ran (fp16); without one (bf16) there is no scale to judge.
   bool has_scaler() const { return meta_or("scaler_enabled", "1") != "0"; }
+  // The agent measured optimizer updates of half-precision parameters (weight_updates).
+  bool measured_updates() const {
+    for (const auto& l : layers)
+      if (l.update_nonzero > 0) return true;
+    return false;
+  }
   bool fp16() const { return meta_or("amp_dtype", "float16") == "float16"; }
   // Whether the step's loss was recorded: a NaN loss is then a NaN/Inf loss, not a gap.
   bool loss_known(const rundb::StepRow& row) const;
