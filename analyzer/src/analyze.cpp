@@ -165,6 +165,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
       const StepCause cause = step_cause(run, s);
       k.forward_known = cause.forward_known;
       k.forward_module = cause.forward_module;
+      k.loss_after_modules = cause.loss_after_modules;
       report.skipped.push_back(k);
     }
     o.layers = std::int64_t(run.layers.size());

@@ -93,8 +93,22 @@ StepCause step_cause(const Run& run, const StepSummary& step) {
     if (c.forward_known && cause.intrinsic)
       if (const ModuleSummary* m = overflow_after_intrinsic(run)) c.forward_module = m->info.path;
   }
+  c.loss_after_modules = step.first_nonfinite_module < 0 && !run.modules.empty() && run.loss_known(step.row) &&
+                         !std::isfinite(step.row.loss);
   if (!step.nonfinite_layers.empty()) c.first_gradient = run.layers[std::size_t(step.nonfinite_layers.front())].info.name;
   return c;
+}
+
+std::string forward_sentence(const std::string& forward_module, bool forward_known, bool loss_after_modules) {
+  if (forward_known)
+    return "forward went non-finite at " + (forward_module.empty() ? std::string("the model's own forward()") : forward_module);
+  if (loss_after_modules) return "the loss went NaN/Inf after every probed module's output was finite";
+  return "";
+}
+
+std::string forward_label(const std::string& forward_module, bool forward_known, bool loss_after_modules) {
+  if (forward_known) return forward_module.empty() ? "(model forward)" : forward_module;
+  return loss_after_modules ? "(loss)" : "";
 }
 
 }  // namespace ampdiag::analyzer

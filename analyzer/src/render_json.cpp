@@ -99,7 +99,8 @@ std::string render_json(const Report& r, const Gate& gate) {
     const auto& k = r.skipped[i];
     o += std::string(i ? "," : "") + "\n    {\"rank\": " + number(k.rank) + ", \"step\": " + number(k.step) +
          ", \"scale\": " + number(k.scale) + ", \"loss\": " + number(k.loss) + ", \"forward_module\": " +
-         quote(k.forward_module) + ", \"nonfinite_layer_count\": " + number(k.nonfinite_layer_count) +
+         quote(k.forward_module) +
+         ", \"loss_after_modules\": " + (k.loss_after_modules ? "true" : "false") + ", \"nonfinite_layer_count\": " + number(k.nonfinite_layer_count) +
          ", \"nonfinite_layers\": [";
     for (std::size_t j = 0; j < k.nonfinite_layers.size(); ++j) o += (j ? ", " : "") + quote(k.nonfinite_layers[j]);
     o += "]}";

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "ampdiag/analyzer/causes.h"
 #include "ampdiag/analyzer/escape.h"
 #include "ampdiag/analyzer/render.h"
 
@@ -118,9 +119,8 @@ std::string overview_line(const RunOverview& o) {
 std::string skipped_line(const SkippedStep& k, bool show_rank) {
   std::string s = (show_rank ? "rank " + std::to_string(k.rank) + " " : "") + "step " + std::to_string(k.step) +
                   " (scale " + fmt(k.scale) + "): ";
-  if (k.forward_known)
-    s += "forward went non-finite at " + (k.forward_module.empty() ? std::string("the model's own forward()") : k.forward_module) +
-         "; ";
+  const std::string forward = forward_sentence(k.forward_module, k.forward_known, k.loss_after_modules);
+  if (!forward.empty()) s += forward + "; ";
   if (k.nonfinite_layers.empty()) return s + "no gradient statistics recorded for this step";
   s += "first non-finite gradient " + k.nonfinite_layers.front();
   if (k.nonfinite_layer_count > 1) s += " (+" + std::to_string(k.nonfinite_layer_count - 1) + " more layers after it)";

@@ -64,6 +64,29 @@ Finding confirmed_overflow(const Run& run, const ModuleSummary& m, const std::st
   return f;
 }
 
+// The steps whose loss was NaN/Inf although every probed module's output was finite: the
+// NaN/Inf was made after the modules, where no replay can look. Empty steps: none.
+Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
+  Finding f;
+  std::int64_t n = 0;
+  for (const auto& s : run.steps) {
+    if (!step_cause(run, s).loss_after_modules) continue;
+    if (n++ == 0) f.steps.push_back(s.row.step);
+  }
+  if (n == 0) return f;
+  f.rule = "forward-nonfinite";
+  f.score = 80.0;
+  f.title = "The loss is NaN/Inf while every probed module's output is finite: it is made after the modules";
+  f.evidence = "loss non-finite in " + std::to_string(n) + " of " + plural(known_losses, "step") + ", first at step " +
+               std::to_string(f.steps.front()) + ", with no NaN/Inf in any probed module's output in those steps";
+  f.suggestions.push_back({"Look at the code after the model's last module: the loss, and the model's own forward() "
+                           "after its last submodule. Compute the loss in FP32 (a sum, pow or exp in fp16 overflows "
+                           "above 65504; a float16 loss also overflows when the scaler multiplies it), and keep "
+                           "log() and divisions away from 0.",
+                           "loss = loss_fn(model(x).float(), y)", "auto loss = loss_fn(model->forward(x).to(torch::kFloat), y);"});
+  return f;
+}
+
 }  // namespace
 
 void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
@@ -216,7 +239,12 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     out.push_back(f);
     top = false;
   }
-  if (ranked.empty() && nonfinite_loss > 0) {
+  if (!run.modules.empty()) {
+    if (Finding f = loss_after_modules(run, known_losses); f.steps.size() > 0) {
+      f.severity = top ? Severity::kError : Severity::kWarning;
+      out.push_back(f);
+    }
+  } else if (nonfinite_loss > 0) {
     Finding f;
     f.rule = "forward-nonfinite";
     f.severity = Severity::kError;

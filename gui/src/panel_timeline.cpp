@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ampdiag/analyzer/axis.h"
+#include "ampdiag/analyzer/causes.h"
 #include "ampdiag/analyzer/escape.h"
 #include "app.h"
 #include "style.h"
@@ -161,9 +162,8 @@ void App::timeline(float x, float y, float w, float h) {
       for (const auto& k : report_.skipped)
         if (k.rank == run.rank && k.step == step) {
           ImGui::TextColored(ImVec4(0.95f, 0.35f, 0.35f, 1), "SKIPPED");
-          if (k.forward_known)
-            ImGui::Text("forward went non-finite at %s",
-                        k.forward_module.empty() ? "the model's own forward()" : analyzer::printable(k.forward_module).c_str());
+          const std::string forward = analyzer::forward_sentence(k.forward_module, k.forward_known, k.loss_after_modules);
+          if (!forward.empty()) ImGui::TextUnformatted(analyzer::printable(forward).c_str());
           if (!k.nonfinite_layers.empty())
             ImGui::Text("first non-finite gradient: %s%s", analyzer::printable(k.nonfinite_layers.front()).c_str(),
                         k.nonfinite_layer_count > 1 ? (" (+" + std::to_string(k.nonfinite_layer_count - 1) + " more)").c_str() : "");

@@ -137,6 +137,28 @@ TEST_CASE("a NaN loss without probes says that no module was probed", "[rules]")
   CHECK_THAT(fw->title, Catch::Contains("no module output was probed"));
 }
 
+TEST_CASE("a NaN loss while every probed module output was finite is made after the modules", "[rules]") {
+  // A log(0) or an fp16 sum in the loss: the modules were watched and all finite, so the
+  // advice is about the loss, not about recording activations.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.activation("enc", false).step(65536, 65536);
+  f.activation("enc", false).step(65536, 32768, 1000, {"head.weight"}, kNaN);
+  f.activation("enc", false).step(32768, 32768);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->severity == Severity::kError);
+  CHECK(fw->module.empty());
+  CHECK_THAT(fw->title, Catch::Contains("every probed module's output is finite"));
+  CHECK_THAT(fw->suggestions.front().python, Catch::Contains(".float()"));
+  CHECK(fw->steps == std::vector<std::int64_t>{1});
+  REQUIRE(r.skipped.size() == 1);
+  CHECK(r.skipped.front().loss_after_modules);
+  CHECK_FALSE(r.skipped.front().forward_known);
+}
+
 TEST_CASE("a layer that appears mid-run is summarised from where it starts", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);

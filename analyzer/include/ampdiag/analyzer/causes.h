@@ -44,9 +44,18 @@ struct StepCause {
   // The step's forward held NaN/Inf in a probed module, and it mattered: not a module that
   // makes them by design (intrinsic) while the loss stayed finite.
   bool forward_known = false;
+  // The loss was NaN/Inf while every probed module's output was finite: it was made after
+  // them (the loss computation, or the model's own code after its last probed module).
+  bool loss_after_modules = false;
   std::string first_gradient;  // the first gradient (backward order) that held NaN/Inf
 };
 
 StepCause step_cause(const Run& run, const StepSummary& step);
+
+// Where the step's forward went wrong, in words ("" when it did not): the report's
+// skipped-steps list and the GUI's tooltip.
+std::string forward_sentence(const std::string& forward_module, bool forward_known, bool loss_after_modules);
+// The same in a table cell: the module, "(model forward)" or "(loss)".
+std::string forward_label(const std::string& forward_module, bool forward_known, bool loss_after_modules);
 
 }  // namespace ampdiag::analyzer

@@ -45,6 +45,7 @@ struct SkippedStep {
   std::int64_t nonfinite_layer_count = 0;
   std::string forward_module;                 // where the forward's NaN/Inf started (causes.h); "" is the model's own code
   bool forward_known = false;                 // the forward held NaN/Inf in a probed module
+  bool loss_after_modules = false;            // the loss was NaN/Inf, every probed module's output finite
 };
 
 // Rule thresholds, with the defaults documented in docs/ANALYZER.md.
