@@ -315,6 +315,9 @@ void Agent::Impl::on_scale(const at::Tensor& outputs) {
   // A non-scalar output (backward with an explicit gradient) is no loss: counting it as
   // NaN would report a NaN loss that never was. A device loss is summed on its device
   // (reading it here would wait for the device) and read back with the step's outcome.
+  // Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
+  if (outputs.scalar_type() == at::kHalf)
+    session_.event_once("half-loss", "half-loss", "scaler.scale() received a float16 loss");
   if (outputs.numel() == 1 && at::isFloatingType(outputs.scalar_type())) {
     const at::Tensor loss = outputs.detach().reshape({}).to(at::kDouble);
     if (outputs.device().is_cpu()) {

@@ -31,7 +31,8 @@ bool Report::healthy() const {
 const std::vector<std::string>& rule_ids() {
   static const std::vector<std::string> ids = {"scale-collapse", "overflow-origin",   "forward-nonfinite", "low-headroom",
                                                "underflow",      "skip-rate",         "rank-disagreement", "missing-ranks",
-                                               "autopin",        "stalled-updates",   "half-parameters"};
+                                               "autopin",        "stalled-updates",   "half-parameters",
+                                               "half-loss"};
   return ids;
 }
 
@@ -137,6 +138,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::skip_rate(run, t, found);
     rules::autopin(run, found);
     rules::half_parameters(run, t, found);
+    rules::half_loss(run, found);
     for (auto& f : found) {
       f.ranks = {run.rank};
       all.push_back(std::move(f));

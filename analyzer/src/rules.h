@@ -36,6 +36,13 @@ void autopin(const Run& run, std::vector<Finding>& out);
 // Parameters stored in half precision (no FP32 master weights): layers whose updates mostly
 // round away (warning), else one info finding that the run keeps such parameters.
 void half_parameters(const Run& run, const Thresholds& t, std::vector<Finding>& out);
+// scaler.scale() received a float16 loss (event "half-loss"): warning, fix in the loss.
+void half_loss(const Run& run, std::vector<Finding>& out);
+// Whether the run's loss was float16 (event "half-loss").
+bool has_half_loss(const Run& run);
+// A step skipped at a scale above fp16's largest value with a float16 loss: the loss's own
+// gradient (the scale) was Inf, whatever the layers did.
+bool half_loss_skip(const StepSummary& s);
 void rank_disagreement(const std::vector<Run>& runs, const Thresholds& t, std::vector<Finding>& out);
 
 }  // namespace ampdiag::analyzer::rules

@@ -79,11 +79,9 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
   f.title = "The loss is NaN/Inf while every probed module's output is finite: it is made after the modules";
   f.evidence = "loss non-finite in " + std::to_string(n) + " of " + plural(known_losses, "step") + ", first at step " +
                std::to_string(f.steps.front()) + ", with no NaN/Inf in any probed module's output in those steps";
-  f.suggestions.push_back({"Look at the code after the model's last module: the loss, and the model's own forward() "
-                           "after its last submodule. Compute the loss in FP32 (a sum, pow or exp in fp16 overflows "
-                           "above 65504; a float16 loss also overflows when the scaler multiplies it), and keep "
-                           "log() and divisions away from 0.",
-                           "loss = loss_fn(model(x).float(), y)", "auto loss = loss_fn(model->forward(x).to(torch::kFloat), y);"});
+  f.suggestions.push_back(suggest::fp32_loss(
+      "Look at the code after the model's last module: the loss, and the model's own forward() after its last "
+      "submodule. Keep log() and divisions away from 0; a sum, pow or exp in fp16 overflows above 65504."));
   return f;
 }
 
@@ -100,8 +98,10 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
   };
   std::map<std::string, PerModule> modules;
   std::int64_t considered = 0;
+  const bool half_loss = has_half_loss(run);
   for (const auto& s : run.steps) {
     if (!s.row.skipped || s.nonfinite_layers.empty() || forward_failed(run, s)) continue;
+    if (half_loss && half_loss_skip(s)) continue;  // the loss's gradient overflowed: half-loss says so
     ++considered;
     const auto& layer = run.layers[std::size_t(s.nonfinite_layers.front())].info;
     // The overflow happened in backward between the last finite gradient and this one: in

@@ -106,6 +106,16 @@ Suggestion use_bf16(const Run& run) {
   return s;
 }
 
+Suggestion fp32_loss(const std::string& why) {
+  Suggestion s;
+  s.summary = (why.empty() ? "" : why + " ") +
+              "Compute the loss in FP32: cast the model's output to float before the loss (autocast keeps the model's "
+              "own operations in fp16).";
+  s.python = "loss = loss_fn(model(x).float(), y)";
+  s.cpp = "auto loss = loss_fn(model->forward(x).to(torch::kFloat), y);";
+  return s;
+}
+
 Suggestion add_scaler(const Run& run) {
   return {"Use a loss scaler: fp16 without one keeps small gradients at their true size, below fp16's range.",
           "scaler = torch.amp.GradScaler(\"" + device_type(run) +

@@ -223,6 +223,34 @@ TEST_CASE("a non-scalar passed to scale() is no loss: the step's loss is not NaN
   CHECK(steps[0].losses == 0);
 }
 
+TEST_CASE("a float16 loss passed to scale() is one half-loss event", "[agent]") {
+  TempDir dir;
+  torch::manual_seed(0);
+  TinyNet net;
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
+  GradScaler scaler;
+  AgentOptions o;
+  o.db_path = dir.file("run.db");
+  {
+    Agent agent(*net, scaler, o);
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      torch::Tensor loss;
+      {
+        HalfAutocast autocast;
+        loss = net->c(torch::relu(net->b(torch::relu(net->a(torch::randn({8, 16})))))).mean();  // stays fp16
+      }
+      REQUIRE(loss.scalar_type() == torch::kHalf);
+      scaler.scale(loss).backward();
+      scaler.step(optimizer);
+      scaler.update();
+    }
+  }
+  int events = 0;
+  for (const auto& e : rundb::RunDbReader(dir.file("run.db")).events()) events += e.kind == "half-loss";
+  CHECK(events == 1);
+}
+
 TEST_CASE("profiling that cannot start is one event, and training is bit-identical", "[agent][profile]") {
   TempDir dir;
   const auto db = dir.file("profiled.db");

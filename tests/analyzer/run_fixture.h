@@ -87,6 +87,12 @@ class RunFixture {
     return *this;
   }
 
+  // An agent event on the step being built.
+  RunFixture& event(const std::string& kind, const std::string& detail) {
+    writer_.add_event({step_, kind, detail, 0.0});
+    return *this;
+  }
+
   RunFixture& meta(const std::string& key, const std::string& value) {
     writer_.set_meta(key, value);
     return *this;

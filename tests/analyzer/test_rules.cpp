@@ -137,6 +137,29 @@ TEST_CASE("a NaN loss without probes says that no module was probed", "[rules]")
   CHECK_THAT(fw->title, Catch::Contains("no module output was probed"));
 }
 
+TEST_CASE("a float16 loss is a warning that says the scale cannot pass 65504", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("half-loss", "scaler.scale() received a float16 loss").step(65536, 32768, 1000, {"head.weight"});
+  for (int i = 0; i < 4; ++i) f.step(32768, 32768);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* h = find(r, "half-loss");
+  REQUIRE(h != nullptr);
+  CHECK(h->severity == Severity::kWarning);
+  CHECK_THAT(h->evidence, Catch::Contains("above 65504 (1 step skipped there)"));
+  CHECK_THAT(h->suggestions.front().python, Catch::Contains(".float()"));
+}
+
+TEST_CASE("a run without a float16 loss has no half-loss finding", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "half-loss") == nullptr);
+}
+
 TEST_CASE("a NaN loss while every probed module output was finite is made after the modules", "[rules]") {
   // A log(0) or an fp16 sum in the loss: the modules were watched and all finite, so the
   // advice is about the loss, not about recording activations.

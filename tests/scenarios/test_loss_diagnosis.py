@@ -40,3 +40,29 @@ def test_a_log_of_zero_in_the_loss_is_blamed_on_the_loss_not_on_a_layer(tmp_path
     timeline = csv.DictReader(io.StringIO(out))
     assert {row["step"]: row["first_nonfinite_forward"] for row in timeline if row["skipped"] == "1"} == \
         {"3": "(loss)", "8": "(loss)", "13": "(loss)", "18": "(loss)"}
+
+
+def test_a_float16_loss_is_a_warning_with_the_fp32_loss_fix_and_the_run_stays_healthy(tmp_path, verdict):
+    # `.mean()` keeps autocast's fp16: its gradient is the scale in fp16, Inf at 65536, so
+    # the first step and every growth probe back to 65536 skip.
+    db = tmp_path / "half_loss.db"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cpu", growth_interval=5)
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(16):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(64, 16)).pow(2).mean()
+            assert loss.dtype == torch.float16
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
+    half = [f for f in rep["findings"] if f["rule"] == "half-loss"]
+    assert len(half) == 1 and half[0]["severity"] == "warning"
+    assert ".float()" in half[0]["suggestions"][0]["python"]
+    assert all(k["scale"] == 65536 for k in rep["skipped_steps"])  # only the scale's own gradient overflowed
+    assert "overflow-origin" not in {f["rule"] for f in rep["findings"]}  # not blamed on the last layer

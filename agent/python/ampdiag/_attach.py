@@ -350,6 +350,9 @@ class AttachHandle:
         if not self._begin_cycle():
             return
         self._losses.extend(_loss.scalar_losses(outputs))
+        if any(t.dtype == torch.float16 for t in _loss.tensors(outputs)):
+            # Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
+            self._event("half-loss", "scaler.scale() received a float16 loss")
         self._watch_backward_start(outputs)
         self._python_ns += time.perf_counter_ns() - t0
 
