@@ -8,7 +8,6 @@ and streams everything to a run.db through the C++ engine. It changes no number 
 training: with fused unscale on, the gradients are unscaled with the same bits as
 torch._amp_foreach_non_finite_check_and_unscale_ writes.
 """
-import functools
 import inspect
 import math
 import os
@@ -25,10 +24,10 @@ from ._autopin import AutoPinner
 from ._forward import forward_hook
 from ._options import check_options, default_amp_dtype
 from ._replay import FINITE, INTRINSIC, NONFINITE, Replayer
+from ._scaler import wrap_scaler
 from ._updates import UpdateProbe, holds_half_parameters
-from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, directly_readable, engine_place,
-                       fast_place, found_inf, found_inf_tensor, host_gradients, host_sum, inf_checked,
-                       readable_view, scale_on_device, sum_on)
+from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, engine_place, fast_place, host_sum,
+                       readable_view, sum_on)
 
 _ATTACHED = "_ampdiag_handle"
 
@@ -120,7 +119,7 @@ class AttachHandle:
                 pin_fp32(module)
                 self._pinned.append(module)
             if scaler is not None:
-                self._wrap_scaler(scaler)
+                wrap_scaler(self, scaler)
             else:
                 self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
                 self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
@@ -232,44 +231,6 @@ class AttachHandle:
                 self._hooks.append(p.register_hook(self._arrival_hook(layer)))
         self._session.layers_done()
 
-    def _wrap_scaler(self, scaler):
-        original_unscale = scaler._unscale_grads_
-        original_scale = scaler.scale
-        original_update = scaler.update
-
-        def _unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16):
-            return self._on_unscale(original_unscale, optimizer, inv_scale, found_inf, allow_fp16)
-
-        def scale(outputs):
-            self._on_scale(outputs)
-            return original_scale(outputs)
-
-        def update(new_scale=None):
-            checked = inf_checked(scaler)
-            if scale_on_device(scaler):
-                # A CUDA scale stays on the device: the outcome is read back without waiting.
-                found = found_inf_tensor(scaler) if checked else None
-                before = scaler._scale.clone()
-                original_update(new_scale)
-                if not self._inert:
-                    self._end_step_on_device(scaler._scale, checked, before, found)
-                return
-            found = checked and found_inf(scaler)
-            before = float(scaler.get_scale())
-            original_update(new_scale)
-            if self._inert:
-                return
-            if not checked:
-                # An update() with no gradients checked since the last one (e.g. holding a
-                # minimum scale after the cycle's update()): the same step, at this scale.
-                self._session.amend_scale_after(float(scaler.get_scale()))
-                return
-            self._end_step(before, float(scaler.get_scale()), found, skipped=found)
-
-        for name, fn in (("_unscale_grads_", _unscale_grads_), ("scale", scale), ("update", update)):
-            setattr(scaler, name, functools.wraps(getattr(type(scaler), name))(fn))
-            self._restore.append((scaler, name))
-
     def _event(self, kind, detail, key=None):
         self._session.event_once(repr(key or (kind, detail)), kind, detail)
 
@@ -342,19 +303,6 @@ class AttachHandle:
             arrived(layer)
 
         return hook
-
-    def _on_scale(self, outputs):
-        if self._inert:
-            return
-        t0 = time.perf_counter_ns()
-        if not self._begin_cycle():
-            return
-        self._losses.extend(_loss.scalar_losses(outputs))
-        if any(t.dtype == torch.float16 for t in _loss.tensors(outputs)):
-            # Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
-            self._event("half-loss", "scaler.scale() received a float16 loss")
-        self._watch_backward_start(outputs)
-        self._python_ns += time.perf_counter_ns() - t0
 
     def _watch_backward_start(self, roots):
         """Flags the moment a backward from these roots starts, before any gradient arrives:
@@ -432,46 +380,6 @@ class AttachHandle:
             indices.append(place[1])
             streams.append(place[2])
         return self._session.grads(layers, ptrs, numels, codes, types, indices, streams, inv_scale, device_scale)
-
-    def _on_unscale(self, original, optimizer, inv_scale, found_inf, allow_fp16):
-        t0 = time.perf_counter_ns()
-        if not self._begin_cycle():
-            return original(optimizer, inv_scale, found_inf, allow_fp16)
-        if self._updates is not None:
-            self._updates.watch(optimizer)
-        if self._profile is not None:
-            self._profile.watch_optimizer(optimizer)
-            original = functools.partial(self._profile.unscale, original)
-        if self._fused and found_inf.is_cpu and inv_scale.is_cpu:
-            host = host_gradients(optimizer, self._layer_id)
-            if host is not None and host[0]:  # the common case: one pass over the gradients
-                layers, ptrs, numels, codes = host
-                places = [0] * len(layers)
-                if self._session.grads(layers, ptrs, numels, codes, places, places, places, float(inv_scale.item()),
-                                       None):
-                    found_inf.fill_(1.0)
-                self._python_ns += time.perf_counter_ns() - t0
-                return {found_inf.device: found_inf}
-        layers, grads, sparse = self._gradients(optimizer)
-        special = sparse or any(g.dtype == torch.float16 for g in grads)
-        # Fused: every gradient read in place on the scale's own device (CPU: the scale is a
-        # host value; CUDA: the kernels read inv_scale and write found_inf on the device).
-        fusable = (self._fused and grads and not special and all(directly_readable(g) for g in grads)
-                   and all(g.device == found_inf.device for g in grads) and inv_scale.device == found_inf.device)
-        if fusable:
-            with torch.no_grad():
-                if found_inf.device.type == "cpu":
-                    if self._stats(layers, grads, inv_scale=float(inv_scale.item())):
-                        found_inf.fill_(1.0)
-                else:
-                    self._stats(layers, grads, device_scale=(inv_scale.data_ptr(), found_inf.data_ptr()))
-            self._python_ns += time.perf_counter_ns() - t0
-            return {found_inf.device: found_inf}
-        if grads:
-            self._stats(layers, grads)
-        self._python_ns += time.perf_counter_ns() - t0
-        # torch's own unscale (it also raises for FP16 gradients, as it should).
-        return original(optimizer, inv_scale, found_inf, allow_fp16)
 
     def _before_optimizer_step(self, optimizer, args, kwargs):
         t0 = time.perf_counter_ns()

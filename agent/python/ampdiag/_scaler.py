@@ -1,0 +1,107 @@
+"""The GradScaler instance's methods while attached: scale() collects the step's loss,
+_unscale_grads_() takes the gradients' statistics (fused with the unscale, in the same bits
+as torch's, or before torch's own), update() ends the step with the scale it chose."""
+import functools
+import time
+
+import torch
+
+from . import _loss
+from ._tensors import (directly_readable, found_inf, found_inf_tensor, host_gradients, inf_checked,
+                       scale_on_device)
+
+
+def wrap_scaler(handle, scaler):
+    """Replaces the instance's _unscale_grads_, scale and update with the agent's; close()
+    restores the class's."""
+    original_unscale = scaler._unscale_grads_
+    original_scale = scaler.scale
+    original_update = scaler.update
+
+    def _unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16):
+        return _unscale(handle, original_unscale, optimizer, inv_scale, found_inf, allow_fp16)
+
+    def scale(outputs):
+        _scale(handle, outputs)
+        return original_scale(outputs)
+
+    def update(new_scale=None):
+        checked = inf_checked(scaler)
+        if scale_on_device(scaler):
+            # A CUDA scale stays on the device: the outcome is read back without waiting.
+            found = found_inf_tensor(scaler) if checked else None
+            before = scaler._scale.clone()
+            original_update(new_scale)
+            if not handle._inert:
+                handle._end_step_on_device(scaler._scale, checked, before, found)
+            return
+        found = checked and found_inf(scaler)
+        before = float(scaler.get_scale())
+        original_update(new_scale)
+        if handle._inert:
+            return
+        if not checked:
+            # An update() with no gradients checked since the last one (e.g. holding a
+            # minimum scale after the cycle's update()): the same step, at this scale.
+            handle._session.amend_scale_after(float(scaler.get_scale()))
+            return
+        handle._end_step(before, float(scaler.get_scale()), found, skipped=found)
+
+    for name, fn in (("_unscale_grads_", _unscale_grads_), ("scale", scale), ("update", update)):
+        setattr(scaler, name, functools.wraps(getattr(type(scaler), name))(fn))
+        handle._restore.append((scaler, name))
+
+
+def _scale(handle, outputs):
+    if handle._inert:
+        return
+    t0 = time.perf_counter_ns()
+    if not handle._begin_cycle():
+        return
+    handle._losses.extend(_loss.scalar_losses(outputs))
+    if any(t.dtype == torch.float16 for t in _loss.tensors(outputs)):
+        # Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
+        handle._event("half-loss", "scaler.scale() received a float16 loss")
+    handle._watch_backward_start(outputs)
+    handle._python_ns += time.perf_counter_ns() - t0
+
+
+def _unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16):
+    t0 = time.perf_counter_ns()
+    if not handle._begin_cycle():
+        return original(optimizer, inv_scale, found_inf, allow_fp16)
+    if handle._updates is not None:
+        handle._updates.watch(optimizer)
+    if handle._profile is not None:
+        handle._profile.watch_optimizer(optimizer)
+        original = functools.partial(handle._profile.unscale, original)
+    if handle._fused and found_inf.is_cpu and inv_scale.is_cpu:
+        host = host_gradients(optimizer, handle._layer_id)
+        if host is not None and host[0]:  # the common case: one pass over the gradients
+            layers, ptrs, numels, codes = host
+            places = [0] * len(layers)
+            if handle._session.grads(layers, ptrs, numels, codes, places, places, places, float(inv_scale.item()),
+                                   None):
+                found_inf.fill_(1.0)
+            handle._python_ns += time.perf_counter_ns() - t0
+            return {found_inf.device: found_inf}
+    layers, grads, sparse = handle._gradients(optimizer)
+    special = sparse or any(g.dtype == torch.float16 for g in grads)
+    # Fused: every gradient read in place on the scale's own device (CPU: the scale is a
+    # host value; CUDA: the kernels read inv_scale and write found_inf on the device).
+    fusable = (handle._fused and grads and not special and all(directly_readable(g) for g in grads)
+               and all(g.device == found_inf.device for g in grads) and inv_scale.device == found_inf.device)
+    if fusable:
+        with torch.no_grad():
+            if found_inf.device.type == "cpu":
+                if handle._stats(layers, grads, inv_scale=float(inv_scale.item())):
+                    found_inf.fill_(1.0)
+            else:
+                handle._stats(layers, grads, device_scale=(inv_scale.data_ptr(), found_inf.data_ptr()))
+        handle._python_ns += time.perf_counter_ns() - t0
+        return {found_inf.device: found_inf}
+    if grads:
+        handle._stats(layers, grads)
+    handle._python_ns += time.perf_counter_ns() - t0
+    # torch's own unscale (it also raises for FP16 gradients, as it should).
+    return original(optimizer, inv_scale, found_inf, allow_fp16)
