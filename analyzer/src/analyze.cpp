@@ -133,8 +133,8 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::scale_collapse(run, t, found);
     rules::overflow_origin(run, t, found);
     rules::forward_nonfinite(run, t, found);
-    rules::low_headroom(run, t, found);
     rules::underflow(run, t, found);
+    rules::low_headroom(run, t, found);  // after underflow: it reads whether a layer underflows
     rules::skip_rate(run, t, found);
     rules::autopin(run, found);
     rules::half_parameters(run, t, found);

@@ -28,6 +28,8 @@ std::string plural(std::int64_t n, const std::string& noun);
 void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void forward_nonfinite(const Run& run, const Thresholds& t, std::vector<Finding>& out);
+// A warning with a pin where a layer underflows at the scale the limiting layer allows
+// (`out` already holds this run's underflow findings); else info: the limit costs nothing.
 void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out);

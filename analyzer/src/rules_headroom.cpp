@@ -1,4 +1,5 @@
 // low-headroom and underflow: the two ends of the fp16 range, per layer.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -21,7 +22,10 @@ std::string pct(double v) {
 void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   // A dynamic scaler grows until the largest gradient nears the top, so some layer always
   // runs close to it once the scale has room. It matters when that layer holds the scale
-  // below where the run started.
+  // below where the run started, and then only if another layer underflows at that scale:
+  // otherwise the scale it allows loses nothing, and pinning it would gain nothing.
+  const auto underflowing = std::find_if(out.begin(), out.end(), [](const Finding& f) { return f.rule == "underflow"; });
+  const std::string underflow_layer = underflowing == out.end() ? "" : underflowing->layer;
   std::map<std::int64_t, double> scale_at;
   for (const auto& s : run.steps) scale_at[s.row.step] = s.row.scale_before;
   const double init = run.steps.front().row.scale_before;
@@ -63,7 +67,14 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
                  " sampled steps (least headroom " + least_text + " bits), mostly while the loss scale was below its initial " +
                  std::to_string(std::lround(init));
     f.steps.push_back(first);
-    f.suggestions.push_back(suggest::pin_fp32(run, f.module));
+    if (underflow_layer.empty()) {
+      f.severity = Severity::kInfo;
+      f.score = 10.0;
+      f.evidence += "; no layer underflows at that scale, so the limit costs nothing";
+    } else {
+      f.evidence += "; at that scale " + underflow_layer + " underflows (see underflow)";
+      f.suggestions.push_back(suggest::pin_fp32(run, f.module));
+    }
     out.push_back(f);
   }
 }

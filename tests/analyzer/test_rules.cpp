@@ -387,7 +387,24 @@ TEST_CASE("a gradient overflow in a step whose forward only held a mask's -inf i
   CHECK(r.skipped.front().forward_module.empty());
 }
 
-TEST_CASE("a layer near the fp16 maximum while the scale is held low has low headroom", "[rules]") {
+TEST_CASE("a layer near the fp16 maximum holding the scale where another underflows has low headroom", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.6, 0.2);
+  f.step(65536, 1024, 50000, {"a.weight"});
+  for (int i = 0; i < 10; ++i) f.step(1024, 1024, 50000);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* h = find(r, "low-headroom");
+  REQUIRE(h != nullptr);
+  CHECK(h->severity == Severity::kWarning);
+  CHECK_THAT(h->evidence, Catch::Contains("b.weight underflows"));
+  CHECK_THAT(h->suggestions.front().python, Catch::Contains("pin_fp32"));
+}
+
+TEST_CASE("a layer near the fp16 maximum while nothing underflows is information without a fix", "[rules]") {
+  // A scaler settled below init_scale always has such a layer: the scale it allows loses
+  // nothing, so there is nothing to pin.
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
   f.step(65536, 1024, 50000, {"a.weight"});
@@ -396,7 +413,9 @@ TEST_CASE("a layer near the fp16 maximum while the scale is held low has low hea
   const auto r = report_of(dir.file("run.db"));
   const Finding* h = find(r, "low-headroom");
   REQUIRE(h != nullptr);
-  CHECK(h->severity == Severity::kWarning);
+  CHECK(h->severity == Severity::kInfo);
+  CHECK(h->suggestions.empty());
+  CHECK_THAT(h->evidence, Catch::Contains("no layer underflows"));
 }
 
 TEST_CASE("calibration and growth-probe skips are not harmful", "[rules]") {
