@@ -32,7 +32,7 @@ const std::vector<std::string>& rule_ids() {
   static const std::vector<std::string> ids = {"scale-collapse", "overflow-origin",   "forward-nonfinite", "low-headroom",
                                                "underflow",      "skip-rate",         "rank-disagreement", "missing-ranks",
                                                "autopin",        "stalled-updates",   "half-parameters",
-                                               "half-loss"};
+                                               "half-loss",      "input-nan"};
   return ids;
 }
 
@@ -165,9 +165,8 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
       for (std::size_t i = 0; i < s.nonfinite_layers.size() && i < 5; ++i)
         k.nonfinite_layers.push_back(run.layers[std::size_t(s.nonfinite_layers[i])].info.name);
       const StepCause cause = step_cause(run, s);
-      k.forward_known = cause.forward_known;
+      k.forward = cause.forward;
       k.forward_module = cause.forward_module;
-      k.loss_after_modules = cause.loss_after_modules;
       report.skipped.push_back(k);
     }
     o.layers = std::int64_t(run.layers.size());

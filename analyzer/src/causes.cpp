@@ -86,29 +86,53 @@ const ModuleSummary* overflow_after_intrinsic(const Run& run) {
 
 StepCause step_cause(const Run& run, const StepSummary& step) {
   StepCause c;
-  if (step.first_nonfinite_module >= 0) {
+  if (step.first_nonfinite_module >= 0 && run.input_nan(step.row.step)) {
+    c.forward = ForwardSource::kInput;
+  } else if (step.first_nonfinite_module >= 0) {
     const ForwardCause cause = forward_cause(run, run.modules[std::size_t(step.first_nonfinite_module)].info.path);
-    c.forward_known = !(cause.intrinsic && std::isfinite(step.row.loss));
-    if (c.forward_known) c.forward_module = cause.module;
-    if (c.forward_known && cause.intrinsic)
-      if (const ModuleSummary* m = overflow_after_intrinsic(run)) c.forward_module = m->info.path;
+    if (!(cause.intrinsic && std::isfinite(step.row.loss))) {
+      c.forward = ForwardSource::kModule;
+      c.forward_module = cause.module;
+      if (cause.intrinsic)
+        if (const ModuleSummary* m = overflow_after_intrinsic(run)) c.forward_module = m->info.path;
+    }
+  } else if (!run.modules.empty() && run.loss_known(step.row) && !std::isfinite(step.row.loss)) {
+    c.forward = ForwardSource::kLoss;
   }
-  c.loss_after_modules = step.first_nonfinite_module < 0 && !run.modules.empty() && run.loss_known(step.row) &&
-                         !std::isfinite(step.row.loss);
   if (!step.nonfinite_layers.empty()) c.first_gradient = run.layers[std::size_t(step.nonfinite_layers.front())].info.name;
   return c;
 }
 
-std::string forward_sentence(const std::string& forward_module, bool forward_known, bool loss_after_modules) {
-  if (forward_known)
-    return "forward went non-finite at " + (forward_module.empty() ? std::string("the model's own forward()") : forward_module);
-  if (loss_after_modules) return "the loss went NaN/Inf after every probed module's output was finite";
+std::string forward_sentence(ForwardSource forward, const std::string& forward_module) {
+  switch (forward) {
+    case ForwardSource::kNone: return "";
+    case ForwardSource::kModule:
+      return "forward went non-finite at " +
+             (forward_module.empty() ? std::string("the model's own forward()") : forward_module);
+    case ForwardSource::kLoss: return "the loss went NaN/Inf after every probed module's output was finite";
+    case ForwardSource::kInput: return "the model's input held NaN";
+  }
   return "";
 }
 
-std::string forward_label(const std::string& forward_module, bool forward_known, bool loss_after_modules) {
-  if (forward_known) return forward_module.empty() ? "(model forward)" : forward_module;
-  return loss_after_modules ? "(loss)" : "";
+std::string forward_source_name(ForwardSource forward) {
+  switch (forward) {
+    case ForwardSource::kNone: return "none";
+    case ForwardSource::kModule: return "module";
+    case ForwardSource::kLoss: return "loss";
+    case ForwardSource::kInput: return "input";
+  }
+  return "none";
+}
+
+std::string forward_label(ForwardSource forward, const std::string& forward_module) {
+  switch (forward) {
+    case ForwardSource::kNone: return "";
+    case ForwardSource::kModule: return forward_module.empty() ? "(model forward)" : forward_module;
+    case ForwardSource::kLoss: return "(loss)";
+    case ForwardSource::kInput: return "(input)";
+  }
+  return "";
 }
 
 }  // namespace ampdiag::analyzer

@@ -2,6 +2,7 @@
 // the Run's own questions.
 #include <signal.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -63,6 +64,10 @@ std::string Run::meta_or(const std::string& key, const std::string& fallback) co
 }
 
 double Run::init_scale() const { return std::atof(meta_or("scaler_init_scale", "65536").c_str()); }
+
+bool Run::input_nan(std::int64_t step) const {
+  return std::binary_search(input_nan_steps.begin(), input_nan_steps.end(), step);
+}
 
 bool Run::loss_known(const rundb::StepRow& row) const {
   if (row.losses >= 0) return row.losses > 0;

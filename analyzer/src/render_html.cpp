@@ -376,7 +376,7 @@ table{border-collapse:collapse;font-size:13px} td,th{border-bottom:1px solid #ee
       o += "<tr><td>" + std::to_string(k.rank) + "</td><td>" + std::to_string(k.step) + "</td><td>" + scale + "</td><td>" +
            escape_markup(k.nonfinite_layers.empty() ? "-" : k.nonfinite_layers.front()) +
            (k.nonfinite_layer_count > 1 ? " (+" + std::to_string(k.nonfinite_layer_count - 1) + ")" : "") + "</td><td>" +
-           escape_markup(forward_label(k.forward_module, k.forward_known, k.loss_after_modules)) + "</td></tr>\n";
+           escape_markup(forward_label(k.forward, k.forward_module)) + "</td></tr>\n";
     }
     o += "</table>\n";
   }

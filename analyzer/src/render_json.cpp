@@ -2,6 +2,7 @@
 #include <map>
 
 #include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/causes.h"
 #include "ampdiag/analyzer/render.h"
 #include "ampdiag/analyzer/json.h"
 #include "markup.h"
@@ -100,7 +101,7 @@ std::string render_json(const Report& r, const Gate& gate) {
     o += std::string(i ? "," : "") + "\n    {\"rank\": " + number(k.rank) + ", \"step\": " + number(k.step) +
          ", \"scale\": " + number(k.scale) + ", \"loss\": " + number(k.loss) + ", \"forward_module\": " +
          quote(k.forward_module) +
-         ", \"loss_after_modules\": " + (k.loss_after_modules ? "true" : "false") + ", \"nonfinite_layer_count\": " + number(k.nonfinite_layer_count) +
+         ", \"forward_source\": " + quote(forward_source_name(k.forward)) + ", \"nonfinite_layer_count\": " + number(k.nonfinite_layer_count) +
          ", \"nonfinite_layers\": [";
     for (std::size_t j = 0; j < k.nonfinite_layers.size(); ++j) o += (j ? ", " : "") + quote(k.nonfinite_layers[j]);
     o += "]}";

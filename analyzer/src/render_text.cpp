@@ -119,7 +119,7 @@ std::string overview_line(const RunOverview& o) {
 std::string skipped_line(const SkippedStep& k, bool show_rank) {
   std::string s = (show_rank ? "rank " + std::to_string(k.rank) + " " : "") + "step " + std::to_string(k.step) +
                   " (scale " + fmt(k.scale) + "): ";
-  const std::string forward = forward_sentence(k.forward_module, k.forward_known, k.loss_after_modules);
+  const std::string forward = forward_sentence(k.forward, k.forward_module);
   if (!forward.empty()) s += forward + "; ";
   if (k.nonfinite_layers.empty()) return s + "no gradient statistics recorded for this step";
   s += "first non-finite gradient " + k.nonfinite_layers.front();

@@ -25,7 +25,7 @@ std::string step_list(const std::vector<std::int64_t>& steps, std::size_t limit 
 // NaN then, and "first in backward" would only name the loss's last layer. Not so a module
 // that makes NaN/Inf by design (a -inf mask) while the loss stayed finite.
 bool forward_failed(const Run& run, const StepSummary& s) {
-  return step_cause(run, s).forward_known || !std::isfinite(s.row.loss);
+  return step_cause(run, s).forward != ForwardSource::kNone || !std::isfinite(s.row.loss);
 }
 
 // The evidence a replay whose FP32 output was finite gives.
@@ -40,7 +40,7 @@ std::string confirmed_evidence(double fp32_absmax) {
 std::int64_t nonfinite_losses_caused(const Run& run, const std::string& module) {
   std::int64_t n = 0;
   for (const auto& s : run.steps)
-    if (s.first_nonfinite_module >= 0 && run.loss_known(s.row) && !std::isfinite(s.row.loss) &&
+    if (s.first_nonfinite_module >= 0 && !run.input_nan(s.row.step) && run.loss_known(s.row) && !std::isfinite(s.row.loss) &&
         forward_cause(run, run.modules[std::size_t(s.first_nonfinite_module)].info.path).module == module)
       ++n;
   return n;
@@ -70,7 +70,7 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
   Finding f;
   std::int64_t n = 0;
   for (const auto& s : run.steps) {
-    if (!step_cause(run, s).loss_after_modules) continue;
+    if (step_cause(run, s).forward != ForwardSource::kLoss) continue;
     if (n++ == 0) f.steps.push_back(s.row.step);
   }
   if (n == 0) return f;
@@ -82,6 +82,36 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
   f.suggestions.push_back(suggest::fp32_loss(
       "Look at the code after the model's last module: the loss, and the model's own forward() after its last "
       "submodule. Keep log() and divisions away from 0; a sum, pow or exp in fp16 overflows above 65504."));
+  return f;
+}
+
+// The steps whose model input held NaN (events "input-nan", written where an output was
+// NaN/Inf): a corrupted batch, which no precision change fixes. Empty steps: none.
+Finding input_nan(const Run& run) {
+  Finding f;
+  std::int64_t n = 0, hurt = 0;
+  std::string detail;
+  for (const auto& s : run.steps) {
+    if (step_cause(run, s).forward != ForwardSource::kInput) continue;
+    if (n++ == 0) f.steps.push_back(s.row.step);
+    hurt += s.row.skipped || (run.loss_known(s.row) && !std::isfinite(s.row.loss));
+  }
+  if (n == 0) return f;
+  for (const auto& e : run.events)
+    if (e.kind == "input-nan" && e.step == f.steps.front()) detail = e.detail;
+  f.rule = "input-nan";
+  f.severity = hurt ? Severity::kError : Severity::kInfo;
+  f.score = hurt ? 90.0 : 5.0;
+  f.title = hurt ? "The model's input held NaN: the data, not fp16, made the forward non-finite"
+                 : "The model's input held NaN, and the loss stayed finite";
+  f.evidence = "in " + plural(n, "step") + " with a NaN/Inf output, from step " + std::to_string(f.steps.front()) +
+               ", the model's input already held NaN" + (detail.empty() ? "" : " (" + detail + ")") + "; " +
+               std::to_string(hurt) + " of them skipped or with a NaN/Inf loss";
+  if (hurt)
+    f.suggestions.push_back({"Find the bad samples in the data pipeline (a missing value, a 0/0 in preprocessing) and "
+                             "repair or drop them; pinning modules to FP32 cannot help.",
+                             "assert not torch.isnan(x).any(), \"NaN in the batch\"",
+                             "TORCH_CHECK(!torch::isnan(x).any().item<bool>(), \"NaN in the batch\");"});
   return f;
 }
 
@@ -162,19 +192,23 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     ForwardCause cause;
     std::int64_t first = 0, first_step = -1;
   };
+  // Steps whose input held NaN are the data's (input-nan), whatever module showed it first.
   std::map<std::string, Culprit> culprits;
-  for (const auto& m : run.modules) {
-    if (m.first_nonfinite == 0) continue;
-    const ForwardCause cause = forward_cause(run, m.info.path);
-    Culprit& c = culprits[cause.module];
-    if (c.first == 0) c.cause = cause;
-    c.first += m.first_nonfinite;
-    if (c.first_step < 0 || m.first_step < c.first_step) c.first_step = m.first_step;
+  std::map<std::int64_t, ForwardCause> cause_of;  // by module id
+  std::int64_t with_module = 0;
+  for (const auto& s : run.steps) {
+    if (s.first_nonfinite_module < 0 || run.input_nan(s.row.step)) continue;
+    ++with_module;
+    auto it = cause_of.find(s.first_nonfinite_module);
+    if (it == cause_of.end())
+      it = cause_of.emplace(s.first_nonfinite_module,
+                            forward_cause(run, run.modules[std::size_t(s.first_nonfinite_module)].info.path)).first;
+    Culprit& c = culprits[it->second.module];
+    if (c.first++ == 0) c.cause = it->second;
+    if (c.first_step < 0 || s.row.step < c.first_step) c.first_step = s.row.step;
   }
   std::vector<std::pair<std::string, Culprit>> ranked(culprits.begin(), culprits.end());
   std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
-  std::int64_t with_module = 0;
-  for (const auto& s : run.steps) with_module += s.first_nonfinite_module >= 0;
   bool top = true;
   for (const auto& [path, c] : ranked) {
     const ForwardCause& cause = c.cause;
@@ -239,6 +273,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     out.push_back(f);
     top = false;
   }
+  if (Finding f = input_nan(run); !f.steps.empty()) out.push_back(f);
   if (!run.modules.empty()) {
     if (Finding f = loss_after_modules(run, known_losses); f.steps.size() > 0) {
       f.severity = top ? Severity::kError : Severity::kWarning;

@@ -78,7 +78,7 @@ std::vector<StepFacts> facts_of(const Run& run, WhatIf& w) {
     f.scale = step.row.scale_before;
     const bool loss_nonfinite = run.loss_known(step.row) && !std::isfinite(step.row.loss);
     const bool overflowed = step.row.found_inf || step.row.skipped;
-    if (overflowed && (loss_nonfinite || step_cause(run, step).forward_known)) {
+    if (overflowed && (loss_nonfinite || step_cause(run, step).forward != ForwardSource::kNone)) {
       f.kind = Known::kOverflow;
       ++w.always_skipped;
     } else if (overflowed) {

@@ -123,7 +123,7 @@ int cmd_timeline(int argc, char** argv) {
     const analyzer::StepCause cause = analyzer::step_cause(run, s);
     table.push_back({std::to_string(s.row.step), run.loss_known(s.row) ? num(s.row.loss, "%.6g") : "", num(s.row.scale_before, "%g"),
                      num(s.row.scale_after, "%g"), s.row.skipped ? "1" : "0", cause.first_gradient,
-                     analyzer::forward_label(cause.forward_module, cause.forward_known, cause.loss_after_modules)});
+                     analyzer::forward_label(cause.forward, cause.forward_module)});
   }
   write_output(output_path(args), render_table(table, format));
   return 0;

@@ -162,7 +162,7 @@ void App::timeline(float x, float y, float w, float h) {
       for (const auto& k : report_.skipped)
         if (k.rank == run.rank && k.step == step) {
           ImGui::TextColored(ImVec4(0.95f, 0.35f, 0.35f, 1), "SKIPPED");
-          const std::string forward = analyzer::forward_sentence(k.forward_module, k.forward_known, k.loss_after_modules);
+          const std::string forward = analyzer::forward_sentence(k.forward, k.forward_module);
           if (!forward.empty()) ImGui::TextUnformatted(analyzer::printable(forward).c_str());
           if (!k.nonfinite_layers.empty())
             ImGui::Text("first non-finite gradient: %s%s", analyzer::printable(k.nonfinite_layers.front()).c_str(),

@@ -137,6 +137,26 @@ TEST_CASE("a NaN loss without probes says that no module was probed", "[rules]")
   CHECK_THAT(fw->title, Catch::Contains("no module output was probed"));
 }
 
+TEST_CASE("a NaN in the model's input is the data's, not the module that showed it first", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.activation("enc", false).step(1024, 1024);
+  f.event("input-nan", "argument 0 (float32 [32, 16]): 1 NaN of 512 values").activation("enc", true);
+  f.step(1024, 512, 1000, {"head.weight"}, kNaN);
+  f.activation("enc", false).step(512, 512);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* in = find(r, "input-nan");
+  REQUIRE(in != nullptr);
+  CHECK(in->severity == Severity::kError);
+  CHECK(in->steps == std::vector<std::int64_t>{1});
+  CHECK_THAT(in->evidence, Catch::Contains("1 NaN of 512 values"));
+  CHECK(find(r, "forward-nonfinite") == nullptr);  // enc only received it
+  CHECK(find(r, "overflow-origin") == nullptr);
+  REQUIRE(r.skipped.size() == 1);
+  CHECK(r.skipped.front().forward == ForwardSource::kInput);
+}
+
 TEST_CASE("a float16 loss is a warning that says the scale cannot pass 65504", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
@@ -178,8 +198,7 @@ TEST_CASE("a NaN loss while every probed module output was finite is made after 
   CHECK_THAT(fw->suggestions.front().python, Catch::Contains(".float()"));
   CHECK(fw->steps == std::vector<std::int64_t>{1});
   REQUIRE(r.skipped.size() == 1);
-  CHECK(r.skipped.front().loss_after_modules);
-  CHECK_FALSE(r.skipped.front().forward_known);
+  CHECK(r.skipped.front().forward == ForwardSource::kLoss);
 }
 
 TEST_CASE("a layer that appears mid-run is summarised from where it starts", "[rules]") {

@@ -89,10 +89,11 @@ def test_ranges_cover_each_module_in_forward_and_backward_and_the_optimizer_step
     assert order.index(modules["c"]) < order.index(modules["a"])
 
 
-def test_without_profile_no_module_gets_a_pre_hook(tmp_path):
+def test_without_profile_no_submodule_gets_a_pre_hook(tmp_path):
     model = Tiny()
     handle = ampdiag.attach(model, torch.amp.GradScaler("cpu"), db=tmp_path / "run.db")
-    assert all(not m._forward_pre_hooks for m in model.modules())
+    assert all(not m._forward_pre_hooks for m in model.modules() if m is not model)
+    assert len(model._forward_pre_hooks) == 1  # the model's own: its inputs, for input-nan
     handle.close()
     profiled = ampdiag.attach(model, torch.amp.GradScaler("cpu"), db=tmp_path / "profiled.db", profile=True)
     assert all(m._forward_pre_hooks for m in (model.a, model.b, model.c))

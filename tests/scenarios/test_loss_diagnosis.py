@@ -1,5 +1,6 @@
-"""NaN/Inf made after the model's modules, in the loss the user computes: named as the
-loss, never blamed on the layer nearest to it."""
+"""NaN/Inf that is not fp16's doing in a module: made in the loss the user computes, or
+already in the batch. Named as such, never blamed on the layer nearest to it or on the
+model's own code."""
 import csv
 import io
 import subprocess
@@ -8,25 +9,33 @@ import torch
 from torch import nn
 
 import ampdiag
-from conftest import rules
+from conftest import rows, rules
+
+
+def train(db, model, steps, loss_of, **scaler_options):
+    """An SGD loop with a real GradScaler; `loss_of(step, model)` runs the forward (its own
+    autocast) and returns the loss."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cpu", **scaler_options)
+    with ampdiag.attach(model, scaler, db=db):
+        for step in range(steps):
+            opt.zero_grad()
+            scaler.scale(loss_of(step, model)).backward()
+            scaler.step(opt)
+            scaler.update()
 
 
 def test_a_log_of_zero_in_the_loss_is_blamed_on_the_loss_not_on_a_layer(tmp_path, verdict, cli):
     # Every fifth batch has a class whose probability the loss masks to 0: log(0) = -inf.
     db = tmp_path / "log0.db"
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    scaler = torch.amp.GradScaler("cpu")
-    with ampdiag.attach(model, scaler, db=db):
-        for step in range(20):
-            opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                p = torch.softmax(model(torch.randn(64, 16)).float(), -1)
-            loss = -torch.log(p * (step % 5 != 3)).mean()
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+
+    def loss_of(step, model):
+        with torch.autocast("cpu", dtype=torch.float16):
+            p = torch.softmax(model(torch.randn(64, 16)).float(), -1)
+        return -torch.log(p * (step % 5 != 3)).mean()
+
+    train(db, nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)), 20, loss_of)
     code, rep = verdict(db)
     assert code == 1
     top = rep["findings"][0]
@@ -35,7 +44,7 @@ def test_a_log_of_zero_in_the_loss_is_blamed_on_the_loss_not_on_a_layer(tmp_path
     assert ".float()" in top["suggestions"][0]["python"]
     assert [(rule, module) for rule, module in rules(rep, "error") if module] == []  # no layer blamed
     assert [k["step"] for k in rep["skipped_steps"]] == [3, 8, 13, 18]
-    assert all(k["loss_after_modules"] for k in rep["skipped_steps"])
+    assert {k["forward_source"] for k in rep["skipped_steps"]} == {"loss"}
     out = subprocess.run([cli, "timeline", str(db), "--format", "csv"], capture_output=True, text=True, check=True).stdout
     timeline = csv.DictReader(io.StringIO(out))
     assert {row["step"]: row["first_nonfinite_forward"] for row in timeline if row["skipped"] == "1"} == \
@@ -47,18 +56,14 @@ def test_a_float16_loss_is_a_warning_with_the_fp32_loss_fix_and_the_run_stays_he
     # the first step and every growth probe back to 65536 skip.
     db = tmp_path / "half_loss.db"
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    scaler = torch.amp.GradScaler("cpu", growth_interval=5)
-    with ampdiag.attach(model, scaler, db=db):
-        for _ in range(16):
-            opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = model(torch.randn(64, 16)).pow(2).mean()
-            assert loss.dtype == torch.float16
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+
+    def loss_of(step, model):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.randn(64, 16)).pow(2).mean()
+        assert loss.dtype == torch.float16
+        return loss
+
+    train(db, nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)), 16, loss_of, growth_interval=5)
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
     half = [f for f in rep["findings"] if f["rule"] == "half-loss"]
@@ -66,3 +71,34 @@ def test_a_float16_loss_is_a_warning_with_the_fp32_loss_fix_and_the_run_stays_he
     assert ".float()" in half[0]["suggestions"][0]["python"]
     assert all(k["scale"] == 65536 for k in rep["skipped_steps"])  # only the scale's own gradient overflowed
     assert "overflow-origin" not in {f["rule"] for f in rep["findings"]}  # not blamed on the last layer
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32))
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.enc(x)))
+
+
+def test_a_nan_in_the_batch_is_blamed_on_the_data_not_on_the_models_forward(tmp_path, verdict):
+    db = tmp_path / "nan_batch.db"
+    torch.manual_seed(0)
+
+    def loss_of(step, model):
+        x, y = torch.randn(32, 16), torch.randn(32, 1)
+        if step % 10 == 5:
+            x[3, 7] = float("nan")  # one corrupted sample
+        with torch.autocast("cpu", dtype=torch.float16):
+            return nn.functional.mse_loss(model(x).float(), y)
+
+    train(db, Net(), 16, loss_of, init_scale=1024)
+    code, rep = verdict(db)
+    assert code == 1
+    assert rules(rep, "error") == [("input-nan", "")]
+    assert "1 NaN of 512 values" in rep["findings"][0]["evidence"]
+    assert "forward-nonfinite" not in {f["rule"] for f in rep["findings"]}  # not the model's own code
+    assert [(k["step"], k["forward_source"]) for k in rep["skipped_steps"]] == [(5, "input"), (15, "input")]
+    assert rows(db, "SELECT COUNT(*) FROM replays") == [(0,)]  # no module's one replay spent on the data

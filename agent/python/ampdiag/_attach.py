@@ -21,13 +21,13 @@ from . import _ampdiag, _loss, _rank
 from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
 from ._autopin import AutoPinner
-from ._forward import forward_hook
+from ._forward import forward_hook, input_hook
 from ._options import check_options, default_amp_dtype
 from ._replay import FINITE, INTRINSIC, NONFINITE, Replayer
 from ._scaler import wrap_scaler
 from ._updates import UpdateProbe, holds_half_parameters
 from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, engine_place, fast_place, host_sum,
-                       readable_view, sum_on)
+                       nan_in_inputs, readable_view, sum_on)
 
 _ATTACHED = "_ampdiag_handle"
 
@@ -86,6 +86,7 @@ class AttachHandle:
         self._autopin = AutoPinner(self, int(autopin)) if autopin else None
         self._updates = UpdateProbe(self, every) if holds_half_parameters(params) else None
         self._grad_calls = 0
+        self._root_inputs = None  # (args, kwargs) of the model's last forward in this cycle
         self._python_ns = 0
         rank = _rank.known_rank()
         if rank is None:
@@ -106,6 +107,7 @@ class AttachHandle:
             self._register_layers(model)
             watched = [(path, module) for path, module in model.named_modules() if path and not bounded_by_input(module)]
             if activations:
+                self._hooks.append(model.register_forward_pre_hook(input_hook(self, model), with_kwargs=True))
                 for path, module in watched:
                     self._hooks.append(module.register_forward_hook(self._forward_hook(path, module), with_kwargs=True))
             self._profile = ProfileRanges(self, watched) if profile else None
@@ -245,6 +247,8 @@ class AttachHandle:
         self._batch_grad_calls = self._grad_calls  # gradients seen when this micro-batch began
         self._first_nonfinite = None
         self._escalating = False
+        self._inputs_checked = False      # whether the model's inputs were looked at for NaN
+        self._input_nan = False           # they held NaN: the data's, no replay
         self._last_output = None          # weakref to the last output given statistics
         self._last_version = 0            # its version counter then (in-place changes bump it)
         self._last_nonfinite = False      # whether it held NaN/Inf
@@ -441,6 +445,7 @@ class AttachHandle:
         self._python_ns = 0
         self._in_cycle = False
         self._live = False
+        self._root_inputs = None  # the batch is the user's again
         if self._autopin is not None:
             self._autopin.pin()
 
@@ -457,7 +462,14 @@ class AttachHandle:
         # with a non-finite output is still NaN/Inf in FP32 (it only received NaN/Inf, or
         # its parent's own code made it), its enclosing modules are replayed as they
         # finish, until one is finite. Only a replay that ran and stayed NaN/Inf escalates.
-        if self._replayer is None:
+        if not self._inputs_checked:
+            self._inputs_checked = True
+            where = nan_in_inputs(*self._root_inputs) if self._root_inputs is not None else None
+            if where:
+                # A corrupted batch: no module is to blame, and no replay is spent on it.
+                self._session.event("input-nan", where)
+                self._input_nan = True
+        if self._replayer is None or self._input_nan:
             return
         if self._first_nonfinite is None:
             self._first_nonfinite = path

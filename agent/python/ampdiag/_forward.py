@@ -9,6 +9,18 @@ import torch
 from ._tensors import DTYPE_CODE, activation_elsewhere, first_float_tensor, foreign_copy
 
 
+def input_hook(handle, owner):
+    """The model's forward pre-hook: keeps the step's inputs, which are looked at only once
+    an output goes NaN/Inf (a NaN already in the batch is the data's, not fp16's)."""
+
+    def hook(module, args, kwargs):
+        if module is owner or not foreign_copy(module):
+            handle._root_inputs = (args, kwargs)
+        return None
+
+    return hook
+
+
 def forward_hook(handle, path, owner):
     module_id = None  # resolved on the first call, when the module first runs
     # Runs for every watched module on every step, between torch's kernels: in a training

@@ -139,6 +139,26 @@ def describe_inputs(args) -> str:
     return ", ".join(parts)
 
 
+def nan_in_inputs(args, kwargs, depth=2):
+    """'argument 0 (float32 [32, 16]): 1 NaN of 512 values' for the first floating-point
+    tensor among a forward's arguments (and in the lists, tuples and dicts among them) that
+    holds NaN; None when none does. On a device it waits for the count: it runs only in a
+    step whose outputs already went NaN/Inf."""
+    named = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
+    for name, value in named:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point():
+                count = int(torch.isnan(value.detach()).sum())
+                if count:
+                    dtype = str(value.dtype).replace("torch.", "")
+                    return f"{name} ({dtype} {list(value.shape)}): {count} NaN of {value.numel()} values"
+        elif depth > 0 and isinstance(value, (list, tuple, dict)):
+            inner = nan_in_inputs(value.values() if isinstance(value, dict) else value, {}, depth - 1)
+            if inner:
+                return f"{name}, {inner}"
+    return None
+
+
 def host_sum(losses) -> float:
     """The sum of host losses (NaN for none), read at once: no device to wait for."""
     return math.fsum(t.item() for t in losses) if losses else math.nan  # item(): exact for every float dtype

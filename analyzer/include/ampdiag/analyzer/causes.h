@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ampdiag/analyzer/findings.h"
 #include "ampdiag/analyzer/run.h"
 
 namespace ampdiag::analyzer {
@@ -40,13 +41,13 @@ const ModuleSummary* overflow_after_intrinsic(const Run& run);
 
 // What the timeline and the skipped-steps list say about one step.
 struct StepCause {
-  std::string forward_module;  // forward_cause(...).module of the step's first non-finite output
-  // The step's forward held NaN/Inf in a probed module, and it mattered: not a module that
-  // makes them by design (intrinsic) while the loss stayed finite.
-  bool forward_known = false;
-  // The loss was NaN/Inf while every probed module's output was finite: it was made after
-  // them (the loss computation, or the model's own code after its last probed module).
-  bool loss_after_modules = false;
+  // kModule: the forward held NaN/Inf in a probed module, and it mattered (not a module that
+  // makes them by design, intrinsic, while the loss stayed finite). kLoss: the loss was
+  // NaN/Inf while every probed module's output was finite, made after them (the loss
+  // computation, or the model's own code after its last probed module). kInput: the
+  // model's input held NaN (the agent's event "input-nan"), whatever the modules did with it.
+  ForwardSource forward = ForwardSource::kNone;
+  std::string forward_module;  // kModule: forward_cause(...).module of the step's first non-finite output
   std::string first_gradient;  // the first gradient (backward order) that held NaN/Inf
 };
 
@@ -54,8 +55,10 @@ StepCause step_cause(const Run& run, const StepSummary& step);
 
 // Where the step's forward went wrong, in words ("" when it did not): the report's
 // skipped-steps list and the GUI's tooltip.
-std::string forward_sentence(const std::string& forward_module, bool forward_known, bool loss_after_modules);
-// The same in a table cell: the module, "(model forward)" or "(loss)".
-std::string forward_label(const std::string& forward_module, bool forward_known, bool loss_after_modules);
+std::string forward_sentence(ForwardSource forward, const std::string& forward_module);
+// "none", "module", "loss", "input": the JSON report's forward_source.
+std::string forward_source_name(ForwardSource forward);
+// The same in a table cell: the module, "(model forward)", "(loss)" or "(input)".
+std::string forward_label(ForwardSource forward, const std::string& forward_module);
 
 }  // namespace ampdiag::analyzer

@@ -36,6 +36,14 @@ struct Finding {
   std::vector<Suggestion> suggestions;
 };
 
+// Where a step's NaN/Inf came from in forward, as far as the run can tell (causes.h).
+enum class ForwardSource {
+  kNone,    // the forward stayed finite, or nothing was probed, or only a by-design -inf
+  kModule,  // a probed module's output (forward_module; "" is the model's own forward())
+  kLoss,    // the loss was NaN/Inf while every probed module's output was finite
+  kInput,   // the model's input held NaN (a corrupted batch): the data, not fp16
+};
+
 struct SkippedStep {
   std::int64_t rank = 0;
   std::int64_t step = 0;
@@ -43,9 +51,8 @@ struct SkippedStep {
   double loss = 0.0;
   std::vector<std::string> nonfinite_layers;  // earliest in backward order first (a few)
   std::int64_t nonfinite_layer_count = 0;
-  std::string forward_module;                 // where the forward's NaN/Inf started (causes.h); "" is the model's own code
-  bool forward_known = false;                 // the forward held NaN/Inf in a probed module
-  bool loss_after_modules = false;            // the loss was NaN/Inf, every probed module's output finite
+  ForwardSource forward = ForwardSource::kNone;
+  std::string forward_module;  // kModule: where the forward's NaN/Inf started; "" is the model's own code
 };
 
 // Rule thresholds, with the defaults documented in docs/ANALYZER.md.

@@ -111,6 +111,7 @@ struct Run {
   std::vector<LayerSummary> layers;   // by layer id
   std::vector<ModuleSummary> modules; // by module id
   std::vector<rundb::EventRow> events;
+  std::vector<std::int64_t> input_nan_steps;  // steps of the "input-nan" events, sorted
   std::vector<rundb::ReplayRow> replays;
   std::string run_id;  // shared by the ranks of one run; empty in files written before it existed
   std::int64_t grad_rows = 0, act_rows = 0;
@@ -130,6 +131,8 @@ struct Run {
   bool fp16() const { return meta_or("amp_dtype", "float16") == "float16"; }
   // Whether the step's loss was recorded: a NaN loss is then a NaN/Inf loss, not a gap.
   bool loss_known(const rundb::StepRow& row) const;
+  // Whether the model's input held NaN in the step (the agent looked: an output was NaN/Inf).
+  bool input_nan(std::int64_t step) const;
   // The replay of a module, if the agent did one.
   const rundb::ReplayRow* replay_of(const std::string& module) const;
   // The row of a probed module, or null.
