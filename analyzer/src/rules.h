@@ -15,6 +15,10 @@ std::int64_t calibration_skips(const Run& run);
 bool is_growth_probe(const Run& run, std::size_t step_index);
 // Skipped steps that are neither calibration nor growth probes.
 std::int64_t harmful_skips(const Run& run);
+// The same per step (by index in run.steps).
+std::vector<bool> harmful_skip_mask(const Run& run);
+// The scale fell below the floor, or every step was a calibration skip (it never settled).
+bool scale_collapsed(const Run& run, const Thresholds& t);
 // harmful_skips over the steps that were not calibration skips (1 when every step was
 // one): the one skip rate of the skip-rate rule, overflow_hurts and RunOverview (diff).
 double harmful_skip_rate(const Run& run);

@@ -120,16 +120,20 @@ Finding input_nan(const Run& run) {
 void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   // Overflows that only calibrate the scale or answer its growth probes are the scaler
   // working as designed: still reported, as information.
-  const bool hurts = overflow_hurts(run, t);
+  // A module whose every skip was one of those is information even where other skips (a
+  // forward NaN's) push the run's skip rate up, unless the scale collapsed.
+  const bool hurts = overflow_hurts(run, t), collapsed = scale_collapsed(run, t);
+  const std::vector<bool> harmful = harmful_skip_mask(run);
   struct PerModule {
-    std::int64_t first = 0;
+    std::int64_t first = 0, harmful = 0;
     std::map<std::string, std::int64_t> layers;  // parameter -> times first
     std::vector<std::int64_t> steps;
   };
   std::map<std::string, PerModule> modules;
   std::int64_t considered = 0;
   const bool half_loss = has_half_loss(run);
-  for (const auto& s : run.steps) {
+  for (std::size_t i = 0; i < run.steps.size(); ++i) {
+    const StepSummary& s = run.steps[i];
     if (!s.row.skipped || s.nonfinite_layers.empty() || forward_failed(run, s)) continue;
     if (half_loss && half_loss_skip(s)) continue;  // the loss's gradient overflowed: half-loss says so
     ++considered;
@@ -144,18 +148,22 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     }
     PerModule& m = modules[module];
     ++m.first;
+    m.harmful += harmful[i];
     ++m.layers[layer.name];
     m.steps.push_back(s.row.step);
   }
   std::vector<std::pair<std::string, PerModule>> ranked(modules.begin(), modules.end());
-  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.second.harmful != b.second.harmful ? a.second.harmful > b.second.harmful : a.second.first > b.second.first;
+  });
   bool top = true;
   for (const auto& [module, m] : ranked) {
+    const bool harms = hurts && (collapsed || m.harmful > 0);
     const auto layer = std::max_element(m.layers.begin(), m.layers.end(),
                                         [](const auto& a, const auto& b) { return a.second < b.second; });
     Finding f;
     f.rule = "overflow-origin";
-    f.severity = !hurts ? Severity::kInfo : (top ? Severity::kError : Severity::kWarning);
+    f.severity = !harms ? Severity::kInfo : (top ? Severity::kError : Severity::kWarning);
     f.module = module;
     f.layer = layer->first;
     const double share = double(m.first) / double(considered);
@@ -164,17 +172,17 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     f.evidence = layer->first + " was the first gradient (in backward order) to hold NaN/Inf in " + std::to_string(m.first) +
                  " of " + plural(considered, "skipped step") + " (" + (m.steps.size() == 1 ? "step " : "steps ") +
                  step_list(m.steps) + ")";
-    if (!hurts) {
+    if (!harms) {
       f.title = module + " is where the occasional overflow starts; the loss scale copes with it";
       f.evidence += "; the scale stays above the floor and these skips only calibrate it or answer its growth probes";
     }
     f.steps.assign(m.steps.begin(), m.steps.begin() + std::min<std::size_t>(m.steps.size(), 20));
-    if (hurts) {  // nothing to fix when the scaler copes
+    if (harms) {  // nothing to fix when the scaler copes
       f.suggestions.push_back(suggest::pin_fp32(run, module));
       f.suggestions.push_back(suggest::use_bf16(run));
     }
     out.push_back(f);
-    top = false;
+    top = top && !harms;
   }
 }
 
@@ -256,7 +264,8 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
       f.evidence += "; the loss was NaN/Inf in " + plural(hurt, "step") + " it started";
       f.title = name + " makes NaN/Inf from finite inputs even in FP32: its code, not fp16's range";
       f.suggestions.push_back({"Look at " + name + "'s code: from finite inputs it returns NaN/Inf in FP32 too (a log or a "
-                               "division by 0, an exp beyond float32, an inf fill); pinning it to FP32 cannot help.",
+                               "division by 0, an exp beyond float32, an inf fill, a softmax over a row whose every "
+                               "entry is masked: an empty sequence in a padding mask); pinning it to FP32 cannot help.",
                                "", ""});
       out.push_back(f);
       top = false;

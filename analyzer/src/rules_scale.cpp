@@ -1,4 +1,5 @@
 // scale-collapse and skip-rate: what the loss-scale timeline says.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -65,12 +66,17 @@ bool is_growth_probe(const Run& run, std::size_t i) {
   return i > 0 && run.steps[i].row.skipped && run.steps[i].row.scale_before > run.steps[i - 1].row.scale_before;
 }
 
-std::int64_t harmful_skips(const Run& run) {
+std::vector<bool> harmful_skip_mask(const Run& run) {
   const std::size_t end = calibration_end(run);
-  std::int64_t n = 0;
+  std::vector<bool> harmful(run.steps.size());
   for (std::size_t i = 0; i < run.steps.size(); ++i)
-    n += run.steps[i].row.skipped && !is_calibration(run, i, end) && !is_growth_probe(run, i);
-  return n;
+    harmful[i] = run.steps[i].row.skipped && !is_calibration(run, i, end) && !is_growth_probe(run, i);
+  return harmful;
+}
+
+std::int64_t harmful_skips(const Run& run) {
+  const auto harmful = harmful_skip_mask(run);
+  return std::count(harmful.begin(), harmful.end(), true);
 }
 
 double harmful_skip_rate(const Run& run) {
@@ -78,10 +84,14 @@ double harmful_skip_rate(const Run& run) {
   return considered > 0 ? double(harmful_skips(run)) / double(considered) : 1.0;
 }
 
-bool overflow_hurts(const Run& run, const Thresholds& t) {
+bool scale_collapsed(const Run& run, const Thresholds& t) {
   for (const auto& s : run.steps)
     if (s.row.scale_after < t.scale_floor) return true;
-  return calibration_skips(run) == std::int64_t(run.steps.size()) || harmful_skip_rate(run) > t.skip_rate;
+  return calibration_skips(run) == std::int64_t(run.steps.size());
+}
+
+bool overflow_hurts(const Run& run, const Thresholds& t) {
+  return scale_collapsed(run, t) || harmful_skip_rate(run) > t.skip_rate;
 }
 
 void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out) {

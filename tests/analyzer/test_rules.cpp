@@ -437,6 +437,32 @@ TEST_CASE("a layer near the fp16 maximum while nothing underflows is information
   CHECK_THAT(h->evidence, Catch::Contains("no layer underflows"));
 }
 
+TEST_CASE("a layer whose only skip calibrated the scale is information while forward NaNs push the skip rate up",
+          "[rules]") {
+  // The run's harmful skips are a module's forward NaN (forward-nonfinite's); the layer's
+  // one overflow was the first step's, at init_scale.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.replay("attn", "intrinsic");
+  f.activation("attn", false).step(65536, 32768, 1000, {"head.weight"});
+  for (int i = 1; i < 20; ++i) {
+    if (i % 7 == 3)
+      f.activation("attn", true).step(32768, 32768, 1000, {"head.weight", "a.weight"}, kNaN);
+    else
+      f.activation("attn", false).step(32768, 32768);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->module == "head");
+  CHECK(o->severity == Severity::kInfo);
+  CHECK(o->suggestions.empty());
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module == "attn");
+}
+
 TEST_CASE("calibration and growth-probe skips are not harmful", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);

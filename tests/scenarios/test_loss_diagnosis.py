@@ -102,3 +102,37 @@ def test_a_nan_in_the_batch_is_blamed_on_the_data_not_on_the_models_forward(tmp_
     assert "forward-nonfinite" not in {f["rule"] for f in rep["findings"]}  # not the model's own code
     assert [(k["step"], k["forward_source"]) for k in rep["skipped_steps"]] == [(5, "input"), (15, "input")]
     assert rows(db, "SELECT COUNT(*) FROM replays") == [(0,)]  # no module's one replay spent on the data
+
+
+class PaddedAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.attn, self.head = nn.Linear(16, 32), nn.MultiheadAttention(32, 4, batch_first=True), nn.Linear(32, 1)
+
+    def forward(self, x, pad):
+        h = self.emb(x)
+        return self.head(self.attn(h, h, h, key_padding_mask=pad)[0].mean(1))
+
+
+def test_an_empty_sequence_in_a_padding_mask_is_the_attentions_code_and_no_layer_is_pinned(tmp_path, verdict):
+    # A batch with a sequence whose every key is padding: softmax over -inf only is NaN, in
+    # any precision. The first step's overflow at init_scale only calibrated the scale.
+    db = tmp_path / "empty_sequence.db"
+    torch.manual_seed(0)
+
+    def loss_of(step, model):
+        x, y = torch.randn(8, 10, 16), torch.randn(8, 1)
+        pad = torch.zeros(8, 10, dtype=torch.bool)
+        pad[:, 7:] = True
+        if step % 7 == 3:
+            pad[2, :] = True
+        with torch.autocast("cpu", dtype=torch.float16):
+            return nn.functional.mse_loss(model(x, pad).float(), y)
+
+    train(db, PaddedAttention(), 20, loss_of)
+    code, rep = verdict(db)
+    assert code == 1
+    assert rules(rep, "error") == [("forward-nonfinite", "attn")]
+    top = rep["findings"][0]
+    assert "even in FP32" in top["title"] and "every entry is masked" in top["suggestions"][0]["summary"]
+    assert all("pin_fp32" not in s["python"] for f in rep["findings"] for s in f["suggestions"])
