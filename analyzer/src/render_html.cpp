@@ -185,12 +185,18 @@ std::string l2_plot(const Report& report, const std::vector<Run>& runs, const Ru
 std::string offenders_chart(const Run& run) {
   std::vector<svg::Bar> bars;
   std::string unit;
+  // Where each step's forward went NaN/Inf as the skipped-steps list says it (step_cause):
+  // a corrupted batch is the input's, and a -inf mask absorbed by the model is nobody's.
   std::map<std::string, std::int64_t> modules;
-  for (const auto& m : run.modules)
-    if (m.first_nonfinite > 0) modules[forward_cause(run, m.info.path).module] += m.first_nonfinite;
+  for (const auto& s : run.steps) {
+    const StepCause cause = step_cause(run, s);
+    if (cause.forward == ForwardSource::kModule)
+      ++modules[cause.forward_module.empty() ? "(the model's own forward)" : cause.forward_module];
+    else if (cause.forward == ForwardSource::kInput)
+      ++modules["(the model's input)"];
+  }
   if (!modules.empty()) {
-    for (const auto& [path, n] : modules)
-      bars.push_back({path.empty() ? "(the model's own forward)" : path, double(n), "where the forward's NaN/Inf starts"});
+    for (const auto& [path, n] : modules) bars.push_back({path, double(n), "where the forward's NaN/Inf starts"});
     unit = "steps (first NaN/Inf, forward)";
   } else {
     for (const auto& l : run.layers)

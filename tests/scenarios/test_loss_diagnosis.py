@@ -3,6 +3,7 @@ already in the batch. Named as such, never blamed on the layer nearest to it or 
 model's own code."""
 import csv
 import io
+import re
 import subprocess
 
 import torch
@@ -83,7 +84,7 @@ class Net(nn.Module):
         return self.head(torch.relu(self.enc(x)))
 
 
-def test_a_nan_in_the_batch_is_blamed_on_the_data_not_on_the_models_forward(tmp_path, verdict):
+def test_a_nan_in_the_batch_is_blamed_on_the_data_not_on_the_models_forward(tmp_path, verdict, cli):
     db = tmp_path / "nan_batch.db"
     torch.manual_seed(0)
 
@@ -102,6 +103,10 @@ def test_a_nan_in_the_batch_is_blamed_on_the_data_not_on_the_models_forward(tmp_
     assert "forward-nonfinite" not in {f["rule"] for f in rep["findings"]}  # not the model's own code
     assert [(k["step"], k["forward_source"]) for k in rep["skipped_steps"]] == [(5, "input"), (15, "input")]
     assert rows(db, "SELECT COUNT(*) FROM replays") == [(0,)]  # no module's one replay spent on the data
+    page = tmp_path / "nan_batch.html"
+    subprocess.run([cli, "report", str(db), "--format", "html", "-o", str(page)], capture_output=True)
+    offenders = re.search(r'class="ptitle">Top offenders<.*?</svg>', page.read_text(), re.S).group(0)
+    assert re.findall(r'text-anchor="end">([^<]*)<title>', offenders) == ["(the model's input)"]  # not enc.0
 
 
 class PaddedAttention(nn.Module):
