@@ -65,23 +65,30 @@ Finding confirmed_overflow(const Run& run, const ModuleSummary& m, const std::st
 }
 
 // The steps whose loss was NaN/Inf although every probed module's output was finite: the
-// NaN/Inf was made after the modules, where no replay can look. Empty steps: none.
+// NaN/Inf was made after the modules, where no replay can look. Empty steps: none. An error
+// (for the caller to keep or lower) where the gradients went NaN/Inf with it; a warning
+// where they stayed finite (a mean over no element: the step's update was not lost).
 Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
   Finding f;
-  std::int64_t n = 0;
+  std::int64_t n = 0, hurt = 0;
   for (const auto& s : run.steps) {
     if (step_cause(run, s).forward != ForwardSource::kLoss) continue;
     if (n++ == 0) f.steps.push_back(s.row.step);
+    hurt += s.row.skipped || s.row.found_inf || !s.nonfinite_layers.empty();
   }
   if (n == 0) return f;
   f.rule = "forward-nonfinite";
-  f.score = 80.0;
+  f.severity = hurt ? Severity::kError : Severity::kWarning;
+  f.score = hurt ? 80.0 : 30.0;
   f.title = "The loss is NaN/Inf while every probed module's output is finite: it is made after the modules";
   f.evidence = "loss non-finite in " + std::to_string(n) + " of " + plural(known_losses, "step") + ", first at step " +
-               std::to_string(f.steps.front()) + ", with no NaN/Inf in any probed module's output in those steps";
+               std::to_string(f.steps.front()) + ", with no NaN/Inf in any probed module's output in those steps; " +
+               (hurt ? "the gradients went NaN/Inf with it in " + plural(hurt, "step")
+                     : std::string("the gradients stayed finite, so no update was lost, but the logged loss is NaN/Inf"));
   f.suggestions.push_back(suggest::fp32_loss(
       "Look at the code after the model's last module: the loss, and the model's own forward() after its last "
-      "submodule. Keep log() and divisions away from 0; a sum, pow or exp in fp16 overflows above 65504."));
+      "submodule. Keep log() and divisions away from 0 (a mean over no element, as when every label is "
+      "ignore_index, is 0/0); a sum, pow or exp in fp16 overflows above 65504."));
   return f;
 }
 
@@ -285,7 +292,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
   if (Finding f = input_nan(run); !f.steps.empty()) out.push_back(f);
   if (!run.modules.empty()) {
     if (Finding f = loss_after_modules(run, known_losses); f.steps.size() > 0) {
-      f.severity = top ? Severity::kError : Severity::kWarning;
+      if (!top) f.severity = Severity::kWarning;
       out.push_back(f);
     }
   } else if (nonfinite_loss > 0) {

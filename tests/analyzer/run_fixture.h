@@ -41,7 +41,8 @@ class RunFixture {
     s.losses = 1;
     s.scale_before = scale_before;
     s.scale_after = scale_after;
-    s.found_inf = s.skipped = !nonfinite.empty() || !std::isfinite(loss);
+    s.found_inf = s.skipped = !nonfinite.empty() || (!std::isfinite(loss) && !next_taken_);
+    next_taken_ = false;
     s.sampled = true;
     s.wall_time = 1.7e9 + double(step_);
     std::int64_t order = 0;
@@ -84,6 +85,12 @@ class RunFixture {
   RunFixture& zeros_fraction(const std::string& layer, double fraction, double subnormal_fraction = 0.0) {
     zero_fraction_[layer] = fraction;
     subnormal_fraction_[layer] = subnormal_fraction;
+    return *this;
+  }
+
+  // The next step() is taken although its loss is NaN/Inf: its gradients stayed finite.
+  RunFixture& taken() {
+    next_taken_ = true;
     return *this;
   }
 
@@ -155,6 +162,7 @@ class RunFixture {
   std::map<std::string, double> subnormal_fraction_;
   std::int64_t step_ = 0;
   bool histograms_ = false;
+  bool next_taken_ = false;
 };
 
 }  // namespace ampdiag::test

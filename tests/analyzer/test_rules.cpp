@@ -137,6 +137,21 @@ TEST_CASE("a NaN loss without probes says that no module was probed", "[rules]")
   CHECK_THAT(fw->title, Catch::Contains("no module output was probed"));
 }
 
+TEST_CASE("a NaN loss whose gradients stayed finite is a warning: no update was lost", "[rules]") {
+  // cross_entropy over a batch whose every label is ignore_index: 0/0, with zero gradients.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.activation("enc", false).step(65536, 65536);
+  f.activation("enc", false).taken().step(65536, 65536, 1000, {}, kNaN);
+  f.activation("enc", false).step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->severity == Severity::kWarning);
+  CHECK_THAT(fw->evidence, Catch::Contains("no update was lost"));
+}
+
 TEST_CASE("a NaN in the model's input is the data's, not the module that showed it first", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);

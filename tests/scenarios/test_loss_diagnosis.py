@@ -141,3 +141,26 @@ def test_an_empty_sequence_in_a_padding_mask_is_the_attentions_code_and_no_layer
     top = rep["findings"][0]
     assert "even in FP32" in top["title"] and "every entry is masked" in top["suggestions"][0]["summary"]
     assert all("pin_fp32" not in s["python"] for f in rep["findings"] for s in f["suggestions"])
+
+
+def test_a_batch_whose_every_label_is_ignored_warns_about_the_nan_loss_and_fails_no_gate(tmp_path, verdict):
+    # cross_entropy's mean over no label is 0/0 = NaN, with zero gradients: nothing skips,
+    # nothing is lost, but the logged loss is NaN.
+    db = tmp_path / "ignored.db"
+    torch.manual_seed(0)
+
+    def loss_of(step, model):
+        x, labels = torch.randn(16, 16), torch.randint(0, 8, (16,))
+        if step % 8 == 5:
+            labels[:] = -100
+        with torch.autocast("cpu", dtype=torch.float16):
+            logits = model(x)
+        return nn.functional.cross_entropy(logits.float(), labels, ignore_index=-100)
+
+    train(db, nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)), 16, loss_of, init_scale=1024)
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
+    assert rules(rep, "warning") == [("forward-nonfinite", "")]
+    assert "no update was lost" in rep["findings"][0]["evidence"]
+    assert "ignore_index" in rep["findings"][0]["suggestions"][0]["summary"]
+    assert rep["skipped_steps"] == []
