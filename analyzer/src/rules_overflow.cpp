@@ -206,6 +206,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
   struct Culprit {
     ForwardCause cause;
     std::int64_t first = 0, first_step = -1;
+    std::int64_t hurt = 0;  // of those steps, skipped or with NaN/Inf gradients or loss
   };
   // Steps whose input held NaN are the data's (input-nan), whatever module showed it first.
   std::map<std::string, Culprit> culprits;
@@ -221,9 +222,13 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     Culprit& c = culprits[it->second.module];
     if (c.first++ == 0) c.cause = it->second;
     if (c.first_step < 0 || s.row.step < c.first_step) c.first_step = s.row.step;
+    c.hurt += s.row.skipped || s.row.found_inf || !s.nonfinite_layers.empty() ||
+              (run.loss_known(s.row) && !std::isfinite(s.row.loss));
   }
   std::vector<std::pair<std::string, Culprit>> ranked(culprits.begin(), culprits.end());
-  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return (a.second.hurt > 0) != (b.second.hurt > 0) ? a.second.hurt > 0 : a.second.first > b.second.first;
+  });
   bool top = true;
   for (const auto& [path, c] : ranked) {
     const ForwardCause& cause = c.cause;
@@ -286,8 +291,13 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
                                "", ""});
     }
     if (run.fp16()) f.suggestions.push_back(suggest::use_bf16(run));
+    if (c.hurt == 0) {
+      // The model absorbed it (a max, a mask): a latent overflow, not a lost step.
+      f.severity = Severity::kWarning;
+      f.evidence += "; the model absorbed it: none of those steps was skipped or had NaN/Inf gradients or loss";
+    }
     out.push_back(f);
-    top = false;
+    top = top && c.hurt == 0;
   }
   if (Finding f = input_nan(run); !f.steps.empty()) out.push_back(f);
   if (!run.modules.empty()) {

@@ -137,6 +137,22 @@ TEST_CASE("a NaN loss without probes says that no module was probed", "[rules]")
   CHECK_THAT(fw->title, Catch::Contains("no module output was probed"));
 }
 
+TEST_CASE("an fp16 overflow in forward that the model absorbs is a warning, not the error", "[rules]") {
+  // A clamp after the module: its Inf never reaches the loss or the gradients.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.replay("proj", "finite");
+  for (int i = 0; i < 6; ++i) f.activation("proj", i % 2 == 1).step(1024, 1024);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module == "proj");
+  CHECK(fw->severity == Severity::kWarning);
+  CHECK_THAT(fw->evidence, Catch::Contains("the model absorbed it"));
+  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("pin_fp32"));  // still a real overflow
+}
+
 TEST_CASE("a NaN loss whose gradients stayed finite is a warning: no update was lost", "[rules]") {
   // cross_entropy over a batch whose every label is ignore_index: 0/0, with zero gradients.
   TempDir dir;

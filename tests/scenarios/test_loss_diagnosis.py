@@ -164,3 +164,39 @@ def test_a_batch_whose_every_label_is_ignored_warns_about_the_nan_loss_and_fails
     assert "no update was lost" in rep["findings"][0]["evidence"]
     assert "ignore_index" in rep["findings"][0]["suggestions"][0]["summary"]
     assert rep["skipped_steps"] == []
+
+
+class Gain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gain = nn.Parameter(torch.full((16,), 1000.0))
+
+    def forward(self, x):
+        return x * self.gain.to(x.dtype)  # elementwise in fp16: Inf above 65504, never Inf - Inf
+
+
+class ClampedProjection(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.proj, self.head = nn.Linear(16, 16), Gain(), nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.head(torch.clamp(self.proj(self.inp(x)), -100.0, 100.0))  # clamps proj's fp16 Inf away
+
+
+def test_an_fp16_overflow_the_model_clamps_away_is_a_warning_and_fails_no_gate(tmp_path, verdict):
+    db = tmp_path / "clamped.db"
+    torch.manual_seed(0)
+
+    def loss_of(step, model):
+        x = torch.randn(32, 16) * (100.0 if step % 4 == 2 else 1.0)  # proj's output overflows fp16 then
+        with torch.autocast("cpu", dtype=torch.float16):
+            return model(x).float().pow(2).mean() * 1e-3
+
+    train(db, ClampedProjection(), 12, loss_of, init_scale=256)
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
+    forward = [f for f in rep["findings"] if f["rule"] == "forward-nonfinite"]
+    assert [(f["module"], f["severity"], f["confirmation"]) for f in forward] == [("proj", "warning", "confirmed")]
+    assert "absorbed" in forward[0]["evidence"]
+    assert rep["skipped_steps"] == []
