@@ -139,12 +139,16 @@ def describe_inputs(args) -> str:
     return ", ".join(parts)
 
 
-def nan_in_inputs(args, kwargs, depth=2):
+def nan_in_inputs(args, kwargs):
     """'argument 0 (float32 [32, 16]): 1 NaN of 512 values' for the first floating-point
-    tensor among a forward's arguments (and in the lists, tuples and dicts among them) that
-    holds NaN; None when none does. On a device it waits for the count: it runs only in a
-    step whose outputs already went NaN/Inf."""
+    tensor among a forward's arguments (and in the lists, tuples and dicts among them:
+    "argument 0['x']") that holds NaN; None when none does. On a device it waits for the
+    count: it runs only in a step whose outputs already went NaN/Inf."""
     named = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
+    return _first_nan(named, depth=2)
+
+
+def _first_nan(named, depth):
     for name, value in named:
         if isinstance(value, torch.Tensor):
             if value.is_floating_point():
@@ -153,9 +157,10 @@ def nan_in_inputs(args, kwargs, depth=2):
                     dtype = str(value.dtype).replace("torch.", "")
                     return f"{name} ({dtype} {list(value.shape)}): {count} NaN of {value.numel()} values"
         elif depth > 0 and isinstance(value, (list, tuple, dict)):
-            inner = nan_in_inputs(value.values() if isinstance(value, dict) else value, {}, depth - 1)
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            inner = _first_nan([(f"{name}[{k!r}]", v) for k, v in items], depth - 1)
             if inner:
-                return f"{name}, {inner}"
+                return inner
     return None
 
 
