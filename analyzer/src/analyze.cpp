@@ -32,7 +32,7 @@ const std::vector<std::string>& rule_ids() {
   static const std::vector<std::string> ids = {"scale-collapse", "overflow-origin",   "forward-nonfinite", "low-headroom",
                                                "underflow",      "skip-rate",         "rank-disagreement", "missing-ranks",
                                                "autopin",        "stalled-updates",   "half-parameters",
-                                               "half-loss",      "input-nan"};
+                                               "half-loss",      "input-nan",         "nonfinite-update"};
   return ids;
 }
 
@@ -139,6 +139,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::autopin(run, found);
     rules::half_parameters(run, t, found);
     rules::half_loss(run, found);
+    rules::nonfinite_update(run, found);
     for (auto& f : found) {
       f.ranks = {run.rank};
       all.push_back(std::move(f));

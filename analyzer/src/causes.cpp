@@ -86,7 +86,9 @@ const ModuleSummary* overflow_after_intrinsic(const Run& run) {
 
 StepCause step_cause(const Run& run, const StepSummary& step) {
   StepCause c;
-  if (step.first_nonfinite_module >= 0 && run.input_nan(step.row.step)) {
+  if (after_nonfinite_update(run, step)) {
+    c.forward = ForwardSource::kUpdate;
+  } else if (step.first_nonfinite_module >= 0 && run.input_nan(step.row.step)) {
     c.forward = ForwardSource::kInput;
   } else if (step.first_nonfinite_module >= 0) {
     const ForwardCause cause = forward_cause(run, run.modules[std::size_t(step.first_nonfinite_module)].info.path);
@@ -103,6 +105,12 @@ StepCause step_cause(const Run& run, const StepSummary& step) {
   return c;
 }
 
+bool after_nonfinite_update(const Run& run, const StepSummary& step) {
+  if (run.first_nonfinite_update < 0 || step.row.step <= run.first_nonfinite_update) return false;
+  return step.first_nonfinite_module >= 0 || step.row.found_inf || !step.nonfinite_layers.empty() ||
+         (run.loss_known(step.row) && !std::isfinite(step.row.loss));
+}
+
 std::string forward_sentence(ForwardSource forward, const std::string& forward_module) {
   switch (forward) {
     case ForwardSource::kNone: return "";
@@ -111,6 +119,7 @@ std::string forward_sentence(ForwardSource forward, const std::string& forward_m
              (forward_module.empty() ? std::string("the model's own forward()") : forward_module);
     case ForwardSource::kLoss: return "the loss went NaN/Inf after every probed module's output was finite";
     case ForwardSource::kInput: return "the model's input held NaN";
+    case ForwardSource::kUpdate: return "the parameters already held NaN/Inf from an earlier update";
   }
   return "";
 }
@@ -121,6 +130,7 @@ std::string forward_source_name(ForwardSource forward) {
     case ForwardSource::kModule: return "module";
     case ForwardSource::kLoss: return "loss";
     case ForwardSource::kInput: return "input";
+    case ForwardSource::kUpdate: return "update";
   }
   return "none";
 }
@@ -131,6 +141,7 @@ std::string forward_label(ForwardSource forward, const std::string& forward_modu
     case ForwardSource::kModule: return forward_module.empty() ? "(model forward)" : forward_module;
     case ForwardSource::kLoss: return "(loss)";
     case ForwardSource::kInput: return "(input)";
+    case ForwardSource::kUpdate: return "(earlier update)";
   }
   return "";
 }

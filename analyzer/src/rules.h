@@ -49,6 +49,8 @@ bool has_half_loss(const Run& run);
 // A step skipped at a scale above fp16's largest value with a float16 loss: the loss's own
 // gradient (the scale) was Inf, whatever the layers did.
 bool half_loss_skip(const StepSummary& s);
+// The first optimizer step taken with NaN/Inf gradients (Run::first_nonfinite_update): error.
+void nonfinite_update(const Run& run, std::vector<Finding>& out);
 void rank_disagreement(const std::vector<Run>& runs, const Thresholds& t, std::vector<Finding>& out);
 
 }  // namespace ampdiag::analyzer::rules

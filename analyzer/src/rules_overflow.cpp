@@ -40,7 +40,8 @@ std::string confirmed_evidence(double fp32_absmax) {
 std::int64_t nonfinite_losses_caused(const Run& run, const std::string& module) {
   std::int64_t n = 0;
   for (const auto& s : run.steps)
-    if (s.first_nonfinite_module >= 0 && !run.input_nan(s.row.step) && run.loss_known(s.row) && !std::isfinite(s.row.loss) &&
+    if (s.first_nonfinite_module >= 0 && !run.input_nan(s.row.step) && !after_nonfinite_update(run, s) &&
+        run.loss_known(s.row) && !std::isfinite(s.row.loss) &&
         forward_cause(run, run.modules[std::size_t(s.first_nonfinite_module)].info.path).module == module)
       ++n;
   return n;
@@ -208,12 +209,13 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     std::int64_t first = 0, first_step = -1;
     std::int64_t hurt = 0;  // of those steps, skipped or with NaN/Inf gradients or loss
   };
-  // Steps whose input held NaN are the data's (input-nan), whatever module showed it first.
+  // Steps whose input held NaN are the data's (input-nan), whatever module showed it first,
+  // and those after an update that wrote NaN/Inf into the parameters are its (nonfinite-update).
   std::map<std::string, Culprit> culprits;
   std::map<std::int64_t, ForwardCause> cause_of;  // by module id
   std::int64_t with_module = 0;
   for (const auto& s : run.steps) {
-    if (s.first_nonfinite_module < 0 || run.input_nan(s.row.step)) continue;
+    if (s.first_nonfinite_module < 0 || run.input_nan(s.row.step) || after_nonfinite_update(run, s)) continue;
     ++with_module;
     auto it = cause_of.find(s.first_nonfinite_module);
     if (it == cause_of.end())

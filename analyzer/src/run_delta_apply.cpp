@@ -132,6 +132,12 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   d.next.pending_order = std::move(pending_order);
   d.next.pending_module = std::move(pending_module);
   run.cursor = std::move(d.next);
+  run.first_nonfinite_update = -1;
+  for (const auto& s : run.steps)
+    if (!s.row.skipped && (s.row.found_inf || !s.nonfinite_layers.empty())) {
+      run.first_nonfinite_update = s.row.step;
+      break;
+    }
 }
 
 }  // namespace ampdiag::analyzer

@@ -41,7 +41,8 @@ class RunFixture {
     s.losses = 1;
     s.scale_before = scale_before;
     s.scale_after = scale_after;
-    s.found_inf = s.skipped = !nonfinite.empty() || (!std::isfinite(loss) && !next_taken_);
+    s.found_inf = !nonfinite.empty() || (!std::isfinite(loss) && !next_taken_);
+    s.skipped = s.found_inf && !next_taken_;
     next_taken_ = false;
     s.sampled = true;
     s.wall_time = 1.7e9 + double(step_);
@@ -88,7 +89,8 @@ class RunFixture {
     return *this;
   }
 
-  // The next step() is taken although its loss is NaN/Inf: its gradients stayed finite.
+  // The next step() is taken whatever it held (no scaler skipped it); a NaN/Inf loss alone
+  // then leaves its gradients finite.
   RunFixture& taken() {
     next_taken_ = true;
     return *this;

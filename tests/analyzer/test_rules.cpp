@@ -153,6 +153,30 @@ TEST_CASE("an fp16 overflow in forward that the model absorbs is a warning, not 
   CHECK_THAT(fw->suggestions.front().python, Catch::Contains("pin_fp32"));  // still a real overflow
 }
 
+TEST_CASE("NaN/Inf after an update that applied NaN/Inf gradients is that update's, not a module's", "[rules]") {
+  // bf16 without a scaler: step 1's NaN batch gets applied; from then on the parameters are
+  // NaN, and enc's output is NaN "from finite inputs" (its FP32 replay says intrinsic).
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.meta("amp_dtype", "bfloat16").meta("scaler_enabled", "0").replay("enc", "intrinsic");
+  f.activation("enc", false).step(1, 1);
+  f.event("input-nan", "argument 0 (float32 [8, 16]): 1 NaN of 128 values").activation("enc", true);
+  f.taken().step(1, 1, 1000, {"head.weight", "a.weight"}, kNaN);
+  for (int i = 0; i < 4; ++i) f.activation("enc", true).taken().step(1, 1, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* u = find(r, "nonfinite-update");
+  REQUIRE(u != nullptr);
+  CHECK(u->severity == Severity::kError);
+  CHECK(u->steps == std::vector<std::int64_t>{1});
+  CHECK_THAT(u->evidence, Catch::Contains("4 of the 4 steps after it went NaN/Inf"));
+  CHECK_THAT(u->evidence, Catch::Contains("the model's input held NaN"));
+  const Finding* in = find(r, "input-nan");
+  REQUIRE(in != nullptr);
+  CHECK(in->steps == std::vector<std::int64_t>{1});
+  CHECK(find(r, "forward-nonfinite") == nullptr);  // enc's NaN weights are no code of its own
+}
+
 TEST_CASE("a NaN loss whose gradients stayed finite is a warning: no update was lost", "[rules]") {
   // cross_entropy over a batch whose every label is ignore_index: 0/0, with zero gradients.
   TempDir dir;

@@ -200,3 +200,28 @@ def test_an_fp16_overflow_the_model_clamps_away_is_a_warning_and_fails_no_gate(t
     assert [(f["module"], f["severity"], f["confirmation"]) for f in forward] == [("proj", "warning", "confirmed")]
     assert "absorbed" in forward[0]["evidence"]
     assert rep["skipped_steps"] == []
+
+
+def test_a_bf16_update_that_applied_a_nan_batchs_gradients_is_named_and_later_steps_blame_no_module(tmp_path, verdict):
+    # No scaler skips the NaN batch's step: its NaN gradients go into the weights, and every
+    # later forward is NaN "from finite inputs" (the replay says intrinsic: the weights are NaN).
+    db = tmp_path / "bf16_nan_update.db"
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with ampdiag.attach(model, optimizer=opt, db=db):
+        for step in range(10):
+            x = torch.randn(8, 16)
+            if step == 4:
+                x[0, 0] = float("nan")
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(x).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+    code, rep = verdict(db)
+    assert code == 1
+    assert sorted(rules(rep, "error")) == [("input-nan", ""), ("nonfinite-update", "")]
+    update = next(f for f in rep["findings"] if f["rule"] == "nonfinite-update")
+    assert update["steps"] == [4] and "5 of the 5 steps after it" in update["evidence"]
+    assert "forward-nonfinite" not in {f["rule"] for f in rep["findings"]}  # no module's code blamed

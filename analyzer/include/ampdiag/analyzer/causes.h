@@ -46,6 +46,7 @@ struct StepCause {
   // NaN/Inf while every probed module's output was finite, made after them (the loss
   // computation, or the model's own code after its last probed module). kInput: the
   // model's input held NaN (the agent's event "input-nan"), whatever the modules did with it.
+  // kUpdate: a step after Run::first_nonfinite_update went NaN/Inf: its parameters held them.
   ForwardSource forward = ForwardSource::kNone;
   std::string forward_module;  // kModule: forward_cause(...).module of the step's first non-finite output
   std::string first_gradient;  // the first gradient (backward order) that held NaN/Inf
@@ -56,7 +57,10 @@ StepCause step_cause(const Run& run, const StepSummary& step);
 // Where the step's forward went wrong, in words ("" when it did not): the report's
 // skipped-steps list and the GUI's tooltip.
 std::string forward_sentence(ForwardSource forward, const std::string& forward_module);
-// "none", "module", "loss", "input": the JSON report's forward_source.
+// Whether the step went NaN/Inf anywhere (an output, the loss, a gradient) after an update
+// that wrote NaN/Inf into the parameters (Run::first_nonfinite_update).
+bool after_nonfinite_update(const Run& run, const StepSummary& step);
+// "none", "module", "loss", "input", "update": the JSON report's forward_source.
 std::string forward_source_name(ForwardSource forward);
 // The same in a table cell: the module, "(model forward)", "(loss)" or "(input)".
 std::string forward_label(ForwardSource forward, const std::string& forward_module);

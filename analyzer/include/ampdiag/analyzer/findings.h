@@ -42,6 +42,7 @@ enum class ForwardSource {
   kModule,  // a probed module's output (forward_module; "" is the model's own forward())
   kLoss,    // the loss was NaN/Inf while every probed module's output was finite
   kInput,   // the model's input held NaN (a corrupted batch): the data, not fp16
+  kUpdate,  // after an optimizer step that applied NaN/Inf gradients: the parameters hold them
 };
 
 struct SkippedStep {

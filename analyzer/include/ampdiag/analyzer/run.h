@@ -112,6 +112,9 @@ struct Run {
   std::vector<ModuleSummary> modules; // by module id
   std::vector<rundb::EventRow> events;
   std::vector<std::int64_t> input_nan_steps;  // steps of the "input-nan" events, sorted
+  // The first step taken with NaN/Inf gradients (no scaler skipped it): its update wrote
+  // them into the parameters, and every NaN/Inf after it follows from that. -1: none.
+  std::int64_t first_nonfinite_update = -1;
   std::vector<rundb::ReplayRow> replays;
   std::string run_id;  // shared by the ranks of one run; empty in files written before it existed
   std::int64_t grad_rows = 0, act_rows = 0;
