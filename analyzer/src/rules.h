@@ -28,6 +28,8 @@ bool overflow_hurts(const Run& run, const Thresholds& t);
 
 // "1 step", "3 steps".
 std::string plural(std::int64_t n, const std::string& noun);
+// A scale or a count as the report prints it ("%g").
+std::string fmt(double v);
 
 void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out);

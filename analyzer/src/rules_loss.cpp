@@ -10,12 +10,6 @@ namespace ampdiag::analyzer::rules {
 
 namespace {
 
-std::string fmt(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%g", v);
-  return b;
-}
-
 const rundb::EventRow* half_loss_event(const Run& run) {
   const auto e = std::find_if(run.events.begin(), run.events.end(), [](const auto& e) { return e.kind == "half-loss"; });
   return e == run.events.end() ? nullptr : &*e;

@@ -8,15 +8,11 @@
 
 namespace ampdiag::analyzer::rules {
 
-namespace {
-
 std::string fmt(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%g", v);
   return b;
 }
-
-}  // namespace
 
 std::string plural(std::int64_t n, const std::string& noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");

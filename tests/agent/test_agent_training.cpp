@@ -26,6 +26,21 @@ std::function<std::unique_ptr<Agent>(TinyNet&, GradScaler&)> attach(const std::s
   };
 }
 
+// A tiny net, SGD and a scaler, seeded, with agent options writing dir/run.db.
+struct TinySetup {
+  TempDir dir;
+  TinyNet net = (torch::manual_seed(0), TinyNet());
+  torch::optim::SGD optimizer{net->parameters(), torch::optim::SGDOptions(0.01)};
+  GradScaler scaler;
+  AgentOptions options = db_options(dir.file("run.db"));
+
+  static AgentOptions db_options(const std::string& db) {
+    AgentOptions o;
+    o.db_path = db;
+    return o;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("training with the agent gives bit-identical parameters, fused unscale or not", "[agent]") {
@@ -198,13 +213,8 @@ TEST_CASE("an extra update(new_scale) is the same step, and the step's loss sums
 }
 
 TEST_CASE("a non-scalar passed to scale() is no loss: the step's loss is not NaN", "[agent]") {
-  TempDir dir;
-  torch::manual_seed(0);
-  TinyNet net;
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
-  GradScaler scaler;
-  AgentOptions o;
-  o.db_path = dir.file("run.db");
+  TinySetup t;
+  auto& [dir, net, optimizer, scaler, o] = t;
   {
     Agent agent(*net, scaler, o);
     const auto x = torch::randn({8, 16});
@@ -224,13 +234,8 @@ TEST_CASE("a non-scalar passed to scale() is no loss: the step's loss is not NaN
 }
 
 TEST_CASE("a float16 loss passed to scale() is one half-loss event", "[agent]") {
-  TempDir dir;
-  torch::manual_seed(0);
-  TinyNet net;
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
-  GradScaler scaler;
-  AgentOptions o;
-  o.db_path = dir.file("run.db");
+  TinySetup t;
+  auto& [dir, net, optimizer, scaler, o] = t;
   {
     Agent agent(*net, scaler, o);
     for (int step = 0; step < 3; ++step) {
