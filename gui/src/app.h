@@ -46,6 +46,8 @@ class App {
   bool quit_requested() const { return quit_; }
   const PlotGeometry& timeline_geometry() const { return geometry_; }
   const PlotGeometry& heatmap_geometry() const { return heat_geometry_; }
+  // The heat map's title: what its colours measure, against the shown run's dtype.
+  std::string heatmap_title() const;
   const PlotGeometry& detail_geometry() const { return detail_geometry_; }
   // The selected step's exponent histogram in the layer detail (first = last = the step,
   // row_height unused); x1 == x0 when none is drawn.

@@ -289,6 +289,7 @@ int run(const Options& o) {
       std::printf("heatmap plot: x0=%.1f y0=%.1f x1=%.1f y1=%.1f first_step=%lld last_step=%lld row_height=%.1f top_row=%s\n",
                   hm.x0, hm.y0, hm.x1, hm.y1, hm.first, hm.last, hm.row_height,
                   ampdiag::analyzer::printable(app.top_layer()).c_str());
+      std::printf("heatmap-title: %s\n", app.heatmap_title().c_str());
       const auto& d = app.detail_geometry();
       std::printf("shown rank: rank=%lld\n", app.shown_rank());
       const auto& hg = app.histogram_geometry();

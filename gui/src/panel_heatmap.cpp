@@ -16,11 +16,17 @@
 
 namespace ampdiag::gui {
 
+std::string App::heatmap_title() const {
+  // Headroom is against the run's own dtype (bf16's maximum in a bf16 run); the underflow
+  // share is fp16's range whatever the dtype (the agent's fp16_subnormal statistic).
+  if (heat_underflow_) return "Layers x steps: share of values zero or fp16-subnormal (magenta: NaN/Inf)";
+  return std::string("Layers x steps: headroom below the ") + (run().fp16() ? "fp16" : "bf16") +
+         " maximum (magenta: NaN/Inf)";
+}
+
 void App::heatmap(float x, float y, float w, float h) {
   const analyzer::Run& run = this->run();
-  place(heat_underflow_ ? "Layers x steps: share of values zero or fp16-subnormal (magenta: NaN/Inf)###heatmap"
-                        : "Layers x steps: headroom below the fp16 maximum (magenta: NaN/Inf)###heatmap",
-        x, y, w, h);
+  place((heatmap_title() + "###heatmap").c_str(), x, y, w, h);
   if (ImGui::RadioButton("headroom", !heat_underflow_)) heat_underflow_ = false;
   ImGui::SameLine();
   if (ImGui::RadioButton("underflow share", heat_underflow_)) heat_underflow_ = true;

@@ -205,6 +205,15 @@ def test_a_run_without_a_scaler_shows_its_loss_not_a_constant_scale_under_the_fl
     assert colour_in(pixels, plots["timeline"], SCALE_LINE) and colour_in(pixels, plots["timeline"], FLOOR)
 
 
+def test_the_heatmap_measures_headroom_against_the_runs_own_dtype(tmp_path, dbs):
+    bf16 = tmp_path / "bf16.db"
+    subprocess.run([binary("AMPDIAG_TEST_RUN"), "bf16", bf16], check=True, timeout=60)
+    _, plots = screenshot(tmp_path, bf16)
+    assert plots["heatmap-title"]["line"] == "Layers x steps: headroom below the bf16 maximum (magenta: NaN/Inf)"
+    _, plots = screenshot(tmp_path, dbs["healthy"])
+    assert "below the fp16 maximum" in plots["heatmap-title"]["line"]
+
+
 def test_rank_files_are_shown_one_rank_at_a_time(tmp_path):
     make = binary("AMPDIAG_TEST_RUN")
     r0, r1 = tmp_path / "run.rank0.db", tmp_path / "run.rank1.db"
