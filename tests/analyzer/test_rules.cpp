@@ -2,34 +2,18 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <limits>
 
 #include "../rundb/temp_dir.h"
 #include "ampdiag/analyzer/analyze.h"
 #include "ampdiag/analyzer/render.h"
+#include "rule_checks.h"
 #include "run_fixture.h"
 
 using namespace ampdiag;
 using namespace ampdiag::analyzer;
 using ampdiag::test::RunFixture;
 using ampdiag::test::TempDir;
-
-namespace {
-
-const std::vector<std::string> kLayers = {"a.weight", "a.bias", "b.weight", "head.weight"};
-const double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-Report report_of(const std::string& path) { return analyze({load_run(path)}); }
-
-const Finding* find(const Report& r, const std::string& rule) {
-  for (const auto& f : r.findings)
-    if (f.rule == rule) return &f;
-  return nullptr;
-}
-// A pointer into a temporary Report dangles at the end of the statement (ASan found three).
-const Finding* find(Report&& r, const std::string& rule) = delete;
-
-}  // namespace
+using namespace ampdiag::test::rule_checks;
 
 TEST_CASE("a run without skipped steps is healthy", "[rules]") {
   TempDir dir;
@@ -123,137 +107,6 @@ TEST_CASE("a NaN loss with probes names the first non-finite module in forward o
   // A forward failure is not blamed on the last layer of backward.
   CHECK(find(r, "overflow-origin") == nullptr);
   CHECK(r.skipped.front().forward_module == "enc.1");
-}
-
-TEST_CASE("a NaN loss without probes says that no module was probed", "[rules]") {
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.step(65536, 32768, 1000, {"head.weight"}, kNaN);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK(fw->module.empty());
-  CHECK_THAT(fw->title, Catch::Contains("no module output was probed"));
-}
-
-TEST_CASE("an fp16 overflow in forward that the model absorbs is a warning, not the error", "[rules]") {
-  // A clamp after the module: its Inf never reaches the loss or the gradients.
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.replay("proj", "finite");
-  for (int i = 0; i < 6; ++i) f.activation("proj", i % 2 == 1).step(1024, 1024);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK(fw->module == "proj");
-  CHECK(fw->severity == Severity::kWarning);
-  CHECK_THAT(fw->evidence, Catch::Contains("the model absorbed it"));
-  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("pin_fp32"));  // still a real overflow
-}
-
-TEST_CASE("NaN/Inf after an update that applied NaN/Inf gradients is that update's, not a module's", "[rules]") {
-  // bf16 without a scaler: step 1's NaN batch gets applied; from then on the parameters are
-  // NaN, and enc's output is NaN "from finite inputs" (its FP32 replay says intrinsic).
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.meta("amp_dtype", "bfloat16").meta("scaler_enabled", "0").replay("enc", "intrinsic");
-  f.activation("enc", false).step(1, 1);
-  f.event("input-nan", "argument 0 (float32 [8, 16]): 1 NaN of 128 values").activation("enc", true);
-  f.taken().step(1, 1, 1000, {"head.weight", "a.weight"}, kNaN);
-  for (int i = 0; i < 4; ++i) f.activation("enc", true).taken().step(1, 1, 1000, {"head.weight"}, kNaN);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* u = find(r, "nonfinite-update");
-  REQUIRE(u != nullptr);
-  CHECK(u->severity == Severity::kError);
-  CHECK(u->steps == std::vector<std::int64_t>{1});
-  CHECK_THAT(u->evidence, Catch::Contains("4 of the 4 steps after it went NaN/Inf"));
-  CHECK_THAT(u->evidence, Catch::Contains("the model's input held NaN"));
-  const Finding* in = find(r, "input-nan");
-  REQUIRE(in != nullptr);
-  CHECK(in->steps == std::vector<std::int64_t>{1});
-  CHECK(find(r, "forward-nonfinite") == nullptr);  // enc's NaN weights are no code of its own
-}
-
-TEST_CASE("a NaN loss whose gradients stayed finite is a warning: no update was lost", "[rules]") {
-  // cross_entropy over a batch whose every label is ignore_index: 0/0, with zero gradients.
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.activation("enc", false).step(65536, 65536);
-  f.activation("enc", false).taken().step(65536, 65536, 1000, {}, kNaN);
-  f.activation("enc", false).step(65536, 65536);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK(fw->severity == Severity::kWarning);
-  CHECK_THAT(fw->evidence, Catch::Contains("no update was lost"));
-}
-
-TEST_CASE("a NaN in the model's input is the data's, not the module that showed it first", "[rules]") {
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.activation("enc", false).step(1024, 1024);
-  f.event("input-nan", "argument 0 (float32 [32, 16]): 1 NaN of 512 values").activation("enc", true);
-  f.step(1024, 512, 1000, {"head.weight"}, kNaN);
-  f.activation("enc", false).step(512, 512);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* in = find(r, "input-nan");
-  REQUIRE(in != nullptr);
-  CHECK(in->severity == Severity::kError);
-  CHECK(in->steps == std::vector<std::int64_t>{1});
-  CHECK_THAT(in->evidence, Catch::Contains("1 NaN of 512 values"));
-  CHECK(find(r, "forward-nonfinite") == nullptr);  // enc only received it
-  CHECK(find(r, "overflow-origin") == nullptr);
-  REQUIRE(r.skipped.size() == 1);
-  CHECK(r.skipped.front().forward == ForwardSource::kInput);
-}
-
-TEST_CASE("a float16 loss is a warning that says the scale cannot pass 65504", "[rules]") {
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.event("half-loss", "scaler.scale() received a float16 loss").step(65536, 32768, 1000, {"head.weight"});
-  for (int i = 0; i < 4; ++i) f.step(32768, 32768);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* h = find(r, "half-loss");
-  REQUIRE(h != nullptr);
-  CHECK(h->severity == Severity::kWarning);
-  CHECK_THAT(h->evidence, Catch::Contains("above 65504 (1 step skipped there)"));
-  CHECK_THAT(h->suggestions.front().python, Catch::Contains(".float()"));
-}
-
-TEST_CASE("a run without a float16 loss has no half-loss finding", "[rules]") {
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.step(65536, 65536);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  CHECK(find(r, "half-loss") == nullptr);
-}
-
-TEST_CASE("a NaN loss while every probed module output was finite is made after the modules", "[rules]") {
-  // A log(0) or an fp16 sum in the loss: the modules were watched and all finite, so the
-  // advice is about the loss, not about recording activations.
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.activation("enc", false).step(65536, 65536);
-  f.activation("enc", false).step(65536, 32768, 1000, {"head.weight"}, kNaN);
-  f.activation("enc", false).step(32768, 32768);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK(fw->severity == Severity::kError);
-  CHECK(fw->module.empty());
-  CHECK_THAT(fw->title, Catch::Contains("every probed module's output is finite"));
-  CHECK_THAT(fw->suggestions.front().python, Catch::Contains(".float()"));
-  CHECK(fw->steps == std::vector<std::int64_t>{1});
-  REQUIRE(r.skipped.size() == 1);
-  CHECK(r.skipped.front().forward == ForwardSource::kLoss);
 }
 
 TEST_CASE("a layer that appears mid-run is summarised from where it starts", "[rules]") {
