@@ -316,9 +316,18 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     f.evidence = "loss non-finite in " + std::to_string(nonfinite_loss) + " of " + plural(known_losses, "step") +
                  ", first at step " + std::to_string(first_bad_loss);
     f.steps.push_back(first_bad_loss);
-    f.suggestions.push_back({"Record activations: in Python attach with activations=True (the default); in C++ wrap module "
-                             "outputs with agent.probe(\"path\", x).",
-                             "handle = ampdiag.attach(model, scaler, activations=True)", "x = agent.probe(\"encoder.0\", x);"});
+    const bool compiled_after = std::any_of(run.events.begin(), run.events.end(),
+                                            [](const auto& e) { return e.kind == "compiled-after-attach"; });
+    if (compiled_after) {
+      // The hooks were there, and torch.compile traced them into its graph, where they do nothing.
+      f.evidence += "; the model was compiled with torch.compile after attach(), so its forward was not watched";
+      f.suggestions.push_back({"Call attach() after torch.compile: the compiled model's hooks then run outside its graph.",
+                               "model = torch.compile(model)\nhandle = ampdiag.attach(model, scaler)", ""});
+    } else {
+      f.suggestions.push_back({"Record activations: in Python attach with activations=True (the default); in C++ wrap "
+                               "module outputs with agent.probe(\"path\", x).",
+                               "handle = ampdiag.attach(model, scaler, activations=True)", "x = agent.probe(\"encoder.0\", x);"});
+    }
     out.push_back(f);
   }
 }

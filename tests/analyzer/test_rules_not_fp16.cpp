@@ -25,6 +25,24 @@ TEST_CASE("a NaN loss without probes says that no module was probed", "[rules]")
   REQUIRE(fw != nullptr);
   CHECK(fw->module.empty());
   CHECK_THAT(fw->title, Catch::Contains("no module output was probed"));
+  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("activations=True"));
+}
+
+TEST_CASE("a NaN loss unprobed because torch.compile came after attach says to attach after it", "[rules]") {
+  // The hooks were registered (activations on), but the compiled graph traced them as no-ops:
+  // "record activations" would be wrong advice.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("compiled-after-attach", "torch.compile traced ampdiag's forward hooks");
+  f.step(65536, 32768, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module.empty());
+  CHECK_THAT(fw->evidence, Catch::Contains("compiled with torch.compile after attach()"));
+  REQUIRE(fw->suggestions.size() == 1);
+  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("model = torch.compile(model)\nhandle = ampdiag.attach"));
 }
 
 TEST_CASE("an fp16 overflow in forward that the model absorbs is a warning, not the error", "[rules]") {

@@ -21,7 +21,7 @@ from . import _ampdiag, _loss, _rank
 from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
 from ._autopin import AutoPinner
-from ._forward import forward_hook, input_hook
+from ._forward import forward_hook, input_hook, outside_compiled_graph
 from ._options import check_options, default_amp_dtype
 from ._replay import FINITE, INTRINSIC, NONFINITE, Replayer
 from ._scaler import wrap_scaler
@@ -38,6 +38,19 @@ def _source(module: torch.nn.Module) -> str:
         return f"{inspect.getsourcefile(forward)}:{inspect.getsourcelines(forward)[1]}"
     except (TypeError, OSError):
         return ""
+
+
+def _watched_root(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose paths a run names: for a torch.compile'd model the module it
+    compiled, so that the run says `encoder.0`, as for the uncompiled model, and not
+    `_orig_mod.encoder.0` (the compiled wrapper forwards attribute lookups, so
+    `model.encoder` and get_submodule("encoder") still reach it)."""
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")  # loaded by whoever compiled the model
+    if dynamo is not None and isinstance(model, getattr(dynamo, "OptimizedModule", ())):
+        original = getattr(model, "_orig_mod", None)
+        if isinstance(original, torch.nn.Module):
+            return original
+    return model
 
 
 class AttachHandle:
@@ -58,7 +71,8 @@ class AttachHandle:
                              "scaler) so ampdiag knows where each step's gradients are final")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
-        for owner, what in ((model, "model"), (scaler, "scaler")):
+        root = _watched_root(model)
+        for owner, what in ((root, "model"), (scaler, "scaler")):
             if owner is not None and getattr(owner, _ATTACHED, None) is not None and getattr(owner, _ATTACHED)():
                 raise RuntimeError(f"this {what} already has an ampdiag handle attached: close() it first")
         params = list(model.parameters())
@@ -68,10 +82,15 @@ class AttachHandle:
             if p.device.type not in ("cpu", "cuda"):
                 raise ValueError(f"a parameter is on the {p.device.type!r} device: this ampdiag build reads "
                                  "CPU and CUDA tensors only")
+        if activations and root is not model and getattr(getattr(model, "dynamo_ctx", None), "fullgraph", False):
+            raise ValueError("the model was compiled with torch.compile(fullgraph=True), which refuses the graph "
+                             "break ampdiag's forward hooks make at each module: attach(..., activations=False) "
+                             "watches gradients and the loss scale only, or compile without fullgraph=True")
         db = check_options(db, every, context_steps, queue_capacity, threads, amp_dtype, run_id, autopin, replay,
                            activations, activation_every)
 
         self.model, self.scaler, self.optimizer = model, scaler, optimizer
+        self._watched_model = root
         self._db, self._run_id = db, run_id
         self._fused = fused_unscale
         self._closed = False
@@ -79,10 +98,12 @@ class AttachHandle:
         self._in_cycle = False  # the session's optimizer cycle is open (Python's copy of it)
         self._live = False      # in a cycle, recording, no replay running: hooks take their fast path
         self._hooks = []
+        self._compiled = root is not model  # torch.compile'd before attach(): see _forward.py
+        self._traced_by_compile = False     # a hook found itself traced: compiled after attach()
         self._restore = []
         self._pinned = []
         self._last_step_skipped = False
-        self._replayer = Replayer(self._record_replay) if replay else None
+        self._replayer = Replayer(self._record_replay, self._forward_hook_as_run) if replay else None
         self._autopin = AutoPinner(self, int(autopin)) if autopin else None
         self._updates = UpdateProbe(self, every) if holds_half_parameters(params) else None
         self._grad_calls = 0
@@ -104,12 +125,14 @@ class AttachHandle:
         self._finalizer = weakref.finalize(self, self._session.close)
         try:
             self._write_meta(scaler, every, context_steps, fused_unscale, histogram, amp_dtype, params)
-            self._register_layers(model)
-            watched = [(path, module) for path, module in model.named_modules() if path and not bounded_by_input(module)]
+            self._register_layers(root)
+            watched = [(path, module) for path, module in root.named_modules() if path and not bounded_by_input(module)]
             if activations:
-                self._hooks.append(model.register_forward_pre_hook(input_hook(self, model), with_kwargs=True))
+                self._hooks.append(root.register_forward_pre_hook(self._forward_hook_as_run(input_hook(self, root)),
+                                                                  with_kwargs=True))
                 for path, module in watched:
-                    self._hooks.append(module.register_forward_hook(self._forward_hook(path, module), with_kwargs=True))
+                    self._hooks.append(module.register_forward_hook(self._forward_hook_as_run(
+                        forward_hook(self, path, module)), with_kwargs=True))
             self._profile = ProfileRanges(self, watched) if profile else None
             if self._profile is not None and optimizer is not None:
                 self._profile.watch_optimizer(optimizer)
@@ -128,7 +151,7 @@ class AttachHandle:
                 if self._updates is not None:
                     self._updates.watch(optimizer)
                 _loss.watch(self)
-            setattr(model, _ATTACHED, weakref.ref(self))
+            setattr(root, _ATTACHED, weakref.ref(self))
             if scaler is not None:
                 setattr(scaler, _ATTACHED, weakref.ref(self))
         except BaseException:
@@ -180,7 +203,7 @@ class AttachHandle:
         self._restore.clear()
         for module in self._pinned:
             unpin_fp32(module)
-        for owner in (self.model, self.scaler):
+        for owner in (self._watched_model, self.scaler):
             if owner is not None and owner.__dict__.get(_ATTACHED) is not None and owner.__dict__[_ATTACHED]() is self:
                 del owner.__dict__[_ATTACHED]
         if self._replayer is not None and self._session.opened:
@@ -442,6 +465,13 @@ class AttachHandle:
     def _step_ended(self):
         """The session has ended the step: the next hook opens the next cycle, and the
         modules confirmed in this one are pinned from it on."""
+        if self._traced_by_compile:
+            # Moving the hooks outside the graph now would break a fullgraph=True compile,
+            # which nothing here can see, in the middle of training.
+            self._traced_by_compile = False
+            self._event("compiled-after-attach", "torch.compile traced ampdiag's forward hooks: the model, or part of "
+                        "it, was compiled after attach(), and what was compiled is not watched (no activation rows); "
+                        "call attach() after torch.compile")
         self._python_ns = 0
         self._in_cycle = False
         self._live = False
@@ -454,8 +484,9 @@ class AttachHandle:
     def _module_id(self, path, module, args):
         return self._session.module_id(path, type(module).__name__, _source(module), describe_inputs(args))
 
-    def _forward_hook(self, path, module):
-        return forward_hook(self, path, module)
+    def _forward_hook_as_run(self, hook):
+        """A forward hook as this model runs it: outside the graph if it is compiled."""
+        return outside_compiled_graph(hook) if self._compiled else hook
 
     def _on_nonfinite_output(self, path, module, args, kwargs, output):
         # Hooks fire as modules finish: a child before its parent. When the first module

@@ -8,12 +8,32 @@ import torch
 
 from ._tensors import DTYPE_CODE, activation_elsewhere, first_float_tensor, foreign_copy
 
+# torch.compile traces a compiled model's module hooks into its graph. Ours read and set
+# the agent's state and call its extension, which Dynamo can neither put in a graph nor
+# guard: it warned at every call into the extension and recompiled the hooks for each
+# module path and each value of a flag. So the hooks of a compiled model are wrapped in
+# torch.compiler.disable, which runs them, and all they call, outside Dynamo (one graph
+# break at each watched module, which per-module statistics need anyway). The wrapper
+# costs ~0.4 µs a call, and making one imports Dynamo (seconds), so an eager model's hooks
+# stay plain. A model compiled after attach() is found out by the hooks themselves:
+# is_compiling() is a constant while Dynamo traces and a ~0.2 µs call otherwise; traced, a
+# hook does nothing but say so (AttachHandle writes the event "compiled-after-attach").
+compiling = torch.compiler.is_compiling
+
+
+def outside_compiled_graph(hook):
+    """`hook` as torch.compile runs it: outside the graph, itself and what it calls."""
+    return torch.compiler.disable(hook)
+
 
 def input_hook(handle, owner):
     """The model's forward pre-hook: keeps the step's inputs, which are looked at only once
     an output goes NaN/Inf (a NaN already in the batch is the data's, not fp16's)."""
 
     def hook(module, args, kwargs):
+        if compiling():
+            handle._traced_by_compile = True
+            return None
         if module is owner or not foreign_copy(module):
             handle._root_inputs = (args, kwargs)
         return None
@@ -28,12 +48,16 @@ def forward_hook(handle, path, owner):
     # microbenchmark says 1), so the common case (a recording cycle, a contiguous host
     # output) is inline, with what it calls bound here; the rest goes through helpers.
     # Measured in docs/PERFORMANCE.md.
-    activation, now, tensor_type, code_of, strided, ref = (handle._session.activation, time.perf_counter_ns,
-                                                           torch.Tensor, DTYPE_CODE.get, torch.strided, weakref.ref)
+    activation, now, tensor_type, code_of, strided, ref, traced = (handle._session.activation, time.perf_counter_ns,
+                                                                   torch.Tensor, DTYPE_CODE.get, torch.strided,
+                                                                   weakref.ref, compiling)
     in_backward = torch._C._current_graph_task_id  # -1 outside autograd's backward
 
     def hook(module, args, kwargs, output):
         nonlocal module_id
+        if traced():
+            handle._traced_by_compile = True
+            return None
         # Recording a deep copy's forward (an EMA's) would blame the module for the copy.
         if (module is not owner and foreign_copy(module)
                 or not handle._live and (handle._standing_aside or not handle._begin_forward_cycle())):

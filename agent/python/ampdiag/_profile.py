@@ -6,6 +6,7 @@ device) every hook here returns at once."""
 import torch
 
 from . import _ampdiag
+from ._forward import compiling
 from ._tensors import foreign_copy
 
 _KIND_OF_DTYPE = {torch.float16: _ampdiag.KIND_FLOAT16, torch.bfloat16: _ampdiag.KIND_BFLOAT16,
@@ -36,8 +37,9 @@ class ProfileRanges:
         # and a replay's deep copy of it is another module.
         self._open = {}
         for path, module in modules:
-            handle._hooks.append(module.register_forward_pre_hook(self._pre_hook(path, module)))
-            handle._hooks.append(module.register_forward_hook(self._post_hook()))
+            as_run = handle._forward_hook_as_run
+            handle._hooks.append(module.register_forward_pre_hook(as_run(self._pre_hook(path, module))))
+            handle._hooks.append(module.register_forward_hook(as_run(self._post_hook())))
 
     @property
     def _session(self):
@@ -51,6 +53,9 @@ class ProfileRanges:
 
         def hook(module, args):
             nonlocal module_id
+            if compiling():  # see _forward.py
+                self._handle._traced_by_compile = True
+                return None
             if (module is not owner and foreign_copy(module)
                     or not self._active() or not self._handle._begin_forward_cycle()):
                 return None
@@ -65,6 +70,8 @@ class ProfileRanges:
 
     def _post_hook(self):
         def hook(module, args, output):
+            if compiling():
+                return None
             stack = self._open.get(id(module))
             if not stack:
                 return None

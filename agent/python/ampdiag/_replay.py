@@ -139,8 +139,9 @@ def run_fp32(module, args, kwargs):
 class Replayer:
     """Replays each module at most once per run and remembers the verdict."""
 
-    def __init__(self, record):
+    def __init__(self, record, as_run=lambda hook: hook):
         self._record = record  # record(path, outcome, absmax, reason)
+        self._as_run = as_run  # a forward hook as the model runs it (outside a compiled graph)
         self._verdicts = {}
         self._armed = {}       # path -> (module, pre-hook handle)
         self._snapshots = {}   # path -> (args, kwargs) copied before the current call
@@ -183,7 +184,8 @@ class Replayer:
                                  f"its inputs could not be copied ({type(error).__name__}: {error})")
             return None
 
-        self._armed[path] = (module, module.register_forward_pre_hook(copy_before_forward, with_kwargs=True))
+        self._armed[path] = (module, module.register_forward_pre_hook(self._as_run(copy_before_forward),
+                                                                      with_kwargs=True))
 
     def _disarm(self, path):
         armed = self._armed.pop(path, None)
