@@ -90,7 +90,7 @@ StepCause step_cause(const Run& run, const StepSummary& step) {
     c.forward = ForwardSource::kUpdate;
   } else if (step.first_nonfinite_module >= 0 && run.input_nan(step.row.step)) {
     c.forward = ForwardSource::kInput;
-  } else if (step.first_nonfinite_module >= 0) {
+  } else if (nonfinite_from_module(run, step)) {
     const ForwardCause cause = forward_cause(run, run.modules[std::size_t(step.first_nonfinite_module)].info.path);
     if (!(cause.intrinsic && std::isfinite(step.row.loss))) {
       c.forward = ForwardSource::kModule;
@@ -98,7 +98,7 @@ StepCause step_cause(const Run& run, const StepSummary& step) {
       if (cause.intrinsic)
         if (const ModuleSummary* m = overflow_after_intrinsic(run)) c.forward_module = m->info.path;
     }
-  } else if (!run.modules.empty() && run.loss_known(step.row) && !std::isfinite(step.row.loss)) {
+  } else if (!run.modules.empty() && run.loss_nonfinite(step.row)) {
     c.forward = ForwardSource::kLoss;
   }
   if (!step.nonfinite_layers.empty()) c.first_gradient = run.layers[std::size_t(step.nonfinite_layers.front())].info.name;
@@ -107,8 +107,11 @@ StepCause step_cause(const Run& run, const StepSummary& step) {
 
 bool after_nonfinite_update(const Run& run, const StepSummary& step) {
   if (run.first_nonfinite_update < 0 || step.row.step <= run.first_nonfinite_update) return false;
-  return step.first_nonfinite_module >= 0 || step.row.found_inf || !step.nonfinite_layers.empty() ||
-         (run.loss_known(step.row) && !std::isfinite(step.row.loss));
+  return step.first_nonfinite_module >= 0 || step.gradients_nonfinite() || run.loss_nonfinite(step.row);
+}
+
+bool nonfinite_from_module(const Run& run, const StepSummary& step) {
+  return step.first_nonfinite_module >= 0 && !run.input_nan(step.row.step) && !after_nonfinite_update(run, step);
 }
 
 std::string forward_sentence(ForwardSource forward, const std::string& forward_module) {

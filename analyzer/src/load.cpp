@@ -75,6 +75,14 @@ bool Run::loss_known(const rundb::StepRow& row) const {
   return std::isfinite(row.loss) || has_scaler();
 }
 
+bool Run::loss_nonfinite(const rundb::StepRow& row) const { return loss_known(row) && !std::isfinite(row.loss); }
+
+const rundb::EventRow* Run::first_event(const std::string& kind) const {
+  for (const auto& e : events)
+    if (e.kind == kind) return &e;
+  return nullptr;
+}
+
 const rundb::ReplayRow* Run::replay_of(const std::string& module) const {
   for (const auto& r : replays)
     if (r.module == module) return &r;

@@ -8,24 +8,15 @@
 
 namespace ampdiag::analyzer::rules {
 
-namespace {
-
-const rundb::EventRow* half_loss_event(const Run& run) {
-  const auto e = std::find_if(run.events.begin(), run.events.end(), [](const auto& e) { return e.kind == "half-loss"; });
-  return e == run.events.end() ? nullptr : &*e;
-}
-
-}  // namespace
-
 // The backward of `loss * scale` starts with the scale as the loss's gradient, in the loss's
 // dtype: 65536 is already Inf in fp16, and the loss's own ops (a sum, a pow, a mean's
 // division) run their backward in fp16 before any layer's.
 bool half_loss_skip(const StepSummary& s) { return s.row.skipped && s.row.scale_before > 65504.0; }
 
-bool has_half_loss(const Run& run) { return half_loss_event(run) != nullptr; }
+bool has_half_loss(const Run& run) { return run.first_event("half-loss") != nullptr; }
 
 void half_loss(const Run& run, std::vector<Finding>& out) {
-  const rundb::EventRow* e = half_loss_event(run);
+  const rundb::EventRow* e = run.first_event("half-loss");
   if (!e || run.steps.empty()) return;
   std::vector<std::int64_t> capped;  // steps skipped because the scale itself was Inf in fp16
   for (const auto& s : run.steps)

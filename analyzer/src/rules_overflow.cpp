@@ -25,7 +25,7 @@ std::string step_list(const std::vector<std::int64_t>& steps, std::size_t limit 
 // NaN then, and "first in backward" would only name the loss's last layer. Not so a module
 // that makes NaN/Inf by design (a -inf mask) while the loss stayed finite.
 bool forward_failed(const Run& run, const StepSummary& s) {
-  return step_cause(run, s).forward != ForwardSource::kNone || !std::isfinite(s.row.loss);
+  return step_cause(run, s).forward != ForwardSource::kNone || run.loss_nonfinite(s.row);
 }
 
 // The evidence a replay whose FP32 output was finite gives.
@@ -40,8 +40,7 @@ std::string confirmed_evidence(double fp32_absmax) {
 std::int64_t nonfinite_losses_caused(const Run& run, const std::string& module) {
   std::int64_t n = 0;
   for (const auto& s : run.steps)
-    if (s.first_nonfinite_module >= 0 && !run.input_nan(s.row.step) && !after_nonfinite_update(run, s) &&
-        run.loss_known(s.row) && !std::isfinite(s.row.loss) &&
+    if (nonfinite_from_module(run, s) && run.loss_nonfinite(s.row) &&
         forward_cause(run, run.modules[std::size_t(s.first_nonfinite_module)].info.path).module == module)
       ++n;
   return n;
@@ -75,7 +74,7 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
   for (const auto& s : run.steps) {
     if (step_cause(run, s).forward != ForwardSource::kLoss) continue;
     if (n++ == 0) f.steps.push_back(s.row.step);
-    hurt += s.row.skipped || s.row.found_inf || !s.nonfinite_layers.empty();
+    hurt += s.row.skipped || s.gradients_nonfinite();
   }
   if (n == 0) return f;
   f.rule = "forward-nonfinite";
@@ -102,7 +101,7 @@ Finding input_nan(const Run& run) {
   for (const auto& s : run.steps) {
     if (step_cause(run, s).forward != ForwardSource::kInput) continue;
     if (n++ == 0) f.steps.push_back(s.row.step);
-    hurt += s.row.skipped || (run.loss_known(s.row) && !std::isfinite(s.row.loss));
+    hurt += s.row.skipped || run.loss_nonfinite(s.row);
   }
   if (n == 0) return f;
   for (const auto& e : run.events)
@@ -215,7 +214,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
   std::map<std::int64_t, ForwardCause> cause_of;  // by module id
   std::int64_t with_module = 0;
   for (const auto& s : run.steps) {
-    if (s.first_nonfinite_module < 0 || run.input_nan(s.row.step) || after_nonfinite_update(run, s)) continue;
+    if (!nonfinite_from_module(run, s)) continue;
     ++with_module;
     auto it = cause_of.find(s.first_nonfinite_module);
     if (it == cause_of.end())
@@ -224,8 +223,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     Culprit& c = culprits[it->second.module];
     if (c.first++ == 0) c.cause = it->second;
     if (c.first_step < 0 || s.row.step < c.first_step) c.first_step = s.row.step;
-    c.hurt += s.row.skipped || s.row.found_inf || !s.nonfinite_layers.empty() ||
-              (run.loss_known(s.row) && !std::isfinite(s.row.loss));
+    c.hurt += s.row.skipped || s.gradients_nonfinite() || run.loss_nonfinite(s.row);
   }
   std::vector<std::pair<std::string, Culprit>> ranked(culprits.begin(), culprits.end());
   std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
@@ -316,9 +314,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     f.evidence = "loss non-finite in " + std::to_string(nonfinite_loss) + " of " + plural(known_losses, "step") +
                  ", first at step " + std::to_string(first_bad_loss);
     f.steps.push_back(first_bad_loss);
-    const bool compiled_after = std::any_of(run.events.begin(), run.events.end(),
-                                            [](const auto& e) { return e.kind == "compiled-after-attach"; });
-    if (compiled_after) {
+    if (run.first_event("compiled-after-attach")) {
       // The hooks were there, and torch.compile traced them into its graph, where they do nothing.
       f.evidence += "; the model was compiled with torch.compile after attach(), so its forward was not watched";
       f.suggestions.push_back({"Call attach() after torch.compile: the compiled model's hooks then run outside its graph.",

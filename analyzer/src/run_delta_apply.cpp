@@ -134,7 +134,7 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   run.cursor = std::move(d.next);
   run.first_nonfinite_update = -1;
   for (const auto& s : run.steps)
-    if (!s.row.skipped && (s.row.found_inf || !s.nonfinite_layers.empty())) {
+    if (!s.row.skipped && s.gradients_nonfinite()) {
       run.first_nonfinite_update = s.row.step;
       break;
     }

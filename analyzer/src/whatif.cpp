@@ -76,7 +76,7 @@ std::vector<StepFacts> facts_of(const Run& run, WhatIf& w) {
   for (const auto& step : run.steps) {
     StepFacts f;
     f.scale = step.row.scale_before;
-    const bool loss_nonfinite = run.loss_known(step.row) && !std::isfinite(step.row.loss);
+    const bool loss_nonfinite = run.loss_nonfinite(step.row);
     const bool overflowed = step.row.found_inf || step.row.skipped;
     if (overflowed && (loss_nonfinite || step_cause(run, step).forward != ForwardSource::kNone)) {
       f.kind = Known::kOverflow;

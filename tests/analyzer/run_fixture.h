@@ -37,13 +37,13 @@ class RunFixture {
                    const std::vector<std::string>& only_layers = {}) {
     rundb::StepRow s;
     s.step = step_;
-    s.loss = loss;
-    s.losses = 1;
+    s.loss = next_no_loss_ ? std::nan("") : loss;
+    s.losses = next_no_loss_ ? 0 : 1;
     s.scale_before = scale_before;
     s.scale_after = scale_after;
     s.found_inf = !nonfinite.empty() || (!std::isfinite(loss) && !next_taken_);
     s.skipped = s.found_inf && !next_taken_;
-    next_taken_ = false;
+    next_taken_ = next_no_loss_ = false;
     s.sampled = true;
     s.wall_time = 1.7e9 + double(step_);
     std::int64_t order = 0;
@@ -93,6 +93,13 @@ class RunFixture {
   // then leaves its gradients finite.
   RunFixture& taken() {
     next_taken_ = true;
+    return *this;
+  }
+
+  // The next step() records no loss (scale() was given a non-scalar: backward with an
+  // explicit gradient), which is unknown, not NaN.
+  RunFixture& no_loss() {
+    next_no_loss_ = true;
     return *this;
   }
 
@@ -165,6 +172,7 @@ class RunFixture {
   std::int64_t step_ = 0;
   bool histograms_ = false;
   bool next_taken_ = false;
+  bool next_no_loss_ = false;
 };
 
 }  // namespace ampdiag::test

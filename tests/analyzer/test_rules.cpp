@@ -40,6 +40,21 @@ TEST_CASE("steps recorded without their device statistics are counted in the rep
   CHECK(render_json(r, Gate("error")).find("\"dropped_steps\": 3") != std::string::npos);
 }
 
+TEST_CASE("a skipped step whose loss was not recorded is still a backward overflow", "[rules]") {
+  // scale() given a non-scalar output: the loss is unknown, which is not a NaN/Inf one, so
+  // the forward did not fail and the first gradient in backward order is named.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2) f.no_loss().step(scale, scale / 2, 1000, {"b.weight", "a.weight"});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->layer == "b.weight");
+  CHECK(find(r, "forward-nonfinite") == nullptr);
+}
+
 TEST_CASE("every step skipped: the first layer in backward order is named, the scale collapses", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
@@ -265,6 +280,18 @@ TEST_CASE("a module making -inf from finite inputs in FP32 too while the loss st
   CHECK(fw->severity == Severity::kInfo);
   CHECK(fw->module == "attn.mask");
   CHECK(fw->suggestions.empty());
+}
+
+TEST_CASE("a mask's -inf in a loop that records no loss is still a mask while the gradients stay finite", "[rules][replay]") {
+  // An unknown loss (scale() given a non-scalar) is not a NaN one.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"attn.qkv.weight", "head.weight"});
+  f.replay("attn.mask", "intrinsic");
+  for (int i = 0; i < 6; ++i) f.activation("attn.mask", true).activation("head", false).no_loss().step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(r.healthy());
+  CHECK(r.skipped.empty());
 }
 
 TEST_CASE("a module making NaN from finite inputs in FP32 too where the loss goes NaN is named, never pinned", "[rules][replay]") {

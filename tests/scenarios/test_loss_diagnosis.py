@@ -109,6 +109,31 @@ def test_a_nan_in_the_batch_is_blamed_on_the_data_not_on_the_models_forward(tmp_
     assert re.findall(r'text-anchor="end">([^<]*)<title>', offenders) == ["(the model's input)"]  # not enc.0
 
 
+def test_a_loop_without_a_scalar_loss_still_names_the_layer_that_overflows_in_backward(tmp_path, verdict):
+    # scale() is given the weighted output itself, backward() its gradient: no loss is
+    # recorded, which is not a NaN loss. The gradient entering the last layer (50 x scale)
+    # overflows its fp16 output; every forward stayed finite.
+    db = tmp_path / "no_loss.db"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16, growth_interval=3)
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(12):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = model(torch.randn(64, 16)).float()
+            scaler.scale(out).backward(torch.full_like(out, 50.0))
+            scaler.step(opt)
+            scaler.update()
+    assert rows(db, "SELECT DISTINCT losses FROM steps") == [(0,)]
+    code, rep = verdict(db)
+    assert code == 1
+    origin = [f for f in rep["findings"] if f["rule"] == "overflow-origin"]
+    assert [(f["module"], f["layer"]) for f in origin] == [("4", "4.weight")]
+    assert "forward-nonfinite" not in {f["rule"] for f in rep["findings"]}
+
+
 class PaddedAttention(nn.Module):
     def __init__(self):
         super().__init__()

@@ -60,6 +60,10 @@ std::string forward_sentence(ForwardSource forward, const std::string& forward_m
 // Whether the step went NaN/Inf anywhere (an output, the loss, a gradient) after an update
 // that wrote NaN/Inf into the parameters (Run::first_nonfinite_update).
 bool after_nonfinite_update(const Run& run, const StepSummary& step);
+// Whether the step's first NaN/Inf module output is for a module to explain: there is one,
+// the model's input held no NaN (input-nan), and no earlier update wrote NaN/Inf into the
+// parameters (nonfinite-update).
+bool nonfinite_from_module(const Run& run, const StepSummary& step);
 // "none", "module", "loss", "input", "update": the JSON report's forward_source.
 std::string forward_source_name(ForwardSource forward);
 // The same in a table cell: the module, "(model forward)", "(loss)" or "(input)".

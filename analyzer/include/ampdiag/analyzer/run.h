@@ -58,6 +58,9 @@ struct StepSummary {
   // finite: the overflow happened in the backward code between the two. -1: none.
   std::int64_t last_finite_before = -1;
   std::int64_t first_nonfinite_module = -1;  // forward order; -1: none or not probed
+
+  // A gradient held NaN/Inf: the scaler found one, or a layer's statistics did.
+  bool gradients_nonfinite() const { return row.found_inf || !nonfinite_layers.empty(); }
 };
 
 // Device time (gpu_time) over the profiled steps, by module id (-1: outside every module).
@@ -134,6 +137,10 @@ struct Run {
   bool fp16() const { return meta_or("amp_dtype", "float16") == "float16"; }
   // Whether the step's loss was recorded: a NaN loss is then a NaN/Inf loss, not a gap.
   bool loss_known(const rundb::StepRow& row) const;
+  // A recorded loss that was NaN/Inf.
+  bool loss_nonfinite(const rundb::StepRow& row) const;
+  // The first event of that kind, nullptr if none.
+  const rundb::EventRow* first_event(const std::string& kind) const;
   // Whether the model's input held NaN in the step (the agent looked: an output was NaN/Inf).
   bool input_nan(std::int64_t step) const;
   // The replay of a module, if the agent did one.
