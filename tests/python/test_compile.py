@@ -34,15 +34,19 @@ def compiled(module):
     return torch.compile(module, backend="eager")
 
 
-def train_overflowing(db, compile_first: bool, steps=6):
+def train_overflowing(db, compiled_when, steps=6):
+    """compiled_when: "before" attach(), "in place" before it (Module.compile()), or "after"."""
     torch.manual_seed(0)
     model = Overflowing()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu")
-    if compile_first:
+    if compiled_when == "before":
         model = compiled(model)
+    elif compiled_when == "in place":
+        torch._dynamo.reset()
+        model.compile(backend="eager")
     handle = ampdiag.attach(model, scaler, db=db)
-    if not compile_first:
+    if compiled_when == "after":
         model = compiled(model)
     for step in range(steps):
         x = torch.randn(8, 16) * (30 if step % 2 else 1)
@@ -55,7 +59,7 @@ def train_overflowing(db, compile_first: bool, steps=6):
     handle.close()
 
 
-def ampdiag_frames_compiled(db, compile_first):
+def ampdiag_frames_compiled(db, compiled_when):
     """The code objects of ampdiag's package that Dynamo compiled while training."""
     frames, package = [], os.path.dirname(ampdiag.__file__) + os.sep
 
@@ -65,27 +69,29 @@ def ampdiag_frames_compiled(db, compile_first):
 
     hook = convert_frame.register_bytecode_hook(seen)
     try:
-        train_overflowing(db, compile_first)
+        train_overflowing(db, compiled_when)
     finally:
         hook.remove()
     return frames
 
 
-def test_a_compiled_model_is_named_and_diagnosed_as_the_model_it_compiled(tmp_path, report):
+@pytest.mark.parametrize("compiled_when", ["before", "in place"])
+def test_a_compiled_model_is_named_and_diagnosed_as_the_model_it_compiled(tmp_path, report, compiled_when):
     db = tmp_path / "run.db"
-    train_overflowing(db, compile_first=True)
+    train_overflowing(db, compiled_when)
     _, rep = report(db)
     first = rep["findings"][0]
     assert (first["rule"], first["module"], first["confirmation"]) == ("forward-nonfinite", "big", "confirmed")
     assert not any("_orig_mod" in str(f) for f in rep["findings"])
 
 
-def test_torch_compile_never_traces_the_hooks_of_a_model_compiled_before_attach(tmp_path):
+@pytest.mark.parametrize("compiled_when", ["before", "in place"])
+def test_torch_compile_never_traces_the_hooks_of_a_model_compiled_before_attach(tmp_path, compiled_when):
     # Traced, they warned at every call into the extension and were recompiled for each
     # module path and each value of the agent's flags.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        frames = ampdiag_frames_compiled(tmp_path / "run.db", compile_first=True)
+        frames = ampdiag_frames_compiled(tmp_path / "run.db", compiled_when)
     assert frames == []
     assert [str(w.message) for w in caught if "ampdiag" in str(w.message)] == []
 
@@ -97,7 +103,7 @@ def test_a_model_compiled_after_attach_is_not_watched_and_the_report_says_to_att
     db = tmp_path / "run.db"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        frames = ampdiag_frames_compiled(db, compile_first=False)
+        frames = ampdiag_frames_compiled(db, "after")
     assert {frame.split(" ")[0] for frame in frames} <= {"hook"}
     assert [str(w.message) for w in caught if "ampdiag" in str(w.message)] == []
     _, rep = report(db)

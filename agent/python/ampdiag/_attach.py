@@ -53,6 +53,11 @@ def _watched_root(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _compiled_in_place(root: torch.nn.Module) -> bool:
+    """Whether Module.compile() compiled the model, or a part of it, in place."""
+    return any(module.__dict__.get("_compiled_call_impl") is not None for module in root.modules())
+
+
 class AttachHandle:
     """What attach() returns. Also a context manager: leaving it closes the handle."""
 
@@ -98,7 +103,8 @@ class AttachHandle:
         self._in_cycle = False  # the session's optimizer cycle is open (Python's copy of it)
         self._live = False      # in a cycle, recording, no replay running: hooks take their fast path
         self._hooks = []
-        self._compiled = root is not model  # torch.compile'd before attach(): see _forward.py
+        # torch.compile'd before attach(), or Module.compile()d in place: see _forward.py
+        self._compiled = root is not model or _compiled_in_place(root)
         self._traced_by_compile = False     # a hook found itself traced: compiled after attach()
         self._restore = []
         self._pinned = []
