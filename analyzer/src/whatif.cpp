@@ -241,6 +241,23 @@ std::vector<WhatIf> search_configs(const Run& run, const StepHistograms* histogr
   return out;
 }
 
+bool improves_on(const WhatIf& candidate, const WhatIf& recorded) {
+  if (candidate.estimate.skipped != recorded.estimate.skipped) return candidate.estimate.skipped < recorded.estimate.skipped;
+  if (candidate.underflow >= 0 && recorded.underflow >= 0 && candidate.underflow != recorded.underflow)
+    return candidate.underflow < recorded.underflow;
+  return candidate.pessimistic.skipped < recorded.pessimistic.skipped;
+}
+
+std::string recommendation(const Run& run, const WhatIf& best, const WhatIf& recorded, std::size_t searched) {
+  if (improves_on(best, recorded)) return grad_scaler_call(run, best.config);
+  std::string why = "keep the recorded configuration: none of the " + std::to_string(searched) +
+                    " searched is predicted to skip fewer steps";
+  if (recorded.always_skipped > 0)
+    why += " (" + std::to_string(recorded.always_skipped) + " of its " + std::to_string(recorded.estimate.skipped) +
+           " skips had NaN/Inf in forward, which no scale avoids: see ampdiag report)";
+  return why;
+}
+
 std::int64_t recorded_skips(const Run& run) {
   std::int64_t skipped = 0;
   for (const auto& s : run.steps) skipped += s.row.skipped ? 1 : 0;
@@ -257,6 +274,7 @@ std::string grad_scaler_call(const Run& run, const ScalerConfig& c) {
 std::vector<std::string> whatif_lines(const Run& run) {
   if (!run.has_scaler() || !run.fp16()) return {};
   const ScalerConfig recorded = recorded_config(run);
+  const WhatIf as_recorded = what_if(run, recorded);
   const std::vector<WhatIf> grid = search_configs(run);
   if (grid.empty()) return {};
   const WhatIf& best = grid.front();
@@ -267,7 +285,7 @@ std::vector<std::string> whatif_lines(const Run& run) {
           "best of " + std::to_string(grid.size()) + ": " + best.config.describe() + ": " +
               std::to_string(best.estimate.skipped) + " skips" + bounds + ", lowest scale " +
               number(best.estimate.lowest_scale),
-          grad_scaler_call(run, best.config)};
+          recommendation(run, best, as_recorded, grid.size())};
 }
 
 }  // namespace ampdiag::analyzer

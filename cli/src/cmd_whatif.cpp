@@ -20,7 +20,9 @@ and predicts its skipped steps and scale trajectory. Steps that overflowed when 
 are censored (their magnitude is only known to be above the range) and steps recorded
 without statistics are known only on one side: where that decides a step, the prediction
 is a range, with the steps that make it. Options not given keep the run's own settings;
-with none of them, a small grid is searched and the best configuration recommended.
+with none of them, a small grid is searched and the best configuration recommended if it
+does better than the recorded one (fewer skips; as many, with less underflow or a lower
+pessimistic bound), else keeping the recorded one.
 
 options:
   --init-scale S        initial loss scale
@@ -133,6 +135,7 @@ int cmd_whatif(int argc, char** argv) {
            number(skipped) + ", \"replayed\": " + prediction_json(as_recorded) + "}, \"known\": {\"always_skipped\": " +
            number(as_recorded.always_skipped) + ", \"censored\": " + number(as_recorded.censored) +
            ", \"unrecorded\": " + number(as_recorded.unrecorded) + "}, \"searched\": " + (search ? "true" : "false") +
+           ", \"improves_on_recorded\": " + (analyzer::improves_on(predictions.front(), as_recorded) ? "true" : "false") +
            ", \"predictions\": [";
     for (std::size_t i = 0; i < predictions.size(); ++i) text += (i ? ", " : "") + prediction_json(predictions[i]);
     text += "]}\n";
@@ -150,7 +153,7 @@ int cmd_whatif(int argc, char** argv) {
       text += "\nSearched " + std::to_string(predictions.size()) + " configurations; the best first:\n";
       for (std::size_t i = 0; i < predictions.size() && i < 5; ++i)
         text += "\n" + predictions[i].config.describe() + ":\n" + prediction_text(predictions[i]);
-      text += "\nRecommended: " + analyzer::grad_scaler_call(run, predictions.front().config) + "\n";
+      text += "\nRecommended: " + analyzer::recommendation(run, predictions.front(), as_recorded, predictions.size()) + "\n";
     } else {
       text += "\n" + asked.describe() + ":\n" + prediction_text(predictions.front());
     }

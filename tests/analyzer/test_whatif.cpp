@@ -189,6 +189,36 @@ TEST_CASE("the GUI's what-if lines give the recorded skips and the search's best
   CHECK(analyzer::whatif_lines(run).empty());  // bf16 without a scaler: nothing to replay
 }
 
+TEST_CASE("a run whose every skip had NaN/Inf in forward is told to keep its scaler", "[whatif]") {
+  // No scale avoids those skips, so every configuration of the grid skips as many; the one
+  // with the highest lowest scale used to be recommended as if it did better.
+  TempDir dir;
+  {
+    RunFixture f(dir.file("a.db"), {"w"});
+    f.meta("scaler_init_scale", "65536").meta("scaler_growth_interval", "2000");
+    double scale = 65536;
+    for (int t = 0; t < 40; ++t) {
+      if (t % 10 == 5) {
+        f.step(scale, scale / 2, 1.0, {"w"}, std::nan(""));
+        scale /= 2;
+      } else {
+        f.step(scale, scale, 0.01 * scale);
+      }
+    }
+    f.finish();
+  }
+  const auto run = analyzer::load_run(dir.file("a.db"));
+  const auto recorded = analyzer::what_if(run, analyzer::recorded_config(run));
+  const auto grid = analyzer::search_configs(run);
+  REQUIRE(recorded.always_skipped == 4);
+  CHECK(grid.front().estimate.skipped == recorded.estimate.skipped);
+  CHECK_FALSE(analyzer::improves_on(grid.front(), recorded));
+  const std::string advice = analyzer::recommendation(run, grid.front(), recorded, grid.size());
+  CHECK_THAT(advice, Catch::StartsWith("keep the recorded configuration"));
+  CHECK_THAT(advice, Catch::Contains("4 of its 4 skips had NaN/Inf in forward"));
+  CHECK(analyzer::whatif_lines(run).back() == advice);
+}
+
 TEST_CASE("with histograms the share of values a lower scale flushes to zero is predicted", "[whatif]") {
   TempDir dir;
   const auto path = dir.file("a.db");

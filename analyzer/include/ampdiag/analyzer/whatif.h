@@ -80,6 +80,15 @@ WhatIf what_if(const Run& run, const ScalerConfig& config, const StepHistograms*
 // the highest lowest scale.
 std::vector<WhatIf> search_configs(const Run& run, const StepHistograms* histograms = nullptr);
 
+// Whether `candidate` does better than the run's own configuration replayed (`recorded`):
+// fewer estimated skips, or as many with less underflow (both known) or fewer in the
+// pessimistic bound. A higher lowest scale alone is no reason to change a scaler.
+bool improves_on(const WhatIf& candidate, const WhatIf& recorded);
+
+// What to do after a search whose best is `best`: its torch.amp.GradScaler call where it
+// improves on `recorded`, else to keep the recorded configuration, and why.
+std::string recommendation(const Run& run, const WhatIf& best, const WhatIf& recorded, std::size_t searched);
+
 // The steps the run's own scaler skipped.
 std::int64_t recorded_skips(const Run& run);
 
