@@ -15,34 +15,38 @@ using namespace ampdiag::test::rule_checks;
 using ampdiag::test::RunFixture;
 using ampdiag::test::TempDir;
 
-TEST_CASE("a NaN loss without probes says that no module was probed", "[rules]") {
+namespace {
+
+// The forward-nonfinite finding of a run whose loss went NaN with no module output probed,
+// after an agent event of `event_kind` (none if empty).
+Finding unprobed_nan_loss(const std::string& event_kind) {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
+  if (!event_kind.empty()) f.event(event_kind, "detail");
   f.step(65536, 32768, 1000, {"head.weight"}, kNaN);
   f.finish();
   const auto r = report_of(dir.file("run.db"));
   const Finding* fw = find(r, "forward-nonfinite");
   REQUIRE(fw != nullptr);
   CHECK(fw->module.empty());
-  CHECK_THAT(fw->title, Catch::Contains("no module output was probed"));
-  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("activations=True"));
+  return *fw;
+}
+
+}  // namespace
+
+TEST_CASE("a NaN loss without probes says that no module was probed", "[rules]") {
+  const Finding fw = unprobed_nan_loss("");
+  CHECK_THAT(fw.title, Catch::Contains("no module output was probed"));
+  CHECK_THAT(fw.suggestions.front().python, Catch::Contains("activations=True"));
 }
 
 TEST_CASE("a NaN loss unprobed because torch.compile came after attach says to attach after it", "[rules]") {
   // The hooks were registered (activations on), but the compiled graph traced them as no-ops:
   // "record activations" would be wrong advice.
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.event("compiled-after-attach", "torch.compile traced ampdiag's forward hooks");
-  f.step(65536, 32768, 1000, {"head.weight"}, kNaN);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK(fw->module.empty());
-  CHECK_THAT(fw->evidence, Catch::Contains("compiled with torch.compile after attach()"));
-  REQUIRE(fw->suggestions.size() == 1);
-  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("model = torch.compile(model)\nhandle = ampdiag.attach"));
+  const Finding fw = unprobed_nan_loss("compiled-after-attach");
+  CHECK_THAT(fw.evidence, Catch::Contains("compiled with torch.compile after attach()"));
+  REQUIRE(fw.suggestions.size() == 1);
+  CHECK_THAT(fw.suggestions.front().python, Catch::Contains("model = torch.compile(model)\nhandle = ampdiag.attach"));
 }
 
 TEST_CASE("an fp16 overflow in forward that the model absorbs is a warning, not the error", "[rules]") {

@@ -13,15 +13,16 @@ import ampdiag
 from conftest import rows, rules
 
 
-def train(db, model, steps, loss_of, **scaler_options):
+def train(db, model, steps, loss_of, gradient=None, **scaler_options):
     """An SGD loop with a real GradScaler; `loss_of(step, model)` runs the forward (its own
-    autocast) and returns the loss."""
+    autocast) and returns the loss, or an output whose backward starts from `gradient(output)`."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     scaler = torch.amp.GradScaler("cpu", **scaler_options)
     with ampdiag.attach(model, scaler, db=db):
         for step in range(steps):
             opt.zero_grad()
-            scaler.scale(loss_of(step, model)).backward()
+            loss = loss_of(step, model)
+            scaler.scale(loss).backward(gradient(loss) if gradient else None)
             scaler.step(opt)
             scaler.update()
 
@@ -115,17 +116,13 @@ def test_a_loop_without_a_scalar_loss_still_names_the_layer_that_overflows_in_ba
     # overflows its fp16 output; every forward stayed finite.
     db = tmp_path / "no_loss.db"
     torch.manual_seed(0)
+
+    def output_of(step, model):
+        with torch.autocast("cpu", dtype=torch.float16):
+            return model(torch.randn(64, 16)).float()
+
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16, growth_interval=3)
-    with ampdiag.attach(model, scaler, db=db):
-        for _ in range(12):
-            opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                out = model(torch.randn(64, 16)).float()
-            scaler.scale(out).backward(torch.full_like(out, 50.0))
-            scaler.step(opt)
-            scaler.update()
+    train(db, model, 12, output_of, gradient=lambda out: torch.full_like(out, 50.0), growth_interval=3)
     assert rows(db, "SELECT DISTINCT losses FROM steps") == [(0,)]
     code, rep = verdict(db)
     assert code == 1
