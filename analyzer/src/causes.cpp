@@ -92,7 +92,9 @@ StepCause step_cause(const Run& run, const StepSummary& step) {
     c.forward = ForwardSource::kInput;
   } else if (nonfinite_from_module(run, step)) {
     const ForwardCause cause = forward_cause(run, run.modules[std::size_t(step.first_nonfinite_module)].info.path);
-    if (!(cause.intrinsic && std::isfinite(step.row.loss))) {
+    // A module that makes NaN/Inf by design (a -inf mask) matters where the loss went
+    // NaN/Inf; an unknown loss (none recorded) is not a NaN one.
+    if (!(cause.intrinsic && !run.loss_nonfinite(step.row))) {
       c.forward = ForwardSource::kModule;
       c.forward_module = cause.module;
       if (cause.intrinsic)

@@ -294,6 +294,23 @@ TEST_CASE("a mask's -inf in a loop that records no loss is still a mask while th
   CHECK(r.skipped.empty());
 }
 
+TEST_CASE("a backward overflow in a loop that records no loss is named past a mask's -inf", "[rules][replay]") {
+  // The mask's -inf is by design unless the loss is known to be NaN/Inf: an unknown one is
+  // not, so the skips are backward's and the first gradient in backward order is named.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"attn.qkv.weight", "head.weight"});
+  f.replay("attn.mask", "intrinsic");
+  double scale = 65536;
+  for (int i = 0; i < 8; ++i, scale /= 2)
+    f.activation("attn.mask", true).activation("head", false).no_loss().step(scale, scale / 2, 1000, {"head.weight"});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->layer == "head.weight");
+  for (const auto& k : r.skipped) CHECK(k.forward == ForwardSource::kNone);
+}
+
 TEST_CASE("a module making NaN from finite inputs in FP32 too where the loss goes NaN is named, never pinned", "[rules][replay]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"norm.weight", "head.weight"});

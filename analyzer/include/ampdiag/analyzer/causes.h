@@ -42,11 +42,12 @@ const ModuleSummary* overflow_after_intrinsic(const Run& run);
 // What the timeline and the skipped-steps list say about one step.
 struct StepCause {
   // kModule: the forward held NaN/Inf in a probed module, and it mattered (not a module that
-  // makes them by design, intrinsic, while the loss stayed finite). kLoss: the loss was
-  // NaN/Inf while every probed module's output was finite, made after them (the loss
-  // computation, or the model's own code after its last probed module). kInput: the
-  // model's input held NaN (the agent's event "input-nan"), whatever the modules did with it.
-  // kUpdate: a step after Run::first_nonfinite_update went NaN/Inf: its parameters held them.
+  // makes them by design, intrinsic, while the loss was not NaN/Inf: finite, or not
+  // recorded). kLoss: the loss was NaN/Inf while every probed module's output was finite,
+  // made after them (the loss computation, or the model's own code after its last probed
+  // module). kInput: the model's input held NaN (the agent's event "input-nan"), whatever
+  // the modules did with it. kUpdate: a step after Run::first_nonfinite_update went
+  // NaN/Inf: its parameters held them.
   ForwardSource forward = ForwardSource::kNone;
   std::string forward_module;  // kModule: forward_cause(...).module of the step's first non-finite output
   std::string first_gradient;  // the first gradient (backward order) that held NaN/Inf
