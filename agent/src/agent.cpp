@@ -68,6 +68,7 @@ class Agent::Impl final : public ScalerObserver {
     record(path, x);
     return x;
   }
+  at::Tensor input(const std::string& name, const at::Tensor& x);
   at::Tensor forward_as(const std::string& path, const Forward& run, const Forward& replay, const at::Tensor& x);
   bool begin_module_range(const std::string& path);
   void end_range() { session_.end_range(); }
@@ -128,6 +129,9 @@ class Agent::Impl final : public ScalerObserver {
   std::int64_t losses_ = 0;
   bool skipped_ = false;
   bool nonfinite_seen_ = false;  // a probe of this cycle held NaN/Inf
+  // The cycle's inputs (input()), looked at for NaN once a probe holds NaN/Inf.
+  std::vector<std::pair<std::string, at::Tensor>> inputs_;
+  void look_at_inputs();
   bool closed_ = false;
 
   // Per-call scratch, kept to avoid allocating on the training thread.
@@ -268,9 +272,31 @@ bool Agent::Impl::record(const std::string& path, const at::Tensor& x) {
     // Known at once for host tensors only: a device tensor's result lands later.
     first_nonfinite = session_.activation(module, view, std::int32_t(losses_)) && !nonfinite_seen_;
     nonfinite_seen_ = nonfinite_seen_ || first_nonfinite;
+    if (first_nonfinite) look_at_inputs();
   }
   session_.add_agent_ns(ns_since(t0));
   return first_nonfinite;
+}
+
+at::Tensor Agent::Impl::input(const std::string& name, const at::Tensor& x) {
+  if (closed_ || !x.defined() || !x.is_floating_point()) return x;
+  begin_cycle();
+  inputs_.emplace_back(name, x.detach());
+  return x;
+}
+
+// The first input holding NaN, as the Python agent words it. Host inputs only: a device
+// count would wait for the device, and a device probe's NaN is known a step late anyway.
+void Agent::Impl::look_at_inputs() {
+  for (const auto& [name, t] : inputs_) {
+    if (!t.device().is_cpu()) continue;
+    const std::int64_t nan = at::isnan(t).sum().item<std::int64_t>();
+    if (nan == 0) continue;
+    session_.event("input-nan", name + " (" + c10::toString(t.scalar_type()) + " " + c10::str(t.sizes()) + "): " +
+                                    std::to_string(nan) + " NaN of " + std::to_string(t.numel()) + " values");
+    break;
+  }
+  inputs_.clear();  // once a step
 }
 
 at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, const Forward& replay,
@@ -304,6 +330,7 @@ void Agent::Impl::begin_cycle() {
   if (!session_.begin_cycle()) return;
   replay_pins_.announce();
   nonfinite_seen_ = false;
+  inputs_.clear();
   loss_sum_ = 0.0;
   device_loss_sum_ = at::Tensor();
   losses_ = 0;
@@ -492,6 +519,8 @@ Agent::Agent(torch::nn::Module& model, GradScaler& scaler, AgentOptions options)
 Agent::~Agent() = default;
 
 at::Tensor Agent::probe(const std::string& module_path, const at::Tensor& x) { return impl_->probe(module_path, x); }
+
+at::Tensor Agent::input(const std::string& name, const at::Tensor& x) { return impl_->input(name, x); }
 
 at::Tensor Agent::forward_as(const std::string& module_path, const Forward& run, const Forward& replay,
                              const at::Tensor& x) {

@@ -3,6 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
 
 #include "../rundb/temp_dir.h"
 #include "ampdiag/rundb/reader.h"
@@ -254,6 +257,58 @@ TEST_CASE("a float16 loss passed to scale() is one half-loss event", "[agent]") 
   int events = 0;
   for (const auto& e : rundb::RunDbReader(dir.file("run.db")).events()) events += e.kind == "half-loss";
   CHECK(events == 1);
+}
+
+namespace {
+
+// Three steps whose forward takes `batch_of(step)` through agent.input() and probes a, b
+// and c; the run's "input-nan" events as (step, detail).
+std::vector<std::pair<std::int64_t, std::string>> input_nan_events(const std::function<torch::Tensor(int)>& batch_of) {
+  TinySetup t;
+  auto& [dir, net, optimizer, scaler, o] = t;
+  {
+    Agent agent(*net, scaler, o);
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      torch::Tensor loss;
+      {
+        HalfAutocast autocast;
+        const auto x = agent.input("x", batch_of(step));
+        const auto h = agent.probe("b", net->b(torch::relu(agent.probe("a", net->a(x)))));
+        loss = agent.probe("c", net->c(torch::relu(h))).to(torch::kFloat).pow(2).mean();
+      }
+      scaler.scale(loss).backward();
+      scaler.step(optimizer);
+      scaler.update();
+    }
+  }
+  std::vector<std::pair<std::int64_t, std::string>> events;
+  for (const auto& e : rundb::RunDbReader(dir.file("run.db")).events())
+    if (e.kind == "input-nan") events.emplace_back(e.step, e.detail);
+  return events;
+}
+
+}  // namespace
+
+TEST_CASE("a NaN in the batch given to input() is the data's: one input-nan event in its step", "[agent]") {
+  const auto events = input_nan_events([](int step) {
+    auto x = torch::randn({8, 16});
+    if (step == 1) x[3][7] = std::nan("");
+    return x;
+  });
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].first == 1);
+  CHECK(events[0].second == "x (Float [8, 16]): 1 NaN of 128 values");
+}
+
+TEST_CASE("a -inf in the batch given to input() is not called a corruption", "[agent]") {
+  // An additive mask: its -inf turns the outputs NaN/Inf, and it is no bad data.
+  const auto events = input_nan_events([](int step) {
+    auto x = torch::randn({8, 16});
+    if (step == 1) x[3][7] = -std::numeric_limits<float>::infinity();
+    return x;
+  });
+  CHECK(events.empty());
 }
 
 TEST_CASE("profiling that cannot start is one event, and training is bit-identical", "[agent][profile]") {

@@ -101,6 +101,13 @@ class Agent {
   // forward order, and returns x itself (LibTorch modules have no forward hooks).
   at::Tensor probe(const std::string& module_path, const at::Tensor& x);
 
+  // The model's input `name` for this step (a batch), returned as is. Looked at only when
+  // a host probe of the step first holds NaN/Inf: NaN in it is the data's, not fp16's, and
+  // the run says so (event "input-nan"), which the report names instead of a module. Only
+  // NaN counts: a -inf mask passed in is no corruption.
+  //   x = agent.input("images", x);
+  at::Tensor input(const std::string& name, const at::Tensor& x);
+
   // Runs module `module_path`'s forward on x and probes its output (as probe() does); a
   // module pinned by AgentOptions::autopin runs in FP32 (autocast off, fp32 input). `module`
   // is a LibTorch module holder (torch::nn::Linear, TORCH_MODULE(...)); the replay runs on
