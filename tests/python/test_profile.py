@@ -93,7 +93,9 @@ def test_without_profile_no_submodule_gets_a_pre_hook(tmp_path):
     model = Tiny()
     handle = ampdiag.attach(model, torch.amp.GradScaler("cpu"), db=tmp_path / "run.db")
     assert all(not m._forward_pre_hooks for m in model.modules() if m is not model)
-    assert len(model._forward_pre_hooks) == 1  # the model's own: its inputs, for input-nan
+    # The model's own: its inputs (for input-nan) and, until its first training forward,
+    # autocast's dtype (amp_dtype).
+    assert len(model._forward_pre_hooks) == 2
     handle.close()
     profiled = ampdiag.attach(model, torch.amp.GradScaler("cpu"), db=tmp_path / "profiled.db", profile=True)
     assert all(m._forward_pre_hooks for m in (model.a, model.b, model.c))

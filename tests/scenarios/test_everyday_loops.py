@@ -1,6 +1,7 @@
 """Loops users write every day, healthy: each must exit 0 under --fail-on error, with the
 steps and losses counted as docs/PYTHON.md says."""
 import copy
+import json
 import math
 
 import pytest
@@ -88,6 +89,42 @@ def test_bf16_without_a_scaler_is_healthy_and_its_loss_is_recorded(tmp_path, ver
     bf16_loop(db, Mlp(), 10)
     code, rep = verdict(db)
     assert (code, rep["healthy"]) == (0, True), rep["findings"]
+
+
+def scaler_loop(db, dtype, steps=12):
+    """A GradScaler loop under `dtype` autocast whose gradients are tiny: below fp16's normal
+    range, well inside bf16's."""
+    torch.manual_seed(0)
+    model = Mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for x, y in batches(steps):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=dtype):
+                loss = nn.functional.mse_loss(model(x).float(), y) * 1e-9
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+def test_bf16_autocast_with_a_grad_scaler_kept_from_fp16_is_judged_in_bf16(tmp_path, ampdiag):
+    # attach() guesses float16 from the scaler; the fp16 underflow warnings that followed
+    # told the user to train in bf16, which the run already did.
+    db = tmp_path / "bf16_scaler.db"
+    scaler_loop(db, torch.bfloat16)
+    assert rows(db, "SELECT value FROM meta WHERE key = 'amp_dtype'") == [("bfloat16",)]
+    assert [kind for (kind,) in rows(db, "SELECT kind FROM events")] == ["amp-dtype"]
+    result = ampdiag("report", db, "--format", "json", "--fail-on", "all")
+    assert result.returncode == 0, result.stdout
+
+
+def test_fp16_autocast_with_a_grad_scaler_stays_judged_in_fp16(tmp_path, ampdiag):
+    db = tmp_path / "fp16_scaler.db"
+    scaler_loop(db, torch.float16)
+    assert rows(db, "SELECT value FROM meta WHERE key = 'amp_dtype'") == [("float16",)]
+    assert rows(db, "SELECT COUNT(*) FROM events WHERE kind = 'amp-dtype'") == [(0,)]
+    assert "underflow" in {f["rule"] for f in json.loads(ampdiag("report", db, "--format", "json").stdout)["findings"]}
 
 
 def test_bf16_log_loss_wins_over_the_backward_root(tmp_path):

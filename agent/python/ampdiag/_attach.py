@@ -20,9 +20,10 @@ import torch
 from . import _ampdiag, _loss, _rank
 from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
+from ._amp_dtype import learn_amp_dtype
 from ._autopin import AutoPinner
 from ._forward import forward_hook, input_hook, outside_compiled_graph
-from ._options import check_options, default_amp_dtype
+from ._options import check_options, default_amp_dtype, trains_fp16_parameters
 from ._replay import FINITE, INTRINSIC, NONFINITE, Replayer
 from ._scaler import wrap_scaler
 from ._updates import UpdateProbe, holds_half_parameters
@@ -130,7 +131,10 @@ class AttachHandle:
             self._open_session(*rank)
         self._finalizer = weakref.finalize(self, self._session.close)
         try:
-            self._write_meta(scaler, every, context_steps, fused_unscale, histogram, amp_dtype, params)
+            guessed = amp_dtype or default_amp_dtype(scaler, params)
+            self._write_meta(scaler, every, context_steps, fused_unscale, histogram, guessed, params)
+            if amp_dtype is None and not trains_fp16_parameters(params):
+                self._hooks.append(learn_amp_dtype(self, root, params[0].device.type, guessed))
             self._register_layers(root)
             watched = [(path, module) for path, module in root.named_modules() if path and not bounded_by_input(module)]
             if activations:
@@ -241,7 +245,7 @@ class AttachHandle:
             settings = (float(scaler.get_scale()), float(scaler.get_growth_factor()),
                         float(scaler.get_backoff_factor()), int(scaler.get_growth_interval()))
         self._session.write_meta("ampdiag Python agent", torch.__version__, str(params[0].device),
-                                 amp_dtype or default_amp_dtype(scaler, params),
+                                 amp_dtype,
                                  " ".join([sys.executable] + sys.argv), bool(fused), settings)
 
     def _register_layers(self, model):
@@ -553,7 +557,8 @@ def attach(model: torch.nn.Module, scaler: "torch.amp.GradScaler | None" = None,
                     the module and its inputs, and record whether that fixes it.
     overwrite:      replace an existing db file instead of refusing.
     amp_dtype:      "float16" or "bfloat16"; default: float16 with a scaler or fp16 parameters,
-                    else bfloat16. Half-precision parameters also get their stalled updates
+                    else bfloat16, then the first training forward's autocast dtype where it
+                    differs (fp32 parameters only). Half-precision parameters also get their stalled updates
                     counted on sampled steps (no FP32 master weights: see docs/PYTHON.md).
     run_id:         the id shared by every rank of this run (default: derived from the launcher,
                     random for one process); `ampdiag report` merges only ranks of one run.

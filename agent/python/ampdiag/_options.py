@@ -27,7 +27,11 @@ def check_options(db, every, context_steps, queue_capacity, threads, amp_dtype, 
     return db
 
 
+def trains_fp16_parameters(params) -> bool:
+    """The model itself is fp16 (model.half()): its precision is its parameters', whatever autocast says."""
+    return any(p.dtype == torch.float16 for p in params if p.requires_grad)
+
+
 def default_amp_dtype(scaler, params) -> str:
-    # Without a scaler the run is bf16 autocast, unless the model itself is fp16 (model.half()).
-    fp16_model = any(p.dtype == torch.float16 for p in params if p.requires_grad)
-    return "float16" if scaler is not None or fp16_model else "bfloat16"
+    # Without a scaler the run is bf16 autocast, unless the model itself is fp16.
+    return "float16" if scaler is not None or trains_fp16_parameters(params) else "bfloat16"
