@@ -129,6 +129,9 @@ class Agent::Impl final : public ScalerObserver {
   std::int64_t losses_ = 0;
   bool skipped_ = false;
   bool nonfinite_seen_ = false;  // a probe of this cycle held NaN/Inf
+  // AgentOptions::amp_dtype was left empty and no training probe has run yet.
+  bool learn_amp_dtype_ = false;
+  void learn_amp_dtype(c10::DeviceType device);
   // The cycle's inputs (input()), looked at for NaN once a probe holds NaN/Inf.
   std::vector<std::pair<std::string, at::Tensor>> inputs_;
   void look_at_inputs();
@@ -145,6 +148,9 @@ namespace {
 agent::SessionOptions session_options(const AgentOptions& o) {
   if (o.threads < 0) throw std::invalid_argument("AgentOptions.threads must be >= 0 (0: torch's threads)");
   if (o.queue_capacity < 16) throw std::invalid_argument("AgentOptions.queue_capacity must be at least 16 records");
+  if (!o.amp_dtype.empty() && o.amp_dtype != "float16" && o.amp_dtype != "bfloat16")
+    throw std::invalid_argument("AgentOptions.amp_dtype must be \"float16\", \"bfloat16\" or empty (float16, or what "
+                                "autocast runs in at the first probe), not \"" + o.amp_dtype + "\"");
   agent::SessionOptions s;
   s.overwrite = o.overwrite;
   s.histogram = o.histogram;
@@ -206,7 +212,8 @@ Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions opt
   meta.source = "ampdiag C++ agent";
   meta.torch_version = TORCH_VERSION;
   meta.device = keep_alive_.empty() ? "cpu" : keep_alive_.front().device().str();
-  meta.amp_dtype = options_.amp_dtype;
+  meta.amp_dtype = options_.amp_dtype.empty() ? "float16" : options_.amp_dtype;
+  learn_amp_dtype_ = options_.amp_dtype.empty();
   meta.command_line = command_line();
   meta.fused_unscale = options_.fused_unscale;
   meta.scaler_init_scale = scaler.get_scale();
@@ -262,6 +269,7 @@ bool Agent::Impl::record(const std::string& path, const at::Tensor& x) {
   }
   const auto t0 = Clock::now();
   begin_cycle();
+  if (learn_amp_dtype_) learn_amp_dtype(x.device().type());
   at::Tensor copy;
   agent::DeviceTensor view;
   bool first_nonfinite = false;
@@ -283,6 +291,16 @@ at::Tensor Agent::Impl::input(const std::string& name, const at::Tensor& x) {
   begin_cycle();
   inputs_.emplace_back(name, x.detach());
   return x;
+}
+
+// The first training probe's autocast dtype, where the options left the run's to it.
+void Agent::Impl::learn_amp_dtype(c10::DeviceType device) {
+  if (!at::GradMode::is_enabled()) return;  // an evaluation: wait for a training forward
+  learn_amp_dtype_ = false;
+  if (!at::autocast::is_autocast_enabled(device) || at::autocast::get_autocast_dtype(device) != at::kBFloat16) return;
+  session_.set_meta("amp_dtype", "bfloat16");
+  session_.event("amp-dtype", "autocast ran in bfloat16, not the float16 AgentOptions::amp_dtype left empty assumed: "
+                              "the run is judged in bfloat16 (bfloat16 needs no GradScaler)");
 }
 
 // The first input holding NaN, as the Python agent words it. Host inputs only: a device

@@ -1,7 +1,7 @@
 // Agent::forward() in a real fp16-autocast LibTorch loop: the first module whose output holds
 // NaN/Inf is replayed once in FP32 on a clone (the training unchanged), and with
 // AgentOptions::autopin a confirmed module runs in FP32 from the next step on.
-#include <catch2/catch.hpp>
+#include "../catch_with_torch.h"
 
 #include <torch/torch.h>
 

@@ -4,7 +4,7 @@
 // host wait for the device (torch's sync debug mode set to error stays silent). Without a
 // CUDA device this binary says why and exits 77, which ctest reports as skipped.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "../catch_with_torch.h"
 
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/cuda.h>

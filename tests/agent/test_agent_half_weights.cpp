@@ -1,7 +1,7 @@
 // A LibTorch model trained with bf16 parameters (model->to(kBFloat16), no FP32 master
 // weights; the scaler, like torch's, refuses fp16 parameters' gradients) under the agent: the stalled updates it records are a direct comparison's counts on the sampled
 // steps, and the training is bit-identical with and without it.
-#include <catch2/catch.hpp>
+#include "../catch_with_torch.h"
 
 #include <torch/torch.h>
 

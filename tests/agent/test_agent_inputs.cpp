@@ -1,6 +1,6 @@
 // Bad input to the agent gets a clear error before training starts, or is handled while
 // training goes on: it never crashes the training and never loses the run silently.
-#include <catch2/catch.hpp>
+#include "../catch_with_torch.h"
 
 #include <cstdlib>
 
@@ -71,6 +71,9 @@ TEST_CASE("a disabled scaler, a second agent and bad options are refused", "[age
   bad = options_for(dir.file("e.db"));
   bad.queue_capacity = 1;
   CHECK_THROWS_WITH(Agent(*net, scaler, bad), Catch::Contains("queue_capacity"));
+  bad = options_for(dir.file("g.db"));
+  bad.amp_dtype = "fp16";
+  CHECK_THROWS_WITH(Agent(*net, scaler, bad), Catch::Contains("amp_dtype must be \"float16\", \"bfloat16\" or empty"));
   torch::nn::Sequential empty;
   CHECK_THROWS_WITH(Agent(*empty, scaler, options_for(dir.file("f.db"))), Catch::Contains("no parameters"));
 }

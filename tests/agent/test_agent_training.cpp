@@ -1,6 +1,6 @@
 // The agent attached to a real fp16-autocast training loop: it changes no number, and it
 // records what happened in the order it happened.
-#include <catch2/catch.hpp>
+#include "../catch_with_torch.h"
 
 #include <cmath>
 #include <limits>
@@ -290,6 +290,33 @@ std::vector<std::pair<std::int64_t, std::string>> input_nan_events(const std::fu
 
 }  // namespace
 
+TEST_CASE("amp_dtype left empty is what autocast runs in at the first training probe: bf16 with a scaler", "[agent]") {
+  // A GradScaler kept with bf16 autocast: judged as float16, its bf16 values were held to fp16's range.
+  TinySetup t;
+  auto& [dir, net, optimizer, scaler, o] = t;
+  REQUIRE(o.amp_dtype.empty());
+  {
+    Agent agent(*net, scaler, o);
+    for (int step = 0; step < 2; ++step) {
+      optimizer.zero_grad();
+      torch::Tensor loss;
+      {
+        HalfAutocast autocast(c10::DeviceType::CPU, at::kBFloat16);
+        const auto h = torch::relu(net->b(torch::relu(net->a(torch::randn({8, 16})))));
+        loss = agent.probe("c", net->c(h)).to(torch::kFloat).mean();
+      }
+      scaler.scale(loss).backward();
+      scaler.step(optimizer);
+      scaler.update();
+    }
+  }
+  rundb::RunDbReader reader(dir.file("run.db"));
+  CHECK(reader.meta().at("amp_dtype") == "bfloat16");
+  int events = 0;
+  for (const auto& e : reader.events()) events += e.kind == "amp-dtype";
+  CHECK(events == 1);
+}
+
 TEST_CASE("a NaN in the batch given to input() is the data's: one input-nan event in its step", "[agent]") {
   const auto events = input_nan_events([](int step) {
     auto x = torch::randn({8, 16});
@@ -331,4 +358,13 @@ TEST_CASE("profiling that cannot start is one event, and training is bit-identic
   for (const auto& e : r.events()) events += e.kind == "profiler-unavailable";
   CHECK(events == 1);
   CHECK(r.gpu_time().empty());
+}
+
+#define AMPDIAG_STRING(...) #__VA_ARGS__
+#define AMPDIAG_EXPANDED(...) AMPDIAG_STRING(__VA_ARGS__)
+
+TEST_CASE("CHECK in a LibTorch test is Catch's, not c10's glog-style CHECK", "[agent]") {
+  // c10's aborted on failure and was never counted (tests/catch_with_torch.h).
+  const std::string expanded = AMPDIAG_EXPANDED(CHECK(true));
+  CHECK_THAT(expanded, Catch::Contains("Catch::AssertionHandler"));
 }

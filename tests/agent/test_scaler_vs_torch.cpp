@@ -1,6 +1,6 @@
 // ampdiag::GradScaler against the real torch.amp.GradScaler: the trajectory recorded by
 // gradscaler_trajectory.py (run by ctest as a fixture) is replayed step for step.
-#include <catch2/catch.hpp>
+#include "../catch_with_torch.h"
 
 #include <cmath>
 

@@ -25,10 +25,10 @@ struct TinyNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(TinyNet);
 
-// fp16 autocast on `type` (the CPU unless said) for its lifetime.
+// fp16 autocast (or `dtype`'s) on `type` (the CPU unless said) for its lifetime.
 struct HalfAutocast {
-  explicit HalfAutocast(c10::DeviceType type = c10::DeviceType::CPU) : type(type) {
-    at::autocast::set_autocast_dtype(type, at::kHalf);
+  explicit HalfAutocast(c10::DeviceType type = c10::DeviceType::CPU, at::ScalarType dtype = at::kHalf) : type(type) {
+    at::autocast::set_autocast_dtype(type, dtype);
     at::autocast::set_autocast_enabled(type, true);
     at::autocast::increment_nesting();
   }

@@ -1,6 +1,6 @@
 // The fused unscale against torch's own op, element by element, and the statistics
 // against torch's reductions: links LibTorch (CPU).
-#include <catch2/catch.hpp>
+#include "../catch_with_torch.h"
 
 #include <ATen/ATen.h>
 

@@ -41,7 +41,10 @@ struct AgentOptions {
   std::int64_t activation_every = 10;
   std::size_t queue_capacity = 1 << 15;  // records between the training and the writer thread
   int threads = 0;                  // own CPU threads for the statistics pass; 0 = torch's intra-op pool
-  std::string amp_dtype = "float16";  // recorded in the run's metadata
+  // The run's precision, "float16" or "bfloat16" (meta amp_dtype). Empty: float16, unless
+  // the first probe runs under autocast in bfloat16 (event "amp-dtype"): a GradScaler kept
+  // with bf16 autocast would otherwise have bf16 values judged by fp16's range.
+  std::string amp_dtype;
   // Shared by every rank of the run (meta run_id); empty: derived from the launcher's
   // environment under torchrun, random for one process.
   std::string run_id;
