@@ -3,9 +3,11 @@
 #include "../catch_with_torch.h"
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "../rundb/temp_dir.h"
 #include "ampdiag/rundb/reader.h"
@@ -43,6 +45,32 @@ struct TinySetup {
     return o;
   }
 };
+
+// `steps` steps of a loop with an agent on `t`: forward(agent, step) runs under autocast in
+// `dtype` and returns the loss, which the scaler scales for backward, step and update.
+void train_with_agent(TinySetup& t, int steps, at::ScalarType dtype,
+                      const std::function<torch::Tensor(Agent&, int)>& forward) {
+  Agent agent(*t.net, t.scaler, t.options);
+  for (int step = 0; step < steps; ++step) {
+    t.optimizer.zero_grad();
+    torch::Tensor loss;
+    {
+      HalfAutocast autocast(c10::DeviceType::CPU, dtype);
+      loss = forward(agent, step);
+    }
+    t.scaler.scale(loss).backward();
+    t.scaler.step(t.optimizer);
+    t.scaler.update();
+  }
+}
+
+// The run's events of `kind`, as (step, detail).
+std::vector<std::pair<std::int64_t, std::string>> events_of(const TinySetup& t, const std::string& kind) {
+  std::vector<std::pair<std::int64_t, std::string>> events;
+  for (const auto& e : rundb::RunDbReader(t.dir.file("run.db")).events())
+    if (e.kind == kind) events.emplace_back(e.step, e.detail);
+  return events;
+}
 
 }  // namespace
 
@@ -238,25 +266,12 @@ TEST_CASE("a non-scalar passed to scale() is no loss: the step's loss is not NaN
 
 TEST_CASE("a float16 loss passed to scale() is one half-loss event", "[agent]") {
   TinySetup t;
-  auto& [dir, net, optimizer, scaler, o] = t;
-  {
-    Agent agent(*net, scaler, o);
-    for (int step = 0; step < 3; ++step) {
-      optimizer.zero_grad();
-      torch::Tensor loss;
-      {
-        HalfAutocast autocast;
-        loss = net->c(torch::relu(net->b(torch::relu(net->a(torch::randn({8, 16})))))).mean();  // stays fp16
-      }
-      REQUIRE(loss.scalar_type() == torch::kHalf);
-      scaler.scale(loss).backward();
-      scaler.step(optimizer);
-      scaler.update();
-    }
-  }
-  int events = 0;
-  for (const auto& e : rundb::RunDbReader(dir.file("run.db")).events()) events += e.kind == "half-loss";
-  CHECK(events == 1);
+  train_with_agent(t, 3, at::kHalf, [&](Agent&, int) {
+    auto loss = t.net->c(torch::relu(t.net->b(torch::relu(t.net->a(torch::randn({8, 16})))))).mean();  // stays fp16
+    REQUIRE(loss.scalar_type() == torch::kHalf);
+    return loss;
+  });
+  CHECK(events_of(t, "half-loss").size() == 1);
 }
 
 namespace {
@@ -265,27 +280,12 @@ namespace {
 // and c; the run's "input-nan" events as (step, detail).
 std::vector<std::pair<std::int64_t, std::string>> input_nan_events(const std::function<torch::Tensor(int)>& batch_of) {
   TinySetup t;
-  auto& [dir, net, optimizer, scaler, o] = t;
-  {
-    Agent agent(*net, scaler, o);
-    for (int step = 0; step < 3; ++step) {
-      optimizer.zero_grad();
-      torch::Tensor loss;
-      {
-        HalfAutocast autocast;
-        const auto x = agent.input("x", batch_of(step));
-        const auto h = agent.probe("b", net->b(torch::relu(agent.probe("a", net->a(x)))));
-        loss = agent.probe("c", net->c(torch::relu(h))).to(torch::kFloat).pow(2).mean();
-      }
-      scaler.scale(loss).backward();
-      scaler.step(optimizer);
-      scaler.update();
-    }
-  }
-  std::vector<std::pair<std::int64_t, std::string>> events;
-  for (const auto& e : rundb::RunDbReader(dir.file("run.db")).events())
-    if (e.kind == "input-nan") events.emplace_back(e.step, e.detail);
-  return events;
+  train_with_agent(t, 3, at::kHalf, [&](Agent& agent, int step) {
+    const auto x = agent.input("x", batch_of(step));
+    const auto h = agent.probe("b", t.net->b(torch::relu(agent.probe("a", t.net->a(x)))));
+    return agent.probe("c", t.net->c(torch::relu(h))).to(torch::kFloat).pow(2).mean();
+  });
+  return events_of(t, "input-nan");
 }
 
 }  // namespace
@@ -293,28 +293,13 @@ std::vector<std::pair<std::int64_t, std::string>> input_nan_events(const std::fu
 TEST_CASE("amp_dtype left empty is what autocast runs in at the first training probe: bf16 with a scaler", "[agent]") {
   // A GradScaler kept with bf16 autocast: judged as float16, its bf16 values were held to fp16's range.
   TinySetup t;
-  auto& [dir, net, optimizer, scaler, o] = t;
-  REQUIRE(o.amp_dtype.empty());
-  {
-    Agent agent(*net, scaler, o);
-    for (int step = 0; step < 2; ++step) {
-      optimizer.zero_grad();
-      torch::Tensor loss;
-      {
-        HalfAutocast autocast(c10::DeviceType::CPU, at::kBFloat16);
-        const auto h = torch::relu(net->b(torch::relu(net->a(torch::randn({8, 16})))));
-        loss = agent.probe("c", net->c(h)).to(torch::kFloat).mean();
-      }
-      scaler.scale(loss).backward();
-      scaler.step(optimizer);
-      scaler.update();
-    }
-  }
-  rundb::RunDbReader reader(dir.file("run.db"));
-  CHECK(reader.meta().at("amp_dtype") == "bfloat16");
-  int events = 0;
-  for (const auto& e : reader.events()) events += e.kind == "amp-dtype";
-  CHECK(events == 1);
+  REQUIRE(t.options.amp_dtype.empty());
+  train_with_agent(t, 2, at::kBFloat16, [&](Agent& agent, int) {
+    const auto h = torch::relu(t.net->b(torch::relu(t.net->a(torch::randn({8, 16})))));
+    return agent.probe("c", t.net->c(h)).to(torch::kFloat).mean();
+  });
+  CHECK(rundb::RunDbReader(t.dir.file("run.db")).meta().at("amp_dtype") == "bfloat16");
+  CHECK(events_of(t, "amp-dtype").size() == 1);
 }
 
 TEST_CASE("a NaN in the batch given to input() is the data's: one input-nan event in its step", "[agent]") {
