@@ -90,7 +90,8 @@ class Agent::Impl final : public ScalerObserver {
   void on_update(const ScaleUpdate& update) override;
 
  private:
-  // Probes x as module `path`'s output; returns whether it was the step's first NaN/Inf.
+  // Probes x as module `path`'s output; returns whether it was the step's first NaN/Inf
+  // and an FP32 replay could explain it (the input held no NaN, the parameters no NaN/Inf).
   bool record(const std::string& path, const at::Tensor& x);
   void register_layers(torch::nn::Module& model);
   std::int64_t layer_of(const at::Tensor& param);
@@ -134,7 +135,14 @@ class Agent::Impl final : public ScalerObserver {
   void learn_amp_dtype(c10::DeviceType device);
   // The cycle's inputs (input()), looked at for NaN once a probe holds NaN/Inf.
   std::vector<std::pair<std::string, at::Tensor>> inputs_;
-  void look_at_inputs();
+  // Whether an input held NaN (event input-nan).
+  bool look_at_inputs();
+  // The model's parameters by name, looked at for NaN/Inf in a step whose probe first holds
+  // NaN/Inf with no NaN input, until found: an earlier update wrote them, or the model came
+  // with them (event parameters-nonfinite). Their modules are not replayed from then on.
+  std::vector<std::pair<std::string, at::Tensor>> named_params_;
+  bool parameters_nonfinite_ = false;
+  void look_at_parameters();
   bool closed_ = false;
 
   // Per-call scratch, kept to avoid allocating on the training thread.
@@ -237,6 +245,7 @@ void Agent::Impl::register_layers(torch::nn::Module& model) {
     const auto layer = session_.add_layer(key_of(p), info);
     if (!layer.added) continue;  // shared with an earlier name
     keep_alive_.push_back(p);
+    named_params_.emplace_back(info.name, p);
     if (!p.requires_grad()) continue;
     if (p.scalar_type() == at::kHalf || p.scalar_type() == at::kBFloat16) {
       if (p.device().is_cpu())
@@ -280,10 +289,14 @@ bool Agent::Impl::record(const std::string& path, const at::Tensor& x) {
     // Known at once for host tensors only: a device tensor's result lands later.
     first_nonfinite = session_.activation(module, view, std::int32_t(losses_)) && !nonfinite_seen_;
     nonfinite_seen_ = nonfinite_seen_ || first_nonfinite;
-    if (first_nonfinite) look_at_inputs();
+    if (first_nonfinite) {
+      // A NaN batch or NaN weights are no fp16 overflow: a replay would only say "intrinsic".
+      if (look_at_inputs()) first_nonfinite = false;
+      else look_at_parameters();
+    }
   }
   session_.add_agent_ns(ns_since(t0));
-  return first_nonfinite;
+  return first_nonfinite && !parameters_nonfinite_;
 }
 
 at::Tensor Agent::Impl::input(const std::string& name, const at::Tensor& x) {
@@ -305,16 +318,38 @@ void Agent::Impl::learn_amp_dtype(c10::DeviceType device) {
 
 // The first input holding NaN, as the Python agent words it. Host inputs only: a device
 // count would wait for the device, and a device probe's NaN is known a step late anyway.
-void Agent::Impl::look_at_inputs() {
+bool Agent::Impl::look_at_inputs() {
+  bool found = false;
   for (const auto& [name, t] : inputs_) {
     if (!t.device().is_cpu()) continue;
     const std::int64_t nan = at::isnan(t).sum().item<std::int64_t>();
     if (nan == 0) continue;
     session_.event("input-nan", name + " (" + c10::toString(t.scalar_type()) + " " + c10::str(t.sizes()) + "): " +
                                     std::to_string(nan) + " NaN of " + std::to_string(t.numel()) + " values");
+    found = true;
     break;
   }
   inputs_.clear();  // once a step
+  return found;
+}
+
+// As the Python agent words it. Host parameters only, for the reason input() gives.
+void Agent::Impl::look_at_parameters() {
+  if (parameters_nonfinite_) return;
+  std::vector<std::string> bad;
+  std::size_t total = 0;
+  for (const auto& [name, p] : named_params_) {
+    if (!p.device().is_cpu() || !p.is_floating_point()) continue;
+    ++total;
+    if (!at::isfinite(p.detach()).all().item<bool>()) bad.push_back(name);
+  }
+  if (bad.empty()) return;
+  parameters_nonfinite_ = true;
+  std::string listed;
+  for (std::size_t i = 0; i < bad.size() && i < 5; ++i) listed += (i ? ", " : "") + bad[i];
+  if (bad.size() > 5) listed += " (+" + std::to_string(bad.size() - 5) + " more)";
+  session_.event("parameters-nonfinite",
+                 std::to_string(bad.size()) + " of " + std::to_string(total) + " parameter tensors: " + listed);
 }
 
 at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, const Forward& replay,

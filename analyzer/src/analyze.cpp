@@ -32,7 +32,8 @@ const std::vector<std::string>& rule_ids() {
   static const std::vector<std::string> ids = {"scale-collapse", "overflow-origin",   "forward-nonfinite", "low-headroom",
                                                "underflow",      "skip-rate",         "rank-disagreement", "missing-ranks",
                                                "autopin",        "stalled-updates",   "half-parameters",
-                                               "half-loss",      "input-nan",         "nonfinite-update"};
+                                               "half-loss",      "input-nan",         "nonfinite-update",
+                                               "nonfinite-parameters"};
   return ids;
 }
 
@@ -73,6 +74,22 @@ void make_consistent(Report& report) {
                         "autocast with torch.amp.GradScaler (it refuses gradients of fp16 parameters), which lifts "
                         "these gradients into fp16's range.",
                         "", ""}};
+  // NaN/Inf in the parameters makes every step on them NaN/Inf: the scaler skips them all,
+  // and its symptoms from then on are theirs, not an overflow's.
+  const auto damage = std::find_if(report.findings.begin(), report.findings.end(), [](const Finding& f) {
+    return f.rule == "nonfinite-parameters" || f.rule == "nonfinite-update";
+  });
+  if (damage != report.findings.end() && !damage->steps.empty()) {
+    const std::string cause = damage->rule == "nonfinite-parameters"
+                                  ? "the NaN/Inf the parameters held from the start"
+                                  : "the NaN/Inf that step " + std::to_string(damage->steps.front()) +
+                                        "'s update wrote into the parameters";
+    for (auto& f : report.findings)
+      if ((f.rule == "scale-collapse" || f.rule == "skip-rate") && (f.steps.empty() || f.steps.front() >= damage->steps.front()))
+        f.suggestions = {{"Fix " + cause + " (see " + damage->rule +
+                              "): every step that runs on them goes NaN/Inf and is skipped; the scale recovers once they are finite.",
+                          "", ""}};
+  }
   const Finding* culprit = nullptr;
   for (const auto& f : report.findings)
     if ((f.rule == "overflow-origin" || f.rule == "forward-nonfinite") && f.severity != Severity::kInfo &&
@@ -84,7 +101,8 @@ void make_consistent(Report& report) {
   const std::string name = culprit->module.empty() ? "the model's own forward()" : culprit->module;
   for (auto& f : report.findings) {
     if (&f == culprit) continue;
-    if (f.rule == "scale-collapse" && !f.suggestions.empty() && f.suggestions.front().python.empty()) {
+    if (f.rule == "scale-collapse" && !f.suggestions.empty() && f.suggestions.front().python.empty() &&
+        f.suggestions.front().summary.rfind("Fix what overflows", 0) == 0) {
       f.suggestions.front().summary = "Fix the overflow in " + name + " (see " + culprit->rule +
                                       "); the scale recovers once nothing overflows.";
     } else if (f.rule == "underflow") {

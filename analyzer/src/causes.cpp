@@ -108,7 +108,8 @@ StepCause step_cause(const Run& run, const StepSummary& step) {
 }
 
 bool after_nonfinite_update(const Run& run, const StepSummary& step) {
-  if (run.first_nonfinite_update < 0 || step.row.step <= run.first_nonfinite_update) return false;
+  const std::int64_t from = run.first_step_on_nonfinite_parameters();
+  if (from < 0 || step.row.step < from) return false;
   return step.first_nonfinite_module >= 0 || step.gradients_nonfinite() || run.loss_nonfinite(step.row);
 }
 
@@ -124,7 +125,7 @@ std::string forward_sentence(ForwardSource forward, const std::string& forward_m
              (forward_module.empty() ? std::string("the model's own forward()") : forward_module);
     case ForwardSource::kLoss: return "the loss went NaN/Inf after every probed module's output was finite";
     case ForwardSource::kInput: return "the model's input held NaN";
-    case ForwardSource::kUpdate: return "the parameters already held NaN/Inf from an earlier update";
+    case ForwardSource::kUpdate: return "the parameters already held NaN/Inf";
   }
   return "";
 }
@@ -146,7 +147,7 @@ std::string forward_label(ForwardSource forward, const std::string& forward_modu
     case ForwardSource::kModule: return forward_module.empty() ? "(model forward)" : forward_module;
     case ForwardSource::kLoss: return "(loss)";
     case ForwardSource::kInput: return "(input)";
-    case ForwardSource::kUpdate: return "(earlier update)";
+    case ForwardSource::kUpdate: return "(parameters)";
   }
   return "";
 }

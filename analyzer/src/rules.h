@@ -30,6 +30,8 @@ bool overflow_hurts(const Run& run, const Thresholds& t);
 std::string plural(std::int64_t n, const std::string& noun);
 // A scale or a count as the report prints it ("%g").
 std::string fmt(double v);
+// A parameter dtype of a model stored in half precision (the layers table's name).
+bool half_dtype(const std::string& dtype);
 
 void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out);

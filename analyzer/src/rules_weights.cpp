@@ -14,8 +14,6 @@ namespace ampdiag::analyzer::rules {
 
 namespace {
 
-bool half_dtype(const std::string& dtype) { return dtype == "float16" || dtype == "bfloat16"; }
-
 double stalled_share(const LayerSummary& l) {
   return l.update_nonzero > 0 ? double(l.update_stalled) / double(l.update_nonzero) : 0.0;
 }
@@ -26,24 +24,9 @@ std::string percent(double share) {
   return b;
 }
 
-Suggestion fp32_master_weights(const Run& run) {
-  const std::string device = run.meta_or("device", "cpu").rfind("cuda", 0) == 0 ? "cuda" : "cpu";
-  Suggestion s;
-  s.summary = "Keep FP32 master weights: leave the parameters in float32 and run the forward under autocast; "
-              "the optimizer then adds each update to an FP32 weight, where it does not round away "
-              "(torch.amp does this by default).";
-  s.python = "model = model.float()  # before building the optimizer\n"
-             "scaler = torch.amp.GradScaler(\"" + device + "\")\n"
-             "with torch.autocast(device_type=\"" + device + "\", dtype=torch.float16):\n"
-             "    loss = loss_fn(model(x), y)\n"
-             "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()";
-  s.cpp = "model->to(torch::kFloat32);  // before building the optimizer\n"
-          "at::autocast::set_autocast_enabled(" + std::string(device == "cuda" ? "at::kCUDA" : "at::kCPU") + ", true);\n"
-          "ampdiag::GradScaler scaler;";
-  return s;
-}
-
 }  // namespace
+
+bool half_dtype(const std::string& dtype) { return dtype == "float16" || dtype == "bfloat16"; }
 
 void half_parameters(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   std::int64_t half_layers = 0, trainable = 0, half_elements = 0, measured_steps = 0;
@@ -112,7 +95,7 @@ void half_parameters(const Run& run, const Thresholds& t, std::vector<Finding>& 
                   " element updates stalled";
   }
   if (stalling.size() > 5) f.evidence += "; and " + plural(std::int64_t(stalling.size() - 5), "more layer");
-  f.suggestions.push_back(fp32_master_weights(run));
+  f.suggestions.push_back(suggest::fp32_master_weights(run));
   out.push_back(std::move(f));
 }
 

@@ -90,6 +90,30 @@ void merge_grads(Run& run, std::vector<GradPart>& parts) {
   }
 }
 
+// Run::first_nonfinite_update and what it rests on.
+void find_nonfinite_update(Run& run) {
+  run.first_nonfinite_update = -1;
+  run.update_from_finite_gradients = false;
+  run.parameters_found_nonfinite = -1;
+  for (const auto& s : run.steps)
+    if (!s.row.skipped && s.gradients_nonfinite()) {
+      run.first_nonfinite_update = s.row.step;
+      break;
+    }
+  const rundb::EventRow* found = run.first_event("parameters-nonfinite");
+  if (!found || found->step < 0) return;
+  run.parameters_found_nonfinite = found->step;
+  if (run.first_nonfinite_update >= 0 && run.first_nonfinite_update < found->step) return;
+  // No update applied NaN/Inf gradients before the parameters were found holding them: the
+  // last update before, from finite gradients, wrote them; none: they were there from the start.
+  run.first_nonfinite_update = -1;
+  for (const auto& s : run.steps) {
+    if (s.row.step >= found->step) break;
+    if (!s.row.skipped) run.first_nonfinite_update = s.row.step;
+  }
+  run.update_from_finite_gradients = run.first_nonfinite_update >= 0;
+}
+
 }  // namespace
 
 void apply_run_delta(Run& run, RunDelta&& d) {
@@ -132,12 +156,7 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   d.next.pending_order = std::move(pending_order);
   d.next.pending_module = std::move(pending_module);
   run.cursor = std::move(d.next);
-  run.first_nonfinite_update = -1;
-  for (const auto& s : run.steps)
-    if (!s.row.skipped && s.gradients_nonfinite()) {
-      run.first_nonfinite_update = s.row.step;
-      break;
-    }
+  find_nonfinite_update(run);
 }
 
 }  // namespace ampdiag::analyzer

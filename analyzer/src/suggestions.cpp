@@ -106,6 +106,23 @@ Suggestion use_bf16(const Run& run) {
   return s;
 }
 
+Suggestion fp32_master_weights(const Run& run) {
+  const std::string device = device_type(run);
+  Suggestion s;
+  s.summary = "Keep FP32 master weights: leave the parameters in float32 and run the forward under autocast; "
+              "the optimizer then adds each update to an FP32 weight, where it does not round away "
+              "(torch.amp does this by default).";
+  s.python = "model = model.float()  # before building the optimizer\n"
+             "scaler = torch.amp.GradScaler(\"" + device + "\")\n"
+             "with torch.autocast(device_type=\"" + device + "\", dtype=torch.float16):\n"
+             "    loss = loss_fn(model(x), y)\n"
+             "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()";
+  s.cpp = "model->to(torch::kFloat32);  // before building the optimizer\n"
+          "at::autocast::set_autocast_enabled(" + std::string(device == "cuda" ? "at::kCUDA" : "at::kCPU") + ", true);\n"
+          "ampdiag::GradScaler scaler;";
+  return s;
+}
+
 Suggestion fp32_loss(const std::string& why) {
   Suggestion s;
   s.summary = (why.empty() ? "" : why + " ") +

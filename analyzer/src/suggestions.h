@@ -14,6 +14,8 @@ std::string python_attribute(const std::string& module_path);
 Suggestion pin_fp32(const Run& run, const std::string& module_path);
 Suggestion use_bf16(const Run& run);
 Suggestion add_scaler(const Run& run);
+// Parameters kept in float32, the forward under autocast (the model stored them in fp16/bf16).
+Suggestion fp32_master_weights(const Run& run);
 // The loss computed in FP32 from the model's output; `why` leads the summary.
 Suggestion fp32_loss(const std::string& why);
 Suggestion scaler_settings(const Run& run, double init_scale, std::int64_t growth_interval, const std::string& why);

@@ -23,8 +23,9 @@ options:
   --fail-on SPEC          exit 1 when findings fail the gate: error (default: any error),
                           all (any warning or error), none, or rule ids, comma-separated:
                           scale-collapse, overflow-origin, forward-nonfinite, input-nan,
-                          nonfinite-update, half-loss, low-headroom, underflow, skip-rate,
-                          rank-disagreement, missing-ranks, stalled-updates (docs/ANALYZER.md)
+                          nonfinite-update, nonfinite-parameters, half-loss, low-headroom,
+                          underflow, skip-rate, rank-disagreement, missing-ranks,
+                          stalled-updates (docs/ANALYZER.md)
   --scale-floor X         scale-collapse below this loss scale (default 128)
   --backoff-run N         scale-collapse after N back-offs without recovering (default 8)
   --headroom-bits X       low-headroom within X bits of the largest value (default 1)

@@ -323,6 +323,55 @@ TEST_CASE("a -inf in the batch given to input() is not called a corruption", "[a
   CHECK(events.empty());
 }
 
+namespace {
+
+// Three steps whose forward runs a, b and c through agent.forward() (a first NaN/Inf output
+// is replayed in FP32) on `batch_of(step)` given to input(); returns the run's events of
+// `kind` and sets `replays` to the number of replays recorded.
+std::vector<std::pair<std::int64_t, std::string>> replayed_forward(TinySetup& t,
+                                                                   const std::function<torch::Tensor(int)>& batch_of,
+                                                                   const std::string& kind, std::size_t& replays) {
+  train_with_agent(t, 3, at::kHalf, [&](Agent& agent, int step) {
+    const auto x = agent.input("x", batch_of(step));
+    const auto h = agent.forward("b", t.net->b, torch::relu(agent.forward("a", t.net->a, x)));
+    return agent.forward("c", t.net->c, torch::relu(h)).to(torch::kFloat).pow(2).mean();
+  });
+  replays = rundb::RunDbReader(t.dir.file("run.db")).replays().size();
+  return events_of(t, kind);
+}
+
+}  // namespace
+
+TEST_CASE("NaN weights the model came with are one parameters-nonfinite event naming them, and no replay", "[agent]") {
+  TinySetup t;
+  {
+    torch::NoGradGuard no_grad;
+    t.net->b->weight[2][3] = std::nan("");  // a checkpoint saved after its run diverged
+  }
+  std::size_t replays = 1;
+  const auto events = replayed_forward(t, [](int) { return torch::randn({8, 16}); }, "parameters-nonfinite", replays);
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].first == 0);
+  CHECK(events[0].second == "1 of 6 parameter tensors: b.weight");
+  CHECK(replays == 0);  // b's FP32 replay would have called its NaN weights its own code
+}
+
+TEST_CASE("a NaN batch given to input() spends no replay on the module that received it", "[agent]") {
+  TinySetup t;
+  std::size_t replays = 1;
+  const auto events = replayed_forward(
+      t,
+      [](int step) {
+        auto x = torch::randn({8, 16});
+        if (step == 1) x[0][0] = std::nan("");
+        return x;
+      },
+      "input-nan", replays);
+  CHECK(events.size() == 1);
+  CHECK(replays == 0);
+  CHECK(events_of(t, "parameters-nonfinite").empty());  // the weights are finite: not looked at as NaN
+}
+
 TEST_CASE("profiling that cannot start is one event, and training is bit-identical", "[agent][profile]") {
   TempDir dir;
   const auto db = dir.file("profiled.db");

@@ -24,6 +24,7 @@ from ._amp_dtype import learn_amp_dtype
 from ._autopin import AutoPinner
 from ._forward import forward_hook, input_hook, outside_compiled_graph
 from ._options import check_options, default_amp_dtype, trains_fp16_parameters
+from ._parameters import eps_rounding_to_zero, nonfinite_parameters
 from ._replay import FINITE, INTRINSIC, NONFINITE, Replayer
 from ._scaler import wrap_scaler
 from ._updates import UpdateProbe, holds_half_parameters
@@ -115,6 +116,10 @@ class AttachHandle:
         self._updates = UpdateProbe(self, every) if holds_half_parameters(params) else None
         self._grad_calls = 0
         self._root_inputs = None  # (args, kwargs) of the model's last forward in this cycle
+        self._optimizers = weakref.WeakSet()  # those whose steps the agent saw: their settings are evidence
+        if optimizer is not None:
+            self._optimizers.add(optimizer)
+        self._parameters_nonfinite = False  # found once: every NaN/Inf after it is theirs, no replay
         self._python_ns = 0
         rank = _rank.known_rank()
         if rank is None:
@@ -424,6 +429,9 @@ class AttachHandle:
             return
         layers, grads, _ = self._gradients(optimizer)
         self._bf16_found = bool(self._stats(layers, grads)) if grads else False
+        if self._bf16_found and not self._inputs_checked:
+            self._inputs_checked = True  # no output went NaN/Inf first (or none is watched)
+            self._look_at_parameters()
         self._python_ns += time.perf_counter_ns() - t0
 
     def _after_optimizer_step(self, optimizer, args, kwargs):
@@ -510,7 +518,9 @@ class AttachHandle:
                 # A corrupted batch: no module is to blame, and no replay is spent on it.
                 self._session.event("input-nan", where)
                 self._input_nan = True
-        if self._replayer is None or self._input_nan:
+            else:
+                self._look_at_parameters()
+        if self._replayer is None or self._input_nan or self._parameters_nonfinite:
             return
         if self._first_nonfinite is None:
             self._first_nonfinite = path
@@ -528,6 +538,20 @@ class AttachHandle:
             self._first_nonfinite = None
         if verdict == FINITE and self._autopin is not None:
             self._autopin.confirmed(path, module)
+
+    def _look_at_parameters(self):
+        """Once in a step that went NaN/Inf with a finite input, until found: whether an
+        earlier update left NaN/Inf in the parameters (see _parameters.py)."""
+        if self._parameters_nonfinite:
+            return
+        where = nonfinite_parameters(self._watched_model.named_parameters())
+        if where is None:
+            return
+        self._parameters_nonfinite = True
+        self._session.event("parameters-nonfinite", where)
+        eps = eps_rounding_to_zero(list(self._optimizers))
+        if eps is not None:
+            self._session.event("optimizer-eps", eps)
 
     def _record_replay(self, path, outcome, absmax, reason):
         self._session.add_replay(path, outcome, absmax, reason)

@@ -70,6 +70,7 @@ def _unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16):
     t0 = time.perf_counter_ns()
     if not handle._begin_cycle():
         return original(optimizer, inv_scale, found_inf, allow_fp16)
+    handle._optimizers.add(optimizer)
     if handle._updates is not None:
         handle._updates.watch(optimizer)
     if handle._profile is not None:

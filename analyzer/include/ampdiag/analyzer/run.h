@@ -115,9 +115,15 @@ struct Run {
   std::vector<ModuleSummary> modules; // by module id
   std::vector<rundb::EventRow> events;
   std::vector<std::int64_t> input_nan_steps;  // steps of the "input-nan" events, sorted
-  // The first step taken with NaN/Inf gradients (no scaler skipped it): its update wrote
-  // them into the parameters, and every NaN/Inf after it follows from that. -1: none.
+  // The first optimizer step whose update wrote NaN/Inf into the parameters, and every
+  // NaN/Inf after it follows from that; -1: none known. Either the first step taken with
+  // NaN/Inf gradients (no scaler skipped it), or, where the agent found NaN/Inf in the
+  // parameters (event "parameters-nonfinite") before any such step, the last step taken
+  // before it: its update made them from finite gradients.
   std::int64_t first_nonfinite_update = -1;
+  bool update_from_finite_gradients = false;
+  // The step in which the agent found NaN/Inf in the parameters; -1: it found none.
+  std::int64_t parameters_found_nonfinite = -1;
   std::vector<rundb::ReplayRow> replays;
   std::string run_id;  // shared by the ranks of one run; empty in files written before it existed
   std::int64_t grad_rows = 0, act_rows = 0;
@@ -143,6 +149,12 @@ struct Run {
   const rundb::EventRow* first_event(const std::string& kind) const;
   // Whether the model's input held NaN in the step (the agent looked: an output was NaN/Inf).
   bool input_nan(std::int64_t step) const;
+  // The parameters held NaN/Inf before the first optimizer step: they came with the model.
+  bool parameters_nonfinite_from_start() const { return parameters_found_nonfinite >= 0 && first_nonfinite_update < 0; }
+  // The first step that ran with NaN/Inf in its parameters; -1: none known.
+  std::int64_t first_step_on_nonfinite_parameters() const {
+    return first_nonfinite_update >= 0 ? first_nonfinite_update + 1 : parameters_found_nonfinite;
+  }
   // The replay of a module, if the agent did one.
   const rundb::ReplayRow* replay_of(const std::string& module) const;
   // The row of a probed module, or null.

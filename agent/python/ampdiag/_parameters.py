@@ -1,0 +1,49 @@
+"""NaN/Inf already stored in the parameters when a step goes NaN/Inf.
+
+Parameters change in the optimizer's step(), not in forward: a module whose weights hold
+NaN/Inf makes them from finite inputs in any precision, which its FP32 replay would take
+for its own code. So in a step whose output (or, without forward hooks, gradient) first
+goes NaN/Inf and whose input held none, the agent looks at the parameters: one pass over
+them, on such steps only, until it finds some. It then names an optimizer setting that
+rounds to zero in the parameters' dtype, the usual way an update makes NaN from finite
+gradients: Adam's eps=1e-8 is 0 in float16, so an element whose gradient is 0 gets 0/0.
+"""
+import torch
+
+HALF = (torch.float16, torch.bfloat16)
+_LISTED = 5  # names in the event's detail; the rest are counted
+
+
+def nonfinite_parameters(named_parameters) -> "str | None":
+    """'2 of 6 parameter tensors: a.weight, a.bias' for the floating-point parameters that
+    hold NaN/Inf; None when none does. Reads the flags back once per device (it waits for
+    the device: it runs only in a step that already went NaN/Inf)."""
+    by_device = {}
+    with torch.no_grad():
+        for name, p in named_parameters:
+            if p.is_floating_point():
+                names, flags = by_device.setdefault(p.device, ([], []))
+                names.append(name)
+                flags.append(torch.isfinite(p).all())
+    bad, total = [], 0
+    for names, flags in by_device.values():
+        total += len(names)
+        bad += [name for name, finite in zip(names, torch.stack(flags).tolist()) if not finite]
+    if not bad:
+        return None
+    listed = ", ".join(bad[:_LISTED]) + (f" (+{len(bad) - _LISTED} more)" if len(bad) > _LISTED else "")
+    return f"{len(bad)} of {total} parameter tensors: {listed}"
+
+
+def eps_rounding_to_zero(optimizers) -> "str | None":
+    """'Adam eps=1e-08 is 0 in float16' for the first parameter group whose `eps` is 0 in
+    the dtype of half-precision parameters it updates; None when no group's is."""
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            eps = group.get("eps")
+            if not isinstance(eps, float) or eps <= 0.0:
+                continue  # Adafactor's is a pair; SGD has none
+            for dtype in sorted({p.dtype for p in group["params"] if p.dtype in HALF}, key=str):
+                if torch.tensor(eps, dtype=dtype).item() == 0.0:
+                    return f"{type(optimizer).__name__} eps={eps:g} is 0 in {str(dtype).replace('torch.', '')}"
+    return None

@@ -1,0 +1,111 @@
+"""NaN/Inf stored in the parameters: written by an optimizer step from finite gradients
+(float16 parameters under Adam's default eps, which is 0 in float16), or loaded with the
+model. The update or the checkpoint is named, never the module whose weights hold them,
+and the fix the report gives is run to show that it holds."""
+import torch
+from torch import nn
+
+import ampdiag
+from conftest import rows, rules
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 64), nn.Linear(64, 64), nn.Linear(64, 1)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def train_half(db, steps=6, eps=1e-8, activations=True):
+    """model.half() with Adam and no scaler: the loop people write before they meet AMP."""
+    torch.manual_seed(0)
+    model = Mlp().half()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, eps=eps)
+    g = torch.Generator().manual_seed(1)
+    with ampdiag.attach(model, optimizer=opt, db=db, activations=activations):
+        for _ in range(steps):
+            x, y = torch.randn(32, 16, generator=g), torch.randn(32, 1, generator=g)
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x.half()).float(), y)
+            loss.backward()
+            opt.step()
+
+
+def train_fp16(db, model, steps, lr, input_scale=1.0):
+    """fp16 autocast with a real GradScaler and SGD."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(steps):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(8, 16) * input_scale).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+def test_adam_eps_rounding_to_zero_in_float16_is_named_as_the_update_not_as_a_modules_code(tmp_path, verdict):
+    db = tmp_path / "half_adam.db"
+    train_half(db)
+    code, rep = verdict(db)
+    assert code == 1
+    assert rules(rep, "error") == [("nonfinite-update", "")]
+    update = rep["findings"][0]
+    assert update["steps"] == [0]  # its step NaN'd weights the first step had only finite gradients for
+    assert "from finite gradients" in update["title"]
+    assert "Adam eps=1e-08 is 0 in float16" in update["evidence"]
+    assert 'group["eps"] = 1e-4' in update["suggestions"][0]["python"]
+    assert rows(db, "SELECT COUNT(*) FROM replays") == [(0,)]  # no replay called NaN weights its code
+
+
+def test_the_eps_the_report_gives_trains_the_same_loop_healthy(tmp_path, verdict):
+    db = tmp_path / "half_adam_eps.db"
+    train_half(db, eps=1e-4)
+    code, rep = verdict(db)
+    assert code == 0, rules(rep)
+    assert rows(db, "SELECT COUNT(*) FROM events WHERE kind = 'parameters-nonfinite'") == [(0,)]
+
+
+def test_without_forward_hooks_the_nan_gradients_lead_to_the_same_update(tmp_path, verdict):
+    db = tmp_path / "half_adam_no_activations.db"
+    train_half(db, activations=False)
+    code, rep = verdict(db)
+    assert code == 1
+    update = next(f for f in rep["findings"] if f["rule"] == "nonfinite-update")
+    assert update["steps"] == [0] and "from finite gradients" in update["title"]
+
+
+def test_a_checkpoint_holding_nan_is_named_as_the_models_not_a_modules_code(tmp_path, verdict):
+    torch.manual_seed(0)
+    state = Mlp().state_dict()
+    state["b.weight"][3, 5] = float("nan")  # a checkpoint saved after its run diverged
+    model = Mlp()
+    model.load_state_dict(state)
+    db = tmp_path / "nan_checkpoint.db"
+    train_fp16(db, model, steps=4, lr=1e-3)
+    code, rep = verdict(db)
+    assert code == 1
+    assert ("nonfinite-parameters", "") in rules(rep, "error")
+    found = next(f for f in rep["findings"] if f["rule"] == "nonfinite-parameters")
+    assert "1 of 6 parameter tensors: b.weight" in found["evidence"]
+    assert {k["forward_source"] for k in rep["skipped_steps"]} == {"update"}  # no module's overflow
+    for symptom in (f for f in rep["findings"] if f["rule"] in ("skip-rate", "scale-collapse")):
+        assert "(see nonfinite-parameters)" in symptom["suggestions"][0]["summary"]
+    assert not {"forward-nonfinite", "overflow-origin"} & {f["rule"] for f in rep["findings"]}
+
+
+def test_an_fp16_overflow_the_scaler_skips_leaves_the_parameters_finite_and_unsuspected(tmp_path, verdict):
+    # A real forward overflow (b's output passes 65504): the scaler skips, nothing is written.
+    torch.manual_seed(0)
+    model = Mlp()
+    with torch.no_grad():
+        model.b.weight.mul_(4000.0)
+    db = tmp_path / "forward_overflow.db"
+    train_fp16(db, model, steps=3, lr=1e-6, input_scale=4.0)
+    assert rows(db, "SELECT COUNT(*) FROM steps WHERE skipped") != [(0,)]
+    assert rows(db, "SELECT COUNT(*) FROM events WHERE kind = 'parameters-nonfinite'") == [(0,)]
+    _, rep = verdict(db)
+    assert {f["rule"] for f in rep["findings"]}.isdisjoint({"nonfinite-update", "nonfinite-parameters"})
