@@ -98,7 +98,9 @@ void make_consistent(Report& report) {
       break;
     }
   if (!culprit) return;
-  const std::string name = culprit->module.empty() ? "the model's own forward()" : culprit->module;
+  const std::string name = !culprit->module.empty()           ? culprit->module
+                           : culprit->rule == "overflow-origin" ? "the gradient of " + culprit->layer
+                                                                : "the model's own forward()";
   for (auto& f : report.findings) {
     if (&f == culprit) continue;
     if (f.rule == "scale-collapse" && !f.suggestions.empty() && f.suggestions.front().python.empty() &&

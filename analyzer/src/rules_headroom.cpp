@@ -73,7 +73,7 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
       f.evidence += "; no layer underflows at that scale, so the limit costs nothing";
     } else {
       f.evidence += "; at that scale " + underflow_layer + " underflows (see underflow)";
-      f.suggestions.push_back(suggest::pin_fp32(run, f.module));
+      f.suggestions.push_back(suggest::fp32_at(run, f.module, layer.info));
     }
     out.push_back(f);
   }

@@ -133,7 +133,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
   const std::vector<bool> harmful = harmful_skip_mask(run);
   struct PerModule {
     std::int64_t first = 0, harmful = 0;
-    std::map<std::string, std::int64_t> layers;  // parameter -> times first
+    std::map<std::int64_t, std::int64_t> layers;  // layer id -> times first
     std::vector<std::int64_t> steps;
   };
   std::map<std::string, PerModule> modules;
@@ -144,7 +144,8 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     if (!s.row.skipped || s.nonfinite_layers.empty() || forward_failed(run, s)) continue;
     if (half_loss && half_loss_skip(s)) continue;  // the loss's gradient overflowed: half-loss says so
     ++considered;
-    const auto& layer = run.layers[std::size_t(s.nonfinite_layers.front())].info;
+    const std::int64_t first_layer = s.nonfinite_layers.front();
+    const auto& layer = run.layers[std::size_t(first_layer)].info;
     // The overflow happened in backward between the last finite gradient and this one: in
     // the innermost module holding both, unless that is only the model itself.
     std::string module = suggest::module_for_layer(run, layer);
@@ -156,7 +157,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     PerModule& m = modules[module];
     ++m.first;
     m.harmful += harmful[i];
-    ++m.layers[layer.name];
+    ++m.layers[first_layer];
     m.steps.push_back(s.row.step);
   }
   std::vector<std::pair<std::string, PerModule>> ranked(modules.begin(), modules.end());
@@ -168,24 +169,27 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     const bool harms = hurts && (collapsed || m.harmful > 0);
     const auto layer = std::max_element(m.layers.begin(), m.layers.end(),
                                         [](const auto& a, const auto& b) { return a.second < b.second; });
+    const rundb::LayerRow& row = run.layers[std::size_t(layer->first)].info;
+    std::string place = suggest::place_of(module, row);
+    if (place.rfind("the ", 0) == 0) place[0] = 'T';  // a title's first word
     Finding f;
     f.rule = "overflow-origin";
     f.severity = !harms ? Severity::kInfo : (top ? Severity::kError : Severity::kWarning);
     f.module = module;
-    f.layer = layer->first;
+    f.layer = row.name;
     const double share = double(m.first) / double(considered);
     f.score = 90.0 * share + (top ? 5.0 : 0.0);
-    f.title = module + " overflows first in backward: its gradients go non-finite before any other layer's";
-    f.evidence = layer->first + " was the first gradient (in backward order) to hold NaN/Inf in " + std::to_string(m.first) +
+    f.title = place + " overflows first in backward: its gradients go non-finite before any other layer's";
+    f.evidence = row.name + " was the first gradient (in backward order) to hold NaN/Inf in " + std::to_string(m.first) +
                  " of " + plural(considered, "skipped step") + " (" + (m.steps.size() == 1 ? "step " : "steps ") +
                  step_list(m.steps) + ")";
     if (!harms) {
-      f.title = module + " is where the occasional overflow starts; the loss scale copes with it";
+      f.title = place + " is where the occasional overflow starts; the loss scale copes with it";
       f.evidence += "; the scale stays above the floor and these skips only calibrate it or answer its growth probes";
     }
     f.steps.assign(m.steps.begin(), m.steps.begin() + std::min<std::size_t>(m.steps.size(), 20));
     if (harms) {  // nothing to fix when the scaler copes
-      f.suggestions.push_back(suggest::pin_fp32(run, module));
+      f.suggestions.push_back(suggest::fp32_at(run, module, row));
       f.suggestions.push_back(suggest::use_bf16(run));
     }
     out.push_back(f);

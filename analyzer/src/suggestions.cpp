@@ -164,6 +164,33 @@ std::string module_for_layer(const Run& run, const rundb::LayerRow& layer) {
   return best.empty() ? layer.module_path : best;
 }
 
+bool outside_model(const rundb::LayerRow& layer) { return layer.module_path.empty() && layer.module_type.empty(); }
+
+std::string place_of(const std::string& module, const rundb::LayerRow& layer) {
+  if (!module.empty()) return module;
+  if (outside_model(layer)) return layer.name + ", a parameter outside the attached model,";
+  return "the model's own forward(), where it uses " + layer.name + ",";
+}
+
+Suggestion fp32_at(const Run& run, const std::string& module, const rundb::LayerRow& layer) {
+  if (!module.empty()) return pin_fp32(run, module);
+  if (outside_model(layer))
+    return {layer.name + " " + layer.shape + " is stepped by the optimizer but belongs to no module of the attached "
+                "model (another model's), so its module cannot be named or pinned: attach every model the scaler "
+                "steps, in one ModuleDict, and run again.",
+            "models = torch.nn.ModuleDict({\"model\": model, \"other\": other_model})\n"
+            "handle = ampdiag.attach(models, scaler, db=\"run.db\")",
+            "", ""};
+  // A parameter of the model itself (a CLIP-style text_projection): no submodule to pin.
+  return {"Run the code in the model's own forward() that uses " + layer.name +
+              " in FP32: autocast off around it, its fp16 inputs cast to float32 (no submodule holds it, so there is "
+              "none to pin; or move that code into a module to have it named).",
+          "# in the model's forward(), around the code that uses self." + layer.name + ":\n"
+          "with torch.autocast(device_type=\"" + device_type(run) + "\", enabled=False):\n"
+          "    ...  # that code, with its fp16 tensors .float()",
+          "", ""};
+}
+
 std::string common_module(const std::string& a, const std::string& b) {
   std::size_t end = 0;  // length of the common prefix made of whole components
   for (std::size_t i = 0;; ++i) {

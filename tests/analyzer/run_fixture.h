@@ -25,8 +25,11 @@ class RunFixture {
     writer_.set_meta("scaler_growth_interval", "2000");
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const auto dot = layers_[i].rfind('.');
-      writer_.add_layer({std::int64_t(i), layers_[i], dot == std::string::npos ? "" : layers_[i].substr(0, dot), "Linear",
-                         dtype, "[64, 64]", 4096, true, ""});
+      // "optimizer.paramN" is what the agents call a parameter outside the attached model:
+      // no module, no type.
+      const bool outside = layers_[i].rfind("optimizer.param", 0) == 0;
+      writer_.add_layer({std::int64_t(i), layers_[i], dot == std::string::npos || outside ? "" : layers_[i].substr(0, dot),
+                         outside ? "" : "Linear", dtype, "[64, 64]", 4096, true, ""});
     }
   }
 

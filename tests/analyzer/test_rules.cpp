@@ -73,6 +73,41 @@ TEST_CASE("every step skipped: the first layer in backward order is named, the s
   CHECK(r.skipped[0].nonfinite_layers == std::vector<std::string>{"b.weight", "a.weight"});
 }
 
+namespace {
+
+// The overflow-origin finding of a run whose every step overflows first at `layer`.
+Finding overflow_first_at(const std::string& layer) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {layer, "enc.weight"});
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {layer});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->module.empty());
+  CHECK(o->layer == layer);
+  REQUIRE(o->suggestions.size() == 2);
+  return *o;
+}
+
+}  // namespace
+
+TEST_CASE("a parameter of the model itself is placed in the model's own forward(), with no pin of an empty path", "[rules]") {
+  // CLIP's text_projection: a bare nn.Parameter of the root module, used in its forward().
+  const Finding o = overflow_first_at("text_projection");
+  CHECK_THAT(o.title, Catch::StartsWith("The model's own forward(), where it uses text_projection, overflows first"));
+  CHECK_THAT(o.suggestions.front().python, Catch::Contains("around the code that uses self.text_projection"));
+  CHECK_THAT(o.suggestions.front().python, !Catch::Contains("pin_fp32"));
+}
+
+TEST_CASE("a parameter outside the attached model is named as such, and the fix attaches its model", "[rules]") {
+  // A GAN whose discriminator's optimizer goes through the scaler, with only the generator attached.
+  const Finding o = overflow_first_at("optimizer.param0");
+  CHECK_THAT(o.title, Catch::StartsWith("optimizer.param0, a parameter outside the attached model, overflows first"));
+  CHECK_THAT(o.suggestions.front().python, Catch::Contains("torch.nn.ModuleDict"));
+}
+
 TEST_CASE("a scale stuck at its floor is a collapse", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);

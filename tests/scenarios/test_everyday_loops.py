@@ -275,6 +275,54 @@ def test_two_optimizers_on_one_scaler_are_one_step(tmp_path, verdict):
     assert (code, rep["healthy"]) == (0, True), rep["findings"]
 
 
+def gan_loop(db, attach_both):
+    """A GAN's loop from torch's AMP examples: one scaler, the discriminator's step, then the
+    generator's, one update(). Attached to the generator alone, or to both in a ModuleDict."""
+    torch.manual_seed(0)
+    gen = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16))
+    disc = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+    opt_g, opt_d = (torch.optim.Adam(m.parameters(), lr=2e-4, betas=(0.5, 0.999)) for m in (gen, disc))
+    scaler = torch.amp.GradScaler("cpu")
+    bce = nn.BCEWithLogitsLoss()
+    ones, zeros = torch.ones(16, 1), torch.zeros(16, 1)
+    with ampdiag.attach(nn.ModuleDict({"G": gen, "D": disc}) if attach_both else gen, scaler, db=db):
+        for _ in range(6):
+            real, z = torch.randn(16, 16) + 2, torch.randn(16, 8)
+            opt_d.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                fake = gen(z)
+                loss_d = bce(disc(real), ones) + bce(disc(fake.detach()), zeros)
+            scaler.scale(loss_d).backward()
+            scaler.step(opt_d)
+            opt_g.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss_g = bce(disc(fake), ones)
+            scaler.scale(loss_g).backward()
+            scaler.step(opt_g)
+            scaler.update()
+
+
+def test_a_gan_with_only_its_generator_attached_names_the_discriminators_parameters_as_outside_the_model(
+        tmp_path, verdict):
+    # Its first step overflows at the discriminator's last layer (a calibration skip).
+    db = tmp_path / "gan_g.db"
+    gan_loop(db, attach_both=False)
+    assert rows(db, "SELECT COUNT(*), MIN(losses) FROM steps") == [(6, 2)]  # one step per update(), both losses
+    code, rep = verdict(db)
+    assert code == 0
+    origin = next(f for f in rep["findings"] if f["rule"] == "overflow-origin")
+    assert origin["title"].startswith("optimizer.param6, a parameter outside the attached model,")
+
+
+def test_a_gan_attached_as_one_module_dict_names_the_discriminators_layer(tmp_path, verdict):
+    db = tmp_path / "gan_both.db"
+    gan_loop(db, attach_both=True)
+    code, rep = verdict(db)
+    assert code == 0
+    origin = next(f for f in rep["findings"] if f["rule"] == "overflow-origin")
+    assert (origin["module"], origin["layer"]) == ("D.2", "D.2.weight")
+
+
 def test_a_scale_that_settles_at_4096_and_probes_for_growth_is_not_a_collapse(tmp_path, verdict):
     # The bias gradient is 32 * 0.4 * scale: finite at 4096, Inf at 8192. The scaler comes
     # down from 65536, settles at 4096 and every 8 steps probes 8192 and backs off: its job.
