@@ -341,7 +341,9 @@ void Agent::Impl::look_at_parameters() {
   for (const auto& [name, p] : named_params_) {
     if (!p.device().is_cpu() || !p.is_floating_point()) continue;
     ++total;
-    if (!at::isfinite(p.detach()).all().item<bool>()) bad.push_back(name);
+    // A frozen parameter's -inf is a mask kept as a parameter, by design: NaN only there.
+    const at::Tensor d = p.detach();
+    if (p.requires_grad() ? !at::isfinite(d).all().item<bool>() : at::isnan(d).any().item<bool>()) bad.push_back(name);
   }
   if (bad.empty()) return;
   parameters_nonfinite_ = true;

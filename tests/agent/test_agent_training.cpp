@@ -356,6 +356,23 @@ TEST_CASE("NaN weights the model came with are one parameters-nonfinite event na
   CHECK(replays == 0);  // b's FP32 replay would have called its NaN weights its own code
 }
 
+TEST_CASE("a frozen -inf mask kept as a parameter is not NaN/Inf weights: the module is still replayed", "[agent]") {
+  TinySetup t;
+  t.net->register_parameter("mask", torch::full({4, 4}, -std::numeric_limits<float>::infinity()).triu(1),
+                            /*requires_grad=*/false);
+  std::size_t replays = 0;
+  const auto events = replayed_forward(
+      t,
+      [](int step) {
+        auto x = torch::randn({8, 16});
+        if (step == 1) x[0][0] = std::numeric_limits<float>::infinity();  // no NaN: not the data's
+        return x;
+      },
+      "parameters-nonfinite", replays);
+  CHECK(events.empty());
+  CHECK(replays == 1);
+}
+
 TEST_CASE("a NaN batch given to input() spends no replay on the module that received it", "[agent]") {
   TinySetup t;
   std::size_t replays = 1;

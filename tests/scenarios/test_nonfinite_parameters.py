@@ -99,13 +99,16 @@ def test_a_checkpoint_holding_nan_is_named_as_the_models_not_a_modules_code(tmp_
 
 def test_an_fp16_overflow_the_scaler_skips_leaves_the_parameters_finite_and_unsuspected(tmp_path, verdict):
     # A real forward overflow (b's output passes 65504): the scaler skips, nothing is written.
+    # The -inf of a mask kept as a frozen parameter is by design, not a NaN/Inf parameter.
     torch.manual_seed(0)
     model = Mlp()
+    model.causal_mask = nn.Parameter(torch.full((4, 4), float("-inf")).triu(1), requires_grad=False)
     with torch.no_grad():
-        model.b.weight.mul_(4000.0)
+        model.b.weight.mul_(3e4)
     db = tmp_path / "forward_overflow.db"
     train_fp16(db, model, steps=3, lr=1e-6, input_scale=4.0)
     assert rows(db, "SELECT COUNT(*) FROM steps WHERE skipped") != [(0,)]
     assert rows(db, "SELECT COUNT(*) FROM events WHERE kind = 'parameters-nonfinite'") == [(0,)]
+    assert rows(db, "SELECT module, outcome FROM replays") == [("b", "finite")]  # the overflow is still confirmed
     _, rep = verdict(db)
     assert {f["rule"] for f in rep["findings"]}.isdisjoint({"nonfinite-update", "nonfinite-parameters"})

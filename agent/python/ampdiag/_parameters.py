@@ -16,15 +16,16 @@ _LISTED = 5  # names in the event's detail; the rest are counted
 
 def nonfinite_parameters(named_parameters) -> "str | None":
     """'2 of 6 parameter tensors: a.weight, a.bias' for the floating-point parameters that
-    hold NaN/Inf; None when none does. Reads the flags back once per device (it waits for
-    the device: it runs only in a step that already went NaN/Inf)."""
+    hold NaN/Inf (a frozen one: NaN; its -inf is a mask kept as a parameter, by design);
+    None when none does. Reads the flags back once per device (it waits for the device: it
+    runs only in a step that already went NaN/Inf)."""
     by_device = {}
     with torch.no_grad():
         for name, p in named_parameters:
             if p.is_floating_point():
                 names, flags = by_device.setdefault(p.device, ([], []))
                 names.append(name)
-                flags.append(torch.isfinite(p).all())
+                flags.append(torch.isfinite(p).all() if p.requires_grad else ~torch.isnan(p).any())
     bad, total = [], 0
     for names, flags in by_device.values():
         total += len(names)

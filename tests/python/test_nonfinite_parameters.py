@@ -1,0 +1,40 @@
+"""Which parameters count as holding NaN/Inf when a step goes NaN/Inf, and which optimizer
+eps is 0 in the parameters' dtype (the agent's evidence for nonfinite-update)."""
+import torch
+from torch import nn
+
+from ampdiag._parameters import eps_rounding_to_zero, nonfinite_parameters
+
+
+def test_a_trainable_parameter_holding_inf_is_named_with_the_count():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    with torch.no_grad():
+        model[1].weight[0, 2] = float("inf")
+    assert nonfinite_parameters(model.named_parameters()) == "1 of 4 parameter tensors: 1.weight"
+
+
+def test_a_frozen_minus_inf_mask_kept_as_a_parameter_is_by_design():
+    mask = nn.Parameter(torch.full((4, 4), float("-inf")).triu(1), requires_grad=False)
+    assert nonfinite_parameters([("mask", mask)]) is None
+
+
+def test_a_frozen_parameter_holding_nan_is_named():
+    frozen = nn.Parameter(torch.tensor([1.0, float("nan")]), requires_grad=False)
+    assert nonfinite_parameters([("frozen", frozen)]) == "1 of 1 parameter tensors: frozen"
+
+
+def test_past_five_names_the_rest_are_counted():
+    named = [(f"p{i}", nn.Parameter(torch.tensor([float("nan")]))) for i in range(7)]
+    assert nonfinite_parameters(named) == "7 of 7 parameter tensors: p0, p1, p2, p3, p4 (+2 more)"
+
+
+def test_adams_default_eps_is_zero_in_float16_and_not_in_bfloat16():
+    half = torch.optim.Adam([nn.Parameter(torch.zeros(2, dtype=torch.float16))])
+    bf16 = torch.optim.Adam([nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))])
+    assert eps_rounding_to_zero([half]) == "Adam eps=1e-08 is 0 in float16"
+    assert eps_rounding_to_zero([bf16]) is None
+
+
+def test_an_eps_float16_holds_and_an_optimizer_without_eps_say_nothing():
+    p = nn.Parameter(torch.zeros(2, dtype=torch.float16))
+    assert eps_rounding_to_zero([torch.optim.Adam([p], eps=1e-4), torch.optim.SGD([p], lr=0.1)]) is None
