@@ -323,6 +323,45 @@ def test_a_gan_attached_as_one_module_dict_names_the_discriminators_layer(tmp_pa
     assert (origin["module"], origin["layer"]) == ("D.2", "D.2.weight")
 
 
+class LinearProbe(nn.Module):
+    """A frozen backbone run under no_grad inside the model's forward, a trained head."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64))
+        self.head = nn.Linear(64, 1)
+        self.backbone.requires_grad_(False)
+
+    def forward(self, x):
+        with torch.no_grad():
+            features = self.backbone(x)
+        return self.head(features)
+
+
+def test_a_frozen_backbone_under_no_grad_inside_the_forward_is_watched_and_named_when_it_overflows(tmp_path, verdict):
+    # Its last layer's fp16 output passes 65504 on the batches scaled by 4: named, not
+    # "the model's own forward()" (the head only received the Inf).
+    torch.manual_seed(0)
+    model = LinearProbe()
+    with torch.no_grad():
+        model.backbone[2].weight.mul_(3e4)
+    opt = torch.optim.SGD(model.head.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    db = tmp_path / "linear_probe.db"
+    with ampdiag.attach(model, scaler, db=db):
+        for step in range(4):
+            x = torch.randn(16, 16) * (4.0 if step == 2 else 1.0)
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), torch.randn(16, 1))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    _, rep = verdict(db)
+    forward = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
+    assert (forward["module"], forward["confirmation"]) == ("backbone.2", "confirmed")
+
+
 def test_a_scale_that_settles_at_4096_and_probes_for_growth_is_not_a_collapse(tmp_path, verdict):
     # The bias gradient is 32 * 0.4 * scale: finite at 4096, Inf at 8192. The scaler comes
     # down from 65536, settles at 4096 and every 8 steps probes 8192 and backs off: its job.

@@ -28,7 +28,10 @@ def outside_compiled_graph(hook):
 
 def input_hook(handle, owner):
     """The model's forward pre-hook: keeps the step's inputs, which are looked at only once
-    an output goes NaN/Inf (a NaN already in the batch is the data's, not fp16's)."""
+    an output goes NaN/Inf (a NaN already in the batch is the data's, not fp16's), and opens
+    the step's cycle when the model's forward begins with gradients on: a submodule it runs
+    under no_grad (a frozen backbone feeding a trained head) is part of the training step,
+    not an evaluation between steps, and its outputs are recorded."""
 
     def hook(module, args, kwargs):
         if compiling():
@@ -36,6 +39,8 @@ def input_hook(handle, owner):
             return None
         if module is owner or not foreign_copy(module):
             handle._root_inputs = (args, kwargs)
+            if not handle._live and torch.is_grad_enabled():
+                handle._begin_forward_cycle()
         return None
 
     return hook
