@@ -109,14 +109,17 @@ Finding input_nan(const Run& run) {
   f.rule = "input-nan";
   f.severity = hurt ? Severity::kError : Severity::kInfo;
   f.score = hurt ? 90.0 : 5.0;
-  f.title = hurt ? "The model's input held NaN: the data, not fp16, made the forward non-finite"
+  f.title = hurt ? "The model's input already held NaN: none of its modules made the forward non-finite"
                  : "The model's input held NaN, and the loss stayed finite";
   f.evidence = "in " + plural(n, "step") + " with a NaN/Inf output, from step " + std::to_string(f.steps.front()) +
                ", the model's input already held NaN" + (detail.empty() ? "" : " (" + detail + ")") + "; " +
                std::to_string(hurt) + " of them skipped or with a NaN/Inf loss";
   if (hurt)
-    f.suggestions.push_back({"Find the bad samples in the data pipeline (a missing value, a 0/0 in preprocessing) and "
-                             "repair or drop them; pinning modules to FP32 cannot help.",
+    f.suggestions.push_back({"Find where the input got its NaN before the model: bad samples in the data pipeline (a "
+                             "missing value, a 0/0 in preprocessing), or code that computes it (an encoder run before "
+                             "the model under no_grad, as a diffusion model's text encoder: attach one ModuleDict "
+                             "holding both to have its modules watched); pinning this model's modules to FP32 cannot "
+                             "help.",
                              "assert not torch.isnan(x).any(), \"NaN in the batch\"",
                              "TORCH_CHECK(!torch::isnan(x).any().item<bool>(), \"NaN in the batch\");"});
   return f;
