@@ -72,8 +72,8 @@ Finding from_start(const Run& run) {
   f.severity = Severity::kError;
   f.score = 93.0;
   f.steps = {run.parameters_found_nonfinite};
-  f.title = "The parameters held NaN/Inf before any optimizer step: they came with the model";
-  f.evidence = found_in(run) + ", and no optimizer step ran before it" + consequences(run, "this");
+  f.title = "The parameters held NaN/Inf before the first optimizer step recorded: they came with the model";
+  f.evidence = found_in(run) + ", and no recorded optimizer step ran before it" + consequences(run, "this");
   f.suggestions.push_back(
       {"Find where the model got them before training: the checkpoint it loaded, or its initialisation. Check them "
        "before the first step.",
