@@ -33,7 +33,7 @@ const std::vector<std::string>& rule_ids() {
                                                "underflow",      "skip-rate",         "rank-disagreement", "missing-ranks",
                                                "autopin",        "stalled-updates",   "half-parameters",
                                                "half-loss",      "input-nan",         "nonfinite-update",
-                                               "nonfinite-parameters"};
+                                               "nonfinite-parameters", "loss-backward"};
   return ids;
 }
 
@@ -76,19 +76,24 @@ void make_consistent(Report& report) {
                         "", ""}};
   // NaN/Inf in the parameters makes every step on them NaN/Inf: the scaler skips them all,
   // and its symptoms from then on are theirs, not an overflow's.
+  // So does a loss whose backward makes NaN/Inf: no scale avoids it.
   const auto damage = std::find_if(report.findings.begin(), report.findings.end(), [](const Finding& f) {
-    return f.rule == "nonfinite-parameters" || f.rule == "nonfinite-update";
+    return f.rule == "nonfinite-parameters" || f.rule == "nonfinite-update" ||
+           (f.rule == "loss-backward" && f.severity == Severity::kError);
   });
   if (damage != report.findings.end() && !damage->steps.empty()) {
-    const std::string cause = damage->rule == "nonfinite-parameters"
-                                  ? "the NaN/Inf the parameters held from the start"
-                                  : "the NaN/Inf that step " + std::to_string(damage->steps.front()) +
-                                        "'s update wrote into the parameters";
+    const std::string cause =
+        damage->rule == "nonfinite-parameters" ? "the NaN/Inf the parameters held from the start"
+        : damage->rule == "loss-backward"
+            ? "the NaN/Inf the loss's backward makes"
+            : "the NaN/Inf that step " + std::to_string(damage->steps.front()) + "'s update wrote into the parameters";
+    const std::string why = damage->rule == "loss-backward"
+                                ? "): every step it happens in is skipped, at any scale; the scale recovers once it is gone."
+                                : "): every step that runs on them goes NaN/Inf and is skipped; the scale recovers once "
+                                  "they are finite.";
     for (auto& f : report.findings)
       if ((f.rule == "scale-collapse" || f.rule == "skip-rate") && (f.steps.empty() || f.steps.front() >= damage->steps.front()))
-        f.suggestions = {{"Fix " + cause + " (see " + damage->rule +
-                              "): every step that runs on them goes NaN/Inf and is skipped; the scale recovers once they are finite.",
-                          "", ""}};
+        f.suggestions = {{"Fix " + cause + " (see " + damage->rule + why, "", ""}};
   }
   const Finding* culprit = nullptr;
   for (const auto& f : report.findings)
@@ -159,6 +164,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::autopin(run, found);
     rules::half_parameters(run, t, found);
     rules::half_loss(run, found);
+    rules::loss_backward(run, found);
     rules::nonfinite_update(run, found);
     for (auto& f : found) {
       f.ranks = {run.rank};

@@ -103,6 +103,8 @@ StepCause step_cause(const Run& run, const StepSummary& step) {
   } else if (!run.modules.empty() && run.loss_nonfinite(step.row)) {
     c.forward = ForwardSource::kLoss;
   }
+  if (c.forward == ForwardSource::kNone && run.output_gradient_nonfinite(step.row.step))
+    c.forward = ForwardSource::kLossBackward;
   if (!step.nonfinite_layers.empty()) c.first_gradient = run.layers[std::size_t(step.nonfinite_layers.front())].info.name;
   return c;
 }
@@ -126,6 +128,7 @@ std::string forward_sentence(ForwardSource forward, const std::string& forward_m
     case ForwardSource::kLoss: return "the loss went NaN/Inf after every probed module's output was finite";
     case ForwardSource::kInput: return "the model's input held NaN";
     case ForwardSource::kUpdate: return "the parameters already held NaN/Inf";
+    case ForwardSource::kLossBackward: return "the gradient reaching the model's output already held NaN/Inf";
   }
   return "";
 }
@@ -137,6 +140,7 @@ std::string forward_source_name(ForwardSource forward) {
     case ForwardSource::kLoss: return "loss";
     case ForwardSource::kInput: return "input";
     case ForwardSource::kUpdate: return "update";
+    case ForwardSource::kLossBackward: return "loss-backward";
   }
   return "none";
 }
@@ -148,6 +152,7 @@ std::string forward_label(ForwardSource forward, const std::string& forward_modu
     case ForwardSource::kLoss: return "(loss)";
     case ForwardSource::kInput: return "(input)";
     case ForwardSource::kUpdate: return "(parameters)";
+    case ForwardSource::kLossBackward: return "(loss backward)";
   }
   return "";
 }

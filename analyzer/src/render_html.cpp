@@ -194,6 +194,8 @@ std::string offenders_chart(const Run& run) {
       ++modules[cause.forward_module.empty() ? "(the model's own forward)" : cause.forward_module];
     else if (cause.forward == ForwardSource::kInput)
       ++modules["(the model's input)"];
+    else if (cause.forward == ForwardSource::kLossBackward)
+      ++modules["(the loss's backward)"];
   }
   if (!modules.empty()) {
     for (const auto& [path, n] : modules) bars.push_back({path, double(n), "where the forward's NaN/Inf starts"});

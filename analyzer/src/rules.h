@@ -46,6 +46,9 @@ void autopin(const Run& run, std::vector<Finding>& out);
 // Parameters stored in half precision (no FP32 master weights): layers whose updates mostly
 // round away (warning), else one info finding that the run keeps such parameters.
 void half_parameters(const Run& run, const Thresholds& t, std::vector<Finding>& out);
+// The gradient reaching the model's output held NaN/Inf while the forward and the loss were
+// finite (event "output-gradient-nonfinite"): error, fix in the loss code's backward.
+void loss_backward(const Run& run, std::vector<Finding>& out);
 // scaler.scale() received a float16 loss (event "half-loss"): warning, fix in the loss.
 void half_loss(const Run& run, std::vector<Finding>& out);
 // Whether the run's loss was float16 (event "half-loss").

@@ -1,8 +1,11 @@
 // half-loss: a float16 loss handed to the scaler, which caps the loss scale by itself.
+// loss-backward: NaN/Inf made by the loss code's backward, before any module.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
+#include "ampdiag/analyzer/causes.h"
 #include "rules.h"
 #include "suggestions.h"
 
@@ -35,6 +38,40 @@ void half_loss(const Run& run, std::vector<Finding>& out) {
                " skipped there), and the loss's own operations run their backward in fp16 before any layer's; the scale "
                "went " + fmt(run.steps.front().row.scale_before) + " -> " + fmt(run.steps.back().row.scale_after);
   f.suggestions.push_back(suggest::fp32_loss(""));
+  out.push_back(f);
+}
+
+void loss_backward(const Run& run, std::vector<Finding>& out) {
+  std::int64_t n = 0, hurt = 0;
+  double lowest = INFINITY;
+  Finding f;
+  for (const auto& s : run.steps) {
+    if (step_cause(run, s).forward != ForwardSource::kLossBackward) continue;
+    if (n++ < 20) f.steps.push_back(s.row.step);
+    hurt += s.row.skipped || s.gradients_nonfinite();
+    lowest = std::min(lowest, s.row.scale_before);
+  }
+  if (n == 0) return;
+  std::string detail;
+  for (const auto& e : run.events)
+    if (e.kind == "output-gradient-nonfinite" && e.step == f.steps.front()) detail = e.detail;
+  f.rule = "loss-backward";
+  f.severity = hurt ? Severity::kError : Severity::kInfo;
+  f.score = hurt ? 91.0 : 5.0;
+  f.title = "The loss's backward makes NaN/Inf before any module: the gradient reaching the model's output holds them";
+  f.evidence = "in " + plural(n, "step") + ", from step " + std::to_string(f.steps.front()) +
+               ", every probed output and the loss were finite, and the gradient reaching the model's output already "
+               "held NaN/Inf" + (detail.empty() ? "" : " (" + detail + ")") + "; " + std::to_string(hurt) +
+               " of them skipped or with NaN/Inf gradients";
+  if (run.has_scaler()) f.evidence += "; at loss scales down to " + fmt(lowest) + ", so not the scale";
+  f.suggestions.push_back(
+      {"Look at the code between the model's output and the loss, where backward starts: a function whose gradient is "
+       "infinite where it is evaluated (sqrt or norm of 0, as a distance from a point to itself; log of 0; a division "
+       "by 0; acos or asin at 1) makes NaN from finite values in any precision. Keep its argument off that point; "
+       "pinning the model's modules to FP32 cannot help.",
+       "d = (diff.pow(2).sum(-1) + 1e-12).sqrt()  # sqrt(0)'s gradient is infinite",
+       "auto d = (diff.pow(2).sum(-1) + 1e-12).sqrt();  // sqrt(0)'s gradient is infinite", ""});
+  if (has_half_loss(run)) f.suggestions.push_back(suggest::fp32_loss("The loss is float16, so its backward runs in fp16:"));
   out.push_back(f);
 }
 

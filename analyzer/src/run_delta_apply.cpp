@@ -128,9 +128,13 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   for (auto& row : d.modules) run.modules.push_back({std::move(row), 0, 0, -1, 0.0f});
   run.events = std::move(d.events);
   run.input_nan_steps.clear();
-  for (const auto& e : run.events)
+  run.output_gradient_steps.clear();
+  for (const auto& e : run.events) {
     if (e.kind == "input-nan") run.input_nan_steps.push_back(e.step);
+    if (e.kind == "output-gradient-nonfinite") run.output_gradient_steps.push_back(e.step);
+  }
   std::sort(run.input_nan_steps.begin(), run.input_nan_steps.end());
+  std::sort(run.output_gradient_steps.begin(), run.output_gradient_steps.end());
   run.replays = std::move(d.replays);
   merge_steps(run, d.steps);
   merge_grads(run, d.grads);

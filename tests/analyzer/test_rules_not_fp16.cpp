@@ -169,3 +169,42 @@ TEST_CASE("a NaN loss while every probed module output was finite is made after 
   REQUIRE(r.skipped.size() == 1);
   CHECK(r.skipped.front().forward == ForwardSource::kLoss);
 }
+
+TEST_CASE("NaN made by the loss's backward is named, not the first layer it reached", "[rules]") {
+  // sqrt of a distance from a point to itself: its gradient is NaN at every scale, while the
+  // forward and the loss stay finite; the agent saw NaN in the gradient reaching the model's output.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < 24; ++i, scale /= 2)
+    f.event("output-gradient-nonfinite", "float16 [16, 32]: 512 NaN, 0 Inf of 512 values")
+        .activation("enc", false)
+        .step(scale, scale / 2, 1000, {"head.weight", "b.weight"});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* lb = find(r, "loss-backward");
+  REQUIRE(lb != nullptr);
+  CHECK(lb->severity == Severity::kError);
+  CHECK_THAT(lb->evidence, Catch::Contains("512 NaN, 0 Inf"));
+  CHECK_THAT(lb->evidence, Catch::Contains("at loss scales down to 0.0078125, so not the scale"));
+  CHECK_THAT(lb->suggestions.front().python, Catch::Contains("+ 1e-12).sqrt()"));
+  CHECK(find(r, "overflow-origin") == nullptr);  // head only received it: no pin
+  REQUIRE(find(r, "scale-collapse") != nullptr);
+  CHECK_THAT(find(r, "scale-collapse")->suggestions.front().summary, Catch::Contains("(see loss-backward)"));
+  REQUIRE(r.skipped.size() == 24);
+  CHECK(r.skipped.front().forward == ForwardSource::kLossBackward);
+}
+
+TEST_CASE("a forward that went NaN/Inf is its module's, whatever reached the model's output after", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.replay("enc", "finite");
+  f.event("output-gradient-nonfinite", "float32 [16, 32]: 512 NaN, 0 Inf of 512 values").activation("enc", true);
+  f.step(65536, 32768, 1000, {"head.weight"}, kNaN);
+  f.activation("enc", false).step(32768, 32768);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "loss-backward") == nullptr);
+  REQUIRE(find(r, "forward-nonfinite") != nullptr);
+  CHECK(find(r, "forward-nonfinite")->module == "enc");
+}

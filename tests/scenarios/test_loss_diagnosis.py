@@ -247,3 +247,37 @@ def test_a_bf16_update_that_applied_a_nan_batchs_gradients_is_named_and_later_st
     update = next(f for f in rep["findings"] if f["rule"] == "nonfinite-update")
     assert update["steps"] == [4] and "5 of the 5 steps after it" in update["evidence"]
     assert "forward-nonfinite" not in {f["rule"] for f in rep["findings"]}  # no module's code blamed
+
+
+def metric_learning(db, eps):
+    """A contrastive loss on Euclidean distances written by hand: sqrt(|z_i - z_j|^2 + eps)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32))
+
+    def loss_of(step, model):
+        x, labels = torch.randn(16, 16), torch.randint(0, 4, (16,))
+        with torch.autocast("cpu", dtype=torch.float16):
+            z = model(x).float()
+        d = (((z[:, None] - z[None]) ** 2).sum(-1) + eps).sqrt()
+        same = labels[:, None] == labels[None]
+        return (d * same).mean() + torch.relu(1 - d)[~same].mean()
+
+    train(db, model, 12, loss_of)
+
+
+def test_a_sqrt_of_zero_in_the_loss_is_named_as_the_losss_backward_not_a_layer_to_pin(tmp_path, verdict):
+    # Each point's distance to itself is sqrt(0), whose gradient is infinite: NaN at every scale.
+    db = tmp_path / "sqrt_zero.db"
+    metric_learning(db, eps=0.0)
+    code, rep = verdict(db)
+    assert code == 1
+    assert ("loss-backward", "") in rules(rep, "error")
+    assert "overflow-origin" not in {f["rule"] for f in rep["findings"]}  # no layer to pin
+    assert {k["forward_source"] for k in rep["skipped_steps"]} == {"loss-backward"}
+
+
+def test_the_epsilon_the_report_gives_trains_the_same_loop_healthy(tmp_path, verdict):
+    db = tmp_path / "sqrt_eps.db"
+    metric_learning(db, eps=1e-12)
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rules(rep)

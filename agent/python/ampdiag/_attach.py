@@ -22,7 +22,7 @@ from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
 from ._amp_dtype import learn_amp_dtype
 from ._autopin import AutoPinner
-from ._forward import forward_hook, input_hook, outside_compiled_graph
+from ._forward import forward_hook, input_hook, output_hook, outside_compiled_graph
 from ._options import check_options, default_amp_dtype, trains_fp16_parameters
 from ._parameters import eps_rounding_to_zero, nonfinite_parameters
 from ._replay import FINITE, INTRINSIC, NONFINITE, Replayer
@@ -145,6 +145,8 @@ class AttachHandle:
             if activations:
                 self._hooks.append(root.register_forward_pre_hook(self._forward_hook_as_run(input_hook(self, root)),
                                                                   with_kwargs=True))
+                self._hooks.append(root.register_forward_hook(self._forward_hook_as_run(output_hook(self, root)),
+                                                              with_kwargs=True))
                 for path, module in watched:
                     self._hooks.append(module.register_forward_hook(self._forward_hook_as_run(
                         forward_hook(self, path, module)), with_kwargs=True))
@@ -291,6 +293,7 @@ class AttachHandle:
         self._last_version = 0            # its version counter then (in-place changes bump it)
         self._last_nonfinite = False      # whether it held NaN/Inf
         self._bf16_found = False
+        self._output_gradient_seen = False  # an output-gradient-nonfinite event in this cycle
 
     @property
     def _inert(self):
@@ -538,6 +541,20 @@ class AttachHandle:
             self._first_nonfinite = None
         if verdict == FINITE and self._autopin is not None:
             self._autopin.confirmed(path, module)
+
+    def _output_gradient(self, grad):
+        """The tensor hook on the model's output (see output_hook): one event in a step whose
+        gradient arrived there NaN/Inf."""
+        if self._output_gradient_seen or self._standing_aside or bool(torch.isfinite(grad).all()):
+            return None
+        self._output_gradient_seen = True
+        nan, inf = int(torch.isnan(grad).sum()), int(torch.isinf(grad).sum())
+        if nan == 0 and grad.dtype == torch.float16:
+            return None  # maybe the scaled gradient overflowing fp16 at the output: fp16's own
+        dtype = str(grad.dtype).replace("torch.", "")
+        self._session.event("output-gradient-nonfinite",
+                            f"{dtype} {list(grad.shape)}: {nan} NaN, {inf} Inf of {grad.numel()} values")
+        return None
 
     def _look_at_parameters(self):
         """Once in a step that went NaN/Inf with a finite input, until found: whether an

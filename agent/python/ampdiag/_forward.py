@@ -46,6 +46,30 @@ def input_hook(handle, owner):
     return hook
 
 
+def output_hook(handle, owner):
+    """The model's forward hook: on a training step, watches the gradient that reaches the
+    model's first floating-point output in backward. NaN/Inf there was made between the
+    output and the loss (the loss code's backward: the gradient of sqrt(0), of a division
+    by 0), before any module: event "output-gradient-nonfinite", which the analyzer names
+    instead of the first layer the NaN/Inf reached. Not for a float16 gradient holding Inf
+    and no NaN: that may be the scaled gradient overflowing fp16 where it enters the output
+    (`.float()`'s backward casts it), which is fp16's. Host outputs only: a device check
+    would wait for the device."""
+
+    def hook(module, args, kwargs, output):
+        if compiling():
+            handle._traced_by_compile = True
+            return None
+        if not handle._live or not torch.is_grad_enabled() or (module is not owner and foreign_copy(module)):
+            return None
+        tensor = output if isinstance(output, torch.Tensor) else first_float_tensor(output)
+        if tensor is not None and tensor.requires_grad and tensor.is_cpu and tensor.is_floating_point():
+            tensor.register_hook(handle._output_gradient)
+        return None
+
+    return hook
+
+
 def forward_hook(handle, path, owner):
     module_id = None  # resolved on the first call, when the module first runs
     # Runs for every watched module on every step, between torch's kernels: in a training

@@ -47,7 +47,8 @@ struct StepCause {
   // made after them (the loss computation, or the model's own code after its last probed
   // module). kInput: the model's input held NaN (the agent's event "input-nan"), whatever
   // the modules did with it. kUpdate: a step after Run::first_nonfinite_update went
-  // NaN/Inf: its parameters held them.
+  // NaN/Inf: its parameters held them. kLossBackward: the forward and the loss were finite,
+  // and the gradient reaching the model's output already held NaN/Inf (the loss's backward).
   ForwardSource forward = ForwardSource::kNone;
   std::string forward_module;  // kModule: forward_cause(...).module of the step's first non-finite output
   std::string first_gradient;  // the first gradient (backward order) that held NaN/Inf
@@ -65,7 +66,7 @@ bool after_nonfinite_update(const Run& run, const StepSummary& step);
 // the model's input held no NaN (input-nan), and no earlier update wrote NaN/Inf into the
 // parameters (nonfinite-update).
 bool nonfinite_from_module(const Run& run, const StepSummary& step);
-// "none", "module", "loss", "input", "update": the JSON report's forward_source.
+// "none", "module", "loss", "input", "update", "loss-backward": the JSON report's forward_source.
 std::string forward_source_name(ForwardSource forward);
 // The same in a table cell: the module, "(model forward)", "(loss)" or "(input)".
 std::string forward_label(ForwardSource forward, const std::string& forward_module);

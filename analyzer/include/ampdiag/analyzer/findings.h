@@ -43,6 +43,9 @@ enum class ForwardSource {
   kLoss,    // the loss was NaN/Inf while every probed module's output was finite
   kInput,   // the model's input held NaN (a corrupted batch): the data, not fp16
   kUpdate,  // after an optimizer step that applied NaN/Inf gradients: the parameters hold them
+  // The forward stayed finite and the gradient reaching the model's output already held NaN
+  // (or Inf, in an output wider than fp16): the loss code's backward made it.
+  kLossBackward,
 };
 
 struct SkippedStep {

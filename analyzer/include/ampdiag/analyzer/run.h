@@ -115,6 +115,7 @@ struct Run {
   std::vector<ModuleSummary> modules; // by module id
   std::vector<rundb::EventRow> events;
   std::vector<std::int64_t> input_nan_steps;  // steps of the "input-nan" events, sorted
+  std::vector<std::int64_t> output_gradient_steps;  // of the "output-gradient-nonfinite" events, sorted
   // The first optimizer step whose update wrote NaN/Inf into the parameters, and every
   // NaN/Inf after it follows from that; -1: none known. Either the first step taken with
   // NaN/Inf gradients (no scaler skipped it), or, where the agent found NaN/Inf in the
@@ -149,6 +150,9 @@ struct Run {
   const rundb::EventRow* first_event(const std::string& kind) const;
   // Whether the model's input held NaN in the step (the agent looked: an output was NaN/Inf).
   bool input_nan(std::int64_t step) const;
+  // Whether the gradient reaching the model's output held NaN/Inf in the step (the agent's
+  // event "output-gradient-nonfinite": made by the loss code's backward).
+  bool output_gradient_nonfinite(std::int64_t step) const;
   // The parameters held NaN/Inf before the first optimizer step: they came with the model.
   bool parameters_nonfinite_from_start() const { return parameters_found_nonfinite >= 0 && first_nonfinite_update < 0; }
   // The first step that ran with NaN/Inf in its parameters; -1: none known.
