@@ -147,6 +147,9 @@ class Session {
   // checked for NaN/Inf outside SessionOptions::activation_every's steps); returns whether
   // it holds NaN/Inf (known at once on the host; false for a device tensor).
   bool activation(std::int64_t module, const DeviceTensor& t, std::int32_t micro_batch);
+  // Whether a host tensor holds NaN/Inf, with the activations' check (an unsigned max over
+  // its raw bits); records nothing.
+  bool host_nonfinite(const kernels::TensorRef& tensor) const { return cpu_.has_nonfinite(tensor); }
   // Device profiling (SessionOptions::profile): what the calling thread launches until
   // end_range() belongs to `module` (-1: none) in `phase`. Returns whether a range opened
   // (false when not profiling this step); end_range() only after true.

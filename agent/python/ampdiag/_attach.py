@@ -545,7 +545,14 @@ class AttachHandle:
     def _output_gradient(self, grad):
         """The tensor hook on the model's output (see output_hook): one event in a step whose
         gradient arrived there NaN/Inf."""
-        if self._output_gradient_seen or self._standing_aside or bool(torch.isfinite(grad).all()):
+        if self._output_gradient_seen or self._standing_aside:
+            return None
+        code = DTYPE_CODE.get(grad.dtype)
+        if code is not None and grad.is_contiguous() and grad.layout is torch.strided:
+            nonfinite = self._session.has_nonfinite(grad.data_ptr(), grad.numel(), code)
+        else:
+            nonfinite = not bool(torch.isfinite(grad).all())
+        if not nonfinite:
             return None
         self._output_gradient_seen = True
         nan, inf = int(torch.isnan(grad).sum()), int(torch.isinf(grad).sum())

@@ -172,6 +172,12 @@ class Session {
     return session_.activation(module_id, t, micro_batch);
   }
 
+  bool has_nonfinite(std::uintptr_t ptr, std::int64_t numel, int dtype) const {
+    const kernels::TensorRef ref{reinterpret_cast<const void*>(ptr), numel, dtype_code(dtype)};
+    py::gil_scoped_release release;
+    return session_.host_nonfinite(ref);
+  }
+
   std::string engine_for(int device_type, int device_index) const {
     return agent::engine_name(session_.engine_for(device_of(device_type, device_index)));
   }
@@ -286,6 +292,8 @@ PYBIND11_MODULE(_ampdiag, m) {
            py::arg("device_types"), py::arg("device_indices"), py::arg("streams"), py::arg("inv_scale") = py::none(),
            py::arg("device_scale") = py::none())
       .def("activation", &Session::activation)
+      .def("has_nonfinite", &Session::has_nonfinite, py::arg("ptr"), py::arg("numel"), py::arg("dtype"),
+           "Whether a contiguous host buffer holds NaN/Inf (the activations' check); records nothing.")
       .def_property_readonly("profiling", [](Session& s) { return s.core().profiling(); })
       .def("begin_range",
            [](Session& s, std::int64_t module, int phase, int kind) {
