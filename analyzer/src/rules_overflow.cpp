@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 
 #include <cstdio>
@@ -125,6 +126,24 @@ Finding input_nan(const Run& run) {
   return f;
 }
 
+// Probed modules holding no parameter that finished their forward after `first`'s module
+// and before `last_finite`'s (module ids are given as modules first finish, in forward
+// order): a gradient going from one layer to the other in backward passes through their
+// backward too. At most a few, by path.
+void parameterless_between(const Run& run, const rundb::LayerRow& first, const rundb::LayerRow& last_finite,
+                           std::set<std::string>& out) {
+  const ModuleSummary* from = run.module_named(first.module_path);
+  const ModuleSummary* to = run.module_named(last_finite.module_path);
+  if (!from || !to) return;
+  for (std::int64_t id = from->info.id + 1; id < to->info.id && out.size() < 3; ++id) {
+    const std::string& path = run.modules[std::size_t(id)].info.path;
+    const bool holds = std::any_of(run.layers.begin(), run.layers.end(), [&](const LayerSummary& l) {
+      return l.info.module_path == path || l.info.name.rfind(path + ".", 0) == 0;
+    });
+    if (!holds) out.insert(path);
+  }
+}
+
 }  // namespace
 
 void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
@@ -138,6 +157,8 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     std::int64_t first = 0, harmful = 0;
     std::map<std::int64_t, std::int64_t> layers;  // layer id -> times first
     std::vector<std::int64_t> steps;
+    double lowest_scale = INFINITY;  // the lowest loss scale it went NaN/Inf at
+    std::set<std::string> between;   // parameterless modules the gradient passed on its way
   };
   std::map<std::string, PerModule> modules;
   std::int64_t considered = 0;
@@ -161,6 +182,9 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     ++m.first;
     m.harmful += harmful[i];
     ++m.layers[first_layer];
+    m.lowest_scale = std::min(m.lowest_scale, s.row.scale_before);
+    if (s.last_finite_before >= 0)
+      parameterless_between(run, layer, run.layers[std::size_t(s.last_finite_before)].info, m.between);
     m.steps.push_back(s.row.step);
   }
   std::vector<std::pair<std::string, PerModule>> ranked(modules.begin(), modules.end());
@@ -191,8 +215,33 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       f.evidence += "; the scale stays above the floor and these skips only calibrate it or answer its growth probes";
     }
     f.steps.assign(m.steps.begin(), m.steps.begin() + std::min<std::size_t>(m.steps.size(), 20));
+    // At a scale of 1 or below the scaler no longer enlarges the gradients: going NaN/Inf
+    // there takes a true gradient beyond fp16's range, or a NaN its backward makes in any
+    // precision (sqrt or norm of 0), which pinning cannot help. Neither is ruled out.
+    const bool at_any_scale = harms && run.has_scaler() && m.lowest_scale <= 1.0;
+    if (at_any_scale) {
+      f.title = place + " goes NaN/Inf first in backward at every loss scale, down to " + fmt(m.lowest_scale);
+      f.evidence += "; down to a loss scale of " + fmt(m.lowest_scale) +
+                    ", which no longer enlarges the gradients: its backward makes NaN/Inf that no scale avoids, or its "
+                    "true gradients pass fp16's range";
+      std::string suspects;
+      for (const auto& path : m.between) suspects += path + ", ";
+      if (!m.between.empty())
+        f.evidence += "; between its gradient and the last finite one, the backward also ran through " +
+                      suspects.substr(0, suspects.size() - 2) +
+                      (m.between.size() == 1 ? ", which holds no parameters" : ", which hold no parameters");
+      suspects += module.empty() ? std::string("the code that uses ") + row.name : module;
+      f.suggestions.push_back(
+          {"Look first at the backward of " + suspects +
+               ": a function whose gradient is infinite where it is evaluated (sqrt or norm of 0, a division by 0, log "
+               "of 0) makes NaN from finite values in any precision, which pinning cannot help; keep its argument off "
+               "that point (sqrt(x + 1e-12)).",
+           "d = (x.pow(2).sum(-1) + 1e-12).sqrt()  # sqrt(0)'s gradient is infinite",
+           "auto d = (x.pow(2).sum(-1) + 1e-12).sqrt();  // sqrt(0)'s gradient is infinite", ""});
+    }
     if (harms) {  // nothing to fix when the scaler copes
       f.suggestions.push_back(suggest::fp32_at(run, module, row));
+      if (at_any_scale) f.suggestions.back().summary = "If its true gradients are the ones beyond fp16: " + f.suggestions.back().summary;
       f.suggestions.push_back(suggest::use_bf16(run));
     }
     out.push_back(f);

@@ -50,12 +50,15 @@ class RunFixture {
     s.sampled = true;
     s.wall_time = 1.7e9 + double(step_);
     std::int64_t order = 0;
+    for (const auto& name : next_finite_first_) grad(name, order++, absmax, false);
     for (const auto& name : nonfinite) grad(name, order++, absmax, true);
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       if (!only_layers.empty() && std::find(only_layers.begin(), only_layers.end(), layers_[i]) == only_layers.end()) continue;
       if (std::find(nonfinite.begin(), nonfinite.end(), layers_[i]) != nonfinite.end()) continue;
+      if (std::find(next_finite_first_.begin(), next_finite_first_.end(), layers_[i]) != next_finite_first_.end()) continue;
       grad(layers_[i], order++, absmax, false);
     }
+    next_finite_first_.clear();
     writer_.add_step(s);
     ++step_;
     return *this;
@@ -101,6 +104,13 @@ class RunFixture {
 
   // The next step() records no loss (scale() was given a non-scalar: backward with an
   // explicit gradient), which is unknown, not NaN.
+  // The next step's gradients of `layers` arrive first in backward, finite (before its
+  // non-finite ones).
+  RunFixture& finite_first(std::vector<std::string> layers) {
+    next_finite_first_ = std::move(layers);
+    return *this;
+  }
+
   RunFixture& no_loss() {
     next_no_loss_ = true;
     return *this;
@@ -175,6 +185,7 @@ class RunFixture {
   std::int64_t step_ = 0;
   bool histograms_ = false;
   bool next_taken_ = false;
+  std::vector<std::string> next_finite_first_;
   bool next_no_loss_ = false;
 };
 

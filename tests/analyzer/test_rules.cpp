@@ -108,6 +108,26 @@ TEST_CASE("a parameter outside the attached model is named as such, and the fix 
   CHECK_THAT(o.suggestions.front().python, Catch::Contains("torch.nn.ModuleDict"));
 }
 
+TEST_CASE("a layer going NaN first at scales below 1 gets its backward looked at before any pin", "[rules]") {
+  // A pairwise distance module between enc and head: sqrt(0)'s gradient is NaN at any scale.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  double scale = 65536;
+  for (int i = 0; i < 24; ++i, scale /= 2)
+    f.activation("enc", false).activation("dist", false).activation("head", false).finite_first({"head.weight"}).step(
+        scale, scale / 2, 1000, {"enc.weight"});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->module == "enc");
+  CHECK_THAT(o->title, Catch::Contains("at every loss scale, down to 0.0078125"));
+  CHECK_THAT(o->evidence, Catch::Contains("the backward also ran through dist, which holds no parameters"));
+  REQUIRE(o->suggestions.size() == 3);
+  CHECK_THAT(o->suggestions[0].summary, Catch::StartsWith("Look first at the backward of dist, enc"));
+  CHECK_THAT(o->suggestions[1].summary, Catch::StartsWith("If its true gradients are the ones beyond fp16: Run enc in FP32"));
+}
+
 TEST_CASE("a scale stuck at its floor is a collapse", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);

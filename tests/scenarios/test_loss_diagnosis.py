@@ -281,3 +281,36 @@ def test_the_epsilon_the_report_gives_trains_the_same_loop_healthy(tmp_path, ver
     metric_learning(db, eps=1e-12)
     code, rep = verdict(db)
     assert (code, rep["healthy"]) == (0, True), rules(rep)
+
+
+class PairDistance(nn.Module):
+    def forward(self, z):
+        return ((z[:, None] - z[None]) ** 2).sum(-1).sqrt()  # sqrt(0) on the diagonal
+
+
+class DistanceNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc, self.dist, self.head = nn.Linear(16, 32), PairDistance(), nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.head(self.dist(self.enc(x).float()))
+
+
+def test_a_nan_made_inside_the_models_backward_at_every_scale_points_to_that_backward_before_any_pin(
+        tmp_path, verdict):
+    # The NaN is made in dist's backward, between head's finite gradients and enc's; it goes
+    # on while the scaler halves below 1, where no scale enlarges a gradient.
+    db = tmp_path / "inner_sqrt.db"
+    torch.manual_seed(0)
+
+    def loss_of(step, model):
+        with torch.autocast("cpu", dtype=torch.float16):
+            return nn.functional.mse_loss(model(torch.randn(16, 16)).float(), torch.randn(16, 1))
+
+    train(db, DistanceNet(), 24, loss_of)
+    code, rep = verdict(db)
+    assert code == 1
+    origin = next(f for f in rep["findings"] if f["rule"] == "overflow-origin")
+    assert origin["module"] == "enc" and "at every loss scale" in origin["title"]
+    assert origin["suggestions"][0]["summary"].startswith("Look first at the backward of dist, enc")
