@@ -254,7 +254,8 @@ std::string recommendation(const Run& run, const WhatIf& best, const WhatIf& rec
                     " searched is predicted to skip fewer steps";
   if (recorded.always_skipped > 0)
     why += " (" + std::to_string(recorded.always_skipped) + " of its " + std::to_string(recorded.estimate.skipped) +
-           " skips had NaN/Inf in forward, which no scale avoids: see ampdiag report)";
+           " skips were NaN/Inf whatever the scale, made in forward, in the loss's backward or in the parameters: "
+           "see ampdiag report)";
   return why;
 }
 

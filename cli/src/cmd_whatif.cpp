@@ -143,7 +143,7 @@ int cmd_whatif(int argc, char** argv) {
     text = run.path + ": " + std::to_string(as_recorded.steps) + " steps recorded with " + recorded.describe() + ": " +
            std::to_string(skipped) + " skipped.\n";
     text += "What the recording tells: " + std::to_string(as_recorded.always_skipped) +
-            " steps with NaN/Inf in forward (skipped at any scale), " + std::to_string(as_recorded.censored) +
+            " steps NaN/Inf whatever the scale (in forward, the loss's backward or the parameters), " + std::to_string(as_recorded.censored) +
             " overflowed (only a lower bound on their gradients), " + std::to_string(as_recorded.unrecorded) +
             " finite without statistics (sampling).\n";
     if (!hist) text += "No exponent histograms were recorded (attach(histogram=True)): no underflow prediction.\n";

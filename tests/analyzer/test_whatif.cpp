@@ -215,8 +215,24 @@ TEST_CASE("a run whose every skip had NaN/Inf in forward is told to keep its sca
   CHECK_FALSE(analyzer::improves_on(grid.front(), recorded));
   const std::string advice = analyzer::recommendation(run, grid.front(), recorded, grid.size());
   CHECK_THAT(advice, Catch::StartsWith("keep the recorded configuration"));
-  CHECK_THAT(advice, Catch::Contains("4 of its 4 skips had NaN/Inf in forward"));
+  CHECK_THAT(advice, Catch::Contains("4 of its 4 skips were NaN/Inf whatever the scale"));
   CHECK(analyzer::whatif_lines(run).back() == advice);
+}
+
+TEST_CASE("skips made by the loss's backward are skipped at any scale, not counted as overflows", "[whatif]") {
+  // Their forward was finite: only the gradient reaching the model's output says no scale avoids them.
+  TempDir dir;
+  {
+    RunFixture f(dir.file("a.db"), {"w"});
+    double scale = 65536;
+    for (int t = 0; t < 8; ++t, scale /= 2)
+      f.event("output-gradient-nonfinite", "float32 [4, 4]: 16 NaN, 0 Inf of 16 values").step(scale, scale / 2, 1.0, {"w"});
+    f.finish();
+  }
+  const auto run = analyzer::load_run(dir.file("a.db"));
+  const auto recorded = analyzer::what_if(run, analyzer::recorded_config(run));
+  CHECK(recorded.always_skipped == 8);
+  CHECK(recorded.censored == 0);
 }
 
 TEST_CASE("with histograms the share of values a lower scale flushes to zero is predicted", "[whatif]") {
