@@ -104,14 +104,18 @@ void make_consistent(Report& report) {
     }
   if (!culprit) return;
   const std::string name = !culprit->module.empty()           ? culprit->module
+                           : !culprit->blame.empty()            ? culprit->blame
                            : culprit->rule == "overflow-origin" ? "the gradient of " + culprit->layer
                                                                 : "the model's own forward()";
   for (auto& f : report.findings) {
     if (&f == culprit) continue;
     if (f.rule == "scale-collapse" && !f.suggestions.empty() && f.suggestions.front().python.empty() &&
         f.suggestions.front().summary.rfind("Fix what overflows", 0) == 0) {
-      f.suggestions.front().summary = "Fix the overflow in " + name + " (see " + culprit->rule +
-                                      "); the scale recovers once nothing overflows.";
+      f.suggestions.front().summary =
+          culprit->blame.empty()
+              ? "Fix the overflow in " + name + " (see " + culprit->rule + "); the scale recovers once nothing overflows."
+              : "Fix the NaN/Inf made in " + name + " (see " + culprit->rule +
+                    "); the scale recovers once it is gone.";
     } else if (f.rule == "underflow") {
       f.suggestions.clear();
       f.suggestions.push_back({"Fix the overflow in " + name + " first (see " + culprit->rule +

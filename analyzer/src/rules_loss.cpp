@@ -6,6 +6,7 @@
 #include <string>
 
 #include "ampdiag/analyzer/causes.h"
+#include "loss_code.h"
 #include "rules.h"
 #include "suggestions.h"
 
@@ -45,9 +46,11 @@ void loss_backward(const Run& run, std::vector<Finding>& out) {
   std::int64_t n = 0, hurt = 0;
   double lowest = INFINITY;
   Finding f;
+  std::vector<std::int64_t> steps;
   for (const auto& s : run.steps) {
     if (step_cause(run, s).forward != ForwardSource::kLossBackward) continue;
     if (n++ < 20) f.steps.push_back(s.row.step);
+    steps.push_back(s.row.step);
     hurt += s.row.skipped || s.gradients_nonfinite();
     lowest = std::min(lowest, s.row.scale_before);
   }
@@ -55,6 +58,7 @@ void loss_backward(const Run& run, std::vector<Finding>& out) {
   std::string detail;
   for (const auto& e : run.events)
     if (e.kind == "output-gradient-nonfinite" && e.step == f.steps.front()) detail = e.detail;
+  const loss_code::Code code = loss_code::at_steps(run, steps);
   f.rule = "loss-backward";
   f.severity = hurt ? Severity::kError : Severity::kInfo;
   f.score = hurt ? 91.0 : 5.0;
@@ -64,13 +68,22 @@ void loss_backward(const Run& run, std::vector<Finding>& out) {
                "held NaN/Inf" + (detail.empty() ? "" : " (" + detail + ")") + "; " + std::to_string(hurt) +
                " of them skipped or with NaN/Inf gradients";
   if (run.has_scaler()) f.evidence += "; at loss scales down to " + fmt(lowest) + ", so not the scale";
-  f.suggestions.push_back(
-      {"Look at the code between the model's output and the loss, where backward starts: a function whose gradient is "
-       "infinite where it is evaluated (sqrt or norm of 0, as a distance from a point to itself; log of 0; a division "
-       "by 0; acos or asin at 1) makes NaN from finite values in any precision. Keep its argument off that point; "
-       "pinning the model's modules to FP32 cannot help.",
-       "d = (diff.pow(2).sum(-1) + 1e-12).sqrt()  # sqrt(0)'s gradient is infinite",
-       "auto d = (diff.pow(2).sum(-1) + 1e-12).sqrt();  // sqrt(0)'s gradient is infinite", ""});
+  if (!code.empty())
+    f.evidence += "; the operations from the model's output to the loss (step " + std::to_string(code.step) +
+                  "): " + code.describe();
+  const std::vector<loss_code::Fix> found = loss_code::fixes(code, loss_code::Phase::kBackward);
+  if (!found.empty()) f.suggestions.push_back(found.front().suggestion);
+  const std::string look = loss_code::look_also(
+      found,
+      "Look at the code between the model's output and the loss, where backward starts: a function whose gradient is "
+      "infinite where it is evaluated (sqrt of 0, as a distance from a point to itself; log of 0; a division by 0; "
+      "acos or asin at 1) makes NaN from finite values in any precision. Keep its argument off that point; pinning "
+      "the model's modules to FP32 cannot help.");
+  if (found.empty())
+    f.suggestions.push_back({look, "d = (diff.pow(2).sum(-1) + 1e-12).sqrt()  # sqrt(0)'s gradient is infinite",
+                             "auto d = (diff.pow(2).sum(-1) + 1e-12).sqrt();  // sqrt(0)'s gradient is infinite", ""});
+  else
+    f.suggestions.push_back({look, "", "", ""});
   if (has_half_loss(run)) f.suggestions.push_back(suggest::fp32_loss("The loss is float16, so its backward runs in fp16:"));
   out.push_back(f);
 }

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "ampdiag/analyzer/causes.h"
+#include "loss_code.h"
 #include "rules.h"
 #include "suggestions.h"
 
@@ -72,24 +73,33 @@ Finding confirmed_overflow(const Run& run, const ModuleSummary& m, const std::st
 Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
   Finding f;
   std::int64_t n = 0, hurt = 0;
+  std::vector<std::int64_t> steps;
   for (const auto& s : run.steps) {
     if (step_cause(run, s).forward != ForwardSource::kLoss) continue;
-    if (n++ == 0) f.steps.push_back(s.row.step);
+    ++n;
+    steps.push_back(s.row.step);
     hurt += s.row.skipped || s.gradients_nonfinite();
   }
   if (n == 0) return f;
+  f.steps.push_back(steps.front());
+  const loss_code::Code code = loss_code::at_steps(run, steps);
   f.rule = "forward-nonfinite";
   f.severity = hurt ? Severity::kError : Severity::kWarning;
   f.score = hurt ? 80.0 : 30.0;
   f.title = "The loss is NaN/Inf while every probed module's output is finite: it is made after the modules";
+  f.blame = "the loss code after the model's last module";
   f.evidence = "loss non-finite in " + std::to_string(n) + " of " + plural(known_losses, "step") + ", first at step " +
                std::to_string(f.steps.front()) + ", with no NaN/Inf in any probed module's output in those steps; " +
                (hurt ? "the gradients went NaN/Inf with it in " + plural(hurt, "step")
                      : std::string("the gradients stayed finite, so no update was lost, but the logged loss is NaN/Inf"));
-  f.suggestions.push_back(suggest::fp32_loss(
+  if (!code.empty())
+    f.evidence += "; the operations from the model's output to the loss (step " + std::to_string(code.step) +
+                  "): " + code.describe();
+  f.suggestions = loss_code::forward_suggestions(
+      code,
       "Look at the code after the model's last module: the loss, and the model's own forward() after its last "
       "submodule. Keep log() and divisions away from 0 (a mean over no element, as when every label is "
-      "ignore_index, is 0/0); a sum, pow or exp in fp16 overflows above 65504."));
+      "ignore_index, is 0/0); a sum, pow or exp in fp16 overflows above 65504.");
   return f;
 }
 

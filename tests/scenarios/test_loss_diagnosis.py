@@ -43,7 +43,11 @@ def test_a_log_of_zero_in_the_loss_is_blamed_on_the_loss_not_on_a_layer(tmp_path
     top = rep["findings"][0]
     assert (top["rule"], top["severity"], top["module"]) == ("forward-nonfinite", "error", "")
     assert "every probed module's output is finite" in top["title"]
-    assert ".float()" in top["suggestions"][0]["python"]
+    # The loss code is read from autograd's graph: the log is named, and as the loss already
+    # ran in float32, casting the output to float is not offered.
+    assert "ToCopy, Softmax, Mul, Log, Mean, Neg (all float32)" in top["evidence"]
+    assert "clamp_min(1e-12).log()" in top["suggestions"][0]["python"]
+    assert not any(".float()" in s["python"] for s in top["suggestions"])
     assert [(rule, module) for rule, module in rules(rep, "error") if module] == []  # no layer blamed
     assert [k["step"] for k in rep["skipped_steps"]] == [3, 8, 13, 18]
     assert {k["forward_source"] for k in rep["skipped_steps"]} == {"loss"}
@@ -274,6 +278,9 @@ def test_a_sqrt_of_zero_in_the_loss_is_named_as_the_losss_backward_not_a_layer_t
     assert ("loss-backward", "") in rules(rep, "error")
     assert "overflow-origin" not in {f["rule"] for f in rep["findings"]}  # no layer to pin
     assert {k["forward_source"] for k in rep["skipped_steps"]} == {"loss-backward"}
+    backward = next(f for f in rep["findings"] if f["rule"] == "loss-backward")
+    assert ", Sqrt, " in backward["evidence"]  # the loss code, read from autograd's graph
+    assert backward["suggestions"][0]["summary"].startswith("sqrt()'s gradient at 0 is infinite")
 
 
 def test_the_epsilon_the_report_gives_trains_the_same_loop_healthy(tmp_path, verdict):
@@ -314,3 +321,50 @@ def test_a_nan_made_inside_the_models_backward_at_every_scale_points_to_that_bac
     origin = next(f for f in rep["findings"] if f["rule"] == "overflow-origin")
     assert origin["module"] == "enc" and "at every loss scale" in origin["title"]
     assert origin["suggestions"][0]["summary"].startswith("Look first at the backward of dist, enc")
+
+
+class Acoustic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.proj = nn.Conv1d(20, 64, 3, padding=1), nn.Linear(64, 30)
+
+    def forward(self, x):
+        return self.proj(torch.relu(self.conv(x)).transpose(1, 2))
+
+
+def speech(db, zero_infinity):
+    """A CTC acoustic model, the loss in float32; every third batch holds a transcript
+    longer than its audio, which no alignment fits: CTC's loss is Inf for it."""
+    torch.manual_seed(0)
+    ctc = nn.CTCLoss(blank=0, zero_infinity=zero_infinity)
+
+    def loss_of(step, model):
+        lengths = torch.randint(5, 20, (8,))
+        if step % 3 == 0:
+            lengths[0] = 60
+        with torch.autocast("cpu", dtype=torch.float16):
+            logits = model(torch.randn(8, 20, 50))
+        logp = logits.float().log_softmax(-1).transpose(0, 1)
+        return ctc(logp, torch.randint(1, 30, (int(lengths.sum()),)), torch.full((8,), 50), lengths)
+
+    train(db, Acoustic(), 15, loss_of)
+
+
+def test_an_infinite_ctc_loss_is_named_with_zero_infinity_and_not_with_an_fp32_loss(tmp_path, verdict):
+    db = tmp_path / "ctc.db"
+    speech(db, zero_infinity=False)
+    code, rep = verdict(db)
+    assert code == 1
+    top = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
+    assert "CtcLoss" in top["evidence"] and "(all float32)" in top["evidence"]
+    assert "zero_infinity=True" in top["suggestions"][0]["python"]
+    assert not any(".float()" in s["python"] for s in top["suggestions"])  # it already is float32
+    collapse = [f for f in rep["findings"] if f["rule"] == "scale-collapse"]
+    assert all("the loss code after the model's last module" in f["suggestions"][0]["summary"] for f in collapse)
+
+
+def test_zero_infinity_as_the_report_gives_it_trains_the_ctc_loop_healthy(tmp_path, verdict):
+    db = tmp_path / "ctc_zero_infinity.db"
+    speech(db, zero_infinity=True)
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rules(rep)

@@ -22,6 +22,7 @@ from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
 from ._amp_dtype import learn_amp_dtype
 from ._autopin import AutoPinner
+from ._loss_code import loss_code
 from ._forward import forward_hook, input_hook, output_hook, outside_compiled_graph
 from ._options import check_options, default_amp_dtype, trains_fp16_parameters
 from ._parameters import eps_rounding_to_zero, nonfinite_parameters
@@ -32,6 +33,8 @@ from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, engine_pla
                        nan_in_inputs, readable_view, sum_on)
 
 _ATTACHED = "_ampdiag_handle"
+# Loss-code looks per run: each walks the step's graph from the loss to the outputs.
+_LOSS_CODE_LOOKS = 8
 
 
 def _source(module: torch.nn.Module) -> str:
@@ -120,6 +123,9 @@ class AttachHandle:
         if optimizer is not None:
             self._optimizers.add(optimizer)
         self._parameters_nonfinite = False  # found once: every NaN/Inf after it is theirs, no replay
+        self._loss_code_looks = 0  # loss-code events written (see _look_at_loss_code)
+        self._output_nodes = []  # the grad_fn of the last training forward's outputs
+        self._loss_nodes = []    # the grad_fn of this cycle's losses
         self._python_ns = 0
         rank = _rank.known_rank()
         if rank is None:
@@ -294,6 +300,8 @@ class AttachHandle:
         self._last_nonfinite = False      # whether it held NaN/Inf
         self._bf16_found = False
         self._output_gradient_seen = False  # an output-gradient-nonfinite event in this cycle
+        self._loss_code_seen = False        # a loss-code look in this cycle
+        self._loss_nodes = []
 
     @property
     def _inert(self):
@@ -356,6 +364,7 @@ class AttachHandle:
         for root in _loss.tensors(roots):
             if root.grad_fn is not None:
                 root.grad_fn.register_prehook(self._backward_started)
+                self._loss_nodes.append(root.grad_fn)
 
     def _backward_started(self, grad_outputs):
         self._backward_seen = True
@@ -469,8 +478,10 @@ class AttachHandle:
             self._end_step_later(torch.stack([sum_on(on_device, losses), zero, zero, zero]), _ampdiag.OUTCOME_LOSS,
                                  losses, scale_before, scale_after, found_inf, skipped)
         else:
-            self._session.end_step(host_sum(losses), len(losses), scale_before, scale_after, found_inf, skipped,
-                                   self._python_ns)
+            loss = host_sum(losses)
+            if losses and not math.isfinite(loss):
+                self._look_at_loss_code()
+            self._session.end_step(loss, len(losses), scale_before, scale_after, found_inf, skipped, self._python_ns)
             self._step_ended()
         self._last_step_skipped = skipped
 
@@ -497,6 +508,7 @@ class AttachHandle:
         self._in_cycle = False
         self._live = False
         self._root_inputs = None  # the batch is the user's again
+        self._output_nodes, self._loss_nodes = [], []  # the step's graph is the user's to free
         if self._autopin is not None:
             self._autopin.pin()
 
@@ -561,7 +573,23 @@ class AttachHandle:
         dtype = str(grad.dtype).replace("torch.", "")
         self._session.event("output-gradient-nonfinite",
                             f"{dtype} {list(grad.shape)}: {nan} NaN, {inf} Inf of {grad.numel()} values")
+        self._look_at_loss_code()
         return None
+
+    def _look_at_loss_code(self):
+        """In a step whose loss, or the gradient reaching the model's output, went NaN/Inf
+        while no module's output did (nor the input, nor the parameters): event "loss-code",
+        the operations between the outputs and the loss (see _loss_code.py), for the
+        analyzer to name the one that makes NaN/Inf. A few per run: the loss code rarely
+        changes."""
+        if (self._loss_code_seen or self._loss_code_looks >= _LOSS_CODE_LOOKS or self._first_nonfinite is not None
+                or self._input_nan or self._parameters_nonfinite):
+            return
+        self._loss_code_seen = True
+        code = loss_code(self._loss_nodes, self._output_nodes)
+        if code is not None:
+            self._loss_code_looks += 1
+            self._session.event("loss-code", code)
 
     def _look_at_parameters(self):
         """Once in a step that went NaN/Inf with a finite input, until found: whether an

@@ -6,7 +6,7 @@ import weakref
 
 import torch
 
-from ._tensors import DTYPE_CODE, activation_elsewhere, first_float_tensor, foreign_copy
+from ._tensors import DTYPE_CODE, activation_elsewhere, first_float_tensor, float_tensors, foreign_copy
 
 # torch.compile traces a compiled model's module hooks into its graph. Ours read and set
 # the agent's state and call its extension, which Dynamo can neither put in a graph nor
@@ -65,6 +65,9 @@ def output_hook(handle, owner):
         tensor = output if isinstance(output, torch.Tensor) else first_float_tensor(output)
         if tensor is not None and tensor.requires_grad and tensor.is_cpu and tensor.is_floating_point():
             tensor.register_hook(handle._output_gradient)
+        # Where the loss code begins, should it go NaN/Inf (one forward's: an evaluation
+        # run with gradients on must not keep every graph alive).
+        handle._output_nodes = [t.grad_fn for t in float_tensors(output) if t.grad_fn is not None]
         return None
 
     return hook

@@ -10,6 +10,17 @@ import torch
 DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
+def float_tensors(value) -> list:
+    """Every floating-point tensor in an output (nested lists, tuples, dicts)."""
+    if isinstance(value, torch.Tensor):
+        return [value] if value.is_floating_point() else []
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in float_tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in float_tensors(v)]
+    return []
+
+
 def first_float_tensor(value):
     if isinstance(value, torch.Tensor):
         return value if value.is_floating_point() else None

@@ -34,6 +34,9 @@ struct Finding {
   // empty (no replay was made).
   std::string confirmation;
   std::vector<Suggestion> suggestions;
+  // How a symptom's fix names this finding's cause where no module holds it ("the loss
+  // code after the model's last module"); empty: the module, or the model's own forward().
+  std::string blame;
 };
 
 // Where a step's NaN/Inf came from in forward, as far as the run can tell (causes.h).

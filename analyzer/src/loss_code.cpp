@@ -1,0 +1,200 @@
+// The loss code's operations, and what each of them needs to stay finite.
+#include "loss_code.h"
+
+#include "suggestions.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <set>
+
+namespace ampdiag::analyzer::loss_code {
+
+namespace {
+
+bool half(const std::string& dtype) { return dtype == "float16" || dtype == "bfloat16"; }
+
+// What an operation does wrong at the values where it is NaN/Inf, in each phase: empty
+// where it is finite there in that phase. Only operations that make NaN/Inf from finite
+// values in any precision: the fp16 overflows of the others are fp32_loss()'s.
+struct Known {
+  std::vector<std::string> names;
+  Suggestion forward, backward;
+};
+
+const std::vector<Known>& known() {
+  static const std::vector<Known> table = {
+      {{"CtcLoss"},
+       {"CTCLoss is Inf for a sample whose target cannot be aligned with its input (a target longer than the input's "
+        "frames, counting a blank between repeated labels), in any precision: zero_infinity=True gives those samples "
+        "a zero loss and gradient, or drop them from the batch.",
+        "ctc = nn.CTCLoss(blank=0, zero_infinity=True)",
+        "torch::nn::CTCLoss ctc(torch::nn::CTCLossOptions().blank(0).zero_infinity(true));", ""},
+       {"CTCLoss's gradient is NaN for a sample whose target cannot be aligned with its input: zero_infinity=True "
+        "gives those samples a zero loss and gradient, or drop them from the batch.",
+        "ctc = nn.CTCLoss(blank=0, zero_infinity=True)",
+        "torch::nn::CTCLoss ctc(torch::nn::CTCLossOptions().blank(0).zero_infinity(true));", ""}},
+      {{"NllLoss", "NllLoss2d"},
+       {"nll_loss / cross_entropy with reduction='mean' is 0/0 = NaN when every target of the batch is ignore_index: "
+        "skip such batches, or sum and divide by the count of kept targets, at least 1.",
+        "loss = F.cross_entropy(logits, y, ignore_index=-100, reduction=\"sum\") / (y != -100).sum().clamp_min(1)",
+        "auto loss = torch::nn::functional::cross_entropy(logits, y, torch::nn::functional::CrossEntropyFuncOptions()"
+        ".ignore_index(-100).reduction(torch::kSum)) / (y != -100).sum().clamp_min(1);",
+        ""},
+       {}},
+      {{"Log", "Log2", "Log10"},
+       {"log() of 0 is -Inf, and of a negative number NaN: clamp its argument, or take log_softmax / logsigmoid "
+        "instead of the log of a softmax / sigmoid.",
+        "logp = p.clamp_min(1e-12).log()  # or F.log_softmax(logits, -1)",
+        "auto logp = p.clamp_min(1e-12).log();  // or torch::log_softmax(logits, -1)", ""},
+       {"log()'s gradient at 0 is infinite: clamp its argument, or take log_softmax / logsigmoid instead of the log "
+        "of a softmax / sigmoid.",
+        "logp = p.clamp_min(1e-12).log()  # or F.log_softmax(logits, -1)",
+        "auto logp = p.clamp_min(1e-12).log();  // or torch::log_softmax(logits, -1)", ""}},
+      {{"Sqrt", "Rsqrt"},
+       {"sqrt() of a negative number is NaN (rounding can leave a difference of squares just below 0): clamp its "
+        "argument at 0.",
+        "d = x.clamp_min(0).sqrt()", "auto d = x.clamp_min(0).sqrt();", ""},
+       {"sqrt()'s gradient at 0 is infinite (the distance from a point to itself): keep its argument above 0.",
+        "d = (x + 1e-12).sqrt()  # sqrt(0)'s gradient is infinite",
+        "auto d = (x + 1e-12).sqrt();  // sqrt(0)'s gradient is infinite", ""}},
+      {{"Acos", "Asin"},
+       {"acos() / asin() beyond [-1, 1] is NaN (rounding makes a cosine of 1.0000001): clamp the argument.",
+        "angle = torch.acos(cos.clamp(-1 + 1e-7, 1 - 1e-7))", "auto angle = torch::acos(cos.clamp(-1 + 1e-7, 1 - 1e-7));",
+        ""},
+       {"acos() / asin()'s gradient at -1 and 1 is infinite: clamp the argument inside the interval.",
+        "angle = torch.acos(cos.clamp(-1 + 1e-7, 1 - 1e-7))", "auto angle = torch::acos(cos.clamp(-1 + 1e-7, 1 - 1e-7));",
+        ""}},
+      {{"Div"},
+       {"A division by 0 (a count, a norm or a sum of weights that is 0 in some batch) is Inf or NaN: clamp the "
+        "denominator away from 0.",
+        "out = num / den.clamp_min(1e-12)", "auto out = num / den.clamp_min(1e-12);", ""},
+       {"a / b's gradient at b = 0 is infinite: clamp the denominator away from 0.", "out = num / den.clamp_min(1e-12)",
+        "auto out = num / den.clamp_min(1e-12);", ""}},
+      {{"Pow"},
+       {},
+       {"x ** p with p below 1 (x ** 0.5 is a square root) has an infinite gradient at x = 0: keep x above 0.",
+        "y = (x + 1e-12) ** p", "auto y = (x + 1e-12).pow(p);", ""}},
+      {{"Where"},
+       {},
+       {"torch.where() sends the gradient of the branch it does not select as 0 times that branch's own gradient: "
+        "Inf there (sqrt, log or a division at the values it masks) makes NaN. Make both branches finite everywhere: "
+        "clamp the argument before the operation, then select.",
+        "y = torch.where(x > 0, x.clamp_min(1e-12).sqrt(), 0.0)",
+        "auto y = torch::where(x > 0, x.clamp_min(1e-12).sqrt(), torch::zeros_like(x));", ""}},
+      {{"Exp"},
+       {"exp() overflows above 88.7 in float32 (11.1 in float16): subtract the maximum first (logsumexp), or clamp "
+        "its argument.",
+        "y = torch.logsumexp(x, dim=-1)  # not x.exp().sum(-1).log()", "auto y = torch::logsumexp(x, -1);", ""},
+       {}},
+  };
+  return table;
+}
+
+// Whether `op` can make NaN/Inf from finite values as `k` says. A power says its exponent
+// ("Pow(0.5)"): one of 1 or more is finite wherever its base is; without one, it may be
+// anything.
+bool matches(const Op& op, const Known& k) {
+  const std::size_t paren = op.name.find('(');
+  const std::string base = op.name.substr(0, paren);
+  if (std::find(k.names.begin(), k.names.end(), base) == k.names.end()) return false;
+  if (base != "Pow" || paren == std::string::npos) return true;
+  char* end = nullptr;
+  const double p = std::strtod(op.name.c_str() + paren + 1, &end);
+  return end == op.name.c_str() + paren + 1 || p < 1.0;
+}
+
+}  // namespace
+
+bool Code::any_half() const {
+  return std::any_of(ops.begin(), ops.end(), [](const Op& op) { return half(op.dtype); });
+}
+
+bool Code::all_full_precision() const {
+  return !ops.empty() &&
+         std::all_of(ops.begin(), ops.end(), [](const Op& op) { return op.dtype != "?" && !half(op.dtype); });
+}
+
+std::string Code::describe() const {
+  std::set<std::string> dtypes;
+  for (const auto& op : ops) dtypes.insert(op.dtype);
+  std::string out;
+  for (const auto& op : ops) {
+    if (!out.empty()) out += ", ";
+    out += op.name;
+    if (dtypes.size() > 1) out += " (" + op.dtype + ")";
+  }
+  if (dtypes.size() == 1 && *dtypes.begin() != "?") out += " (all " + *dtypes.begin() + ")";
+  return out;
+}
+
+std::vector<Op> parse(const std::string& detail) {
+  std::vector<Op> ops;
+  std::size_t start = 0;
+  while (start <= detail.size()) {
+    std::size_t end = detail.find(", ", start);
+    if (end == std::string::npos) end = detail.size();
+    const std::string item = detail.substr(start, end - start);
+    if (!item.empty()) {
+      const std::size_t colon = item.rfind(':');
+      ops.push_back(colon == std::string::npos || colon == 0 ? Op{item, "?"}
+                                                             : Op{item.substr(0, colon), item.substr(colon + 1)});
+      if (ops.back().dtype.empty()) ops.back().dtype = "?";
+    }
+    start = end + 2;
+  }
+  return ops;
+}
+
+Code at_steps(const Run& run, const std::vector<std::int64_t>& steps) {
+  Code code;
+  for (const auto& e : run.events) {
+    if (e.kind != "loss-code" || !std::binary_search(steps.begin(), steps.end(), e.step)) continue;
+    if (code.step >= 0 && e.step >= code.step) continue;
+    code.step = e.step;
+    code.ops = parse(e.detail);
+  }
+  return code;
+}
+
+std::vector<Fix> fixes(const Code& code, Phase phase) {
+  std::vector<Fix> out;
+  std::set<const Known*> given;
+  for (const auto& op : code.ops)
+    for (const auto& k : known()) {
+      if (!matches(op, k) || given.count(&k)) continue;
+      const Suggestion& s = phase == Phase::kForward ? k.forward : k.backward;
+      if (s.summary.empty()) continue;
+      given.insert(&k);
+      out.push_back({op.name, s});
+    }
+  return out;
+}
+
+std::string look_also(const std::vector<Fix>& found, const std::string& look) {
+  if (found.empty() || look.empty()) return look;
+  std::string others;
+  for (std::size_t i = 1; i < found.size(); ++i) others += (others.empty() ? "" : ", ") + found[i].op;
+  std::string lowered = look;
+  lowered[0] = char(std::tolower(static_cast<unsigned char>(lowered[0])));
+  return "Else, " + (others.empty() ? std::string() : "as " + others + " can make NaN/Inf too, ") + lowered;
+}
+
+std::vector<Suggestion> forward_suggestions(const Code& code, const std::string& look) {
+  const std::vector<Fix> found = fixes(code, Phase::kForward);
+  std::vector<Suggestion> out;
+  if (!found.empty()) out.push_back(found.front().suggestion);
+  const std::string rest = look_also(found, look);
+  if (code.all_full_precision()) {
+    // The loss already runs in FP32: computing it so cannot change what it makes.
+    out.push_back({rest + " The loss code ran in float32 here, so computing it in FP32 will not help.", "", "", ""});
+  } else if (found.empty()) {
+    out.push_back(suggest::fp32_loss(rest));
+  } else {
+    out.push_back({rest, "", "", ""});
+    out.push_back(suggest::fp32_loss("Where the loss code runs in half precision:"));
+  }
+  return out;
+}
+
+}  // namespace ampdiag::analyzer::loss_code

@@ -1,0 +1,64 @@
+// The loss code (event "loss-code", written by the Python agent in a step whose loss, or the
+// gradient reaching the model's output, went NaN/Inf while no module's output did): the
+// operations between the model's outputs and the loss, and the fixes for those of them
+// that make NaN/Inf from finite values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ampdiag/analyzer/findings.h"
+#include "ampdiag/analyzer/run.h"
+
+namespace ampdiag::analyzer::loss_code {
+
+struct Op {
+  std::string name;   // autograd's name without "Backward0": "CtcLoss", "Sqrt"
+  std::string dtype;  // the dtype it made in forward; "?" where torch did not say
+};
+
+struct Code {
+  std::int64_t step = -1;  // the step it was read in; -1: none was recorded
+  std::vector<Op> ops;     // in forward order, nearest the model's output first
+
+  bool empty() const { return ops.empty(); }
+  // Whether any operation made a float16 or bfloat16 tensor: the loss ran partly in half.
+  bool any_half() const;
+  // Whether every operation said its dtype and none was half: computing the loss in FP32
+  // cannot help it.
+  bool all_full_precision() const;
+  // "ToCopy, LogSoftmax, CtcLoss, Mean (all float32)" or "..., Sum (float16), ...".
+  std::string describe() const;
+};
+
+// "ToCopy:float32, CtcLoss:float32" -> ops; malformed items are kept by name, dtype "?".
+std::vector<Op> parse(const std::string& detail);
+
+// The loss code read at the first of `steps` (ascending) that has one; empty where none.
+Code at_steps(const Run& run, const std::vector<std::int64_t>& steps);
+
+// Whether the NaN/Inf is in the loss itself or only in its gradient.
+enum class Phase { kForward, kBackward };
+
+struct Fix {
+  std::string op;  // the operation's name, as in the code
+  Suggestion suggestion;
+};
+
+// One fix per operation in `code` known to make NaN/Inf from finite values in `phase` (a
+// CTC target that cannot be aligned, the gradient of sqrt at 0), in forward order: the
+// first is the likeliest origin (the ones after it may only carry its NaN/Inf on). Empty
+// where none is known.
+std::vector<Fix> fixes(const Code& code, Phase phase);
+
+// "Else, (Div can make NaN/Inf too) look at ..." after the first of `found`: `look` is what
+// else to look at, starting "Look at"; `look` itself where nothing was found.
+std::string look_also(const std::vector<Fix>& found, const std::string& look);
+
+// The fixes for a NaN/Inf loss made in the loss code: the first known operation's, then
+// `look`, then computing the loss in FP32 unless the loss code ran in float32 throughout
+// (`look` then says it will not help).
+std::vector<Suggestion> forward_suggestions(const Code& code, const std::string& look);
+
+}  // namespace ampdiag::analyzer::loss_code

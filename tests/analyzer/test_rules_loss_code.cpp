@@ -1,0 +1,156 @@
+// The loss code (event "loss-code": the operations between the model's output and the loss,
+// read from autograd's graph): the NaN/Inf findings made after the modules name the
+// operation that makes NaN/Inf from finite values and its fix, and offer an FP32 loss only
+// where the loss code ran in half precision (tests/scenarios/test_loss_diagnosis.py runs
+// the same cases as real torch loops).
+#include <catch2/catch.hpp>
+
+#include "../rundb/temp_dir.h"
+#include "ampdiag/analyzer/analyze.h"
+#include "rule_checks.h"
+#include "run_fixture.h"
+
+using namespace ampdiag;
+using namespace ampdiag::analyzer;
+using namespace ampdiag::test::rule_checks;
+using ampdiag::test::RunFixture;
+using ampdiag::test::TempDir;
+
+namespace {
+
+// A run whose loss is NaN at step 1 with every probed output finite, the agent having read
+// `code` then (no event if empty).
+Report nan_loss_run(const TempDir& dir, const std::string& code) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.activation("enc", false).step(65536, 65536);
+  if (!code.empty()) f.event("loss-code", code);
+  f.activation("enc", false).step(65536, 32768, 1000, {"head.weight"}, kNaN);
+  f.activation("enc", false).step(32768, 32768);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+// A run whose gradient reaching the model's output held NaN at every scale, the loss finite,
+// the agent having read `code` in each step.
+Report nan_loss_gradient_run(const TempDir& dir, const std::string& code) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < 24; ++i, scale /= 2)
+    f.event("output-gradient-nonfinite", "float32 [16, 32]: 512 NaN, 0 Inf of 512 values")
+        .event("loss-code", code)
+        .activation("enc", false)
+        .step(scale, scale / 2, 1000, {"head.weight", "b.weight"});
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+bool offers_fp32_loss(const Finding& f) {
+  for (const auto& s : f.suggestions)
+    if (s.python.find(".float()") != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("an Inf loss from CTCLoss in a float32 loss code gets zero_infinity and no FP32 loss", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "ToCopy:float32, LogSoftmax:float32, Transpose:float32, CtcLoss:float32, "
+                                     "Div:float32, Mean:float32");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->evidence,
+             Catch::Contains("(step 1): ToCopy, LogSoftmax, Transpose, CtcLoss, Div, Mean (all float32)"));
+  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("zero_infinity=True"));
+  CHECK_THAT(fw->suggestions.at(1).summary, Catch::StartsWith("Else, as Div can make NaN/Inf too, look at"));
+  CHECK_THAT(fw->suggestions.at(1).summary, Catch::Contains("computing it in FP32 will not help"));
+  CHECK_FALSE(offers_fp32_loss(*fw));
+}
+
+TEST_CASE("a loss code that ran partly in float16 keeps the FP32 loss after the operation's own fix", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "Softmax:float16, Log:float16, Neg:float16, Mean:float16");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->evidence, Catch::Contains("Softmax, Log, Neg, Mean (all float16)"));
+  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("clamp_min(1e-12).log()"));
+  CHECK(offers_fp32_loss(*fw));
+}
+
+TEST_CASE("a loss code with no operation known to make NaN/Inf keeps the generic look and the FP32 loss", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "Sum:float16, Mean:float32");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->evidence, Catch::Contains("Sum (float16), Mean (float32)"));
+  REQUIRE(fw->suggestions.size() == 1);
+  CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Look at the code after the model's last module"));
+  CHECK(offers_fp32_loss(*fw));
+}
+
+TEST_CASE("without a loss-code event the NaN loss finding is as before: look, and compute the loss in FP32", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->evidence, !Catch::Contains("the operations from the model's output"));
+  CHECK(offers_fp32_loss(*fw));
+}
+
+TEST_CASE("a loss code read in a step whose loss was not made after the modules is not used", "[rules][loss-code]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("loss-code", "CtcLoss:float32, Mean:float32").activation("enc", true).step(65536, 32768, 1000, {"a.weight"}, kNaN);
+  f.activation("enc", false).step(32768, 16384, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  bool loss_finding = false;
+  for (const auto& fw : r.findings)
+    if (fw.rule == "forward-nonfinite" && fw.module.empty()) {
+      loss_finding = true;
+      CHECK_THAT(fw.evidence, !Catch::Contains("CtcLoss"));
+    }
+  CHECK(loss_finding);
+}
+
+TEST_CASE("scale-collapse points to the loss code when the loss is made after the modules", "[rules][loss-code]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2)
+    f.event("loss-code", "CtcLoss:float32").activation("enc", false).step(scale, scale / 2, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding* collapse = find(r, "scale-collapse");
+  REQUIRE(collapse != nullptr);
+  CHECK(collapse->suggestions.front().summary ==
+        "Fix the NaN/Inf made in the loss code after the model's last module (see forward-nonfinite); the scale "
+        "recovers once it is gone.");
+}
+
+TEST_CASE("the gradient of sqrt at 0 is named in the loss's backward, past a harmless power of 2", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_gradient_run(dir, "Sub:float32, Pow(2):float32, Sum:float32, Sqrt:float32, Mean:float32");
+  const Finding* lb = find(r, "loss-backward");
+  REQUIRE(lb != nullptr);
+  CHECK_THAT(lb->evidence, Catch::Contains("Sub, Pow(2), Sum, Sqrt, Mean (all float32)"));
+  CHECK_THAT(lb->suggestions.front().summary, Catch::StartsWith("sqrt()'s gradient at 0 is infinite"));
+  CHECK_THAT(lb->suggestions.at(1).summary, Catch::StartsWith("Else, look at the code between"));
+}
+
+TEST_CASE("a power below 1 is named in the loss's backward", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_gradient_run(dir, "Sub:float32, Pow(0.5):float32, Mean:float32");
+  const Finding* lb = find(r, "loss-backward");
+  REQUIRE(lb != nullptr);
+  CHECK_THAT(lb->suggestions.front().summary, Catch::StartsWith("x ** p with p below 1"));
+}
+
+TEST_CASE("a loss code with unreadable items still names what it can", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "Odd, :float32, Log:, , Mean:float32");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->evidence, Catch::Contains("Odd (?), :float32 (?), Log (?), Mean (float32)"));
+  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("clamp_min(1e-12).log()"));
+  CHECK(offers_fp32_loss(*fw));  // dtypes unknown: FP32 is not ruled out
+}

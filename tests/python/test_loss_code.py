@@ -1,0 +1,111 @@
+"""The loss code: the operations between the model's outputs and the loss, read from
+autograd's graph ("Name:dtype", forward order, only what lies on a path from an output to
+the loss), and written as event "loss-code" in a step whose loss, or the gradient reaching
+the output, went NaN/Inf while no module's output did."""
+import sqlite3
+
+import torch
+from torch import nn
+
+import ampdiag
+from ampdiag._loss_code import loss_code
+
+
+def test_the_operations_from_the_output_to_the_loss_come_in_forward_order_with_their_dtypes():
+    x = torch.randn(4, 3, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = x @ torch.randn(3, 5)
+        loss = out.float().log_softmax(-1).mean()
+    assert loss_code([loss.grad_fn], [out.grad_fn]) == "ToCopy:float32, LogSoftmax:float32, Mean:float32"
+
+
+def test_an_operation_left_in_float16_says_so():
+    out = torch.randn(4, 3, requires_grad=True).half() * 2
+    loss = out.sum().float()
+    assert loss_code([loss.grad_fn], [out.grad_fn]) == "Sum:float16, ToCopy:float32"
+
+
+def test_a_regulariser_over_the_parameters_is_not_part_of_the_loss_code():
+    model = nn.Linear(3, 2)
+    out = model(torch.randn(4, 3))
+    loss = out.pow(2).mean() + sum(p.pow(2).sum() for p in model.parameters()) * 1e-4
+    assert loss_code([loss.grad_fn], [out.grad_fn]) == "Pow(2):float32, Mean:float32, Add:float32"
+
+
+def test_a_power_carries_its_exponent_and_a_sqrt_is_named():
+    out = torch.randn(4, 3, requires_grad=True) * 1
+    loss = (out ** 0.5).sqrt().sum()
+    assert loss_code([loss.grad_fn], [out.grad_fn]) == "Pow(0.5):float32, Sqrt:float32, Sum:float32"
+
+
+def test_a_loss_the_model_returns_itself_has_no_loss_code():
+    out = (torch.randn(4, 3, requires_grad=True) * 2).sum()
+    assert loss_code([out.grad_fn], [out.grad_fn]) is None
+
+
+def test_a_loss_that_does_not_reach_the_outputs_has_no_loss_code():
+    out = torch.randn(4, 3, requires_grad=True) * 2
+    other = (torch.randn(2, requires_grad=True) * 3).sum()
+    assert loss_code([other.grad_fn], [out.grad_fn]) is None
+
+
+def test_the_graph_is_read_after_backward_freed_its_tensors():
+    out = torch.randn(4, 3, requires_grad=True) * 1
+    loss = (out ** 0.5).sum()
+    loss.backward()
+    assert loss_code([loss.grad_fn], [out.grad_fn]) == "Pow(0.5):float32, Sum:float32"
+
+
+def loss_code_events(db):
+    with sqlite3.connect(db) as c:
+        return c.execute("SELECT step, detail FROM events WHERE kind = 'loss-code' ORDER BY id").fetchall()
+
+
+def train(db, loss_of, steps=4, first=None, inputs=torch.randn):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    if first is not None:
+        first(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for step in range(steps):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = model(inputs(6, 8))
+            scaler.scale(loss_of(step, out)).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+def test_the_agent_writes_the_loss_code_once_in_each_step_whose_loss_went_nan(tmp_path):
+    db = tmp_path / "run.db"
+    train(db, lambda step, out: -torch.log(out.float().softmax(-1) * (step != 2)).mean())
+    assert loss_code_events(db) == [(2, "ToCopy:float32, Softmax:float32, Mul:float32, Log:float32, Mean:float32, "
+                                        "Neg:float32")]
+
+
+def test_the_agent_writes_the_loss_code_when_the_losss_backward_made_nan(tmp_path):
+    db = tmp_path / "run.db"
+    train(db, lambda step, out: ((out.float()[:, None] - out.float()[None]) ** 2).sum(-1).sqrt().mean(), steps=1)
+    [(step, code)] = loss_code_events(db)
+    assert step == 0 and "Pow(2):float32, Sum:float32, Sqrt:float32, Mean:float32" in code
+
+
+def test_no_loss_code_is_read_where_a_module_made_the_nan(tmp_path):
+    db = tmp_path / "run.db"
+
+    def poison(model):  # the first layer's output overflows fp16: 8 inputs x 1e4 > 65504
+        with torch.no_grad():
+            model[0].weight.fill_(1e4)
+
+    train(db, lambda step, out: out.float().mean(), steps=2, first=poison, inputs=torch.ones)
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT COUNT(*) FROM steps WHERE skipped = 1").fetchone() == (2,)
+    assert loss_code_events(db) == []
+
+
+def test_a_healthy_run_reads_no_loss_code(tmp_path):
+    db = tmp_path / "run.db"
+    train(db, lambda step, out: out.float().pow(2).mean())
+    assert loss_code_events(db) == []
