@@ -259,6 +259,21 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
   }
 }
 
+// Where in `owner`'s own code (the model's: "") the NaN/Inf that `first_seen` received was
+// made: "between A and first_seen", A the module inside `owner` that finished just before
+// it in forward order (its output was finite, or it would have been first); "before
+// first_seen" where none inside `owner` did.
+std::string own_code_place(const Run& run, const std::string& owner, const std::string& first_seen) {
+  const ModuleSummary* seen = run.module_named(first_seen);
+  if (!seen) return "";
+  const std::int64_t before = seen->info.id - 1;
+  if (before >= 0) {
+    const std::string& path = run.modules[std::size_t(before)].info.path;
+    if (owner.empty() || path.rfind(owner + ".", 0) == 0) return "between " + path + " and " + first_seen;
+  }
+  return "before " + first_seen;
+}
+
 void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& out) {
   std::int64_t nonfinite_loss = 0, first_bad_loss = -1, known_losses = 0;
   for (const auto& s : run.steps) {
@@ -306,9 +321,11 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     f.confirmation = cause.confirmation;
     f.score = 95.0 * double(c.first) / double(std::max<std::int64_t>(1, with_module)) + (top ? 5.0 : 0.0);
     f.title = name + " is the first module whose output is NaN/Inf in forward";
+    const std::string where = cause.own_code ? own_code_place(run, path, cause.first_seen) : "";
     if (cause.own_code)
-      f.title = path.empty() ? "The first NaN/Inf in forward is made in the model's own forward(), outside its submodules"
-                             : path + " produces the first NaN/Inf in forward, in its own code";
+      f.title = (path.empty() ? "The first NaN/Inf in forward is made in the model's own forward(), outside its submodules"
+                              : path + " produces the first NaN/Inf in forward, in its own code") +
+                (where.empty() ? "" : ", " + where);
     f.evidence = "first non-finite output in forward order in " + std::to_string(c.first) + " of " +
                  plural(std::int64_t(run.steps.size()), "step") + ", from step " + std::to_string(c.first_step);
     if (known_losses > 0) f.evidence += "; the loss was NaN/Inf in " + plural(nonfinite_loss, "step");
@@ -352,8 +369,9 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     if (!path.empty()) {
       f.suggestions.push_back(suggest::pin_fp32(run, path));
     } else {
-      f.suggestions.push_back({"Look at the model's own forward() between its submodules: the NaN/Inf is made there, "
-                               "outside any module ampdiag hooks (wrap that code in a module to have it named).",
+      f.suggestions.push_back({"Look at the model's own forward() " + (where.empty() ? "between its submodules" : where) +
+                                   ": the NaN/Inf is made there, outside any module ampdiag hooks (an exp, a division "
+                                   "or a sum in fp16; wrap that code in a module to have it named).",
                                "", ""});
     }
     if (run.fp16()) f.suggestions.push_back(suggest::use_bf16(run));

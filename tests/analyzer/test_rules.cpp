@@ -287,10 +287,43 @@ TEST_CASE("a module whose FP32 replay is still NaN/Inf is never the pin: the par
   REQUIRE(fw != nullptr);
   CHECK(fw->module == "block");
   CHECK(fw->confirmation == "confirmed");
-  CHECK_THAT(fw->title, Catch::Contains("in its own code"));
+  CHECK_THAT(fw->title, Catch::EndsWith("in its own code, between block.conv2 and block.bn2"));
   for (const auto& finding : r.findings)
     for (const auto& s : finding.suggestions) CHECK_THAT(s.python, !Catch::Contains("block.bn2") && !Catch::Contains("bn2)"));
   CHECK(r.skipped.front().forward_module == "block");
+}
+
+TEST_CASE("the model's own code that made NaN/Inf is placed after the module that finished just before", "[rules][replay]") {
+  // A VAE's reparameterisation, exp(0.5 * logvar) in fp16, runs in the model's forward()
+  // between logvar and the decoder's first layer, which only receives its Inf.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"mu.weight", "logvar.weight", "dec.0.weight"});
+  f.replay("dec.0", "nonfinite").replay("dec", "nonfinite");
+  for (int i = 0; i < 4; ++i)
+    f.activation("mu", false).activation("logvar", false).activation("dec.0", true).activation("dec", true)
+        .step(65536, 32768, 1000, {"dec.0.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module.empty());
+  CHECK_THAT(fw->title, Catch::EndsWith("outside its submodules, between logvar and dec.0"));
+  CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Look at the model's own forward() between logvar and dec.0:"));
+}
+
+TEST_CASE("a module's own code that made NaN/Inf before its first child is placed before that child", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"stem.weight", "block.conv.weight"});
+  f.replay("block.conv", "nonfinite").replay("block", "finite");
+  for (int i = 0; i < 4; ++i)
+    f.activation("stem", false).activation("block.conv", true).activation("block", true)
+        .step(65536, 32768, 1000, {"block.conv.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module == "block");
+  CHECK_THAT(fw->title, Catch::EndsWith("in its own code, before block.conv"));
 }
 
 TEST_CASE("a replay that raised is unconfirmed and never escalates", "[rules][replay]") {

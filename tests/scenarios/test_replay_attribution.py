@@ -169,7 +169,7 @@ def test_a_nan_made_in_the_parents_own_code_names_the_parent_not_the_child(tmp_p
     first = rep["findings"][0]
     assert (code, first["rule"], first["module"], first["confirmation"]) == (1, "forward-nonfinite", "layer1",
                                                                              "confirmed")
-    assert "in its own code" in first["title"]
+    assert first["title"].endswith("in its own code, between layer1.conv2 and layer1.bn2")  # the `* 2e5`
     snippets = [s["python"] for f in rep["findings"] for s in f["suggestions"]]
     assert not any("bn2" in s for s in snippets)  # the replay disproved pinning bn2
     assert any("ampdiag.pin_fp32(model.layer1)" in s for s in snippets)
@@ -295,3 +295,29 @@ def test_an_fp16_overflow_after_a_mask_is_named_not_the_mask(tmp_path, verdict):
     top = rep["findings"][0]
     assert (top["rule"], top["module"], top["severity"]) == ("forward-nonfinite", "out", "error")
     assert rep["skipped_steps"][0]["forward_module"] == "out"
+
+
+class Vae(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc, self.mu, self.logvar = nn.Linear(32, 64), nn.Linear(64, 8), nn.Linear(64, 8)
+        self.dec = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 32))
+
+    def forward(self, x):
+        h = torch.relu(self.enc(x))
+        mu, logvar = self.mu(h), self.logvar(h)
+        return self.dec(mu + torch.exp(0.5 * logvar) * torch.randn_like(mu))  # exp(12.5) > 65504 in fp16
+
+
+def test_a_vaes_reparameterisation_overflowing_in_the_models_forward_is_placed_between_logvar_and_the_decoder(
+        tmp_path, verdict):
+    torch.manual_seed(0)
+    model = Vae()
+    with torch.no_grad():
+        model.logvar.bias.fill_(25.0)
+    db = tmp_path / "vae.db"
+    fp16_steps(model, db, lambda: torch.randn(16, 32), lambda out: out.pow(2).mean())
+    code, rep = verdict(db)
+    fw = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
+    assert (code, fw["severity"], fw["module"]) == (1, "error", "")
+    assert fw["title"].endswith("outside its submodules, between logvar and dec.0")
