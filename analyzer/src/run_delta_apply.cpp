@@ -129,9 +129,13 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   run.events = std::move(d.events);
   run.input_nan_steps.clear();
   run.output_gradient_steps.clear();
+  run.scaled_gradients_in_loss_from = -1;
   for (const auto& e : run.events) {
     if (e.kind == "input-nan") run.input_nan_steps.push_back(e.step);
     if (e.kind == "output-gradient-nonfinite") run.output_gradient_steps.push_back(e.step);
+    if (e.kind == "scaled-gradients-in-loss" &&
+        (run.scaled_gradients_in_loss_from < 0 || e.step < run.scaled_gradients_in_loss_from))
+      run.scaled_gradients_in_loss_from = std::max<std::int64_t>(e.step, 0);
   }
   std::sort(run.input_nan_steps.begin(), run.input_nan_steps.end());
   std::sort(run.output_gradient_steps.begin(), run.output_gradient_steps.end());

@@ -511,3 +511,35 @@ def test_a_validation_pass_between_steps_is_not_recorded_as_training(tmp_path, v
     assert rows(db, query) == rows(plain, query)
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
+
+
+def test_pytorchs_gradient_penalty_recipe_is_healthy_and_records_the_penalised_loss(tmp_path, verdict):
+    # torch.amp's documented recipe: the scaled loss's gradients through autograd.grad with
+    # create_graph=True, unscaled by hand, penalised. At 65536 they overflow fp16 and the
+    # penalty is Inf: the scaler's calibration, not a NaN the loss code makes.
+    db = tmp_path / "penalty.db"
+    torch.manual_seed(0)
+    model = Mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    seen = []
+    with ampdiag.attach(model, scaler, db=db):
+        for x, y in batches(20):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y * 100)
+            scaled = torch.autograd.grad(scaler.scale(loss), list(model.parameters()), create_graph=True)
+            with torch.autocast("cpu", dtype=torch.float16):
+                norm = torch.stack([(g / scaler.get_scale()).pow(2).sum() for g in scaled]).sum().sqrt()
+                total = loss + norm
+            scaler.scale(total).backward()
+            scaler.step(opt)
+            scaler.update()
+            seen.append(total.item())
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rules(rep)
+    assert not all(map(math.isfinite, seen))  # some penalties were Inf: the calibration
+    recorded = rows(db, "SELECT loss, losses FROM steps ORDER BY step")
+    assert [n for _, n in recorded] == [1] * 20
+    finite = [i for i, v in enumerate(seen) if math.isfinite(v)]
+    assert [recorded[i][0] for i in finite] == pytest.approx([seen[i] for i in finite])

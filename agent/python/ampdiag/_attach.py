@@ -126,6 +126,8 @@ class AttachHandle:
         self._loss_code_looks = 0  # loss-code events written (see _look_at_loss_code)
         self._output_nodes = []  # the grad_fn of the last training forward's outputs
         self._loss_nodes = []    # the grad_fn of this cycle's losses
+        self._scaled = []
+        self._has_scaler = scaler is not None
         self._python_ns = 0
         rank = _rank.known_rank()
         if rank is None:
@@ -168,6 +170,7 @@ class AttachHandle:
                 self._pinned.append(module)
             if scaler is not None:
                 wrap_scaler(self, scaler)
+                _loss.watch_grad(self)
             else:
                 self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
                 self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
@@ -218,6 +221,7 @@ class AttachHandle:
         self._closed = True
         self._live = False
         _loss.unwatch(self)
+        _loss.unwatch_grad(self)
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
@@ -302,6 +306,7 @@ class AttachHandle:
         self._output_gradient_seen = False  # an output-gradient-nonfinite event in this cycle
         self._loss_code_seen = False        # a loss-code look in this cycle
         self._loss_nodes = []
+        self._scaled = []  # (scaler.scale()'s output, its loss in _losses) in this cycle
 
     @property
     def _inert(self):
@@ -368,6 +373,22 @@ class AttachHandle:
 
     def _backward_started(self, grad_outputs):
         self._backward_seen = True
+        if torch.is_grad_enabled() and self._has_scaler:
+            # create_graph=True: the gradients of the scaled loss are differentiable, and a
+            # loss built from them (a gradient penalty) holds the scale: Inf where the scaled
+            # gradients overflow, which the scaler's skip answers like any overflow.
+            self._event("scaled-gradients-in-loss", "a backward with create_graph=True from scaler.scale()'s output: "
+                        "a loss built from its gradients depends on the loss scale")
+
+    def _gradients_taken(self, outputs):
+        """torch.autograd.grad() received `outputs`: a scaler.scale() output among them gives
+        its gradients back, and is not the step's loss."""
+        if self._inert or not self._scaled:
+            return
+        taken = [loss for t, loss in self._scaled if any(t is o for o in _loss.tensors(outputs))]
+        if taken:
+            self._losses = [loss for loss in self._losses if not any(loss is t for t in taken)]
+            self._scaled = [(t, loss) for t, loss in self._scaled if not any(loss is x for x in taken)]
 
     def _before_backward(self, roots):
         if self._inert:
@@ -508,7 +529,7 @@ class AttachHandle:
         self._in_cycle = False
         self._live = False
         self._root_inputs = None  # the batch is the user's again
-        self._output_nodes, self._loss_nodes = [], []  # the step's graph is the user's to free
+        self._output_nodes, self._loss_nodes, self._scaled = [], [], []  # the step's graph is the user's to free
         if self._autopin is not None:
             self._autopin.pin()
 

@@ -10,40 +10,66 @@ import weakref
 
 import torch
 
-_watchers = weakref.WeakSet()
-_original = None
+
+class _Wrapped:
+    """torch.autograd.NAME replaced by `make(original, watchers)`'s function while any
+    handle watches it, and given back when the last one stops."""
+
+    def __init__(self, name, make):
+        self.name, self.make = name, make
+        self.watchers = weakref.WeakSet()
+        self.original = self.wrapper = None
+
+    def watch(self, handle) -> None:
+        if self.original is None:
+            self.original = getattr(torch.autograd, self.name)
+            self.wrapper = self.make(self.original, self.watchers)
+            setattr(torch.autograd, self.name, self.wrapper)
+        self.watchers.add(handle)
+
+    def unwatch(self, handle) -> None:
+        self.watchers.discard(handle)
+        if not self.watchers and self.original is not None:
+            if getattr(torch.autograd, self.name) is self.wrapper:  # someone wrapped it after us: leave theirs
+                setattr(torch.autograd, self.name, self.original)
+            self.original = self.wrapper = None
 
 
-def _backward(tensors, *args, **kwargs):
-    if torch._C._current_graph_task_id() != -1:
-        # Called inside a backward (a reentrant checkpoint recomputing its block): part of
-        # the backward under way, whose roots are the loss.
-        return _original(tensors, *args, **kwargs)
-    watchers = list(_watchers)
-    for w in watchers:
-        w._before_backward(tensors)
-    try:
-        return _original(tensors, *args, **kwargs)
-    finally:
-        for w in watchers:
-            w._after_backward()
+def _backward_wrapper(original, watchers):
+    def backward(tensors, *args, **kwargs):
+        if torch._C._current_graph_task_id() != -1:
+            # Called inside a backward (a reentrant checkpoint recomputing its block): part
+            # of the backward under way, whose roots are the loss.
+            return original(tensors, *args, **kwargs)
+        watching = list(watchers)
+        for w in watching:
+            w._before_backward(tensors)
+        try:
+            return original(tensors, *args, **kwargs)
+        finally:
+            for w in watching:
+                w._after_backward()
+
+    return backward
 
 
-def watch(handle) -> None:
-    global _original
-    if _original is None:
-        _original = torch.autograd.backward
-        torch.autograd.backward = _backward
-    _watchers.add(handle)
+def _grad_wrapper(original, watchers):
+    def grad(outputs, *args, **kwargs):
+        if torch._C._current_graph_task_id() == -1:
+            for w in list(watchers):
+                w._gradients_taken(outputs)
+        return original(outputs, *args, **kwargs)
+
+    return grad
 
 
-def unwatch(handle) -> None:
-    global _original
-    _watchers.discard(handle)
-    if not _watchers and _original is not None:
-        if torch.autograd.backward is _backward:  # someone wrapped it after us: leave theirs in place
-            torch.autograd.backward = _original
-        _original = None
+_backward = _Wrapped("backward", _backward_wrapper)
+# torch.autograd.grad: a scaler.scale() output passed to it gives gradients back instead of
+# accumulating them (PyTorch's gradient-penalty recipe), so it is not the step's loss; the
+# loss is what backward() then receives.
+_grad = _Wrapped("grad", _grad_wrapper)
+watch, unwatch = _backward.watch, _backward.unwatch
+watch_grad, unwatch_grad = _grad.watch, _grad.unwatch
 
 
 def tensors(value) -> list:

@@ -22,8 +22,9 @@ def wrap_scaler(handle, scaler):
         return _unscale(handle, original_unscale, optimizer, inv_scale, found_inf, allow_fp16)
 
     def scale(outputs):
-        _scale(handle, outputs)
-        return original_scale(outputs)
+        scaled = original_scale(outputs)
+        _scale(handle, outputs, scaled)
+        return scaled
 
     def update(new_scale=None):
         checked = inf_checked(scaler)
@@ -52,13 +53,17 @@ def wrap_scaler(handle, scaler):
         handle._restore.append((scaler, name))
 
 
-def _scale(handle, outputs):
+def _scale(handle, outputs, scaled):
     if handle._inert:
         return
     t0 = time.perf_counter_ns()
     if not handle._begin_cycle():
         return
-    handle._losses.extend(_loss.scalar_losses(outputs))
+    for t, s in zip(_loss.tensors(outputs), _loss.tensors(scaled)):
+        if t.numel() == 1 and t.is_floating_point():
+            loss = t.detach()
+            handle._losses.append(loss)
+            handle._scaled.append((s, loss))  # to take back if its gradients are taken instead
     if any(t.dtype == torch.float16 for t in _loss.tensors(outputs)):
         # Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
         handle._event("half-loss", "scaler.scale() received a float16 loss")

@@ -116,6 +116,10 @@ struct Run {
   std::vector<rundb::EventRow> events;
   std::vector<std::int64_t> input_nan_steps;  // steps of the "input-nan" events, sorted
   std::vector<std::int64_t> output_gradient_steps;  // of the "output-gradient-nonfinite" events, sorted
+  // From this step on the loss was built from the scaled loss's own gradients (event
+  // "scaled-gradients-in-loss": a gradient penalty through torch.autograd.grad with
+  // create_graph=True), so it goes NaN/Inf where they overflow; -1: never.
+  std::int64_t scaled_gradients_in_loss_from = -1;
   // The first optimizer step whose update wrote NaN/Inf into the parameters, and every
   // NaN/Inf after it follows from that; -1: none known. Either the first step taken with
   // NaN/Inf gradients (no scaler skipped it), or, where the agent found NaN/Inf in the
