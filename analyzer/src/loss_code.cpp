@@ -115,6 +115,21 @@ bool Code::all_full_precision() const {
          std::all_of(ops.begin(), ops.end(), [](const Op& op) { return op.dtype != "?" && !half(op.dtype); });
 }
 
+std::string Code::float16_compute() const {
+  static const std::set<std::string> moves = {"View", "Reshape", "Permute", "Transpose", "T", "Unsqueeze", "Squeeze",
+                                              "Expand", "Select", "Slice", "Index", "Clone", "ToCopy", "Cat", "Stack",
+                                              "Split", "Unbind", "Contiguous", "AsStrided", "Alias"};
+  std::vector<std::string> names;
+  for (const auto& op : ops)
+    if (op.dtype == "float16" && !moves.count(op.name) &&
+        std::find(names.begin(), names.end(), op.name) == names.end())
+      names.push_back(op.name);
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < 4; ++i)
+    out += (i == 0 ? "" : i + 1 == std::min<std::size_t>(names.size(), 4) ? " and " : ", ") + names[i];
+  return out;
+}
+
 std::string Code::describe() const {
   std::set<std::string> dtypes;
   for (const auto& op : ops) dtypes.insert(op.dtype);
@@ -166,7 +181,7 @@ std::vector<Fix> fixes(const Code& code, Phase phase) {
       const Suggestion& s = phase == Phase::kForward ? k.forward : k.backward;
       if (s.summary.empty()) continue;
       given.insert(&k);
-      out.push_back({op.name, s});
+      out.push_back({op.name, op.dtype, s});
     }
   return out;
 }
@@ -183,14 +198,20 @@ std::string look_also(const std::vector<Fix>& found, const std::string& look) {
 std::vector<Suggestion> forward_suggestions(const Code& code, const std::string& look) {
   const std::vector<Fix> found = fixes(code, Phase::kForward);
   std::vector<Suggestion> out;
-  if (!found.empty()) out.push_back(found.front().suggestion);
   const std::string rest = look_also(found, look);
   if (code.all_full_precision()) {
     // The loss already runs in FP32: computing it so cannot change what it makes.
+    if (!found.empty()) out.push_back(found.front().suggestion);
     out.push_back({rest + " The loss code ran in float32 here, so computing it in FP32 will not help.", "", "", ""});
   } else if (found.empty()) {
     out.push_back(suggest::fp32_loss(rest));
+  } else if (found.front().dtype == "float16") {
+    out.push_back(suggest::fp32_loss(code.float16_compute() +
+                                     " ran in float16, whose range ends at 65504 and whose smallest value is 6e-8:"));
+    out.push_back(found.front().suggestion);
+    out.push_back({rest, "", "", ""});
   } else {
+    out.push_back(found.front().suggestion);
     out.push_back({rest, "", "", ""});
     out.push_back(suggest::fp32_loss("Where the loss code runs in half precision:"));
   }

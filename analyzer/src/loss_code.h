@@ -28,6 +28,9 @@ struct Code {
   // Whether every operation said its dtype and none was half: computing the loss in FP32
   // cannot help it.
   bool all_full_precision() const;
+  // The operations that computed in float16 ("Mm, Div"), not those that only move or
+  // view values (Permute, View, ToCopy); at most four.
+  std::string float16_compute() const;
   // "ToCopy, LogSoftmax, CtcLoss, Mean (all float32)" or "..., Sum (float16), ...".
   std::string describe() const;
 };
@@ -42,7 +45,8 @@ Code at_steps(const Run& run, const std::vector<std::int64_t>& steps);
 enum class Phase { kForward, kBackward };
 
 struct Fix {
-  std::string op;  // the operation's name, as in the code
+  std::string op;     // the operation's name, as in the code
+  std::string dtype;  // the dtype it ran in
   Suggestion suggestion;
 };
 
@@ -58,7 +62,9 @@ std::string look_also(const std::vector<Fix>& found, const std::string& look);
 
 // The fixes for a NaN/Inf loss made in the loss code: the first known operation's, then
 // `look`, then computing the loss in FP32 unless the loss code ran in float32 throughout
-// (`look` then says it will not help).
+// (`look` then says it will not help). Where that operation ran in float16, its NaN/Inf
+// may be fp16's range as well (a division by 0.07 overflows as surely as one by 0, a
+// probability below 6e-8 is 0 before its log): the FP32 loss comes first.
 std::vector<Suggestion> forward_suggestions(const Code& code, const std::string& look);
 
 }  // namespace ampdiag::analyzer::loss_code

@@ -125,11 +125,20 @@ Suggestion fp32_master_weights(const Run& run) {
 
 Suggestion fp32_loss(const std::string& why) {
   Suggestion s;
+  // Casting the output alone is not enough under autocast: it still runs the loss's
+  // matmuls (a contrastive loss's similarities) in fp16 whatever their inputs' dtype.
   s.summary = (why.empty() ? "" : why + " ") +
-              "Compute the loss in FP32: cast the model's output to float before the loss (autocast keeps the model's "
-              "own operations in fp16).";
-  s.python = "loss = loss_fn(model(x).float(), y)";
-  s.cpp = "auto loss = loss_fn(model->forward(x).to(torch::kFloat), y);";
+              "Compute the loss in FP32: cast the model's output to float and turn autocast off around the loss "
+              "(under autocast a matmul in the loss still runs in fp16).";
+  s.python =
+      "out = model(x)  # under autocast\n"
+      "with torch.autocast(device_type=out.device.type, enabled=False):\n"
+      "    loss = loss_fn(out.float(), y)";
+  s.cpp =
+      "auto out = model->forward(x);  // under autocast\n"
+      "at::autocast::set_autocast_enabled(out.device().type(), false);\n"
+      "auto loss = loss_fn(out.to(torch::kFloat), y);\n"
+      "at::autocast::set_autocast_enabled(out.device().type(), true);";
   return s;
 }
 

@@ -66,14 +66,34 @@ TEST_CASE("an Inf loss from CTCLoss in a float32 loss code gets zero_infinity an
   CHECK_FALSE(offers_fp32_loss(*fw));
 }
 
-TEST_CASE("a loss code that ran partly in float16 keeps the FP32 loss after the operation's own fix", "[rules][loss-code]") {
+TEST_CASE("a known operation that ran in float16 gets the FP32 loss first, then its own fix", "[rules][loss-code]") {
+  // A softmax's probability below fp16's smallest value is 0 before the log: FP32 may be all it takes.
   TempDir dir;
   const Report r = nan_loss_run(dir, "Softmax:float16, Log:float16, Neg:float16, Mean:float16");
   const Finding* fw = find(r, "forward-nonfinite");
   REQUIRE(fw != nullptr);
   CHECK_THAT(fw->evidence, Catch::Contains("Softmax, Log, Neg, Mean (all float16)"));
+  CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Softmax, Log, Neg and Mean ran in float16"));
+  CHECK_THAT(fw->suggestions.front().python, Catch::Contains(".float()"));
+  CHECK_THAT(fw->suggestions.at(1).python, Catch::Contains("clamp_min(1e-12).log()"));
+}
+
+TEST_CASE("a contrastive loss's float16 matmul is named with the division by its temperature", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "Permute:float16, Mm:float16, Div:float16, ToCopy:float32, LogSoftmax:float32, "
+                                     "NllLoss:float32");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Mm and Div ran in float16"));
+}
+
+TEST_CASE("a known operation that ran in float32 after a float16 one gets its own fix first", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "Sum:float16, ToCopy:float32, Log:float32, Mean:float32");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
   CHECK_THAT(fw->suggestions.front().python, Catch::Contains("clamp_min(1e-12).log()"));
-  CHECK(offers_fp32_loss(*fw));
+  CHECK(offers_fp32_loss(*fw));  // the float16 sum before it may still overflow
 }
 
 TEST_CASE("a loss code with no operation known to make NaN/Inf keeps the generic look and the FP32 loss", "[rules][loss-code]") {

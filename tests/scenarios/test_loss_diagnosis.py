@@ -368,3 +368,27 @@ def test_zero_infinity_as_the_report_gives_it_trains_the_ctc_loop_healthy(tmp_pa
     speech(db, zero_infinity=True)
     code, rep = verdict(db)
     assert (code, rep["healthy"]) == (0, True), rules(rep)
+
+
+def test_a_contrastive_losss_float16_similarities_get_the_fp32_loss_with_autocast_off_first(tmp_path, verdict):
+    # z_a @ z_b.T / 0.07 under autocast: the matmul runs in fp16 however its inputs are
+    # cast, and embeddings of norm ~300 make dot products beyond 65504.
+    db = tmp_path / "infonce.db"
+    torch.manual_seed(0)
+    encoder = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 64))
+    with torch.no_grad():
+        encoder[2].weight.mul_(30)
+
+    def loss_of(step, model):
+        x = torch.randn(64, 32)
+        with torch.autocast("cpu", dtype=torch.float16):
+            za, zb = model(x + 0.1 * torch.randn_like(x)), model(x + 0.1 * torch.randn_like(x))
+            return nn.functional.cross_entropy(za @ zb.T / 0.07, torch.arange(64))
+
+    train(db, encoder, 6, loss_of)
+    code, rep = verdict(db)
+    assert code == 1
+    top = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
+    assert "Mm (float16), Div (float16)" in top["evidence"]
+    assert top["suggestions"][0]["summary"].startswith("Mm and Div ran in float16")
+    assert "enabled=False" in top["suggestions"][0]["python"]
