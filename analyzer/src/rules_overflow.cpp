@@ -274,6 +274,32 @@ std::string own_code_place(const Run& run, const std::string& owner, const std::
   return "before " + first_seen;
 }
 
+// The module's buffers that held NaN when its FP32 replay made NaN from finite inputs
+// (event "buffers-nan", "PATH: running_var (1 of 8 values NaN)"): the part after "PATH: ";
+// empty where none did.
+std::string nan_buffers(const Run& run, const std::string& path) {
+  const std::string prefix = path + ": ";
+  for (const auto& e : run.events)
+    if (e.kind == "buffers-nan" && e.detail.rfind(prefix, 0) == 0) return e.detail.substr(prefix.size());
+  return "";
+}
+
+// Replacing them: a BatchNorm's running statistics are reset (and recomputed in train
+// mode); any other buffer is named for the user to restore.
+Suggestion buffers_fix(const Run&, const std::string& path, const std::string& buffers) {
+  const std::string name = path.empty() ? "the model" : path;
+  if (buffers.find("running_var") != std::string::npos || buffers.find("running_mean") != std::string::npos)
+    return {"Reset " + name + "'s running statistics, which a checkpoint saved after a NaN batch (or an earlier step's "
+                "NaN in train mode) left NaN: reset_running_stats(), then a few batches in train mode to recompute "
+                "them, or load a checkpoint from before; pinning it to FP32 cannot help.",
+            suggest::python_attribute(path) + ".reset_running_stats()",
+            "// the BatchNorm module at " + path + ":\nbn->reset_running_stats();", ""};
+  return {"Restore " + name + "'s buffers (" + buffers +
+              "): a checkpoint, or an earlier step's NaN, wrote NaN into them, and every output made from them is NaN; "
+              "pinning it to FP32 cannot help.",
+          "", "", ""};
+}
+
 void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& out) {
   std::int64_t nonfinite_loss = 0, first_bad_loss = -1, known_losses = 0;
   for (const auto& s : run.steps) {
@@ -357,11 +383,18 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
         continue;  // the next culprit, if any, is the top one
       }
       f.evidence += "; the loss was NaN/Inf in " + plural(hurt, "step") + " it started";
-      f.title = name + " makes NaN/Inf from finite inputs even in FP32: its code, not fp16's range";
-      f.suggestions.push_back({"Look at " + name + "'s code: from finite inputs it returns NaN/Inf in FP32 too (a log or a "
-                               "division by 0, an exp beyond float32, an inf fill, a softmax over a row whose every "
-                               "entry is masked: an empty sequence in a padding mask); pinning it to FP32 cannot help.",
-                               "", ""});
+      f.blame = name;  // what a symptom's fix points to: no overflow
+      if (const std::string buffers = nan_buffers(run, path); !buffers.empty()) {
+        f.title = name + " makes NaN from finite inputs because its buffers hold NaN, not its code or fp16's range";
+        f.evidence += "; when its FP32 replay ran, its buffers held NaN: " + buffers;
+        f.suggestions.push_back(buffers_fix(run, path, buffers));
+      } else {
+        f.title = name + " makes NaN/Inf from finite inputs even in FP32: its code, not fp16's range";
+        f.suggestions.push_back({"Look at " + name + "'s code: from finite inputs it returns NaN/Inf in FP32 too (a log or "
+                                 "a division by 0, an exp beyond float32, an inf fill, a softmax over a row whose every "
+                                 "entry is masked: an empty sequence in a padding mask); pinning it to FP32 cannot help.",
+                                 "", ""});
+      }
       out.push_back(f);
       top = false;
       continue;

@@ -1,9 +1,10 @@
-"""Which parameters count as holding NaN/Inf when a step goes NaN/Inf, and which optimizer
-eps is 0 in the parameters' dtype (the agent's evidence for nonfinite-update)."""
+"""Which parameters count as holding NaN/Inf when a step goes NaN/Inf, which optimizer eps
+is 0 in the parameters' dtype (the agent's evidence for nonfinite-update), and which of a
+module's buffers hold NaN where its FP32 replay made NaN from finite inputs."""
 import torch
 from torch import nn
 
-from ampdiag._parameters import eps_rounding_to_zero, nonfinite_parameters
+from ampdiag._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
 
 
 def test_a_trainable_parameter_holding_inf_is_named_with_the_count():
@@ -38,3 +39,23 @@ def test_adams_default_eps_is_zero_in_float16_and_not_in_bfloat16():
 def test_an_eps_float16_holds_and_an_optimizer_without_eps_say_nothing():
     p = nn.Parameter(torch.zeros(2, dtype=torch.float16))
     assert eps_rounding_to_zero([torch.optim.Adam([p], eps=1e-4), torch.optim.SGD([p], lr=0.1)]) is None
+
+
+def test_a_batchnorms_nan_running_variance_is_named_with_its_count():
+    bn = nn.BatchNorm2d(8)
+    bn.running_var[3] = float("nan")
+    assert nan_buffers("backbone.1", bn) == "backbone.1: running_var (1 of 8 values NaN)"
+
+
+def test_a_minus_inf_mask_buffer_is_by_design_and_a_clean_module_has_none():
+    attn = nn.Module()
+    attn.register_buffer("mask", torch.full((4, 4), float("-inf")).triu(1))
+    assert nan_buffers("attn", attn) is None
+    assert nan_buffers("bn", nn.BatchNorm1d(4)) is None
+
+
+def test_a_submodules_buffers_are_its_own_to_name():
+    block = nn.Sequential(nn.BatchNorm1d(4))
+    block[0].running_mean[0] = float("nan")
+    assert nan_buffers("block", block) is None
+    assert nan_buffers("block.0", block[0]) == "block.0: running_mean (1 of 4 values NaN)"

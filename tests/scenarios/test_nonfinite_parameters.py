@@ -112,3 +112,56 @@ def test_an_fp16_overflow_the_scaler_skips_leaves_the_parameters_finite_and_unsu
     assert rows(db, "SELECT module, outcome FROM replays") == [("b", "finite")]  # the overflow is still confirmed
     _, rep = verdict(db)
     assert {f["rule"] for f in rep["findings"]}.isdisjoint({"nonfinite-update", "nonfinite-parameters"})
+
+
+class Detector(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.backbone(x).mean((2, 3)))
+
+
+def train_frozen_batchnorm(db, nan_statistics, reset):
+    """A detection-style loop: the backbone's BatchNorm frozen in eval mode, its running
+    statistics loaded from a checkpoint saved after a NaN batch."""
+    torch.manual_seed(0)
+    model = Detector()
+    if nan_statistics:
+        model.backbone[1].running_var[3] = float("nan")
+    if reset:
+        model.backbone[1].reset_running_stats()  # the report's fix
+    model.backbone.eval()
+    opt = torch.optim.SGD(model.head.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(10):  # the scale halves down to 64, below the floor
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = model(torch.randn(4, 3, 16, 16)).float()
+            scaler.scale(nn.functional.cross_entropy(out, torch.randint(0, 4, (4,)))).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+def test_a_frozen_batchnorms_nan_running_variance_is_named_with_its_reset_not_its_code(tmp_path, verdict):
+    db = tmp_path / "frozen_bn.db"
+    train_frozen_batchnorm(db, nan_statistics=True, reset=False)
+    code, rep = verdict(db)
+    assert code == 1
+    top = rep["findings"][0]
+    assert (top["rule"], top["module"]) == ("forward-nonfinite", "backbone.1")
+    assert "because its buffers hold NaN" in top["title"]
+    assert "running_var (1 of 8 values NaN)" in top["evidence"]
+    assert top["suggestions"][0]["python"] == "model.backbone[1].reset_running_stats()"
+    collapse = next(f for f in rep["findings"] if f["rule"] == "scale-collapse")
+    assert collapse["suggestions"][0]["summary"].startswith("Fix the NaN/Inf made in backbone.1")
+
+
+def test_resetting_the_running_statistics_as_the_report_says_trains_healthy(tmp_path, verdict):
+    db = tmp_path / "frozen_bn_reset.db"
+    train_frozen_batchnorm(db, nan_statistics=True, reset=True)
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rules(rep)

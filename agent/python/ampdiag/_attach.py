@@ -25,7 +25,7 @@ from ._autopin import AutoPinner
 from ._loss_code import loss_code
 from ._forward import forward_hook, input_hook, output_hook, outside_compiled_graph
 from ._options import check_options, default_amp_dtype, trains_fp16_parameters
-from ._parameters import eps_rounding_to_zero, nonfinite_parameters
+from ._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
 from ._replay import FINITE, INTRINSIC, NONFINITE, Replayer
 from ._scaler import wrap_scaler
 from ._updates import UpdateProbe, holds_half_parameters
@@ -572,6 +572,9 @@ class AttachHandle:
             # It makes NaN/Inf from finite inputs in FP32 too (a -inf mask): no fp16 cause to
             # find above it, and the next module to go NaN/Inf in this step is looked at.
             self._first_nonfinite = None
+            buffers = nan_buffers(path, module)
+            if buffers is not None:
+                self._event("buffers-nan", buffers)
         if verdict == FINITE and self._autopin is not None:
             self._autopin.confirmed(path, module)
 

@@ -7,6 +7,11 @@ goes NaN/Inf and whose input held none, the agent looks at the parameters: one p
 them, on such steps only, until it finds some. It then names an optimizer setting that
 rounds to zero in the parameters' dtype, the usual way an update makes NaN from finite
 gradients: Adam's eps=1e-8 is 0 in float16, so an element whose gradient is 0 gets 0/0.
+
+A module's buffers are looked at where its FP32 replay made NaN from finite inputs: a
+frozen BatchNorm's running variance that a checkpoint (or an earlier NaN batch) left NaN
+makes every output NaN in any precision, and its code is not to blame. NaN only: an -inf
+buffer is a mask, by design.
 """
 import torch
 
@@ -48,3 +53,20 @@ def eps_rounding_to_zero(optimizers) -> "str | None":
                 if torch.tensor(eps, dtype=dtype).item() == 0.0:
                     return f"{type(optimizer).__name__} eps={eps:g} is 0 in {str(dtype).replace('torch.', '')}"
     return None
+
+
+def nan_buffers(path, module) -> "str | None":
+    """'backbone.1: running_var (1 of 8 values NaN)' for the module's own floating-point
+    buffers that hold NaN (a submodule's are its own to name, as it goes NaN first); None
+    when none does."""
+    found = []
+    with torch.no_grad():
+        for name, b in module.named_buffers(recurse=False):
+            if b.is_floating_point():
+                nan = int(torch.isnan(b).sum())
+                if nan:
+                    found.append(f"{name} ({nan} of {b.numel()} values NaN)")
+    if not found:
+        return None
+    listed = ", ".join(found[:_LISTED]) + (f" (+{len(found) - _LISTED} more)" if len(found) > _LISTED else "")
+    return f"{path}: {listed}"

@@ -34,8 +34,10 @@ struct Finding {
   // empty (no replay was made).
   std::string confirmation;
   std::vector<Suggestion> suggestions;
-  // How a symptom's fix names this finding's cause where no module holds it ("the loss
-  // code after the model's last module"); empty: the module, or the model's own forward().
+  // How a symptom's fix names this finding's cause where it is no overflow ("Fix the
+  // NaN/Inf made in ..."): a module that makes NaN from finite inputs in FP32, the loss
+  // code after the model's last module. Empty: an overflow, in the module or the model's
+  // own forward().
   std::string blame;
 };
 
