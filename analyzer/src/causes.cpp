@@ -108,9 +108,7 @@ StepCause step_cause(const Run& run, const StepSummary& step) {
   // A loss built from the scaled loss's gradients (a gradient penalty) holds the scale: at a
   // scale that enlarges them, its NaN/Inf is their overflow, the scaler's to answer, not
   // the loss code's. Below that it is the loss code's again.
-  if ((c.forward == ForwardSource::kLoss || c.forward == ForwardSource::kLossBackward) &&
-      run.scaled_gradients_in_loss_from >= 0 && step.row.step >= run.scaled_gradients_in_loss_from &&
-      step.row.scale_before > 1.0)
+  if ((c.forward == ForwardSource::kLoss || c.forward == ForwardSource::kLossBackward) && run.loss_holds_scale(step.row))
     c.forward = ForwardSource::kNone;
   if (!step.nonfinite_layers.empty()) c.first_gradient = run.layers[std::size_t(step.nonfinite_layers.front())].info.name;
   return c;

@@ -76,7 +76,8 @@ std::vector<StepFacts> facts_of(const Run& run, WhatIf& w) {
   for (const auto& step : run.steps) {
     StepFacts f;
     f.scale = step.row.scale_before;
-    const bool loss_nonfinite = run.loss_nonfinite(step.row);
+    // A loss made of the scaled gradients (a gradient penalty) overflows with them.
+    const bool loss_nonfinite = run.loss_nonfinite(step.row) && !run.loss_holds_scale(step.row);
     const bool overflowed = step.row.found_inf || step.row.skipped;
     if (overflowed && (loss_nonfinite || step_cause(run, step).forward != ForwardSource::kNone)) {
       f.kind = Known::kOverflow;

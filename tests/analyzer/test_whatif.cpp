@@ -235,6 +235,23 @@ TEST_CASE("skips made by the loss's backward are skipped at any scale, not count
   CHECK(recorded.censored == 0);
 }
 
+TEST_CASE("a gradient penalty's NaN/Inf loss above a scale of 1 is an overflow a lower scale avoids", "[whatif]") {
+  // The loss is built from the scaled loss's gradients: it overflows with them.
+  TempDir dir;
+  {
+    RunFixture f(dir.file("a.db"), {"w"});
+    f.event("scaled-gradients-in-loss", "a backward with create_graph=True from scaler.scale()'s output");
+    double scale = 65536;
+    for (int t = 0; t < 3; ++t, scale /= 2) f.step(scale, scale / 2, 1.0, {"w"}, std::nan(""));
+    for (int t = 0; t < 5; ++t) f.step(scale, scale, 0.01 * scale);
+    f.finish();
+  }
+  const auto run = analyzer::load_run(dir.file("a.db"));
+  const auto recorded = analyzer::what_if(run, analyzer::recorded_config(run));
+  CHECK(recorded.always_skipped == 0);
+  CHECK(recorded.censored == 3);
+}
+
 TEST_CASE("with histograms the share of values a lower scale flushes to zero is predicted", "[whatif]") {
   TempDir dir;
   const auto path = dir.file("a.db");

@@ -150,6 +150,12 @@ struct Run {
   bool loss_known(const rundb::StepRow& row) const;
   // A recorded loss that was NaN/Inf.
   bool loss_nonfinite(const rundb::StepRow& row) const;
+  // Whether the step's loss was built from its scaled loss's gradients (a gradient penalty)
+  // at a scale above 1, which enlarges them: its NaN/Inf is then their overflow, which a
+  // lower scale avoids, not a NaN the loss code makes at any scale.
+  bool loss_holds_scale(const rundb::StepRow& row) const {
+    return scaled_gradients_in_loss_from >= 0 && row.step >= scaled_gradients_in_loss_from && row.scale_before > 1.0;
+  }
   // The first event of that kind, nullptr if none.
   const rundb::EventRow* first_event(const std::string& kind) const;
   // Whether the model's input held NaN in the step (the agent looked: an output was NaN/Inf).
