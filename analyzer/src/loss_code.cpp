@@ -172,6 +172,23 @@ Code at_steps(const Run& run, const std::vector<std::int64_t>& steps) {
   return code;
 }
 
+NonfiniteInput nonfinite_input_at(const Run& run, const std::vector<std::int64_t>& steps) {
+  NonfiniteInput in;
+  for (const auto& e : run.events) {
+    if (!std::binary_search(steps.begin(), steps.end(), e.step)) continue;
+    if (e.kind == "loss-code") ++in.looked;
+    if (e.kind != "loss-input-nonfinite") continue;
+    ++in.seen;
+    if (in.step >= 0 && e.step >= in.step) continue;
+    const std::size_t space = e.detail.find(' '), colon = e.detail.find(": ");
+    in.step = e.step;
+    in.op = e.detail.substr(0, std::min(space, colon));
+    in.argument = space < colon && colon != std::string::npos ? e.detail.substr(space + 1, colon - space - 1) : "input";
+    in.counts = colon == std::string::npos ? "" : e.detail.substr(colon + 2);
+  }
+  return in;
+}
+
 std::vector<Fix> fixes(const Code& code, Phase phase) {
   std::vector<Fix> out;
   std::set<const Known*> given;

@@ -41,6 +41,18 @@ std::vector<Op> parse(const std::string& detail);
 // The loss code read at the first of `steps` (ascending) that has one; empty where none.
 Code at_steps(const Run& run, const std::vector<std::int64_t>& steps);
 
+// A tensor the loss code was given that held NaN/Inf before backward (event
+// "loss-input-nonfinite", "MseLoss target: 1 NaN, 0 Inf of 32 values"): a target, a mask,
+// another model's output, nothing this model's modules or the loss code made.
+struct NonfiniteInput {
+  std::int64_t step = -1;   // the first step it was seen in; -1: none
+  std::string op, argument; // "MseLoss", "target"
+  std::string counts;       // "1 NaN, 0 Inf of 32 values"
+  std::int64_t seen = 0;    // steps of `steps` it was seen in
+  std::int64_t looked = 0;  // steps of `steps` whose loss code was read
+};
+NonfiniteInput nonfinite_input_at(const Run& run, const std::vector<std::int64_t>& steps);
+
 // Whether the NaN/Inf is in the loss itself or only in its gradient.
 enum class Phase { kForward, kBackward };
 

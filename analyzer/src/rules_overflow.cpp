@@ -100,6 +100,25 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
       "Look at the code after the model's last module: the loss, and the model's own forward() after its last "
       "submodule. Keep log() and divisions away from 0 (a mean over no element, as when every label is "
       "ignore_index, is 0/0); a sum, pow or exp in fp16 overflows above 65504.");
+  // A target (or another model's output) the loss was given already held NaN/Inf.
+  if (const loss_code::NonfiniteInput in = loss_code::nonfinite_input_at(run, steps); in.seen > 0) {
+    const std::string what = in.op + "'s " + in.argument;
+    if (in.seen == in.looked)
+      f.title = "The loss is NaN/Inf because " + what + " already held NaN/Inf: not the model, the loss code or fp16";
+    f.evidence += "; before backward, the " + in.argument + " given to " + in.op + " held NaN/Inf in " +
+                  std::to_string(in.seen) + " of the " + plural(in.looked, "step") + " whose loss code was read (step " +
+                  std::to_string(in.step) + ": " + in.counts + ")";
+    f.blame = what;
+    f.suggestions.insert(
+        f.suggestions.begin(),
+        {"Find where " + what + " gets NaN/Inf before the loss: a missing value in the dataset (drop or mask such "
+             "samples), or another model's output (a teacher, an encoder run under no_grad) that went NaN/Inf; "
+             "pinning this model's modules or computing the loss in FP32 cannot help.",
+         "keep = torch.isfinite(y).all(-1)  # or fix the data: assert torch.isfinite(y).all()\n"
+         "loss = loss_fn(out[keep], y[keep])",
+         "auto keep = torch::isfinite(y).all(-1);\nauto loss = loss_fn(out.index({keep}), y.index({keep}));", ""});
+    if (in.seen == in.looked) f.suggestions.resize(1);  // nothing else is to blame
+  }
   return f;
 }
 

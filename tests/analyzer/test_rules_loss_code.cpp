@@ -174,3 +174,43 @@ TEST_CASE("a loss code with unreadable items still names what it can", "[rules][
   CHECK_THAT(fw->suggestions.front().python, Catch::Contains("clamp_min(1e-12).log()"));
   CHECK(offers_fp32_loss(*fw));  // dtypes unknown: FP32 is not ruled out
 }
+
+TEST_CASE("a loss whose target held NaN before backward is the data's, with the masking fix alone", "[rules][loss-code]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.activation("enc", false).step(65536, 65536);
+  f.event("loss-code", "ToCopy:float32, MseLoss:float32")
+      .event("loss-input-nonfinite", "MseLoss target: 1 NaN, 0 Inf of 32 values")
+      .activation("enc", false)
+      .step(65536, 32768, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->title == "The loss is NaN/Inf because MseLoss's target already held NaN/Inf: not the model, the loss code or fp16");
+  CHECK_THAT(fw->evidence, Catch::EndsWith("held NaN/Inf in 1 of the 1 step whose loss code was read (step 1: 1 NaN, 0 "
+                                           "Inf of 32 values)"));
+  REQUIRE(fw->suggestions.size() == 1);
+  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("keep = torch.isfinite(y)"));
+}
+
+TEST_CASE("a target held NaN in some of the steps looked at: its fix leads and the loss code's stay", "[rules][loss-code]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("loss-code", "ToCopy:float32, Log:float32, Mean:float32")
+      .activation("enc", false)
+      .step(65536, 32768, 1000, {"head.weight"}, kNaN);
+  f.event("loss-code", "ToCopy:float32, Log:float32, Mean:float32")
+      .event("loss-input-nonfinite", "Mul other: 2 NaN, 0 Inf of 8 values")
+      .activation("enc", false)
+      .step(32768, 16384, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->title, Catch::StartsWith("The loss is NaN/Inf while every probed module's output is finite"));
+  CHECK_THAT(fw->evidence, Catch::Contains("the other given to Mul held NaN/Inf in 1 of the 2 steps"));
+  REQUIRE(fw->suggestions.size() > 1);
+  CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Find where Mul's other gets NaN/Inf"));
+  CHECK_THAT(fw->suggestions.at(1).python, Catch::Contains("clamp_min(1e-12).log()"));
+}

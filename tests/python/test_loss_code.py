@@ -1,14 +1,15 @@
 """The loss code: the operations between the model's outputs and the loss, read from
 autograd's graph ("Name:dtype", forward order, only what lies on a path from an output to
 the loss), and written as event "loss-code" in a step whose loss, or the gradient reaching
-the output, went NaN/Inf while no module's output did."""
+the output, went NaN/Inf while no module's output did; before backward, what the loss was
+given (a target) is looked at too (event "loss-input-nonfinite")."""
 import sqlite3
 
 import torch
 from torch import nn
 
 import ampdiag
-from ampdiag._loss_code import loss_code
+from ampdiag._loss_code import loss_code, nonfinite_constants, path_nodes
 
 
 def test_the_operations_from_the_output_to_the_loss_come_in_forward_order_with_their_dtypes():
@@ -16,44 +17,44 @@ def test_the_operations_from_the_output_to_the_loss_come_in_forward_order_with_t
     with torch.autocast("cpu", dtype=torch.float16):
         out = x @ torch.randn(3, 5)
         loss = out.float().log_softmax(-1).mean()
-    assert loss_code([loss.grad_fn], [out.grad_fn]) == "ToCopy:float32, LogSoftmax:float32, Mean:float32"
+    assert loss_code(path_nodes([loss.grad_fn], [out.grad_fn])) == "ToCopy:float32, LogSoftmax:float32, Mean:float32"
 
 
 def test_an_operation_left_in_float16_says_so():
     out = torch.randn(4, 3, requires_grad=True).half() * 2
     loss = out.sum().float()
-    assert loss_code([loss.grad_fn], [out.grad_fn]) == "Sum:float16, ToCopy:float32"
+    assert loss_code(path_nodes([loss.grad_fn], [out.grad_fn])) == "Sum:float16, ToCopy:float32"
 
 
 def test_a_regulariser_over_the_parameters_is_not_part_of_the_loss_code():
     model = nn.Linear(3, 2)
     out = model(torch.randn(4, 3))
     loss = out.pow(2).mean() + sum(p.pow(2).sum() for p in model.parameters()) * 1e-4
-    assert loss_code([loss.grad_fn], [out.grad_fn]) == "Pow(2):float32, Mean:float32, Add:float32"
+    assert loss_code(path_nodes([loss.grad_fn], [out.grad_fn])) == "Pow(2):float32, Mean:float32, Add:float32"
 
 
 def test_a_power_carries_its_exponent_and_a_sqrt_is_named():
     out = torch.randn(4, 3, requires_grad=True) * 1
     loss = (out ** 0.5).sqrt().sum()
-    assert loss_code([loss.grad_fn], [out.grad_fn]) == "Pow(0.5):float32, Sqrt:float32, Sum:float32"
+    assert loss_code(path_nodes([loss.grad_fn], [out.grad_fn])) == "Pow(0.5):float32, Sqrt:float32, Sum:float32"
 
 
 def test_a_loss_the_model_returns_itself_has_no_loss_code():
     out = (torch.randn(4, 3, requires_grad=True) * 2).sum()
-    assert loss_code([out.grad_fn], [out.grad_fn]) is None
+    assert loss_code(path_nodes([out.grad_fn], [out.grad_fn])) is None
 
 
 def test_a_loss_that_does_not_reach_the_outputs_has_no_loss_code():
     out = torch.randn(4, 3, requires_grad=True) * 2
     other = (torch.randn(2, requires_grad=True) * 3).sum()
-    assert loss_code([other.grad_fn], [out.grad_fn]) is None
+    assert loss_code(path_nodes([other.grad_fn], [out.grad_fn])) is None
 
 
 def test_the_graph_is_read_after_backward_freed_its_tensors():
     out = torch.randn(4, 3, requires_grad=True) * 1
     loss = (out ** 0.5).sum()
     loss.backward()
-    assert loss_code([loss.grad_fn], [out.grad_fn]) == "Pow(0.5):float32, Sum:float32"
+    assert loss_code(path_nodes([loss.grad_fn], [out.grad_fn])) == "Pow(0.5):float32, Sum:float32"
 
 
 def loss_code_events(db):
@@ -109,3 +110,49 @@ def test_a_healthy_run_reads_no_loss_code(tmp_path):
     db = tmp_path / "run.db"
     train(db, lambda step, out: out.float().pow(2).mean())
     assert loss_code_events(db) == []
+
+
+def test_a_nan_target_the_loss_saved_is_named_with_its_counts():
+    out = torch.randn(4, 1, requires_grad=True) * 1
+    target = torch.ones(4, 1)
+    target[2] = float("nan")
+    loss = nn.functional.mse_loss(out, target)
+    assert nonfinite_constants(path_nodes([loss.grad_fn], [out.grad_fn])) == "MseLoss target: 1 NaN, 0 Inf of 4 values"
+
+
+def test_nan_the_model_made_is_no_constant_of_the_loss_code():
+    out = torch.tensor([[1.0], [float("nan")]], requires_grad=True) * 1
+    loss = (out * 2).sum()
+    assert nonfinite_constants(path_nodes([loss.grad_fn], [out.grad_fn])) is None
+
+
+def test_after_backward_the_saved_tensors_are_gone_and_nothing_is_named():
+    out = torch.randn(4, 1, requires_grad=True) * 1
+    loss = nn.functional.mse_loss(out, torch.full((4, 1), float("nan")))
+    nodes = path_nodes([loss.grad_fn], [out.grad_fn])
+    loss.backward()
+    assert nonfinite_constants(nodes) is None
+
+
+def test_the_agent_names_a_nan_regression_target_before_backward(tmp_path):
+    db = tmp_path / "run.db"
+
+    def loss_of(step, out):
+        y = torch.zeros(6, 4)
+        if step == 1:
+            y[3, 0] = float("nan")
+        return nn.functional.mse_loss(out.float(), y)
+
+    train(db, loss_of, steps=3)
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT step, detail FROM events WHERE kind = 'loss-input-nonfinite'").fetchall() == \
+            [(1, "MseLoss target: 1 NaN, 0 Inf of 24 values")]
+
+
+def test_an_operations_own_saved_results_are_not_what_it_was_given():
+    # CTC saves its log-alphas, -inf where no alignment reaches: made by it, not given to it.
+    logp = torch.randn(10, 2, 5, requires_grad=True).log_softmax(-1)
+    targets = torch.randint(1, 5, (2, 30))
+    loss = nn.functional.ctc_loss(logp, targets, torch.full((2,), 10), torch.full((2,), 30))
+    assert not torch.isfinite(loss)
+    assert nonfinite_constants(path_nodes([loss.grad_fn], [logp.grad_fn])) is None

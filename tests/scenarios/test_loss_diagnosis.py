@@ -392,3 +392,38 @@ def test_a_contrastive_losss_float16_similarities_get_the_fp32_loss_with_autocas
     assert "Mm (float16), Div (float16)" in top["evidence"]
     assert top["suggestions"][0]["summary"].startswith("Mm and Div ran in float16")
     assert "enabled=False" in top["suggestions"][0]["python"]
+
+
+def regression_with_missing_targets(db, mask_them):
+    """Every fifth batch holds a missing target (NaN); the report's fix masks it out."""
+    torch.manual_seed(0)
+
+    def loss_of(step, model):
+        x = torch.randn(32, 16)
+        y = x[:, :1] * 2
+        if step % 5 == 2:
+            y[7] = float("nan")
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(x).float()
+        keep = torch.isfinite(y).all(-1) if mask_them else slice(None)
+        return nn.functional.mse_loss(out[keep], y[keep])
+
+    train(db, nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)), 15, loss_of)
+
+
+def test_a_nan_regression_target_is_named_as_the_losss_input_not_its_code(tmp_path, verdict):
+    db = tmp_path / "nan_target.db"
+    regression_with_missing_targets(db, mask_them=False)
+    code, rep = verdict(db)
+    assert code == 1
+    top = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
+    assert top["title"].startswith("The loss is NaN/Inf because MseLoss's target already held NaN/Inf")
+    assert [s["python"].splitlines()[0] for s in top["suggestions"]] == [
+        "keep = torch.isfinite(y).all(-1)  # or fix the data: assert torch.isfinite(y).all()"]
+
+
+def test_masking_the_missing_targets_as_the_report_says_trains_healthy(tmp_path, verdict):
+    db = tmp_path / "masked_target.db"
+    regression_with_missing_targets(db, mask_them=True)
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rules(rep)

@@ -22,7 +22,7 @@ from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
 from ._amp_dtype import learn_amp_dtype
 from ._autopin import AutoPinner
-from ._loss_code import loss_code
+from ._loss_code import loss_code, nonfinite_constants, path_nodes
 from ._forward import forward_hook, input_hook, output_hook, outside_compiled_graph
 from ._options import check_options, default_amp_dtype, trains_fp16_parameters
 from ._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
@@ -396,6 +396,13 @@ class AttachHandle:
         self._roots = _loss.scalar_losses(roots)
         self._grad_calls_before = self._grad_calls
         self._watch_backward_start(roots)
+        self._look_before_backward(self._roots)
+
+    def _look_before_backward(self, losses):
+        """A host loss already NaN/Inf when backward is about to start: the loss code is
+        looked at now, while its saved tensors (the targets it was given) are alive."""
+        if any(t.is_cpu and not math.isfinite(t.item()) for t in losses):
+            self._look_at_loss_code()
 
     def _after_backward(self):
         if self._inert:
@@ -610,10 +617,14 @@ class AttachHandle:
                 or self._input_nan or self._parameters_nonfinite):
             return
         self._loss_code_seen = True
-        code = loss_code(self._loss_nodes, self._output_nodes)
+        nodes = path_nodes(self._loss_nodes, self._output_nodes)
+        code = loss_code(nodes)
         if code is not None:
             self._loss_code_looks += 1
             self._session.event("loss-code", code)
+            constant = nonfinite_constants(nodes)
+            if constant is not None:
+                self._session.event("loss-input-nonfinite", constant)
 
     def _look_at_parameters(self):
         """Once in a step that went NaN/Inf with a finite input, until found: whether an

@@ -6,13 +6,18 @@ gradient of sqrt at 0, CTCLoss on a target that cannot be aligned, log of 0).
 
 Each node is written with the dtype of the tensor it made in forward (autograd keeps it as
 the node's input metadata): a loss code that ran in float32 throughout is not fp16's
-overflow, and "compute the loss in FP32" would not help it."""
+overflow, and "compute the loss in FP32" would not help it. Read before backward, the
+tensors the operations saved are looked at too: a target holding NaN (a missing value in
+the data) makes a NaN loss whatever the code does."""
 import re
+
+import torch
 
 # A graph reaching far from the outputs (a regulariser over every parameter, a loss on an
 # inner activation) is cut off here: only nodes on a path to an output are named.
 _MAX_NODES = 4096
 _MAX_NAMED = 32
+_MAX_CHECKED = 1 << 24  # elements of a saved tensor looked at for NaN/Inf
 
 _SUFFIX = re.compile(r"Backward\d*$")
 
@@ -36,13 +41,13 @@ def _dtype(node) -> str:
         return "?"
 
 
-def loss_code(loss_nodes, output_nodes) -> "str | None":
-    """'Name:dtype, ...' ('Pow(0.5):float32' for a power with a scalar exponent) for the graph nodes on a path from one of `output_nodes` (the
-    grad_fn of the model's outputs) to one of `loss_nodes` (the loss's), in forward order
-    (nearest the output first); None where no path joins them."""
+def path_nodes(loss_nodes, output_nodes) -> list:
+    """The graph nodes on a path from one of `output_nodes` (the grad_fn of the model's
+    outputs) to one of `loss_nodes` (the loss's), in forward order (nearest the output
+    first); empty where no path joins them."""
     outputs = {id(n) for n in output_nodes if n is not None}
     if not outputs:
-        return None
+        return []
     on_path = {}  # id(node) -> whether an output is reached through it
     order = []
     stack = [(n, False) for n in loss_nodes if n is not None]
@@ -66,6 +71,33 @@ def loss_code(loss_nodes, output_nodes) -> "str | None":
         stack.append((node, True))
         stack.extend((child, False) for child, _ in node.next_functions
                      if child is not None and id(child) not in on_path and id(child) not in outputs)
-    if not order:
+    return order
+
+
+def loss_code(nodes) -> "str | None":
+    """'Name:dtype, ...' ('Pow(0.5):float32' for a power with a scalar exponent) for
+    path_nodes()'s nodes; None for none."""
+    if not nodes:
         return None
-    return ", ".join(f"{_name(n)}:{_dtype(n)}" for n in order[:_MAX_NAMED])
+    return ", ".join(f"{_name(n)}:{_dtype(n)}" for n in nodes[:_MAX_NAMED])
+
+
+def nonfinite_constants(nodes) -> "str | None":
+    """'MseLoss target: 1 NaN, 0 Inf of 32 values' for the first tensor an operation of the
+    loss code saved that holds NaN/Inf and that nothing differentiable made (a target, a
+    mask, another model's output under no_grad): a NaN/Inf loss then comes from what the
+    loss was given, not from its code. Only before backward, which frees saved tensors."""
+    for node in nodes:
+        for attr in dir(node):
+            if not attr.startswith("_saved_") or attr.startswith("_saved_result"):
+                continue  # an operation's own results (CTC's log-alphas) are what it made, not what it was given
+            try:
+                value = getattr(node, attr)
+            except RuntimeError:  # freed by a backward, or not readable
+                continue
+            if (isinstance(value, torch.Tensor) and value.is_floating_point() and not value.requires_grad
+                    and value.numel() <= _MAX_CHECKED):
+                nan, inf = int(torch.isnan(value).sum()), int(torch.isinf(value).sum())
+                if nan or inf:
+                    return f"{_name(node)} {attr[len('_saved_'):]}: {nan} NaN, {inf} Inf of {value.numel()} values"
+    return None

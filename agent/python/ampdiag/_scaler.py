@@ -59,6 +59,7 @@ def _scale(handle, outputs, scaled):
     t0 = time.perf_counter_ns()
     if not handle._begin_cycle():
         return
+    before = len(handle._scaled)
     for t, s in zip(_loss.tensors(outputs), _loss.tensors(scaled)):
         if t.numel() == 1 and t.is_floating_point():
             loss = t.detach()
@@ -68,6 +69,7 @@ def _scale(handle, outputs, scaled):
         # Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
         handle._event("half-loss", "scaler.scale() received a float16 loss")
     handle._watch_backward_start(outputs)
+    handle._look_before_backward([loss for _, loss in handle._scaled[before:]])
     handle._python_ns += time.perf_counter_ns() - t0
 
 
