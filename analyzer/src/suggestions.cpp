@@ -112,13 +112,25 @@ Suggestion fp32_master_weights(const Run& run) {
   s.summary = "Keep FP32 master weights: leave the parameters in float32 and run the forward under autocast; "
               "the optimizer then adds each update to an FP32 weight, where it does not round away "
               "(torch.amp does this by default).";
+  const std::string type = device == "cuda" ? "at::kCUDA" : "at::kCPU";
+  if (!run.fp16()) {
+    // The run's own dtype: bfloat16 keeps fp32's range and needs no scaler.
+    s.python = "model = model.float()  # before building the optimizer\n"
+               "with torch.autocast(device_type=\"" + device + "\", dtype=torch.bfloat16):\n"
+               "    loss = loss_fn(model(x), y)\n"
+               "loss.backward(); optimizer.step()  # bfloat16 needs no GradScaler";
+    s.cpp = "model->to(torch::kFloat32);  // before building the optimizer\n"
+            "at::autocast::set_autocast_dtype(" + type + ", at::kBFloat16);\n"
+            "at::autocast::set_autocast_enabled(" + type + ", true);";
+    return s;
+  }
   s.python = "model = model.float()  # before building the optimizer\n"
              "scaler = torch.amp.GradScaler(\"" + device + "\")\n"
              "with torch.autocast(device_type=\"" + device + "\", dtype=torch.float16):\n"
              "    loss = loss_fn(model(x), y)\n"
              "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()";
   s.cpp = "model->to(torch::kFloat32);  // before building the optimizer\n"
-          "at::autocast::set_autocast_enabled(" + std::string(device == "cuda" ? "at::kCUDA" : "at::kCPU") + ", true);\n"
+          "at::autocast::set_autocast_enabled(" + type + ", true);\n"
           "ampdiag::GradScaler scaler;";
   return s;
 }

@@ -22,10 +22,10 @@ struct Layer {
   std::vector<std::pair<std::int64_t, std::int64_t>> updates;
 };
 
-std::string write_run(const TempDir& dir, const std::vector<Layer>& layers) {
+std::string write_run(const TempDir& dir, const std::vector<Layer>& layers, const std::string& amp_dtype = "float16") {
   const auto path = dir.file("run.db");
   rundb::RunDbWriter w(path, false);
-  w.set_meta("amp_dtype", "float16");
+  w.set_meta("amp_dtype", amp_dtype);
   w.set_meta("device", "cpu");
   w.set_meta("scaler_enabled", "0");
   for (std::size_t i = 0; i < layers.size(); ++i) {
@@ -83,6 +83,20 @@ TEST_CASE("layers whose updates mostly round away are flagged, the most stalled 
   REQUIRE(!f->suggestions.empty());
   CHECK_THAT(f->suggestions.front().python, Catch::Contains("model.float()") && Catch::Contains("GradScaler"));
   CHECK(find(all, "half-parameters") == nullptr);
+}
+
+TEST_CASE("a bfloat16 run's FP32 master weights keep bfloat16 autocast and no scaler", "[rules][weights]") {
+  // A pure-bf16 fine-tune (model.to(bfloat16), AdamW at 2e-5): switching it to fp16 and a
+  // scaler would be another run's fix.
+  TempDir dir;
+  const auto path = write_run(dir, {{"enc.weight", "bfloat16", {{100, 97}, {100, 95}}}}, "bfloat16");
+  const auto all = findings(path);
+  const Finding* f = find(all, "stalled-updates");
+  REQUIRE(f != nullptr);
+  REQUIRE(!f->suggestions.empty());
+  CHECK_THAT(f->suggestions.front().python, Catch::Contains("dtype=torch.bfloat16") &&
+                                                !Catch::Contains("GradScaler(") && !Catch::Contains("torch.float16"));
+  CHECK_THAT(f->suggestions.front().cpp, Catch::Contains("at::kBFloat16") && !Catch::Contains("GradScaler"));
 }
 
 TEST_CASE("the stalled threshold decides which layers are flagged", "[rules][weights]") {
