@@ -39,9 +39,16 @@ def test_a_power_carries_its_exponent_and_a_sqrt_is_named():
     assert loss_code(path_nodes([loss.grad_fn], [out.grad_fn])) == "Pow(0.5):float32, Sqrt:float32, Sum:float32"
 
 
-def test_a_loss_the_model_returns_itself_has_no_loss_code():
+def test_a_loss_the_model_returns_alone_has_no_loss_code():
     out = (torch.randn(4, 3, requires_grad=True) * 2).sum()
     assert loss_code(path_nodes([out.grad_fn], [out.grad_fn])) is None
+
+
+def test_a_loss_the_model_returns_with_its_logits_has_the_code_between_them():
+    logits = torch.randn(4, 3, requires_grad=True) * 2
+    loss = -logits.softmax(-1).log().mean()  # Hugging Face style: computed inside forward
+    assert loss_code(path_nodes([loss.grad_fn], [loss.grad_fn, logits.grad_fn])) == \
+        "Softmax:float32, Log:float32, Mean:float32, Neg:float32"
 
 
 def test_a_loss_that_does_not_reach_the_outputs_has_no_loss_code():

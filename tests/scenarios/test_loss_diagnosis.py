@@ -427,3 +427,33 @@ def test_masking_the_missing_targets_as_the_report_says_trains_healthy(tmp_path,
     regression_with_missing_targets(db, mask_them=True)
     code, rep = verdict(db)
     assert (code, rep["healthy"]) == (0, True), rules(rep)
+
+
+class ReturnsItsLoss(nn.Module):
+    """Hugging Face style: forward(x, labels) returns {"logits", "loss"}."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Sequential(nn.Linear(16, 32), nn.ReLU()), nn.Linear(32, 4)
+
+    def forward(self, x, labels):
+        logits = self.head(self.body(x))
+        p = logits.float().softmax(-1) * torch.tensor([1.0, 1.0, 0.0, 1.0])  # class 2 weighted out
+        return {"logits": logits, "loss": -p.gather(1, labels[:, None]).log().mean()}  # log(0) for label 2
+
+
+def test_a_loss_the_model_computes_in_its_forward_has_its_code_read_between_the_logits_and_the_loss(
+        tmp_path, verdict):
+    db = tmp_path / "returns_loss.db"
+    torch.manual_seed(0)
+
+    def loss_of(step, model):
+        with torch.autocast("cpu", dtype=torch.float16):
+            return model(torch.randn(8, 16), torch.randint(0, 4, (8,)))["loss"]
+
+    train(db, ReturnsItsLoss(), 6, loss_of)
+    code, rep = verdict(db)
+    assert code == 1
+    top = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
+    assert "ToCopy, Softmax, Mul, Gather, Log, Mean, Neg (all float32)" in top["evidence"]
+    assert "clamp_min(1e-12).log()" in top["suggestions"][0]["python"]

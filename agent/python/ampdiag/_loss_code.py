@@ -45,7 +45,9 @@ def path_nodes(loss_nodes, output_nodes) -> list:
     """The graph nodes on a path from one of `output_nodes` (the grad_fn of the model's
     outputs) to one of `loss_nodes` (the loss's), in forward order (nearest the output
     first); empty where no path joins them."""
-    outputs = {id(n) for n in output_nodes if n is not None}
+    # A model that returns its loss with its logits (as Hugging Face models do): the loss
+    # code is inside its forward, between the other outputs and that one.
+    outputs = {id(n) for n in output_nodes if n is not None} - {id(n) for n in loss_nodes}
     if not outputs:
         return []
     on_path = {}  # id(node) -> whether an output is reached through it
