@@ -125,12 +125,17 @@ ScalerReplay replay(const std::vector<StepFacts>& facts, const ScalerConfig& c, 
     const bool skip = overflows(f, scale, fp_max, unknown);
     r.skips.push_back(skip);
     if (skip) {
+      // The first skips in a row, the scale's own doing (a step NaN/Inf at any scale is not).
+      if (r.leading && f.kind != Known::kOverflow) ++r.calibration;
       ++r.skipped;
       scale = std::max(scale * c.backoff_factor, c.min_scale);
       tracker = 0;
-    } else if (++tracker == c.growth_interval) {
-      if (std::isfinite(scale * c.growth_factor)) scale *= c.growth_factor;
-      tracker = 0;
+    } else {
+      r.leading = false;
+      if (++tracker == c.growth_interval) {
+        if (std::isfinite(scale * c.growth_factor)) scale *= c.growth_factor;
+        tracker = 0;
+      }
     }
   }
   r.final_scale = scale;
@@ -234,25 +239,32 @@ std::vector<WhatIf> search_configs(const Run& run, const StepHistograms* histogr
         out.push_back(what_if(run, c, histograms));
       }
   std::stable_sort(out.begin(), out.end(), [](const WhatIf& a, const WhatIf& b) {
-    if (a.estimate.skipped != b.estimate.skipped) return a.estimate.skipped < b.estimate.skipped;
+    if (a.estimate.steady() != b.estimate.steady()) return a.estimate.steady() < b.estimate.steady();
     if (a.underflow != b.underflow) return a.underflow < b.underflow;
-    if (a.pessimistic.skipped != b.pessimistic.skipped) return a.pessimistic.skipped < b.pessimistic.skipped;
+    if (a.pessimistic.steady() != b.pessimistic.steady()) return a.pessimistic.steady() < b.pessimistic.steady();
+    if (a.estimate.skipped != b.estimate.skipped) return a.estimate.skipped < b.estimate.skipped;
     return a.estimate.lowest_scale > b.estimate.lowest_scale;
   });
   return out;
 }
 
+// Skips saved only in the calibration are no reason to change a scaler: it happens once.
 bool improves_on(const WhatIf& candidate, const WhatIf& recorded) {
-  if (candidate.estimate.skipped != recorded.estimate.skipped) return candidate.estimate.skipped < recorded.estimate.skipped;
+  if (candidate.estimate.steady() != recorded.estimate.steady())
+    return candidate.estimate.steady() < recorded.estimate.steady();
   if (candidate.underflow >= 0 && recorded.underflow >= 0 && candidate.underflow != recorded.underflow)
     return candidate.underflow < recorded.underflow;
-  return candidate.pessimistic.skipped < recorded.pessimistic.skipped;
+  return candidate.pessimistic.steady() < recorded.pessimistic.steady();
 }
 
 std::string recommendation(const Run& run, const WhatIf& best, const WhatIf& recorded, std::size_t searched) {
   if (improves_on(best, recorded)) return grad_scaler_call(run, best.config);
   std::string why = "keep the recorded configuration: none of the " + std::to_string(searched) +
                     " searched is predicted to skip fewer steps";
+  if (recorded.estimate.calibration > 0)
+    why += " once the scale has come down to where the gradients fit (the recorded one's first " +
+           std::to_string(recorded.estimate.calibration) + " skips, from init_scale " +
+           number(recorded.config.init_scale) + ", happen once a run)";
   if (recorded.always_skipped > 0)
     why += " (" + std::to_string(recorded.always_skipped) + " of its " + std::to_string(recorded.estimate.skipped) +
            " skips were NaN/Inf whatever the scale, made in forward, in the loss's backward or in the parameters: "

@@ -21,7 +21,8 @@ are censored (their magnitude is only known to be above the range) and steps rec
 without statistics are known only on one side: where that decides a step, the prediction
 is a range, with the steps that make it. Options not given keep the run's own settings;
 with none of them, a small grid is searched and the best configuration recommended if it
-does better than the recorded one (fewer skips; as many, with less underflow or a lower
+does better than the recorded one (fewer skips once the scale has come down from
+init_scale to where the gradients fit; as many, with less underflow or a lower
 pessimistic bound), else keeping the recorded one.
 
 options:
@@ -62,6 +63,9 @@ std::string prediction_text(const analyzer::WhatIf& w) {
   if (!w.uncertain_steps.empty())
     s += " (bounds " + range(w.optimistic.skipped, w.pessimistic.skipped) + ": the recording cannot tell steps " +
          steps_list(w.uncertain_steps) + ")";
+  if (w.estimate.calibration > 0)
+    s += "\n  of them, coming down from init_scale until the gradients fit (once a run): " +
+         std::to_string(w.estimate.calibration);
   s += "\n  loss scale: lowest " + num(w.estimate.lowest_scale) + ", final " + num(w.estimate.final_scale);
   if (!w.uncertain_steps.empty())
     s += " (bounds: lowest " + range(w.pessimistic.lowest_scale, w.optimistic.lowest_scale) + ", final " +
@@ -80,7 +84,8 @@ std::string prediction_json(const analyzer::WhatIf& w) {
   return "{\"config\": {\"init_scale\": " + number(w.config.init_scale) + ", \"growth_factor\": " +
          number(w.config.growth_factor) + ", \"backoff_factor\": " + number(w.config.backoff_factor) +
          ", \"growth_interval\": " + number(w.config.growth_interval) + ", \"min_scale\": " + number(w.config.min_scale) +
-         "}, \"estimate\": {\"skipped\": " + number(w.estimate.skipped) + ", \"lowest_scale\": " +
+         "}, \"estimate\": {\"skipped\": " + number(w.estimate.skipped) +
+         ", \"calibration_skipped\": " + number(w.estimate.calibration) + ", \"lowest_scale\": " +
          number(w.estimate.lowest_scale) + ", \"final_scale\": " + number(w.estimate.final_scale) +
          "}, \"skipped\": [" + number(w.optimistic.skipped) + ", " + number(w.pessimistic.skipped) +
          "], \"lowest_scale\": [" + number(w.pessimistic.lowest_scale) + ", " + number(w.optimistic.lowest_scale) +

@@ -175,8 +175,9 @@ TEST_CASE("the search recommends the configuration with the fewest predicted ski
 }
 
 TEST_CASE("the GUI's what-if lines give the recorded skips and the search's best configuration", "[whatif]") {
+  // Recorded at 2048, where the gradients fit but a spike later overflows: a lower scale saves it.
   TempDir dir;
-  auto run = record(dir.file("a.db"), magnitudes(200, 30.0), config(65536, 2000));
+  auto run = record(dir.file("a.db"), magnitudes(200, 30.0), config(2048, 2000));
   std::int64_t skipped = 0;
   for (const auto& s : run.steps) skipped += s.row.skipped ? 1 : 0;
   const auto best = analyzer::search_configs(run).front();
@@ -187,6 +188,19 @@ TEST_CASE("the GUI's what-if lines give the recorded skips and the search's best
   CHECK(lines[2] == analyzer::grad_scaler_call(run, best.config));
   run.meta["scaler_enabled"] = "0";
   CHECK(analyzer::whatif_lines(run).empty());  // bf16 without a scaler: nothing to replay
+}
+
+TEST_CASE("a configuration that saves only the calibration's skips is not recommended", "[whatif]") {
+  // From 65536 the scale halves five times before the gradients fit, once: a lower
+  // init_scale avoids those skips and nothing after them.
+  TempDir dir;
+  const auto run = record(dir.file("a.db"), std::vector<double>(200, 30.0), config(65536, 2000));
+  const auto recorded = analyzer::what_if(run, analyzer::recorded_config(run));
+  REQUIRE(recorded.estimate.skipped == 5);
+  CHECK(recorded.estimate.calibration == 5);
+  const auto best = analyzer::search_configs(run).front();
+  CHECK_FALSE(analyzer::improves_on(best, recorded));
+  CHECK_THAT(analyzer::recommendation(run, best, recorded, 24), Catch::StartsWith("keep the recorded configuration"));
 }
 
 TEST_CASE("a run whose every skip had NaN/Inf in forward is told to keep its scaler", "[whatif]") {

@@ -27,8 +27,16 @@ def train(init_scale, growth_interval, backoff_factor=0.5, db=None, histogram=Fa
                                   backoff_factor=backoff_factor)
     x, y = torch.randn(vit.BATCH, vit.TOKENS, vit.DIM), torch.randn(vit.BATCH, 1)
     handle = agent.attach(model, scaler, db=db, histogram=histogram) if db else None
-    skipped, lowest = 0, init_scale
-    for _ in range(STEPS):
+    result = fp16_steps(model, optimizer, scaler, x, y, STEPS)
+    if handle:
+        handle.close()
+    return result
+
+
+def fp16_steps(model, optimizer, scaler, x, y, steps):
+    """An MSE regression loop under fp16 autocast; returns (skipped steps, lowest scale)."""
+    skipped, lowest = 0, scaler.get_scale()
+    for _ in range(steps):
         optimizer.zero_grad()
         with torch.autocast("cpu", dtype=torch.float16):
             loss = nn.functional.mse_loss(model(x).float(), y)
@@ -38,8 +46,6 @@ def train(init_scale, growth_interval, backoff_factor=0.5, db=None, histogram=Fa
         scaler.update()
         skipped += scaler.get_scale() < before
         lowest = min(lowest, scaler.get_scale())
-    if handle:
-        handle.close()
     return skipped, lowest
 
 
@@ -111,3 +117,24 @@ def test_with_histograms_a_far_lower_scale_predicts_more_values_flushed_to_zero(
     low, high = share(2.0 ** -20), share(64.0)
     assert 0.0 <= high < low <= 1.0
     assert "flushed to zero in fp16:" in ampdiag("whatif", db, "--init-scale", 2.0 ** -20).stdout
+
+
+def test_a_healthy_run_whose_only_skips_are_the_scale_coming_down_is_told_to_keep_its_scaler(tmp_path, ampdiag):
+    # torch's default init_scale 65536 is too high for these gradients: the first steps skip
+    # while the scale comes down, then none do. A lower init_scale saves only those, once.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    db = tmp_path / "healthy.db"
+    x, y = torch.randn(64, 32) * 4, torch.randn(64, 1) * 4
+    with agent.attach(model, scaler, db=db):
+        fp16_steps(model, optimizer, scaler, x, y, 40)
+    result = ampdiag("whatif", db, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["recorded"]["skipped"] > 0
+    best = report["predictions"][0]["estimate"]
+    assert best["calibration_skipped"] == best["skipped"]
+    assert report["improves_on_recorded"] is False
+    assert "keep the recorded configuration" in ampdiag("whatif", db).stdout

@@ -45,6 +45,12 @@ ScalerConfig recorded_config(const Run& run);
 // One bounding replay.
 struct ScalerReplay {
   std::int64_t skipped = 0;
+  // Of those, the first ones in a row from step 0 that a scale could avoid: the scale
+  // coming down from init_scale to where the gradients fit, once a run (the report does
+  // not count them either).
+  std::int64_t calibration = 0;
+  bool leading = true;  // while replaying: no step has fit yet
+  std::int64_t steady() const { return skipped - calibration; }
   double lowest_scale = 0.0, final_scale = 0.0;  // scale used by a step; after the last update
   std::vector<double> scales;                    // the scale each step ran at
   std::vector<bool> skips;
@@ -76,8 +82,8 @@ StepHistograms read_step_histograms(const std::string& path);
 WhatIf what_if(const Run& run, const ScalerConfig& config, const StepHistograms* histograms = nullptr);
 
 // A small grid of configurations around torch's defaults, best first: fewest estimated
-// skips, then the least underflow where known, then fewest in the pessimistic bound, then
-// the highest lowest scale.
+// skips after the calibration, then the least underflow where known, then fewest in the
+// pessimistic bound, then the fewest skips in all, then the highest lowest scale.
 std::vector<WhatIf> search_configs(const Run& run, const StepHistograms* histograms = nullptr);
 
 // Whether `candidate` does better than the run's own configuration replayed (`recorded`):
