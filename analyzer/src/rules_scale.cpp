@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "calibration.h"
 #include "rules.h"
 #include "suggestions.h"
 
@@ -20,33 +21,17 @@ std::string plural(std::int64_t n, const std::string& noun) {
 
 namespace {
 
-// A descent that went this many optimizer steps in a row without an overflow has found
-// its level.
-constexpr std::size_t kSettledSteps = 5;
+ScaleStep scale_step(const Run& run, std::size_t i) {
+  const auto& row = run.steps[i].row;
+  return {row.skipped, row.scale_before, row.scale_after};
+}
 
-// Where the scaler's descent from init_scale ends: at the first growth, or once the scale
-// held through kSettledSteps steps in a row. Successes between its back-offs do not end
-// it: batches differ, and the next one may not fit the scale the last one did. A descent
-// still under way when the run ends has not found a level: then only the leading skips
-// are calibration.
 std::size_t calibration_end(const Run& run) {
-  std::size_t taken_in_a_row = 0;
-  for (std::size_t i = 0; i < run.steps.size(); ++i) {
-    const auto& row = run.steps[i].row;
-    if (row.scale_after > row.scale_before) return i;
-    taken_in_a_row = row.skipped ? 0 : taken_in_a_row + 1;
-    if (taken_in_a_row == kSettledSteps) return i + 1;
-  }
-  std::size_t leading = 0;
-  while (leading < run.steps.size() && run.steps[leading].row.skipped &&
-         run.steps[leading].row.scale_after < run.steps[leading].row.scale_before)
-    ++leading;
-  return leading;
+  return analyzer::calibration_end(run.steps.size(), [&](std::size_t i) { return scale_step(run, i); });
 }
 
 bool is_calibration(const Run& run, std::size_t i, std::size_t end) {
-  const auto& row = run.steps[i].row;
-  return i < end && row.skipped && row.scale_after < row.scale_before;
+  return analyzer::is_calibration(scale_step(run, i), i, end);
 }
 
 }  // namespace

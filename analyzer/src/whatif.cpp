@@ -10,6 +10,7 @@
 
 #include "ampdiag/analyzer/causes.h"
 #include "ampdiag/rundb/reader.h"
+#include "calibration.h"
 
 namespace ampdiag::analyzer {
 
@@ -125,20 +126,21 @@ ScalerReplay replay(const std::vector<StepFacts>& facts, const ScalerConfig& c, 
     const bool skip = overflows(f, scale, fp_max, unknown);
     r.skips.push_back(skip);
     if (skip) {
-      // The first skips in a row, the scale's own doing (a step NaN/Inf at any scale is not).
-      if (r.leading && f.kind != Known::kOverflow) ++r.calibration;
       ++r.skipped;
       scale = std::max(scale * c.backoff_factor, c.min_scale);
       tracker = 0;
-    } else {
-      r.leading = false;
-      if (++tracker == c.growth_interval) {
-        if (std::isfinite(scale * c.growth_factor)) scale *= c.growth_factor;
-        tracker = 0;
-      }
+    } else if (++tracker == c.growth_interval) {
+      if (std::isfinite(scale * c.growth_factor)) scale *= c.growth_factor;
+      tracker = 0;
     }
   }
   r.final_scale = scale;
+  // The calibration as the report counts it (a step NaN/Inf at any scale is not the scale's doing).
+  const auto at = [&](std::size_t i) {
+    return ScaleStep{r.skips[i], r.scales[i], i + 1 < r.scales.size() ? r.scales[i + 1] : r.final_scale};
+  };
+  const std::size_t end = calibration_end(facts.size(), at);
+  for (std::size_t i = 0; i < end; ++i) r.calibration += is_calibration(at(i), i, end) && facts[i].kind != Known::kOverflow;
   return r;
 }
 
@@ -262,9 +264,9 @@ std::string recommendation(const Run& run, const WhatIf& best, const WhatIf& rec
   std::string why = "keep the recorded configuration: none of the " + std::to_string(searched) +
                     " searched is predicted to skip fewer steps";
   if (recorded.estimate.calibration > 0)
-    why += " once the scale has come down to where the gradients fit (the recorded one's first " +
-           std::to_string(recorded.estimate.calibration) + " skips, from init_scale " +
-           number(recorded.config.init_scale) + ", happen once a run)";
+    why += " once the scale has come down to where the gradients fit (the recorded one skipped " +
+           std::to_string(recorded.estimate.calibration) + (recorded.estimate.calibration == 1 ? " step" : " steps") +
+           " coming down from init_scale " + number(recorded.config.init_scale) + ", which happens once a run)";
   if (recorded.always_skipped > 0)
     why += " (" + std::to_string(recorded.always_skipped) + " of its " + std::to_string(recorded.estimate.skipped) +
            " skips were NaN/Inf whatever the scale, made in forward, in the loss's backward or in the parameters: "

@@ -600,6 +600,40 @@ TEST_CASE("a scale still coming down when the run ends is not excused as calibra
   CHECK(r.runs.front().calibration_skips == 1);
 }
 
+TEST_CASE("a short run that backs off once from 65536 after a step that fit passes the gate", "[rules]") {
+  // A 5-step smoke run: its descent from init_scale has not had time to settle, but the
+  // scale is still high; its one skip is the scaler finding its level, not a culprit.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 65536).step(65536, 32768, 1000, {"head.weight"}).step(32768, 32768).step(32768, 32768).step(32768, 32768);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK_FALSE(Gate("error").fails(r));
+  CHECK(find(r, "skip-rate") == nullptr);
+  CHECK(r.runs.front().calibration_skips == 1);
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->severity == Severity::kInfo);
+}
+
+TEST_CASE("a short run whose skips had NaN/Inf in forward still fails the gate", "[rules]") {
+  // Its scale is still high when it ends, but forward made the NaN/Inf: no scale helps.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.activation("enc", false).activation("head", false).step(65536, 65536);
+  for (int i = 0; i < 2; ++i) {
+    const double scale = 65536 / double(1 << i);
+    f.activation("enc", true).activation("head", true).step(scale, scale / 2, 1000, {"head.weight"}, kNaN);
+  }
+  f.activation("enc", false).activation("head", false).step(16384, 16384);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(Gate("error").fails(r));
+  const Finding* fwd = find(r, "forward-nonfinite");
+  REQUIRE(fwd != nullptr);
+  CHECK(fwd->module == "enc");
+}
+
 TEST_CASE("a rank that disagrees with the others is named", "[rules][ranks]") {
   TempDir dir;
   {

@@ -203,6 +203,17 @@ TEST_CASE("a configuration that saves only the calibration's skips is not recomm
   CHECK_THAT(analyzer::recommendation(run, best, recorded, 24), Catch::StartsWith("keep the recorded configuration"));
 }
 
+TEST_CASE("a short run's one back-off after a step that fit counts as calibration, as in the report", "[whatif]") {
+  // Step 0 fits at 65536, step 1's larger gradients do not; the run ends at 32768 before
+  // the scale has held 5 steps: the descent from init_scale, not a reason to change it.
+  TempDir dir;
+  const auto run = record(dir.file("a.db"), {0.5, 1.5, 0.5, 0.5, 0.5}, config(65536, 2000));
+  const auto recorded = analyzer::what_if(run, analyzer::recorded_config(run));
+  REQUIRE(recorded.estimate.skipped == 1);
+  CHECK(recorded.estimate.calibration == 1);
+  CHECK_FALSE(analyzer::improves_on(analyzer::search_configs(run).front(), recorded));
+}
+
 TEST_CASE("a run whose every skip had NaN/Inf in forward is told to keep its scaler", "[whatif]") {
   // No scale avoids those skips, so every configuration of the grid skips as many; the one
   // with the highest lowest scale used to be recommended as if it did better.

@@ -459,19 +459,16 @@ def test_gradient_checkpointing_recomputes_without_a_second_forward(tmp_path, ve
     assert code == 0, rep["findings"]
 
 
-def test_a_short_run_whose_scale_comes_down_between_steps_that_fit_is_healthy(tmp_path, verdict):
-    # A CI smoke run: 20 steps from torch's default init_scale, batches of two sizes. The
-    # bias gradient is 32 * c * scale (c: 0.4 for a large batch, 0.05 for a small one), Inf
-    # above 65504: the scaler skips twice, takes the small batch at 16384, halves twice
-    # more on large ones and settles at 4096. Calibration, with a step that fit inside it.
-    db = tmp_path / "smoke.db"
+def smoke_run(db, cs):
+    """A linear model from torch's default init_scale, one step per c in `cs`: its bias
+    gradient is 32 * c * scale, Inf above 65504. Returns (skipped flags, the scaler)."""
     torch.manual_seed(0)
     model = nn.Linear(16, 1)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     scaler = torch.amp.GradScaler("cpu")
     skipped = []
     with ampdiag.attach(model, scaler, db=db) as handle:
-        for c in [0.4, 0.4, 0.05, 0.4, 0.4] + [0.05, 0.4] * 7 + [0.05]:
+        for c in cs:
             opt.zero_grad()
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = model(torch.randn(32, 16) * 0.01).float().sum() * c
@@ -479,11 +476,34 @@ def test_a_short_run_whose_scale_comes_down_between_steps_that_fit_is_healthy(tm
             scaler.step(opt)
             scaler.update()
             skipped.append(handle.last_step_skipped)
+    return skipped, scaler
+
+
+def test_a_short_run_whose_scale_comes_down_between_steps_that_fit_is_healthy(tmp_path, verdict):
+    # A CI smoke run: 20 steps from torch's default init_scale, batches of two sizes. The
+    # bias gradient is 32 * c * scale (c: 0.4 for a large batch, 0.05 for a small one), Inf
+    # above 65504: the scaler skips twice, takes the small batch at 16384, halves twice
+    # more on large ones and settles at 4096. Calibration, with a step that fit inside it.
+    db = tmp_path / "smoke.db"
+    skipped, scaler = smoke_run(db, [0.4, 0.4, 0.05, 0.4, 0.4] + [0.05, 0.4] * 7 + [0.05])
     assert skipped[:5] == [True, True, False, True, True] and not any(skipped[5:])
     assert scaler.get_scale() == 4096.0
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
     assert "skip-rate" not in [rule for rule, _ in rules(rep)]
+
+
+def test_a_five_step_smoke_run_that_backs_off_once_after_a_step_that_fit_is_healthy(tmp_path, verdict):
+    # The first batch fits at 65536, the second does not (its bias gradient, 32 * c * scale,
+    # is Inf above 65504); the run ends at 32768 before the scale has held 5 steps in a row.
+    # Its one skip used to be 20 % of the run: skip-rate, and an overflow-origin error
+    # that told the user to run the layer in FP32.
+    db = tmp_path / "smoke.db"
+    skipped, _ = smoke_run(db, [0.02, 0.04, 0.02, 0.02, 0.02])
+    assert skipped == [False, True, False, False, False]
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
+    assert ("overflow-origin", "info") in [(f["rule"], f["severity"]) for f in rep["findings"]]
 
 
 def test_bf16_with_reentrant_checkpointing_records_the_loss_not_the_blocks_inner_backward(tmp_path):

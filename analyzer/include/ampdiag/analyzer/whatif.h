@@ -45,11 +45,9 @@ ScalerConfig recorded_config(const Run& run);
 // One bounding replay.
 struct ScalerReplay {
   std::int64_t skipped = 0;
-  // Of those, the first ones in a row from step 0 that a scale could avoid: the scale
-  // coming down from init_scale to where the gradients fit, once a run (the report does
-  // not count them either).
+  // Of those, the back-offs of the scale's descent from init_scale to where the gradients
+  // fit, once a run, as the report counts them (it does not count them against the run).
   std::int64_t calibration = 0;
-  bool leading = true;  // while replaying: no step has fit yet
   std::int64_t steady() const { return skipped - calibration; }
   double lowest_scale = 0.0, final_scale = 0.0;  // scale used by a step; after the last update
   std::vector<double> scales;                    // the scale each step ran at
