@@ -33,7 +33,8 @@ const std::vector<std::string>& rule_ids() {
                                                "underflow",      "skip-rate",         "rank-disagreement", "missing-ranks",
                                                "autopin",        "stalled-updates",   "half-parameters",
                                                "half-loss",      "input-nan",         "nonfinite-update",
-                                               "nonfinite-parameters", "loss-backward"};
+                                               "nonfinite-parameters", "loss-backward",
+                                               "optimizer-outside-scaler"};
   return ids;
 }
 
@@ -74,6 +75,15 @@ void make_consistent(Report& report) {
                         "autocast with torch.amp.GradScaler (it refuses gradients of fp16 parameters), which lifts "
                         "these gradients into fp16's range.",
                         "", ""}};
+  // The NaN/Inf an optimizer stepping outside scaler.step() applied is that step's doing.
+  const bool outside_scaler = std::any_of(report.findings.begin(), report.findings.end(), [](const Finding& f) {
+    return f.rule == "optimizer-outside-scaler" && f.severity == Severity::kError;
+  });
+  for (auto& f : report.findings)
+    if (f.rule == "nonfinite-update" && outside_scaler)
+      f.suggestions = {{"Step the optimizer through the scaler (see optimizer-outside-scaler): it skips a step whose "
+                        "gradients hold NaN/Inf.",
+                        "", ""}};
   // NaN/Inf in the parameters makes every step on them NaN/Inf: the scaler skips them all,
   // and its symptoms from then on are theirs, not an overflow's.
   // So does a loss whose backward makes NaN/Inf: no scale avoids it.
@@ -93,7 +103,11 @@ void make_consistent(Report& report) {
                                   "they are finite.";
     for (auto& f : report.findings)
       if ((f.rule == "scale-collapse" || f.rule == "skip-rate") && (f.steps.empty() || f.steps.front() >= damage->steps.front()))
-        f.suggestions = {{"Fix " + cause + " (see " + damage->rule + why, "", ""}};
+        f.suggestions = {{outside_scaler && damage->rule == "nonfinite-update"
+                              ? "Step the optimizer through the scaler (see optimizer-outside-scaler): the NaN/Inf "
+                                "it applied makes every step after it NaN/Inf, which the scaler skips."
+                              : "Fix " + cause + " (see " + damage->rule + why,
+                          "", ""}};
   }
   const Finding* culprit = nullptr;
   for (const auto& f : report.findings)
@@ -170,6 +184,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::half_loss(run, found);
     rules::loss_backward(run, found);
     rules::nonfinite_update(run, found);
+    rules::optimizer_outside_scaler(run, found);
     for (auto& f : found) {
       f.ranks = {run.rank};
       all.push_back(std::move(f));

@@ -33,6 +33,8 @@ std::string fmt(double v);
 // A parameter dtype of a model stored in half precision (the layers table's name).
 bool half_dtype(const std::string& dtype);
 
+// An optimizer stepped outside scaler.step() (event optimizer-outside-scaler).
+void optimizer_outside_scaler(const Run& run, std::vector<Finding>& out);
 void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void forward_nonfinite(const Run& run, const Thresholds& t, std::vector<Finding>& out);

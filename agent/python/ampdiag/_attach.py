@@ -17,7 +17,7 @@ import weakref
 
 import torch
 
-from . import _ampdiag, _loss, _rank
+from . import _ampdiag, _loss, _outside_scaler, _rank
 from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
 from ._amp_dtype import learn_amp_dtype
@@ -128,6 +128,9 @@ class AttachHandle:
         self._loss_nodes = []    # the grad_fn of this cycle's losses
         self._scaled = []
         self._has_scaler = scaler is not None
+        self._in_scaler_step = False  # inside scaler.step(): its optimizer step is the normal path
+        self._scaler_stepped = False
+        self._bypass = None
         self._python_ns = 0
         rank = _rank.known_rank()
         if rank is None:
@@ -171,6 +174,7 @@ class AttachHandle:
             if scaler is not None:
                 wrap_scaler(self, scaler)
                 _loss.watch_grad(self)
+                self._hooks.extend(_outside_scaler.watch(self, scaler))
             else:
                 self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
                 self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
@@ -307,6 +311,8 @@ class AttachHandle:
         self._loss_code_seen = False        # a loss-code look in this cycle
         self._loss_nodes = []
         self._scaled = []  # (scaler.scale()'s output, its loss in _losses) in this cycle
+        self._scaler_stepped = False  # scaler.step() ran in this cycle
+        self._bypass = None  # an optimizer stepped outside scaler.step(): see _outside_scaler.py
 
     @property
     def _inert(self):

@@ -1,6 +1,7 @@
 """The GradScaler instance's methods while attached: scale() collects the step's loss,
 _unscale_grads_() takes the gradients' statistics (fused with the unscale, in the same bits
-as torch's, or before torch's own), update() ends the step with the scale it chose."""
+as torch's, or before torch's own), step() marks its optimizer step as the normal path
+(see _outside_scaler.py), update() ends the step with the scale it chose."""
 import functools
 import time
 
@@ -17,6 +18,7 @@ def wrap_scaler(handle, scaler):
     original_unscale = scaler._unscale_grads_
     original_scale = scaler.scale
     original_update = scaler.update
+    original_step = scaler.step
 
     def _unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16):
         return _unscale(handle, original_unscale, optimizer, inv_scale, found_inf, allow_fp16)
@@ -25,6 +27,15 @@ def wrap_scaler(handle, scaler):
         scaled = original_scale(outputs)
         _scale(handle, outputs, scaled)
         return scaled
+
+    def step(optimizer, *args, **kwargs):
+        if handle._inert:
+            return original_step(optimizer, *args, **kwargs)
+        handle._scaler_stepped = handle._in_scaler_step = True
+        try:
+            return original_step(optimizer, *args, **kwargs)
+        finally:
+            handle._in_scaler_step = False
 
     def update(new_scale=None):
         checked = inf_checked(scaler)
@@ -46,9 +57,11 @@ def wrap_scaler(handle, scaler):
             # minimum scale after the cycle's update()): the same step, at this scale.
             handle._session.amend_scale_after(float(scaler.get_scale()))
             return
-        handle._end_step(before, float(scaler.get_scale()), found, skipped=found)
+        # An optimizer that stepped outside scaler.step() applied this step whatever it held.
+        taken = handle._bypass is not None and handle._bypass[0] == "unscaled"
+        handle._end_step(before, float(scaler.get_scale()), found, skipped=found and not taken)
 
-    for name, fn in (("_unscale_grads_", _unscale_grads_), ("scale", scale), ("update", update)):
+    for name, fn in (("_unscale_grads_", _unscale_grads_), ("scale", scale), ("step", step), ("update", update)):
         setattr(scaler, name, functools.wraps(getattr(type(scaler), name))(fn))
         handle._restore.append((scaler, name))
 

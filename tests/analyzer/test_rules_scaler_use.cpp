@@ -1,0 +1,101 @@
+// An optimizer stepped outside scaler.step() (event "optimizer-outside-scaler", which the
+// Python agent records): the NaN/Inf it applied is that loop's bug, named first, and the
+// findings it causes point to it (tests/scenarios/test_scaler_misuse.py runs the real loops).
+#include <catch2/catch.hpp>
+
+#include "../rundb/temp_dir.h"
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/render.h"
+#include "rule_checks.h"
+#include "run_fixture.h"
+
+using namespace ampdiag;
+using namespace ampdiag::analyzer;
+using namespace ampdiag::test::rule_checks;
+using ampdiag::test::RunFixture;
+using ampdiag::test::TempDir;
+
+namespace {
+
+const char* kScaled =
+    "SGD.step() ran on gradients still multiplied by the loss scale (1024): scaler.step(optimizer) was not called";
+const char* kUnscaled =
+    "SGD.step() ran after scaler.unscale_(optimizer) but outside scaler.step(): a step whose gradients hold NaN/Inf "
+    "is applied instead of skipped";
+
+// Five steps at `scale` with nothing overflowing, and the event where `detail` is given.
+Report quiet_run(const TempDir& dir, const char* detail, double scale) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  if (detail) f.event("optimizer-outside-scaler", detail);
+  for (int i = 0; i < 5; ++i) f.step(scale, scale);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("gradients applied still multiplied by the scale are the first error, and the NaN update points to it",
+          "[rules][scaler-use]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("optimizer-outside-scaler", kScaled);
+  for (int i = 0; i < 5; ++i) f.step(1024, 1024);
+  f.taken().step(1024, 1024, 1000, {"head.weight", "b.weight"});
+  for (int i = 0; i < 5; ++i) f.taken().step(1024, 1024, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  REQUIRE_FALSE(r.findings.empty());
+  const Finding& first = r.findings.front();
+  CHECK(first.rule == "optimizer-outside-scaler");
+  CHECK(first.severity == Severity::kError);
+  CHECK_THAT(first.evidence, Catch::Contains("6 steps applied NaN/Inf gradients, first step 5") &&
+                                 Catch::Contains("the loss is NaN/Inf from step 6"));
+  CHECK_THAT(first.suggestions.front().python, Catch::Contains("scaler.step(optimizer)  # not optimizer.step()"));
+  const Finding* update = find(r, "nonfinite-update");
+  REQUIRE(update != nullptr);
+  CHECK_THAT(update->suggestions.front().summary, Catch::StartsWith("Step the optimizer through the scaler"));
+}
+
+TEST_CASE("gradients applied multiplied by the scale fail the gate before anything overflows", "[rules][scaler-use]") {
+  // Every update is `scale` times too large from the first: an error even while finite.
+  TempDir dir;
+  const auto r = quiet_run(dir, kScaled, 1024);
+  const Finding* o = find(r, "optimizer-outside-scaler");
+  REQUIRE(o != nullptr);
+  CHECK(o->severity == Severity::kError);
+  CHECK(Gate("error").fails(r));
+}
+
+TEST_CASE("an optimizer stepped after unscale_ with no overflow yet is a warning", "[rules][scaler-use]") {
+  TempDir dir;
+  const auto r = quiet_run(dir, kUnscaled, 65536);
+  const Finding* o = find(r, "optimizer-outside-scaler");
+  REQUIRE(o != nullptr);
+  CHECK(o->severity == Severity::kWarning);
+  CHECK_THAT(o->evidence, Catch::Contains("no step's gradients held NaN/Inf yet"));
+  CHECK_FALSE(Gate("error").fails(r));
+}
+
+TEST_CASE("an optimizer stepped after unscale_ that applied an overflow is an error ahead of the collapse it caused",
+          "[rules][scaler-use]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("optimizer-outside-scaler", kUnscaled);
+  double scale = 65536;
+  f.taken().step(scale, scale / 2, 1000, {"head.weight"});
+  for (int i = 0; i < 12; ++i, scale /= 2) f.taken().step(scale / 2, scale / 4, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  REQUIRE_FALSE(r.findings.empty());
+  CHECK(r.findings.front().rule == "optimizer-outside-scaler");
+  CHECK(r.findings.front().severity == Severity::kError);
+  const Finding* collapse = find(r, "scale-collapse");
+  REQUIRE(collapse != nullptr);
+  CHECK_THAT(collapse->suggestions.front().summary, Catch::Contains("see optimizer-outside-scaler"));
+}
+
+TEST_CASE("without the event no optimizer-outside-scaler finding is made", "[rules][scaler-use]") {
+  TempDir dir;
+  const auto r = quiet_run(dir, nullptr, 1024);
+  CHECK(find(r, "optimizer-outside-scaler") == nullptr);
+}

@@ -1,0 +1,72 @@
+"""Loops that scale the loss but step the optimizer themselves, as real torch loops:
+torch raises nothing, the run goes NaN, and the verdict must name the loop's mistake
+first, with the fix that the same loop, corrected, confirms."""
+import torch
+from torch import nn
+
+import ampdiag
+
+
+def train(db, step, init_scale, steps=20):
+    """An fp16 regression loop; `step(scaler, optimizer, model)` ends each iteration."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    losses = []
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(steps):
+            x, y = torch.randn(32, 16), torch.randn(32, 1)
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            step(scaler, opt, model)
+            losses.append(loss.item())
+    return losses
+
+
+def forgotten(scaler, opt, model):
+    opt.step()  # scaler.step(opt) and scaler.update() forgotten
+
+
+def unscaled_then_stepped(scaler, opt, model):
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()  # not scaler.step(opt): a step with Inf gradients is applied
+    scaler.update()
+
+
+def through_the_scaler(scaler, opt, model):
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+
+
+def test_a_loop_that_forgot_scaler_step_is_told_so_first(tmp_path, verdict):
+    losses = train(tmp_path / "forgot.db", forgotten, 1024.0)
+    assert any(loss != loss for loss in losses)  # the scaled updates drove it to NaN
+    code, rep = verdict(tmp_path / "forgot.db")
+    assert code == 1
+    first = rep["findings"][0]
+    assert (first["rule"], first["severity"]) == ("optimizer-outside-scaler", "error")
+    assert "still multiplied by the loss scale" in first["title"] + first["evidence"]
+
+
+def test_an_optimizer_stepped_after_unscale_that_applied_an_overflow_is_told_so_first(tmp_path, verdict):
+    losses = train(tmp_path / "unscaled.db", unscaled_then_stepped, 2.0 ** 24)
+    assert losses[-1] != losses[-1]
+    code, rep = verdict(tmp_path / "unscaled.db")
+    assert code == 1
+    first = rep["findings"][0]
+    assert (first["rule"], first["severity"]) == ("optimizer-outside-scaler", "error")
+    assert "applied, not skipped" in first["title"]
+
+
+def test_the_same_loop_through_scaler_step_is_healthy(tmp_path, verdict):
+    losses = train(tmp_path / "fixed.db", through_the_scaler, 2.0 ** 24)
+    assert all(loss == loss for loss in losses)
+    code, rep = verdict(tmp_path / "fixed.db")
+    assert code == 0, rep["findings"]
+    assert "optimizer-outside-scaler" not in [f["rule"] for f in rep["findings"]]
