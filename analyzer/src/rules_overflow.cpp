@@ -236,8 +236,21 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     const double share = double(m.first) / double(considered);
     f.score = 90.0 * share + (top ? 5.0 : 0.0);
     f.title = place + " overflows first in backward: its gradients go non-finite before any other layer's";
-    f.evidence = row.name + " was the first gradient (in backward order) to hold NaN/Inf in " + std::to_string(m.first) +
-                 " of " + plural(considered, "skipped step") + " (" + (m.steps.size() == 1 ? "step " : "steps ") +
+    // Several of its gradients were first in different steps: each with its own count.
+    std::string which;
+    if (m.layers.size() > 1) {
+      std::vector<std::pair<std::int64_t, std::int64_t>> by_count(m.layers.begin(), m.layers.end());
+      std::stable_sort(by_count.begin(), by_count.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+      for (std::size_t k = 0; k < by_count.size() && k < 4; ++k)
+        which += run.layers[std::size_t(by_count[k].first)].info.name + " in " + std::to_string(by_count[k].second) + ", ";
+      if (by_count.size() > 4) which += "..., ";
+      which.replace(which.size() - 2, 2, "; ");
+    }
+    f.evidence = (m.layers.size() == 1 ? row.name + " was the first gradient"
+                                       : "a gradient of " + (module.empty() ? std::string("the model") : module) +
+                                             " was the first") +
+                 " (in backward order) to hold NaN/Inf in " + std::to_string(m.first) + " of " +
+                 plural(considered, "skipped step") + " (" + which + (m.steps.size() == 1 ? "step " : "steps ") +
                  step_list(m.steps) + ")";
     if (!harms) {
       f.title = place + " is where the occasional overflow starts; the loss scale copes with it";

@@ -600,6 +600,23 @@ TEST_CASE("a scale still coming down when the run ends is not excused as calibra
   CHECK(r.runs.front().calibration_skips == 1);
 }
 
+TEST_CASE("a module whose different gradients were first in different steps gives each its count", "[rules]") {
+  // It used to say its most frequent layer was first in every one of the module's steps.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 32768, 1000, {"a.bias"});
+  for (int i = 0; i < 6; ++i) f.step(32768, 32768);
+  f.step(32768, 16384, 1000, {"a.weight", "a.bias"});
+  for (int i = 0; i < 6; ++i) f.step(16384, 16384);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->module == "a");
+  CHECK_THAT(o->evidence, Catch::Contains("a gradient of a was the first (in backward order) to hold NaN/Inf in 2 of 2 "
+                                          "skipped steps (a.weight in 1, a.bias in 1; steps 0, 7)"));
+}
+
 TEST_CASE("a short run that backs off once from 65536 after a step that fit passes the gate", "[rules]") {
   // A 5-step smoke run: its descent from init_scale has not had time to settle, but the
   // scale is still high; its one skip is the scaler finding its level, not a culprit.
