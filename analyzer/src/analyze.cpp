@@ -34,7 +34,7 @@ const std::vector<std::string>& rule_ids() {
                                                "autopin",        "stalled-updates",   "half-parameters",
                                                "half-loss",      "input-nan",         "nonfinite-update",
                                                "nonfinite-parameters", "loss-backward",
-                                               "optimizer-outside-scaler"};
+                                               "optimizer-outside-scaler", "loss-divergence"};
   return ids;
 }
 
@@ -185,6 +185,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::loss_backward(run, found);
     rules::nonfinite_update(run, found);
     rules::optimizer_outside_scaler(run, found);
+    rules::loss_divergence(run, found);
     for (auto& f : found) {
       f.ranks = {run.rank};
       all.push_back(std::move(f));

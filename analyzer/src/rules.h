@@ -33,6 +33,18 @@ std::string fmt(double v);
 // A parameter dtype of a model stored in half precision (the layers table's name).
 bool half_dtype(const std::string& dtype);
 
+// The loss grew by orders of magnitude while finite before NaN/Inf came (see
+// rules_divergence.cpp); `found` false where it did not.
+struct Divergence {
+  bool found = false;
+  double baseline = 0.0, peak = 0.0;
+  std::int64_t rise = -1, onset = -1, peak_step = -1, first_nonfinite_loss = -1;
+  // How many times its start it grew: "2.3e+05x", "1500x".
+  std::string factor() const;
+};
+Divergence find_divergence(const Run& run);
+// Run after the other rules of the run: the culprits it finds from the climb on point to it.
+void loss_divergence(const Run& run, std::vector<Finding>& out);
 // An optimizer stepped outside scaler.step() (event optimizer-outside-scaler).
 void optimizer_outside_scaler(const Run& run, std::vector<Finding>& out);
 void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out);

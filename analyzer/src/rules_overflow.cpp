@@ -386,6 +386,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
                 (where.empty() ? "" : ", " + where);
     f.evidence = "first non-finite output in forward order in " + std::to_string(c.first) + " of " +
                  plural(std::int64_t(run.steps.size()), "step") + ", from step " + std::to_string(c.first_step);
+    f.steps.push_back(c.first_step);
     if (known_losses > 0) f.evidence += "; the loss was NaN/Inf in " + plural(nonfinite_loss, "step");
     if (cause.own_code)
       f.evidence += "; " + cause.first_seen + " showed it first but only received it (its FP32 replay was still NaN/Inf)";

@@ -37,6 +37,8 @@ void optimizer_outside_scaler(const Run& run, std::vector<Finding>& out) {
     f.evidence += "; " + plural(applied, "step") + " applied NaN/Inf gradients, first step " + std::to_string(first_applied);
   else if (!scaled)
     f.evidence += "; no step's gradients held NaN/Inf yet";
+  if (const Divergence d = find_divergence(run); scaled && d.found)
+    f.evidence += "; the loss grew " + d.factor() + " while finite, from step " + std::to_string(d.rise);
   if (first_bad_loss >= 0) f.evidence += "; the loss is NaN/Inf from step " + std::to_string(first_bad_loss);
   const std::string summary =
       "Step the optimizer through the scaler: scaler.step(optimizer) unscales the gradients (unless scaler.unscale_() "

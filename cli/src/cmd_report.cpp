@@ -25,8 +25,8 @@ options:
                           scale-collapse, overflow-origin, forward-nonfinite, input-nan,
                           nonfinite-update, nonfinite-parameters, half-loss, low-headroom,
                           underflow, skip-rate, rank-disagreement, missing-ranks,
-                          stalled-updates, loss-backward, optimizer-outside-scaler
-                          (docs/ANALYZER.md)
+                          stalled-updates, loss-backward, optimizer-outside-scaler,
+                          loss-divergence (docs/ANALYZER.md)
   --scale-floor X         scale-collapse below this loss scale (default 128)
   --backoff-run N         scale-collapse after N back-offs without recovering (default 8)
   --headroom-bits X       low-headroom within X bits of the largest value (default 1)

@@ -1,0 +1,143 @@
+// loss-divergence: the loss grew by orders of magnitude while every step was finite, and
+// only then overflowed or went NaN/Inf. A learning rate too high (or no warm-up, no
+// clipping) drives the weights and activations up until fp16's range ends: the module that
+// overflows first is where it shows, not why, and pinning it to FP32 only delays the NaN.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "rules.h"
+
+namespace ampdiag::analyzer::rules {
+
+namespace {
+
+// How far above its start the loss must climb, and how far above it the climb starts. A
+// loss that only spikes and comes back (a hard batch) is not a divergence: from its onset
+// to the first NaN/Inf every finite loss stays at least kStaysAbove times the start.
+constexpr double kDiverged = 1000.0, kRising = 10.0, kStaysAbove = 100.0;
+constexpr std::size_t kBaselineSteps = 5;
+
+// Steps with NaN/Inf anywhere: skipped, a NaN/Inf loss, or a NaN/Inf module output.
+bool troubled(const Run& run, const StepSummary& s) {
+  return s.row.skipped || s.row.found_inf || run.loss_nonfinite(s.row) || s.first_nonfinite_module >= 0;
+}
+
+}  // namespace
+
+std::string Divergence::factor() const {
+  char b[32];
+  const double r = peak / baseline;
+  std::snprintf(b, sizeof b, r < 1e4 ? "%.0fx" : "%.1ex", r);
+  return b;
+}
+
+Divergence find_divergence(const Run& run) {
+  Divergence d;
+  std::vector<double> start;
+  for (const auto& s : run.steps)
+    if (start.size() < kBaselineSteps && run.loss_known(s.row) && std::isfinite(s.row.loss) && s.row.loss > 0.0)
+      start.push_back(s.row.loss);
+  if (start.size() < 3) return d;  // too few losses to say where it started
+  std::nth_element(start.begin(), start.begin() + std::ptrdiff_t(start.size() / 2), start.end());
+  d.baseline = start[start.size() / 2];
+  std::size_t onset = run.steps.size(), first_bad = run.steps.size();
+  for (std::size_t i = 0; i < run.steps.size(); ++i) {
+    const auto& row = run.steps[i].row;
+    if (run.loss_nonfinite(row)) {
+      if (onset == run.steps.size()) continue;  // an earlier NaN of its own, not this climb's
+      first_bad = i;
+      break;
+    }
+    if (!run.loss_known(row)) continue;
+    if (onset == run.steps.size() && row.loss >= kDiverged * d.baseline) onset = i;
+    if (onset < run.steps.size() && row.loss < kStaysAbove * d.baseline) return d;  // it came back: a spike
+  }
+  if (onset == run.steps.size()) return d;
+  // The climb starts where the loss last passed kRising times its start before the onset.
+  std::size_t rise = onset;
+  while (rise > 0 && (!run.loss_known(run.steps[rise - 1].row) || run.steps[rise - 1].row.loss >= kRising * d.baseline))
+    --rise;
+  // Nothing to explain without NaN/Inf after the climb began.
+  bool after = false;
+  for (std::size_t i = rise; i < run.steps.size() && !after; ++i) after = troubled(run, run.steps[i]);
+  if (!after) return d;
+  d.found = true;
+  d.rise = run.steps[rise].row.step;
+  d.onset = run.steps[onset].row.step;
+  d.first_nonfinite_loss = first_bad < run.steps.size() ? run.steps[first_bad].row.step : -1;
+  for (std::size_t i = rise; i < first_bad; ++i)
+    if (run.loss_known(run.steps[i].row) && run.steps[i].row.loss > d.peak) {
+      d.peak = run.steps[i].row.loss;
+      d.peak_step = run.steps[i].row.step;
+    }
+  return d;
+}
+
+void loss_divergence(const Run& run, std::vector<Finding>& out) {
+  const Divergence d = find_divergence(run);
+  if (!d.found) return;
+  // Updates applied still multiplied by the loss scale grow it so: optimizer-outside-scaler says why.
+  if (const rundb::EventRow* e = run.first_event("optimizer-outside-scaler");
+      e && e->detail.find("still multiplied by the loss scale") != std::string::npos)
+    return;
+  std::int64_t troubled_steps = 0, first_troubled = -1;
+  for (const auto& s : run.steps)
+    if (s.row.step >= d.rise && troubled(run, s) && troubled_steps++ == 0) first_troubled = s.row.step;
+  Finding f;
+  f.rule = "loss-divergence";
+  f.severity = Severity::kError;
+  f.score = 102.0;  // before the overflows it causes (scale-collapse 100)
+  f.steps = {d.rise};
+  f.title = "The loss diverged before anything overflowed: it grew " + d.factor() + " while finite, and the NaN/Inf came after";
+  f.evidence = "loss " + fmt(d.baseline) + " at the start (median of its first steps), above " + fmt(kRising) +
+               "x that from step " + std::to_string(d.rise) + ", above " + fmt(kDiverged) + "x from step " +
+               std::to_string(d.onset) + ", up to " + fmt(d.peak) + " at step " + std::to_string(d.peak_step) + "; " +
+               plural(troubled_steps, "step") + " with NaN/Inf or a skip from step " + std::to_string(first_troubled) +
+               (d.first_nonfinite_loss >= 0 ? ", the loss NaN/Inf from step " + std::to_string(d.first_nonfinite_loss)
+                                            : std::string()) +
+               ". The overflows that follow are where the growth left fp16's range, not why";
+  const std::string summary =
+      "Lower the learning rate (or warm it up) and clip the gradient norm: the weights and activations grow until "
+      "the half-precision range ends. Pinning the module that overflows first to FP32 only delays the NaN.";
+  if (run.has_scaler())
+    f.suggestions.push_back({summary,
+                             "scaler.scale(loss).backward()\n"
+                             "scaler.unscale_(optimizer)\n"
+                             "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)\n"
+                             "scaler.step(optimizer)\n"
+                             "scaler.update()",
+                             "scaler.scale(loss).backward();  // ampdiag::GradScaler\n"
+                             "scaler.unscale_(optimizer);\n"
+                             "torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);\n"
+                             "scaler.step(optimizer);\n"
+                             "scaler.update();",
+                             ""});
+  else
+    f.suggestions.push_back({summary,
+                             "loss.backward()\n"
+                             "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)\n"
+                             "optimizer.step()",
+                             "loss.backward();\n"
+                             "torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);\n"
+                             "optimizer.step();",
+                             ""});
+  // Where it shows is not why: the culprits named from the climb on point to it.
+  for (auto& g : out) {
+    if (!g.steps.empty() && g.steps.front() < d.rise) continue;
+    const std::string see = "The loss was diverging (see loss-divergence): ";
+    if (g.rule == "forward-nonfinite" || g.rule == "overflow-origin" || g.rule == "loss-backward") {
+      if (g.severity == Severity::kError) g.severity = Severity::kWarning;
+      g.evidence += "; it comes after the loss grew " + d.factor() + " from step " + std::to_string(d.rise);
+      g.suggestions.insert(g.suggestions.begin(),
+                           {see + "fix that first; what follows holds only if it still overflows without it.", "", "", ""});
+    } else if (g.rule == "scale-collapse" || g.rule == "skip-rate") {
+      g.suggestions = {{see + "fix that, and these overflows go with it.", "", "", ""}};
+    }
+  }
+  out.push_back(f);
+}
+
+}  // namespace ampdiag::analyzer::rules

@@ -1,0 +1,91 @@
+// loss-divergence: a loss that grew by orders of magnitude while finite before the NaN/Inf
+// came is the cause, and the module that overflowed first is only where it showed
+// (tests/scenarios/test_divergence.py trains a real loop with a learning rate too high).
+#include <catch2/catch.hpp>
+
+#include "../rundb/temp_dir.h"
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/render.h"
+#include "rule_checks.h"
+#include "run_fixture.h"
+
+using namespace ampdiag;
+using namespace ampdiag::analyzer;
+using namespace ampdiag::test::rule_checks;
+using ampdiag::test::RunFixture;
+using ampdiag::test::TempDir;
+
+namespace {
+
+// Losses `finite` (one finite step each), then `nan_steps` steps whose module `enc` went
+// NaN/Inf in forward with a NaN loss, the scale halving.
+Report run_of(const TempDir& dir, const std::vector<double>& finite, int nan_steps) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (double loss : finite) f.activation("enc", false).step(65536, 65536, 1000, {}, loss);
+  double scale = 65536;
+  for (int i = 0; i < nan_steps; ++i, scale /= 2)
+    f.activation("enc", true).step(scale, scale / 2, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a loss that grew a thousandfold while finite before NaN is named first", "[rules][divergence]") {
+  TempDir dir;
+  const auto r = run_of(dir, {2.0, 2.1, 1.9, 2.0, 2.2, 30.0, 400.0, 5000.0, 60000.0}, 12);
+  REQUIRE_FALSE(r.findings.empty());
+  const Finding& first = r.findings.front();
+  CHECK(first.rule == "loss-divergence");
+  CHECK(first.severity == Severity::kError);
+  CHECK(first.steps == std::vector<std::int64_t>{5});
+  CHECK_THAT(first.evidence, Catch::Contains("above 10x that from step 5, above 1000x from step 7") &&
+                                 Catch::Contains("the loss NaN/Inf from step 9"));
+  CHECK_THAT(first.suggestions.front().summary, Catch::StartsWith("Lower the learning rate"));
+}
+
+TEST_CASE("the module that overflowed after the climb is a warning that points to the divergence",
+          "[rules][divergence]") {
+  TempDir dir;
+  const auto r = run_of(dir, {2.0, 2.1, 1.9, 2.0, 2.2, 30.0, 400.0, 5000.0, 60000.0}, 12);
+  const Finding* fwd = find(r, "forward-nonfinite");
+  REQUIRE(fwd != nullptr);
+  CHECK(fwd->severity == Severity::kWarning);
+  CHECK_THAT(fwd->suggestions.front().summary, Catch::StartsWith("The loss was diverging (see loss-divergence)"));
+  const Finding* collapse = find(r, "scale-collapse");
+  REQUIRE(collapse != nullptr);
+  CHECK_THAT(collapse->suggestions.front().summary, Catch::Contains("see loss-divergence"));
+}
+
+TEST_CASE("a loss spike that comes back before the NaN is not a divergence", "[rules][divergence]") {
+  TempDir dir;
+  const auto r = run_of(dir, {2.0, 2.1, 1.9, 2.0, 2.2, 3000.0, 2.5, 2.1, 2.0}, 12);
+  CHECK(find(r, "loss-divergence") == nullptr);
+  const Finding* fwd = find(r, "forward-nonfinite");
+  REQUIRE(fwd != nullptr);
+  CHECK(fwd->severity == Severity::kError);
+}
+
+TEST_CASE("a loss that only grows, with no NaN/Inf after, is not reported", "[rules][divergence]") {
+  TempDir dir;
+  const auto r = run_of(dir, {2.0, 2.1, 1.9, 2.0, 2.2, 30.0, 400.0, 5000.0, 60000.0}, 0);
+  CHECK(find(r, "loss-divergence") == nullptr);
+  CHECK_FALSE(Gate("error").fails(r));
+}
+
+TEST_CASE("a NaN in forward before the climb keeps its error", "[rules][divergence]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (double loss : {2.0, 2.1, 1.9, 2.0, 2.2}) f.activation("enc", false).step(65536, 65536, 1000, {}, loss);
+  f.activation("enc", true).step(65536, 32768, 1000, {"head.weight"}, kNaN);
+  for (double loss : {30.0, 400.0, 5000.0, 60000.0}) f.activation("enc", false).step(32768, 32768, 1000, {}, loss);
+  for (int i = 0; i < 6; ++i) f.activation("enc", true).step(32768, 32768, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  REQUIRE(find(r, "loss-divergence") != nullptr);
+  const Finding* fwd = find(r, "forward-nonfinite");
+  REQUIRE(fwd != nullptr);
+  REQUIRE_FALSE(fwd->steps.empty());
+  CHECK(fwd->steps.front() == 5);
+  CHECK(fwd->severity == Severity::kError);
+}
