@@ -16,6 +16,37 @@ namespace ampdiag::analyzer::rules {
 
 namespace {
 
+constexpr double kFp16Max = 65504.0;
+
+// The largest unscaled gradient of these layers in the steps where they stayed finite, and
+// its step (-1: none): above fp16's maximum, the true gradients do not fit at any scale >= 1.
+std::pair<double, std::int64_t> largest_true_gradient(const Run& run, const std::map<std::int64_t, std::int64_t>& layers) {
+  std::map<std::int64_t, double> scale_of;
+  for (const auto& s : run.steps) scale_of[s.row.step] = s.row.scale_before;
+  double largest = 0.0;
+  std::int64_t at = -1;
+  for (const auto& [id, _] : layers)
+    for (const auto& g : run.layers[std::size_t(id)].samples) {
+      const auto it = scale_of.find(g.step);
+      if (g.nonfinite || it == scale_of.end() || it->second <= 0.0) continue;
+      if (const double v = double(g.absmax) / it->second; v > largest) {
+        largest = v;
+        at = g.step;
+      }
+    }
+  return {largest, at};
+}
+
+// The median of the finite recorded losses, NaN where none.
+double median_loss(const Run& run) {
+  std::vector<double> losses;
+  for (const auto& s : run.steps)
+    if (run.loss_known(s.row) && std::isfinite(s.row.loss)) losses.push_back(s.row.loss);
+  if (losses.empty()) return NAN;
+  std::nth_element(losses.begin(), losses.begin() + std::ptrdiff_t(losses.size() / 2), losses.end());
+  return losses[losses.size() / 2];
+}
+
 std::string step_list(const std::vector<std::int64_t>& steps, std::size_t limit = 6) {
   std::string s;
   for (std::size_t i = 0; i < steps.size() && i < limit; ++i) s += (i ? ", " : "") + std::to_string(steps[i]);
@@ -261,7 +292,27 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     // there takes a true gradient beyond fp16's range, or a NaN its backward makes in any
     // precision (sqrt or norm of 0), which pinning cannot help. Neither is ruled out.
     const bool at_any_scale = harms && run.has_scaler() && m.lowest_scale <= 1.0;
-    if (at_any_scale) {
+    // Where its finite steps show gradients beyond fp16's range unscaled, that is why.
+    const auto [true_max, true_max_step] =
+        at_any_scale && run.fp16() ? largest_true_gradient(run, m.layers) : std::pair<double, std::int64_t>{0.0, -1};
+    const bool too_large = true_max > kFp16Max;
+    if (too_large) {
+      f.title = place + "'s gradients exceed fp16's range even unscaled (up to " + fmt(true_max) + ")";
+      f.evidence += "; in the steps where they stayed finite the largest unscaled one was " + fmt(true_max) + " (step " +
+                    std::to_string(true_max_step) + "), above fp16's 65504: the scale has to stay below 1 to fit them "
+                    "(they overflowed down to " + fmt(m.lowest_scale) + "), which flushes the small ones to zero";
+      const double loss = median_loss(run);
+      f.suggestions.push_back(
+          {"Shrink the loss where it is made" +
+               (std::isfinite(loss) ? " (it is around " + fmt(loss) + ", and its gradients are as large)" : std::string()) +
+               ": normalise the regression targets to unit spread, average over the batch instead of summing, or "
+               "divide the loss by a constant.",
+           "y = (y - y_mean) / y_std  # targets in units of their spread (predictions: * y_std + y_mean)\n"
+           "loss = loss_fn(model(x).float(), y)",
+           "auto y_n = (y - y_mean) / y_std;  // predictions: * y_std + y_mean\n"
+           "auto loss = loss_fn(model->forward(x).to(torch::kFloat), y_n);",
+           ""});
+    } else if (at_any_scale) {
       f.title = place + " goes NaN/Inf first in backward at every loss scale, down to " + fmt(m.lowest_scale);
       f.evidence += "; down to a loss scale of " + fmt(m.lowest_scale) +
                     ", which no longer enlarges the gradients: its backward makes NaN/Inf that no scale avoids, or its "
@@ -283,7 +334,8 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     }
     if (harms) {  // nothing to fix when the scaler copes
       f.suggestions.push_back(suggest::fp32_at(run, module, row));
-      if (at_any_scale) f.suggestions.back().summary = "If its true gradients are the ones beyond fp16: " + f.suggestions.back().summary;
+      if (at_any_scale && !too_large)
+        f.suggestions.back().summary = "If its true gradients are the ones beyond fp16: " + f.suggestions.back().summary;
       f.suggestions.push_back(suggest::use_bf16(run));
     }
     out.push_back(f);

@@ -128,6 +128,26 @@ TEST_CASE("a layer going NaN first at scales below 1 gets its backward looked at
   CHECK_THAT(o->suggestions[1].summary, Catch::StartsWith("If its true gradients are the ones beyond fp16: Run enc in FP32"));
 }
 
+TEST_CASE("a layer whose finite steps show gradients beyond fp16's range unscaled is told to shrink the loss",
+          "[rules]") {
+  // Unnormalised regression targets (a loss around 9e10): the scaler settles at 1/16, where
+  // the last layer's gradients fit, and their unscaled size is ~6e5. No sqrt is to blame.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  double scale = 65536;
+  for (int i = 0; i < 20; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"}, 9e10);
+  for (int i = 0; i < 10; ++i) f.step(scale, scale, 37000, {}, 9e10);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->module == "head");
+  CHECK_THAT(o->title, Catch::Contains("head's gradients exceed fp16's range even unscaled (up to 592000)"));
+  REQUIRE(o->suggestions.size() == 3);
+  CHECK_THAT(o->suggestions[0].summary, Catch::StartsWith("Shrink the loss where it is made (it is around 9e+10"));
+  CHECK_THAT(o->suggestions[1].summary, Catch::StartsWith("Run head in FP32"));
+}
+
 TEST_CASE("a scale stuck at its floor is a collapse", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);

@@ -1,0 +1,46 @@
+"""Regression on unnormalised targets (house prices around 3e5), as a real fp16 loop: the
+loss is ~9e10 and the last layer's true gradients ~6e5, beyond fp16's range at any scale of
+1 or more. The scaler settles below 1; the verdict must say the gradients are too large
+unscaled and to shrink the loss, not to look for a sqrt in the backward. The same loop on
+targets in units of their spread confirms the fix: healthy."""
+import torch
+from torch import nn
+
+import ampdiag
+
+MEAN, SPREAD = 3e5, 5e4
+
+
+def train(db, normalise, steps=40):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(steps):
+            x, y = torch.randn(256, 16), MEAN + SPREAD * torch.randn(256, 1)
+            if normalise:
+                y = (y - MEAN) / SPREAD
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    return scaler.get_scale()
+
+
+def test_gradients_beyond_fp16_unscaled_are_told_to_shrink_the_loss(tmp_path, verdict):
+    assert train(tmp_path / "prices.db", normalise=False) < 1.0
+    code, rep = verdict(tmp_path / "prices.db")
+    assert code == 1
+    origin = next(f for f in rep["findings"] if f["rule"] == "overflow-origin")
+    assert "exceed fp16's range even unscaled" in origin["title"]
+    assert origin["suggestions"][0]["summary"].startswith("Shrink the loss where it is made")
+    assert not any("sqrt" in s["summary"] for s in origin["suggestions"])
+
+
+def test_the_same_loop_on_normalised_targets_is_healthy(tmp_path, verdict):
+    assert train(tmp_path / "normalised.db", normalise=True) >= 1024.0
+    code, rep = verdict(tmp_path / "normalised.db")
+    assert code == 0, rep["findings"]
