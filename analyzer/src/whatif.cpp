@@ -11,6 +11,7 @@
 #include "ampdiag/analyzer/causes.h"
 #include "ampdiag/rundb/reader.h"
 #include "calibration.h"
+#include "rules.h"
 
 namespace ampdiag::analyzer {
 
@@ -24,6 +25,10 @@ struct StepFacts {
   double magnitude = 0.0;  // kMagnitude: the largest finite |g| unscaled
   double scale = 0.0;      // the scale it was recorded at
   double estimate = 0.0;   // the magnitude the estimate assumes (with the overflow inside backward)
+  // Taken when recorded, or one of the recording's own calibration skips: a replayed
+  // calibration skip here is one the scale avoids once settled. A skip that hurt the
+  // recording (a diverging run's) is not, whatever the replayed scale did before it.
+  bool settles = true;
 };
 
 // Fills `estimate` for the steps known on one side only: the larger magnitude of the nearest
@@ -72,11 +77,18 @@ std::vector<StepFacts> facts_of(const Run& run, WhatIf& w) {
       absmax = std::max(absmax, s.absmax);
       nonfinite = nonfinite || s.nonfinite;
     }
+  const auto recorded_step = [&](std::size_t i) {
+    const auto& row = run.steps[i].row;
+    return ScaleStep{bool(row.skipped), row.scale_before, row.scale_after};
+  };
+  const std::size_t recorded_calibration = calibration_end(run.steps.size(), recorded_step);
   std::vector<StepFacts> facts;
   facts.reserve(run.steps.size());
   for (const auto& step : run.steps) {
     StepFacts f;
     f.scale = step.row.scale_before;
+    const std::size_t index = facts.size();
+    f.settles = !step.row.skipped || is_calibration(recorded_step(index), index, recorded_calibration);
     // A loss made of the scaled gradients (a gradient penalty) overflows with them.
     const bool loss_nonfinite = run.loss_nonfinite(step.row) && !run.loss_holds_scale(step.row);
     const bool overflowed = step.row.found_inf || step.row.skipped;
@@ -140,7 +152,8 @@ ScalerReplay replay(const std::vector<StepFacts>& facts, const ScalerConfig& c, 
     return ScaleStep{r.skips[i], r.scales[i], i + 1 < r.scales.size() ? r.scales[i + 1] : r.final_scale};
   };
   const std::size_t end = calibration_end(facts.size(), at);
-  for (std::size_t i = 0; i < end; ++i) r.calibration += is_calibration(at(i), i, end) && facts[i].kind != Known::kOverflow;
+  for (std::size_t i = 0; i < end; ++i)
+    r.calibration += is_calibration(at(i), i, end) && facts[i].kind != Known::kOverflow && facts[i].settles;
   return r;
 }
 
@@ -259,7 +272,17 @@ bool improves_on(const WhatIf& candidate, const WhatIf& recorded) {
   return candidate.pessimistic.steady() < recorded.pessimistic.steady();
 }
 
+bool recommends(const Run& run, const WhatIf& best, const WhatIf& recorded) {
+  return improves_on(best, recorded) && !rules::find_divergence(run).found;
+}
+
 std::string recommendation(const Run& run, const WhatIf& best, const WhatIf& recorded, std::size_t searched) {
+  // The replay takes the gradients as given: where the run's own loop made them grow
+  // without bound, no scaler setting is the fix, whatever the replay predicts.
+  if (const rules::Divergence d = rules::find_divergence(run); d.found)
+    return "keep the recorded configuration: the loss diverged (it grew " + d.factor() + " from step " +
+           std::to_string(d.rise) + " before its NaN/Inf), and no scaler setting fixes that: see ampdiag report "
+           "(loss-divergence)";
   if (improves_on(best, recorded)) return grad_scaler_call(run, best.config);
   std::string why = "keep the recorded configuration: none of the " + std::to_string(searched) +
                     " searched is predicted to skip fewer steps";

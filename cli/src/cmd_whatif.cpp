@@ -140,7 +140,7 @@ int cmd_whatif(int argc, char** argv) {
            number(skipped) + ", \"replayed\": " + prediction_json(as_recorded) + "}, \"known\": {\"always_skipped\": " +
            number(as_recorded.always_skipped) + ", \"censored\": " + number(as_recorded.censored) +
            ", \"unrecorded\": " + number(as_recorded.unrecorded) + "}, \"searched\": " + (search ? "true" : "false") +
-           ", \"improves_on_recorded\": " + (analyzer::improves_on(predictions.front(), as_recorded) ? "true" : "false") +
+           ", \"improves_on_recorded\": " + (analyzer::recommends(run, predictions.front(), as_recorded) ? "true" : "false") +
            ", \"predictions\": [";
     for (std::size_t i = 0; i < predictions.size(); ++i) text += (i ? ", " : "") + prediction_json(predictions[i]);
     text += "]}\n";

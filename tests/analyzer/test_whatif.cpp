@@ -300,3 +300,22 @@ TEST_CASE("with histograms the share of values a lower scale flushes to zero is 
   }
   CHECK(analyzer::what_if(run, config(1024, 1000)).underflow == -1.0);  // no histograms given
 }
+
+TEST_CASE("a run whose loss diverged is told to keep its scaler, whatever the replay predicts", "[whatif]") {
+  // The loss grew 30000x while finite, then every step overflowed: censored overflows that
+  // a far lower scale is predicted to pass. The loop is the fix, not the scaler.
+  TempDir dir;
+  {
+    RunFixture f(dir.file("a.db"), {"w"});
+    for (double loss : {2.0, 2.1, 1.9, 2.0, 2.2, 30.0, 400.0, 5000.0, 60000.0}) f.step(65536, 65536, 1000, {}, loss);
+    double scale = 65536;
+    for (int i = 0; i < 12; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"w"}, 1e6);
+    f.finish();
+  }
+  const auto run = analyzer::load_run(dir.file("a.db"));
+  const auto recorded = analyzer::what_if(run, analyzer::recorded_config(run));
+  const auto grid = analyzer::search_configs(run);
+  CHECK_FALSE(analyzer::recommends(run, grid.front(), recorded));
+  CHECK_THAT(analyzer::recommendation(run, grid.front(), recorded, grid.size()),
+             Catch::StartsWith("keep the recorded configuration: the loss diverged"));
+}

@@ -39,6 +39,13 @@ def test_a_diverging_loss_is_named_before_the_module_that_overflowed(tmp_path, v
     assert culprits[0]["suggestions"][0]["summary"].startswith("The loss was diverging (see loss-divergence)")
 
 
+def test_whatif_does_not_offer_a_scaler_setting_for_a_diverging_run(tmp_path, ampdiag):
+    train(tmp_path / "diverged.db", lr=0.5)
+    result = ampdiag("whatif", tmp_path / "diverged.db")
+    assert result.returncode == 0, result.stderr
+    assert "Recommended: keep the recorded configuration: the loss diverged" in result.stdout
+
+
 def test_the_same_loop_with_a_tenth_of_the_learning_rate_is_healthy(tmp_path, verdict):
     losses = train(tmp_path / "fixed.db", lr=0.05)
     assert all(l == l for l in losses)

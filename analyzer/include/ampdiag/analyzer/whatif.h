@@ -89,6 +89,11 @@ std::vector<WhatIf> search_configs(const Run& run, const StepHistograms* histogr
 // pessimistic bound. A higher lowest scale alone is no reason to change a scaler.
 bool improves_on(const WhatIf& candidate, const WhatIf& recorded);
 
+// Whether to recommend `best` over the recorded configuration: it improves on it, and the
+// run's loss did not diverge (the replay takes the gradients as given; a loop whose
+// gradients grew without bound is fixed in the loop, not the scaler).
+bool recommends(const Run& run, const WhatIf& best, const WhatIf& recorded);
+
 // What to do after a search whose best is `best`: its torch.amp.GradScaler call where it
 // improves on `recorded`, else to keep the recorded configuration, and why.
 std::string recommendation(const Run& run, const WhatIf& best, const WhatIf& recorded, std::size_t searched);
