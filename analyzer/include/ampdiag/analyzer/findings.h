@@ -16,7 +16,7 @@ struct Suggestion {
   std::string python;   // copy-paste snippet
   std::string cpp;      // copy-paste snippet
   // What following it costs, where the run measured it (the device profile); else empty.
-  std::string cost;
+  std::string cost = {};
 };
 
 struct Finding {
