@@ -8,6 +8,7 @@ encoder instead of the small one, and each step is timed up to a device synchron
 (the benchmark's own, after scaler.update()).
 
     PYTHONPATH=build/python python bench/python_attach_bench.py [--steps N] [--rounds R] [--device cpu|cuda]
+        [--precision fp16|fp32]
 
 Each round builds fresh loops and interleaves them for N steps, in an order that rotates
 every step; the table gives the median over all rounds' steps, and the spread of the
@@ -58,10 +59,10 @@ LOOPS = (("without ampdiag", None), ("attach (activations on)", {}),
          ("attach, observe only", {"fused_unscale": False}), ("attach, no activations", {"activations": False}))
 
 
-def step(model, optimizer, scaler, x, y):
+def step(model, optimizer, scaler, x, y, autocast=True):
     t0 = time.perf_counter()
     optimizer.zero_grad()
-    with torch.autocast(x.device.type, dtype=torch.float16):
+    with torch.autocast(x.device.type, dtype=torch.float16, enabled=autocast):
         out = model(x)
         loss = nn.functional.mse_loss((out.mean(1) if out.dim() == 3 else out).float(), y)
     scaler.scale(loss).backward()
@@ -72,7 +73,7 @@ def step(model, optimizer, scaler, x, y):
     return time.perf_counter() - t0
 
 
-def run_round(make, device, steps, tmp, round_index):
+def run_round(make, device, steps, tmp, round_index, autocast=True):
     loops = {}
     for name, options in LOOPS:
         torch.manual_seed(0)
@@ -84,7 +85,7 @@ def run_round(make, device, steps, tmp, round_index):
         loops[name] = (model, optimizer, scaler, x, y, handle, [])
     for model, optimizer, scaler, x, y, _, _ in loops.values():
         for _ in range(3):
-            step(model, optimizer, scaler, x, y)  # warm-up
+            step(model, optimizer, scaler, x, y, autocast)  # warm-up
     # The order rotates every step: the loop that runs right after another one inherits its
     # caches, which moved a loop's median by ~0.5 % in a fixed order (two identical loops
     # without ampdiag measured -0.5 % apart).
@@ -92,7 +93,7 @@ def run_round(make, device, steps, tmp, round_index):
     for i in range(steps):
         k = i % len(order)
         for model, optimizer, scaler, x, y, _, times in order[k:] + order[:k]:
-            times.append(step(model, optimizer, scaler, x, y))
+            times.append(step(model, optimizer, scaler, x, y, autocast))
     for *_, handle, _ in loops.values():
         if handle:
             handle.close()
@@ -118,6 +119,10 @@ def main():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", choices=sorted(MODELS), default="cpu")
+    parser.add_argument("--precision", choices=("fp16", "fp32"), default="fp16",
+                        help="fp32: autocast off, the same loops in float32 with the same GradScaler; a proxy on a "
+                             "CPU that emulates fp16 (similar step times, every hook and check still runs, on "
+                             "outputs twice the bytes), not the budgets' measurement")
     args = parser.parse_args()
     if args.steps < 1 or args.rounds < 1:
         parser.error("--steps and --rounds must be at least 1")
@@ -128,13 +133,16 @@ def main():
     if args.device == "cpu":
         fp16, fp32 = matmul_gflops(torch.float16), matmul_gflops(torch.float32)
         print(f"Matrix multiply: fp16 {fp16:.1f} GFLOP/s, fp32 {fp32:.1f} GFLOP/s.")
-        if fp16 < fp32 / 4:
+        if fp16 < fp32 / 4 and args.precision == "fp16":
             print("fp16 is emulated on this CPU: its steps are many times longer than the budgets assume, so these "
-                  "overheads do not measure against them (docs/PERFORMANCE.md).")
+                  "overheads do not measure against them (docs/PERFORMANCE.md); --precision fp32 is a proxy.")
+    if args.precision == "fp32":
+        print("Precision fp32 (autocast off): a proxy for the fp16 loops, not the budgets' measurement.")
     print()
     with tempfile.TemporaryDirectory() as tmp:
         for title, make in MODELS[args.device].items():
-            rounds = [run_round(make, args.device, args.steps, tmp, r) for r in range(args.rounds)]
+            rounds = [run_round(make, args.device, args.steps, tmp, r, args.precision == "fp16")
+                      for r in range(args.rounds)]
             all_times = {name: [t for r in rounds for t in r[name]] for name, _ in LOOPS}
             base = statistics.median(all_times["without ampdiag"])
             print(f"### {title}\n")
