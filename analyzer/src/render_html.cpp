@@ -104,6 +104,20 @@ std::string loss_plot(const std::vector<Run>& runs) {
     p.series.push_back(std::move(s));
   }
   p.empty_note = "every recorded loss was NaN/Inf";
+  // A loss spanning orders of magnitude (a divergence) is flat at zero on a linear axis
+  // until it explodes: then the axis is logarithmic.
+  double lo = INFINITY, hi = 0.0;
+  for (const auto& s : p.series)
+    for (const auto& [x, y] : s.points) {
+      lo = std::min(lo, y);
+      hi = std::max(hi, y);
+    }
+  if (lo > 0.0 && hi >= 1000.0 * lo) {
+    p.y_axis = svg::YAxis::kPowerOfTwo;
+    p.title = "Loss by step (the sum of the step's losses; log scale: it spans a factor of " + fmt("%.2g", hi / lo) + ")";
+    for (auto& s : p.series)
+      for (auto& point : s.points) point.second = std::log2(point.second);
+  }
   return any ? svg::line_plot(p) : "";
 }
 

@@ -46,6 +46,15 @@ def test_whatif_does_not_offer_a_scaler_setting_for_a_diverging_run(tmp_path, am
     assert "Recommended: keep the recorded configuration: the loss diverged" in result.stdout
 
 
+def test_the_html_report_plots_a_diverging_loss_on_a_log_scale(tmp_path, ampdiag):
+    # On a linear axis the loss sat flat at zero until it exploded.
+    train(tmp_path / "diverged.db", lr=0.5)
+    page = tmp_path / "report.html"
+    result = ampdiag("report", tmp_path / "diverged.db", "--format", "html", "-o", page)
+    assert result.returncode == 1, result.stderr
+    assert "log scale: it spans a factor of" in page.read_text()
+
+
 def test_the_same_loop_with_a_tenth_of_the_learning_rate_is_healthy(tmp_path, verdict):
     losses = train(tmp_path / "fixed.db", lr=0.05)
     assert all(l == l for l in losses)
