@@ -11,6 +11,10 @@ namespace ampdiag::analyzer::rules {
 // Steps skipped while the scaler halves its way down from init_scale, before it first
 // grows or holds a scale for a few steps in a row (steps that fit may come in between).
 std::int64_t calibration_skips(const Run& run);
+// The index in run.steps after that descent (calibration.h's rule on the recorded steps),
+// and whether step `step_index` is one of its back-offs.
+std::size_t calibration_end(const Run& run);
+bool is_calibration(const Run& run, std::size_t step_index, std::size_t end);
 // A skip right after the scale grew: the scaler probing for room, normal behaviour.
 bool is_growth_probe(const Run& run, std::size_t step_index);
 // Skipped steps that are neither calibration nor growth probes.
@@ -45,6 +49,9 @@ struct Divergence {
 Divergence find_divergence(const Run& run);
 // Run after the other rules of the run: the culprits it finds from the climb on point to it.
 void loss_divergence(const Run& run, std::vector<Finding>& out);
+// The run's optimizer applied gradients still multiplied by the loss scale (event
+// optimizer-outside-scaler in its scaler.step()-forgotten form).
+bool updates_held_scale(const Run& run);
 // An optimizer stepped outside scaler.step() (event optimizer-outside-scaler).
 void optimizer_outside_scaler(const Run& run, std::vector<Finding>& out);
 void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out);

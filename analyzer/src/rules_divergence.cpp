@@ -80,9 +80,7 @@ void loss_divergence(const Run& run, std::vector<Finding>& out) {
   const Divergence d = find_divergence(run);
   if (!d.found) return;
   // Updates applied still multiplied by the loss scale grow it so: optimizer-outside-scaler says why.
-  if (const rundb::EventRow* e = run.first_event("optimizer-outside-scaler");
-      e && e->detail.find("still multiplied by the loss scale") != std::string::npos)
-    return;
+  if (updates_held_scale(run)) return;
   std::int64_t troubled_steps = 0, first_troubled = -1;
   for (const auto& s : run.steps)
     if (s.row.step >= d.rise && troubled(run, s) && troubled_steps++ == 0) first_troubled = s.row.step;

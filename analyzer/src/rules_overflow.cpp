@@ -16,10 +16,8 @@ namespace ampdiag::analyzer::rules {
 
 namespace {
 
-constexpr double kFp16Max = 65504.0;
-
 // The largest unscaled gradient of these layers in the steps where they stayed finite, and
-// its step (-1: none): above fp16's maximum, the true gradients do not fit at any scale >= 1.
+// its step (-1: none): above the dtype's maximum, the true gradients do not fit at any scale >= 1.
 std::pair<double, std::int64_t> largest_true_gradient(const Run& run, const std::map<std::int64_t, std::int64_t>& layers) {
   std::map<std::int64_t, double> scale_of;
   for (const auto& s : run.steps) scale_of[s.row.step] = s.row.scale_before;
@@ -295,7 +293,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     // Where its finite steps show gradients beyond fp16's range unscaled, that is why.
     const auto [true_max, true_max_step] =
         at_any_scale && run.fp16() ? largest_true_gradient(run, m.layers) : std::pair<double, std::int64_t>{0.0, -1};
-    const bool too_large = true_max > kFp16Max;
+    const bool too_large = true_max > run.fp_max;
     if (too_large) {
       f.title = place + "'s gradients exceed fp16's range even unscaled (up to " + fmt(true_max) + ")";
       f.evidence += "; in the steps where they stayed finite the largest unscaled one was " + fmt(true_max) + " (step " +

@@ -26,6 +26,8 @@ ScaleStep scale_step(const Run& run, std::size_t i) {
   return {row.skipped, row.scale_before, row.scale_after};
 }
 
+}  // namespace
+
 std::size_t calibration_end(const Run& run) {
   return analyzer::calibration_end(run.steps.size(), [&](std::size_t i) { return scale_step(run, i); });
 }
@@ -33,8 +35,6 @@ std::size_t calibration_end(const Run& run) {
 bool is_calibration(const Run& run, std::size_t i, std::size_t end) {
   return analyzer::is_calibration(scale_step(run, i), i, end);
 }
-
-}  // namespace
 
 std::int64_t calibration_skips(const Run& run) {
   const std::size_t end = calibration_end(run);

@@ -10,10 +10,15 @@
 
 namespace ampdiag::analyzer::rules {
 
+bool updates_held_scale(const Run& run) {
+  const rundb::EventRow* e = run.first_event("optimizer-outside-scaler");
+  return e && e->detail.find("still multiplied by the loss scale") != std::string::npos;
+}
+
 void optimizer_outside_scaler(const Run& run, std::vector<Finding>& out) {
   const rundb::EventRow* e = run.first_event("optimizer-outside-scaler");
   if (!e) return;
-  const bool scaled = e->detail.find("still multiplied by the loss scale") != std::string::npos;
+  const bool scaled = updates_held_scale(run);
   std::int64_t applied = 0, first_applied = -1, first_bad_loss = -1;
   for (const auto& s : run.steps) {
     if (s.row.found_inf && !s.row.skipped && ++applied == 1) first_applied = s.row.step;

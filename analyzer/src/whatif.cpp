@@ -77,18 +77,14 @@ std::vector<StepFacts> facts_of(const Run& run, WhatIf& w) {
       absmax = std::max(absmax, s.absmax);
       nonfinite = nonfinite || s.nonfinite;
     }
-  const auto recorded_step = [&](std::size_t i) {
-    const auto& row = run.steps[i].row;
-    return ScaleStep{bool(row.skipped), row.scale_before, row.scale_after};
-  };
-  const std::size_t recorded_calibration = calibration_end(run.steps.size(), recorded_step);
+  const std::size_t recorded_calibration = rules::calibration_end(run);
   std::vector<StepFacts> facts;
   facts.reserve(run.steps.size());
   for (const auto& step : run.steps) {
     StepFacts f;
     f.scale = step.row.scale_before;
     const std::size_t index = facts.size();
-    f.settles = !step.row.skipped || is_calibration(recorded_step(index), index, recorded_calibration);
+    f.settles = !step.row.skipped || rules::is_calibration(run, index, recorded_calibration);
     // A loss made of the scaled gradients (a gradient penalty) overflows with them.
     const bool loss_nonfinite = run.loss_nonfinite(step.row) && !run.loss_holds_scale(step.row);
     const bool overflowed = step.row.found_inf || step.row.skipped;
