@@ -1,0 +1,155 @@
+// Which skips are the scaler's calibration (its descent from init_scale) or growth probes,
+// and which hurt the run: skip-rate and the overflow-origin severity they decide.
+#include <catch2/catch.hpp>
+
+#include "../rundb/temp_dir.h"
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/render.h"
+#include "rule_checks.h"
+#include "run_fixture.h"
+
+using namespace ampdiag;
+using namespace ampdiag::analyzer;
+using ampdiag::test::RunFixture;
+using ampdiag::test::TempDir;
+using namespace ampdiag::test::rule_checks;
+
+TEST_CASE("a scale that settles at 4096 and probes for growth is not a collapse", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < 4; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"a.weight"});  // calibration
+  for (int i = 0; i < 10; ++i) {  // grows after its interval, overflows, backs off: 14 back-offs in all
+    for (int k = 0; k < 5; ++k) f.step(scale, scale);
+    f.step(scale, scale * 2);
+    f.step(scale * 2, scale, 1000, {"a.weight"});
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "scale-collapse") == nullptr);
+  CHECK(r.healthy());
+}
+
+TEST_CASE("a layer whose only skip calibrated the scale is information while forward NaNs push the skip rate up",
+          "[rules]") {
+  // The run's harmful skips are a module's forward NaN (forward-nonfinite's); the layer's
+  // one overflow was the first step's, at init_scale.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.replay("attn", "intrinsic");
+  f.activation("attn", false).step(65536, 32768, 1000, {"head.weight"});
+  for (int i = 1; i < 20; ++i) {
+    if (i % 7 == 3)
+      f.activation("attn", true).step(32768, 32768, 1000, {"head.weight", "a.weight"}, kNaN);
+    else
+      f.activation("attn", false).step(32768, 32768);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->module == "head");
+  CHECK(o->severity == Severity::kInfo);
+  CHECK(o->suggestions.empty());
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module == "attn");
+}
+
+TEST_CASE("calibration and growth-probe skips are not harmful", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 32768, 1000, {"head.weight"}).step(32768, 16384, 1000, {"head.weight"});
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 9; ++i) f.step(16384, 16384);
+    f.step(16384, 32768);
+    f.step(32768, 16384, 1000, {"head.weight"});  // the growth probe overflows
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(r.healthy());
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->severity == Severity::kInfo);
+}
+
+TEST_CASE("a scale coming down from init_scale between successful steps is calibrating, not skipping", "[rules]") {
+  // What a real scaler does when batches differ: an overflow, a step that fits, another
+  // batch that does not, until it settles (4 skips in 20 steps, 2 after the first success).
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 32768, 1000, {"head.weight"}).step(32768, 16384, 1000, {"head.weight"}).step(16384, 16384);
+  f.step(16384, 8192, 1000, {"head.weight"}).step(8192, 8192).step(8192, 8192);
+  f.step(8192, 4096, 1000, {"head.weight"});
+  for (int i = 0; i < 13; ++i) f.step(4096, 4096);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(r.healthy());
+  CHECK(find(r, "skip-rate") == nullptr);
+  CHECK(r.runs.front().calibration_skips == 4);
+  CHECK(r.runs.front().harmful_skips == 0);
+}
+
+TEST_CASE("skips after the scale settled still count, and the calibration before is named", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 32768, 1000, {"head.weight"}).step(32768, 16384).step(16384, 8192, 1000, {"head.weight"});
+  for (int i = 0; i < 6; ++i) f.step(8192, 8192);  // settled
+  double scale = 8192;
+  for (int i = 0; i < 4; ++i, scale /= 2) {  // then one step in four overflows
+    f.step(scale, scale / 2, 1000, {"head.weight"});
+    for (int k = 0; k < 3; ++k) f.step(scale / 2, scale / 2);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* s = find(r, "skip-rate");
+  REQUIRE(s != nullptr);
+  CHECK_THAT(s->evidence, Catch::Contains("4 of 23 steps skipped (not counting 2 skipped at the start"));
+  CHECK(r.runs.front().calibration_skips == 2);
+}
+
+TEST_CASE("a scale still coming down when the run ends is not excused as calibration", "[rules]") {
+  // Never 5 steps in a row without an overflow, never a growth: it has not settled.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < 6; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"}).step(scale / 2, scale / 2).step(scale / 2, scale / 2);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "skip-rate") != nullptr);
+  CHECK(r.runs.front().calibration_skips == 1);
+}
+
+TEST_CASE("a short run that backs off once from 65536 after a step that fit passes the gate", "[rules]") {
+  // A 5-step smoke run: its descent from init_scale has not had time to settle, but the
+  // scale is still high; its one skip is the scaler finding its level, not a culprit.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 65536).step(65536, 32768, 1000, {"head.weight"}).step(32768, 32768).step(32768, 32768).step(32768, 32768);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK_FALSE(Gate("error").fails(r));
+  CHECK(find(r, "skip-rate") == nullptr);
+  CHECK(r.runs.front().calibration_skips == 1);
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->severity == Severity::kInfo);
+}
+
+TEST_CASE("a short run whose skips had NaN/Inf in forward still fails the gate", "[rules]") {
+  // Its scale is still high when it ends, but forward made the NaN/Inf: no scale helps.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.activation("enc", false).activation("head", false).step(65536, 65536);
+  for (int i = 0; i < 2; ++i) {
+    const double scale = 65536 / double(1 << i);
+    f.activation("enc", true).activation("head", true).step(scale, scale / 2, 1000, {"head.weight"}, kNaN);
+  }
+  f.activation("enc", false).activation("head", false).step(16384, 16384);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(Gate("error").fails(r));
+  const Finding* fwd = find(r, "forward-nonfinite");
+  REQUIRE(fwd != nullptr);
+  CHECK(fwd->module == "enc");
+}

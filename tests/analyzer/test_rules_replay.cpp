@@ -1,0 +1,218 @@
+// The module an FP32 replay confirms or clears: where a NaN/Inf in forward is pinned, and where
+// it is a mask's -inf, a buffer's NaN or the caller's code (one situation per test).
+#include <catch2/catch.hpp>
+
+#include "../rundb/temp_dir.h"
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/render.h"
+#include "rule_checks.h"
+#include "run_fixture.h"
+
+using namespace ampdiag;
+using namespace ampdiag::analyzer;
+using ampdiag::test::RunFixture;
+using ampdiag::test::TempDir;
+using namespace ampdiag::test::rule_checks;
+
+TEST_CASE("a module whose FP32 replay is still NaN/Inf is never the pin: the parent whose replay is finite is", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"block.conv2.weight", "block.bn2.weight"});
+  f.replay("block.bn2", "nonfinite").replay("block", "finite");
+  for (int i = 0; i < 4; ++i) f.activation("block.conv2", false).activation("block.bn2", true).step(65536, 32768, 1000, {}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module == "block");
+  CHECK(fw->confirmation == "confirmed");
+  CHECK_THAT(fw->title, Catch::EndsWith("in its own code, between block.conv2 and block.bn2"));
+  for (const auto& finding : r.findings)
+    for (const auto& s : finding.suggestions) CHECK_THAT(s.python, !Catch::Contains("block.bn2") && !Catch::Contains("bn2)"));
+  CHECK(r.skipped.front().forward_module == "block");
+}
+
+TEST_CASE("the model's own code that made NaN/Inf is placed after the module that finished just before", "[rules][replay]") {
+  // A VAE's reparameterisation, exp(0.5 * logvar) in fp16, runs in the model's forward()
+  // between logvar and the decoder's first layer, which only receives its Inf.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"mu.weight", "logvar.weight", "dec.0.weight"});
+  f.replay("dec.0", "nonfinite").replay("dec", "nonfinite");
+  for (int i = 0; i < 4; ++i)
+    f.activation("mu", false).activation("logvar", false).activation("dec.0", true).activation("dec", true)
+        .step(65536, 32768, 1000, {"dec.0.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module.empty());
+  CHECK_THAT(fw->title, Catch::EndsWith("outside its submodules, between logvar and dec.0"));
+  CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Look at the model's own forward() between logvar and dec.0:"));
+}
+
+TEST_CASE("a module's own code that made NaN/Inf before its first child is placed before that child", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"stem.weight", "block.conv.weight"});
+  f.replay("block.conv", "nonfinite").replay("block", "finite");
+  for (int i = 0; i < 4; ++i)
+    f.activation("stem", false).activation("block.conv", true).activation("block", true)
+        .step(65536, 32768, 1000, {"block.conv.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module == "block");
+  CHECK_THAT(fw->title, Catch::EndsWith("in its own code, before block.conv"));
+}
+
+TEST_CASE("a module whose buffers held NaN when its replay made NaN is named for them, with a reset", "[rules][replay]") {
+  // A frozen BatchNorm whose running variance a checkpoint left NaN.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"conv.weight", "bn.weight", "head.weight"});
+  f.replay("bn", "intrinsic").event("buffers-nan", "bn: running_var (1 of 8 values NaN)");
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2)
+    f.activation("conv", false).activation("bn", true).step(scale, scale / 2, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module == "bn");
+  CHECK_THAT(fw->title, Catch::Contains("because its buffers hold NaN"));
+  CHECK_THAT(fw->evidence, Catch::EndsWith("its buffers held NaN: running_var (1 of 8 values NaN)"));
+  CHECK(fw->suggestions.front().python == "model.bn.reset_running_stats()");
+  const Finding* collapse = find(r, "scale-collapse");
+  REQUIRE(collapse != nullptr);
+  CHECK_THAT(collapse->suggestions.front().summary, Catch::StartsWith("Fix the NaN/Inf made in bn (see forward-nonfinite)"));
+}
+
+TEST_CASE("another buffer holding NaN is named for the user to restore", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"norm.weight", "head.weight"});
+  f.replay("norm", "intrinsic").event("buffers-nan", "norm: scale (2 of 64 values NaN)");
+  for (int i = 0; i < 4; ++i) f.activation("norm", true).step(65536, 32768, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Restore norm's buffers (scale (2 of 64 values NaN))"));
+}
+
+TEST_CASE("a replay that raised is unconfirmed and never escalates", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"transformer.h.0.attn.weight"});
+  f.replay("transformer.h.0.attn", "unconfirmed", "the replay raised RuntimeError: shape mismatch");
+  for (int i = 0; i < 3; ++i) f.activation("transformer.h.0.attn", true).step(65536, 32768, 1000, {}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module == "transformer.h.0.attn");
+  CHECK(fw->confirmation == "unconfirmed");
+  CHECK_THAT(fw->evidence, Catch::Contains("shape mismatch"));
+}
+
+TEST_CASE("still NaN/Inf in FP32 with no enclosing replay blames the caller's code, not the module", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"bn.weight"});
+  f.replay("bn", "nonfinite");
+  for (int i = 0; i < 3; ++i) f.activation("bn", true).step(65536, 32768, 1000, {}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module.empty());
+  CHECK_THAT(fw->title, Catch::Contains("the model's own forward()"));
+  CHECK_THAT(fw->evidence, Catch::Contains("bn showed it first but only received it"));
+  for (const auto& s : fw->suggestions) CHECK_THAT(s.python, !Catch::Contains("pin_fp32"));
+}
+
+TEST_CASE("a module making -inf from finite inputs in FP32 too while the loss stays finite is a mask, not a failure", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"attn.qkv.weight", "head.weight"});
+  f.replay("attn.mask", "intrinsic");
+  for (int i = 0; i < 6; ++i) f.activation("attn.mask", true).activation("head", false).step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(r.healthy());
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->severity == Severity::kInfo);
+  CHECK(fw->module == "attn.mask");
+  CHECK(fw->suggestions.empty());
+}
+
+TEST_CASE("a mask's -inf in a loop that records no loss is still a mask while the gradients stay finite", "[rules][replay]") {
+  // An unknown loss (scale() given a non-scalar) is not a NaN one.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"attn.qkv.weight", "head.weight"});
+  f.replay("attn.mask", "intrinsic");
+  for (int i = 0; i < 6; ++i) f.activation("attn.mask", true).activation("head", false).no_loss().step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(r.healthy());
+  CHECK(r.skipped.empty());
+}
+
+TEST_CASE("a backward overflow in a loop that records no loss is named past a mask's -inf", "[rules][replay]") {
+  // The mask's -inf is by design unless the loss is known to be NaN/Inf: an unknown one is
+  // not, so the skips are backward's and the first gradient in backward order is named.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"attn.qkv.weight", "head.weight"});
+  f.replay("attn.mask", "intrinsic");
+  double scale = 65536;
+  for (int i = 0; i < 8; ++i, scale /= 2)
+    f.activation("attn.mask", true).activation("head", false).no_loss().step(scale, scale / 2, 1000, {"head.weight"});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->layer == "head.weight");
+  for (const auto& k : r.skipped) CHECK(k.forward == ForwardSource::kNone);
+}
+
+TEST_CASE("a module making NaN from finite inputs in FP32 too where the loss goes NaN is named, never pinned", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"norm.weight", "head.weight"});
+  f.replay("norm", "intrinsic");
+  for (int i = 0; i < 3; ++i) f.activation("norm", true).activation("head", true).step(65536, 32768, 1000, {}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->severity == Severity::kError);
+  CHECK(fw->module == "norm");
+  CHECK_THAT(fw->title, Catch::Contains("even in FP32"));
+  for (const auto& s : fw->suggestions) CHECK_THAT(s.python, !Catch::Contains("pin_fp32"));
+}
+
+TEST_CASE("an fp16 overflow after a mask's -inf is named, not the mask", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"attn.qkv.weight", "mlp.weight"});
+  f.replay("attn.mask", "intrinsic").replay("mlp", "finite");
+  for (int i = 0; i < 3; ++i) f.activation("attn.mask", true).activation("mlp", true).step(65536, 32768, 1000, {}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module == "mlp");
+  CHECK(fw->severity == Severity::kError);
+  CHECK(fw->confirmation == "confirmed");
+  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("pin_fp32(model.mlp)"));
+  for (const auto& finding : r.findings)
+    if (finding.module == "attn.mask") CHECK(finding.severity == Severity::kInfo);
+  CHECK(r.skipped.front().forward_module == "mlp");
+}
+
+TEST_CASE("a gradient overflow in a step whose forward only held a mask's -inf is a backward overflow", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"attn.qkv.weight", "head.weight"});
+  f.replay("attn.mask", "intrinsic");
+  double scale = 65536;
+  for (int i = 0; i < 10; ++i, scale /= 2) f.activation("attn.mask", true).step(scale, scale / 2, 1000, {"head.weight"});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->layer == "head.weight");
+  CHECK(r.skipped.front().forward_module.empty());
+}
