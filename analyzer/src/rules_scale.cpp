@@ -99,15 +99,25 @@ void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& o
   // Still falling: the scale ends at its lowest after at least `backoff_run` back-offs that
   // were not the initial calibration, and is within 4 bits (16x) of the floor. A scale that
   // settles well above the floor is the scaler working.
+  // A scale that never backed off in this recording did not collapse here: it started low
+  // (a low init_scale, or a scale restored from a checkpoint) and nothing overflowed. Once
+  // the scaler has grown it past the floor, it did its job; until then it is a warning:
+  // small gradients may flush to zero (underflow says where), but no evidence of harm.
+  const bool started_low = backoffs == 0;
+  if (started_low && last >= t.scale_floor) return;
   const bool collapsed = below > 0;
   const bool falling = !collapsed && last == lowest && last < first && harmful_backoffs >= t.backoff_run &&
                        last < t.scale_floor * 16.0;
   if (!collapsed && !falling) return;
   Finding f;
   f.rule = "scale-collapse";
-  f.severity = collapsed ? Severity::kError : Severity::kWarning;
-  f.score = 100.0;
-  if (lowest < 1.0)
+  f.severity = collapsed && !started_low ? Severity::kError : Severity::kWarning;
+  f.score = started_low ? 40.0 : 100.0;
+  if (started_low)
+    f.title = "The loss scale is " + fmt(first) + (first < 1.0 ? ", below 1," : ", below the floor of " + fmt(t.scale_floor) + ",") +
+              " from the first step and has not grown: " +
+              (first < 1.0 ? "fp16 gradients are shrunk, not protected" : "small fp16 gradients are barely protected");
+  else if (lowest < 1.0)
     f.title = "The loss scale fell below 1 (" + fmt(lowest) + "): fp16 gradients are being shrunk, not protected";
   else if (collapsed)
     f.title = "The loss scale collapsed to " + fmt(lowest) + ", below the floor of " + fmt(t.scale_floor);
@@ -123,10 +133,12 @@ void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& o
   if (first_below >= 0) f.steps.push_back(first_below);
   if (backoffs == 0) {
     // Below the floor without ever backing off: it started there and never grew.
-    f.evidence += "; no step overflowed: the scaler started low and has not grown yet";
+    f.evidence += "; no step overflowed: the scaler started low (a low init_scale, or a scale restored with "
+                  "scaler.load_state_dict()) and has not grown yet";
     f.suggestions.push_back(suggest::scaler_settings(
         run, std::max(65536.0, first), std::min<std::int64_t>(2000, std::max<std::int64_t>(100, std::int64_t(run.steps.size()) / 4)),
-        "Start the scaler higher (torch's default init_scale is 65536) or let it grow sooner."));
+        "Start the scaler higher (torch's default init_scale is 65536; after loading a checkpoint's scaler state, its "
+        "\"scale\" entry) or let it grow sooner."));
   } else {
     // analyze() names the culprit here once every rule has run (the findings must agree).
     f.suggestions.push_back({"Fix what overflows (see the overflow-origin and forward-nonfinite findings); the scale "

@@ -151,6 +151,7 @@ TEST_CASE("a layer whose finite steps show gradients beyond fp16's range unscale
 TEST_CASE("a scale stuck at its floor is a collapse", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
+  f.step(256, 128, 1000, {"a.weight"}).step(128, 64, 1000, {"a.weight"});
   for (int i = 0; i < 10; ++i) f.step(64, 64);
   f.finish();
   const auto r = report_of(dir.file("run.db"));
@@ -266,6 +267,33 @@ TEST_CASE("underflow while an overflow holds the scale down says to fix the over
   const Finding* c = find(r, "scale-collapse");
   REQUIRE(c != nullptr);
   CHECK_THAT(c->suggestions.front().summary, Catch::Contains("Fix the overflow in a "));
+}
+
+TEST_CASE("a scale below 1 from the first step that never backed off is a warning, not a collapse", "[rules]") {
+  // A scaler restored from a checkpoint at 1/16 (or made with a low init_scale): nothing in
+  // the recording overflowed or backed off, so nothing collapsed here.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 10; ++i) f.step(0.0625, 0.0625);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* c = find(r, "scale-collapse");
+  REQUIRE(c != nullptr);
+  CHECK(c->severity == Severity::kWarning);
+  CHECK_THAT(c->title, Catch::Contains("is 0.0625, below 1, from the first step"));
+  CHECK_THAT(c->title, !Catch::Contains("fell"));
+  CHECK_THAT(c->evidence, Catch::Contains("load_state_dict"));
+  CHECK_FALSE(Gate("error").fails(r));
+}
+
+TEST_CASE("a scale that starts below the floor and grows past it without backing off is no finding", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (double scale = 16; scale < 512; scale *= 2) f.step(scale, scale).step(scale, scale * 2);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "scale-collapse") == nullptr);
+  CHECK(r.healthy());
 }
 
 TEST_CASE("a scale below the floor that never backed off asks for a higher init_scale", "[rules]") {
