@@ -34,7 +34,8 @@ const std::vector<std::string>& rule_ids() {
                                                "autopin",        "stalled-updates",   "half-parameters",
                                                "half-loss",      "input-nan",         "nonfinite-update",
                                                "nonfinite-parameters", "loss-backward",
-                                               "optimizer-outside-scaler", "loss-divergence"};
+                                               "optimizer-outside-scaler", "loss-divergence",
+                                               "clip-before-unscale"};
   return ids;
 }
 
@@ -83,6 +84,14 @@ void make_consistent(Report& report) {
     if (f.rule == "nonfinite-update" && outside_scaler)
       f.suggestions = {{"Step the optimizer through the scaler (see optimizer-outside-scaler): it skips a step whose "
                         "gradients hold NaN/Inf.",
+                        "", ""}};
+  // Gradients clipped while scaled are as small at any scale: no scale lifts them.
+  const bool clipped_scaled = std::any_of(report.findings.begin(), report.findings.end(),
+                                          [](const Finding& f) { return f.rule == "clip-before-unscale"; });
+  for (auto& f : report.findings)
+    if (f.rule == "underflow" && clipped_scaled)
+      f.suggestions = {{"Unscale before clipping (see clip-before-unscale): clipped while multiplied by the scale, "
+                        "these gradients are cut to the same small norm at any loss scale.",
                         "", ""}};
   // NaN/Inf in the parameters makes every step on them NaN/Inf: the scaler skips them all,
   // and its symptoms from then on are theirs, not an overflow's.
@@ -185,6 +194,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::loss_backward(run, found);
     rules::nonfinite_update(run, found);
     rules::optimizer_outside_scaler(run, found);
+    rules::clip_before_unscale(run, found);
     rules::loss_divergence(run, found);
     for (auto& f : found) {
       f.ranks = {run.rank};

@@ -59,6 +59,7 @@ class RunFixture {
       grad(layers_[i], order++, absmax, false);
     }
     next_finite_first_.clear();
+    next_l2_ = 0.0;
     writer_.add_step(s);
     ++step_;
     return *this;
@@ -116,6 +117,13 @@ class RunFixture {
     return *this;
   }
 
+  // The next step's gradients have each this L2 norm (a clip left every step's total at the
+  // same value).
+  RunFixture& clipped(double each_l2) {
+    next_l2_ = each_l2;
+    return *this;
+  }
+
   // An agent event on the step being built.
   RunFixture& event(const std::string& kind, const std::string& detail) {
     writer_.add_event({step_, kind, detail, 0.0});
@@ -165,7 +173,10 @@ class RunFixture {
     const std::int64_t zeros = z == zero_fraction_.end() ? 0 : std::int64_t(z->second * 4096);
     const auto sub = subnormal_fraction_.find(name);
     const std::int64_t subnormal = sub == subnormal_fraction_.end() ? 0 : std::int64_t(sub->second * 4096);
-    g.stats = {4096, nonfinite ? 5 : 0, nonfinite ? 2 : 0, zeros, subnormal, absmax, subnormal ? 1e-6 : 1e-3, 10.0};
+    // The norm moves with the batch (step and layer), as a real gradient's does, unless a
+    // test fixed it (clipped()).
+    const double l2 = next_l2_ > 0.0 ? next_l2_ : 10.0 * (1.0 + 0.1 * double((step_ * 7 + id * 3) % 11));
+    g.stats = {4096, nonfinite ? 5 : 0, nonfinite ? 2 : 0, zeros, subnormal, absmax, subnormal ? 1e-6 : 1e-3, l2};
     if (histograms_) {
       g.histogram.assign(rundb::kHistBins, 0);
       g.histogram[bin(absmax)] += 100;
@@ -187,6 +198,7 @@ class RunFixture {
   bool next_taken_ = false;
   std::vector<std::string> next_finite_first_;
   bool next_no_loss_ = false;
+  double next_l2_ = 0.0;  // 0: the varying default
 };
 
 }  // namespace ampdiag::test

@@ -1,0 +1,102 @@
+// clip-before-unscale: gradients clipped while still multiplied by the loss scale keep the
+// clip's norm before unscale in every step, whatever the scale (tests/scenarios/
+// test_clipping.py runs the real loops, wrong and right).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "../rundb/temp_dir.h"
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/render.h"
+#include "rule_checks.h"
+#include "run_fixture.h"
+
+using namespace ampdiag;
+using namespace ampdiag::analyzer;
+using namespace ampdiag::test::rule_checks;
+using ampdiag::test::RunFixture;
+using ampdiag::test::TempDir;
+
+namespace {
+
+// Each layer's norm when the four layers' total is max_norm.
+double each(double max_norm) { return max_norm / std::sqrt(double(kLayers.size())); }
+
+}  // namespace
+
+TEST_CASE("gradients with one norm at every scale were clipped before unscale: an error that says to unscale first",
+          "[rules][clipping]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 6; ++i) f.clipped(each(1.0)).step(65536, 65536);
+  f.step(65536, 32768, 1000, {"head.weight"});
+  for (int i = 0; i < 6; ++i) f.clipped(each(1.0)).step(32768, 32768);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* c = find(r, "clip-before-unscale");
+  REQUIRE(c != nullptr);
+  CHECK(c->severity == Severity::kError);
+  CHECK(Gate("error").fails(r));
+  CHECK_THAT(c->title, Catch::Contains("clipped while still multiplied by the loss scale"));
+  CHECK_THAT(c->title, Catch::Contains("1 / scale (1.52588e-05 at 65536)"));
+  CHECK_THAT(c->evidence, Catch::Contains("was 1 (within 0.01 %) in 12 of 12 steps"));
+  CHECK_THAT(c->evidence, Catch::Contains("at loss scales 65536 down to 32768 alike"));
+  REQUIRE_FALSE(c->suggestions.empty());
+  CHECK_THAT(c->suggestions.front().python, Catch::Contains("scaler.unscale_(optimizer)"));
+  CHECK_THAT(c->suggestions.front().python, Catch::Contains("max_norm=1)"));
+  CHECK_THAT(c->suggestions.front().cpp, Catch::Contains("torch::nn::utils::clip_grad_norm_(model->parameters(), 1)"));
+}
+
+TEST_CASE("gradients whose norm moves with the batch were not clipped before unscale", "[rules][clipping]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 12; ++i) f.step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "clip-before-unscale") == nullptr);
+}
+
+TEST_CASE("a few steps whose norm happens to repeat are not a clip", "[rules][clipping]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 12; ++i) {
+    if (i % 3 == 0) f.clipped(each(2.0));
+    f.step(65536, 65536);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "clip-before-unscale") == nullptr);
+}
+
+TEST_CASE("without a scaler the statistics follow the clip: a fixed norm is the clip working", "[rules][clipping]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.meta("amp_dtype", "bfloat16").meta("scaler_enabled", "0");
+  for (int i = 0; i < 12; ++i) f.clipped(each(1.0)).step(1, 1);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "clip-before-unscale") == nullptr);
+}
+
+TEST_CASE("at a loss scale of 1 clipping the scaled gradients clips the true ones: no finding", "[rules][clipping]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 12; ++i) f.clipped(each(1.0)).step(1, 1);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "clip-before-unscale") == nullptr);
+}
+
+TEST_CASE("underflow of gradients clipped while scaled points to the clip, not to a higher scale", "[rules][clipping]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.5, 0.3);
+  for (int i = 0; i < 12; ++i) f.clipped(each(1.0)).step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* u = find(r, "underflow");
+  REQUIRE(u != nullptr);
+  REQUIRE(u->suggestions.size() == 1);
+  CHECK_THAT(u->suggestions.front().summary, Catch::Contains("see clip-before-unscale"));
+  CHECK(u->suggestions.front().python.empty());
+}
