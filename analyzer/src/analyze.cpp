@@ -35,7 +35,7 @@ const std::vector<std::string>& rule_ids() {
                                                "half-loss",      "input-nan",         "nonfinite-update",
                                                "nonfinite-parameters", "loss-backward",
                                                "optimizer-outside-scaler", "loss-divergence",
-                                               "clip-before-unscale"};
+                                               "clip-before-unscale", "unscaled-backward"};
   return ids;
 }
 
@@ -86,12 +86,17 @@ void make_consistent(Report& report) {
                         "gradients hold NaN/Inf.",
                         "", ""}};
   // Gradients clipped while scaled are as small at any scale: no scale lifts them.
-  const bool clipped_scaled = std::any_of(report.findings.begin(), report.findings.end(),
-                                          [](const Finding& f) { return f.rule == "clip-before-unscale"; });
+  // So are gradients of a backward that never started from the scaled loss.
+  const auto unscaled = std::find_if(report.findings.begin(), report.findings.end(), [](const Finding& f) {
+    return f.rule == "clip-before-unscale" || f.rule == "unscaled-backward";
+  });
   for (auto& f : report.findings)
-    if (f.rule == "underflow" && clipped_scaled)
-      f.suggestions = {{"Unscale before clipping (see clip-before-unscale): clipped while multiplied by the scale, "
-                        "these gradients are cut to the same small norm at any loss scale.",
+    if (f.rule == "underflow" && unscaled != report.findings.end())
+      f.suggestions = {{unscaled->rule == "clip-before-unscale"
+                            ? "Unscale before clipping (see clip-before-unscale): clipped while multiplied by the "
+                              "scale, these gradients are cut to the same small norm at any loss scale."
+                            : "Call backward() on scaler.scale(loss) (see unscaled-backward): these gradients never "
+                              "held the scale, so no scale setting lifts them.",
                         "", ""}};
   // NaN/Inf in the parameters makes every step on them NaN/Inf: the scaler skips them all,
   // and its symptoms from then on are theirs, not an overflow's.
@@ -195,6 +200,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::nonfinite_update(run, found);
     rules::optimizer_outside_scaler(run, found);
     rules::clip_before_unscale(run, found);
+    rules::unscaled_backward(run, found);
     rules::loss_divergence(run, found);
     for (auto& f : found) {
       f.ranks = {run.rank};

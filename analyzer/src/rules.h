@@ -54,6 +54,8 @@ void loss_divergence(const Run& run, std::vector<Finding>& out);
 bool updates_held_scale(const Run& run);
 // An optimizer stepped outside scaler.step() (event optimizer-outside-scaler).
 void optimizer_outside_scaler(const Run& run, std::vector<Finding>& out);
+// backward() on the loss scaler.scale() received, not on its output (Python agent's event).
+void unscaled_backward(const Run& run, std::vector<Finding>& out);
 // clip_grad_norm_ before scaler.unscale_(): the scaled gradients' norm pinned at max_norm.
 void clip_before_unscale(const Run& run, std::vector<Finding>& out);
 void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out);

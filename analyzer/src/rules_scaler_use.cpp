@@ -4,6 +4,9 @@
 // loss scale, or the optimizer stepped itself after scaler.unscale_(), and a step whose
 // gradients held NaN/Inf was applied instead of skipped. Both run without an error from
 // torch, and the run's NaN/Inf that follow are this finding's.
+// unscaled-backward: backward() ran on the loss given to scaler.scale(), not on its output
+// (event from the Python agent): the gradients never held the scale that scaler.step()
+// divides them by, so every update is 1/scale of the gradient.
 #include <string>
 
 #include "rules.h"
@@ -70,6 +73,35 @@ void optimizer_outside_scaler(const Run& run, std::vector<Finding>& out) {
                              "scaler.step(optimizer);  // not optimizer.step(): it skips a NaN/Inf step\n"
                              "scaler.update();",
                              ""});
+  out.push_back(f);
+}
+
+void unscaled_backward(const Run& run, std::vector<Finding>& out) {
+  const rundb::EventRow* e = run.first_event("unscaled-backward");
+  if (!e) return;
+  Finding f;
+  f.rule = "unscaled-backward";
+  f.severity = Severity::kError;
+  f.score = 101.0;  // above the symptoms: an underflow, a loss that does not fall
+  f.steps = {e->step >= 0 ? e->step : run.steps.front().row.step};
+  double scale = 0.0;
+  for (const auto& s : run.steps)
+    if (s.row.step == f.steps.front()) scale = s.row.scale_before;
+  f.title = "backward() ran on the loss, not on scaler.scale(loss): the gradients were never multiplied by the loss "
+            "scale, and scaler.step() divided them by it";
+  f.evidence = "from step " + std::to_string(f.steps.front()) + ", " + e->detail;
+  if (scale > 0.0)
+    f.evidence += "; at a loss scale of " + fmt(scale) + " every update was " + fmt(1.0 / scale) +
+                  " of its gradient, and fp16's small gradients were left unprotected";
+  f.suggestions.push_back({"Call backward() on what scaler.scale() returns: that multiplies the gradients by the scale, "
+                           "which scaler.step() divides back out.",
+                           "scaler.scale(loss).backward()  # not loss.backward()\n"
+                           "scaler.step(optimizer)\n"
+                           "scaler.update()",
+                           "scaler.scale(loss).backward();  // ampdiag::GradScaler; not loss.backward()\n"
+                           "scaler.step(optimizer);\n"
+                           "scaler.update();",
+                           ""});
   out.push_back(f);
 }
 

@@ -99,3 +99,35 @@ TEST_CASE("without the event no optimizer-outside-scaler finding is made", "[rul
   const auto r = quiet_run(dir, nullptr, 1024);
   CHECK(find(r, "optimizer-outside-scaler") == nullptr);
 }
+
+TEST_CASE("a backward on the unscaled loss is an error that says to call backward on scale's output",
+          "[rules][scaler-use]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("unscaled-backward", "backward() ran on the loss given to scaler.scale() (scale 65536), not on its output");
+  for (int i = 0; i < 5; ++i) f.step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* u = find(r, "unscaled-backward");
+  REQUIRE(u != nullptr);
+  CHECK(u->severity == Severity::kError);
+  CHECK(Gate("error").fails(r));
+  CHECK_THAT(u->evidence, Catch::Contains("from step 0, backward() ran on the loss given to scaler.scale()") &&
+                              Catch::Contains("every update was 1.52588e-05 of its gradient"));
+  CHECK_THAT(u->suggestions.front().python, Catch::StartsWith("scaler.scale(loss).backward()  # not loss.backward()"));
+}
+
+TEST_CASE("underflow of gradients that never held the scale points to the backward, not to a higher scale",
+          "[rules][scaler-use]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("unscaled-backward", "backward() ran on the loss given to scaler.scale() (scale 65536), not on its output");
+  f.zeros_fraction("b.weight", 0.5, 0.3);
+  for (int i = 0; i < 5; ++i) f.step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* under = find(r, "underflow");
+  REQUIRE(under != nullptr);
+  REQUIRE(under->suggestions.size() == 1);
+  CHECK_THAT(under->suggestions.front().summary, Catch::Contains("see unscaled-backward"));
+}

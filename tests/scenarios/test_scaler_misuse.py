@@ -7,8 +7,18 @@ from torch import nn
 import ampdiag
 
 
-def train(db, step, init_scale, steps=20):
-    """An fp16 regression loop; `step(scaler, optimizer, model)` ends each iteration."""
+def scaled_backward(scaler, loss):
+    scaler.scale(loss).backward()
+
+
+def unscaled_backward(scaler, loss):
+    scaler.scale(loss)  # its output is dropped
+    loss.backward()
+
+
+def train(db, step, init_scale, steps=20, backward=scaled_backward):
+    """An fp16 regression loop; `backward(scaler, loss)` runs its backward and
+    `step(scaler, optimizer, model)` ends each iteration."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -20,7 +30,7 @@ def train(db, step, init_scale, steps=20):
             opt.zero_grad()
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = nn.functional.mse_loss(model(x).float(), y)
-            scaler.scale(loss).backward()
+            backward(scaler, loss)
             step(scaler, opt, model)
             losses.append(loss.item())
     return losses
@@ -70,3 +80,17 @@ def test_the_same_loop_through_scaler_step_is_healthy(tmp_path, verdict):
     code, rep = verdict(tmp_path / "fixed.db")
     assert code == 0, rep["findings"]
     assert "optimizer-outside-scaler" not in [f["rule"] for f in rep["findings"]]
+
+
+def test_a_backward_on_the_unscaled_loss_is_told_so_and_the_scaled_backward_is_healthy(tmp_path, verdict):
+    # The loss never holds the scale, and scaler.step() divides the gradients by 65536:
+    # nothing overflows or goes NaN, and torch raises nothing.
+    train(tmp_path / "loss.db", through_the_scaler, 2.0 ** 16, steps=40, backward=unscaled_backward)
+    code, rep = verdict(tmp_path / "loss.db")
+    assert code == 1
+    first = rep["findings"][0]
+    assert (first["rule"], first["severity"]) == ("unscaled-backward", "error")
+    assert first["suggestions"][0]["python"].startswith("scaler.scale(loss).backward()")
+    train(tmp_path / "fixed.db", through_the_scaler, 2.0 ** 16, steps=40)
+    code, rep = verdict(tmp_path / "fixed.db")
+    assert code == 0, rep["findings"]

@@ -174,6 +174,7 @@ class AttachHandle:
             if scaler is not None:
                 wrap_scaler(self, scaler)
                 _loss.watch_grad(self)
+                _loss.watch(self)  # only to see a backward started from the unscaled loss
                 self._hooks.extend(_outside_scaler.watch(self, scaler))
             else:
                 self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
@@ -310,7 +311,8 @@ class AttachHandle:
         self._output_gradient_seen = False  # an output-gradient-nonfinite event in this cycle
         self._loss_code_seen = False        # a loss-code look in this cycle
         self._loss_nodes = []
-        self._scaled = []  # (scaler.scale()'s output, its loss in _losses) in this cycle
+        # (scaler.scale()'s output, its loss in _losses, the loss it was given) in this cycle
+        self._scaled = []
         self._scaler_stepped = False  # scaler.step() ran in this cycle
         self._bypass = None  # an optimizer stepped outside scaler.step(): see _outside_scaler.py
 
@@ -391,13 +393,16 @@ class AttachHandle:
         its gradients back, and is not the step's loss."""
         if self._inert or not self._scaled:
             return
-        taken = [loss for t, loss in self._scaled if any(t is o for o in _loss.tensors(outputs))]
+        taken = [loss for t, loss, _ in self._scaled if any(t is o for o in _loss.tensors(outputs))]
         if taken:
             self._losses = [loss for loss in self._losses if not any(loss is t for t in taken)]
-            self._scaled = [(t, loss) for t, loss in self._scaled if not any(loss is x for x in taken)]
+            self._scaled = [entry for entry in self._scaled if not any(entry[1] is x for x in taken)]
 
     def _before_backward(self, roots):
         if self._inert:
+            return
+        if self._has_scaler:
+            self._check_backward_roots(roots)
             return
         self._roots = _loss.scalar_losses(roots)
         self._grad_calls_before = self._grad_calls
@@ -410,8 +415,21 @@ class AttachHandle:
         if any(t.is_cpu and not math.isfinite(t.item()) for t in losses):
             self._look_at_loss_code()
 
+    def _check_backward_roots(self, roots):
+        """With a scaler, the loss is what scale() received: a backward started from that loss
+        itself, instead of from scale()'s output, makes gradients that were never multiplied
+        by the scale, which scaler.step() then divides by it (event "unscaled-backward")."""
+        if not self._scaled:
+            return
+        # Runs on every backward: the roots read as they come (through _loss.tensors(), whose
+        # isinstance(x, torch.Tensor) goes through torch's metaclass, this cost ~6 µs a call).
+        candidates = roots if type(roots) in (list, tuple) else (roots,)
+        if any(root is given for _, _, given in self._scaled for root in candidates):
+            self._event("unscaled-backward", f"backward() ran on the loss given to scaler.scale() (scale "
+                        f"{float(self.scaler.get_scale()):g}), not on its output", key=("unscaled-backward",))
+
     def _after_backward(self):
-        if self._inert:
+        if self._inert or self._has_scaler:
             return
         if self._grad_calls > self._grad_calls_before:  # this backward reached the model
             self._losses.extend(self._roots)

@@ -77,12 +77,12 @@ def _scale(handle, outputs, scaled):
         if t.numel() == 1 and t.is_floating_point():
             loss = t.detach()
             handle._losses.append(loss)
-            handle._scaled.append((s, loss))  # to take back if its gradients are taken instead
+            handle._scaled.append((s, loss, t))  # to take back if its gradients are taken instead
     if any(t.dtype == torch.float16 for t in _loss.tensors(outputs)):
         # Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
         handle._event("half-loss", "scaler.scale() received a float16 loss")
     handle._watch_backward_start(outputs)
-    handle._look_before_backward([loss for _, loss in handle._scaled[before:]])
+    handle._look_before_backward([loss for _, loss, _ in handle._scaled[before:]])
     handle._python_ns += time.perf_counter_ns() - t0
 
 
