@@ -35,7 +35,8 @@ const std::vector<std::string>& rule_ids() {
                                                "half-loss",      "input-nan",         "nonfinite-update",
                                                "nonfinite-parameters", "loss-backward",
                                                "optimizer-outside-scaler", "loss-divergence",
-                                               "clip-before-unscale", "unscaled-backward"};
+                                               "clip-before-unscale", "unscaled-backward",
+                                               "gradients-not-zeroed"};
   return ids;
 }
 
@@ -202,6 +203,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::clip_before_unscale(run, found);
     rules::unscaled_backward(run, found);
     rules::loss_divergence(run, found);
+    rules::gradients_not_zeroed(run, found);  // after the findings it explains
     for (auto& f : found) {
       f.ranks = {run.rank};
       all.push_back(std::move(f));

@@ -56,6 +56,9 @@ bool updates_held_scale(const Run& run);
 void optimizer_outside_scaler(const Run& run, std::vector<Finding>& out);
 // backward() on the loss scaler.scale() received, not on its output (Python agent's event).
 void unscaled_backward(const Run& run, std::vector<Finding>& out);
+// zero_grad() forgotten between optimizer steps (Python agent's event); the overflows,
+// divergence and collapse found in `out` from then on point to it. Runs after them.
+void gradients_not_zeroed(const Run& run, std::vector<Finding>& out);
 // clip_grad_norm_ before scaler.unscale_(): the scaled gradients' norm pinned at max_norm.
 void clip_before_unscale(const Run& run, std::vector<Finding>& out);
 void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out);

@@ -17,7 +17,7 @@ import weakref
 
 import torch
 
-from . import _ampdiag, _loss, _outside_scaler, _rank
+from . import _ampdiag, _loss, _outside_scaler, _rank, _stale_gradients
 from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
 from ._amp_dtype import learn_amp_dtype
@@ -274,6 +274,7 @@ class AttachHandle:
         modules = dict(model.named_modules())
         self._params = []  # every registered tensor, kept alive: id() is its key in the session
         self._layer_ids = {}  # id() -> layer, for tensors the optimizer has handed over
+        probe = _stale_gradients.probe_of(list(model.parameters()))
         for name, p in model.named_parameters(remove_duplicate=False):
             module_path = name.rpartition(".")[0]
             module = modules.get(module_path)
@@ -285,7 +286,10 @@ class AttachHandle:
                 continue  # the same tensor as an earlier name (the session says so once)
             self._params.append(p)
             if p.requires_grad:
-                self._hooks.append(p.register_hook(self._arrival_hook(layer)))
+                hook = self._arrival_hook(layer)
+                if p is probe:
+                    hook = _stale_gradients.probe_hook(self, p, name, hook)
+                self._hooks.append(p.register_hook(hook))
         self._session.layers_done()
 
     def _event(self, kind, detail, key=None):
@@ -308,6 +312,7 @@ class AttachHandle:
         self._last_version = 0            # its version counter then (in-place changes bump it)
         self._last_nonfinite = False      # whether it held NaN/Inf
         self._bf16_found = False
+        self._gradients_probed = False  # see _stale_gradients.py
         self._output_gradient_seen = False  # an output-gradient-nonfinite event in this cycle
         self._loss_code_seen = False        # a loss-code look in this cycle
         self._loss_nodes = []

@@ -1,0 +1,65 @@
+// gradients-not-zeroed: the gradients were never zeroed between optimizer steps (event
+// from the Python agent, which looks at one parameter's .grad as its step's first gradient
+// arrives). Each step adds its gradients to every earlier one: they grow until they leave
+// fp16's range, and the layer that overflows first is where that shows, not why.
+#include <algorithm>
+#include <string>
+
+#include "rules.h"
+
+namespace ampdiag::analyzer::rules {
+
+void gradients_not_zeroed(const Run& run, std::vector<Finding>& out) {
+  const rundb::EventRow* e = run.first_event("gradients-not-zeroed");
+  if (!e) return;
+  const std::int64_t from = e->step >= 0 ? e->step : run.steps.front().row.step;
+  Finding f;
+  f.rule = "gradients-not-zeroed";
+  f.severity = Severity::kError;
+  f.score = 103.0;  // before what it causes: a loss that diverges (102), the overflows (scale-collapse 100)
+  f.steps = {from};
+  f.title = "The gradients were not zeroed between optimizer steps: each step's gradients were added to all the "
+            "earlier ones";
+  f.evidence = "from step " + std::to_string(from) + ", " + e->detail;
+  f.evidence += ". The overflows that follow are where the sum left fp16's range, not why";
+  const std::string summary = "Zero the gradients once per optimizer step, before its backward (with gradient "
+                              "accumulation: after the optimizer step, every N micro-batches).";
+  if (run.has_scaler())
+    f.suggestions.push_back({summary,
+                             "optimizer.zero_grad()  # once per optimizer step\n"
+                             "scaler.scale(loss).backward()\n"
+                             "scaler.step(optimizer)\n"
+                             "scaler.update()",
+                             "optimizer.zero_grad();  // once per optimizer step\n"
+                             "scaler.scale(loss).backward();  // ampdiag::GradScaler\n"
+                             "scaler.step(optimizer);\n"
+                             "scaler.update();",
+                             ""});
+  else
+    f.suggestions.push_back({summary,
+                             "optimizer.zero_grad()  # once per optimizer step\n"
+                             "loss.backward()\n"
+                             "optimizer.step()",
+                             "optimizer.zero_grad();  // once per optimizer step\n"
+                             "loss.backward();\n"
+                             "optimizer.step();",
+                             ""});
+  // What the growing sum makes is its doing: the fixes of the findings it explains wait for it.
+  const std::string see = "The gradients were not zeroed between steps (see gradients-not-zeroed): ";
+  for (auto& g : out) {
+    // Mostly from then on: an overflow at the first step (the scale calibrating) is not one.
+    const auto after = std::count_if(g.steps.begin(), g.steps.end(), [&](std::int64_t s) { return s >= from; });
+    if (!g.steps.empty() && 2 * after <= std::int64_t(g.steps.size())) continue;
+    if (g.rule == "overflow-origin" || g.rule == "loss-divergence" || g.rule == "forward-nonfinite" ||
+        g.rule == "loss-backward") {
+      if (g.severity == Severity::kError) g.severity = Severity::kWarning;
+      g.evidence += "; it comes after the gradients stopped being zeroed at step " + std::to_string(from);
+      g.suggestions = {{see + "zero them first; this holds only if it still happens then.", "", "", ""}};
+    } else if (g.rule == "scale-collapse" || g.rule == "skip-rate") {
+      g.suggestions = {{see + "zero them, and these overflows go with them.", "", "", ""}};
+    }
+  }
+  out.push_back(f);
+}
+
+}  // namespace ampdiag::analyzer::rules

@@ -1,0 +1,92 @@
+// gradients-not-zeroed: the Python agent found the previous step's gradient still in place
+// as a step's first arrived. The overflows that the growing sum makes point to it
+// (tests/scenarios/test_stale_gradients.py runs the real loop, and the fixed one).
+#include <catch2/catch.hpp>
+
+#include "../rundb/temp_dir.h"
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/render.h"
+#include "rule_checks.h"
+#include "run_fixture.h"
+
+using namespace ampdiag;
+using namespace ampdiag::analyzer;
+using namespace ampdiag::test::rule_checks;
+using ampdiag::test::RunFixture;
+using ampdiag::test::TempDir;
+
+namespace {
+
+const char* kDetail = "head.weight's gradient still held the previous optimizer step's values when this step's first "
+                      "gradient arrived: the gradients were not zeroed between steps";
+
+}  // namespace
+
+TEST_CASE("gradients not zeroed are the first error, and the overflows they grow into point to them",
+          "[rules][zero-grad]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 65536);
+  f.event("gradients-not-zeroed", kDetail).step(65536, 65536);
+  double scale = 65536;
+  for (int i = 0; i < 16; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  REQUIRE_FALSE(r.findings.empty());
+  const Finding& first = r.findings.front();
+  CHECK(first.rule == "gradients-not-zeroed");
+  CHECK(first.severity == Severity::kError);
+  CHECK_THAT(first.evidence, Catch::StartsWith("from step 1, head.weight's gradient still held"));
+  CHECK_THAT(first.suggestions.front().python, Catch::StartsWith("optimizer.zero_grad()  # once per optimizer step"));
+  const Finding* origin = find(r, "overflow-origin");
+  REQUIRE(origin != nullptr);
+  CHECK(origin->severity == Severity::kWarning);
+  REQUIRE(origin->suggestions.size() == 1);
+  CHECK_THAT(origin->suggestions.front().summary, Catch::Contains("see gradients-not-zeroed"));
+  const Finding* collapse = find(r, "scale-collapse");
+  REQUIRE(collapse != nullptr);
+  CHECK_THAT(collapse->suggestions.front().summary, Catch::Contains("see gradients-not-zeroed"));
+}
+
+TEST_CASE("an overflow before the gradients stopped being zeroed keeps its own verdict", "[rules][zero-grad]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < 14; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"});
+  f.event("gradients-not-zeroed", kDetail).step(scale, scale);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* origin = find(r, "overflow-origin");
+  REQUIRE(origin != nullptr);
+  CHECK(origin->severity == Severity::kError);
+  CHECK_THAT(origin->suggestions.front().summary, !Catch::Contains("gradients-not-zeroed"));
+}
+
+TEST_CASE("without a scaler the fix zeroes around optimizer.step()", "[rules][zero-grad]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.meta("amp_dtype", "bfloat16").meta("scaler_enabled", "0");
+  f.step(1, 1).event("gradients-not-zeroed", kDetail).step(1, 1);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* z = find(r, "gradients-not-zeroed");
+  REQUIRE(z != nullptr);
+  CHECK_THAT(z->suggestions.front().python, Catch::Contains("loss.backward()\noptimizer.step()"));
+}
+
+TEST_CASE("an overflow whose first skip was the first step's, before the event, still points to it",
+          "[rules][zero-grad]") {
+  // The scale calibrating at step 0; the unzeroed gradients overflow from step 1 on.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 32768, 1000, {"head.weight"});
+  f.event("gradients-not-zeroed", kDetail);
+  double scale = 32768;
+  for (int i = 0; i < 16; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(r.findings.front().rule == "gradients-not-zeroed");
+  const Finding* origin = find(r, "overflow-origin");
+  REQUIRE(origin != nullptr);
+  CHECK(origin->severity == Severity::kWarning);
+}

@@ -1,0 +1,50 @@
+"""A loop that never calls optimizer.zero_grad(): every step adds its gradients to all the
+earlier ones until they overflow fp16 and the scale collapses. The report used to blame
+the last layer's gradients as beyond fp16's range and tell the user to shrink the loss and
+pin the layer to FP32; it names the missing zero_grad() first, and the loop with it is
+healthy."""
+import torch
+from torch import nn
+
+import ampdiag
+from conftest import rules
+
+
+def regression(db, zero_grad, steps=40):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(512, 32, generator=g)
+    y = x[:, :1] * 2 + 0.1 * torch.randn(512, 1, generator=g)
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(steps):
+            i = torch.randint(0, 512, (64,), generator=g)
+            if zero_grad:
+                opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x[i]).float(), y[i])
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    return scaler.get_scale()
+
+
+def test_a_loop_without_zero_grad_is_told_so_first_and_no_layer_is_blamed(tmp_path, verdict):
+    assert regression(tmp_path / "stale.db", zero_grad=False) < 1.0  # the sum overflowed, the scale collapsed
+    code, rep = verdict(tmp_path / "stale.db")
+    assert code == 1
+    first = rep["findings"][0]
+    assert (first["rule"], first["severity"]) == ("gradients-not-zeroed", "error")
+    assert first["suggestions"][0]["python"].startswith("optimizer.zero_grad()")
+    assert [rule for rule, module in rules(rep, "error") if module] == []  # no layer named as the cause
+    origin = [f for f in rep["findings"] if f["rule"] == "overflow-origin"]
+    assert origin and all("see gradients-not-zeroed" in f["suggestions"][0]["summary"] for f in origin)
+
+
+def test_the_same_loop_with_zero_grad_is_healthy(tmp_path, verdict):
+    regression(tmp_path / "zeroed.db", zero_grad=True)
+    code, rep = verdict(tmp_path / "zeroed.db")
+    assert code == 0, rep["findings"]
+    assert "gradients-not-zeroed" not in [rule for rule, _ in rules(rep)]
