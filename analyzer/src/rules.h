@@ -59,6 +59,8 @@ void unscaled_backward(const Run& run, std::vector<Finding>& out);
 // zero_grad() forgotten between optimizer steps (Python agent's event); the overflows,
 // divergence and collapse found in `out` from then on point to it. Runs after them.
 void gradients_not_zeroed(const Run& run, std::vector<Finding>& out);
+// zero_grad(set_to_none=False) between backward and the optimizer step: all-zero gradients.
+void gradients_cleared(const Run& run, std::vector<Finding>& out);
 // clip_grad_norm_ before scaler.unscale_(): the scaled gradients' norm pinned at max_norm.
 void clip_before_unscale(const Run& run, std::vector<Finding>& out);
 void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out);

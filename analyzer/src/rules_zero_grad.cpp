@@ -2,7 +2,11 @@
 // from the Python agent, which looks at one parameter's .grad as its step's first gradient
 // arrives). Each step adds its gradients to every earlier one: they grow until they leave
 // fp16's range, and the layer that overflows first is where that shows, not why.
+// gradients-cleared: the other misplaced zero_grad(), between backward and the optimizer
+// step (set_to_none=False: with None torch's scaler raises). The statistics are taken at
+// the step, so every gradient is exactly zero there, and nothing trains.
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "rules.h"
@@ -59,6 +63,53 @@ void gradients_not_zeroed(const Run& run, std::vector<Finding>& out) {
       g.suggestions = {{see + "zero them, and these overflows go with them.", "", "", ""}};
     }
   }
+  out.push_back(f);
+}
+
+void gradients_cleared(const Run& run, std::vector<Finding>& out) {
+  std::map<std::int64_t, bool> all_zero;  // recorded step -> every gradient row exactly zero
+  for (const auto& layer : run.layers)
+    for (const auto& s : layer.samples) {
+      const auto [it, fresh] = all_zero.try_emplace(s.step, true);
+      it->second = it->second && !s.nonfinite && s.absmax == 0.0f;
+    }
+  std::int64_t zero = 0, first = -1;
+  for (const auto& [step, zeroed] : all_zero)
+    if (zeroed && zero++ == 0) first = step;
+  constexpr std::int64_t kMinSteps = 5;
+  if (zero < kMinSteps || 2 * zero <= std::int64_t(all_zero.size())) return;
+  Finding f;
+  f.rule = "gradients-cleared";
+  f.severity = Severity::kError;
+  f.score = 103.0;
+  f.steps = {first};
+  f.title = "Every gradient was exactly zero when the optimizer stepped: they were cleared between backward and the "
+            "step (or nothing reached them), and nothing trains";
+  f.evidence = "in " + std::to_string(zero) + " of " + plural(std::int64_t(all_zero.size()), "recorded step") +
+               ", from step " + std::to_string(first) + ", each of the " + plural(std::int64_t(run.layers.size()), "gradient") +
+               " was all zeros where " + (run.has_scaler() ? "scaler.step() unscaled them" : "the optimizer stepped") +
+               ": a zero_grad(set_to_none=False) between backward and the step";
+  const std::string summary = "Zero the gradients before the backward (or after the optimizer step), never between them.";
+  if (run.has_scaler())
+    f.suggestions.push_back({summary,
+                             "optimizer.zero_grad()  # before the backward\n"
+                             "scaler.scale(loss).backward()\n"
+                             "scaler.step(optimizer)\n"
+                             "scaler.update()",
+                             "optimizer.zero_grad();  // before the backward\n"
+                             "scaler.scale(loss).backward();  // ampdiag::GradScaler\n"
+                             "scaler.step(optimizer);\n"
+                             "scaler.update();",
+                             ""});
+  else
+    f.suggestions.push_back({summary,
+                             "optimizer.zero_grad()  # before the backward\n"
+                             "loss.backward()\n"
+                             "optimizer.step()",
+                             "optimizer.zero_grad();  // before the backward\n"
+                             "loss.backward();\n"
+                             "optimizer.step();",
+                             ""});
   out.push_back(f);
 }
 

@@ -90,3 +90,26 @@ TEST_CASE("an overflow whose first skip was the first step's, before the event, 
   REQUIRE(origin != nullptr);
   CHECK(origin->severity == Severity::kWarning);
 }
+
+TEST_CASE("every gradient exactly zero where the optimizer stepped is an error: cleared before the step",
+          "[rules][zero-grad]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 8; ++i) f.step(65536, 65536, 0.0);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* c = find(r, "gradients-cleared");
+  REQUIRE(c != nullptr);
+  CHECK(c->severity == Severity::kError);
+  CHECK_THAT(c->evidence, Catch::Contains("in 8 of 8 recorded steps, from step 0, each of the 4 gradients was all zeros"));
+  CHECK_THAT(c->suggestions.front().python, Catch::StartsWith("optimizer.zero_grad()  # before the backward"));
+}
+
+TEST_CASE("a few steps whose gradients were all zero are not a cleared loop", "[rules][zero-grad]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 12; ++i) f.step(65536, 65536, i % 3 == 0 ? 0.0 : 1000.0);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "gradients-cleared") == nullptr);
+}

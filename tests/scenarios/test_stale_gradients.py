@@ -2,7 +2,8 @@
 earlier ones until they overflow fp16 and the scale collapses. The report used to blame
 the last layer's gradients as beyond fp16's range and tell the user to shrink the loss and
 pin the layer to FP32; it names the missing zero_grad() first, and the loop with it is
-healthy."""
+healthy. And its twin: zero_grad(set_to_none=False) between backward and scaler.step(),
+where nothing trains and nothing overflows (with set_to_none=True torch raises)."""
 import torch
 from torch import nn
 
@@ -10,7 +11,7 @@ import ampdiag
 from conftest import rules
 
 
-def regression(db, zero_grad, steps=40):
+def regression(db, zero_grad, steps=40, clear_after_backward=False):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -26,6 +27,8 @@ def regression(db, zero_grad, steps=40):
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = nn.functional.mse_loss(model(x[i]).float(), y[i])
             scaler.scale(loss).backward()
+            if clear_after_backward:
+                opt.zero_grad(set_to_none=False)  # misplaced: the step gets zeros
             scaler.step(opt)
             scaler.update()
     return scaler.get_scale()
@@ -48,3 +51,11 @@ def test_the_same_loop_with_zero_grad_is_healthy(tmp_path, verdict):
     code, rep = verdict(tmp_path / "zeroed.db")
     assert code == 0, rep["findings"]
     assert "gradients-not-zeroed" not in [rule for rule, _ in rules(rep)]
+
+
+def test_gradients_cleared_between_backward_and_step_are_named(tmp_path, verdict):
+    regression(tmp_path / "cleared.db", zero_grad=False, clear_after_backward=True)
+    code, rep = verdict(tmp_path / "cleared.db")
+    assert code == 1
+    assert rules(rep, "error") == [("gradients-cleared", "")]
+    assert rep["findings"][0]["suggestions"][0]["python"].startswith("optimizer.zero_grad()  # before the backward")
