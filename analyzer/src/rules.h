@@ -1,6 +1,7 @@
 // The analyzer's rules: each reads one run (or all ranks) and appends findings.
 #pragma once
 
+#include <map>
 #include <vector>
 
 #include "ampdiag/analyzer/findings.h"
@@ -61,6 +62,14 @@ void unscaled_backward(const Run& run, std::vector<Finding>& out);
 void gradients_not_zeroed(const Run& run, std::vector<Finding>& out);
 // zero_grad(set_to_none=False) between backward and the optimizer step: all-zero gradients.
 void gradients_cleared(const Run& run, std::vector<Finding>& out);
+// What a step's recorded gradient rows say together (every layer's row of that step).
+struct StepGradients {
+  double sumsq = 0.0;     // of the rows' l2: the step's total norm squared, before unscale
+  bool finite = true;     // no row held NaN/Inf
+  bool all_zero = true;   // every row was exactly zero (abs-max 0, finite)
+};
+// By step, the steps that recorded gradient rows.
+std::map<std::int64_t, StepGradients> gradients_by_step(const Run& run);
 // clip_grad_norm_ before scaler.unscale_(): the scaled gradients' norm pinned at max_norm.
 void clip_before_unscale(const Run& run, std::vector<Finding>& out);
 void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out);

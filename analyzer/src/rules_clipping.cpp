@@ -14,6 +14,18 @@
 
 namespace ampdiag::analyzer::rules {
 
+std::map<std::int64_t, StepGradients> gradients_by_step(const Run& run) {
+  std::map<std::int64_t, StepGradients> by_step;
+  for (const auto& layer : run.layers)
+    for (const auto& s : layer.samples) {
+      StepGradients& g = by_step[s.step];
+      g.sumsq += double(s.l2) * double(s.l2);
+      g.finite = g.finite && !s.nonfinite;
+      g.all_zero = g.all_zero && !s.nonfinite && s.absmax == 0.0f;
+    }
+  return by_step;
+}
+
 namespace {
 
 // Norms within this relative distance are one value: a clipped norm differs between steps
@@ -30,19 +42,13 @@ struct StepNorm {
 // The total norm of each taken step at a scale above 1 whose gradients were all recorded
 // and finite (at a scale of 1 clipping the scaled gradients is clipping the true ones).
 std::vector<StepNorm> taken_step_norms(const Run& run) {
-  std::map<std::int64_t, std::pair<double, bool>> sums;  // step -> (sum of squares, all finite)
-  for (const auto& layer : run.layers)
-    for (const auto& s : layer.samples) {
-      auto& [sum, finite] = sums.try_emplace(s.step, 0.0, true).first->second;
-      sum += double(s.l2) * double(s.l2);
-      finite = finite && !s.nonfinite;
-    }
+  const std::map<std::int64_t, StepGradients> by_step = gradients_by_step(run);
   std::vector<StepNorm> norms;
   for (const auto& s : run.steps) {
-    const auto it = sums.find(s.row.step);
-    if (it == sums.end() || !it->second.second || s.row.skipped || s.row.found_inf || s.row.scale_before <= 1.0)
+    const auto it = by_step.find(s.row.step);
+    if (it == by_step.end() || !it->second.finite || s.row.skipped || s.row.found_inf || s.row.scale_before <= 1.0)
       continue;
-    if (it->second.first > 0.0) norms.push_back({s.row.step, s.row.scale_before, std::sqrt(it->second.first)});
+    if (it->second.sumsq > 0.0) norms.push_back({s.row.step, s.row.scale_before, std::sqrt(it->second.sumsq)});
   }
   return norms;
 }

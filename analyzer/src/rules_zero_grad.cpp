@@ -67,17 +67,12 @@ void gradients_not_zeroed(const Run& run, std::vector<Finding>& out) {
 }
 
 void gradients_cleared(const Run& run, std::vector<Finding>& out) {
-  std::map<std::int64_t, bool> all_zero;  // recorded step -> every gradient row exactly zero
-  for (const auto& layer : run.layers)
-    for (const auto& s : layer.samples) {
-      const auto [it, fresh] = all_zero.try_emplace(s.step, true);
-      it->second = it->second && !s.nonfinite && s.absmax == 0.0f;
-    }
+  const std::map<std::int64_t, StepGradients> by_step = gradients_by_step(run);
   std::int64_t zero = 0, first = -1;
-  for (const auto& [step, zeroed] : all_zero)
-    if (zeroed && zero++ == 0) first = step;
+  for (const auto& [step, g] : by_step)
+    if (g.all_zero && zero++ == 0) first = step;
   constexpr std::int64_t kMinSteps = 5;
-  if (zero < kMinSteps || 2 * zero <= std::int64_t(all_zero.size())) return;
+  if (zero < kMinSteps || 2 * zero <= std::int64_t(by_step.size())) return;
   Finding f;
   f.rule = "gradients-cleared";
   f.severity = Severity::kError;
@@ -85,7 +80,7 @@ void gradients_cleared(const Run& run, std::vector<Finding>& out) {
   f.steps = {first};
   f.title = "Every gradient was exactly zero when the optimizer stepped: they were cleared between backward and the "
             "step (or nothing reached them), and nothing trains";
-  f.evidence = "in " + std::to_string(zero) + " of " + plural(std::int64_t(all_zero.size()), "recorded step") +
+  f.evidence = "in " + std::to_string(zero) + " of " + plural(std::int64_t(by_step.size()), "recorded step") +
                ", from step " + std::to_string(first) + ", each of the " + plural(std::int64_t(run.layers.size()), "gradient") +
                " was all zeros where " + (run.has_scaler() ? "scaler.step() unscaled them" : "the optimizer stepped") +
                ": a zero_grad(set_to_none=False) between backward and the step";

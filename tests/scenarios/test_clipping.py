@@ -3,34 +3,20 @@ gradients while they are still multiplied by the loss scale. Nothing goes NaN/In
 torch raises nothing; every update is cut to max_norm / scale and the loss hardly falls.
 The report names it, and its fix (unscale first) trains the same loop."""
 import torch
-from torch import nn
 
-import ampdiag
 from conftest import rules
+from regression_loop import regression_loop
 
 
 def clipping_loop(db, unscale_first, steps=60):
-    """An fp16 regression loop that clips to max_norm 1; returns its last loss."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    scaler = torch.amp.GradScaler("cpu")
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(512, 32, generator=g)
-    y = x[:, :1] * 2 + 0.1 * torch.randn(512, 1, generator=g)
-    with ampdiag.attach(model, scaler, db=db):
-        for _ in range(steps):
-            i = torch.randint(0, 512, (64,), generator=g)
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = nn.functional.mse_loss(model(x[i]).float(), y[i])
-            opt.zero_grad()
-            scaler.scale(loss).backward()
-            if unscale_first:
-                scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            scaler.step(opt)
-            scaler.update()
-    return loss.item()
+    """The regression loop, clipping to max_norm 1; returns its last loss."""
+
+    def clip(scaler, opt, model):
+        if unscale_first:
+            scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+
+    return regression_loop(db, steps, between=clip)[0]
 
 
 def test_clipping_before_unscale_is_named_with_the_clip_and_the_order_that_fixes_it(tmp_path, verdict):

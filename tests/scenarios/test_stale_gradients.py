@@ -4,34 +4,17 @@ the last layer's gradients as beyond fp16's range and tell the user to shrink th
 pin the layer to FP32; it names the missing zero_grad() first, and the loop with it is
 healthy. And its twin: zero_grad(set_to_none=False) between backward and scaler.step(),
 where nothing trains and nothing overflows (with set_to_none=True torch raises)."""
-import torch
-from torch import nn
-
-import ampdiag
 from conftest import rules
+from regression_loop import regression_loop
 
 
 def regression(db, zero_grad, steps=40, clear_after_backward=False):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    scaler = torch.amp.GradScaler("cpu")
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(512, 32, generator=g)
-    y = x[:, :1] * 2 + 0.1 * torch.randn(512, 1, generator=g)
-    with ampdiag.attach(model, scaler, db=db):
-        for _ in range(steps):
-            i = torch.randint(0, 512, (64,), generator=g)
-            if zero_grad:
-                opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = nn.functional.mse_loss(model(x[i]).float(), y[i])
-            scaler.scale(loss).backward()
-            if clear_after_backward:
-                opt.zero_grad(set_to_none=False)  # misplaced: the step gets zeros
-            scaler.step(opt)
-            scaler.update()
-    return scaler.get_scale()
+    """The regression loop; returns its final loss scale."""
+
+    def clear(scaler, opt, model):
+        opt.zero_grad(set_to_none=False)  # misplaced: the step gets zeros
+
+    return regression_loop(db, steps, zero_grad=zero_grad, between=clear if clear_after_backward else None)[1]
 
 
 def test_a_loop_without_zero_grad_is_told_so_first_and_no_layer_is_blamed(tmp_path, verdict):

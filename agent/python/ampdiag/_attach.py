@@ -407,7 +407,7 @@ class AttachHandle:
         if self._inert:
             return
         if self._has_scaler:
-            self._check_backward_roots(roots)
+            _loss.check_scaled_roots(self, roots)
             return
         self._roots = _loss.scalar_losses(roots)
         self._grad_calls_before = self._grad_calls
@@ -419,19 +419,6 @@ class AttachHandle:
         looked at now, while its saved tensors (the targets it was given) are alive."""
         if any(t.is_cpu and not math.isfinite(t.item()) for t in losses):
             self._look_at_loss_code()
-
-    def _check_backward_roots(self, roots):
-        """With a scaler, the loss is what scale() received: a backward started from that loss
-        itself, instead of from scale()'s output, makes gradients that were never multiplied
-        by the scale, which scaler.step() then divides by it (event "unscaled-backward")."""
-        if not self._scaled:
-            return
-        # Runs on every backward: the roots read as they come (through _loss.tensors(), whose
-        # isinstance(x, torch.Tensor) goes through torch's metaclass, this cost ~6 µs a call).
-        candidates = roots if type(roots) in (list, tuple) else (roots,)
-        if any(root is given for _, _, given in self._scaled for root in candidates):
-            self._event("unscaled-backward", f"backward() ran on the loss given to scaler.scale() (scale "
-                        f"{float(self.scaler.get_scale()):g}), not on its output", key=("unscaled-backward",))
 
     def _after_backward(self):
         if self._inert or self._has_scaler:
