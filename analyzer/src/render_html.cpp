@@ -339,7 +339,11 @@ table{border-collapse:collapse;font-size:13px} td,th{border-bottom:1px solid #ee
     o += "<p class=\"verdict good\">Healthy: no overflow, underflow or loss-scale problem found.</p>\n";
   else
     o += std::string("<p class=\"verdict ") + (gate.fails(r) ? "bad\">Unhealthy" : "warn\">Warnings") + ": " +
-         escape_markup(findings_summary(r, gate)) + "; the unstable layers come first.</p>\n";
+         escape_markup(findings_summary(r, gate)) +
+         // Only where one leads: a loop mistake (a clip before unscale) names no layer.
+         (!r.findings.front().module.empty() || !r.findings.front().layer.empty() ? "; the unstable layers come first"
+                                                                                   : "") +
+         ".</p>\n";
   o += "<table><tr><th>run</th><th>steps</th><th>skipped</th><th>loss scale</th><th>dtype</th><th>state</th></tr>\n";
   for (const auto& x : r.runs) {
     char scale[96];

@@ -47,6 +47,29 @@ TEST_CASE("gradients with one norm at every scale were clipped before unscale: a
   CHECK_THAT(c->suggestions.front().cpp, Catch::Contains("torch::nn::utils::clip_grad_norm_(model->parameters(), 1)"));
 }
 
+TEST_CASE("the HTML verdict says unstable layers come first only where a layer leads the findings",
+          "[rules][clipping][render]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 12; ++i) f.clipped(each(1.0)).step(65536, 65536);
+  f.finish();
+  const std::vector<Run> runs = {load_run(dir.file("run.db"))};
+  const Report r = analyze(runs);
+  REQUIRE(r.findings.front().rule == "clip-before-unscale");
+  const std::string page = render_html(r, Gate("error"), runs);
+  CHECK_THAT(page, Catch::Contains("1 fails the gate (--fail-on error).</p>"));
+  CHECK_THAT(page, !Catch::Contains("the unstable layers come first"));
+
+  TempDir other;
+  RunFixture g(other.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2) g.step(scale, scale / 2, 1000, {"head.weight"});
+  g.finish();
+  const std::vector<Run> overflowing = {load_run(other.file("run.db"))};
+  CHECK_THAT(render_html(analyze(overflowing), Gate("error"), overflowing),
+             Catch::Contains("; the unstable layers come first.</p>"));
+}
+
 TEST_CASE("gradients whose norm moves with the batch were not clipped before unscale", "[rules][clipping]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
