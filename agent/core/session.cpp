@@ -190,8 +190,13 @@ void Session::event(const std::string& kind, const std::string& detail) {
   post<rundb::EventRow>({step(), kind, detail, 0.0}, early_events_, &WriterThread::post_event);
 }
 
-void Session::event_once(const std::string& key, const std::string& kind, const std::string& detail) {
-  if (events_posted_.insert(key).second) event(kind, detail);
+void Session::event_once(const std::string& key, const std::string& kind, const std::string& detail,
+                         std::optional<std::int64_t> at_step) {
+  if (at_step && (*at_step < 0 || *at_step > step()))
+    throw std::invalid_argument("event '" + kind + "': step " + std::to_string(*at_step) +
+                                " is not one this run has reached (it is at step " + std::to_string(step()) + ")");
+  if (!events_posted_.insert(key).second) return;
+  post<rundb::EventRow>({at_step.value_or(step()), kind, detail, 0.0}, early_events_, &WriterThread::post_event);
 }
 
 void Session::replay(const std::string& module, const std::string& outcome, double fp32_absmax,

@@ -120,8 +120,11 @@ class Session {
   void set_meta(const std::string& key, const std::string& value);
   void write_meta(const RunMeta& meta);
   void event(const std::string& kind, const std::string& detail);
-  // Once per key for the run.
-  void event_once(const std::string& key, const std::string& kind, const std::string& detail);
+  // Once per key for the run. `at_step`: the step the event belongs to, where what it
+  // reports was read back from a device after that step ended; it must not lie ahead of
+  // the current step (std::invalid_argument).
+  void event_once(const std::string& key, const std::string& kind, const std::string& detail,
+                  std::optional<std::int64_t> at_step = std::nullopt);
   void replay(const std::string& module, const std::string& outcome, double fp32_absmax, const std::string& reason);
   // What the optimizer step of `step` did to one half-precision layer: of `nonzero`
   // elements with a finite non-zero gradient, `stalled` kept their value. Throws

@@ -117,6 +117,7 @@ class AttachHandle:
         self._replayer = Replayer(self._record_replay, self._forward_hook_as_run) if replay else None
         self._autopin = AutoPinner(self, int(autopin)) if autopin else None
         self._updates = UpdateProbe(self, every) if holds_half_parameters(params) else None
+        self._gradient_probe = None  # _stale_gradients.GradientProbe, set with the layers
         self._grad_calls = 0
         self._root_inputs = None  # (args, kwargs) of the model's last forward in this cycle
         self._optimizers = weakref.WeakSet()  # those whose steps the agent saw: their settings are evidence
@@ -242,6 +243,8 @@ class AttachHandle:
             self._replayer.close()
         if self._updates is not None:
             self._updates.flush()
+        if self._gradient_probe is not None:
+            self._gradient_probe.flush()
         self._finalizer()
 
     detach = close
@@ -288,12 +291,13 @@ class AttachHandle:
             if p.requires_grad:
                 hook = self._arrival_hook(layer)
                 if p is probe:
-                    hook = _stale_gradients.probe_hook(self, p, name, hook)
+                    self._gradient_probe = _stale_gradients.GradientProbe(self, p, name)
+                    hook = self._gradient_probe.hook(hook)
                 self._hooks.append(p.register_hook(hook))
         self._session.layers_done()
 
-    def _event(self, kind, detail, key=None):
-        self._session.event_once(repr(key or (kind, detail)), kind, detail)
+    def _event(self, kind, detail, key=None, step=None):
+        self._session.event_once(repr(key or (kind, detail)), kind, detail, step)
 
     # --- per optimizer cycle -----------------------------------------------------------
 

@@ -14,6 +14,8 @@ import weakref
 
 import torch
 
+from ._tensors import scale_on_device
+
 
 class _Wrapped:
     """torch.autograd.NAME replaced by `make(original, self)`'s function while any handle
@@ -106,5 +108,8 @@ def check_scaled_roots(handle, roots) -> None:
     # isinstance(x, torch.Tensor) goes through torch's metaclass, this cost ~6 µs a call).
     candidates = roots if type(roots) in (list, tuple) else (roots,)
     if any(root is given for _, _, given in handle._scaled for root in candidates):
-        handle._event("unscaled-backward", f"backward() ran on the loss given to scaler.scale() (scale "
-                      f"{float(handle.scaler.get_scale()):g}), not on its output", key=("unscaled-backward",))
+        scaler = handle.scaler
+        # A CUDA scale is not read: that would make the training thread wait for the device.
+        scale = "" if scale_on_device(scaler) else f" (scale {float(scaler.get_scale()):g})"
+        handle._event("unscaled-backward", f"backward() ran on the loss given to scaler.scale(){scale}, not on its "
+                      "output", key=("unscaled-backward",))

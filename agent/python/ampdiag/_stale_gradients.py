@@ -8,6 +8,11 @@ optimizer cycle .grad holds what the cycle before left: None or zeros after a ze
 else that cycle's gradient (event "gradients-not-zeroed", once). A parameter that no
 optimizer the agent saw holds keeps its gradient by design (nothing zeroes or applies it)
 and is not judged.
+
+A CUDA .grad is reduced on its device and its answer copied to pinned memory without
+waiting; it is read when the copy has landed (at a later step's look, or at close()), and
+the event carries the step it was looked at. Reading it at once would make the training
+thread wait for the device on every step of a loop that zeroes with set_to_none=False.
 """
 import weakref
 
@@ -22,29 +27,75 @@ def probe_of(params: list) -> "torch.Tensor | None":
     return min(candidates, key=lambda p: p.numel(), default=None)
 
 
-def probe_hook(handle, param: torch.Tensor, name: str, arrival):
-    """`arrival`, the parameter's gradient hook, followed by the look at its .grad on its
-    first gradient of a cycle."""
-    ref = weakref.ref(param)
+class GradientProbe:
+    def __init__(self, handle, param: torch.Tensor, name: str):
+        self._handle = handle
+        self._param = weakref.ref(param)
+        self._name = name
+        self._reported = False
+        self._host = None     # pinned bool: whether a device .grad held anything
+        self._landing = None  # (CUDA event, step): a device look whose answer is on its way
 
-    def hook(grad):
-        arrival(grad)
-        if handle._live and not handle._gradients_probed:
-            handle._gradients_probed = True
-            p = ref()
-            if p is not None and p.grad is not None:
-                _look(handle, p, name)
+    def hook(self, arrival):
+        """`arrival`, the parameter's gradient hook, followed by the look at its .grad on
+        its first gradient of a cycle."""
+        handle = self._handle
 
-    return hook
+        def hook(grad):
+            arrival(grad)
+            if handle._live and not handle._gradients_probed:
+                handle._gradients_probed = True
+                p = self._param()
+                if p is not None and p.grad is not None and not self._reported:
+                    self._look(p)
 
+        return hook
 
-def _look(handle, param, name):
-    grad = param.grad
-    if grad.is_sparse or not bool(grad.any()):
-        return
-    optimizers = list(handle._optimizers)
-    if not any(q is param for opt in optimizers for group in opt.param_groups for q in group["params"]):
-        return
-    handle._event(EVENT, f"{name}'s gradient still held the previous optimizer step's values when this step's first "
-                         "gradient arrived: the gradients were not zeroed between steps", key=(EVENT,))
-    return True
+    def flush(self):
+        """Reads a device look still landing (close(): waits for its copy)."""
+        if self._landing is not None:
+            self._settle(wait=True)
+
+    def _look(self, param):
+        grad = param.grad
+        if grad.is_sparse:
+            return
+        step = self._handle._session.step
+        if grad.is_cuda:
+            self._look_on_device(grad, step)
+        elif bool(grad.any()) and self._optimized(param):
+            self._report(step)
+
+    def _look_on_device(self, grad, step):
+        if self._landing is not None and not self._settle(wait=False):
+            return  # the last look's answer is still on its way: this step goes unread
+        if self._reported or not self._optimized(self._param()):
+            return
+        if self._host is None:
+            self._host = torch.empty((), dtype=torch.bool, pin_memory=True)
+        with torch.no_grad():
+            self._host.copy_(grad.any(), non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(grad.device))
+        self._landing = (event, step)
+
+    def _settle(self, wait):
+        event, step = self._landing
+        if wait:
+            event.synchronize()
+        elif not event.query():
+            return False
+        self._landing = None
+        if bool(self._host):
+            self._report(step)
+        return True
+
+    def _optimized(self, param):
+        return param is not None and any(q is param for opt in list(self._handle._optimizers)
+                                         for group in opt.param_groups for q in group["params"])
+
+    def _report(self, step):
+        self._reported = True
+        self._handle._event(EVENT, f"{self._name}'s gradient still held the previous optimizer step's values when "
+                                   "this step's first gradient arrived: the gradients were not zeroed between steps",
+                            key=(EVENT,), step=step)

@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -278,9 +279,11 @@ PYBIND11_MODULE(_ampdiag, m) {
       .def("module_id", [](Session& s, const std::string& path, const std::string& type, const std::string& source,
                            const std::string& inputs) { return s.core().module_id(path, type, source, inputs); })
       .def("event", [](Session& s, const std::string& kind, const std::string& detail) { s.core().event(kind, detail); })
-      .def("event_once", [](Session& s, const std::string& key, const std::string& kind, const std::string& detail) {
-        s.core().event_once(key, kind, detail);
-      })
+      .def(
+          "event_once",
+          [](Session& s, const std::string& key, const std::string& kind, const std::string& detail,
+             std::optional<std::int64_t> step) { s.core().event_once(key, kind, detail, step); },
+          py::arg("key"), py::arg("kind"), py::arg("detail"), py::arg("step") = py::none())
       .def("add_replay", [](Session& s, const std::string& module, const std::string& outcome, double absmax,
                             const std::string& reason) { s.core().replay(module, outcome, absmax, reason); })
       .def("weight_update", [](Session& s, std::int64_t step, std::int64_t layer, std::int64_t nonzero,

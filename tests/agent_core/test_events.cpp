@@ -1,0 +1,90 @@
+// Events the adapters post: once per key, at the current step, or at an earlier step
+// named by the adapter when what it reports was read back from a device after that step
+// ended (the Python agent's stale-gradient probe on CUDA).
+#include <catch2/catch.hpp>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ampdiag/rundb/reader.h"
+#include "session.h"
+#include "../rundb/temp_dir.h"
+
+using namespace ampdiag;
+using test::TempDir;
+
+namespace {
+
+agent::SessionOptions options() {
+  agent::SessionOptions o;
+  o.recorder.every = 1;
+  o.recorder.context_steps = 0;
+  o.recorder.close_wait_ms = 0;
+  o.cpu.threads = 1;
+  return o;
+}
+
+void open_with_a_layer(agent::Session& s, const std::string& path) {
+  agent::LayerInfo info;
+  info.name = "l0.weight";
+  info.module_path = "l0";
+  info.dtype = "float32";
+  info.numel = 8;
+  s.add_layer(1000, info);
+  s.layers_done();
+  s.open(path, {}, "test-run");
+}
+
+// One optimizer cycle with no gradients, ended at scale 1024.
+void cycle(agent::Session& s) {
+  s.begin_cycle();
+  agent::StepOutcome o;
+  o.loss = 1.0;
+  o.losses = 1;
+  o.scale_before = o.scale_after = 1024.0;
+  s.end_step(o, 0);
+}
+
+struct Event {
+  std::int64_t step;
+  std::string kind;
+  bool operator==(const Event& other) const { return step == other.step && kind == other.kind; }
+};
+
+std::vector<Event> events_of(const std::string& path) {
+  rundb::RunDbReader r(path);
+  std::vector<Event> out;
+  for (const auto& e : r.events()) out.push_back({e.step, e.kind});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("an event read back after its step carries the step it names, once per key", "[session][events]") {
+  TempDir dir;
+  {
+    agent::Session s(options());
+    open_with_a_layer(s, dir.file("run.db"));
+    for (int i = 0; i < 3; ++i) cycle(s);
+    s.begin_cycle();  // step 3 is open
+    s.event_once("probe", "gradients-not-zeroed", "seen at step 1", std::int64_t{1});
+    s.event_once("probe", "gradients-not-zeroed", "seen again at step 2", std::int64_t{2});
+    s.event_once("now", "half-loss", "at the current step");
+    s.close();
+  }
+  CHECK(events_of(dir.file("run.db")) == std::vector<Event>{{1, "gradients-not-zeroed"}, {3, "half-loss"}});
+}
+
+TEST_CASE("an event may not name a step the run has not reached, nor a negative one", "[session][events]") {
+  TempDir dir;
+  agent::Session s(options());
+  open_with_a_layer(s, dir.file("run.db"));
+  cycle(s);
+  s.begin_cycle();  // step 1 is open
+  CHECK_THROWS_AS(s.event_once("ahead", "gradients-not-zeroed", "", std::int64_t{2}), std::invalid_argument);
+  CHECK_THROWS_AS(s.event_once("negative", "gradients-not-zeroed", "", std::int64_t{-1}), std::invalid_argument);
+  s.event_once("ahead", "gradients-not-zeroed", "", std::int64_t{1});  // the key was not used up by the refusal
+  s.close();
+  CHECK(events_of(dir.file("run.db")) == std::vector<Event>{{1, "gradients-not-zeroed"}});
+}

@@ -1,0 +1,124 @@
+"""Everyday CUDA loops and their mistakes, with the Python agent attached: the healthy
+ones make no host sync (torch's sync debug mode set to "error" stays silent) and their
+report passes `--fail-on error`; each mistake the agent watches for on the host is
+recorded on CUDA too, at the step it happened, and the report names it. Skipped without a
+CUDA device."""
+import contextlib
+import json
+import sqlite3
+import subprocess
+
+import pytest
+import torch
+from torch import nn
+
+import ampdiag
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="skipped: no CUDA device")
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def loop(db, steps=8, zero=lambda opt: opt.zero_grad(set_to_none=True), backward=None, before_step=None,
+         init_scale=1024.0, sync_free=True):
+    """A fused-Adam fp16 loop on CUDA. `zero(opt)` starts each step; `backward(scaler, loss)`
+    replaces scaler.scale(loss).backward(); `before_step(scaler, opt, model)` runs before
+    scaler.step(opt). Returns the run's events as (kind, step)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    scaler = torch.amp.GradScaler("cuda", init_scale=init_scale)
+    x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 1, device="cuda")
+    with ampdiag.attach(model, scaler, db=db, overwrite=True):
+        with no_host_sync() if sync_free else contextlib.nullcontext():
+            for _ in range(steps):
+                zero(opt)
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = nn.functional.mse_loss(model(x).float(), y)
+                if backward is None:
+                    scaler.scale(loss).backward()
+                else:
+                    backward(scaler, loss)
+                if before_step is not None:
+                    before_step(scaler, opt, model)
+                scaler.step(opt)
+                scaler.update()
+    with sqlite3.connect(db) as c:
+        return c.execute("SELECT kind, step FROM events ORDER BY id").fetchall()
+
+
+def kinds(events):
+    return {kind for kind, _ in events}
+
+
+def report_errors(ampdiag_cli, db):
+    """The rules of the report's error findings, and its exit code under --fail-on error."""
+    result = subprocess.run([ampdiag_cli, "report", str(db), "--fail-on", "error", "--format", "json"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode in (0, 1), result.stderr
+    findings = json.loads(result.stdout)["findings"]
+    return result.returncode, {f["rule"] for f in findings if f["severity"] == "error"}
+
+
+def test_a_loop_that_zeroes_its_gradients_to_zeros_makes_no_host_sync(tmp_path):
+    # set_to_none=False leaves .grad tensors of zeros, which the stale-gradient probe reads.
+    events = loop(tmp_path / "run.db", zero=lambda opt: opt.zero_grad(set_to_none=False))
+    assert "gradients-not-zeroed" not in kinds(events)
+
+
+def test_a_healthy_cuda_loop_passes_fail_on_error(tmp_path, ampdiag_cli):
+    loop(tmp_path / "run.db", steps=20)
+    assert report_errors(ampdiag_cli, tmp_path / "run.db") == (0, set())
+
+
+def test_a_cuda_loop_that_never_zeroes_its_gradients_is_recorded_at_its_second_step(tmp_path, ampdiag_cli):
+    events = loop(tmp_path / "run.db", zero=lambda opt: None)
+    assert ("gradients-not-zeroed", 1) in events
+    assert "gradients-not-zeroed" in report_errors(ampdiag_cli, tmp_path / "run.db")[1]
+
+
+def test_a_backward_from_the_loss_given_to_scale_is_recorded_without_a_host_sync(tmp_path):
+    def wrong(scaler, loss):
+        scaler.scale(loss)
+        loss.backward()
+
+    assert ("unscaled-backward", 0) in loop(tmp_path / "run.db", backward=wrong)
+
+
+def test_clipping_before_unscale_is_named_from_the_device_statistics(tmp_path, ampdiag_cli):
+    def clip(scaler, opt, model):
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+
+    loop(tmp_path / "run.db", steps=12, before_step=clip)
+    assert "clip-before-unscale" in report_errors(ampdiag_cli, tmp_path / "run.db")[1]
+
+
+def test_gradients_zeroed_between_backward_and_step_are_named_from_the_device_statistics(tmp_path, ampdiag_cli):
+    loop(tmp_path / "run.db", steps=8, before_step=lambda scaler, opt, model: opt.zero_grad(set_to_none=False))
+    assert "gradients-cleared" in report_errors(ampdiag_cli, tmp_path / "run.db")[1]
+
+
+def test_an_optimizer_stepped_outside_the_scaler_is_recorded(tmp_path):
+    # scaler.step() forgotten: opt.step() applies gradients still multiplied by the scale.
+    torch.manual_seed(0)
+    model = nn.Linear(16, 1).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)
+    x = torch.randn(64, 16, device="cuda")
+    with ampdiag.attach(model, scaler, db=tmp_path / "run.db", overwrite=True):
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model(x).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            opt.step()
+    with sqlite3.connect(tmp_path / "run.db") as c:
+        assert c.execute("SELECT COUNT(*) FROM events WHERE kind = 'optimizer-outside-scaler'").fetchone()[0] == 1
+        assert c.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 3
