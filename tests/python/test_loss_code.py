@@ -4,6 +4,7 @@ the loss), and written as event "loss-code" in a step whose loss, or the gradien
 the output, went NaN/Inf while no module's output did; before backward, what the loss was
 given (a target) is looked at too (event "loss-input-nonfinite")."""
 import sqlite3
+import weakref
 
 import torch
 from torch import nn
@@ -31,6 +32,51 @@ def test_a_regulariser_over_the_parameters_is_not_part_of_the_loss_code():
     out = model(torch.randn(4, 3))
     loss = out.pow(2).mean() + sum(p.pow(2).sum() for p in model.parameters()) * 1e-4
     assert loss_code(path_nodes([loss.grad_fn], [out.grad_fn])) == "Pow(2):float32, Mean:float32, Add:float32"
+
+
+class _Node:
+    """A node of a made-up graph (what autograd keeps in C++)."""
+
+    def __init__(self, name, *children):
+        self.name_, self.children = name, children
+
+
+class _NodeObject:
+    """What Python sees of a _Node, made as torch makes grad_fn objects: the same object
+    while one is alive, a new one after it is freed, maybe at the freed one's address."""
+    __slots__ = ("node", "__weakref__")
+    _alive = weakref.WeakValueDictionary()
+
+    def __new__(cls, node):
+        obj = cls._alive.get(id(node))
+        if obj is None:
+            obj = object.__new__(cls)
+            obj.node = node
+            cls._alive[id(node)] = obj
+        return obj
+
+    def name(self):
+        return self.node.name_
+
+    @property
+    def next_functions(self):
+        return tuple((_NodeObject(child), 0) for child in self.node.children)
+
+
+def test_the_walk_holds_its_nodes_so_a_freed_node_objects_id_is_not_taken_for_another():
+    # The regulariser's graph: its branches' node objects are freed as the walk passes
+    # them; a new object reusing a freed one's id had cut the path to the output (seen on
+    # Python 3.12 with torch's own nodes).
+    output = _Node("AddmmBackward0", _Node("AccumulateGrad"), _Node("TBackward0", _Node("AccumulateGrad")))
+
+    def branch():
+        return _Node("SumBackward0", _Node("PowBackward0", _Node("AccumulateGrad")))
+
+    regulariser = _Node("MulBackward0", _Node("AddBackward0", _Node("AddBackward0", branch(), branch()), branch()))
+    loss = _Node("AddBackward0", _Node("MeanBackward0", _Node("PowBackward0", output)), regulariser)
+    out = _NodeObject(output)
+    assert [n.name() for n in path_nodes([_NodeObject(loss)], [out])] == ["PowBackward0", "MeanBackward0",
+                                                                         "AddBackward0"]
 
 
 def test_a_power_carries_its_exponent_and_a_sqrt_is_named():

@@ -51,6 +51,10 @@ def path_nodes(loss_nodes, output_nodes) -> list:
     if not outputs:
         return []
     on_path = {}  # id(node) -> whether an output is reached through it
+    # Every node seen is held until the walk ends: next_functions hands out a new Python
+    # object for a node whose last one was freed, and a freed object's id() can be given
+    # to another node's (seen on Python 3.12: the path was cut there and came out empty).
+    seen = []
     order = []
     stack = [(n, False) for n in loss_nodes if n is not None]
     visited = 0
@@ -70,6 +74,7 @@ def path_nodes(loss_nodes, output_nodes) -> list:
         if visited > _MAX_NODES:
             break
         on_path[key] = False  # in progress: a graph has no cycle, this only stops a revisit
+        seen.append(node)
         stack.append((node, True))
         stack.extend((child, False) for child, _ in node.next_functions
                      if child is not None and id(child) not in on_path and id(child) not in outputs)
