@@ -14,8 +14,11 @@ scaler.step() (the agent wraps it) is the normal path and costs one flag test.
 """
 import weakref
 
+import torch
 from torch.amp.grad_scaler import OptState
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from ._tensors import scale_on_device
 
 EVENT = "optimizer-outside-scaler"
 
@@ -33,7 +36,11 @@ def watch(handle, scaler) -> list:
         h = ref()
         if h is not None and h._bypass is not None and h._bypass[0] == "scaled" and h._in_cycle:
             _, found, scale = h._bypass
-            h._end_step(scale, scale, found, skipped=False)
+            if isinstance(scale, float):
+                h._end_step(scale, scale, found, skipped=False)
+            else:
+                # found_inf 0, so not skipped: the optimizer applied the step whatever it held.
+                h._end_step_on_device(scale, True, scale, torch.zeros((), dtype=torch.float64, device=scale.device))
 
     return [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)]
 
@@ -50,8 +57,10 @@ def _before(handle, scaler, optimizer):
         # A scaled loss went backward in this cycle and no scaler.step() has run: these
         # gradients are multiplied by the scale.
         layers, grads, _ = handle._gradients(optimizer)
-        found = bool(handle._stats(layers, grads)) if grads else False
-        scale = float(scaler.get_scale())
+        found = bool(handle._stats(layers, grads)) if grads else False  # host gradients' (device ones land later)
+        # A CUDA scale stays a device tensor: reading it would make the training thread wait.
+        scale = scaler._scale if scale_on_device(scaler) else float(scaler.get_scale())
         handle._bypass = ("scaled", found, scale)
-        handle._event(EVENT, f"{name}.step() ran on gradients still multiplied by the loss scale ({scale:g}): "
+        shown = f" ({scale:g})" if isinstance(scale, float) else ""
+        handle._event(EVENT, f"{name}.step() ran on gradients still multiplied by the loss scale{shown}: "
                              "scaler.step(optimizer) was not called", key=(EVENT, "scaled"))
