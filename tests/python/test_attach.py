@@ -344,11 +344,6 @@ def test_attaching_twice_is_refused(tmp_path):
             ampdiag.attach(Tiny(), scaler, db=tmp_path / "c.db")
 
 
-def test_a_disabled_scaler_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="disabled"):
-        ampdiag.attach(Tiny(), torch.amp.GradScaler("cpu", enabled=False), db=tmp_path / "run.db")
-
-
 def test_a_model_on_an_unsupported_device_is_refused(tmp_path):
     with pytest.raises(ValueError, match="'meta' device"):
         ampdiag.attach(Tiny().to("meta"), torch.amp.GradScaler("cpu"), db=tmp_path / "run.db")

@@ -563,3 +563,25 @@ def test_pytorchs_gradient_penalty_recipe_is_healthy_and_records_the_penalised_l
     assert [n for _, n in recorded] == [1] * 20
     finite = [i for i, v in enumerate(seen) if math.isfinite(v)]
     assert [recorded[i][0] for i in finite] == pytest.approx([seen[i] for i in finite])
+
+
+@pytest.mark.parametrize("use_amp", [True, False])
+def test_pytorchs_amp_recipe_is_healthy_with_amp_on_and_off(tmp_path, verdict, use_amp):
+    # The recipe's toggle: autocast(enabled=use_amp) and GradScaler(enabled=use_amp). With
+    # AMP off the scaler passes everything through; attach() had refused it.
+    torch.manual_seed(0)
+    model = Mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", enabled=use_amp)
+    db = tmp_path / "run.db"
+    with ampdiag.attach(model, scaler, db=db):
+        for x, y in batches(12):
+            with torch.autocast("cpu", dtype=torch.float16, enabled=use_amp):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+    code, report = verdict(db)
+    assert (code, rules(report, "error"), rules(report, "warning")) == (0, [], [])
+    assert rows(db, "SELECT COUNT(*) FROM steps")[0][0] == 12

@@ -8,6 +8,7 @@ and streams everything to a run.db through the C++ engine. It changes no number 
 training: with fused unscale on, the gradients are unscaled with the same bits as
 torch._amp_foreach_non_finite_check_and_unscale_ writes.
 """
+import functools
 import inspect
 import math
 import os
@@ -72,11 +73,13 @@ class AttachHandle:
             raise TypeError(f"attach() takes a torch.nn.Module, not {type(model).__name__}")
         if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
             raise TypeError(f"scaler must be a torch.amp.GradScaler, not {type(scaler).__name__}")
-        if scaler is not None and not scaler.is_enabled():
-            raise ValueError("the GradScaler is disabled (enabled=False, or CUDA is not available for a 'cuda' "
-                             "scaler), so there is no loss scale to watch: enable it, or for bf16 without a scaler "
-                             "attach(model, optimizer=optimizer)")
-        if scaler is None and optimizer is None:
+        # torch's AMP recipe turns AMP off with GradScaler(enabled=use_amp): the scaler then
+        # passes everything through (scale() returns the loss, step() calls the optimizer's),
+        # and the run is recorded as one without a scaler, its optimizers found in step().
+        disabled = scaler if scaler is not None and not scaler.is_enabled() else None
+        if disabled is not None:
+            scaler = None
+        if scaler is None and optimizer is None and disabled is None:
             raise ValueError("pass scaler= (fp16 with a torch.amp.GradScaler) or optimizer= (bf16 without a "
                              "scaler) so ampdiag knows where each step's gradients are final")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -117,6 +120,7 @@ class AttachHandle:
         self._replayer = Replayer(self._record_replay, self._forward_hook_as_run) if replay else None
         self._autopin = AutoPinner(self, int(autopin)) if autopin else None
         self._updates = UpdateProbe(self, every) if holds_half_parameters(params) else None
+        self._stepped_optimizers = []  # without a scaler: those whose step() ends a step
         self._gradient_probe = None  # _stale_gradients.GradientProbe, set with the layers
         self._grad_calls = 0
         self._root_inputs = None  # (args, kwargs) of the model's last forward in this cycle
@@ -178,10 +182,10 @@ class AttachHandle:
                 _loss.watch(self)  # only to see a backward started from the unscaled loss
                 self._hooks.extend(_outside_scaler.watch(self, scaler))
             else:
-                self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
-                self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
-                if self._updates is not None:
-                    self._updates.watch(optimizer)
+                if optimizer is not None:
+                    self._watch_optimizer(optimizer)
+                if disabled is not None:
+                    self._watch_disabled_scaler(disabled)
                 _loss.watch(self)
             setattr(root, _ATTACHED, weakref.ref(self))
             if scaler is not None:
@@ -483,12 +487,48 @@ class AttachHandle:
             streams.append(place[2])
         return self._session.grads(layers, ptrs, numels, codes, types, indices, streams, inv_scale, device_scale)
 
+    def _watch_optimizer(self, optimizer, ends_step=True):
+        """Without a scaler: `optimizer`'s gradients are final at its step(), which ends the
+        step where `ends_step` (once per optimizer)."""
+        if any(o is optimizer for o in self._stepped_optimizers):
+            return
+        self._stepped_optimizers.append(optimizer)
+        self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
+        if ends_step:
+            self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
+        if self._updates is not None:
+            self._updates.watch(optimizer)
+
+    def _watch_disabled_scaler(self, scaler):
+        """A disabled GradScaler's step(optimizer) is the optimizer's own and its update() does
+        nothing: each optimizer it is given is watched from that call on, its first step
+        included, and update() ends the step (the cycle may step several optimizers)."""
+        self._event("scaler-disabled", "the GradScaler is disabled (enabled=False): there is no loss scale, and the "
+                    "run is recorded as one without a scaler, each optimizer found in scaler.step()")
+        original_step, original_update = type(scaler).step, type(scaler).update
+
+        @functools.wraps(original_step)
+        def step(optimizer, *args, **kwargs):
+            if not self._closed and isinstance(optimizer, torch.optim.Optimizer):
+                self._watch_optimizer(optimizer, ends_step=False)
+            return original_step(scaler, optimizer, *args, **kwargs)
+
+        @functools.wraps(original_update)
+        def update(new_scale=None):
+            original_update(scaler, new_scale)
+            if not self._closed and self._in_cycle:
+                self._after_optimizer_step(None, (), {})
+
+        scaler.step, scaler.update = step, update
+        self._restore += [(scaler, "step"), (scaler, "update")]
+
     def _before_optimizer_step(self, optimizer, args, kwargs):
         t0 = time.perf_counter_ns()
         if not self._begin_cycle():
             return
         layers, grads, _ = self._gradients(optimizer)
-        self._bf16_found = bool(self._stats(layers, grads)) if grads else False
+        # |=: a disabled scaler's cycle may step several optimizers before update() ends it.
+        self._bf16_found |= bool(self._stats(layers, grads)) if grads else False
         if self._bf16_found and not self._inputs_checked:
             self._inputs_checked = True  # no output went NaN/Inf first (or none is watched)
             self._look_at_parameters()

@@ -1,0 +1,72 @@
+"""torch's AMP recipe turns AMP off with `GradScaler(enabled=use_amp)`: a disabled scaler
+passes everything through. attach() takes it (it used to refuse it, which stopped the
+recipe's fp32 run): training is unchanged, the run is recorded as one without a scaler,
+each optimizer found in scaler.step() from its first step on, with one event saying so,
+and close() gives the scaler its own step() back."""
+import sqlite3
+
+import torch
+from torch import nn
+
+import ampdiag
+
+
+def recipe(db=None, use_amp=False, steps=6, optimizers=1):
+    """The recipe's loop: autocast and the scaler both enabled by use_amp."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    groups = [list(model[0].parameters()), list(model[2].parameters())] if optimizers == 2 else [model.parameters()]
+    opts = [torch.optim.SGD(g, lr=0.05) for g in groups]
+    scaler = torch.amp.GradScaler("cpu", enabled=use_amp)
+    handle = ampdiag.attach(model, scaler, db=db, overwrite=True) if db else None
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    losses = []
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.float16, enabled=use_amp):
+            loss = nn.functional.mse_loss(model(x).float(), y)
+        scaler.scale(loss).backward()
+        for opt in opts:
+            scaler.step(opt)
+        scaler.update()
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    if handle:
+        handle.close()
+    return [p.detach().clone() for p in model.parameters()], losses, scaler
+
+
+def rows(db, sql):
+    with sqlite3.connect(db) as c:
+        return c.execute(sql).fetchall()
+
+
+def test_the_recipe_with_amp_off_trains_bit_identically_with_ampdiag_attached(tmp_path):
+    without, _, _ = recipe()
+    with_agent, _, _ = recipe(tmp_path / "run.db")
+    for a, b in zip(with_agent, without):
+        assert torch.equal(a, b)
+
+
+def test_every_step_is_recorded_from_the_first_with_its_loss_and_no_scale(tmp_path):
+    _, losses, _ = recipe(tmp_path / "run.db")
+    recorded = rows(tmp_path / "run.db", "SELECT step, loss, scale_before, scale_after, skipped FROM steps ORDER BY step")
+    assert [r[0] for r in recorded] == list(range(6))
+    assert [r[1] for r in recorded] == losses
+    assert {r[2:] for r in recorded} == {(1.0, 1.0, 0)}
+    assert rows(tmp_path / "run.db", "SELECT COUNT(DISTINCT step) FROM grad_stats")[0][0] == 6
+
+
+def test_the_disabled_scaler_is_said_once(tmp_path):
+    recipe(tmp_path / "run.db")
+    assert rows(tmp_path / "run.db", "SELECT step FROM events WHERE kind = 'scaler-disabled'") == [(0,)]
+
+
+def test_two_optimizers_stepped_through_the_disabled_scaler_end_one_step_each_cycle(tmp_path):
+    recipe(tmp_path / "run.db", optimizers=2)
+    assert rows(tmp_path / "run.db", "SELECT COUNT(*) FROM steps")[0][0] == 6
+
+
+def test_close_gives_the_scaler_its_own_step_and_update_back(tmp_path):
+    _, _, scaler = recipe(tmp_path / "run.db")
+    assert "step" not in scaler.__dict__ and "update" not in scaler.__dict__
