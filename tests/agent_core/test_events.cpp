@@ -9,32 +9,15 @@
 
 #include "ampdiag/rundb/reader.h"
 #include "session.h"
+#include "session_fixture.h"
 #include "../rundb/temp_dir.h"
 
 using namespace ampdiag;
+using test::open_with_layers;
+using test::recording_options;
 using test::TempDir;
 
 namespace {
-
-agent::SessionOptions options() {
-  agent::SessionOptions o;
-  o.recorder.every = 1;
-  o.recorder.context_steps = 0;
-  o.recorder.close_wait_ms = 0;
-  o.cpu.threads = 1;
-  return o;
-}
-
-void open_with_a_layer(agent::Session& s, const std::string& path) {
-  agent::LayerInfo info;
-  info.name = "l0.weight";
-  info.module_path = "l0";
-  info.dtype = "float32";
-  info.numel = 8;
-  s.add_layer(1000, info);
-  s.layers_done();
-  s.open(path, {}, "test-run");
-}
 
 // One optimizer cycle with no gradients, ended at scale 1024.
 void cycle(agent::Session& s) {
@@ -64,8 +47,8 @@ std::vector<Event> events_of(const std::string& path) {
 TEST_CASE("an event read back after its step carries the step it names, once per key", "[session][events]") {
   TempDir dir;
   {
-    agent::Session s(options());
-    open_with_a_layer(s, dir.file("run.db"));
+    agent::Session s(recording_options());
+    open_with_layers(s, dir.file("run.db"), 1);
     for (int i = 0; i < 3; ++i) cycle(s);
     s.begin_cycle();  // step 3 is open
     s.event_once("probe", "gradients-not-zeroed", "seen at step 1", std::int64_t{1});
@@ -78,8 +61,8 @@ TEST_CASE("an event read back after its step carries the step it names, once per
 
 TEST_CASE("an event may not name a step the run has not reached, nor a negative one", "[session][events]") {
   TempDir dir;
-  agent::Session s(options());
-  open_with_a_layer(s, dir.file("run.db"));
+  agent::Session s(recording_options());
+  open_with_layers(s, dir.file("run.db"), 1);
   cycle(s);
   s.begin_cycle();  // step 1 is open
   CHECK_THROWS_AS(s.event_once("ahead", "gradients-not-zeroed", "", std::int64_t{2}), std::invalid_argument);

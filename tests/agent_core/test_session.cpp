@@ -11,12 +11,14 @@
 
 #include "ampdiag/rundb/reader.h"
 #include "session.h"
+#include "session_fixture.h"
 #include "../rundb/temp_dir.h"
 
 using namespace ampdiag;
 using agent::Device;
 using agent::DeviceTensor;
 using agent::DeviceType;
+using test::open_with_layers;
 using test::TempDir;
 
 namespace {
@@ -101,29 +103,7 @@ const void* device_pointer(int k) { return reinterpret_cast<const void*>(std::ui
 
 DeviceTensor on_gpu(int k) { return {{device_pointer(k), 8, kernels::DType::kFloat32}, kGpu0, nullptr}; }
 
-agent::SessionOptions options(std::int64_t max_waiting = 4) {
-  agent::SessionOptions o;
-  o.recorder.every = 1;
-  o.recorder.context_steps = 0;
-  o.recorder.max_waiting = max_waiting;
-  o.recorder.close_wait_ms = 0;
-  o.cpu.threads = 1;
-  return o;
-}
-
-// Registers `n` layers and opens the file.
-void open_with_layers(agent::Session& s, const std::string& path, int n) {
-  for (int i = 0; i < n; ++i) {
-    agent::LayerInfo info;
-    info.name = "l" + std::to_string(i) + ".weight";
-    info.module_path = "l" + std::to_string(i);
-    info.dtype = "float32";
-    info.numel = 8;
-    s.add_layer(std::uintptr_t(1000 + i), info);
-  }
-  s.layers_done();
-  s.open(path, {}, "test-run");
-}
+agent::SessionOptions options(std::int64_t max_waiting = 4) { return test::recording_options(max_waiting); }
 
 // One optimizer cycle whose gradients (layers 0..n-1) are device tensors; `later`: its
 // outcome is read back from the device.
