@@ -13,6 +13,22 @@
 
 namespace ampdiag::analyzer::rules {
 
+namespace {
+
+// The run's own loop (with or without its scaler) with zero_grad() where it belongs,
+// `where` saying so in a comment on that line.
+Suggestion zeroing_loop(const Run& run, const std::string& summary, const std::string& where) {
+  const std::string python = "optimizer.zero_grad()  # " + where + "\n";
+  const std::string cpp = "optimizer.zero_grad();  // " + where + "\n";
+  if (run.has_scaler())
+    return {summary,
+            python + "scaler.scale(loss).backward()\nscaler.step(optimizer)\nscaler.update()",
+            cpp + "scaler.scale(loss).backward();  // ampdiag::GradScaler\nscaler.step(optimizer);\nscaler.update();"};
+  return {summary, python + "loss.backward()\noptimizer.step()", cpp + "loss.backward();\noptimizer.step();"};
+}
+
+}  // namespace
+
 void gradients_not_zeroed(const Run& run, std::vector<Finding>& out) {
   const rundb::EventRow* e = run.first_event("gradients-not-zeroed");
   if (!e) return;
@@ -28,26 +44,7 @@ void gradients_not_zeroed(const Run& run, std::vector<Finding>& out) {
   f.evidence += ". The overflows that follow are where the sum left fp16's range, not why";
   const std::string summary = "Zero the gradients once per optimizer step, before its backward (with gradient "
                               "accumulation: after the optimizer step, every N micro-batches).";
-  if (run.has_scaler())
-    f.suggestions.push_back({summary,
-                             "optimizer.zero_grad()  # once per optimizer step\n"
-                             "scaler.scale(loss).backward()\n"
-                             "scaler.step(optimizer)\n"
-                             "scaler.update()",
-                             "optimizer.zero_grad();  // once per optimizer step\n"
-                             "scaler.scale(loss).backward();  // ampdiag::GradScaler\n"
-                             "scaler.step(optimizer);\n"
-                             "scaler.update();",
-                             ""});
-  else
-    f.suggestions.push_back({summary,
-                             "optimizer.zero_grad()  # once per optimizer step\n"
-                             "loss.backward()\n"
-                             "optimizer.step()",
-                             "optimizer.zero_grad();  // once per optimizer step\n"
-                             "loss.backward();\n"
-                             "optimizer.step();",
-                             ""});
+  f.suggestions.push_back(zeroing_loop(run, summary, "once per optimizer step"));
   // What the growing sum makes is its doing: the fixes of the findings it explains wait for it.
   const std::string see = "The gradients were not zeroed between steps (see gradients-not-zeroed): ";
   for (auto& g : out) {
@@ -85,26 +82,7 @@ void gradients_cleared(const Run& run, std::vector<Finding>& out) {
                " was all zeros where " + (run.has_scaler() ? "scaler.step() unscaled them" : "the optimizer stepped") +
                ": a zero_grad(set_to_none=False) between backward and the step";
   const std::string summary = "Zero the gradients before the backward (or after the optimizer step), never between them.";
-  if (run.has_scaler())
-    f.suggestions.push_back({summary,
-                             "optimizer.zero_grad()  # before the backward\n"
-                             "scaler.scale(loss).backward()\n"
-                             "scaler.step(optimizer)\n"
-                             "scaler.update()",
-                             "optimizer.zero_grad();  // before the backward\n"
-                             "scaler.scale(loss).backward();  // ampdiag::GradScaler\n"
-                             "scaler.step(optimizer);\n"
-                             "scaler.update();",
-                             ""});
-  else
-    f.suggestions.push_back({summary,
-                             "optimizer.zero_grad()  # before the backward\n"
-                             "loss.backward()\n"
-                             "optimizer.step()",
-                             "optimizer.zero_grad();  // before the backward\n"
-                             "loss.backward();\n"
-                             "optimizer.step();",
-                             ""});
+  f.suggestions.push_back(zeroing_loop(run, summary, "before the backward"));
   out.push_back(f);
 }
 
