@@ -8,7 +8,6 @@ and streams everything to a run.db through the C++ engine. It changes no number 
 training: with fused unscale on, the gradients are unscaled with the same bits as
 torch._amp_foreach_non_finite_check_and_unscale_ writes.
 """
-import functools
 import inspect
 import math
 import os
@@ -28,7 +27,7 @@ from ._forward import forward_hook, input_hook, output_hook, outside_compiled_gr
 from ._options import check_options, default_amp_dtype, trains_fp16_parameters
 from ._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
 from ._replay import FINITE, INTRINSIC, NONFINITE, Replayer
-from ._scaler import wrap_scaler
+from ._scaler import wrap_disabled_scaler, wrap_scaler
 from ._updates import UpdateProbe, holds_half_parameters
 from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, engine_place, fast_place, host_sum,
                        nan_in_inputs, readable_view, sum_on)
@@ -185,7 +184,10 @@ class AttachHandle:
                 if optimizer is not None:
                     self._watch_optimizer(optimizer)
                 if disabled is not None:
-                    self._watch_disabled_scaler(disabled)
+                    self._event("scaler-disabled", "the GradScaler is disabled (enabled=False): there is no loss "
+                                "scale, and the run is recorded as one without a scaler, each optimizer found in "
+                                "scaler.step()")
+                    wrap_disabled_scaler(self, disabled)
                 _loss.watch(self)
             setattr(root, _ATTACHED, weakref.ref(self))
             if scaler is not None:
@@ -498,29 +500,6 @@ class AttachHandle:
             self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
         if self._updates is not None:
             self._updates.watch(optimizer)
-
-    def _watch_disabled_scaler(self, scaler):
-        """A disabled GradScaler's step(optimizer) is the optimizer's own and its update() does
-        nothing: each optimizer it is given is watched from that call on, its first step
-        included, and update() ends the step (the cycle may step several optimizers)."""
-        self._event("scaler-disabled", "the GradScaler is disabled (enabled=False): there is no loss scale, and the "
-                    "run is recorded as one without a scaler, each optimizer found in scaler.step()")
-        original_step, original_update = type(scaler).step, type(scaler).update
-
-        @functools.wraps(original_step)
-        def step(optimizer, *args, **kwargs):
-            if not self._closed and isinstance(optimizer, torch.optim.Optimizer):
-                self._watch_optimizer(optimizer, ends_step=False)
-            return original_step(scaler, optimizer, *args, **kwargs)
-
-        @functools.wraps(original_update)
-        def update(new_scale=None):
-            original_update(scaler, new_scale)
-            if not self._closed and self._in_cycle:
-                self._after_optimizer_step(None, (), {})
-
-        scaler.step, scaler.update = step, update
-        self._restore += [(scaler, "step"), (scaler, "update")]
 
     def _before_optimizer_step(self, optimizer, args, kwargs):
         t0 = time.perf_counter_ns()

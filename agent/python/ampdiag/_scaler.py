@@ -61,7 +61,32 @@ def wrap_scaler(handle, scaler):
         taken = handle._bypass is not None and handle._bypass[0] == "unscaled"
         handle._end_step(before, float(scaler.get_scale()), found, skipped=found and not taken)
 
-    for name, fn in (("_unscale_grads_", _unscale_grads_), ("scale", scale), ("step", step), ("update", update)):
+    _replace(handle, scaler, _unscale_grads_=_unscale_grads_, scale=scale, step=step, update=update)
+
+
+def wrap_disabled_scaler(handle, scaler):
+    """A disabled GradScaler's step(optimizer) is the optimizer's own and its update() does
+    nothing: each optimizer it is given is watched from that call on, its first step
+    included, and update() ends the step (the cycle may step several optimizers)."""
+    original_step, original_update = scaler.step, scaler.update
+
+    def step(optimizer, *args, **kwargs):
+        if not handle._closed and isinstance(optimizer, torch.optim.Optimizer):
+            handle._watch_optimizer(optimizer, ends_step=False)
+        return original_step(optimizer, *args, **kwargs)
+
+    def update(new_scale=None):
+        original_update(new_scale)
+        if not handle._closed and handle._in_cycle:
+            handle._after_optimizer_step(None, (), {})
+
+    _replace(handle, scaler, step=step, update=update)
+
+
+def _replace(handle, scaler, **methods):
+    """Sets the agent's methods on the instance (the class is untouched); close() removes
+    them, and the class's show through again."""
+    for name, fn in methods.items():
         setattr(scaler, name, functools.wraps(getattr(type(scaler), name))(fn))
         handle._restore.append((scaler, name))
 
