@@ -73,6 +73,10 @@ bool Run::output_gradient_nonfinite(std::int64_t step) const {
   return std::binary_search(output_gradient_steps.begin(), output_gradient_steps.end(), step);
 }
 
+bool Run::forward_dropped(std::int64_t step) const {
+  return std::binary_search(forward_dropped_steps.begin(), forward_dropped_steps.end(), step);
+}
+
 bool Run::loss_known(const rundb::StepRow& row) const {
   if (row.losses >= 0) return row.losses > 0;
   // Format 1 stored NULL for a NaN loss and for one never seen; only the scaler recorded it.

@@ -67,6 +67,14 @@ std::string confirmed_evidence(double fp32_absmax) {
          (std::isfinite(fp32_absmax) ? std::string(" (max |x| ") + absmax + ")" : "");
 }
 
+// Where the loop dropped those batches (event "forward-dropped"): a guard on the loss hides
+// the overflow from the scaler and loses the batch, so it is no sign the model absorbed it.
+std::string dropped_evidence(std::int64_t dropped) {
+  return "the loop dropped the batch in " + plural(dropped, "step") +
+         " before backward (no gradient reached the forward that went NaN/Inf: a guard such as "
+         "`if not torch.isfinite(loss): continue` loses the batch, it does not avoid the overflow)";
+}
+
 // Steps where `module` was the forward's cause and the loss went NaN/Inf.
 std::int64_t nonfinite_losses_caused(const Run& run, const std::string& module) {
   std::int64_t n = 0;
@@ -395,7 +403,8 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
   struct Culprit {
     ForwardCause cause;
     std::int64_t first = 0, first_step = -1;
-    std::int64_t hurt = 0;  // of those steps, skipped or with NaN/Inf gradients or loss
+    std::int64_t hurt = 0;     // of those steps, skipped, dropped, or with NaN/Inf gradients or loss
+    std::int64_t dropped = 0;  // of those steps, where the loop dropped the batch (forward-dropped)
   };
   // Steps whose input held NaN are the data's (input-nan), whatever module showed it first,
   // and those after an update that wrote NaN/Inf into the parameters are its (nonfinite-update).
@@ -412,7 +421,10 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     Culprit& c = culprits[it->second.module];
     if (c.first++ == 0) c.cause = it->second;
     if (c.first_step < 0 || s.row.step < c.first_step) c.first_step = s.row.step;
-    c.hurt += s.row.skipped || s.gradients_nonfinite() || run.loss_nonfinite(s.row);
+    // A batch the loop dropped before backward is lost to the overflow as a skipped step is.
+    const bool dropped = run.forward_dropped(s.row.step);
+    c.dropped += dropped;
+    c.hurt += dropped || s.row.skipped || s.gradients_nonfinite() || run.loss_nonfinite(s.row);
   }
   std::vector<std::pair<std::string, Culprit>> ranked(culprits.begin(), culprits.end());
   std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
@@ -437,7 +449,10 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     f.evidence = "first non-finite output in forward order in " + std::to_string(c.first) + " of " +
                  plural(std::int64_t(run.steps.size()), "step") + ", from step " + std::to_string(c.first_step);
     f.steps.push_back(c.first_step);
-    if (known_losses > 0) f.evidence += "; the loss was NaN/Inf in " + plural(nonfinite_loss, "step");
+    // Where the loop dropped the batches, their losses never reached the agent: no count to give.
+    if (known_losses > 0 && (c.dropped == 0 || nonfinite_loss > 0))
+      f.evidence += "; the loss was NaN/Inf in " + plural(nonfinite_loss, "step");
+    if (c.dropped > 0) f.evidence += "; " + dropped_evidence(c.dropped);
     if (cause.own_code)
       f.evidence += "; " + cause.first_seen + " showed it first but only received it (its FP32 replay was still NaN/Inf)";
     if (cause.confirmation == "confirmed") {
@@ -449,7 +464,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     if (cause.intrinsic) {
       // Not fp16's range: pinning cannot help, and a mask whose -inf the model absorbs
       // (the loss stayed finite) is no problem at all.
-      const std::int64_t hurt = nonfinite_losses_caused(run, path);
+      const std::int64_t lost = nonfinite_losses_caused(run, path), hurt = lost + c.dropped;
       // Where the loss went NaN/Inf, a module after it that overflowed fp16 may have made it so.
       const ModuleSummary* after = hurt ? overflow_after_intrinsic(run) : nullptr;
       if (hurt == 0 || after) {
@@ -465,7 +480,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
         out.push_back(f);
         continue;  // the next culprit, if any, is the top one
       }
-      f.evidence += "; the loss was NaN/Inf in " + plural(hurt, "step") + " it started";
+      if (lost > 0) f.evidence += "; the loss was NaN/Inf in " + plural(lost, "step") + " it started";
       f.blame = name;  // what a symptom's fix points to: no overflow
       if (const std::string buffers = nan_buffers(run, path); !buffers.empty()) {
         f.title = name + " makes NaN from finite inputs because its buffers hold NaN, not its code or fp16's range";

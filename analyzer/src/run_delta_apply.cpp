@@ -91,6 +91,15 @@ void merge_grads(Run& run, std::vector<GradPart>& parts) {
 }
 
 // Run::first_nonfinite_update and what it rests on.
+// The steps of the events of one kind, sorted, for the Run's binary searches.
+std::vector<std::int64_t> event_steps(const std::vector<rundb::EventRow>& events, const std::string& kind) {
+  std::vector<std::int64_t> steps;
+  for (const auto& e : events)
+    if (e.kind == kind) steps.push_back(e.step);
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
 void find_nonfinite_update(Run& run) {
   run.first_nonfinite_update = -1;
   run.update_from_finite_gradients = false;
@@ -127,18 +136,14 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   for (auto& row : d.layers) run.layers.push_back({std::move(row), {}, 0, 0, 0.0, -1, {}});
   for (auto& row : d.modules) run.modules.push_back({std::move(row), 0, 0, -1, 0.0f});
   run.events = std::move(d.events);
-  run.input_nan_steps.clear();
-  run.output_gradient_steps.clear();
+  run.input_nan_steps = event_steps(run.events, "input-nan");
+  run.output_gradient_steps = event_steps(run.events, "output-gradient-nonfinite");
+  run.forward_dropped_steps = event_steps(run.events, "forward-dropped");
   run.scaled_gradients_in_loss_from = -1;
-  for (const auto& e : run.events) {
-    if (e.kind == "input-nan") run.input_nan_steps.push_back(e.step);
-    if (e.kind == "output-gradient-nonfinite") run.output_gradient_steps.push_back(e.step);
+  for (const auto& e : run.events)
     if (e.kind == "scaled-gradients-in-loss" &&
         (run.scaled_gradients_in_loss_from < 0 || e.step < run.scaled_gradients_in_loss_from))
       run.scaled_gradients_in_loss_from = std::max<std::int64_t>(e.step, 0);
-  }
-  std::sort(run.input_nan_steps.begin(), run.input_nan_steps.end());
-  std::sort(run.output_gradient_steps.begin(), run.output_gradient_steps.end());
   run.replays = std::move(d.replays);
   merge_steps(run, d.steps);
   merge_grads(run, d.grads);

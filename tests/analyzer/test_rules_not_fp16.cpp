@@ -65,6 +65,46 @@ TEST_CASE("an fp16 overflow in forward that the model absorbs is a warning, not 
   CHECK_THAT(fw->suggestions.front().python, Catch::Contains("pin_fp32"));  // still a real overflow
 }
 
+TEST_CASE("an fp16 overflow in forward whose batch the loop dropped is the error, not absorbed", "[rules]") {
+  // `if not torch.isfinite(loss): continue`: no step skipped, no NaN gradient or loss
+  // recorded, yet the batch is lost to the overflow (event forward-dropped).
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.replay("proj", "finite");
+  for (int i = 0; i < 6; ++i) {
+    if (i % 2 == 1) f.event("forward-dropped", "1 forward whose output went NaN/Inf (first at proj) got no backward");
+    f.activation("proj", i % 2 == 1).step(1024, 1024);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module == "proj");
+  CHECK(fw->severity == Severity::kError);
+  CHECK_THAT(fw->evidence, Catch::Contains("the loop dropped the batch in 3 steps before backward"));
+  CHECK_THAT(fw->evidence, !Catch::Contains("absorbed"));
+  CHECK_THAT(fw->evidence, !Catch::Contains("the loss was NaN/Inf in 0 steps"));
+}
+
+TEST_CASE("a -inf mask's NaN whose batch the loop dropped is its code, not by design", "[rules]") {
+  // The padding mask's empty row: NaN in FP32 too; the loop drops the NaN loss's batch, so
+  // the recorded losses stay finite, but the batch was lost.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.replay("attn", "intrinsic");
+  f.activation("attn", false).step(1024, 1024);
+  f.event("forward-dropped", "1 forward whose output went NaN/Inf (first at attn) got no backward");
+  f.activation("attn", true).step(1024, 1024);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module == "attn");
+  CHECK(fw->severity == Severity::kError);
+  CHECK_THAT(fw->title, Catch::Contains("even in FP32: its code"));
+  CHECK_THAT(fw->evidence, Catch::Contains("the loop dropped the batch in 1 step"));
+}
+
 TEST_CASE("NaN/Inf after an update that applied NaN/Inf gradients is that update's, not a module's", "[rules]") {
   // bf16 without a scaler: step 1's NaN batch gets applied; from then on the parameters are
   // NaN, and enc's output is NaN "from finite inputs" (its FP32 replay says intrinsic).

@@ -22,6 +22,7 @@ from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
 from ._amp_dtype import learn_amp_dtype
 from ._autopin import AutoPinner
+from ._dropped import DroppedForwards, describe as describe_dropped
 from ._loss_code import loss_code, nonfinite_constants, path_nodes
 from ._forward import forward_hook, input_hook, output_hook, outside_compiled_graph
 from ._options import check_options, default_amp_dtype, trains_fp16_parameters
@@ -129,6 +130,7 @@ class AttachHandle:
         self._parameters_nonfinite = False  # found once: every NaN/Inf after it is theirs, no replay
         self._loss_code_looks = 0  # loss-code events written (see _look_at_loss_code)
         self._output_nodes = []  # the grad_fn of the last training forward's outputs
+        self._dropped = DroppedForwards()
         self._loss_nodes = []    # the grad_fn of this cycle's losses
         self._scaled = []
         self._has_scaler = scaler is not None
@@ -330,6 +332,7 @@ class AttachHandle:
         self._scaled = []
         self._scaler_stepped = False  # scaler.step() ran in this cycle
         self._bypass = None  # an optimizer stepped outside scaler.step(): see _outside_scaler.py
+        self._dropped.dropped()  # a previous cycle's, if it ended without _report_dropped()
 
     @property
     def _inert(self):
@@ -524,6 +527,7 @@ class AttachHandle:
             values = torch.stack([zero, zero, scale.double(), zero])
             self._session.amend_on_device(values.data_ptr(), *engine_place(values)[1:])
             return
+        self._report_dropped()
         losses = self._logged_losses or self._losses
         fields = (_ampdiag.OUTCOME_SCALE_BEFORE | _ampdiag.OUTCOME_SCALE_AFTER | _ampdiag.OUTCOME_FOUND_INF
                   | _ampdiag.OUTCOME_SKIPPED_IS_FOUND_INF)
@@ -535,7 +539,14 @@ class AttachHandle:
                              math.nan, math.nan, False, False)
         self._last_step_skipped = found  # read only if someone asks
 
+    def _report_dropped(self):
+        """Before the step ends: its NaN/Inf forwards that no backward reached."""
+        paths = self._dropped.dropped()
+        if paths:
+            self._session.event("forward-dropped", describe_dropped(paths))
+
     def _end_step(self, scale_before, scale_after, found_inf, skipped):
+        self._report_dropped()
         losses = self._logged_losses or self._losses
         on_device = next((t.device for t in losses if t.is_cuda), None)
         if on_device is not None:
@@ -593,6 +604,7 @@ class AttachHandle:
         # with a non-finite output is still NaN/Inf in FP32 (it only received NaN/Inf, or
         # its parent's own code made it), its enclosing modules are replayed as they
         # finish, until one is finite. Only a replay that ran and stayed NaN/Inf escalates.
+        self._dropped.nonfinite_output(path)
         if not self._inputs_checked:
             self._inputs_checked = True
             where = nan_in_inputs(*self._root_inputs) if self._root_inputs is not None else None

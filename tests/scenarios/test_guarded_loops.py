@@ -1,0 +1,75 @@
+"""Loops that guard their step with `if not torch.isfinite(loss): continue`, as detection and
+LLM codebases do: the batch whose forward overflowed fp16 is dropped before the scaler sees
+it, so no step is skipped. The report must name the module that overflowed as it does for
+the plain loop, not say the model absorbed it, and its fix must train without a dropped batch."""
+import torch
+from torch import nn
+
+import ampdiag
+
+BAD_STEPS = (5, 13)
+
+
+class SelfSimilarity(nn.Module):
+    """Mixes tokens by their dot products: on a batch of large activations the dot products
+    pass 65504 in fp16 and the softmax of Inf - Inf is NaN; in FP32 they fit."""
+
+    def forward(self, x):
+        return torch.softmax(x @ x.transpose(-1, -2), dim=-1) @ x
+
+
+class Mixer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.mix, self.head = nn.Linear(16, 32), SelfSimilarity(), nn.Linear(32, 1)
+
+    def forward(self, x):
+        return self.head(self.mix(self.inp(x))).mean(1)
+
+
+def guarded_loop(db, steps=20, pin=False):
+    """Returns how many batches the guard dropped."""
+    torch.manual_seed(0)
+    model = Mixer()
+    if pin:
+        ampdiag.pin_fp32(model.mix)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    g = torch.Generator().manual_seed(3)
+    dropped = 0
+    with ampdiag.attach(model, scaler, db=db):
+        for step in range(steps):
+            x, y = torch.randn(8, 6, 16, generator=g), torch.randn(8, 1, generator=g)
+            if step in BAD_STEPS:
+                x = x * 100.0  # an outlier batch
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            if not torch.isfinite(loss):
+                dropped += 1
+                continue
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    return dropped
+
+
+def test_a_guard_that_drops_nan_losses_is_told_which_module_overflowed_not_that_it_was_absorbed(tmp_path, verdict):
+    db = tmp_path / "guarded.db"
+    assert guarded_loop(db) == len(BAD_STEPS)
+    code, rep = verdict(db)
+    assert code == 1, rep["findings"]
+    top = rep["findings"][0]
+    assert (top["rule"], top["module"], top["severity"], top["confirmation"]) == \
+        ("forward-nonfinite", "mix", "error", "confirmed")
+    assert "the loop dropped the batch in 2 steps before backward" in top["evidence"]
+    assert "absorbed" not in top["evidence"]
+    assert top["steps"] == [BAD_STEPS[0]]
+
+
+def test_the_pin_the_report_gives_trains_the_guarded_loop_without_dropping_a_batch(tmp_path, verdict):
+    db = tmp_path / "pinned.db"
+    assert guarded_loop(db, pin=True) == 0
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
+    assert not [f for f in rep["findings"] if f["rule"] == "forward-nonfinite"]
