@@ -1,19 +1,7 @@
 // The analyzer's rules on hand-built run.db fixtures, one situation per test.
-#include <catch2/catch.hpp>
+#include "rule_test.h"
 
 #include <algorithm>
-
-#include "../rundb/temp_dir.h"
-#include "ampdiag/analyzer/analyze.h"
-#include "ampdiag/analyzer/render.h"
-#include "rule_checks.h"
-#include "run_fixture.h"
-
-using namespace ampdiag;
-using namespace ampdiag::analyzer;
-using ampdiag::test::RunFixture;
-using ampdiag::test::TempDir;
-using namespace ampdiag::test::rule_checks;
 
 TEST_CASE("a run without skipped steps is healthy", "[rules]") {
   TempDir dir;

@@ -1,18 +1,6 @@
 // Which skips are the scaler's calibration (its descent from init_scale) or growth probes,
 // and which hurt the run: skip-rate and the overflow-origin severity they decide.
-#include <catch2/catch.hpp>
-
-#include "../rundb/temp_dir.h"
-#include "ampdiag/analyzer/analyze.h"
-#include "ampdiag/analyzer/render.h"
-#include "rule_checks.h"
-#include "run_fixture.h"
-
-using namespace ampdiag;
-using namespace ampdiag::analyzer;
-using ampdiag::test::RunFixture;
-using ampdiag::test::TempDir;
-using namespace ampdiag::test::rule_checks;
+#include "rule_test.h"
 
 TEST_CASE("a scale that settles at 4096 and probes for growth is not a collapse", "[rules]") {
   TempDir dir;

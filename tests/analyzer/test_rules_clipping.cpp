@@ -1,21 +1,9 @@
 // clip-before-unscale: gradients clipped while still multiplied by the loss scale keep the
 // clip's norm before unscale in every step, whatever the scale (tests/scenarios/
 // test_clipping.py runs the real loops, wrong and right).
-#include <catch2/catch.hpp>
+#include "rule_test.h"
 
 #include <cmath>
-
-#include "../rundb/temp_dir.h"
-#include "ampdiag/analyzer/analyze.h"
-#include "ampdiag/analyzer/render.h"
-#include "rule_checks.h"
-#include "run_fixture.h"
-
-using namespace ampdiag;
-using namespace ampdiag::analyzer;
-using namespace ampdiag::test::rule_checks;
-using ampdiag::test::RunFixture;
-using ampdiag::test::TempDir;
 
 namespace {
 

@@ -1,19 +1,7 @@
 // loss-divergence: a loss that grew by orders of magnitude while finite before the NaN/Inf
 // came is the cause, and the module that overflowed first is only where it showed
 // (tests/scenarios/test_divergence.py trains a real loop with a learning rate too high).
-#include <catch2/catch.hpp>
-
-#include "../rundb/temp_dir.h"
-#include "ampdiag/analyzer/analyze.h"
-#include "ampdiag/analyzer/render.h"
-#include "rule_checks.h"
-#include "run_fixture.h"
-
-using namespace ampdiag;
-using namespace ampdiag::analyzer;
-using namespace ampdiag::test::rule_checks;
-using ampdiag::test::RunFixture;
-using ampdiag::test::TempDir;
+#include "rule_test.h"
 
 namespace {
 

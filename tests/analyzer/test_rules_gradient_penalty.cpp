@@ -2,18 +2,7 @@
 // "scaled-gradients-in-loss") holds the loss scale: its NaN/Inf at a scale that enlarges
 // the gradients is their overflow, which the scaler answers, not a NaN the loss code makes
 // (tests/scenarios/test_everyday_loops.py runs PyTorch's recipe as a real torch loop).
-#include <catch2/catch.hpp>
-
-#include "../rundb/temp_dir.h"
-#include "ampdiag/analyzer/analyze.h"
-#include "rule_checks.h"
-#include "run_fixture.h"
-
-using namespace ampdiag;
-using namespace ampdiag::analyzer;
-using namespace ampdiag::test::rule_checks;
-using ampdiag::test::RunFixture;
-using ampdiag::test::TempDir;
+#include "rule_test.h"
 
 TEST_CASE("a penalised loss that is Inf while the scale comes down is the scaler's calibration", "[rules][penalty]") {
   TempDir dir;

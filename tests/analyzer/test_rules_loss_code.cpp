@@ -3,18 +3,7 @@
 // operation that makes NaN/Inf from finite values and its fix, and offer an FP32 loss only
 // where the loss code ran in half precision (tests/scenarios/test_loss_diagnosis.py runs
 // the same cases as real torch loops).
-#include <catch2/catch.hpp>
-
-#include "../rundb/temp_dir.h"
-#include "ampdiag/analyzer/analyze.h"
-#include "rule_checks.h"
-#include "run_fixture.h"
-
-using namespace ampdiag;
-using namespace ampdiag::analyzer;
-using namespace ampdiag::test::rule_checks;
-using ampdiag::test::RunFixture;
-using ampdiag::test::TempDir;
+#include "rule_test.h"
 
 namespace {
 

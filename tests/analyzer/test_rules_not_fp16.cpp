@@ -2,18 +2,7 @@
 // written into the parameters by an earlier update, or absorbed by the model. The rules
 // name the loss, the data or the update, and never blame the module that showed it first
 // (tests/scenarios/test_loss_diagnosis.py runs the same cases as real torch loops).
-#include <catch2/catch.hpp>
-
-#include "../rundb/temp_dir.h"
-#include "ampdiag/analyzer/analyze.h"
-#include "rule_checks.h"
-#include "run_fixture.h"
-
-using namespace ampdiag;
-using namespace ampdiag::analyzer;
-using namespace ampdiag::test::rule_checks;
-using ampdiag::test::RunFixture;
-using ampdiag::test::TempDir;
+#include "rule_test.h"
 
 namespace {
 

@@ -3,18 +3,7 @@
 // (fp16 parameters with Adam's eps=1e-8), or there before any update (a checkpoint). The
 // update or the model is named, never the module whose weights hold them
 // (tests/scenarios/test_loss_diagnosis.py runs the same cases as real torch loops).
-#include <catch2/catch.hpp>
-
-#include "../rundb/temp_dir.h"
-#include "ampdiag/analyzer/analyze.h"
-#include "rule_checks.h"
-#include "run_fixture.h"
-
-using namespace ampdiag;
-using namespace ampdiag::analyzer;
-using namespace ampdiag::test::rule_checks;
-using ampdiag::test::RunFixture;
-using ampdiag::test::TempDir;
+#include "rule_test.h"
 
 namespace {
 

@@ -1,18 +1,6 @@
 // The module an FP32 replay confirms or clears: where a NaN/Inf in forward is pinned, and where
 // it is a mask's -inf, a buffer's NaN or the caller's code (one situation per test).
-#include <catch2/catch.hpp>
-
-#include "../rundb/temp_dir.h"
-#include "ampdiag/analyzer/analyze.h"
-#include "ampdiag/analyzer/render.h"
-#include "rule_checks.h"
-#include "run_fixture.h"
-
-using namespace ampdiag;
-using namespace ampdiag::analyzer;
-using ampdiag::test::RunFixture;
-using ampdiag::test::TempDir;
-using namespace ampdiag::test::rule_checks;
+#include "rule_test.h"
 
 TEST_CASE("a module whose FP32 replay is still NaN/Inf is never the pin: the parent whose replay is finite is", "[rules][replay]") {
   TempDir dir;

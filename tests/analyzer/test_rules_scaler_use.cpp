@@ -1,19 +1,7 @@
 // An optimizer stepped outside scaler.step() (event "optimizer-outside-scaler", which the
 // Python agent records): the NaN/Inf it applied is that loop's bug, named first, and the
 // findings it causes point to it (tests/scenarios/test_scaler_misuse.py runs the real loops).
-#include <catch2/catch.hpp>
-
-#include "../rundb/temp_dir.h"
-#include "ampdiag/analyzer/analyze.h"
-#include "ampdiag/analyzer/render.h"
-#include "rule_checks.h"
-#include "run_fixture.h"
-
-using namespace ampdiag;
-using namespace ampdiag::analyzer;
-using namespace ampdiag::test::rule_checks;
-using ampdiag::test::RunFixture;
-using ampdiag::test::TempDir;
+#include "rule_test.h"
 
 namespace {
 

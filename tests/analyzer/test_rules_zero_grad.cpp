@@ -1,19 +1,7 @@
 // gradients-not-zeroed: the Python agent found the previous step's gradient still in place
 // as a step's first arrived. The overflows that the growing sum makes point to it
 // (tests/scenarios/test_stale_gradients.py runs the real loop, and the fixed one).
-#include <catch2/catch.hpp>
-
-#include "../rundb/temp_dir.h"
-#include "ampdiag/analyzer/analyze.h"
-#include "ampdiag/analyzer/render.h"
-#include "rule_checks.h"
-#include "run_fixture.h"
-
-using namespace ampdiag;
-using namespace ampdiag::analyzer;
-using namespace ampdiag::test::rule_checks;
-using ampdiag::test::RunFixture;
-using ampdiag::test::TempDir;
+#include "rule_test.h"
 
 namespace {
 

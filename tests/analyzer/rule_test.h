@@ -1,0 +1,18 @@
+// What every rule test file includes and names: Catch2, a temporary directory, a run.db
+// written row by row (RunFixture), the analyzer and its renderers, and the checks that
+// find a rule's finding in a report.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include "../rundb/temp_dir.h"
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/render.h"
+#include "rule_checks.h"
+#include "run_fixture.h"
+
+using namespace ampdiag;
+using namespace ampdiag::analyzer;
+using namespace ampdiag::test::rule_checks;
+using ampdiag::test::RunFixture;
+using ampdiag::test::TempDir;
