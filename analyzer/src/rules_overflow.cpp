@@ -210,6 +210,23 @@ void parameterless_between(const Run& run, const rundb::LayerRow& first, const r
   }
 }
 
+// (step, layer name) -> the module whose use of that tied parameter went NaN/Inf first in
+// the step (the agent's event "tied-gradient-nonfinite": "emb.weight through head").
+using TiedUses = std::map<std::pair<std::int64_t, std::string>, std::string>;
+
+TiedUses tied_uses(const Run& run) {
+  TiedUses uses;
+  static const std::string kThrough = " through ";
+  for (const auto& e : run.events) {
+    if (e.kind != "tied-gradient-nonfinite") continue;
+    const std::size_t at = e.detail.find(kThrough);
+    if (at == std::string::npos) continue;
+    const std::string module = e.detail.substr(at + kThrough.size());
+    uses.emplace(std::make_pair(e.step, e.detail.substr(0, at)), module == "the model" ? "" : module);
+  }
+  return uses;
+}
+
 }  // namespace
 
 void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
@@ -225,20 +242,26 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     std::vector<std::int64_t> steps;
     double lowest_scale = INFINITY;  // the lowest loss scale it went NaN/Inf at
     std::set<std::string> between;   // parameterless modules the gradient passed on its way
+    std::set<std::string> tied;      // its layers that another module holds too, first in its use
   };
   std::map<std::string, PerModule> modules;
   std::int64_t considered = 0;
   const bool half_loss = has_half_loss(run);
+  const TiedUses tied = tied_uses(run);
   for (std::size_t i = 0; i < run.steps.size(); ++i) {
     const StepSummary& s = run.steps[i];
     if (!s.row.skipped || s.nonfinite_layers.empty() || forward_failed(run, s)) continue;
     if (half_loss && half_loss_skip(s)) continue;  // the loss's gradient overflowed: half-loss says so
     ++considered;
     const std::int64_t first_layer = s.nonfinite_layers.front();
-    const auto& layer = run.layers[std::size_t(first_layer)].info;
+    // A tied parameter (an LM's embedding and head) first went NaN/Inf in one module's use
+    // of it: that module is where the backward overflowed, not the one it is registered under.
+    rundb::LayerRow layer = run.layers[std::size_t(first_layer)].info;
+    const auto use = tied.find({s.row.step, layer.name});
+    if (use != tied.end()) layer.module_path = use->second;
     // The overflow happened in backward between the last finite gradient and this one: in
     // the innermost module holding both, unless that is only the model itself.
-    std::string module = suggest::module_for_layer(run, layer);
+    std::string module = use != tied.end() ? use->second : suggest::module_for_layer(run, layer);
     if (s.last_finite_before >= 0) {
       const std::string common =
           suggest::common_module(run.layers[std::size_t(s.last_finite_before)].info.module_path, layer.module_path);
@@ -248,6 +271,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     ++m.first;
     m.harmful += harmful[i];
     ++m.layers[first_layer];
+    if (layer.module_path != run.layers[std::size_t(first_layer)].info.module_path) m.tied.insert(layer.name);
     m.lowest_scale = std::min(m.lowest_scale, s.row.scale_before);
     if (s.last_finite_before >= 0)
       parameterless_between(run, layer, run.layers[std::size_t(s.last_finite_before)].info, m.between);
@@ -289,6 +313,10 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                  " (in backward order) to hold NaN/Inf in " + std::to_string(m.first) + " of " +
                  plural(considered, "skipped step") + " (" + which + (m.steps.size() == 1 ? "step " : "steps ") +
                  step_list(m.steps) + ")";
+    for (const std::string& name : m.tied)
+      f.evidence += "; " + name + " is tied (one tensor held by several modules): " +
+                    (module.empty() ? std::string("the model's") : module + "'s") +
+                    " use of it went NaN/Inf first, before its other uses added theirs";
     if (!harms) {
       f.title = place + " is where the occasional overflow starts; the loss scale copes with it";
       f.evidence += "; the scale stays above the floor and these skips only calibrate it or answer its growth probes";

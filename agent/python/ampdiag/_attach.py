@@ -30,8 +30,9 @@ from ._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
 from ._replay import FINITE, INTRINSIC, NONFINITE, Replayer
 from ._scaler import wrap_disabled_scaler, wrap_scaler
 from ._updates import UpdateProbe, holds_half_parameters
+from ._tied import TiedUse, tied_owners
 from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, engine_place, fast_place, host_sum,
-                       nan_in_inputs, readable_view, sum_on)
+                       holds_nonfinite, nan_in_inputs, readable_view, sum_on)
 
 _ATTACHED = "_ampdiag_handle"
 # Loss-code looks per run: each walks the step's graph from the loss to the outputs.
@@ -286,6 +287,7 @@ class AttachHandle:
         self._params = []  # every registered tensor, kept alive: id() is its key in the session
         self._layer_ids = {}  # id() -> layer, for tensors the optimizer has handed over
         probe = _stale_gradients.probe_of(list(model.parameters()))
+        tied = tied_owners(model)
         for name, p in model.named_parameters(remove_duplicate=False):
             module_path = name.rpartition(".")[0]
             module = modules.get(module_path)
@@ -302,6 +304,9 @@ class AttachHandle:
                     self._gradient_probe = _stale_gradients.GradientProbe(self, p, name)
                     hook = self._gradient_probe.hook(hook)
                 self._hooks.append(p.register_hook(hook))
+                for path, owner in tied.get(id(p), ()):
+                    use = TiedUse(self, layer, name, path, p)
+                    self._hooks.append(owner.register_forward_hook(self._forward_hook_as_run(use.forward_hook)))
         self._session.layers_done()
 
     def _event(self, kind, detail, key=None, step=None):
@@ -641,12 +646,7 @@ class AttachHandle:
         gradient arrived there NaN/Inf."""
         if self._output_gradient_seen or self._standing_aside:
             return None
-        code = DTYPE_CODE.get(grad.dtype)
-        if code is not None and grad.is_contiguous() and grad.layout is torch.strided:
-            nonfinite = self._session.has_nonfinite(grad.data_ptr(), grad.numel(), code)
-        else:
-            nonfinite = not bool(torch.isfinite(grad).all())
-        if not nonfinite:
+        if not holds_nonfinite(self._session, grad):
             return None
         self._output_gradient_seen = True
         nan, inf = int(torch.isnan(grad).sum()), int(torch.isinf(grad).sum())

@@ -21,6 +21,15 @@ def float_tensors(value) -> list:
     return []
 
 
+def holds_nonfinite(session, tensor) -> bool:
+    """NaN/Inf anywhere in a host tensor: the activations' check where it can read the tensor
+    in place, torch's otherwise."""
+    code = DTYPE_CODE.get(tensor.dtype)
+    if code is not None and tensor.is_contiguous() and tensor.layout is torch.strided:
+        return session.has_nonfinite(tensor.data_ptr(), tensor.numel(), code)
+    return not bool(torch.isfinite(tensor).all())
+
+
 def first_float_tensor(value):
     if isinstance(value, torch.Tensor):
         return value if value.is_floating_point() else None

@@ -1,0 +1,55 @@
+"""A GPT-2-style language model whose output head shares the embedding's weight: the tied
+tensor's gradient arrives only after the embedding's backward, the last. Where the head's
+backward overflows fp16 (its weight gradient, from a final LayerNorm with a large gain), the
+report must name the head, as it does for the same model untied, not the LayerNorm whose
+gradient arrived before the tied one."""
+import pytest
+import torch
+from torch import nn
+
+import ampdiag
+
+
+class TinyLM(nn.Module):
+    def __init__(self, tie, vocab=64, d=32):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.body = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, d))
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        if tie:
+            self.head.weight = self.emb.weight
+        with torch.no_grad():
+            self.norm.weight.fill_(100.0)  # large features into the head
+
+    def forward(self, ids):
+        return self.head(self.norm(self.body(self.emb(ids))))
+
+
+def lm_loop(db, tie, steps=12):
+    torch.manual_seed(0)
+    model = TinyLM(tie)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cpu")
+    g = torch.Generator().manual_seed(0)
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(steps):
+            ids = torch.randint(0, 64, (8, 16), generator=g)
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(model(ids).float().view(-1, 64), ids.view(-1))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_the_heads_overflow_is_named_as_the_head_tied_or_not(tmp_path, verdict, tie):
+    db = tmp_path / "lm.db"
+    lm_loop(db, tie)
+    _, rep = verdict(db)
+    origins = [f for f in rep["findings"] if f["rule"] == "overflow-origin"]
+    assert origins and origins[0]["module"] == "head", origins
+    assert origins[0]["layer"] == ("emb.weight" if tie else "head.weight")
+    assert "norm" not in [f["module"] for f in origins]
+    assert origins[0]["steps"][0] == 0
