@@ -80,3 +80,40 @@ def test_a_bf16_loop_without_a_scaler_that_never_zeroes_is_recorded(tmp_path):
             loss.backward()
             opt.step()
     assert [step for step, _ in events(db)] == [1]
+
+
+def gan_run(db, zero_discriminator, steps=4):
+    """PyTorch's DCGAN loop with one GradScaler per network, the discriminator attached: the
+    generator's backward runs through it and adds to its gradients after its step, and its
+    zero_grad() at the start of its next step clears them. Returns its events."""
+    torch.manual_seed(0)
+    gen, disc = nn.Sequential(nn.Linear(4, 8)), nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt_g, opt_d = torch.optim.Adam(gen.parameters()), torch.optim.Adam(disc.parameters())
+    scaler_g, scaler_d = torch.amp.GradScaler("cpu"), torch.amp.GradScaler("cpu")
+    bce = nn.BCEWithLogitsLoss()
+    with ampdiag.attach(disc, scaler_d, optimizer=opt_d, db=db):
+        for _ in range(steps):
+            real, z = torch.randn(16, 8), torch.randn(16, 4)
+            zero_discriminator(opt_d)
+            with torch.autocast("cpu", dtype=torch.float16):
+                fake = gen(z)
+                loss_d = bce(disc(real).float(), torch.ones(16, 1)) + bce(disc(fake.detach()).float(), torch.zeros(16, 1))
+            scaler_d.scale(loss_d).backward()
+            scaler_d.step(opt_d)
+            scaler_d.update()
+            opt_g.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss_g = bce(disc(fake).float(), torch.ones(16, 1))
+            scaler_g.scale(loss_g).backward()
+            scaler_g.step(opt_g)
+            scaler_g.update()
+    return events(db)
+
+
+def test_a_discriminators_gradients_from_the_generators_backward_zeroed_before_its_step_record_nothing(tmp_path):
+    assert gan_run(tmp_path / "none.db", lambda opt: opt.zero_grad()) == []
+    assert gan_run(tmp_path / "zeros.db", lambda opt: opt.zero_grad(set_to_none=False)) == []
+
+
+def test_a_discriminator_never_zeroed_is_recorded_at_its_second_step(tmp_path):
+    assert [step for step, _ in gan_run(tmp_path / "run.db", lambda opt: None)] == [1]

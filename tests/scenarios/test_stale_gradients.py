@@ -4,6 +4,10 @@ the last layer's gradients as beyond fp16's range and tell the user to shrink th
 pin the layer to FP32; it names the missing zero_grad() first, and the loop with it is
 healthy. And its twin: zero_grad(set_to_none=False) between backward and scaler.step(),
 where nothing trains and nothing overflows (with set_to_none=True torch raises)."""
+import torch
+from torch import nn
+
+import ampdiag
 from conftest import rules
 from regression_loop import regression_loop
 
@@ -42,3 +46,37 @@ def test_gradients_cleared_between_backward_and_step_are_named(tmp_path, verdict
     assert code == 1
     assert rules(rep, "error") == [("gradients-cleared", "")]
     assert rep["findings"][0]["suggestions"][0]["python"].startswith("optimizer.zero_grad()  # before the backward")
+
+
+def test_pytorchs_dcgan_loop_with_a_scaler_per_network_is_healthy_for_both(tmp_path, verdict):
+    # The generator's backward runs through the discriminator after the discriminator's step;
+    # the discriminator's zero_grad() at the start of its next step clears what it added.
+    torch.manual_seed(0)
+    gen = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16))
+    disc = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+    opt_g = torch.optim.Adam(gen.parameters(), 2e-4, betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(disc.parameters(), 2e-4, betas=(0.5, 0.999))
+    scaler_g, scaler_d = torch.amp.GradScaler("cpu"), torch.amp.GradScaler("cpu")
+    bce = nn.BCEWithLogitsLoss()
+    dbs = tmp_path / "generator.db", tmp_path / "discriminator.db"
+    with ampdiag.attach(gen, scaler_g, optimizer=opt_g, db=dbs[0]), \
+            ampdiag.attach(disc, scaler_d, optimizer=opt_d, db=dbs[1]):
+        for _ in range(20):
+            real, z = torch.randn(32, 16) * 0.5 + 1.0, torch.randn(32, 8)
+            disc.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                fake = gen(z)
+                loss_d = bce(disc(real).float(), torch.ones(32, 1)) + bce(disc(fake.detach()).float(), torch.zeros(32, 1))
+            scaler_d.scale(loss_d).backward()
+            scaler_d.step(opt_d)
+            scaler_d.update()
+            gen.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss_g = bce(disc(fake).float(), torch.ones(32, 1))
+            scaler_g.scale(loss_g).backward()
+            scaler_g.step(opt_g)
+            scaler_g.update()
+    for db in dbs:
+        code, rep = verdict(db)
+        assert code == 0, (db.name, rep["findings"])
+        assert "gradients-not-zeroed" not in [rule for rule, _ in rules(rep)]

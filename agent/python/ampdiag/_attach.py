@@ -532,7 +532,7 @@ class AttachHandle:
             values = torch.stack([zero, zero, scale.double(), zero])
             self._session.amend_on_device(values.data_ptr(), *engine_place(values)[1:])
             return
-        self._report_dropped()
+        self._before_step_end()
         losses = self._logged_losses or self._losses
         fields = (_ampdiag.OUTCOME_SCALE_BEFORE | _ampdiag.OUTCOME_SCALE_AFTER | _ampdiag.OUTCOME_FOUND_INF
                   | _ampdiag.OUTCOME_SKIPPED_IS_FOUND_INF)
@@ -544,14 +544,17 @@ class AttachHandle:
                              math.nan, math.nan, False, False)
         self._last_step_skipped = found  # read only if someone asks
 
-    def _report_dropped(self):
-        """Before the step ends: its NaN/Inf forwards that no backward reached."""
+    def _before_step_end(self):
+        """What is known only once the step is over: its NaN/Inf forwards that no backward
+        reached, and whether its gradients started from the last step's."""
         paths = self._dropped.dropped()
         if paths:
             self._session.event("forward-dropped", describe_dropped(paths))
+        if self._gradient_probe is not None:
+            self._gradient_probe.step_ended()
 
     def _end_step(self, scale_before, scale_after, found_inf, skipped):
-        self._report_dropped()
+        self._before_step_end()
         losses = self._logged_losses or self._losses
         on_device = next((t.device for t in losses if t.is_cuda), None)
         if on_device is not None:

@@ -5,9 +5,13 @@ ones until they overflow fp16, and the report would blame the layer that overflo
 One parameter is the probe: the smallest trainable one, whose .grad is cheap to read. Its
 gradient hook runs before autograd accumulates into .grad, so at its first gradient of an
 optimizer cycle .grad holds what the cycle before left: None or zeros after a zero_grad(),
-else that cycle's gradient (event "gradients-not-zeroed", once). A parameter that no
-optimizer the agent saw holds keeps its gradient by design (nothing zeroes or applies it)
-and is not judged.
+else that cycle's gradient. That is a suspicion, settled when the step ends: a later
+gradient of the same cycle that finds .grad None or zeros shows it was zeroed in between
+(PyTorch's DCGAN loop: the generator's backward runs through the discriminator after the
+discriminator's step, and the discriminator's zero_grad() at the start of its next step
+clears it); else event "gradients-not-zeroed", once, at the step of the first look. A
+parameter that no optimizer the agent saw holds keeps its gradient by design (nothing
+zeroes or applies it) and is not judged.
 
 A CUDA .grad is reduced on its device and its answer copied to pinned memory without
 waiting; it is read when the copy has landed (at a later step's look, or at close()), and
@@ -33,6 +37,7 @@ class GradientProbe:
         self._param = weakref.ref(param)
         self._name = name
         self._reported = False
+        self._suspect = None  # the step whose first gradient found .grad holding the last step's
         self._host = None     # pinned bool: whether a device .grad held anything
         self._landing = None  # (CUDA event, step): a device look whose answer is on its way
 
@@ -43,13 +48,26 @@ class GradientProbe:
 
         def hook(grad):
             arrival(grad)
-            if handle._live and not handle._gradients_probed:
+            if not handle._live or self._reported:
+                return
+            p = self._param()
+            if p is None:
+                return
+            if not handle._gradients_probed:
                 handle._gradients_probed = True
-                p = self._param()
-                if p is not None and p.grad is not None and not self._reported:
+                self._suspect = None
+                if p.grad is not None:
                     self._look(p)
+            elif self._suspect is not None and (p.grad is None or (not p.grad.is_cuda and not bool(p.grad.any()))):
+                self._suspect = None  # zeroed since the first look: what it held was never applied
 
         return hook
+
+    def step_ended(self):
+        """The step is ending: a suspicion its later gradients did not clear is the event."""
+        if self._suspect is not None and not self._reported:
+            self._report(self._suspect)
+        self._suspect = None
 
     def flush(self):
         """Reads a device look still landing (close(): waits for its copy)."""
@@ -64,7 +82,7 @@ class GradientProbe:
         if grad.is_cuda:
             self._look_on_device(grad, step)
         elif bool(grad.any()) and self._optimized(param):
-            self._report(step)
+            self._suspect = step
 
     def _look_on_device(self, grad, step):
         if self._landing is not None and not self._settle(wait=False):
