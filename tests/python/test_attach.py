@@ -344,6 +344,14 @@ def test_attaching_twice_is_refused(tmp_path):
             ampdiag.attach(Tiny(), scaler, db=tmp_path / "c.db")
 
 
+def test_a_second_model_on_the_same_scaler_is_told_to_attach_one_module_dict(tmp_path):
+    # torch's AMP example with two models and one scaler: one run, one handle.
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(Tiny(), scaler, db=tmp_path / "a.db"):
+        with pytest.raises(RuntimeError, match=r"attach one torch.nn.ModuleDict holding them all"):
+            ampdiag.attach(Tiny(), scaler, db=tmp_path / "b.db")
+
+
 def test_a_model_on_an_unsupported_device_is_refused(tmp_path):
     with pytest.raises(ValueError, match="'meta' device"):
         ampdiag.attach(Tiny().to("meta"), torch.amp.GradScaler("cpu"), db=tmp_path / "run.db")

@@ -88,7 +88,12 @@ class AttachHandle:
         root = _watched_root(model)
         for owner, what in ((root, "model"), (scaler, "scaler")):
             if owner is not None and getattr(owner, _ATTACHED, None) is not None and getattr(owner, _ATTACHED)():
-                raise RuntimeError(f"this {what} already has an ampdiag handle attached: close() it first")
+                # One scaler stepping several models (torch's AMP example with two models)
+                # is one run: its steps, scale and skips are shared.
+                also = (": to watch several models that one scaler steps, attach one torch.nn.ModuleDict holding "
+                        "them all, ampdiag.attach(torch.nn.ModuleDict({'a': model_a, 'b': model_b}), scaler)"
+                        if what == "scaler" else "")
+                raise RuntimeError(f"this {what} already has an ampdiag handle attached: close() it first{also}")
         params = list(model.parameters())
         if not params:
             raise ValueError("the model has no parameters: nothing to watch")
