@@ -77,6 +77,10 @@ bool Run::forward_dropped(std::int64_t step) const {
   return std::binary_search(forward_dropped_steps.begin(), forward_dropped_steps.end(), step);
 }
 
+bool Run::evaluation_nonfinite(std::int64_t step) const {
+  return std::binary_search(evaluation_steps.begin(), evaluation_steps.end(), step);
+}
+
 bool Run::loss_known(const rundb::StepRow& row) const {
   if (row.losses >= 0) return row.losses > 0;
   // Format 1 stored NULL for a NaN loss and for one never seen; only the scaler recorded it.

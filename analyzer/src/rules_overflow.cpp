@@ -433,6 +433,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     std::int64_t first = 0, first_step = -1;
     std::int64_t hurt = 0;     // of those steps, skipped, dropped, or with NaN/Inf gradients or loss
     std::int64_t dropped = 0;  // of those steps, where the loop dropped the batch (forward-dropped)
+    std::int64_t evaluations = 0;  // of those steps, where it was an evaluation's forward (evaluation-nonfinite)
   };
   // Steps whose input held NaN are the data's (input-nan), whatever module showed it first,
   // and those after an update that wrote NaN/Inf into the parameters are its (nonfinite-update).
@@ -452,6 +453,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     // A batch the loop dropped before backward is lost to the overflow as a skipped step is.
     const bool dropped = run.forward_dropped(s.row.step);
     c.dropped += dropped;
+    c.evaluations += run.evaluation_nonfinite(s.row.step);
     c.hurt += dropped || s.row.skipped || s.gradients_nonfinite() || run.loss_nonfinite(s.row);
   }
   std::vector<std::pair<std::string, Culprit>> ranked(culprits.begin(), culprits.end());
@@ -481,6 +483,9 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     if (known_losses > 0 && (c.dropped == 0 || nonfinite_loss > 0))
       f.evidence += "; the loss was NaN/Inf in " + plural(nonfinite_loss, "step");
     if (c.dropped > 0) f.evidence += "; " + dropped_evidence(c.dropped);
+    if (c.evaluations > 0)
+      f.evidence += "; in " + plural(c.evaluations, "step") +
+                    " it went NaN/Inf in an evaluation (the model in eval mode with gradients on), which trains nothing";
     if (cause.own_code)
       f.evidence += "; " + cause.first_seen + " showed it first but only received it (its FP32 replay was still NaN/Inf)";
     if (cause.confirmation == "confirmed") {
@@ -535,9 +540,11 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     }
     if (run.fp16()) f.suggestions.push_back(suggest::use_bf16(run));
     if (c.hurt == 0) {
-      // The model absorbed it (a max, a mask): a latent overflow, not a lost step.
+      // The model absorbed it (a max, a mask): a latent overflow, not a lost step. Or only
+      // evaluations showed it, which train nothing.
       f.severity = Severity::kWarning;
-      f.evidence += "; the model absorbed it: none of those steps was skipped or had NaN/Inf gradients or loss";
+      if (c.evaluations < c.first)
+        f.evidence += "; the model absorbed it: none of those steps was skipped or had NaN/Inf gradients or loss";
     }
     out.push_back(f);
     top = top && c.hurt == 0;

@@ -139,6 +139,7 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   run.input_nan_steps = event_steps(run.events, "input-nan");
   run.output_gradient_steps = event_steps(run.events, "output-gradient-nonfinite");
   run.forward_dropped_steps = event_steps(run.events, "forward-dropped");
+  run.evaluation_steps = event_steps(run.events, "evaluation-nonfinite");
   run.scaled_gradients_in_loss_from = -1;
   for (const auto& e : run.events)
     if (e.kind == "scaled-gradients-in-loss" &&

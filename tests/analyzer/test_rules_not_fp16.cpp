@@ -21,6 +21,27 @@ Finding unprobed_nan_loss(const std::string& event_kind) {
   return *fw;
 }
 
+// The forward-nonfinite finding of `steps` steps in which `module`'s output goes NaN/Inf in
+// every `every`-th, its FP32 replay `outcome`, each such step with an agent event of
+// `event_kind` (none if empty).
+Finding nonfinite_output(int every, const std::string& event_kind, const std::string& module = "proj",
+                         const std::string& outcome = "finite", int steps = 6) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.replay(module, outcome);
+  for (int i = 0; i < steps; ++i) {
+    const bool nonfinite = i % every == every - 1;
+    if (nonfinite && !event_kind.empty()) f.event(event_kind, "1 forward whose output went NaN/Inf (first at " + module + ")");
+    f.activation(module, nonfinite).step(1024, 1024);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module == module);
+  return *fw;
+}
+
 }  // namespace
 
 TEST_CASE("a NaN loss without probes says that no module was probed", "[rules]") {
@@ -40,58 +61,37 @@ TEST_CASE("a NaN loss unprobed because torch.compile came after attach says to a
 
 TEST_CASE("an fp16 overflow in forward that the model absorbs is a warning, not the error", "[rules]") {
   // A clamp after the module: its Inf never reaches the loss or the gradients.
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.replay("proj", "finite");
-  for (int i = 0; i < 6; ++i) f.activation("proj", i % 2 == 1).step(1024, 1024);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK(fw->module == "proj");
-  CHECK(fw->severity == Severity::kWarning);
-  CHECK_THAT(fw->evidence, Catch::Contains("the model absorbed it"));
-  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("pin_fp32"));  // still a real overflow
+  const Finding fw = nonfinite_output(2, "");
+  CHECK(fw.severity == Severity::kWarning);
+  CHECK_THAT(fw.evidence, Catch::Contains("the model absorbed it"));
+  CHECK_THAT(fw.suggestions.front().python, Catch::Contains("pin_fp32"));  // still a real overflow
 }
 
 TEST_CASE("an fp16 overflow in forward whose batch the loop dropped is the error, not absorbed", "[rules]") {
   // `if not torch.isfinite(loss): continue`: no step skipped, no NaN gradient or loss
   // recorded, yet the batch is lost to the overflow (event forward-dropped).
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.replay("proj", "finite");
-  for (int i = 0; i < 6; ++i) {
-    if (i % 2 == 1) f.event("forward-dropped", "1 forward whose output went NaN/Inf (first at proj) got no backward");
-    f.activation("proj", i % 2 == 1).step(1024, 1024);
-  }
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK(fw->module == "proj");
-  CHECK(fw->severity == Severity::kError);
-  CHECK_THAT(fw->evidence, Catch::Contains("the loop dropped the batch in 3 steps before backward"));
-  CHECK_THAT(fw->evidence, !Catch::Contains("absorbed"));
-  CHECK_THAT(fw->evidence, !Catch::Contains("the loss was NaN/Inf in 0 steps"));
+  const Finding fw = nonfinite_output(2, "forward-dropped");
+  CHECK(fw.severity == Severity::kError);
+  CHECK_THAT(fw.evidence, Catch::Contains("the loop dropped the batch in 3 steps before backward"));
+  CHECK_THAT(fw.evidence, !Catch::Contains("absorbed"));
+  CHECK_THAT(fw.evidence, !Catch::Contains("the loss was NaN/Inf in 0 steps"));
+}
+
+TEST_CASE("an fp16 overflow only in evaluations with gradients on is a warning that says so", "[rules]") {
+  // model.eval() without torch.no_grad(): the validation loss goes NaN, training does not.
+  const Finding fw = nonfinite_output(3, "evaluation-nonfinite");
+  CHECK(fw.severity == Severity::kWarning);
+  CHECK_THAT(fw.evidence, Catch::Contains("in 2 steps it went NaN/Inf in an evaluation"));
+  CHECK_THAT(fw.evidence, !Catch::Contains("absorbed"));
 }
 
 TEST_CASE("a -inf mask's NaN whose batch the loop dropped is its code, not by design", "[rules]") {
   // The padding mask's empty row: NaN in FP32 too; the loop drops the NaN loss's batch, so
   // the recorded losses stay finite, but the batch was lost.
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.replay("attn", "intrinsic");
-  f.activation("attn", false).step(1024, 1024);
-  f.event("forward-dropped", "1 forward whose output went NaN/Inf (first at attn) got no backward");
-  f.activation("attn", true).step(1024, 1024);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK(fw->module == "attn");
-  CHECK(fw->severity == Severity::kError);
-  CHECK_THAT(fw->title, Catch::Contains("even in FP32: its code"));
-  CHECK_THAT(fw->evidence, Catch::Contains("the loop dropped the batch in 1 step"));
+  const Finding fw = nonfinite_output(2, "forward-dropped", "attn", "intrinsic", 2);
+  CHECK(fw.severity == Severity::kError);
+  CHECK_THAT(fw.title, Catch::Contains("even in FP32: its code"));
+  CHECK_THAT(fw.evidence, Catch::Contains("the loop dropped the batch in 1 step"));
 }
 
 TEST_CASE("NaN/Inf after an update that applied NaN/Inf gradients is that update's, not a module's", "[rules]") {

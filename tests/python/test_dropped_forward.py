@@ -83,3 +83,21 @@ def test_a_nan_forward_under_no_grad_inside_the_step_is_not_dropped(tmp_path):
     train(tmp_path / "run.db", with_target)
     assert nan_steps(tmp_path / "run.db") == [2]
     assert dropped(tmp_path / "run.db") == []
+
+
+def test_a_nan_forward_in_eval_mode_with_gradients_on_is_an_evaluation_not_a_dropped_batch(tmp_path):
+    # A validation pass without torch.no_grad(): its loss never reaches backward by design.
+    def with_validation(model, step):
+        if step == 2:
+            model.eval()
+            forward_loss(model, batch(step, 2))
+            model.train()
+        return forward_loss(model, batch(step))
+
+    train(tmp_path / "run.db", with_validation)
+    assert nan_steps(tmp_path / "run.db") == [2]
+    assert dropped(tmp_path / "run.db") == []
+    with sqlite3.connect(tmp_path / "run.db") as c:
+        assert c.execute("SELECT step, detail FROM events WHERE kind = 'evaluation-nonfinite'").fetchall() == [
+            (2, "1 forward whose output went NaN/Inf (first at 0) ran with the model in eval mode and gradients on "
+                "(an evaluation without torch.no_grad())")]

@@ -1,7 +1,9 @@
-"""Loops that guard their step with `if not torch.isfinite(loss): continue`, as detection and
-LLM codebases do: the batch whose forward overflowed fp16 is dropped before the scaler sees
-it, so no step is skipped. The report must name the module that overflowed as it does for
-the plain loop, not say the model absorbed it, and its fix must train without a dropped batch."""
+"""Forwards whose loss never reaches backward. Loops that guard their step with
+`if not torch.isfinite(loss): continue`, as detection and LLM codebases do: the batch whose
+forward overflowed fp16 is dropped before the scaler sees it, so no step is skipped. The
+report must name the module that overflowed as it does for the plain loop, not say the
+model absorbed it, and its fix must train without a dropped batch. And a validation pass
+with model.eval() but without torch.no_grad(): an overflow there trains nothing, a warning."""
 import torch
 from torch import nn
 
@@ -73,3 +75,30 @@ def test_the_pin_the_report_gives_trains_the_guarded_loop_without_dropping_a_bat
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
     assert not [f for f in rep["findings"] if f["rule"] == "forward-nonfinite"]
+
+
+def test_an_overflow_in_a_validation_pass_without_no_grad_is_a_warning_that_says_so(tmp_path, verdict):
+    db = tmp_path / "validated.db"
+    torch.manual_seed(0)
+    model = Mixer()
+    opt, scaler = torch.optim.AdamW(model.parameters(), lr=1e-3), torch.amp.GradScaler("cpu")
+    g = torch.Generator().manual_seed(3)
+    with ampdiag.attach(model, scaler, db=db):
+        for step in range(12):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(torch.randn(8, 6, 16, generator=g)).float(), torch.randn(8, 1))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            if step % 4 == 3:
+                model.eval()  # torch.no_grad() forgotten
+                with torch.autocast("cpu", dtype=torch.float16):
+                    model(torch.randn(8, 6, 16, generator=g) * (100.0 if step == 7 else 1.0))
+                model.train()
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
+    forward = [f for f in rep["findings"] if f["rule"] == "forward-nonfinite"]
+    assert [(f["module"], f["severity"]) for f in forward] == [("mix", "warning")]
+    assert "it went NaN/Inf in an evaluation" in forward[0]["evidence"]
+    assert "dropped" not in forward[0]["evidence"] and "absorbed" not in forward[0]["evidence"]

@@ -22,7 +22,7 @@ from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
 from ._amp_dtype import learn_amp_dtype
 from ._autopin import AutoPinner
-from ._dropped import DroppedForwards, describe as describe_dropped
+from ._dropped import DroppedForwards
 from ._loss_code import loss_code, nonfinite_constants, path_nodes
 from ._forward import forward_hook, input_hook, output_hook, outside_compiled_graph
 from ._options import check_options, default_amp_dtype, trains_fp16_parameters
@@ -342,7 +342,7 @@ class AttachHandle:
         self._scaled = []
         self._scaler_stepped = False  # scaler.step() ran in this cycle
         self._bypass = None  # an optimizer stepped outside scaler.step(): see _outside_scaler.py
-        self._dropped.dropped()  # a previous cycle's, if it ended without _report_dropped()
+        self._dropped.step_ended()  # a previous cycle's, if it ended without _before_step_end()
 
     @property
     def _inert(self):
@@ -552,9 +552,8 @@ class AttachHandle:
     def _before_step_end(self):
         """What is known only once the step is over: its NaN/Inf forwards that no backward
         reached, and whether its gradients started from the last step's."""
-        paths = self._dropped.dropped()
-        if paths:
-            self._session.event("forward-dropped", describe_dropped(paths))
+        for kind, detail in self._dropped.step_ended():
+            self._session.event(kind, detail)
         if self._gradient_probe is not None:
             self._gradient_probe.step_ended()
 

@@ -60,7 +60,7 @@ def output_hook(handle, owner):
         if compiling():
             handle._traced_by_compile = True
             return None
-        handle._dropped.forward_ended(output)
+        handle._dropped.forward_ended(output, module.training)
         if not handle._live or not torch.is_grad_enabled() or (module is not owner and foreign_copy(module)):
             return None
         tensor = output if isinstance(output, torch.Tensor) else first_float_tensor(output)

@@ -117,6 +117,7 @@ struct Run {
   std::vector<std::int64_t> input_nan_steps;  // steps of the "input-nan" events, sorted
   std::vector<std::int64_t> output_gradient_steps;  // of the "output-gradient-nonfinite" events, sorted
   std::vector<std::int64_t> forward_dropped_steps;  // of the "forward-dropped" events, sorted
+  std::vector<std::int64_t> evaluation_steps;  // of the "evaluation-nonfinite" events, sorted
   // From this step on the loss was built from the scaled loss's own gradients (event
   // "scaled-gradients-in-loss": a gradient penalty through torch.autograd.grad with
   // create_graph=True), so it goes NaN/Inf where they overflow; -1: never.
@@ -167,6 +168,9 @@ struct Run {
   // Whether a forward of the step went NaN/Inf and no backward reached it (the agent's event
   // "forward-dropped": the loop dropped the batch, its loss never given to the scaler).
   bool forward_dropped(std::int64_t step) const;
+  // Whether a forward of the model in eval mode went NaN/Inf in the step, gradients on (the
+  // agent's event "evaluation-nonfinite": a validation pass without torch.no_grad()).
+  bool evaluation_nonfinite(std::int64_t step) const;
   // The parameters held NaN/Inf before the first optimizer step: they came with the model.
   bool parameters_nonfinite_from_start() const { return parameters_found_nonfinite >= 0 && first_nonfinite_update < 0; }
   // The first step that ran with NaN/Inf in its parameters; -1: none known.
