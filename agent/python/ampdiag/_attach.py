@@ -291,6 +291,7 @@ class AttachHandle:
         modules = dict(model.named_modules())
         self._params = []  # every registered tensor, kept alive: id() is its key in the session
         self._layer_ids = {}  # id() -> layer, for tensors the optimizer has handed over
+        self._hookless = {}   # id() -> (layer, name): frozen at attach(), no arrival hook yet
         probe = _stale_gradients.probe_of(list(model.parameters()))
         tied = tied_owners(model)
         for name, p in model.named_parameters(remove_duplicate=False):
@@ -303,7 +304,9 @@ class AttachHandle:
             if not added:
                 continue  # the same tensor as an earlier name (the session says so once)
             self._params.append(p)
-            if p.requires_grad:
+            if not p.requires_grad:
+                self._hookless[id(p)] = (layer, name)  # frozen now; see _layer_id
+            else:
                 hook = self._arrival_hook(layer)
                 if p is probe:
                     self._gradient_probe = _stale_gradients.GradientProbe(self, p, name)
@@ -452,6 +455,13 @@ class AttachHandle:
 
     def _layer_id(self, param):
         layer = self._layer_ids.get(id(param))  # every key's tensor is kept alive in _params
+        if layer is None and id(param) in self._hookless and param.requires_grad:
+            # Frozen at attach() and trained since (a backbone unfrozen after a few epochs):
+            # its gradients arrive in backward order from the next step on, not after all others.
+            layer, name = self._hookless.pop(id(param))
+            self._hooks.append(param.register_hook(self._arrival_hook(layer)))
+            self._event("parameters-unfrozen", f"{name} was frozen at attach() and has a gradient from this step: "
+                        "its backward order is recorded from the next step", key=("unfrozen",))
         if layer is None:
             layer, added = self._session.layer_of(id(param), str(param.dtype).replace("torch.", ""),
                                                   str(list(param.shape)), param.numel())
