@@ -1,9 +1,12 @@
 """PyTorch's gradient-penalty recipe: scaler.scale(loss) goes to torch.autograd.grad with
 create_graph=True, a penalty is built from the gradients, and backward() receives the
 penalised loss. The step's loss is that one, once; and the run says that its loss holds
-the scaled gradients (event "scaled-gradients-in-loss"), which overflow at a high scale."""
+the scaled gradients (event "scaled-gradients-in-loss"), which overflow at a high scale.
+Where no backward follows (gradient surgery), the losses given to autograd.grad are the
+step's."""
 import sqlite3
 
+import pytest
 import torch
 from torch import nn
 
@@ -68,3 +71,32 @@ def test_close_gives_torch_its_autograd_grad_back(tmp_path):
     assert torch.autograd.grad is not original
     handle.close()
     assert torch.autograd.grad is original
+
+
+def test_a_step_whose_gradients_all_come_from_autograd_grad_records_those_losses(tmp_path):
+    # Gradient surgery (PCGrad): each task's gradients from torch.autograd.grad on its scaled
+    # loss, combined by hand into .grad; no backward() gives the step a loss.
+    db = tmp_path / "run.db"
+    torch.manual_seed(0)
+    trunk, heads = nn.Linear(8, 16), nn.ModuleList([nn.Linear(16, 1), nn.Linear(16, 1)])
+    model = nn.ModuleDict({"trunk": trunk, "heads": heads})
+    params = list(model.parameters())
+    opt, scaler = torch.optim.SGD(params, lr=1e-3), torch.amp.GradScaler("cpu", init_scale=256.0)
+    seen = []
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                h = trunk(torch.randn(4, 8))
+                losses = [head(h).float().pow(2).mean() for head in heads]
+            parts = [torch.autograd.grad(scaler.scale(loss), params, retain_graph=True, allow_unused=True)
+                     for loss in losses]
+            for p, *grads in zip(params, *parts):
+                p.grad = sum(g for g in grads if g is not None)
+            scaler.step(opt)
+            scaler.update()
+            seen.append(sum(loss.item() for loss in losses))
+    with sqlite3.connect(db) as c:
+        recorded = c.execute("SELECT loss, losses FROM steps ORDER BY step").fetchall()
+    assert [n for _, n in recorded] == [2, 2, 2]
+    assert [loss for loss, _ in recorded] == pytest.approx(seen)

@@ -326,6 +326,7 @@ class AttachHandle:
         """Per-cycle state: every hook calls _begin_cycle() before it reads any of it."""
         self._losses = []         # what scale() received, or backward() was called on (no scaler)
         self._logged_losses = []  # log_loss(): wins over the automatic ones
+        self._taken_losses = []   # scaler.scale() outputs given to torch.autograd.grad: see _gradients_taken
         self._micro_batch = 0
         self._backward_seen = False       # a backward started or reached the model since the last forward
         self._batch_grad_calls = self._grad_calls  # gradients seen when this micro-batch began
@@ -421,11 +422,13 @@ class AttachHandle:
 
     def _gradients_taken(self, outputs):
         """torch.autograd.grad() received `outputs`: a scaler.scale() output among them gives
-        its gradients back, and is not the step's loss."""
+        its gradients back, and is not the step's loss while a backward gives one (a gradient
+        penalty); it is where none does (per-task gradients combined by hand into .grad)."""
         if self._inert or not self._scaled:
             return
         taken = [loss for t, loss, _ in self._scaled if any(t is o for o in _loss.tensors(outputs))]
         if taken:
+            self._taken_losses.extend(taken)  # the step's loss where no backward follows (gradient surgery)
             self._losses = [loss for loss in self._losses if not any(loss is t for t in taken)]
             self._scaled = [entry for entry in self._scaled if not any(entry[1] is x for x in taken)]
 
@@ -548,7 +551,7 @@ class AttachHandle:
             self._session.amend_on_device(values.data_ptr(), *engine_place(values)[1:])
             return
         self._before_step_end()
-        losses = self._logged_losses or self._losses
+        losses = self._logged_losses or self._losses or self._taken_losses
         fields = (_ampdiag.OUTCOME_SCALE_BEFORE | _ampdiag.OUTCOME_SCALE_AFTER | _ampdiag.OUTCOME_FOUND_INF
                   | _ampdiag.OUTCOME_SKIPPED_IS_FOUND_INF)
         loss = zero
@@ -569,7 +572,7 @@ class AttachHandle:
 
     def _end_step(self, scale_before, scale_after, found_inf, skipped):
         self._before_step_end()
-        losses = self._logged_losses or self._losses
+        losses = self._logged_losses or self._losses or self._taken_losses
         on_device = next((t.device for t in losses if t.is_cuda), None)
         if on_device is not None:
             # A CUDA loss (bf16 without a scaler) is summed there and read back with the step,
