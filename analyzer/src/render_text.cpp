@@ -7,16 +7,13 @@
 #include "ampdiag/analyzer/causes.h"
 #include "ampdiag/analyzer/escape.h"
 #include "ampdiag/analyzer/render.h"
+#include "rules.h"
 
 namespace ampdiag::analyzer {
 
-namespace {
+using rules::fmt;
 
-std::string fmt(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%g", v);
-  return b;
-}
+namespace {
 
 std::string indent(const std::string& text, const std::string& pad) {
   std::string out;

@@ -33,7 +33,7 @@ bool overflow_hurts(const Run& run, const Thresholds& t);
 
 // "1 step", "3 steps".
 std::string plural(std::int64_t n, const std::string& noun);
-// A scale or a count as the report prints it ("%g").
+// A scale or a count as the report prints it ("%g", a power of two from 1 up whole).
 std::string fmt(double v);
 // A parameter dtype of a model stored in half precision (the layers table's name).
 bool half_dtype(const std::string& dtype);

@@ -11,7 +11,11 @@ namespace ampdiag::analyzer::rules {
 
 std::string fmt(double v) {
   char b[32];
-  std::snprintf(b, sizeof b, "%g", v);
+  // A loss scale is a power of two, set as one (init_scale=2**24): "%g" would print
+  // 16777216 as 1.67772e+07, which is not the number the user wrote.
+  int exponent = 0;
+  const bool whole_power_of_two = v >= 1.0 && v < 9007199254740992.0 && std::frexp(v, &exponent) == 0.5;
+  std::snprintf(b, sizeof b, whole_power_of_two ? "%.0f" : "%g", v);
   return b;
 }
 

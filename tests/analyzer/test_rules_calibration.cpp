@@ -141,3 +141,15 @@ TEST_CASE("a short run whose skips had NaN/Inf in forward still fails the gate",
   REQUIRE(fwd != nullptr);
   CHECK(fwd->module == "enc");
 }
+
+TEST_CASE("a loss scale is printed as the power of two it is, not rounded to six digits", "[rules]") {
+  // init_scale=2**24: "%g" printed 1.67772e+07.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 16777216;
+  for (int i = 0; i < 4; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"a.weight"});
+  for (int i = 0; i < 8; ++i) f.step(scale, scale);
+  f.finish();
+  const std::string text = render_text(report_of(dir.file("run.db")), Gate("error"));
+  CHECK_THAT(text, Catch::Contains("loss scale 16777216 -> 1048576 (lowest 1048576)"));
+}
