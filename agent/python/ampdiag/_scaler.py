@@ -100,8 +100,12 @@ def _scale(handle, outputs, scaled):
     before = len(handle._scaled)
     for t, s in zip(_loss.tensors(outputs), _loss.tensors(scaled)):
         if t.numel() == 1 and t.is_floating_point():
-            loss = t.detach()
-            handle._losses.append(loss)
+            # The same loss scaled again (once to log the scaled value, once to backpropagate
+            # it) is one loss of the step, not two.
+            loss = next((earlier for _, earlier, given in handle._scaled if given is t), None)
+            if loss is None:
+                loss = t.detach()
+                handle._losses.append(loss)
             handle._scaled.append((s, loss, t))  # to take back if its gradients are taken instead
     if any(t.dtype == torch.float16 for t in _loss.tensors(outputs)):
         # Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
