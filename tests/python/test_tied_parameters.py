@@ -4,6 +4,7 @@ arrival to that moment and is event "tied-gradient-nonfinite" naming the module;
 that stayed finite changes nothing."""
 import sqlite3
 
+import pytest
 import torch
 from torch import nn
 
@@ -25,10 +26,10 @@ class TiedLM(nn.Module):
         return self.head(self.body(self.emb(ids)) * self.feature_gain)
 
 
-def train(db, model, steps=3):
+def train(db, model, steps=3, activations=True):
     torch.manual_seed(0)
     opt, scaler = torch.optim.SGD(model.parameters(), lr=1e-4), torch.amp.GradScaler("cpu")
-    with ampdiag.attach(model, scaler, db=db):
+    with ampdiag.attach(model, scaler, db=db, activations=activations):
         for _ in range(steps):
             ids = torch.randint(0, 64, (8, 16))
             opt.zero_grad()
@@ -50,10 +51,11 @@ def arrival(db, step):
                                           f"WHERE g.step = {step} ORDER BY g.bwd_order")]
 
 
-def test_the_heads_nan_part_of_a_tied_weight_arrives_first_and_names_the_head(tmp_path):
+@pytest.mark.parametrize("activations", [True, False], ids=["activations", "no-activations"])
+def test_the_heads_nan_part_of_a_tied_weight_arrives_first_and_names_the_head(tmp_path, activations):
     db = tmp_path / "run.db"
     torch.manual_seed(0)
-    train(db, TiedLM(feature_gain=300.0))
+    train(db, TiedLM(feature_gain=300.0), activations=activations)
     assert query(db, "SELECT step, detail FROM events WHERE kind = 'tied-gradient-nonfinite' AND step = 0") == \
         [(0, "emb.weight through head")]
     assert query(db, "SELECT skipped FROM steps WHERE step = 0") == [(1,)]

@@ -59,7 +59,10 @@ class TiedUse:
 
     def forward_hook(self, module, args, output):
         handle = self._handle
-        if compiling() or not handle._live or not torch.is_grad_enabled() or not self._param.is_cpu:
+        if compiling() or not torch.is_grad_enabled() or not self._param.is_cpu:
+            return None
+        # Without activation hooks no cycle is open yet in forward: this one opens it.
+        if not handle._live and (handle._standing_aside or not handle._begin_forward_cycle()):
             return None
         tensor = first_float_tensor(output)
         if tensor is None or tensor.grad_fn is None:
