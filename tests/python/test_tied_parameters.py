@@ -2,6 +2,7 @@
 looked at in each module's use: a use whose gradient part went NaN/Inf moves the tensor's
 arrival to that moment and is event "tied-gradient-nonfinite" naming the module; a part
 that stayed finite changes nothing."""
+import copy
 import sqlite3
 
 import pytest
@@ -76,3 +77,25 @@ def test_tied_owners_are_the_modules_holding_one_tensor_and_none_where_nothing_i
     tied = TiedLM()
     assert [[path for path, _ in held] for held in tied_owners(tied).values()] == [["emb", "head"]]
     assert tied_owners(TiedLM(tie=False)) == {}
+
+
+def test_a_tied_model_deep_copied_after_attach_copies_and_trains_on(tmp_path):
+    # An EMA teacher: deepcopy copies the module's hooks, which must not drag the handle along.
+    db = tmp_path / "run.db"
+    torch.manual_seed(0)
+    model = TiedLM()
+    opt, scaler = torch.optim.SGD(model.parameters(), lr=1e-4), torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        teacher = copy.deepcopy(model)
+        for _ in range(2):
+            ids = torch.randint(0, 64, (8, 16))
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                with torch.no_grad():
+                    target = teacher(ids).float().softmax(-1)
+                loss = nn.functional.cross_entropy(model(ids).float().view(-1, 64), target.view(-1, 64))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert query(db, "SELECT count(*) FROM steps") == [(2,)]
+    assert teacher.head.weight is teacher.emb.weight  # still tied, to its own tensor

@@ -314,7 +314,7 @@ class AttachHandle:
                 self._hooks.append(p.register_hook(hook))
                 for path, owner in tied.get(id(p), ()):
                     use = TiedUse(self, layer, name, path, p)
-                    self._hooks.append(owner.register_forward_hook(self._forward_hook_as_run(use.forward_hook)))
+                    self._hooks.append(owner.register_forward_hook(self._forward_hook_as_run(use.forward_hook())))
         self._session.layers_done()
 
     def _event(self, kind, detail, key=None, step=None):

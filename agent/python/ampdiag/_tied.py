@@ -57,21 +57,28 @@ class TiedUse:
     def __init__(self, handle, layer: int, name: str, path: str, param: torch.Tensor):
         self._handle, self._layer, self._name, self._path, self._param = handle, layer, name, path, param
 
-    def forward_hook(self, module, args, output):
-        handle = self._handle
-        if compiling() or not torch.is_grad_enabled() or not self._param.is_cpu:
+    def forward_hook(self):
+        """The holder module's forward hook. A plain function, not a bound method: a model
+        deep-copied after attach() (an EMA teacher) copies its hooks, and copying a bound
+        method would copy this object and the handle with it."""
+        use, handle, param = self, self._handle, self._param
+
+        def hook(module, args, output):
+            if compiling() or not torch.is_grad_enabled() or not param.is_cpu:
+                return None
+            # Without activation hooks no cycle is open yet in forward: this one opens it.
+            if not handle._live and (handle._standing_aside or not handle._begin_forward_cycle()):
+                return None
+            tensor = first_float_tensor(output)
+            if tensor is None or tensor.grad_fn is None:
+                return None
+            found = _node_handing_to(tensor.grad_fn, param)  # none in a deep copy's graph: its own tensors
+            if found is not None:
+                node, k = found
+                node.register_hook(lambda grad_inputs, grad_outputs: use._look(grad_inputs[k]))
             return None
-        # Without activation hooks no cycle is open yet in forward: this one opens it.
-        if not handle._live and (handle._standing_aside or not handle._begin_forward_cycle()):
-            return None
-        tensor = first_float_tensor(output)
-        if tensor is None or tensor.grad_fn is None:
-            return None
-        found = _node_handing_to(tensor.grad_fn, self._param)
-        if found is not None:
-            node, k = found
-            node.register_hook(lambda grad_inputs, grad_outputs: self._look(grad_inputs[k]))
-        return None
+
+        return hook
 
     def _look(self, part):
         handle = self._handle
