@@ -7,10 +7,14 @@
 // the batch and doubles with the scale.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "rules.h"
+#include "suggestions.h"
 
 namespace ampdiag::analyzer::rules {
 
@@ -32,60 +36,155 @@ namespace {
 // only by float32 rounding (of the clip and of the stored l2), ~1e-7.
 constexpr double kSameNorm = 1e-4;
 constexpr std::int64_t kMinClippedSteps = 5;
+// Steps a module's own norm is looked at in: enough to see a pinned norm, and bounded so
+// that a run of 100,000 steps costs no more than a short one.
+constexpr std::size_t kModuleSteps = 256;
 
 struct StepNorm {
   std::int64_t step;
   double scale;
-  double norm;  // of every gradient the step recorded, before unscale
+  double norm;  // of the gradients looked at, before unscale
 };
 
-// The total norm of each taken step at a scale above 1 whose gradients were all recorded
-// and finite (at a scale of 1 clipping the scaled gradients is clipping the true ones).
-std::vector<StepNorm> taken_step_norms(const Run& run) {
-  const std::map<std::int64_t, StepGradients> by_step = gradients_by_step(run);
-  std::vector<StepNorm> norms;
+// The gradients clip_grad_norm_ may have been given: every recorded one (module empty), or
+// those of one module (model.encoder.parameters()).
+struct Clipped {
+  std::string module;
+  std::vector<bool> layers;  // by layer id; empty: every layer
+  std::int64_t count = 0;
+};
+
+// The taken steps at a scale above 1 whose gradients were all recorded and finite (at a
+// scale of 1 clipping the scaled gradients is clipping the true ones): at most `limit`.
+std::vector<const StepSummary*> looked_at_steps(const Run& run, const std::map<std::int64_t, StepGradients>& by_step,
+                                                std::size_t limit) {
+  std::vector<const StepSummary*> steps;
   for (const auto& s : run.steps) {
+    if (steps.size() >= limit) break;
     const auto it = by_step.find(s.row.step);
     if (it == by_step.end() || !it->second.finite || s.row.skipped || s.row.found_inf || s.row.scale_before <= 1.0)
       continue;
-    if (it->second.sumsq > 0.0) norms.push_back({s.row.step, s.row.scale_before, std::sqrt(it->second.sumsq)});
+    steps.push_back(&s);
   }
+  return steps;
+}
+
+// The total norm of the gradients of `clipped` in each of `steps` (in step order).
+std::vector<StepNorm> step_norms(const Run& run, const std::map<std::int64_t, StepGradients>& by_step,
+                                 const std::vector<const StepSummary*>& steps, const Clipped& clipped) {
+  std::vector<double> sumsq(steps.size(), 0.0);
+  if (clipped.layers.empty()) {
+    for (std::size_t i = 0; i < steps.size(); ++i) sumsq[i] = by_step.at(steps[i]->row.step).sumsq;
+  } else if (!steps.empty()) {
+    // Each layer's samples are in step order, as `steps` are: one pass up to the last.
+    for (std::size_t l = 0; l < run.layers.size(); ++l) {
+      if (!clipped.layers[l]) continue;
+      std::size_t i = 0;
+      for (const auto& s : run.layers[l].samples) {
+        while (i < steps.size() && steps[i]->row.step < s.step) ++i;
+        if (i == steps.size()) break;
+        if (steps[i]->row.step == s.step) sumsq[i] += double(s.l2) * double(s.l2);
+      }
+    }
+  }
+  std::vector<StepNorm> norms;
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    if (sumsq[i] > 0.0) norms.push_back({steps[i]->row.step, steps[i]->row.scale_before, std::sqrt(sumsq[i])});
   return norms;
+}
+
+// The modules one or two levels deep holding at least two recorded layers, the largest
+// first: one gradient alone may have a norm that never moves (a parameter the loss adds
+// as w.sum()), and users clip a model's parts (model.encoder), rarely a deep block.
+std::vector<Clipped> module_subsets(const Run& run) {
+  std::map<std::string, Clipped> by_path;
+  for (std::size_t l = 0; l < run.layers.size(); ++l) {
+    const std::string& name = run.layers[l].info.name;
+    std::size_t dot = name.find('.');
+    for (int depth = 0; depth < 2 && dot != std::string::npos; ++depth, dot = name.find('.', dot + 1)) {
+      Clipped& c = by_path[name.substr(0, dot)];
+      if (c.layers.empty()) {
+        c.module = name.substr(0, dot);
+        c.layers.assign(run.layers.size(), false);
+      }
+      c.layers[l] = true;
+      ++c.count;
+    }
+  }
+  std::vector<Clipped> subsets;
+  for (auto& [path, c] : by_path)
+    if (c.count >= 2 && c.count < std::int64_t(run.layers.size())) subsets.push_back(std::move(c));
+  std::stable_sort(subsets.begin(), subsets.end(), [](const Clipped& a, const Clipped& b) { return a.count > b.count; });
+  return subsets;
+}
+
+struct Pinned {
+  double norm = 0.0;
+  std::vector<StepNorm> at;  // the steps at that norm
+  std::set<double> scales;   // their loss scales
+  std::size_t looked = 0;    // steps looked at
+};
+
+// A norm most of the steps share (their median, within kSameNorm), if enough of them do.
+bool pinned_norm(const std::vector<StepNorm>& norms, Pinned& p) {
+  if (std::int64_t(norms.size()) < kMinClippedSteps) return false;
+  std::vector<double> sorted;
+  for (const auto& n : norms) sorted.push_back(n.norm);
+  std::nth_element(sorted.begin(), sorted.begin() + std::ptrdiff_t(sorted.size() / 2), sorted.end());
+  p.norm = sorted[sorted.size() / 2];
+  p.looked = norms.size();
+  for (const auto& n : norms)
+    if (std::abs(n.norm - p.norm) <= kSameNorm * p.norm) {
+      p.at.push_back(n);
+      p.scales.insert(n.scale);
+    }
+  return std::int64_t(p.at.size()) >= kMinClippedSteps && 2 * p.at.size() > norms.size();
 }
 
 }  // namespace
 
 void clip_before_unscale(const Run& run, std::vector<Finding>& out) {
   if (!run.has_scaler()) return;  // without a scaler the statistics are taken after any clip
-  const std::vector<StepNorm> norms = taken_step_norms(run);
-  if (std::int64_t(norms.size()) < kMinClippedSteps) return;
-  // A norm most steps share is their median: the steps within kSameNorm of it.
-  std::vector<double> sorted;
-  for (const auto& n : norms) sorted.push_back(n.norm);
-  std::nth_element(sorted.begin(), sorted.begin() + std::ptrdiff_t(sorted.size() / 2), sorted.end());
-  const double pinned = sorted[sorted.size() / 2];
-  std::vector<StepNorm> at;
-  std::set<double> scales;
-  for (const auto& n : norms)
-    if (std::abs(n.norm - pinned) <= kSameNorm * pinned) {
-      at.push_back(n);
-      scales.insert(n.scale);
+  const std::map<std::int64_t, StepGradients> by_step = gradients_by_step(run);
+  Clipped clipped;
+  clipped.count = std::int64_t(run.layers.size());
+  Pinned p;
+  // Every gradient first; else a part of the model clipped alone (clip_grad_norm_ of
+  // model.encoder.parameters() before unscale): that part barely trains, the rest does.
+  bool found = pinned_norm(step_norms(run, by_step, looked_at_steps(run, by_step, SIZE_MAX), clipped), p);
+  if (!found) {
+    const std::vector<const StepSummary*> first = looked_at_steps(run, by_step, kModuleSteps);
+    for (Clipped& c : module_subsets(run)) {
+      p = Pinned{};
+      if (pinned_norm(step_norms(run, by_step, first, c), p)) {
+        clipped = std::move(c);
+        found = true;
+        break;
+      }
     }
-  if (std::int64_t(at.size()) < kMinClippedSteps || 2 * at.size() <= norms.size()) return;
-  const double scale = at.front().scale;
+  }
+  if (!found) return;
+  const double pinned = p.norm, scale = p.at.front().scale;
+  const std::string whose = clipped.module.empty() ? "" : " of " + clipped.module;
+  const std::string params =
+      clipped.module.empty() ? "model.parameters()" : suggest::python_attribute(clipped.module) + ".parameters()";
+  const std::string cpp_params =
+      clipped.module.empty() ? "model->parameters()" : "model->named_modules()[\"" + clipped.module + "\"]->parameters()";
   Finding f;
   f.rule = "clip-before-unscale";
   f.severity = Severity::kError;
   f.score = 95.0;
-  f.steps = {at.front().step};
-  f.title = "The gradients were clipped while still multiplied by the loss scale: each update was cut to " +
-            fmt(pinned) + " / scale (" + fmt(pinned / scale) + " at " + fmt(scale) + ")";
-  f.evidence = "before unscale, the total norm of the " + plural(std::int64_t(run.layers.size()), "gradient") +
-               " was " + fmt(pinned) + " (within 0.01 %) in " + std::to_string(at.size()) + " of " +
-               plural(std::int64_t(norms.size()), "step") + " taken at a loss scale above 1, from step " +
-               std::to_string(at.front().step);
-  if (scales.size() > 1)
-    f.evidence += ", at loss scales " + fmt(*scales.rbegin()) + " down to " + fmt(*scales.begin()) + " alike";
+  f.module = clipped.module;
+  f.steps = {p.at.front().step};
+  f.title = "The gradients" + whose + " were clipped while still multiplied by the loss scale: each update" + whose +
+            " was cut to " + fmt(pinned) + " / scale (" + fmt(pinned / scale) + " at " + fmt(scale) + ")";
+  f.evidence = "before unscale, the total norm of " + (clipped.module.empty() ? "the " : clipped.module + "'s ") +
+               plural(clipped.count, "gradient") + " was " + fmt(pinned) + " (within 0.01 %) in " +
+               std::to_string(p.at.size()) + " of " + (p.looked == kModuleSteps ? "the first " : "") +
+               plural(std::int64_t(p.looked), "step") + " taken at a loss scale above 1, from step " +
+               std::to_string(p.at.front().step);
+  if (p.scales.size() > 1)
+    f.evidence += ", at loss scales " + fmt(*p.scales.rbegin()) + " down to " + fmt(*p.scales.begin()) + " alike";
   f.evidence += ": a norm the batch and the scale do not move is a clip applied to the scaled gradients "
                 "(clip_grad_norm_(..., max_norm=" + fmt(pinned) + ") before scaler.unscale_()); the scaler then "
                 "divides them by the scale, so the optimizer received a norm of " + fmt(pinned / scale) +
@@ -95,12 +194,12 @@ void clip_before_unscale(const Run& run, std::vector<Finding>& out) {
        "scaler.step() does not unscale them twice.",
        "scaler.scale(loss).backward()\n"
        "scaler.unscale_(optimizer)  # the gradients' true values, before the clip\n"
-       "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=" + fmt(pinned) + ")\n"
+       "torch.nn.utils.clip_grad_norm_(" + params + ", max_norm=" + fmt(pinned) + ")\n"
        "scaler.step(optimizer)\n"
        "scaler.update()",
        "scaler.scale(loss).backward();  // ampdiag::GradScaler\n"
        "scaler.unscale_(optimizer);  // the gradients' true values, before the clip\n"
-       "torch::nn::utils::clip_grad_norm_(model->parameters(), " + fmt(pinned) + ");\n"
+       "torch::nn::utils::clip_grad_norm_(" + cpp_params + ", " + fmt(pinned) + ");\n"
        "scaler.step(optimizer);\n"
        "scaler.update();",
        ""});

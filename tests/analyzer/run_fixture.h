@@ -60,6 +60,7 @@ class RunFixture {
     }
     next_finite_first_.clear();
     next_l2_ = 0.0;
+    clipped_only_.clear();
     writer_.add_step(s);
     ++step_;
     return *this;
@@ -119,8 +120,10 @@ class RunFixture {
 
   // The next step's gradients have each this L2 norm (a clip left every step's total at the
   // same value).
-  RunFixture& clipped(double each_l2) {
+  // The next step's gradients each have norm `each_l2` (those of `only`, where given).
+  RunFixture& clipped(double each_l2, std::vector<std::string> only = {}) {
     next_l2_ = each_l2;
+    clipped_only_ = std::move(only);
     return *this;
   }
 
@@ -175,7 +178,9 @@ class RunFixture {
     const std::int64_t subnormal = sub == subnormal_fraction_.end() ? 0 : std::int64_t(sub->second * 4096);
     // The norm moves with the batch (step and layer), as a real gradient's does, unless a
     // test fixed it (clipped()).
-    const double l2 = next_l2_ > 0.0 ? next_l2_ : 10.0 * (1.0 + 0.1 * double((step_ * 7 + id * 3) % 11));
+    const bool fixed = next_l2_ > 0.0 && (clipped_only_.empty() ||
+                                          std::find(clipped_only_.begin(), clipped_only_.end(), name) != clipped_only_.end());
+    const double l2 = fixed ? next_l2_ : 10.0 * (1.0 + 0.1 * double((step_ * 7 + id * 3) % 11));
     g.stats = {4096, nonfinite ? 5 : 0, nonfinite ? 2 : 0, zeros, subnormal, absmax, subnormal ? 1e-6 : 1e-3, l2};
     if (histograms_) {
       g.histogram.assign(rundb::kHistBins, 0);
@@ -199,6 +204,7 @@ class RunFixture {
   std::vector<std::string> next_finite_first_;
   bool next_no_loss_ = false;
   double next_l2_ = 0.0;  // 0: the varying default
+  std::vector<std::string> clipped_only_;  // empty: next_l2_ is every layer's
 };
 
 }  // namespace ampdiag::test

@@ -111,3 +111,33 @@ TEST_CASE("underflow of gradients clipped while scaled points to the clip, not t
   CHECK_THAT(u->suggestions.front().summary, Catch::Contains("see clip-before-unscale"));
   CHECK(u->suggestions.front().python.empty());
 }
+
+TEST_CASE("one module's gradients with one norm at every scale were clipped alone before unscale", "[rules][clipping]") {
+  // clip_grad_norm_(model.a.parameters(), 1) before scaler.unscale_(): a's total norm is
+  // pinned, the others move with the batch.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  const double half = 1.0 / std::sqrt(2.0);
+  for (int i = 0; i < 6; ++i) f.clipped(half, {"a.weight", "a.bias"}).step(65536, 65536);
+  f.step(65536, 32768, 1000, {"head.weight"});
+  for (int i = 0; i < 6; ++i) f.clipped(half, {"a.weight", "a.bias"}).step(32768, 32768);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* c = find(r, "clip-before-unscale");
+  REQUIRE(c != nullptr);
+  CHECK(c->module == "a");
+  CHECK_THAT(c->title, Catch::StartsWith("The gradients of a were clipped while still multiplied by the loss scale"));
+  CHECK_THAT(c->evidence, Catch::Contains("the total norm of a's 2 gradients was 1 (within 0.01 %) in 12 of 12 steps"));
+  CHECK_THAT(c->suggestions.front().python, Catch::Contains("clip_grad_norm_(model.a.parameters(), max_norm=1)"));
+  CHECK_THAT(c->suggestions.front().cpp, Catch::Contains("clip_grad_norm_(model->named_modules()[\"a\"]->parameters(), 1)"));
+}
+
+TEST_CASE("a single gradient whose norm never moves is not taken for a clip", "[rules][clipping]") {
+  // A parameter the loss adds as w.sum(): its gradient is the same every step.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 12; ++i) f.clipped(3.0, {"b.weight"}).step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "clip-before-unscale") == nullptr);
+}
