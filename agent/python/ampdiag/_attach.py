@@ -8,7 +8,6 @@ and streams everything to a run.db through the C++ engine. It changes no number 
 training: with fused unscale on, the gradients are unscaled with the same bits as
 torch._amp_foreach_non_finite_check_and_unscale_ writes.
 """
-import inspect
 import math
 import os
 import sys
@@ -17,12 +16,13 @@ import weakref
 
 import torch
 
-from . import _ampdiag, _loss, _outside_scaler, _rank, _stale_gradients
+from . import _ampdiag, _loss, _outside_scaler, _rank
 from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
 from ._amp_dtype import learn_amp_dtype
 from ._autopin import AutoPinner
 from ._dropped import DroppedForwards
+from ._layers import Layers, source_of
 from ._loss_code import loss_code, nonfinite_constants, path_nodes
 from ._forward import forward_hook, input_hook, output_hook, outside_compiled_graph
 from ._options import check_options, default_amp_dtype, trains_fp16_parameters
@@ -30,21 +30,12 @@ from ._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
 from ._replay import FINITE, INTRINSIC, NONFINITE, Replayer
 from ._scaler import wrap_disabled_scaler, wrap_scaler
 from ._updates import UpdateProbe, holds_half_parameters
-from ._tied import TiedUse, tied_owners
 from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, engine_place, fast_place, host_sum,
                        holds_nonfinite, nan_in_inputs, readable_view, sum_on)
 
 _ATTACHED = "_ampdiag_handle"
 # Loss-code looks per run: each walks the step's graph from the loss to the outputs.
 _LOSS_CODE_LOOKS = 8
-
-
-def _source(module: torch.nn.Module) -> str:
-    try:
-        forward = type(module).forward
-        return f"{inspect.getsourcefile(forward)}:{inspect.getsourcelines(forward)[1]}"
-    except (TypeError, OSError):
-        return ""
 
 
 def _watched_root(model: torch.nn.Module) -> torch.nn.Module:
@@ -163,7 +154,8 @@ class AttachHandle:
             self._write_meta(scaler, every, context_steps, fused_unscale, histogram, guessed, params)
             if amp_dtype is None and not trains_fp16_parameters(params):
                 self._hooks.append(learn_amp_dtype(self, root, params[0].device.type, guessed))
-            self._register_layers(root)
+            self._layers = Layers(self, root)
+            self._layer_id = self._layers.layer_id  # bound once: read for every gradient of every step
             watched = [(path, module) for path, module in root.named_modules() if path and not bounded_by_input(module)]
             if activations:
                 self._hooks.append(root.register_forward_pre_hook(self._forward_hook_as_run(input_hook(self, root)),
@@ -286,36 +278,6 @@ class AttachHandle:
         self._session.write_meta("ampdiag Python agent", torch.__version__, str(params[0].device),
                                  amp_dtype,
                                  " ".join([sys.executable] + sys.argv), bool(fused), settings)
-
-    def _register_layers(self, model):
-        modules = dict(model.named_modules())
-        self._params = []  # every registered tensor, kept alive: id() is its key in the session
-        self._layer_ids = {}  # id() -> layer, for tensors the optimizer has handed over
-        self._hookless = {}   # id() -> (layer, name): frozen at attach(), no arrival hook yet
-        probe = _stale_gradients.probe_of(list(model.parameters()))
-        tied = tied_owners(model)
-        for name, p in model.named_parameters(remove_duplicate=False):
-            module_path = name.rpartition(".")[0]
-            module = modules.get(module_path)
-            layer, added = self._session.add_layer(id(p), name, module_path,
-                                                   type(module).__name__ if module is not None else "",
-                                                   str(p.dtype).replace("torch.", ""), str(list(p.shape)), p.numel(),
-                                                   p.requires_grad, _source(module) if module is not None else "")
-            if not added:
-                continue  # the same tensor as an earlier name (the session says so once)
-            self._params.append(p)
-            if not p.requires_grad:
-                self._hookless[id(p)] = (layer, name)  # frozen now; see _layer_id
-            else:
-                hook = self._arrival_hook(layer)
-                if p is probe:
-                    self._gradient_probe = _stale_gradients.GradientProbe(self, p, name)
-                    hook = self._gradient_probe.hook(hook)
-                self._hooks.append(p.register_hook(hook))
-                for path, owner in tied.get(id(p), ()):
-                    use = TiedUse(self, layer, name, path, p)
-                    self._hooks.append(owner.register_forward_hook(self._forward_hook_as_run(use.forward_hook())))
-        self._session.layers_done()
 
     def _event(self, kind, detail, key=None, step=None):
         self._session.event_once(repr(key or (kind, detail)), kind, detail, step)
@@ -455,23 +417,6 @@ class AttachHandle:
         if self._grad_calls > self._grad_calls_before:  # this backward reached the model
             self._losses.extend(self._roots)
         self._roots = []
-
-    def _layer_id(self, param):
-        layer = self._layer_ids.get(id(param))  # every key's tensor is kept alive in _params
-        if layer is None and id(param) in self._hookless and param.requires_grad:
-            # Frozen at attach() and trained since (a backbone unfrozen after a few epochs):
-            # its gradients arrive in backward order from the next step on, not after all others.
-            layer, name = self._hookless.pop(id(param))
-            self._hooks.append(param.register_hook(self._arrival_hook(layer)))
-            self._event("parameters-unfrozen", f"{name} was frozen at attach() and has a gradient from this step: "
-                        "its backward order is recorded from the next step", key=("unfrozen",))
-        if layer is None:
-            layer, added = self._session.layer_of(id(param), str(param.dtype).replace("torch.", ""),
-                                                  str(list(param.shape)), param.numel())
-            if added:  # optimized, but not a parameter of the model
-                self._params.append(param)
-            self._layer_ids[id(param)] = layer
-        return layer
 
     def _gradients(self, optimizer):
         """(layer ids, gradients to read, whether any was sparse) of the optimizer's
@@ -618,7 +563,7 @@ class AttachHandle:
     # --- forward -------------------------------------------------------------------
 
     def _module_id(self, path, module, args):
-        return self._session.module_id(path, type(module).__name__, _source(module), describe_inputs(args))
+        return self._session.module_id(path, type(module).__name__, source_of(module), describe_inputs(args))
 
     def _forward_hook_as_run(self, hook):
         """A forward hook as this model runs it: outside the graph if it is compiled."""

@@ -1,0 +1,71 @@
+"""The run's layers: every parameter of the watched model registered with the session once,
+under its first name, with its gradient hook (backward arrival order), the stale-gradient
+probe on the smallest one, and a look at each use of a tied one; and the layer of any
+tensor an optimizer hands over, a parameter of the model or not."""
+import inspect
+
+import torch
+
+from . import _stale_gradients
+from ._tied import TiedUse, tied_owners
+
+
+def source_of(module: torch.nn.Module) -> str:
+    """Where the module's forward() is written, "file:line", or empty."""
+    try:
+        forward = type(module).forward
+        return f"{inspect.getsourcefile(forward)}:{inspect.getsourcelines(forward)[1]}"
+    except (TypeError, OSError):
+        return ""
+
+
+class Layers:
+    def __init__(self, handle, model: torch.nn.Module):
+        self._handle = handle
+        self._params = []      # every registered tensor, kept alive: id() is its key in the session
+        self._layer_ids = {}   # id() -> layer, for tensors the optimizer has handed over
+        self._hookless = {}    # id() -> (layer, name): frozen at attach(), no arrival hook yet
+        session = handle._session
+        modules = dict(model.named_modules())
+        probe = _stale_gradients.probe_of(list(model.parameters()))
+        tied = tied_owners(model)
+        for name, p in model.named_parameters(remove_duplicate=False):
+            module_path = name.rpartition(".")[0]
+            module = modules.get(module_path)
+            layer, added = session.add_layer(id(p), name, module_path, type(module).__name__ if module is not None else "",
+                                             str(p.dtype).replace("torch.", ""), str(list(p.shape)), p.numel(),
+                                             p.requires_grad, source_of(module) if module is not None else "")
+            if not added:
+                continue  # the same tensor as an earlier name (the session says so once)
+            self._params.append(p)
+            if not p.requires_grad:
+                self._hookless[id(p)] = (layer, name)  # frozen now; see layer_id()
+                continue
+            hook = handle._arrival_hook(layer)
+            if p is probe:
+                handle._gradient_probe = _stale_gradients.GradientProbe(handle, p, name)
+                hook = handle._gradient_probe.hook(hook)
+            handle._hooks.append(p.register_hook(hook))
+            for path, owner in tied.get(id(p), ()):
+                use = TiedUse(handle, layer, name, path, p)
+                handle._hooks.append(owner.register_forward_hook(handle._forward_hook_as_run(use.forward_hook())))
+        session.layers_done()
+
+    def layer_id(self, param) -> int:
+        """The layer of a tensor whose gradient is read (on every step, for every one)."""
+        layer = self._layer_ids.get(id(param))  # every key's tensor is kept alive in _params
+        if layer is None and id(param) in self._hookless and param.requires_grad:
+            # Frozen at attach() and trained since (a backbone unfrozen after a few epochs):
+            # its gradients arrive in backward order from the next step on, not after all others.
+            handle = self._handle
+            layer, name = self._hookless.pop(id(param))
+            handle._hooks.append(param.register_hook(handle._arrival_hook(layer)))
+            handle._event("parameters-unfrozen", f"{name} was frozen at attach() and has a gradient from this step: "
+                          "its backward order is recorded from the next step", key=("unfrozen",))
+        if layer is None:
+            layer, added = self._handle._session.layer_of(id(param), str(param.dtype).replace("torch.", ""),
+                                                          str(list(param.shape)), param.numel())
+            if added:  # optimized, but not a parameter of the model
+                self._params.append(param)
+            self._layer_ids[id(param)] = layer
+        return layer
