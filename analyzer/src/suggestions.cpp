@@ -155,6 +155,11 @@ Suggestion fp32_loss(const std::string& why) {
 }
 
 Suggestion add_scaler(const Run& run) {
+  if (run.first_event("scaler-disabled"))  // GradScaler(enabled=False) beside fp16 autocast: a setting left off
+    return {"Enable the loss scaler: the GradScaler was created with enabled=False, so fp16 keeps small gradients at "
+            "their true size, below fp16's range.",
+            "scaler = torch.amp.GradScaler(\"" + device_type(run) + "\", enabled=True)  # not enabled=False with fp16",
+            "ampdiag::GradScaler scaler;"};
   return {"Use a loss scaler: fp16 without one keeps small gradients at their true size, below fp16's range.",
           "scaler = torch.amp.GradScaler(\"" + device_type(run) +
               "\")\nscaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()",

@@ -212,6 +212,21 @@ TEST_CASE("a layer whose gradient is mostly zero or fp16-subnormal is an underfl
   CHECK(u->layer == "b.weight");
 }
 
+TEST_CASE("an fp16 run whose GradScaler was disabled is told to enable it, not to add one", "[rules]") {
+  // GradScaler(enabled=use_amp) with use_amp off while autocast still runs in fp16.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.meta("scaler_enabled", "0").event("scaler-disabled", "the GradScaler is disabled (enabled=False)");
+  f.zeros_fraction("b.weight", 0.6, 0.2);
+  for (int i = 0; i < 10; ++i) f.step(1, 1);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* u = find(r, "underflow");
+  REQUIRE(u != nullptr);
+  CHECK_THAT(u->suggestions.front().summary, Catch::StartsWith("Enable the loss scaler"));
+  CHECK_THAT(u->suggestions.front().python, Catch::Contains("enabled=True"));
+}
+
 TEST_CASE("zeros without any fp16-subnormal value are structural, not underflow", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
