@@ -132,7 +132,9 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   run.rank = std::atoll(run.meta_or("rank", "0").c_str());
   run.world_size = std::atoll(run.meta_or("world_size", "1").c_str());
   run.run_id = run.meta_or("run_id", "");
-  run.fp_max = run.meta_or("amp_dtype", "float16") == "bfloat16" ? 3.3895313892515355e38 : 65504.0;
+  // The largest finite value of the run's precision (a run with AMP off is float32).
+  const std::string amp_dtype = run.meta_or("amp_dtype", "float16");
+  run.fp_max = amp_dtype == "bfloat16" ? 3.3895313892515355e38 : amp_dtype == "float32" ? 3.4028234663852886e38 : 65504.0;
   for (auto& row : d.layers) run.layers.push_back({std::move(row), {}, 0, 0, 0.0, -1, {}});
   for (auto& row : d.modules) run.modules.push_back({std::move(row), 0, 0, -1, 0.0f});
   run.events = std::move(d.events);

@@ -2,6 +2,9 @@
 #include "rule_test.h"
 
 #include <algorithm>
+#include <cmath>
+
+#include "ampdiag/analyzer/layer_table.h"
 
 TEST_CASE("a run without skipped steps is healthy", "[rules]") {
   TempDir dir;
@@ -253,6 +256,20 @@ TEST_CASE("a bf16 run without a scaler has no scale to collapse and no fp16 unde
   for (int i = 0; i < 10; ++i) f.step(1, 1);
   f.finish();
   CHECK(report_of(dir.file("run.db")).healthy());
+}
+
+TEST_CASE("a float32 run (AMP off) judges its values by fp32's range, not fp16's", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.meta("amp_dtype", "float32").meta("scaler_enabled", "0");
+  for (int i = 0; i < 10; ++i) f.step(1, 1, 1e6);  // beyond fp16's 65504
+  f.finish();
+  const auto run = load_run(dir.file("run.db"));
+  const auto r = analyze({run});
+  CHECK(r.healthy());
+  const auto rows = rank_layers(run, r);
+  REQUIRE(!rows.empty());
+  CHECK(rows.front().least_headroom == Approx(std::log2(3.4028234663852886e38 / 1e6)));
 }
 
 TEST_CASE("underflow while an overflow holds the scale down says to fix the overflow first", "[rules]") {

@@ -565,15 +565,13 @@ def test_pytorchs_gradient_penalty_recipe_is_healthy_and_records_the_penalised_l
     assert [recorded[i][0] for i in finite] == pytest.approx([seen[i] for i in finite])
 
 
-@pytest.mark.parametrize("use_amp", [True, False])
-def test_pytorchs_amp_recipe_is_healthy_with_amp_on_and_off(tmp_path, verdict, use_amp):
-    # The recipe's toggle: autocast(enabled=use_amp) and GradScaler(enabled=use_amp). With
-    # AMP off the scaler passes everything through; attach() had refused it.
+def amp_recipe(db, use_amp):
+    """torch's AMP recipe: autocast(enabled=use_amp) and GradScaler(enabled=use_amp). With
+    AMP off the scaler passes everything through."""
     torch.manual_seed(0)
     model = Mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", enabled=use_amp)
-    db = tmp_path / "run.db"
     with ampdiag.attach(model, scaler, db=db):
         for x, y in batches(12):
             with torch.autocast("cpu", dtype=torch.float16, enabled=use_amp):
@@ -582,6 +580,66 @@ def test_pytorchs_amp_recipe_is_healthy_with_amp_on_and_off(tmp_path, verdict, u
             scaler.step(opt)
             scaler.update()
             opt.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("use_amp", [True, False])
+def test_pytorchs_amp_recipe_is_healthy_with_amp_on_and_off(tmp_path, verdict, use_amp):
+    # attach() had refused the disabled scaler of the AMP-off run.
+    db = tmp_path / "run.db"
+    amp_recipe(db, use_amp)
     code, report = verdict(db)
     assert (code, rules(report, "error"), rules(report, "warning")) == (0, [], [])
     assert rows(db, "SELECT COUNT(*) FROM steps")[0][0] == 12
+
+
+def test_pytorchs_amp_recipe_with_amp_off_is_reported_as_a_float32_run(tmp_path, ampdiag):
+    # It was headed "bfloat16 on cpu" (the no-scaler guess) for a run with no autocast at all.
+    db = tmp_path / "run.db"
+    amp_recipe(db, False)
+    assert rows(db, "SELECT value FROM meta WHERE key = 'amp_dtype'") == [("float32",)]
+    assert "float32 on cpu" in ampdiag("report", db).stdout
+
+
+class AutocastInside(Mlp):
+    """A model that enters autocast in its own forward: the loop around it shows none."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=self.dtype):
+            return super().forward(x).float()
+
+
+@pytest.mark.parametrize("dtype, judged", [(torch.bfloat16, "bfloat16"), (torch.float16, "float16")])
+def test_autocast_entered_inside_the_model_gives_the_runs_precision(tmp_path, dtype, judged):
+    # A GradScaler makes the guess float16; bf16 autocast inside forward was not seen.
+    torch.manual_seed(0)
+    model = AutocastInside(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    db = tmp_path / "run.db"
+    with ampdiag.attach(model, scaler, db=db):
+        for x, y in batches(3):
+            loss = nn.functional.mse_loss(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    assert rows(db, "SELECT value FROM meta WHERE key = 'amp_dtype'") == [(judged,)]
+
+
+def test_a_bfloat16_model_without_autocast_is_judged_in_bfloat16(tmp_path):
+    torch.manual_seed(0)
+    model = Mlp().bfloat16()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    db = tmp_path / "run.db"
+    with ampdiag.attach(model, optimizer=opt, db=db):
+        for x, y in batches(3):
+            loss = nn.functional.mse_loss(model(x.bfloat16()).float(), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    assert rows(db, "SELECT value FROM meta WHERE key = 'amp_dtype'") == [("bfloat16",)]
+    assert rows(db, "SELECT COUNT(*) FROM events WHERE kind = 'amp-dtype'") == [(0,)]

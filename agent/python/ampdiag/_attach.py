@@ -153,7 +153,7 @@ class AttachHandle:
             guessed = amp_dtype or default_amp_dtype(scaler, params)
             self._write_meta(scaler, every, context_steps, fused_unscale, histogram, guessed, params)
             if amp_dtype is None and not trains_fp16_parameters(params):
-                self._hooks.append(learn_amp_dtype(self, root, params[0].device.type, guessed))
+                self._hooks.append(learn_amp_dtype(self, root, params[0].device.type, guessed, params))
             self._layers = Layers(self, root)
             self._layer_id = self._layers.layer_id  # bound once: read for every gradient of every step
             watched = [(path, module) for path, module in root.named_modules() if path and not bounded_by_input(module)]
