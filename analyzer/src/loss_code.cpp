@@ -118,7 +118,7 @@ bool Code::all_full_precision() const {
 std::string Code::float16_compute() const {
   static const std::set<std::string> moves = {"View", "Reshape", "Permute", "Transpose", "T", "Unsqueeze", "Squeeze",
                                               "Expand", "Select", "Slice", "Index", "Clone", "ToCopy", "Cat", "Stack",
-                                              "Split", "Unbind", "Contiguous", "AsStrided", "Alias"};
+                                              "Split", "Unbind", "Contiguous", "AsStrided", "Alias", "UnsafeView"};
   std::vector<std::string> names;
   for (const auto& op : ops)
     if (op.dtype == "float16" && !moves.count(op.name) &&
@@ -161,10 +161,10 @@ std::vector<Op> parse(const std::string& detail) {
   return ops;
 }
 
-Code at_steps(const Run& run, const std::vector<std::int64_t>& steps) {
+Code at_steps(const Run& run, const std::vector<std::int64_t>& steps, const std::string& kind) {
   Code code;
   for (const auto& e : run.events) {
-    if (e.kind != "loss-code" || !std::binary_search(steps.begin(), steps.end(), e.step)) continue;
+    if (e.kind != kind || !std::binary_search(steps.begin(), steps.end(), e.step)) continue;
     if (code.step >= 0 && e.step >= code.step) continue;
     code.step = e.step;
     code.ops = parse(e.detail);

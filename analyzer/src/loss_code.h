@@ -39,7 +39,9 @@ struct Code {
 std::vector<Op> parse(const std::string& detail);
 
 // The loss code read at the first of `steps` (ascending) that has one; empty where none.
-Code at_steps(const Run& run, const std::vector<std::int64_t>& steps);
+// `kind` "model-code": the model's own forward() after its last module, read (by the
+// Python agent) where the model's output went NaN/Inf while every module's was finite.
+Code at_steps(const Run& run, const std::vector<std::int64_t>& steps, const std::string& kind = "loss-code");
 
 // A tensor the loss code was given that held NaN/Inf before backward (event
 // "loss-input-nonfinite", "MseLoss target: 1 NaN, 0 Inf of 32 values"): a target, a mask,

@@ -418,6 +418,23 @@ Suggestion buffers_fix(const Run&, const std::string& path, const std::string& b
           "", "", ""};
 }
 
+// The model's own output NaN/Inf while every module's output was finite (the Python agent
+// records it as module "", the model, with its FP32 replay): made by the model's forward()
+// after its last module, as logits computed with F.linear(h, self.emb.weight). Names that
+// module and the operations after it (event "model-code") and tells to run them in FP32.
+void model_code_after_modules(const Run& run, const std::vector<std::int64_t>& steps, Finding& f) {
+  const ModuleSummary* model = run.module_named("");
+  const std::int64_t before = model ? model->info.id - 1 : -1;
+  const std::string last = before >= 0 ? run.modules[std::size_t(before)].info.path : "";
+  const std::string after = last.empty() ? "after its last submodule" : "after " + last + ", its last submodule";
+  const loss_code::Code code = loss_code::at_steps(run, steps, "model-code");
+  f.title = "The model's output is NaN/Inf while every module's output is finite: its own forward() makes it " + after;
+  if (!code.empty())
+    f.evidence += "; the operations from " + (last.empty() ? std::string("its last submodule") : last) +
+                  "'s output to the model's (step " + std::to_string(code.step) + "): " + code.describe();
+  f.suggestions.push_back(suggest::fp32_model_code(run, after, code.float16_compute()));
+}
+
 void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& out) {
   std::int64_t nonfinite_loss = 0, first_bad_loss = -1, known_losses = 0;
   for (const auto& s : run.steps) {
@@ -434,6 +451,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     std::int64_t hurt = 0;     // of those steps, skipped, dropped, or with NaN/Inf gradients or loss
     std::int64_t dropped = 0;  // of those steps, where the loop dropped the batch (forward-dropped)
     std::int64_t evaluations = 0;  // of those steps, where it was an evaluation's forward (evaluation-nonfinite)
+    std::vector<std::int64_t> steps;  // ascending
   };
   // Steps whose input held NaN are the data's (input-nan), whatever module showed it first,
   // and those after an update that wrote NaN/Inf into the parameters are its (nonfinite-update).
@@ -450,6 +468,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     Culprit& c = culprits[it->second.module];
     if (c.first++ == 0) c.cause = it->second;
     if (c.first_step < 0 || s.row.step < c.first_step) c.first_step = s.row.step;
+    c.steps.push_back(s.row.step);
     // A batch the loop dropped before backward is lost to the overflow as a skipped step is.
     const bool dropped = run.forward_dropped(s.row.step);
     c.dropped += dropped;
@@ -532,6 +551,8 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     }
     if (!path.empty()) {
       f.suggestions.push_back(suggest::pin_fp32(run, path));
+    } else if (!cause.own_code) {
+      model_code_after_modules(run, c.steps, f);
     } else {
       f.suggestions.push_back({"Look at the model's own forward() " + (where.empty() ? "between its submodules" : where) +
                                    ": the NaN/Inf is made there, outside any module ampdiag hooks (an exp, a division "

@@ -37,6 +37,43 @@ TEST_CASE("the model's own code that made NaN/Inf is placed after the module tha
   CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Look at the model's own forward() between logvar and dec.0:"));
 }
 
+TEST_CASE("the model's output NaN/Inf after finite modules names its own code after the last one, with its operations", "[rules][replay]") {
+  // A log-sum-exp written by hand after the last module: the Python agent records the
+  // model's output as module "" with its FP32 replay, and the operations (model-code).
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"body.weight", "norm.weight"});
+  f.replay("", "finite");
+  for (int i = 0; i < 4; ++i) {
+    if (i == 0) f.event("model-code", "Exp:float16, Sum:float16, Log:float16");
+    f.activation("body", false).activation("norm", false).activation("", true).step(65536, 32768, 1000, {"norm.weight"}, kNaN);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->module.empty());
+  CHECK(fw->confirmation == "confirmed");
+  CHECK_THAT(fw->title, Catch::EndsWith("its own forward() makes it after norm, its last submodule"));
+  CHECK_THAT(fw->evidence, Catch::Contains("from norm's output to the model's (step 0): Exp, Sum, Log (all float16)"));
+  CHECK_THAT(fw->suggestions.front().summary,
+             Catch::StartsWith("Run the model's own code after norm, its last submodule (Exp, Sum and Log) in FP32"));
+  for (const auto& x : r.findings) CHECK_THAT(x.title, !Catch::Contains("made after the modules"));
+}
+
+TEST_CASE("the model's output NaN/Inf without its operations recorded still names its code after the last module", "[rules][replay]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"body.weight", "norm.weight"});
+  f.replay("", "finite");
+  for (int i = 0; i < 4; ++i)
+    f.activation("body", false).activation("norm", false).activation("", true).step(65536, 32768, 1000, {"norm.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->title, Catch::EndsWith("after norm, its last submodule"));
+  CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Run the model's own code after norm, its last submodule in FP32"));
+}
+
 TEST_CASE("a module's own code that made NaN/Inf before its first child is placed before that child", "[rules][replay]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"stem.weight", "block.conv.weight"});

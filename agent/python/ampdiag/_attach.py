@@ -126,6 +126,7 @@ class AttachHandle:
             self._optimizers.add(optimizer)
         self._parameters_nonfinite = False  # found once: every NaN/Inf after it is theirs, no replay
         self._loss_code_looks = 0  # loss-code events written (see _look_at_loss_code)
+        self._model_code_looks = 0  # model-code events written (see _forward.look_at_model_output)
         self._output_nodes = []  # the grad_fn of the last training forward's outputs
         self._dropped = DroppedForwards()
         self._loss_nodes = []    # the grad_fn of this cycle's losses
@@ -298,6 +299,7 @@ class AttachHandle:
         self._input_nan = False           # they held NaN: the data's, no replay
         self._last_output = None          # weakref to the last output given statistics
         self._last_version = 0            # its version counter then (in-place changes bump it)
+        self._last_node = None            # its grad_fn: where the model's own code after it begins
         self._last_nonfinite = False      # whether it held NaN/Inf
         self._bf16_found = False
         self._gradients_probed = False  # see _stale_gradients.py
@@ -557,6 +559,7 @@ class AttachHandle:
         self._live = False
         self._root_inputs = None  # the batch is the user's again
         self._output_nodes, self._loss_nodes, self._scaled = [], [], []  # the step's graph is the user's to free
+        self._last_node = None
         if self._autopin is not None:
             self._autopin.pin()
 

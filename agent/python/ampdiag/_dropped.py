@@ -24,6 +24,10 @@ class DroppedForwards:
         if self._first_nonfinite is None:
             self._first_nonfinite = path
 
+    def finite_so_far(self) -> bool:
+        """Whether no module's output has gone NaN/Inf in the forward running now."""
+        return self._first_nonfinite is None
+
     def forward_ended(self, output, training=True):
         """The model's forward returned `output`: a NaN/Inf forward's outputs get a hook that
         marks the gradient's arrival. An output nothing can differentiate (a forward under

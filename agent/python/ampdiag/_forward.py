@@ -6,7 +6,9 @@ import weakref
 
 import torch
 
-from ._tensors import DTYPE_CODE, activation_elsewhere, first_float_tensor, float_tensors, foreign_copy
+from ._loss_code import loss_code, path_nodes
+from ._tensors import (DTYPE_CODE, activation_elsewhere, first_float_tensor, float_tensors, foreign_copy,
+                       holds_nonfinite)
 
 # torch.compile traces a compiled model's module hooks into its graph. Ours read and set
 # the agent's state and call its extension, which Dynamo can neither put in a graph nor
@@ -60,6 +62,8 @@ def output_hook(handle, owner):
         if compiling():
             handle._traced_by_compile = True
             return None
+        if handle._live and handle._dropped.finite_so_far() and torch.is_grad_enabled():
+            look_at_model_output(handle, owner, args, kwargs, output)
         handle._dropped.forward_ended(output, module.training)
         if not handle._live or not torch.is_grad_enabled() or (module is not owner and foreign_copy(module)):
             return None
@@ -72,6 +76,34 @@ def output_hook(handle, owner):
         return None
 
     return hook
+
+
+MODEL_CODE_LOOKS = 4  # "model-code" events a run: the model's code rarely changes
+
+
+def look_at_model_output(handle, owner, args, kwargs, output):
+    """Where every module's output was finite: the model's own output, if it is not the last
+    module's (a model that computes after its last submodule, as an LM whose logits are
+    F.linear(h, self.emb.weight) with the embedding's weight). NaN/Inf there was made by
+    the model's own forward(), not by the loss code: recorded as the output of module ""
+    (the model), with its FP32 replay, as a submodule's would be, and the operations from
+    the last module's output to the model's (event "model-code", as the loss code's). Host
+    outputs only: a device check would wait for the device."""
+    tensor = output if isinstance(output, torch.Tensor) else first_float_tensor(output)
+    if tensor is None or not tensor.is_cpu or DTYPE_CODE.get(tensor.dtype) is None:
+        return
+    last = handle._last_output
+    if last is not None and last() is tensor and tensor._version == handle._last_version:
+        return  # the last module's output, looked at by its own hook
+    if not holds_nonfinite(handle._session, tensor):
+        return
+    if handle._model_code_looks < MODEL_CODE_LOOKS:
+        code = loss_code(path_nodes([tensor.grad_fn], [handle._last_node]))
+        if code is not None:
+            handle._model_code_looks += 1
+            handle._session.event("model-code", code)
+    activation_elsewhere(handle._session, handle._module_id("", owner, args), tensor, handle._micro_batch)
+    handle._on_nonfinite_output("", owner, args, kwargs, output)
 
 
 def forward_hook(handle, path, owner):
@@ -132,6 +164,7 @@ def forward_hook(handle, path, owner):
             else:
                 nonfinite = activation_elsewhere(handle._session, module_id, tensor, handle._micro_batch)
             handle._last_output = ref(tensor)
+            handle._last_node = tensor.grad_fn
             handle._last_version = version
             handle._last_nonfinite = nonfinite
             if nonfinite:
