@@ -6,6 +6,7 @@ import io
 import re
 import subprocess
 
+import pytest
 import torch
 from torch import nn
 
@@ -430,20 +431,26 @@ def test_masking_the_missing_targets_as_the_report_says_trains_healthy(tmp_path,
 
 
 class ReturnsItsLoss(nn.Module):
-    """Hugging Face style: forward(x, labels) returns {"logits", "loss"}."""
+    """Hugging Face style: forward(x, labels) returns {"logits", "loss"}, or, as Hugging
+    Face's own outputs hold them, the loss first."""
 
-    def __init__(self):
+    def __init__(self, loss_first):
         super().__init__()
+        self.loss_first = loss_first
         self.body, self.head = nn.Sequential(nn.Linear(16, 32), nn.ReLU()), nn.Linear(32, 4)
 
     def forward(self, x, labels):
         logits = self.head(self.body(x))
         p = logits.float().softmax(-1) * torch.tensor([1.0, 1.0, 0.0, 1.0])  # class 2 weighted out
-        return {"logits": logits, "loss": -p.gather(1, labels[:, None]).log().mean()}  # log(0) for label 2
+        loss = -p.gather(1, labels[:, None]).log().mean()  # log(0) for label 2
+        return {"loss": loss, "logits": logits} if self.loss_first else {"logits": logits, "loss": loss}
 
 
+@pytest.mark.parametrize("loss_first", [False, True], ids=["logits-first", "loss-first"])
 def test_a_loss_the_model_computes_in_its_forward_has_its_code_read_between_the_logits_and_the_loss(
-        tmp_path, verdict):
+        tmp_path, verdict, loss_first):
+    # Loss first: the model's NaN output is its loss, which is the loss code's, not code of
+    # the model's own after its last module.
     db = tmp_path / "returns_loss.db"
     torch.manual_seed(0)
 
@@ -451,7 +458,7 @@ def test_a_loss_the_model_computes_in_its_forward_has_its_code_read_between_the_
         with torch.autocast("cpu", dtype=torch.float16):
             return model(torch.randn(8, 16), torch.randint(0, 4, (8,)))["loss"]
 
-    train(db, ReturnsItsLoss(), 6, loss_of)
+    train(db, ReturnsItsLoss(loss_first), 6, loss_of)
     code, rep = verdict(db)
     assert code == 1
     top = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")

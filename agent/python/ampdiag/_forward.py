@@ -89,7 +89,9 @@ def look_at_model_output(handle, owner, args, kwargs, output):
     (the model), with its FP32 replay, as a submodule's would be, and the operations from
     the last module's output to the model's (event "model-code", as the loss code's). Host
     outputs only: a device check would wait for the device."""
-    tensor = output if isinstance(output, torch.Tensor) else first_float_tensor(output)
+    # A scalar is a loss the model computes itself (a Hugging Face model's output holds it
+    # first): the loss code's look (_look_at_loss_code) reads that one.
+    tensor = next((t for t in float_tensors(output) if t.dim() > 0), None)
     if tensor is None or not tensor.is_cpu or DTYPE_CODE.get(tensor.dtype) is None:
         return
     last = handle._last_output
