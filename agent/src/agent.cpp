@@ -132,7 +132,7 @@ class Agent::Impl final : public ScalerObserver {
   bool nonfinite_seen_ = false;  // a probe of this cycle held NaN/Inf
   // AgentOptions::amp_dtype was left empty and no training probe has run yet.
   bool learn_amp_dtype_ = false;
-  void learn_amp_dtype(c10::DeviceType device);
+  void learn_amp_dtype(c10::DeviceType device, at::ScalarType output);
   // The cycle's inputs (input()), looked at for NaN once a probe holds NaN/Inf.
   std::vector<std::pair<std::string, at::Tensor>> inputs_;
   // Whether an input held NaN (event input-nan).
@@ -278,7 +278,7 @@ bool Agent::Impl::record(const std::string& path, const at::Tensor& x) {
   }
   const auto t0 = Clock::now();
   begin_cycle();
-  if (learn_amp_dtype_) learn_amp_dtype(x.device().type());
+  if (learn_amp_dtype_) learn_amp_dtype(x.device().type(), x.scalar_type());
   at::Tensor copy;
   agent::DeviceTensor view;
   bool first_nonfinite = false;
@@ -306,11 +306,22 @@ at::Tensor Agent::Impl::input(const std::string& name, const at::Tensor& x) {
   return x;
 }
 
-// The first training probe's autocast dtype, where the options left the run's to it.
-void Agent::Impl::learn_amp_dtype(c10::DeviceType device) {
+// The first training probe's autocast dtype, where the options left the run's to it. With
+// autocast off, the probed output's own dtype: a float32 one is a run with AMP off, which
+// was judged by fp16's range (an fp16 model's stays float16).
+void Agent::Impl::learn_amp_dtype(c10::DeviceType device, at::ScalarType output) {
   if (!at::GradMode::is_enabled()) return;  // an evaluation: wait for a training forward
   learn_amp_dtype_ = false;
-  if (!at::autocast::is_autocast_enabled(device) || at::autocast::get_autocast_dtype(device) != at::kBFloat16) return;
+  if (!at::autocast::is_autocast_enabled(device)) {
+    if (output != at::kFloat && output != at::kBFloat16) return;
+    const std::string seen = output == at::kFloat ? "float32" : "bfloat16";
+    session_.set_meta("amp_dtype", seen);
+    session_.event("amp-dtype", "autocast was off at the first training probe, whose output was " + seen +
+                                    ": the run is judged in " + seen +
+                                    ", not the float16 AgentOptions::amp_dtype left empty assumed");
+    return;
+  }
+  if (at::autocast::get_autocast_dtype(device) != at::kBFloat16) return;
   session_.set_meta("amp_dtype", "bfloat16");
   session_.event("amp-dtype", "autocast ran in bfloat16, not the float16 AgentOptions::amp_dtype left empty assumed: "
                               "the run is judged in bfloat16 (bfloat16 needs no GradScaler)");

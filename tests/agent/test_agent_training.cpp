@@ -302,6 +302,33 @@ TEST_CASE("amp_dtype left empty is what autocast runs in at the first training p
   CHECK(events_of(t, "amp-dtype").size() == 1);
 }
 
+TEST_CASE("amp_dtype left empty with autocast off and float32 outputs is a float32 run", "[agent]") {
+  // AMP switched off: the run was judged by fp16's range.
+  TinySetup t;
+  {
+    Agent agent(*t.net, t.scaler, t.options);
+    for (int step = 0; step < 2; ++step) {
+      t.optimizer.zero_grad();
+      const auto h = torch::relu(t.net->b(torch::relu(t.net->a(torch::randn({8, 16})))));
+      t.scaler.scale(agent.probe("c", t.net->c(h)).mean()).backward();
+      t.scaler.step(t.optimizer);
+      t.scaler.update();
+    }
+  }
+  CHECK(rundb::RunDbReader(t.dir.file("run.db")).meta().at("amp_dtype") == "float32");
+  CHECK(events_of(t, "amp-dtype").size() == 1);
+}
+
+TEST_CASE("amp_dtype left empty under fp16 autocast stays float16, with no event", "[agent]") {
+  TinySetup t;
+  train_with_agent(t, 2, at::kHalf, [&](Agent& agent, int) {
+    const auto h = torch::relu(t.net->b(torch::relu(t.net->a(torch::randn({8, 16})))));
+    return agent.probe("c", t.net->c(h)).to(torch::kFloat).mean();
+  });
+  CHECK(rundb::RunDbReader(t.dir.file("run.db")).meta().at("amp_dtype") == "float16");
+  CHECK(events_of(t, "amp-dtype").empty());
+}
+
 TEST_CASE("a NaN in the batch given to input() is the data's: one input-nan event in its step", "[agent]") {
   const auto events = input_nan_events([](int step) {
     auto x = torch::randn({8, 16});

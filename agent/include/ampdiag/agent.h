@@ -43,7 +43,8 @@ struct AgentOptions {
   int threads = 0;                  // own CPU threads for the statistics pass; 0 = torch's intra-op pool
   // The run's precision, "float16" or "bfloat16" (meta amp_dtype). Empty: float16, unless
   // the first probe runs under autocast in bfloat16 (event "amp-dtype"): a GradScaler kept
-  // with bf16 autocast would otherwise have bf16 values judged by fp16's range.
+  // with bf16 autocast would otherwise have bf16 values judged by fp16's range. With
+  // autocast off there, the probed output's dtype: float32 (AMP off) or bfloat16.
   std::string amp_dtype;
   // Shared by every rank of the run (meta run_id); empty: derived from the launcher's
   // environment under torchrun, random for one process.
