@@ -45,7 +45,8 @@ ForwardCause forward_cause(const Run& run, const std::string& first_seen) {
       c.confirmation = "unconfirmed";
       c.intrinsic = true;
       c.own_code = path != first_seen;
-      c.reason = path + " makes NaN/Inf from finite inputs in FP32 too, so fp16's range is not the cause";
+      c.reason = (path.empty() ? std::string("the model's own forward()") : path) +
+                 " makes NaN/Inf from finite inputs in FP32 too, so fp16's range is not the cause";
       return c;
     }
     if (r->outcome != "nonfinite") {  // unconfirmed: evidence of nothing, never escalated past

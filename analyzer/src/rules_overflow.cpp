@@ -499,8 +499,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
                  plural(std::int64_t(run.steps.size()), "step") + ", from step " + std::to_string(c.first_step);
     f.steps.push_back(c.first_step);
     // Where the loop dropped the batches, their losses never reached the agent: no count to give.
-    if (known_losses > 0 && (c.dropped == 0 || nonfinite_loss > 0))
-      f.evidence += "; the loss was NaN/Inf in " + plural(nonfinite_loss, "step");
+    if (nonfinite_loss > 0) f.evidence += "; the loss was NaN/Inf in " + plural(nonfinite_loss, "step");
     if (c.dropped > 0) f.evidence += "; " + dropped_evidence(c.dropped);
     if (c.evaluations > 0)
       f.evidence += "; in " + plural(c.evaluations, "step") +

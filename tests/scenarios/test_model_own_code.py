@@ -59,3 +59,39 @@ def test_that_code_in_fp32_as_the_report_says_is_healthy(tmp_path, verdict):
     energy_loop(db, fp32_tail=True)
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
+
+
+class MaskedPolicy(nn.Module):
+    """Illegal actions masked with -inf after the head, in the model's own forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Sequential(nn.Linear(16, 64), nn.ReLU()), nn.Linear(64, 10)
+
+    def forward(self, x, legal):
+        return self.head(self.body(x)).masked_fill(~legal, float("-inf"))
+
+
+def test_a_mask_the_model_applies_after_its_last_module_is_by_design_and_healthy(tmp_path, verdict):
+    torch.manual_seed(0)
+    model = MaskedPolicy()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    db = tmp_path / "run.db"
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(6):
+            x, legal = torch.randn(32, 16), torch.rand(32, 10) > 0.3
+            legal[:, 0] = True
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(model(x, legal).float(), torch.zeros(32, dtype=torch.long))
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    code, rep = verdict(db)
+    assert code == 0
+    [mask] = rep["findings"]
+    assert (mask["severity"], mask["module"]) == ("info", "")
+    assert "by design (a -inf mask)" in mask["title"]
+    assert "unconfirmed: the model's own forward() makes NaN/Inf" in mask["evidence"]
+    assert "in 0 steps" not in mask["evidence"]

@@ -78,6 +78,13 @@ def output_hook(handle, owner):
     return hook
 
 
+def _version(tensor):  # (the forward hook has the same inline: it runs for every module)
+    try:
+        return tensor._version
+    except RuntimeError:  # an inference tensor (torch.inference_mode) has no version counter
+        return None
+
+
 MODEL_CODE_LOOKS = 4  # "model-code" events a run: the model's code rarely changes
 
 
@@ -95,7 +102,7 @@ def look_at_model_output(handle, owner, args, kwargs, output):
     if tensor is None or not tensor.is_cpu or DTYPE_CODE.get(tensor.dtype) is None:
         return
     last = handle._last_output
-    if last is not None and last() is tensor and tensor._version == handle._last_version:
+    if last is not None and last() is tensor and _version(tensor) == handle._last_version:
         return  # the last module's output, looked at by its own hook
     if not holds_nonfinite(handle._session, tensor):
         return
