@@ -1,9 +1,12 @@
 """Which parameters count as holding NaN/Inf when a step goes NaN/Inf, which optimizer eps
-is 0 in the parameters' dtype (the agent's evidence for nonfinite-update), and which of a
-module's buffers hold NaN where its FP32 replay made NaN from finite inputs."""
+is 0 in the parameters' dtype (the agent's evidence for nonfinite-update), which of a
+module's buffers hold NaN where its FP32 replay made NaN from finite inputs, and when the
+parameters are not read at all."""
 import torch
 from torch import nn
 
+import ampdiag
+import ampdiag._attach
 from ampdiag._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
 
 
@@ -59,3 +62,33 @@ def test_a_submodules_buffers_are_its_own_to_name():
     block[0].running_mean[0] = float("nan")
     assert nan_buffers("block", block) is None
     assert nan_buffers("block.0", block[0]) == "block.0: running_mean (1 of 4 values NaN)"
+
+
+def test_a_module_known_to_mask_with_minus_inf_does_not_have_the_parameters_read_every_step(tmp_path, monkeypatch):
+    # Its -inf says nothing of the parameters: reading them all again each step of a masked
+    # model cost a pass over every parameter a step.
+    reads = []
+    real = ampdiag._attach.nonfinite_parameters
+    monkeypatch.setattr(ampdiag._attach, "nonfinite_parameters", lambda named: reads.append(1) or real(named))
+
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.head(x).masked_fill(torch.tensor([False, True, False, False]), float("-inf"))
+
+    torch.manual_seed(0)
+    model = Masked()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=tmp_path / "run.db"):
+        for _ in range(5):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(model(torch.randn(6, 8)).float(), torch.zeros(6, dtype=torch.long))
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert len(reads) == 1

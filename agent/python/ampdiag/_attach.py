@@ -578,7 +578,10 @@ class AttachHandle:
         # its parent's own code made it), its enclosing modules are replayed as they
         # finish, until one is finite. Only a replay that ran and stayed NaN/Inf escalates.
         self._dropped.nonfinite_output(path)
-        if not self._inputs_checked:
+        # A module known to make NaN/Inf from finite inputs (a -inf mask, every step) says
+        # nothing of the batch or the parameters: they are not read again for it.
+        by_design = self._replayer is not None and self._replayer.known(path) == INTRINSIC
+        if not self._inputs_checked and not by_design:
             self._inputs_checked = True
             where = nan_in_inputs(*self._root_inputs) if self._root_inputs is not None else None
             if where:

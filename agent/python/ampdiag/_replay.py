@@ -147,6 +147,10 @@ class Replayer:
         self._snapshots = {}   # path -> (args, kwargs) copied before the current call
         self.busy = False      # a replay is running: the agent's hooks stand aside
 
+    def known(self, path) -> "str | None":
+        """The module's verdict where it has one, without replaying."""
+        return self._verdicts.get(path)
+
     def verdict(self, path, module, args, kwargs, output) -> str:
         """The module's verdict (FINITE, NONFINITE, INTRINSIC, UNCONFIRMED), replaying it now
         if it has none; PENDING while the replay waits for the module's next call."""
