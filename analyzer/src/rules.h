@@ -35,6 +35,9 @@ bool overflow_hurts(const Run& run, const Thresholds& t);
 std::string plural(std::int64_t n, const std::string& noun);
 // A scale or a count as the report prints it ("%g", a power of two from 1 up whole).
 std::string fmt(double v);
+// The middle value of `values` (the upper one of an even count), reordering them; NaN for
+// none.
+double median_of(std::vector<double>& values);
 // A parameter dtype of a model stored in half precision (the layers table's name).
 bool half_dtype(const std::string& dtype);
 

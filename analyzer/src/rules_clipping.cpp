@@ -130,8 +130,7 @@ bool pinned_norm(const std::vector<StepNorm>& norms, Pinned& p) {
   if (std::int64_t(norms.size()) < kMinClippedSteps) return false;
   std::vector<double> sorted;
   for (const auto& n : norms) sorted.push_back(n.norm);
-  std::nth_element(sorted.begin(), sorted.begin() + std::ptrdiff_t(sorted.size() / 2), sorted.end());
-  p.norm = sorted[sorted.size() / 2];
+  p.norm = median_of(sorted);
   p.looked = norms.size();
   for (const auto& n : norms)
     if (std::abs(n.norm - p.norm) <= kSameNorm * p.norm) {

@@ -41,8 +41,7 @@ Divergence find_divergence(const Run& run) {
     if (start.size() < kBaselineSteps && run.loss_known(s.row) && std::isfinite(s.row.loss) && s.row.loss > 0.0)
       start.push_back(s.row.loss);
   if (start.size() < 3) return d;  // too few losses to say where it started
-  std::nth_element(start.begin(), start.begin() + std::ptrdiff_t(start.size() / 2), start.end());
-  d.baseline = start[start.size() / 2];
+  d.baseline = median_of(start);
   std::size_t onset = run.steps.size(), first_bad = run.steps.size();
   for (std::size_t i = 0; i < run.steps.size(); ++i) {
     const auto& row = run.steps[i].row;

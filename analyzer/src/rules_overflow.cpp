@@ -40,9 +40,7 @@ double median_loss(const Run& run) {
   std::vector<double> losses;
   for (const auto& s : run.steps)
     if (run.loss_known(s.row) && std::isfinite(s.row.loss)) losses.push_back(s.row.loss);
-  if (losses.empty()) return NAN;
-  std::nth_element(losses.begin(), losses.begin() + std::ptrdiff_t(losses.size() / 2), losses.end());
-  return losses[losses.size() / 2];
+  return median_of(losses);
 }
 
 std::string step_list(const std::vector<std::int64_t>& steps, std::size_t limit = 6) {

@@ -19,6 +19,13 @@ std::string fmt(double v) {
   return b;
 }
 
+double median_of(std::vector<double>& values) {
+  if (values.empty()) return NAN;
+  const auto mid = values.begin() + std::ptrdiff_t(values.size() / 2);
+  std::nth_element(values.begin(), mid, values.end());
+  return *mid;
+}
+
 std::string plural(std::int64_t n, const std::string& noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
