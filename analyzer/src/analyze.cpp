@@ -244,6 +244,8 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     o.lost_records = std::atoll(run.meta_or("lost_records", "0").c_str());
     o.dropped_steps = std::atoll(run.meta_or("dropped_steps", "0").c_str());
     o.dropped_records = std::atoll(run.meta_or("dropped_records", "0").c_str());
+    for (const auto& e : run.events)  // "2 forwards whose output went NaN/Inf ..."
+      if (e.kind == "forward-dropped") o.dropped_batches += std::max<std::int64_t>(1, std::atoll(e.detail.c_str()));
     o.amp_dtype = run.meta_or("amp_dtype", "float16");
     o.has_scaler = run.has_scaler();
     o.world_size = run.world_size;

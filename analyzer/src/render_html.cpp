@@ -351,8 +351,9 @@ table{border-collapse:collapse;font-size:13px} td,th{border-bottom:1px solid #ee
       std::snprintf(scale, sizeof scale, "%g &rarr; %g (lowest %g)", x.first_scale, x.last_scale, x.min_scale);
     else
       std::snprintf(scale, sizeof scale, "no loss scaler");
+    const std::string dropped = dropped_batches_text(x);  // "3 batches dropped by the loop (...), "
     o += "<tr><td>" + escape_markup(x.path) + "</td><td>" + std::to_string(x.steps) + "</td><td>" + std::to_string(x.skipped) +
-         "</td><td>" + scale + "</td><td>" + escape_markup(x.amp_dtype) + " on " + escape_markup(x.device) + "</td><td>" +
+         (dropped.empty() ? "" : "; " + escape_markup(dropped.substr(0, dropped.size() - 2))) + "</td><td>" + scale + "</td><td>" + escape_markup(x.amp_dtype) + " on " + escape_markup(x.device) + "</td><td>" +
          (x.finished ? "finished" : "partial") +
          (x.write_error.empty() ? std::string()
                                 : "; writing it failed, " + std::to_string(x.lost_records) + " records lost: " + escape_markup(x.write_error)) +

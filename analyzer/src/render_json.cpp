@@ -69,7 +69,7 @@ std::string render_json(const Report& r, const Gate& gate) {
          number(x.grad_rows) + ", \"act_rows\": " + number(x.act_rows) + ", \"finished\": " + (x.finished ? "true" : "false") +
          ", \"write_error\": " + (x.write_error.empty() ? std::string("null") : quote(x.write_error)) +
          ", \"lost_records\": " + number(x.lost_records) + ", \"dropped_steps\": " + number(x.dropped_steps) +
-         ", \"dropped_records\": " + number(x.dropped_records) +
+         ", \"dropped_records\": " + number(x.dropped_records) + ", \"dropped_batches\": " + number(x.dropped_batches) +
          ", \"amp_dtype\": " + quote(x.amp_dtype) + ", \"device\": " + quote(x.device) + ", \"run_id\": " + quote(x.run_id) +
          ", \"world_size\": " + number(x.world_size) + ", \"has_scaler\": " + (x.has_scaler ? "true" : "false") +
          ", \"harmful_skips\": " + number(x.harmful_skips) + ", \"skip_rate\": " + number(x.skip_rate) +

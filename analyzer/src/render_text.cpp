@@ -41,6 +41,12 @@ std::string incomplete_text(const RunOverview& o) {
   return s;
 }
 
+std::string dropped_batches_text(const RunOverview& o) {
+  if (o.dropped_batches == 0) return "";
+  return std::to_string(o.dropped_batches) + (o.dropped_batches == 1 ? " batch" : " batches") +
+         " dropped by the loop (NaN/Inf forward, no backward), ";
+}
+
 std::vector<std::string> device_profile_lines(const RunOverview& o) {
   const DeviceProfile& p = o.device_profile;
   if (p.status.empty()) return {};
@@ -104,7 +110,7 @@ namespace {
 
 std::string overview_line(const RunOverview& o) {
   return o.path + ": " + std::to_string(o.steps) + (o.steps == 1 ? " step, " : " steps, ") + std::to_string(o.skipped) +
-         " skipped, " +
+         " skipped, " + dropped_batches_text(o) +
          (o.has_scaler ? "loss scale " + fmt(o.first_scale) + " -> " + fmt(o.last_scale) + " (lowest " + fmt(o.min_scale) + ")"
                        : std::string("no loss scaler")) +
          ", " + o.amp_dtype + " on " + (o.device.empty() ? "?" : o.device) + (o.finished ? "" : ", NOT FINISHED (partial)") +

@@ -69,6 +69,16 @@ def test_a_guard_that_drops_nan_losses_is_told_which_module_overflowed_not_that_
     assert top["steps"] == [BAD_STEPS[0]]
 
 
+def test_the_report_header_counts_the_batches_the_guard_dropped(tmp_path, verdict, ampdiag):
+    # No step counts them: the header said "18 steps, 1 skipped" for a loop that lost two more.
+    db = tmp_path / "guarded.db"
+    dropped = guarded_loop(db)
+    _, rep = verdict(db)
+    assert rep["runs"][0]["dropped_batches"] == dropped
+    header = ampdiag("report", db).stdout.splitlines()[1]
+    assert f" skipped, {dropped} batches dropped by the loop (NaN/Inf forward, no backward)," in header
+
+
 def test_the_pin_the_report_gives_trains_the_guarded_loop_without_dropping_a_batch(tmp_path, verdict):
     db = tmp_path / "pinned.db"
     assert guarded_loop(db, pin=True) == 0

@@ -126,6 +126,10 @@ struct RunOverview {
   // Recorded without part of their statistics: steps whose device results never arrived
   // (meta dropped_steps), and records the agent dropped because its writer fell behind.
   std::int64_t dropped_steps = 0, dropped_records = 0;
+  // Batches the loop dropped before backward because their forward went NaN/Inf (events
+  // forward-dropped: `if not torch.isfinite(loss): continue`): lost, as a skipped step's
+  // are, though no step counts them.
+  std::int64_t dropped_batches = 0;
   std::string amp_dtype, device, run_id;
   bool has_scaler = true;
   std::int64_t world_size = 1;

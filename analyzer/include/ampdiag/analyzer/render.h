@@ -36,6 +36,9 @@ std::string findings_summary(const Report& r, const Gate& gate);
 // ", 3 steps without their device statistics (never arrived)" and the like; empty when the
 // run was recorded whole.
 std::string incomplete_text(const RunOverview& o);
+// "3 batches dropped by the loop (NaN/Inf forward, no backward), " where the loop dropped
+// any (RunOverview::dropped_batches); empty where none.
+std::string dropped_batches_text(const RunOverview& o);
 // The device profile in a few lines (the first says whether it ran and what ampdiag's own
 // kernels cost); none when profiling was not asked for.
 std::vector<std::string> device_profile_lines(const RunOverview& o);
