@@ -78,6 +78,34 @@ def output_hook(handle, owner):
     return hook
 
 
+# Operations whose output holds only values of their input, each finite where it was:
+# views, copies, and casts to float32 (a cast down to half can overflow: read).
+_MOVES = frozenset(("View", "UnsafeView", "Reshape", "ReshapeAlias", "ToCopy", "Permute", "Transpose", "T", "Squeeze",
+                    "Unsqueeze", "Clone", "Expand", "Slice", "Select", "Contiguous", "Alias", "Flatten"))
+_MOVE_HOPS = 8
+
+
+def moved_from(node, source) -> bool:
+    """Whether autograd's `node` reaches `source` through operations of _MOVES alone."""
+    for _ in range(_MOVE_HOPS):
+        if node is None or source is None:
+            return False
+        if node is source:
+            return True
+        name = node.name().rstrip("0123456789").removesuffix("Backward")
+        if name not in _MOVES or len(node.next_functions) != 1 or name == "ToCopy" and _made(node) != torch.float32:
+            return False
+        node = node.next_functions[0][0]
+    return False
+
+
+def _made(node):
+    try:
+        return node._input_metadata[0].dtype  # the dtype of what it made in forward
+    except (AttributeError, IndexError, RuntimeError):
+        return None
+
+
 def _version(tensor):  # (the forward hook has the same inline: it runs for every module)
     try:
         return tensor._version
@@ -104,6 +132,8 @@ def look_at_model_output(handle, owner, args, kwargs, output):
     last = handle._last_output
     if last is not None and last() is tensor and _version(tensor) == handle._last_version:
         return  # the last module's output, looked at by its own hook
+    if moved_from(tensor.grad_fn, handle._last_node):
+        return  # its values, viewed or cast (logits.float().view(-1, V)): nothing new to look at
     if not holds_nonfinite(handle._session, tensor):
         return
     if handle._model_code_looks < MODEL_CODE_LOOKS:

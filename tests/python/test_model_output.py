@@ -1,0 +1,51 @@
+"""The model-output look (see _forward.look_at_model_output): which model outputs it reads
+for NaN/Inf. The last module's output is its hook's; a view or an upcast of it holds the
+same values and is not read again (an LM's logits.float().view(-1, V) is the largest
+tensor of its step); anything the model computes after its last module is."""
+import pytest
+import torch
+from torch import nn
+
+import ampdiag
+import ampdiag._forward
+
+
+class Tail(nn.Module):
+    def __init__(self, tail):
+        super().__init__()
+        self.body, self.head = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.tail = tail
+
+    def forward(self, x):
+        return self.tail(self.head(torch.relu(self.body(x))))
+
+
+def reads_of_the_model_output(tmp_path, monkeypatch, tail, steps=3):
+    reads = []
+    real = ampdiag._forward.holds_nonfinite
+    monkeypatch.setattr(ampdiag._forward, "holds_nonfinite", lambda s, t: reads.append(t.shape) or real(s, t))
+    torch.manual_seed(0)
+    model = Tail(tail)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=tmp_path / "run.db"):
+        for _ in range(steps):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(6, 8)).float().mean()
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    return reads
+
+
+@pytest.mark.parametrize("tail", [lambda y: y, lambda y: y.float().view(-1), lambda y: y.t().contiguous()[1:]],
+                         ids=["itself", "upcast-view", "transposed-slice"])
+def test_the_last_modules_output_viewed_or_cast_up_is_not_read_again(tmp_path, monkeypatch, tail):
+    assert reads_of_the_model_output(tmp_path, monkeypatch, tail) == []
+
+
+@pytest.mark.parametrize("tail", [lambda y: y.exp(), lambda y: y.float().half(), lambda y: y.sum(-1)],
+                         ids=["computed", "cast-down", "reduced"])
+def test_an_output_the_model_computes_after_its_last_module_is_read_every_step(tmp_path, monkeypatch, tail):
+    assert len(reads_of_the_model_output(tmp_path, monkeypatch, tail)) == 3
