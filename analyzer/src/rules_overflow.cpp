@@ -312,9 +312,10 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                  plural(considered, "skipped step") + " (" + which + (m.steps.size() == 1 ? "step " : "steps ") +
                  step_list(m.steps) + ")";
     for (const std::string& name : m.tied)
-      f.evidence += "; " + name + " is tied (one tensor held by several modules): " +
-                    (module.empty() ? std::string("the model's") : module + "'s") +
-                    " use of it went NaN/Inf first, before its other uses added theirs";
+      f.evidence += "; " + name +
+                    (module.empty() ? " is used by the model's own forward() besides its module: that use"
+                                    : " is tied (one tensor held by several modules): " + module + "'s use of it") +
+                    " went NaN/Inf first, before its other uses added theirs";
     if (!harms) {
       f.title = place + " is where the occasional overflow starts; the loss scale copes with it";
       f.evidence += "; the scale stays above the floor and these skips only calibrate it or answer its growth probes";

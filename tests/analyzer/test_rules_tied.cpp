@@ -41,3 +41,13 @@ TEST_CASE("a tied parameter without the agent's event is named under its own mod
   CHECK(origin.module == "emb");
   CHECK_THAT(origin.evidence, !Catch::Contains("tied"));
 }
+
+TEST_CASE("a submodule's parameter whose use by the model's own code went NaN/Inf first names that code", "[rules]") {
+  // Logits F.linear(h, self.emb.weight) without a head module: the agent writes "through the model".
+  const Finding origin = tied_overflow("emb.weight through the model");
+  CHECK(origin.module.empty());
+  CHECK_THAT(origin.title, Catch::StartsWith("The model's own forward(), where it uses emb.weight, overflows first"));
+  CHECK_THAT(origin.evidence, Catch::Contains("emb.weight is used by the model's own forward() besides its module: that "
+                                              "use went NaN/Inf first"));
+  CHECK_THAT(origin.evidence, !Catch::Contains("held by several modules"));
+}

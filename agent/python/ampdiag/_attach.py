@@ -300,6 +300,7 @@ class AttachHandle:
         self._last_output = None          # weakref to the last output given statistics
         self._last_version = 0            # its version counter then (in-place changes bump it)
         self._last_node = None            # its grad_fn: where the model's own code after it begins
+        self._module_nodes = []           # the grad_fn of every module output given statistics
         self._last_nonfinite = False      # whether it held NaN/Inf
         self._bf16_found = False
         self._gradients_probed = False  # see _stale_gradients.py
@@ -559,7 +560,7 @@ class AttachHandle:
         self._live = False
         self._root_inputs = None  # the batch is the user's again
         self._output_nodes, self._loss_nodes, self._scaled = [], [], []  # the step's graph is the user's to free
-        self._last_node = None
+        self._last_node, self._module_nodes = None, []
         if self._autopin is not None:
             self._autopin.pin()
 

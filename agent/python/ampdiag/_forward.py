@@ -134,6 +134,7 @@ def look_at_model_output(handle, owner, args, kwargs, output):
         return  # the last module's output, looked at by its own hook
     if moved_from(tensor.grad_fn, handle._last_node):
         return  # its values, viewed or cast (logits.float().view(-1, V)): nothing new to look at
+    handle._own_uses.watch(tensor.grad_fn, handle._module_nodes)
     if not holds_nonfinite(handle._session, tensor):
         return
     if handle._model_code_looks < MODEL_CODE_LOOKS:
@@ -204,6 +205,7 @@ def forward_hook(handle, path, owner):
                 nonfinite = activation_elsewhere(handle._session, module_id, tensor, handle._micro_batch)
             handle._last_output = ref(tensor)
             handle._last_node = tensor.grad_fn
+            handle._module_nodes.append(tensor.grad_fn)
             handle._last_version = version
             handle._last_nonfinite = nonfinite
             if nonfinite:

@@ -7,6 +7,7 @@ import inspect
 import torch
 
 from . import _stale_gradients
+from ._own_uses import OwnUses
 from ._tied import TiedUse, tied_owners
 
 
@@ -29,6 +30,7 @@ class Layers:
         modules = dict(model.named_modules())
         probe = _stale_gradients.probe_of(list(model.parameters()))
         tied = tied_owners(model)
+        held_by_submodules = []  # (layer, name, tensor): the model's own code may use them too
         for name, p in model.named_parameters(remove_duplicate=False):
             module_path = name.rpartition(".")[0]
             module = modules.get(module_path)
@@ -46,9 +48,12 @@ class Layers:
                 handle._gradient_probe = _stale_gradients.GradientProbe(handle, p, name)
                 hook = handle._gradient_probe.hook(hook)
             handle._hooks.append(p.register_hook(hook))
+            if module_path:
+                held_by_submodules.append((layer, name, p))
             for path, owner in tied.get(id(p), ()):
                 use = TiedUse(handle, layer, name, path, p)
                 handle._hooks.append(owner.register_forward_hook(handle._forward_hook_as_run(use.forward_hook())))
+        handle._own_uses = OwnUses(handle, held_by_submodules)
         session.layers_done()
 
     def layer_id(self, param) -> int:
