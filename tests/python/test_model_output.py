@@ -49,3 +49,14 @@ def test_the_last_modules_output_viewed_or_cast_up_is_not_read_again(tmp_path, m
                          ids=["computed", "cast-down", "reduced"])
 def test_an_output_the_model_computes_after_its_last_module_is_read_every_step(tmp_path, monkeypatch, tail):
     assert len(reads_of_the_model_output(tmp_path, monkeypatch, tail)) == 3
+
+
+def test_the_module_outputs_graph_nodes_are_not_kept_past_the_models_forward(tmp_path):
+    # An evaluation with gradients on (no backward) must not keep each batch's graph alive
+    # until the next step ends.
+    torch.manual_seed(0)
+    model = Tail(lambda y: y.exp())
+    with ampdiag.attach(model, torch.amp.GradScaler("cpu"), db=tmp_path / "run.db") as handle:
+        with torch.autocast("cpu", dtype=torch.float16):
+            model(torch.randn(6, 8))
+        assert handle._module_nodes == []

@@ -41,6 +41,7 @@ def input_hook(handle, owner):
             return None
         if module is owner or not foreign_copy(module):
             handle._root_inputs = (args, kwargs)
+            handle._module_nodes = []  # this forward's: an evaluation with gradients on keeps no graph alive
             if not handle._live and torch.is_grad_enabled():
                 handle._begin_forward_cycle()
         return None
@@ -64,6 +65,8 @@ def output_hook(handle, owner):
             return None
         if handle._live and handle._dropped.finite_so_far() and torch.is_grad_enabled():
             look_at_model_output(handle, owner, args, kwargs, output)
+        if module is owner:
+            handle._module_nodes = []  # looked at: held no longer than the forward
         handle._dropped.forward_ended(output, module.training)
         if not handle._live or not torch.is_grad_enabled() or (module is not owner and foreign_copy(module)):
             return None
