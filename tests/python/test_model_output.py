@@ -59,4 +59,4 @@ def test_the_module_outputs_graph_nodes_are_not_kept_past_the_models_forward(tmp
     with ampdiag.attach(model, torch.amp.GradScaler("cpu"), db=tmp_path / "run.db") as handle:
         with torch.autocast("cpu", dtype=torch.float16):
             model(torch.randn(6, 8))
-        assert handle._module_nodes == []
+        assert (handle._module_nodes, handle._last_node) == ([], None)

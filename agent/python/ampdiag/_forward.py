@@ -66,7 +66,7 @@ def output_hook(handle, owner):
         if handle._live and handle._dropped.finite_so_far() and torch.is_grad_enabled():
             look_at_model_output(handle, owner, args, kwargs, output)
         if module is owner:
-            handle._module_nodes = []  # looked at: held no longer than the forward
+            handle._module_nodes, handle._last_node = [], None  # looked at: held no longer than the forward
         handle._dropped.forward_ended(output, module.training)
         if not handle._live or not torch.is_grad_enabled() or (module is not owner and foreign_copy(module)):
             return None
