@@ -1,5 +1,5 @@
-"""What the scenarios share: the CLI from the build tree, its JSON report, and reading a
-run.db directly."""
+"""What the scenarios share: the CLI from the build tree, its JSON report, reading a run.db
+directly, and the step of the standard fp16 AMP loop."""
 import json
 import os
 import sqlite3
@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +47,26 @@ def rows(db, sql):
 
 def rules(report, severity=None):
     return [(f["rule"], f["module"]) for f in report["findings"] if severity is None or f["severity"] == severity]
+
+
+def amp_step(opt, scaler, loss_of):
+    """One step of the loop torch's AMP recipe writes: zero_grad(), the loss `loss_of()`
+    makes under fp16 autocast, the scaler's backward, step() and update(). Returns the loss."""
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = loss_of()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    return loss
+
+
+def amp_training(db, model, opt, steps, loss_of):
+    """`steps` amp_step()s of `model` under ampdiag.attach() with a fresh GradScaler, each
+    loss made by `loss_of(generator)` from one generator seeded 0 (the batches)."""
+    import ampdiag  # here, since this file's fixture `ampdiag` (the CLI) takes the name
+    scaler = torch.amp.GradScaler("cpu")
+    g = torch.Generator().manual_seed(0)
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(steps):
+            amp_step(opt, scaler, lambda: loss_of(g))

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import ampdiag
+from conftest import amp_step
 
 MEAN, SPREAD = 3e5, 5e4
 
@@ -21,12 +22,7 @@ def train(db, normalise, steps=40):
             x, y = torch.randn(256, 16), MEAN + SPREAD * torch.randn(256, 1)
             if normalise:
                 y = (y - MEAN) / SPREAD
-            opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = nn.functional.mse_loss(model(x).float(), y)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+            amp_step(opt, scaler, lambda: nn.functional.mse_loss(model(x).float(), y))
     return scaler.get_scale()
 
 

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import ampdiag
+from conftest import amp_step, amp_training
 
 
 class EnergyModel(nn.Module):
@@ -29,18 +30,12 @@ class EnergyModel(nn.Module):
 def energy_loop(db, fp32_tail, steps=12):
     torch.manual_seed(0)
     model = EnergyModel(fp32_tail)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu")
-    g = torch.Generator().manual_seed(0)
-    with ampdiag.attach(model, scaler, db=db):
-        for _ in range(steps):
-            x, y = torch.randn(32, 1024, generator=g), torch.randn(32, generator=g)
-            opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = nn.functional.mse_loss(model(x).float(), y)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+
+    def loss_of(g):
+        x, y = torch.randn(32, 1024, generator=g), torch.randn(32, generator=g)
+        return nn.functional.mse_loss(model(x).float(), y)
+
+    amp_training(db, model, torch.optim.SGD(model.parameters(), lr=1e-3), steps, loss_of)
 
 
 def test_an_overflow_in_the_models_own_code_after_its_last_module_names_that_code(tmp_path, verdict):
@@ -82,12 +77,8 @@ def test_a_mask_the_model_applies_after_its_last_module_is_by_design_and_healthy
         for _ in range(6):
             x, legal = torch.randn(32, 16), torch.rand(32, 10) > 0.3
             legal[:, 0] = True
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = nn.functional.cross_entropy(model(x, legal).float(), torch.zeros(32, dtype=torch.long))
-            opt.zero_grad()
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+            amp_step(opt, scaler,
+                     lambda: nn.functional.cross_entropy(model(x, legal).float(), torch.zeros(32, dtype=torch.long)))
     code, rep = verdict(db)
     assert code == 0
     [mask] = rep["findings"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-import ampdiag
+from conftest import amp_training
 
 
 class TinyLM(nn.Module):
@@ -33,18 +33,12 @@ class TinyLM(nn.Module):
 def lm_loop(db, tie, steps=12):
     torch.manual_seed(0)
     model = TinyLM(tie)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    scaler = torch.amp.GradScaler("cpu")
-    g = torch.Generator().manual_seed(0)
-    with ampdiag.attach(model, scaler, db=db):
-        for _ in range(steps):
-            ids = torch.randint(0, 64, (8, 16), generator=g)
-            opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = nn.functional.cross_entropy(model(ids).float().view(-1, 64), ids.view(-1))
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+
+    def loss_of(g):
+        ids = torch.randint(0, 64, (8, 16), generator=g)
+        return nn.functional.cross_entropy(model(ids).float().view(-1, 64), ids.view(-1))
+
+    amp_training(db, model, torch.optim.AdamW(model.parameters(), lr=1e-4), steps, loss_of)
 
 
 def test_logits_from_the_embeddings_weight_in_the_models_own_forward_are_named_as_that_code(tmp_path, verdict):
