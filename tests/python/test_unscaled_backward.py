@@ -44,6 +44,16 @@ def test_backward_on_the_loss_given_to_scale_is_recorded_once_with_the_scale(tmp
         (0, "backward() ran on the loss given to scaler.scale() (scale 1024), not on its output")]
 
 
+def test_a_scale_set_as_a_large_power_of_two_is_written_whole_as_the_report_prints_it(tmp_path):
+    # init_scale=2**24 was written "1.67772e+07", which is not the number the user set.
+    def wrong(scaler, loss, model):
+        scaler.scale(loss)
+        loss.backward()
+
+    assert run(tmp_path / "run.db", wrong, scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 24)) == [
+        (0, "backward() ran on the loss given to scaler.scale() (scale 16777216), not on its output")]
+
+
 def test_torch_autograd_backward_on_that_loss_is_the_same_mistake(tmp_path):
     def wrong(scaler, loss, model):
         scaler.scale(loss)

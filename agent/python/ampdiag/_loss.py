@@ -14,7 +14,7 @@ import weakref
 
 import torch
 
-from ._tensors import scale_on_device
+from ._tensors import scale_on_device, scale_text
 
 
 class _Wrapped:
@@ -110,6 +110,6 @@ def check_scaled_roots(handle, roots) -> None:
     if any(root is given for _, _, given in handle._scaled for root in candidates):
         scaler = handle.scaler
         # A CUDA scale is not read: that would make the training thread wait for the device.
-        scale = "" if scale_on_device(scaler) else f" (scale {float(scaler.get_scale()):g})"
+        scale = "" if scale_on_device(scaler) else f" (scale {scale_text(float(scaler.get_scale()))})"
         handle._event("unscaled-backward", f"backward() ran on the loss given to scaler.scale(){scale}, not on its "
                       "output", key=("unscaled-backward",))

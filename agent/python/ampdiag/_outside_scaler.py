@@ -18,7 +18,7 @@ import torch
 from torch.amp.grad_scaler import OptState
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ._tensors import scale_on_device
+from ._tensors import scale_on_device, scale_text
 
 EVENT = "optimizer-outside-scaler"
 
@@ -61,6 +61,6 @@ def _before(handle, scaler, optimizer):
         # A CUDA scale stays a device tensor: reading it would make the training thread wait.
         scale = scaler._scale if scale_on_device(scaler) else float(scaler.get_scale())
         handle._bypass = ("scaled", found, scale)
-        shown = f" ({scale:g})" if isinstance(scale, float) else ""
+        shown = f" ({scale_text(scale)})" if isinstance(scale, float) else ""
         handle._event(EVENT, f"{name}.step() ran on gradients still multiplied by the loss scale{shown}: "
                              "scaler.step(optimizer) was not called", key=(EVENT, "scaled"))

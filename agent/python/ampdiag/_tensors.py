@@ -210,6 +210,13 @@ def found_inf(scaler) -> bool:
                for v in state.get("found_inf_per_device", {}).values())
 
 
+def scale_text(scale: float) -> str:
+    """A loss scale as the report prints it: a whole power of two in full (init_scale=2**24
+    is 16777216, where :g wrote 1.67772e+07), anything else as :g."""
+    whole_power_of_two = 1.0 <= scale < 2.0 ** 53 and math.frexp(scale)[0] == 0.5
+    return f"{scale:.0f}" if whole_power_of_two else f"{scale:g}"
+
+
 def scale_on_device(scaler) -> bool:
     """Whether the scaler's scale lives on a CUDA device (reading it would wait)."""
     return scaler._scale is not None and scaler._scale.is_cuda
