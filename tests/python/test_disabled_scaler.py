@@ -5,6 +5,7 @@ each optimizer found in scaler.step() from its first step on, with one event say
 and close() gives the scaler its own step() back."""
 import sqlite3
 
+import pytest
 import torch
 from torch import nn
 
@@ -69,4 +70,15 @@ def test_two_optimizers_stepped_through_the_disabled_scaler_end_one_step_each_cy
 
 def test_close_gives_the_scaler_its_own_step_and_update_back(tmp_path):
     _, _, scaler = recipe(tmp_path / "run.db")
+    assert "step" not in scaler.__dict__ and "update" not in scaler.__dict__
+
+
+def test_a_second_model_on_the_same_disabled_scaler_is_told_to_attach_one_module_dict(tmp_path):
+    # As with an enabled scaler: the second handle wrapped the first one's step() and update().
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    first = ampdiag.attach(nn.Linear(4, 4), scaler, db=tmp_path / "a.db")
+    with pytest.raises(RuntimeError, match=r"attach one torch.nn.ModuleDict holding them all"):
+        ampdiag.attach(nn.Linear(4, 1), scaler, db=tmp_path / "b.db")
+    first.close()
+    ampdiag.attach(nn.Linear(4, 1), scaler, db=tmp_path / "c.db").close()  # free again once closed
     assert "step" not in scaler.__dict__ and "update" not in scaler.__dict__

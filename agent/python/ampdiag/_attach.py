@@ -77,7 +77,7 @@ class AttachHandle:
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
         root = _watched_root(model)
-        for owner, what in ((root, "model"), (scaler, "scaler")):
+        for owner, what in ((root, "model"), (scaler if scaler is not None else disabled, "scaler")):
             if owner is not None and getattr(owner, _ATTACHED, None) is not None and getattr(owner, _ATTACHED)():
                 # One scaler stepping several models (torch's AMP example with two models)
                 # is one run: its steps, scale and skips are shared.
@@ -100,6 +100,7 @@ class AttachHandle:
                            activations, activation_every)
 
         self.model, self.scaler, self.optimizer = model, scaler, optimizer
+        self._held_scaler = scaler if scaler is not None else disabled  # marked as attached, enabled or not
         self._watched_model = root
         self._db, self._run_id = db, run_id
         self._fused = fused_unscale
@@ -191,8 +192,8 @@ class AttachHandle:
                     wrap_disabled_scaler(self, disabled)
                 _loss.watch(self)
             setattr(root, _ATTACHED, weakref.ref(self))
-            if scaler is not None:
-                setattr(scaler, _ATTACHED, weakref.ref(self))
+            if self._held_scaler is not None:
+                setattr(self._held_scaler, _ATTACHED, weakref.ref(self))
         except BaseException:
             self.close()
             raise
@@ -243,7 +244,7 @@ class AttachHandle:
         self._restore.clear()
         for module in self._pinned:
             unpin_fp32(module)
-        for owner in (self._watched_model, self.scaler):
+        for owner in (self._watched_model, self._held_scaler):
             if owner is not None and owner.__dict__.get(_ATTACHED) is not None and owner.__dict__[_ATTACHED]() is self:
                 del owner.__dict__[_ATTACHED]
         if self._replayer is not None and self._session.opened:
