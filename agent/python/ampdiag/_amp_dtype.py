@@ -41,8 +41,9 @@ def learn_amp_dtype(handle, model, device_type, guessed, params):
         return _NAMES.get(torch.get_autocast_dtype(device_type)) if torch.is_autocast_enabled(device_type) else None
 
     def inside(module, args):
-        if not compiling() and autocast_dtype() is not None:
-            settle(autocast_dtype())
+        seen = None if compiling() else autocast_dtype()
+        if seen is not None:
+            settle(seen)
         return None
 
     def ended(module, args, output):
@@ -53,8 +54,9 @@ def learn_amp_dtype(handle, model, device_type, guessed, params):
     def hook(module, args):  # named as the agent's other hooks, which the compile test looks for
         if compiling() or not torch.is_grad_enabled():
             return None  # traced (see _forward.py), or an evaluation: wait for a training forward
-        if autocast_dtype() is not None:
-            settle(autocast_dtype())
+        seen = autocast_dtype()
+        if seen is not None:
+            settle(seen)
             return None
         registered.pop().remove()
         # Every module's pre-hook, for this one forward: removed by whichever settles first.

@@ -6,7 +6,7 @@ import weakref
 
 import torch
 
-from ._loss_code import loss_code, path_nodes
+from ._loss_code import loss_code, made_dtype, path_nodes
 from ._tensors import (DTYPE_CODE, activation_elsewhere, first_float_tensor, float_tensors, foreign_copy,
                        holds_nonfinite)
 
@@ -96,17 +96,10 @@ def moved_from(node, source) -> bool:
         if node is source:
             return True
         name = node.name().rstrip("0123456789").removesuffix("Backward")
-        if name not in _MOVES or len(node.next_functions) != 1 or name == "ToCopy" and _made(node) != torch.float32:
+        if name not in _MOVES or len(node.next_functions) != 1 or name == "ToCopy" and made_dtype(node) != "float32":
             return False
         node = node.next_functions[0][0]
     return False
-
-
-def _made(node):
-    try:
-        return node._input_metadata[0].dtype  # the dtype of what it made in forward
-    except (AttributeError, IndexError, RuntimeError):
-        return None
 
 
 def _version(tensor):  # (the forward hook has the same inline: it runs for every module)

@@ -34,7 +34,8 @@ def _name(node) -> str:
     return name
 
 
-def _dtype(node) -> str:
+def made_dtype(node) -> str:
+    """The dtype of the tensor `node` made in forward ("float32"); "?" where torch does not say."""
     try:
         return str(node._input_metadata[0].dtype).replace("torch.", "")
     except (AttributeError, IndexError, RuntimeError):  # a torch without the metadata, or a node with no output
@@ -86,7 +87,7 @@ def loss_code(nodes) -> "str | None":
     path_nodes()'s nodes; None for none."""
     if not nodes:
         return None
-    return ", ".join(f"{_name(n)}:{_dtype(n)}" for n in nodes[:_MAX_NAMED])
+    return ", ".join(f"{_name(n)}:{made_dtype(n)}" for n in nodes[:_MAX_NAMED])
 
 
 def nonfinite_constants(nodes) -> "str | None":

@@ -16,20 +16,6 @@ from ._tied import TiedUse
 _SEARCH_NODES = 64  # graph nodes looked at a step: the model's own code between its modules is short
 
 
-def _accumulated(node):
-    """(the parameter whose accumulator `node` is, or that it casts for, and the node that
-    hands the part over, the index of that part); None for another node."""
-    param = getattr(node, "variable", None)
-    if param is not None:
-        return param, None
-    if node.name().startswith("ToCopyBackward") and len(node.next_functions) == 1:
-        inner = node.next_functions[0][0]
-        param = getattr(inner, "variable", None)
-        if param is not None:
-            return param, (node, 0)  # autocast's cast of the weight: its part, cast back up
-    return None
-
-
 class OwnUses:
     """The uses, by the model's own code, of the trainable parameters its submodules hold."""
 
@@ -51,14 +37,8 @@ class OwnUses:
             seen.add(id(node))
             held.append(node)  # a freed node's id could be handed to another (see _loss_code.py)
             for k, (child, _) in enumerate(node.next_functions):
-                if child is None:
-                    continue
-                found = _accumulated(child)
-                if found is None:
+                param = getattr(child, "variable", None)  # an accumulator's (under autocast, below its weight cast)
+                if param is None:
                     queue.append(child)
-                    continue
-                param, handing = found
-                use = self._uses.get(id(param))
-                if use is not None:
-                    at, index = handing or (node, k)
-                    at.register_hook(lambda grad_inputs, grad_outputs, use=use, index=index: use._look(grad_inputs[index]))
+                elif id(param) in self._uses:
+                    self._uses[id(param)].watch_part(node, k)

@@ -74,11 +74,14 @@ class TiedUse:
                 return None
             found = _node_handing_to(tensor.grad_fn, param)  # none in a deep copy's graph: its own tensors
             if found is not None:
-                node, k = found
-                node.register_hook(lambda grad_inputs, grad_outputs: use._look(grad_inputs[k]))
+                use.watch_part(*found)
             return None
 
         return hook
+
+    def watch_part(self, node, k):
+        """Looks at the part of the gradient that `node` hands to the parameter (its k-th input)."""
+        node.register_hook(lambda grad_inputs, grad_outputs: self._look(grad_inputs[k]))
 
     def _look(self, part):
         handle = self._handle
