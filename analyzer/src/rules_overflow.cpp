@@ -380,12 +380,17 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
 // made: "between A and first_seen", A the module inside `owner` that finished just before
 // it in forward order (its output was finite, or it would have been first); "before
 // first_seen" where none inside `owner` did.
+// The module that first finished just before `path` (module ids are given in that order):
+// null where `path` is no module or the first.
+const ModuleSummary* finished_before(const Run& run, const std::string& path) {
+  const ModuleSummary* m = run.module_named(path);
+  return m && m->info.id > 0 ? &run.modules[std::size_t(m->info.id - 1)] : nullptr;
+}
+
 std::string own_code_place(const Run& run, const std::string& owner, const std::string& first_seen) {
-  const ModuleSummary* seen = run.module_named(first_seen);
-  if (!seen) return "";
-  const std::int64_t before = seen->info.id - 1;
-  if (before >= 0) {
-    const std::string& path = run.modules[std::size_t(before)].info.path;
+  if (!run.module_named(first_seen)) return "";
+  if (const ModuleSummary* before = finished_before(run, first_seen)) {
+    const std::string& path = before->info.path;
     if (owner.empty() || path.rfind(owner + ".", 0) == 0) return "between " + path + " and " + first_seen;
   }
   return "before " + first_seen;
@@ -422,9 +427,8 @@ Suggestion buffers_fix(const Run&, const std::string& path, const std::string& b
 // after its last module, as logits computed with F.linear(h, self.emb.weight). Names that
 // module and the operations after it (event "model-code") and tells to run them in FP32.
 void model_code_after_modules(const Run& run, const std::vector<std::int64_t>& steps, Finding& f) {
-  const ModuleSummary* model = run.module_named("");
-  const std::int64_t before = model ? model->info.id - 1 : -1;
-  const std::string last = before >= 0 ? run.modules[std::size_t(before)].info.path : "";
+  const ModuleSummary* before = finished_before(run, "");  // the model's row comes after its modules'
+  const std::string last = before ? before->info.path : "";
   const std::string after = last.empty() ? "after its last submodule" : "after " + last + ", its last submodule";
   const loss_code::Code code = loss_code::at_steps(run, steps, "model-code");
   f.title = "The model's output is NaN/Inf while every module's output is finite: its own forward() makes it " + after;
