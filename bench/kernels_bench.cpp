@@ -1,6 +1,7 @@
 // Gradient-statistics throughput on a ViT-B gradient set, against two baselines measured
 // in the same run: (a) a plain sum over the same bytes (the machine's read bandwidth) and
-// (d) the per-tensor loop users write today through LibTorch. Prints a Markdown table.
+// (d) the per-tensor loop users write today through LibTorch; then the fused unscale of a
+// small model's gradients in cache against (e) torch's own unscale. Prints Markdown tables.
 //
 //   ampdiag_kernels_bench [--threads N[,N...]] [--reps R]
 #include <ATen/ATen.h>
@@ -116,6 +117,52 @@ double seconds(F&& f) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// The gradient set of python_attach_bench.py's MLP (256-512-512-512-1): 657 k fp32
+// values, in cache between steps, where the agent's fused pass replaces torch's unscale.
+// Against torch._amp_foreach_non_finite_check_and_unscale_ on the same tensors, both on
+// torch's intra-op team as the agents run it (CpuEngineOptions::parallel_for).
+void mlp_unscale_table(const Args& args, float scale) {
+  const std::vector<std::vector<std::int64_t>> shapes = {{512, 256}, {512}, {512, 512}, {512},
+                                                         {512, 512}, {512}, {1, 512}, {1}};
+  std::vector<at::Tensor> grads;
+  std::vector<kernels::MutableTensorRef> refs;
+  std::int64_t total = 0;
+  for (const auto& shape : shapes) {
+    grads.push_back(at::randn(shape).mul_(scale * 1e-3f));
+    refs.push_back({grads.back().data_ptr(), grads.back().numel(), kernels::DType::kFloat32});
+    total += grads.back().numel();
+  }
+  std::vector<kernels::TensorStats> stats(grads.size());
+  std::printf("\n## Fused unscale in cache: the attach benchmark MLP's gradients (%zu fp32 tensors, %.0f k elements)\n\n",
+              grads.size(), double(total) / 1e3);
+  std::printf("| threads | (c) unscale+stats µs | (e) torch's unscale µs | (c)/(e) |\n|---:|---:|---:|---:|\n");
+  for (int threads : args.threads) {
+    at::set_num_threads(threads);
+    kernels::CpuEngineOptions options;
+    options.parallel_for = [](std::int64_t count, const std::function<void(std::int64_t)>& task) {
+      at::parallel_for(0, count, 1, [&](std::int64_t begin, std::int64_t end) {
+        for (std::int64_t i = begin; i < end; ++i) task(i);
+      });
+    };
+    kernels::CpuStatsEngine engine(options);
+    at::Tensor found_inf = at::zeros({1}), inv = at::empty({1});
+    std::vector<double> tc, te;
+    const int calls = 100 * args.reps;  // each a few tens of µs: many, for a stable median
+    for (int r = 0; r < calls + 10; ++r) {
+      const float factor = (r % 2 == 0) ? 1.0f / scale : scale;  // back to the same values
+      inv.fill_(factor);
+      const double c = seconds([&] { engine.unscale_and_compute(refs.data(), refs.size(), factor, stats.data()); });
+      const double e = seconds([&] { at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv); });
+      if (r < 10) continue;
+      tc.push_back(c);
+      te.push_back(e);
+    }
+    const double c = median(tc) * 1e6, e = median(te) * 1e6;
+    std::printf("| %d | %.1f | %.1f | %.2f |\n", threads, c, e, c / e);
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -172,5 +219,6 @@ int main(int argc, char** argv) {
     std::printf("| %d | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.1f |\n", threads, a, b, c, d, b / a, c / a, b / d);
     std::fflush(stdout);
   }
+  mlp_unscale_table(args, scale);
   return 0;
 }

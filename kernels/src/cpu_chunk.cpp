@@ -128,6 +128,10 @@ AMPDIAG_HD void chunk_loop(const ChunkWork& work, math::Partial& out) {
   const std::int64_t n = work.count;
   const std::int64_t vector_end = n - n % N;
   const char* src = static_cast<const char*>(work.src);
+  // In locals: the stores through dst could alias `work`, and GCC then reloads both (and
+  // tests the scale against 1) for every vector.
+  void* const dst = work.dst;
+  const float inv_scale = work.inv_scale;
   Acc total;
   total.reset();
   for (std::int64_t begin = 0; begin < vector_end; begin += kBlock) {
@@ -146,7 +150,7 @@ AMPDIAG_HD void chunk_loop(const ChunkWork& work, math::Partial& out) {
     total.merge(block);
     if constexpr (kUnscale) {
       for (std::int64_t i = begin; i < end; i += N)
-        store_lanes<N, D>(work.dst, i, math::unscale_bits(load_lanes<N, D>(src, i), work.inv_scale));
+        store_lanes<N, D>(dst, i, math::unscale_bits(load_lanes<N, D>(src, i), inv_scale));
     }
   }
   math::ScalarAccumulator tail;
@@ -154,7 +158,7 @@ AMPDIAG_HD void chunk_loop(const ChunkWork& work, math::Partial& out) {
   for (std::int64_t i = vector_end; i < n; ++i) {
     const std::uint32_t bits = math::load_f32_bits<D>(src, i);
     tail.add(bits);
-    if constexpr (kUnscale) math::store_f32_bits<D>(work.dst, i, math::unscale_bits(bits, work.inv_scale));
+    if constexpr (kUnscale) math::store_f32_bits<D>(dst, i, math::unscale_bits(bits, inv_scale));
   }
   math::fold(total, out);
   math::fold(tail, out);
