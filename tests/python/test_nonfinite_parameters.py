@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import ampdiag
-import ampdiag._attach
+import ampdiag._looks
 from ampdiag._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
 
 
@@ -68,8 +68,8 @@ def test_a_module_known_to_mask_with_minus_inf_does_not_have_the_parameters_read
     # Its -inf says nothing of the parameters: reading them all again each step of a masked
     # model cost a pass over every parameter a step.
     reads = []
-    real = ampdiag._attach.nonfinite_parameters
-    monkeypatch.setattr(ampdiag._attach, "nonfinite_parameters", lambda named: reads.append(1) or real(named))
+    real = ampdiag._looks.nonfinite_parameters
+    monkeypatch.setattr(ampdiag._looks, "nonfinite_parameters", lambda named: reads.append(1) or real(named))
 
     class Masked(nn.Module):
         def __init__(self):

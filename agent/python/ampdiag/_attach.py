@@ -23,19 +23,16 @@ from ._amp_dtype import learn_amp_dtype
 from ._autopin import AutoPinner
 from ._dropped import DroppedForwards
 from ._layers import Layers, source_of
-from ._loss_code import loss_code, nonfinite_constants, path_nodes
 from ._forward import forward_hook, input_hook, output_hook, outside_compiled_graph
+from ._looks import look_at_loss_code, look_at_parameters
 from ._options import check_options, default_amp_dtype, trains_fp16_parameters
-from ._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
-from ._replay import FINITE, INTRINSIC, NONFINITE, Replayer
+from ._replay import Replayer
 from ._scaler import wrap_disabled_scaler, wrap_scaler
 from ._updates import UpdateProbe, holds_half_parameters
 from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, engine_place, fast_place, host_sum,
-                       holds_nonfinite, nan_in_inputs, readable_view, sum_on)
+                       readable_view, sum_on)
 
 _ATTACHED = "_ampdiag_handle"
-# Loss-code looks per run: each walks the step's graph from the loss to the outputs.
-_LOSS_CODE_LOOKS = 8
 
 
 def _watched_root(model: torch.nn.Module) -> torch.nn.Module:
@@ -126,7 +123,7 @@ class AttachHandle:
         if optimizer is not None:
             self._optimizers.add(optimizer)
         self._parameters_nonfinite = False  # found once: every NaN/Inf after it is theirs, no replay
-        self._loss_code_looks = 0  # loss-code events written (see _look_at_loss_code)
+        self._loss_code_looks = 0  # loss-code events written (see _looks.look_at_loss_code)
         self._model_code_looks = 0  # model-code events written (see _forward.look_at_model_output)
         self._output_nodes = []  # the grad_fn of the last training forward's outputs
         self._dropped = DroppedForwards()
@@ -413,7 +410,7 @@ class AttachHandle:
         """A host loss already NaN/Inf when backward is about to start: the loss code is
         looked at now, while its saved tensors (the targets it was given) are alive."""
         if any(t.is_cpu and not math.isfinite(t.item()) for t in losses):
-            self._look_at_loss_code()
+            look_at_loss_code(self)
 
     def _after_backward(self):
         if self._inert or self._has_scaler:
@@ -485,7 +482,7 @@ class AttachHandle:
         self._bf16_found |= bool(self._stats(layers, grads)) if grads else False
         if self._bf16_found and not self._inputs_checked:
             self._inputs_checked = True  # no output went NaN/Inf first (or none is watched)
-            self._look_at_parameters()
+            look_at_parameters(self)
         self._python_ns += time.perf_counter_ns() - t0
 
     def _after_optimizer_step(self, optimizer, args, kwargs):
@@ -532,7 +529,7 @@ class AttachHandle:
         else:
             loss = host_sum(losses)
             if losses and not math.isfinite(loss):
-                self._look_at_loss_code()
+                look_at_loss_code(self)
             self._session.end_step(loss, len(losses), scale_before, scale_after, found_inf, skipped, self._python_ns)
             self._step_ended()
         self._last_step_skipped = skipped
@@ -573,96 +570,6 @@ class AttachHandle:
     def _forward_hook_as_run(self, hook):
         """A forward hook as this model runs it: outside the graph if it is compiled."""
         return outside_compiled_graph(hook) if self._compiled else hook
-
-    def _on_nonfinite_output(self, path, module, args, kwargs, output):
-        # Hooks fire as modules finish: a child before its parent. When the first module
-        # with a non-finite output is still NaN/Inf in FP32 (it only received NaN/Inf, or
-        # its parent's own code made it), its enclosing modules are replayed as they
-        # finish, until one is finite. Only a replay that ran and stayed NaN/Inf escalates.
-        self._dropped.nonfinite_output(path)
-        # A module known to make NaN/Inf from finite inputs (a -inf mask, every step) says
-        # nothing of the batch or the parameters: they are not read again for it.
-        by_design = self._replayer is not None and self._replayer.known(path) == INTRINSIC
-        if not self._inputs_checked and not by_design:
-            self._inputs_checked = True
-            where = nan_in_inputs(*self._root_inputs) if self._root_inputs is not None else None
-            if where:
-                # A corrupted batch: no module is to blame, and no replay is spent on it.
-                self._session.event("input-nan", where)
-                self._input_nan = True
-            else:
-                self._look_at_parameters()
-        if self._replayer is None or self._input_nan or self._parameters_nonfinite:
-            return
-        if self._first_nonfinite is None:
-            self._first_nonfinite = path
-        elif not (self._escalating and self._first_nonfinite.startswith(path + ".")):
-            return
-        self._live = False  # the replay runs the module again: every hook stands aside
-        try:
-            verdict = self._replayer.verdict(path, module, args, kwargs, output)
-        finally:
-            self._live = self._in_cycle and not self._inert
-        self._escalating = verdict == NONFINITE
-        if verdict == INTRINSIC:
-            # It makes NaN/Inf from finite inputs in FP32 too (a -inf mask): no fp16 cause to
-            # find above it, and the next module to go NaN/Inf in this step is looked at.
-            self._first_nonfinite = None
-            buffers = nan_buffers(path, module)
-            if buffers is not None:
-                self._event("buffers-nan", buffers)
-        if verdict == FINITE and self._autopin is not None:
-            self._autopin.confirmed(path, module)
-
-    def _output_gradient(self, grad):
-        """The tensor hook on the model's output (see output_hook): one event in a step whose
-        gradient arrived there NaN/Inf."""
-        if self._output_gradient_seen or self._standing_aside:
-            return None
-        if not holds_nonfinite(self._session, grad):
-            return None
-        self._output_gradient_seen = True
-        nan, inf = int(torch.isnan(grad).sum()), int(torch.isinf(grad).sum())
-        if nan == 0 and grad.dtype == torch.float16:
-            return None  # maybe the scaled gradient overflowing fp16 at the output: fp16's own
-        dtype = str(grad.dtype).replace("torch.", "")
-        self._session.event("output-gradient-nonfinite",
-                            f"{dtype} {list(grad.shape)}: {nan} NaN, {inf} Inf of {grad.numel()} values")
-        self._look_at_loss_code()
-        return None
-
-    def _look_at_loss_code(self):
-        """In a step whose loss, or the gradient reaching the model's output, went NaN/Inf
-        while no module's output did (nor the input, nor the parameters): event "loss-code",
-        the operations between the outputs and the loss (see _loss_code.py), for the
-        analyzer to name the one that makes NaN/Inf. A few per run: the loss code rarely
-        changes."""
-        if (self._loss_code_seen or self._loss_code_looks >= _LOSS_CODE_LOOKS or self._first_nonfinite is not None
-                or self._input_nan or self._parameters_nonfinite):
-            return
-        self._loss_code_seen = True
-        nodes = path_nodes(self._loss_nodes, self._output_nodes)
-        code = loss_code(nodes)
-        if code is not None:
-            self._loss_code_looks += 1
-            self._session.event("loss-code", code)
-            constant = nonfinite_constants(nodes)
-            if constant is not None:
-                self._session.event("loss-input-nonfinite", constant)
-
-    def _look_at_parameters(self):
-        """Once in a step that went NaN/Inf with a finite input, until found: whether an
-        earlier update left NaN/Inf in the parameters (see _parameters.py)."""
-        if self._parameters_nonfinite:
-            return
-        where = nonfinite_parameters(self._watched_model.named_parameters())
-        if where is None:
-            return
-        self._parameters_nonfinite = True
-        self._session.event("parameters-nonfinite", where)
-        eps = eps_rounding_to_zero(list(self._optimizers))
-        if eps is not None:
-            self._session.event("optimizer-eps", eps)
 
     def _record_replay(self, path, outcome, absmax, reason):
         self._session.add_replay(path, outcome, absmax, reason)

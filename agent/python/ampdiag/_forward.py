@@ -7,6 +7,7 @@ import weakref
 import torch
 
 from ._loss_code import loss_code, made_dtype, path_nodes
+from ._looks import on_nonfinite_output, output_gradient
 from ._tensors import (DTYPE_CODE, activation_elsewhere, first_float_tensor, float_tensors, foreign_copy,
                        holds_nonfinite)
 
@@ -59,6 +60,9 @@ def output_hook(handle, owner):
     (`.float()`'s backward casts it), which is fp16's. Host outputs only: a device check
     would wait for the device."""
 
+    def on_gradient(grad):
+        return output_gradient(handle, grad)
+
     def hook(module, args, kwargs, output):
         if compiling():
             handle._traced_by_compile = True
@@ -72,7 +76,7 @@ def output_hook(handle, owner):
             return None
         tensor = output if isinstance(output, torch.Tensor) else first_float_tensor(output)
         if tensor is not None and tensor.requires_grad and tensor.is_cpu and tensor.is_floating_point():
-            tensor.register_hook(handle._output_gradient)
+            tensor.register_hook(on_gradient)
         # Where the loss code begins, should it go NaN/Inf (one forward's: an evaluation
         # run with gradients on must not keep every graph alive).
         handle._output_nodes = [t.grad_fn for t in float_tensors(output) if t.grad_fn is not None]
@@ -139,7 +143,7 @@ def look_at_model_output(handle, owner, args, kwargs, output):
             handle._model_code_looks += 1
             handle._session.event("model-code", code)
     activation_elsewhere(handle._session, handle._module_id("", owner, args), tensor, handle._micro_batch)
-    handle._on_nonfinite_output("", owner, args, kwargs, output)
+    on_nonfinite_output(handle, "", owner, args, kwargs, output)
 
 
 def forward_hook(handle, path, owner):
@@ -191,7 +195,7 @@ def forward_hook(handle, path, owner):
             # child's output): the same statistics, and the child comes first in forward
             # order. Only an escalating replay still needs the enclosing module.
             if handle._last_nonfinite:
-                handle._on_nonfinite_output(path, module, args, kwargs, output)
+                on_nonfinite_output(handle, path, module, args, kwargs, output)
         elif seen or not (args and args[0] is tensor):  # else it returned its input: it computed nothing
             # (A seen tensor changed in place since, as a residual block's `out += x`, is read again.)
             if code is not None and tensor.is_contiguous() and tensor.layout is strided and tensor.is_cpu:
@@ -205,7 +209,7 @@ def forward_hook(handle, path, owner):
             handle._last_version = version
             handle._last_nonfinite = nonfinite
             if nonfinite:
-                handle._on_nonfinite_output(path, module, args, kwargs, output)
+                on_nonfinite_output(handle, path, module, args, kwargs, output)
         handle._python_ns += now() - t0
         return None
 

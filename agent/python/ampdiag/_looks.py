@@ -1,0 +1,108 @@
+"""What the agent looks at once a step goes NaN/Inf, each once a step at most: the first
+module whose output is NaN/Inf (its FP32 replay, then its enclosing modules'), the batch,
+the parameters, and the loss code between the model's outputs and the loss."""
+import torch
+
+from ._loss_code import loss_code, nonfinite_constants, path_nodes
+from ._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
+from ._replay import FINITE, INTRINSIC, NONFINITE
+from ._tensors import holds_nonfinite, nan_in_inputs
+
+# Loss-code looks per run: each walks the step's graph from the loss to the outputs.
+LOSS_CODE_LOOKS = 8
+
+
+def on_nonfinite_output(handle, path, module, args, kwargs, output):
+    """A watched module's output (path "": the model's) holds NaN/Inf. The first time in a
+    step: the batch, then the parameters, are read for NaN/Inf. Hooks fire as modules
+    finish, a child before its parent: when the first module with a non-finite output is
+    still NaN/Inf in FP32 (it only received NaN/Inf, or its parent's own code made it), its
+    enclosing modules are replayed as they finish, until one is finite. Only a replay that
+    ran and stayed NaN/Inf escalates."""
+    handle._dropped.nonfinite_output(path)
+    # A module known to make NaN/Inf from finite inputs (a -inf mask, every step) says
+    # nothing of the batch or the parameters: they are not read again for it.
+    by_design = handle._replayer is not None and handle._replayer.known(path) == INTRINSIC
+    if not handle._inputs_checked and not by_design:
+        handle._inputs_checked = True
+        where = nan_in_inputs(*handle._root_inputs) if handle._root_inputs is not None else None
+        if where:
+            # A corrupted batch: no module is to blame, and no replay is spent on it.
+            handle._session.event("input-nan", where)
+            handle._input_nan = True
+        else:
+            look_at_parameters(handle)
+    if handle._replayer is None or handle._input_nan or handle._parameters_nonfinite:
+        return
+    if handle._first_nonfinite is None:
+        handle._first_nonfinite = path
+    elif not (handle._escalating and handle._first_nonfinite.startswith(path + ".")):
+        return
+    handle._live = False  # the replay runs the module again: every hook stands aside
+    try:
+        verdict = handle._replayer.verdict(path, module, args, kwargs, output)
+    finally:
+        handle._live = handle._in_cycle and not handle._inert
+    handle._escalating = verdict == NONFINITE
+    if verdict == INTRINSIC:
+        # It makes NaN/Inf from finite inputs in FP32 too (a -inf mask): no fp16 cause to
+        # find above it, and the next module to go NaN/Inf in this step is looked at.
+        handle._first_nonfinite = None
+        buffers = nan_buffers(path, module)
+        if buffers is not None:
+            handle._event("buffers-nan", buffers)
+    if verdict == FINITE and handle._autopin is not None:
+        handle._autopin.confirmed(path, module)
+
+
+def output_gradient(handle, grad):
+    """The tensor hook on the model's output (see _forward.output_hook): one event in a step whose
+    gradient arrived there NaN/Inf."""
+    if handle._output_gradient_seen or handle._standing_aside:
+        return None
+    if not holds_nonfinite(handle._session, grad):
+        return None
+    handle._output_gradient_seen = True
+    nan, inf = int(torch.isnan(grad).sum()), int(torch.isinf(grad).sum())
+    if nan == 0 and grad.dtype == torch.float16:
+        return None  # maybe the scaled gradient overflowing fp16 at the output: fp16's own
+    dtype = str(grad.dtype).replace("torch.", "")
+    handle._session.event("output-gradient-nonfinite",
+                        f"{dtype} {list(grad.shape)}: {nan} NaN, {inf} Inf of {grad.numel()} values")
+    look_at_loss_code(handle)
+    return None
+
+
+def look_at_loss_code(handle):
+    """In a step whose loss, or the gradient reaching the model's output, went NaN/Inf
+    while no module's output did (nor the input, nor the parameters): event "loss-code",
+    the operations between the outputs and the loss (see _loss_code.py), for the
+    analyzer to name the one that makes NaN/Inf. A few per run: the loss code rarely
+    changes."""
+    if (handle._loss_code_seen or handle._loss_code_looks >= LOSS_CODE_LOOKS or handle._first_nonfinite is not None
+            or handle._input_nan or handle._parameters_nonfinite):
+        return
+    handle._loss_code_seen = True
+    nodes = path_nodes(handle._loss_nodes, handle._output_nodes)
+    code = loss_code(nodes)
+    if code is not None:
+        handle._loss_code_looks += 1
+        handle._session.event("loss-code", code)
+        constant = nonfinite_constants(nodes)
+        if constant is not None:
+            handle._session.event("loss-input-nonfinite", constant)
+
+
+def look_at_parameters(handle):
+    """Once in a step that went NaN/Inf with a finite input, until found: whether an
+    earlier update left NaN/Inf in the parameters (see _parameters.py)."""
+    if handle._parameters_nonfinite:
+        return
+    where = nonfinite_parameters(handle._watched_model.named_parameters())
+    if where is None:
+        return
+    handle._parameters_nonfinite = True
+    handle._session.event("parameters-nonfinite", where)
+    eps = eps_rounding_to_zero(list(handle._optimizers))
+    if eps is not None:
+        handle._session.event("optimizer-eps", eps)
