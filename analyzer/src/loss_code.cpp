@@ -34,7 +34,7 @@ const std::vector<Known>& known() {
         "gives those samples a zero loss and gradient, or drop them from the batch.",
         "ctc = nn.CTCLoss(blank=0, zero_infinity=True)",
         "torch::nn::CTCLoss ctc(torch::nn::CTCLossOptions().blank(0).zero_infinity(true));", ""}},
-      {{"NllLoss", "NllLoss2d"},
+      {{"NllLoss", "NllLoss2D"},
        {"nll_loss / cross_entropy with reduction='mean' is 0/0 = NaN when every target of the batch is ignore_index: "
         "skip such batches, or sum and divide by the count of kept targets, at least 1.",
         "loss = F.cross_entropy(logits, y, ignore_index=-100, reduction=\"sum\") / (y != -100).sum().clamp_min(1)",
@@ -91,6 +91,16 @@ const std::vector<Known>& known() {
   return table;
 }
 
+// Whether nll_loss, as the agent wrote it ("NllLoss(none)", "NllLoss(mean of 12)"), can be
+// 0/0: only a mean, and only over a total target weight of 0. Without the reduction (an
+// older run.db) or the weight (read after backward freed it), nothing disproves it.
+bool nll_can_be_nan(const std::string& args) {
+  if (args.empty()) return true;
+  if (args.rfind("mean", 0) != 0) return false;
+  const std::size_t of = args.find(" of ");
+  return of == std::string::npos || std::strtod(args.c_str() + of + 4, nullptr) == 0.0;
+}
+
 // Whether `op` can make NaN/Inf from finite values as `k` says. A power says its exponent
 // ("Pow(0.5)"): one of 1 or more is finite wherever its base is; without one, it may be
 // anything.
@@ -98,10 +108,13 @@ bool matches(const Op& op, const Known& k) {
   const std::size_t paren = op.name.find('(');
   const std::string base = op.name.substr(0, paren);
   if (std::find(k.names.begin(), k.names.end(), base) == k.names.end()) return false;
-  if (base != "Pow" || paren == std::string::npos) return true;
+  if (paren == std::string::npos) return true;
+  const std::string args = op.name.substr(paren + 1, op.name.size() - paren - 2);
+  if (base == "NllLoss" || base == "NllLoss2D") return nll_can_be_nan(args);
+  if (base != "Pow") return true;
   char* end = nullptr;
-  const double p = std::strtod(op.name.c_str() + paren + 1, &end);
-  return end == op.name.c_str() + paren + 1 || p < 1.0;
+  const double p = std::strtod(args.c_str(), &end);
+  return end == args.c_str() || p < 1.0;
 }
 
 }  // namespace

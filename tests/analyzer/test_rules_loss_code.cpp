@@ -203,3 +203,46 @@ TEST_CASE("a target held NaN in some of the steps looked at: its fix leads and t
   CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Find where Mul's other gets NaN/Inf"));
   CHECK_THAT(fw->suggestions.at(1).python, Catch::Contains("clamp_min(1e-12).log()"));
 }
+
+namespace {
+
+// The ignore_index fix itself (the generic look mentions ignore_index as an example).
+bool offers_ignore_index(const Finding& f) {
+  for (const auto& s : f.suggestions)
+    if (s.python.find("ignore_index=") != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("a masked mean divided by a count of 0 gets the division's fix, not ignore_index", "[rules][loss-code]") {
+  // cross_entropy(reduction='none') cannot be 0/0: the user's own sum / count is.
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "ToCopy:float32, LogSoftmax:float32, NllLoss(none):float32, Mul:float32, "
+                                     "Sum:float32, Div:float32");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->evidence, Catch::Contains("LogSoftmax, NllLoss(none), Mul, Sum, Div (all float32)"));
+  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("den.clamp_min(1e-12)"));
+  CHECK_FALSE(offers_ignore_index(*fw));
+}
+
+TEST_CASE("a mean nll_loss over kept targets is not offered the ignore_index fix", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "Softmax:float16, Log:float16, NllLoss(mean of 12):float16");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_FALSE(offers_ignore_index(*fw));
+}
+
+TEST_CASE("a mean nll_loss over no kept target, or one whose weight was not read, is offered ignore_index",
+          "[rules][loss-code]") {
+  for (const std::string nll : {"NllLoss(mean of 0)", "NllLoss(mean)", "NllLoss", "NllLoss2D(mean of 0)"}) {
+    TempDir dir;
+    const Report r = nan_loss_run(dir, "ToCopy:float32, LogSoftmax:float32, " + nll + ":float32");
+    const Finding* fw = find(r, "forward-nonfinite");
+    REQUIRE(fw != nullptr);
+    INFO(nll);
+    CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("nll_loss / cross_entropy with reduction='mean'"));
+  }
+}

@@ -6,6 +6,7 @@ given (a target) is looked at too (event "loss-input-nonfinite")."""
 import sqlite3
 import weakref
 
+import pytest
 import torch
 from torch import nn
 
@@ -83,6 +84,33 @@ def test_a_power_carries_its_exponent_and_a_sqrt_is_named():
     out = torch.randn(4, 3, requires_grad=True) * 1
     loss = (out ** 0.5).sqrt().sum()
     assert loss_code(path_nodes([loss.grad_fn], [out.grad_fn])) == "Pow(0.5):float32, Sqrt:float32, Sum:float32"
+
+
+def nll_name(loss, out):
+    return next(op for op in loss_code(path_nodes([loss.grad_fn], [out.grad_fn])).split(", ") if "NllLoss" in op)
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum"])
+def test_nll_loss_says_a_reduction_that_cannot_divide_by_zero(reduction):
+    out = torch.randn(4, 3, requires_grad=True) * 1
+    loss = nn.functional.cross_entropy(out, torch.tensor([0, 1, 2, 1]), reduction=reduction).sum()
+    assert nll_name(loss, out) == f"NllLoss({reduction}):float32"
+
+
+def test_nll_loss_with_a_mean_says_the_total_weight_it_divides_by_before_backward():
+    out = torch.randn(4, 3, requires_grad=True) * 1
+    kept = nn.functional.cross_entropy(out, torch.tensor([0, -100, 2, 1]))
+    ignored = nn.functional.cross_entropy(out, torch.full((4,), -100))
+    assert nll_name(kept, out) == "NllLoss(mean of 3):float32"
+    assert nll_name(ignored, out) == "NllLoss(mean of 0):float32"
+    kept.backward()  # frees the total weight: the reduction alone is left to say
+    assert nll_name(kept, out) == "NllLoss(mean):float32"
+
+
+def test_nll_loss_over_an_image_is_named_as_torch_names_it():
+    out = torch.randn(2, 3, 4, 4, requires_grad=True) * 1
+    loss = nn.functional.cross_entropy(out, torch.zeros(2, 4, 4, dtype=torch.long))
+    assert nll_name(loss, out) == "NllLoss2D(mean of 32):float32"
 
 
 def test_a_loss_the_model_returns_alone_has_no_loss_code():

@@ -193,6 +193,29 @@ def test_a_batch_whose_every_label_is_ignored_warns_about_the_nan_loss_and_fails
     assert rep["skipped_steps"] == []
 
 
+def test_a_masked_mean_over_an_empty_mask_is_given_the_divisions_fix_not_ignore_index(tmp_path, verdict):
+    # cross_entropy(reduction="none") cannot be 0/0; the loop's own sum / count over a batch
+    # that keeps no sample is, and its NaN gradients skip those steps.
+    db = tmp_path / "masked_mean.db"
+    torch.manual_seed(0)
+
+    def loss_of(step, model):
+        x, labels = torch.randn(16, 16), torch.randint(0, 8, (16,))
+        keep = labels != 7 if step % 5 else torch.zeros(16, dtype=torch.bool)
+        with torch.autocast("cpu", dtype=torch.float16):
+            per_sample = nn.functional.cross_entropy(model(x), labels, reduction="none")
+            return (per_sample * keep).sum() / keep.sum()
+
+    train(db, nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)), 20, loss_of, init_scale=1024)
+    code, rep = verdict(db)
+    assert code == 1
+    assert ("forward-nonfinite", "") in rules(rep, "error")
+    found = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
+    assert "NllLoss(none)" in found["evidence"]
+    assert "den.clamp_min(1e-12)" in found["suggestions"][0]["python"]
+    assert not any("ignore_index=" in s["python"] for f in rep["findings"] for s in f["suggestions"])
+
+
 class Gain(nn.Module):
     def __init__(self):
         super().__init__()

@@ -22,6 +22,9 @@ _MAX_CHECKED = 1 << 24  # elements of a saved tensor looked at for NaN/Inf
 _SUFFIX = re.compile(r"Backward\d*$")
 
 
+_REDUCTIONS = ("none", "mean", "sum")  # at::Reduction's values, in order
+
+
 def _name(node) -> str:
     full = node.name()
     name = _SUFFIX.sub("", full.rsplit("::", 1)[-1]) or full
@@ -31,7 +34,28 @@ def _name(node) -> str:
             return f"{name}({float(node._saved_exponent):g})"
         except (AttributeError, RuntimeError, TypeError, ValueError):
             pass
+    if name in ("NllLoss", "NllLoss2D"):
+        return _nll_name(node, name)
     return name
+
+
+def _nll_name(node, name) -> str:
+    """'NllLoss(none)', 'NllLoss(mean of 0)': nll_loss makes NaN from finite values only
+    as a mean over a total target weight of 0 (every target ignore_index), so the analyzer
+    needs the reduction and, while backward has not freed it, that weight."""
+    try:
+        reduction = _REDUCTIONS[int(node._saved_reduction)]
+    except (AttributeError, RuntimeError, TypeError, ValueError, IndexError):
+        return name
+    if reduction != "mean":
+        return f"{name}({reduction})"
+    try:
+        total = node._saved_total_weight
+        if isinstance(total, torch.Tensor) and total.is_cpu and total.numel() == 1:  # a device read would wait
+            return f"{name}(mean of {float(total):g})"
+    except (AttributeError, RuntimeError, TypeError, ValueError):  # freed by a backward
+        pass
+    return f"{name}(mean)"
 
 
 def made_dtype(node) -> str:
@@ -83,8 +107,8 @@ def path_nodes(loss_nodes, output_nodes) -> list:
 
 
 def loss_code(nodes) -> "str | None":
-    """'Name:dtype, ...' ('Pow(0.5):float32' for a power with a scalar exponent) for
-    path_nodes()'s nodes; None for none."""
+    """'Name:dtype, ...' ('Pow(0.5):float32' for a power with a scalar exponent,
+    'NllLoss(mean of 0):float32' for nll_loss) for path_nodes()'s nodes; None for none."""
     if not nodes:
         return None
     return ", ".join(f"{_name(n)}:{made_dtype(n)}" for n in nodes[:_MAX_NAMED])
