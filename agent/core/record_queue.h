@@ -73,6 +73,12 @@ class RecordQueue {
   }
 
   bool empty() const { return tail_.load(std::memory_order_acquire) == head_.load(std::memory_order_acquire); }
+  // Records waiting; exact on either thread when the other is idle, else a snapshot.
+  std::size_t size() const {
+    const std::size_t head = head_.load(std::memory_order_acquire), tail = tail_.load(std::memory_order_acquire);
+    return (head + capacity_ - tail) % capacity_;
+  }
+  std::size_t capacity() const { return capacity_; }
 
  private:
   const std::size_t capacity_;

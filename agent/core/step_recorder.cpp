@@ -48,7 +48,7 @@ StepRecorder::StepRecorder(std::unique_ptr<rundb::RunDbWriter> writer, const Rec
 StepRecorder::~StepRecorder() { close(); }
 
 void StepRecorder::push(const Record& r) {
-  if (!writer_->queue().push(r)) writer_->dropped().fetch_add(1, std::memory_order_relaxed);
+  if (!writer_->push(r)) writer_->dropped().fetch_add(1, std::memory_order_relaxed);
 }
 
 void StepRecorder::add_stat(StagedStep& into, RecordKind kind, std::int64_t id, std::int64_t order,

@@ -1,6 +1,7 @@
 // WriterThread; see writer_thread.h.
 #include "writer_thread.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -15,7 +16,11 @@ namespace {
 
 // A commit every ~50 ms keeps readers current and bounds what a killed process loses.
 constexpr auto kCommitEvery = std::chrono::milliseconds(50);
-constexpr auto kIdleSleep = std::chrono::milliseconds(2);
+// The longest an idle writer waits for records. It used to poll every 2 ms: 500 wake-ups a
+// second that took a core from the training thread's intra-op team, each stalling a
+// parallel region (docs/PERFORMANCE.md, "The writer's wake-ups"). A quarter-full queue wakes
+// it at once, so a fast producer does not wait on this.
+constexpr auto kIdleWait = std::chrono::milliseconds(25);
 
 rundb::StatValues to_values(const kernels::TensorStats& s) {
   return {s.numel, s.nan, s.inf, s.zeros, s.fp16_subnormal, double(s.absmax), double(s.amin_nz), s.l2};
@@ -24,8 +29,28 @@ rundb::StatValues to_values(const kernels::TensorStats& s) {
 }  // namespace
 
 WriterThread::WriterThread(std::unique_ptr<rundb::RunDbWriter> writer, std::size_t queue_capacity)
-    : writer_(std::move(writer)), queue_(queue_capacity) {
+    : writer_(std::move(writer)), queue_(queue_capacity), wake_at_(std::max<std::size_t>(1, queue_capacity / 4)) {
   thread_ = std::thread([this] { run(); });
+}
+
+bool WriterThread::push(const Record& r) {
+  if (!queue_.push(r)) return false;
+  // The mutex orders this wake after the writer's last look at the queue: no wake-up is lost.
+  if (idle_.load(std::memory_order_acquire) && queue_.size() >= wake_at_) {
+    std::lock_guard<std::mutex> lock(wake_mutex_);
+    wake_.notify_one();
+  }
+  return true;
+}
+
+void WriterThread::idle_wait() {
+  std::unique_lock<std::mutex> lock(wake_mutex_);
+  idle_.store(true, std::memory_order_release);
+  const bool filled = wake_.wait_for(lock, kIdleWait, [this] {
+    return stopping_.load(std::memory_order_acquire) || queue_.size() >= wake_at_;
+  });
+  idle_.store(false, std::memory_order_release);
+  if (filled && !stopping_.load(std::memory_order_acquire)) early_wakes_.fetch_add(1, std::memory_order_relaxed);
 }
 
 WriterThread::~WriterThread() { stop(); }
@@ -177,7 +202,7 @@ void WriterThread::run() {
           writer_->finish();
           return;
         }
-        if (!wrote) std::this_thread::sleep_for(kIdleSleep);
+        if (!wrote) idle_wait();
         continue;
       } catch (const std::exception& e) {
         // Training goes on: log once, then count what can no longer be written. The rows of
@@ -199,7 +224,7 @@ void WriterThread::run() {
       record_failure();
       return;
     }
-    std::this_thread::sleep_for(kIdleSleep);
+    idle_wait();
   }
 }
 
@@ -218,7 +243,11 @@ void WriterThread::record_failure() noexcept {
 void WriterThread::stop() {
   if (stopped_) return;
   stopped_ = true;
-  stopping_.store(true, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(wake_mutex_);
+    stopping_.store(true, std::memory_order_release);
+  }
+  wake_.notify_one();
   if (thread_.joinable()) thread_.join();
   writer_.reset();
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,7 +30,10 @@ class WriterThread {
   WriterThread(std::unique_ptr<rundb::RunDbWriter> writer, std::size_t queue_capacity);
   ~WriterThread();  // = stop()
 
-  RecordQueue& queue() { return queue_; }
+  // Training thread: queues a record; false when the queue is full (the caller counts the
+  // drop). Wakes the writer early once the queue is a quarter full.
+  bool push(const Record& r);
+  const RecordQueue& queue() const { return queue_; }
 
   // Rare, string-carrying rows from any thread (layer/module definitions, events).
   void post_layer(rundb::LayerRow row);
@@ -53,6 +57,8 @@ class WriterThread {
   std::string first_error() const;
   // Records dropped because the queue was full (the writer fell behind).
   std::atomic<std::int64_t>& dropped() { return dropped_; }
+  // Idle waits that a quarter-full queue ended before their time.
+  std::int64_t early_wakes() const { return early_wakes_.load(); }
 
  private:
   void run();
@@ -60,6 +66,7 @@ class WriterThread {
   void write(const Record& r);
   void commit();
   void record_failure() noexcept;
+  void idle_wait();
 
   std::unique_ptr<rundb::RunDbWriter> writer_;
   RecordQueue queue_;
@@ -74,6 +81,12 @@ class WriterThread {
   std::vector<rundb::GpuTimeRow> gpu_rows_;  // writer thread only
   std::int64_t gpu_unattributed_ = 0;
   std::atomic<bool> stopping_{false};
+  // The writer waits here between drains; see idle_wait().
+  std::mutex wake_mutex_;
+  std::condition_variable wake_;
+  std::atomic<bool> idle_{false};
+  std::atomic<std::int64_t> early_wakes_{0};
+  const std::size_t wake_at_;
   std::atomic<std::int64_t> rows_written_{0};
   std::atomic<std::int64_t> write_errors_{0};
   std::atomic<std::int64_t> dropped_{0};

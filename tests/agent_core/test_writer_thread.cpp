@@ -3,6 +3,7 @@
 // returns. Also built with ThreadSanitizer in CI (queue, counters, posted rows).
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <memory>
 #include <thread>
 
@@ -43,8 +44,8 @@ Record step_record(std::int64_t step) {
 std::int64_t train(WriterThread& w, std::int64_t steps, std::int64_t layers) {
   std::int64_t dropped = 0;
   for (std::int64_t s = 0; s < steps; ++s) {
-    for (std::int64_t l = 0; l < layers; ++l) dropped += w.queue().push(grad_record(s, l)) ? 0 : 1;
-    dropped += w.queue().push(step_record(s)) ? 0 : 1;
+    for (std::int64_t l = 0; l < layers; ++l) dropped += w.push(grad_record(s, l)) ? 0 : 1;
+    dropped += w.push(step_record(s)) ? 0 : 1;
   }
   return dropped;
 }
@@ -92,4 +93,32 @@ TEST_CASE("a write failure loses the failed batch and what follows, counts it, a
     return w.lost() > 0 ? 0 : 5;
   });
   REQUIRE(code == 0);
+}
+
+namespace {
+
+// Waits (5 s at most) until the writer has taken every queued record.
+bool drained(const WriterThread& w) {
+  for (int i = 0; i < 5000 && w.queue().size() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return w.queue().size() == 0;
+}
+
+}  // namespace
+
+TEST_CASE("an idle writer is woken by a quarter-full queue, not by each record", "[writer]") {
+  TempDir dir;
+  WriterThread w(std::make_unique<rundb::RunDbWriter>(dir.file("run.db"), false), 64);
+  // 15 records, below a quarter of 64: taken when the writer's wait ends, which no push cuts short.
+  for (int l = 0; l < 15; ++l) REQUIRE(w.push(grad_record(0, l)));
+  REQUIRE(drained(w));
+  CHECK(w.early_wakes() == 0);
+  // 16 at once wake it. A burst that the end of a wait happens to split is tried again.
+  std::int64_t pushed = 15;
+  for (int burst = 1; burst <= 20 && w.early_wakes() == 0; ++burst) {
+    for (int l = 0; l < 16; ++l, ++pushed) REQUIRE(w.push(grad_record(burst, l)));
+    REQUIRE(drained(w));
+  }
+  CHECK(w.early_wakes() >= 1);
+  w.stop();
+  CHECK(w.rows_written() == pushed);
 }
