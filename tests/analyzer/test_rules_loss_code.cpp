@@ -33,11 +33,17 @@ Report nan_loss_gradient_run(const TempDir& dir, const std::string& code) {
   return report_of(dir.file("run.db"));
 }
 
-bool offers_fp32_loss(const Finding& f) {
+// Whether a suggestion's Python holds `code`.
+bool offers(const Finding& f, const std::string& code) {
   for (const auto& s : f.suggestions)
-    if (s.python.find(".float()") != std::string::npos) return true;
+    if (s.python.find(code) != std::string::npos) return true;
   return false;
 }
+
+bool offers_fp32_loss(const Finding& f) { return offers(f, ".float()"); }
+
+// The ignore_index fix itself (the generic look mentions ignore_index as an example).
+bool offers_ignore_index(const Finding& f) { return offers(f, "ignore_index="); }
 
 }  // namespace
 
@@ -203,17 +209,6 @@ TEST_CASE("a target held NaN in some of the steps looked at: its fix leads and t
   CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Find where Mul's other gets NaN/Inf"));
   CHECK_THAT(fw->suggestions.at(1).python, Catch::Contains("clamp_min(1e-12).log()"));
 }
-
-namespace {
-
-// The ignore_index fix itself (the generic look mentions ignore_index as an example).
-bool offers_ignore_index(const Finding& f) {
-  for (const auto& s : f.suggestions)
-    if (s.python.find("ignore_index=") != std::string::npos) return true;
-  return false;
-}
-
-}  // namespace
 
 TEST_CASE("a masked mean divided by a count of 0 gets the division's fix, not ignore_index", "[rules][loss-code]") {
   // cross_entropy(reduction='none') cannot be 0/0: the user's own sum / count is.
