@@ -78,7 +78,6 @@ class RecordQueue {
     const std::size_t head = head_.load(std::memory_order_acquire), tail = tail_.load(std::memory_order_acquire);
     return (head + capacity_ - tail) % capacity_;
   }
-  std::size_t capacity() const { return capacity_; }
 
  private:
   const std::size_t capacity_;
