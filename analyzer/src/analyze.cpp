@@ -36,7 +36,8 @@ const std::vector<std::string>& rule_ids() {
                                                "nonfinite-parameters", "loss-backward",
                                                "optimizer-outside-scaler", "loss-divergence",
                                                "clip-before-unscale", "unscaled-backward",
-                                               "gradients-not-zeroed", "gradients-cleared"};
+                                               "gradients-not-zeroed", "gradients-cleared",
+                                               "accumulated-gradients-cleared"};
   return ids;
 }
 
@@ -205,6 +206,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::loss_divergence(run, found);
     rules::gradients_not_zeroed(run, found);  // after the findings it explains
     rules::gradients_cleared(run, found);
+    rules::accumulated_gradients_cleared(run, found);
     for (auto& f : found) {
       f.ranks = {run.rank};
       all.push_back(std::move(f));

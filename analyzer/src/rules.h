@@ -65,6 +65,9 @@ void unscaled_backward(const Run& run, std::vector<Finding>& out);
 void gradients_not_zeroed(const Run& run, std::vector<Finding>& out);
 // zero_grad(set_to_none=False) between backward and the optimizer step: all-zero gradients.
 void gradients_cleared(const Run& run, std::vector<Finding>& out);
+// zero_grad() inside the loop over micro-batches (Python agent's events): an error where it
+// happens at most steps, a warning where a few batches were dropped.
+void accumulated_gradients_cleared(const Run& run, std::vector<Finding>& out);
 // What a step's recorded gradient rows say together (every layer's row of that step).
 struct StepGradients {
   double sumsq = 0.0;     // of the rows' l2: the step's total norm squared, before unscale

@@ -5,7 +5,11 @@
 // gradients-cleared: the other misplaced zero_grad(), between backward and the optimizer
 // step (set_to_none=False: with None torch's scaler raises). The statistics are taken at
 // the step, so every gradient is exactly zero there, and nothing trains.
+// accumulated-gradients-cleared: zero_grad() inside the loop over micro-batches (event from
+// the Python agent, at each step where a micro-batch's gradient was gone before the next
+// one's backward). Nothing overflows; each step applies only its last micro-batches.
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -83,6 +87,54 @@ void gradients_cleared(const Run& run, std::vector<Finding>& out) {
                ": a zero_grad(set_to_none=False) between backward and the step";
   const std::string summary = "Zero the gradients before the backward (or after the optimizer step), never between them.";
   f.suggestions.push_back(zeroing_loop(run, summary, "before the backward"));
+  out.push_back(f);
+}
+
+void accumulated_gradients_cleared(const Run& run, std::vector<Finding>& out) {
+  std::vector<const rundb::EventRow*> events;
+  for (const auto& e : run.events)
+    if (e.kind == "accumulated-gradients-cleared") events.push_back(&e);
+  if (events.empty() || run.steps.empty()) return;
+  // The agent writes the first kMaxEvents: past the last of those, nothing is known.
+  constexpr std::size_t kMaxEvents = 64;
+  const std::int64_t from = events.front()->step;
+  const std::int64_t to = events.size() >= kMaxEvents ? events.back()->step : run.steps.back().row.step;
+  const auto window = std::count_if(run.steps.begin(), run.steps.end(),
+                                    [&](const StepSummary& s) { return s.row.step >= from && s.row.step <= to; });
+  const auto n = std::int64_t(events.size());
+  // A loop that clears inside its accumulation does it at every step; a batch dropped on
+  // purpose (a guard) now and then is the loop's choice.
+  const bool every_step = 2 * n >= window && n >= std::min<std::int64_t>(3, std::int64_t(run.steps.size()));
+  Finding f;
+  f.rule = "accumulated-gradients-cleared";
+  f.steps = {from};
+  f.evidence = "in " + std::to_string(n) + " of the " + plural(window, "step") + " from step " + std::to_string(from) +
+               (events.size() >= kMaxEvents ? " (the first " + std::to_string(kMaxEvents) + " recorded)" : "") + ", " +
+               events.front()->detail;
+  const std::string backward = run.has_scaler() ? "scaler.scale(loss).backward()" : "loss.backward()";
+  const std::string step = run.has_scaler() ? "scaler.step(optimizer)\n        scaler.update()" : "optimizer.step()";
+  const std::string cpp_step = run.has_scaler() ? "scaler.step(optimizer);\n    scaler.update();" : "optimizer.step();";
+  Suggestion loop{"Zero the gradients once per optimizer step, after it, not for every micro-batch.",
+                  "for i, (x, y) in enumerate(loader):\n    loss = loss_fn(model(x), y) / accumulation_steps\n    " +
+                      backward + "\n    if (i + 1) % accumulation_steps == 0:\n        " + step +
+                      "\n        optimizer.zero_grad()  # once per optimizer step",
+                  "auto loss = loss_fn(model->forward(x), y) / accumulation_steps;\n" +
+                      std::string(run.has_scaler() ? "scaler.scale(loss).backward();" : "loss.backward();") +
+                      "\nif ((i + 1) % accumulation_steps == 0) {\n    " + cpp_step +
+                      "\n    optimizer.zero_grad();  // once per optimizer step\n}"};
+  if (every_step) {
+    f.severity = Severity::kError;
+    f.score = 103.0;
+    f.title = "zero_grad() runs inside the gradient-accumulation loop: each optimizer step applied only its last "
+              "micro-batch's gradients, and the others were computed and thrown away";
+  } else {
+    f.severity = Severity::kWarning;
+    f.score = 40.0;
+    f.title = "Some micro-batches' gradients were cleared before their optimizer step, in " +
+              plural(n, "step") + ": if those batches were dropped on purpose nothing is wrong";
+    loop.summary = "If no batch was meant to be dropped, zero the gradients only once per optimizer step, after it.";
+  }
+  f.suggestions.push_back(loop);
   out.push_back(f);
 }
 

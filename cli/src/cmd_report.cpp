@@ -27,7 +27,8 @@ options:
                           underflow, skip-rate, rank-disagreement, missing-ranks,
                           stalled-updates, loss-backward, optimizer-outside-scaler,
                           loss-divergence, clip-before-unscale, unscaled-backward,
-                          gradients-not-zeroed, gradients-cleared (docs/ANALYZER.md)
+                          gradients-not-zeroed, gradients-cleared,
+                          accumulated-gradients-cleared (docs/ANALYZER.md)
   --scale-floor X         scale-collapse below this loss scale (default 128)
   --backoff-run N         scale-collapse after N back-offs without recovering (default 8)
   --headroom-bits X       low-headroom within X bits of the largest value (default 1)

@@ -101,3 +101,55 @@ TEST_CASE("a few steps whose gradients were all zero are not a cleared loop", "[
   const auto r = report_of(dir.file("run.db"));
   CHECK(find(r, "gradients-cleared") == nullptr);
 }
+
+namespace {
+
+const char* kClearedDetail = "head.bias's gradient was set to None after micro-batches 1, 2, 3 of 4, before the next "
+                             "one's backward: the optimizer step applied the gradients of micro-batch 4 alone";
+
+// `steps` steps, with event accumulated-gradients-cleared at those `cleared` says.
+template <typename Cleared>
+Report accumulation_run(const TempDir& dir, int steps, Cleared cleared) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < steps; ++i) {
+    if (cleared(i)) f.event("accumulated-gradients-cleared", kClearedDetail);
+    f.step(65536, 65536);
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("micro-batch gradients cleared at every step are an error with the accumulation loop's fix",
+          "[rules][zero-grad]") {
+  TempDir dir;
+  const auto r = accumulation_run(dir, 6, [](int) { return true; });
+  const Finding* c = find(r, "accumulated-gradients-cleared");
+  REQUIRE(c != nullptr);
+  CHECK(c->severity == Severity::kError);
+  CHECK_THAT(c->title, Catch::StartsWith("zero_grad() runs inside the gradient-accumulation loop"));
+  CHECK_THAT(c->evidence, Catch::StartsWith("in 6 of the 6 steps from step 0, head.bias's gradient was set to None"));
+  CHECK_THAT(c->suggestions.front().python,
+             Catch::EndsWith("scaler.update()\n        optimizer.zero_grad()  # once per optimizer step"));
+}
+
+TEST_CASE("a micro-batch dropped at one step of many is a warning", "[rules][zero-grad]") {
+  TempDir dir;
+  const auto r = accumulation_run(dir, 20, [](int i) { return i == 7; });
+  const Finding* c = find(r, "accumulated-gradients-cleared");
+  REQUIRE(c != nullptr);
+  CHECK(c->severity == Severity::kWarning);
+  CHECK_THAT(c->evidence, Catch::StartsWith("in 1 of the 13 steps from step 7"));
+}
+
+TEST_CASE("the steps after the agent's last recorded clearing do not count against it", "[rules][zero-grad]") {
+  // The agent writes the event at the first 64 steps only: a loop that clears at every
+  // step of 200 is not 64 of 200.
+  TempDir dir;
+  const auto r = accumulation_run(dir, 200, [](int i) { return i < 64; });
+  const Finding* c = find(r, "accumulated-gradients-cleared");
+  REQUIRE(c != nullptr);
+  CHECK(c->severity == Severity::kError);
+  CHECK_THAT(c->evidence, Catch::StartsWith("in 64 of the 64 steps from step 0 (the first 64 recorded)"));
+}

@@ -105,6 +105,24 @@ def test_gradients_zeroed_between_backward_and_step_are_named_from_the_device_st
     assert "gradients-cleared" in report_errors(ampdiag_cli, tmp_path / "run.db")[1]
 
 
+def test_zero_grad_between_micro_batches_is_recorded_at_every_step_without_a_host_sync(tmp_path, ampdiag_cli):
+    # Two micro-batches a step, set to None in between: seen without reading the device.
+    held = {}
+
+    def zero(opt):
+        held["opt"] = opt
+        opt.zero_grad()
+
+    def two_micro_batches(scaler, loss):
+        scaler.scale(loss / 2).backward(retain_graph=True)
+        held["opt"].zero_grad()
+        scaler.scale(loss / 2).backward()
+
+    events = loop(tmp_path / "run.db", zero=zero, backward=two_micro_batches)
+    assert [step for kind, step in events if kind == "accumulated-gradients-cleared"] == list(range(8))
+    assert "accumulated-gradients-cleared" in report_errors(ampdiag_cli, tmp_path / "run.db")[1]
+
+
 def test_an_optimizer_stepped_outside_the_scaler_is_recorded_without_a_host_sync(tmp_path, ampdiag_cli):
     # scaler.step() forgotten: opt.step() applies gradients still multiplied by the scale.
     torch.manual_seed(0)

@@ -3,7 +3,9 @@ earlier ones until they overflow fp16 and the scale collapses. The report used t
 the last layer's gradients as beyond fp16's range and tell the user to shrink the loss and
 pin the layer to FP32; it names the missing zero_grad() first, and the loop with it is
 healthy. And its twin: zero_grad(set_to_none=False) between backward and scaler.step(),
-where nothing trains and nothing overflows (with set_to_none=True torch raises)."""
+where nothing trains and nothing overflows (with set_to_none=True torch raises). And the
+one inside gradient accumulation, zero_grad() before every micro-batch, where each step
+applies its last micro-batch alone: nothing overflows, the loss still falls."""
 import torch
 from torch import nn
 
@@ -48,6 +50,21 @@ def test_gradients_cleared_between_backward_and_step_are_named(tmp_path, verdict
     assert rep["findings"][0]["suggestions"][0]["python"].startswith("optimizer.zero_grad()  # before the backward")
 
 
+def test_zero_grad_inside_the_accumulation_loop_is_named_and_no_layer_is_blamed(tmp_path, verdict):
+    regression_loop(tmp_path / "inside.db", 12, micro=4, zero_each_micro_batch=True)
+    code, rep = verdict(tmp_path / "inside.db")
+    assert code == 1
+    assert rules(rep, "error") == [("accumulated-gradients-cleared", "")]
+    assert "in 12 of the 12 steps from step 0" in rep["findings"][0]["evidence"]
+
+
+def test_the_accumulation_loop_zeroed_once_per_step_as_the_report_says_is_healthy(tmp_path, verdict):
+    regression_loop(tmp_path / "once.db", 12, micro=4)
+    code, rep = verdict(tmp_path / "once.db")
+    assert code == 0, rep["findings"]
+    assert "accumulated-gradients-cleared" not in [rule for rule, _ in rules(rep)]
+
+
 def test_pytorchs_dcgan_loop_with_a_scaler_per_network_is_healthy_for_both(tmp_path, verdict):
     # The generator's backward runs through the discriminator after the discriminator's step;
     # the discriminator's zero_grad() at the start of its next step clears what it added.
@@ -79,4 +96,4 @@ def test_pytorchs_dcgan_loop_with_a_scaler_per_network_is_healthy_for_both(tmp_p
     for db in dbs:
         code, rep = verdict(db)
         assert code == 0, (db.name, rep["findings"])
-        assert "gradients-not-zeroed" not in [rule for rule, _ in rules(rep)]
+        assert not {"gradients-not-zeroed", "accumulated-gradients-cleared"} & {rule for rule, _ in rules(rep)}

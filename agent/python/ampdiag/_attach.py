@@ -117,6 +117,8 @@ class AttachHandle:
         self._updates = UpdateProbe(self, every) if holds_half_parameters(params) else None
         self._stepped_optimizers = []  # without a scaler: those whose step() ends a step
         self._gradient_probe = None  # _stale_gradients.GradientProbe, set with the layers
+        self._accumulation_probe = None  # _accumulation.AccumulationProbe, set with the layers
+        self._own_backward = False  # the backward under way started from scaler.scale()'s output
         self._grad_calls = 0
         self._root_inputs = None  # (args, kwargs) of the model's last forward in this cycle
         self._optimizers = weakref.WeakSet()  # those whose steps the agent saw: their settings are evidence
@@ -399,7 +401,7 @@ class AttachHandle:
         if self._inert:
             return
         if self._has_scaler:
-            _loss.check_scaled_roots(self, roots)
+            self._own_backward = _loss.check_scaled_roots(self, roots)
             return
         self._roots = _loss.scalar_losses(roots)
         self._grad_calls_before = self._grad_calls
@@ -413,6 +415,7 @@ class AttachHandle:
             look_at_loss_code(self)
 
     def _after_backward(self):
+        self._own_backward = False
         if self._inert or self._has_scaler:
             return
         if self._grad_calls > self._grad_calls_before:  # this backward reached the model
@@ -515,6 +518,8 @@ class AttachHandle:
             self._session.event(kind, detail)
         if self._gradient_probe is not None:
             self._gradient_probe.step_ended()
+        if self._accumulation_probe is not None:
+            self._accumulation_probe.step_ended()
 
     def _end_step(self, scale_before, scale_after, found_inf, skipped):
         self._before_step_end()

@@ -1,12 +1,13 @@
 """The run's layers: every parameter of the watched model registered with the session once,
 under its first name, with its gradient hook (backward arrival order), the stale-gradient
-probe on the smallest one, and a look at each use of a tied one; and the layer of any
+and accumulation probes on the smallest one, and a look at each use of a tied one; and the layer of any
 tensor an optimizer hands over, a parameter of the model or not."""
 import inspect
 
 import torch
 
 from . import _stale_gradients
+from ._accumulation import AccumulationProbe
 from ._own_uses import OwnUses
 from ._tied import TiedUse, tied_owners
 
@@ -46,7 +47,9 @@ class Layers:
             hook = handle._arrival_hook(layer)
             if p is probe:
                 handle._gradient_probe = _stale_gradients.GradientProbe(handle, p, name)
-                hook = handle._gradient_probe.hook(hook)
+                handle._accumulation_probe = AccumulationProbe(handle, p, name, handle._gradient_probe.optimized)
+                hook = handle._accumulation_probe.hook(handle._gradient_probe.hook(hook))
+                handle._hooks.append(p.register_post_accumulate_grad_hook(handle._accumulation_probe.accumulated))
             handle._hooks.append(p.register_hook(hook))
             if module_path:
                 held_by_submodules.append((layer, name, p))

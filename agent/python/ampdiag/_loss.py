@@ -98,12 +98,13 @@ def scalar_losses(value) -> list:
     return [t.detach() for t in tensors(value) if t.numel() == 1 and t.is_floating_point()]
 
 
-def check_scaled_roots(handle, roots) -> None:
-    """With a scaler, the loss is what scale() received: a backward started from that loss
-    itself, instead of from scale()'s output, makes gradients that were never multiplied
-    by the scale, which scaler.step() then divides by it (event "unscaled-backward")."""
+def check_scaled_roots(handle, roots) -> bool:
+    """Whether the backward's roots hold a scaler.scale() output of this step. With a
+    scaler, the loss is what scale() received: a backward started from that loss itself,
+    instead of from scale()'s output, makes gradients that were never multiplied by the
+    scale, which scaler.step() then divides by it (event "unscaled-backward")."""
     if not handle._scaled:
-        return
+        return False
     # Runs on every backward: the roots read as they come (through tensors(), whose
     # isinstance(x, torch.Tensor) goes through torch's metaclass, this cost ~6 µs a call).
     candidates = roots if type(roots) in (list, tuple) else (roots,)
@@ -113,3 +114,4 @@ def check_scaled_roots(handle, roots) -> None:
         scale = "" if scale_on_device(scaler) else f" (scale {scale_text(float(scaler.get_scale()))})"
         handle._event("unscaled-backward", f"backward() ran on the loss given to scaler.scale(){scale}, not on its "
                       "output", key=("unscaled-backward",))
+    return any(root is scaled for scaled, _, _ in handle._scaled for root in candidates)

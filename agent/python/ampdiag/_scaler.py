@@ -119,6 +119,8 @@ def _unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16):
     t0 = time.perf_counter_ns()
     if not handle._begin_cycle():
         return original(optimizer, inv_scale, found_inf, allow_fp16)
+    if handle._accumulation_probe is not None:
+        handle._accumulation_probe.unscaling()
     handle._optimizers.add(optimizer)
     if handle._updates is not None:
         handle._updates.watch(optimizer)

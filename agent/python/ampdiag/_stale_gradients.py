@@ -81,13 +81,13 @@ class GradientProbe:
         step = self._handle._session.step
         if grad.is_cuda:
             self._look_on_device(grad, step)
-        elif bool(grad.any()) and self._optimized(param):
+        elif bool(grad.any()) and self.optimized(param):
             self._suspect = step
 
     def _look_on_device(self, grad, step):
         if self._landing is not None and not self._settle(wait=False):
             return  # the last look's answer is still on its way: this step goes unread
-        if self._reported or not self._optimized(self._param()):
+        if self._reported or not self.optimized(self._param()):
             return
         if self._host is None:
             self._host = torch.empty((), dtype=torch.bool, pin_memory=True)
@@ -108,7 +108,7 @@ class GradientProbe:
             self._report(step)
         return True
 
-    def _optimized(self, param):
+    def optimized(self, param):
         return param is not None and any(q is param for opt in list(self._handle._optimizers)
                                          for group in opt.param_groups for q in group["params"])
 

@@ -1,0 +1,115 @@
+"""Gradients cleared inside gradient accumulation: optimizer.zero_grad() in the loop over
+micro-batches instead of once per optimizer step, so each step applies only the last
+micro-batch's gradients and the others are computed and thrown away. Nothing overflows and
+the loss still goes down, on a fraction of the data; only the gradients show it.
+
+The probe is the stale-gradient probe's parameter (the smallest trainable one). After a
+backward of this run's scaled loss accumulated into its .grad, the next such backward of
+the same optimizer step must find that .grad still there: None (zero_grad()'s default) or
+all zeros where it held values (set_to_none=False) means it was cleared in between. Only
+backwards started from scaler.scale()'s output count: a second network's backward reaching
+the model (a GAN's generator loss through its discriminator) adds gradients that its own
+zero_grad() rightly clears. Without a scaler nothing tells the two apart, so the check
+needs one. Two loops clear between backwards on purpose and are not counted: a two-step
+optimizer (SAM moves the weights with the first gradient, clears it, and steps with the
+second: the parameter's version counter moved in between), and gradients combined by hand
+(per-task gradients each after its own zero_grad(), their combination set as .grad: the
+scaler's unscale finds a .grad that no backward accumulated into).
+
+Event "accumulated-gradients-cleared" at each step where it happened, the first
+MAX_EVENTS: the analyzer tells a loop that does it every step from a batch dropped on
+purpose now and then. A CUDA .grad zeroed in place is not read (that would wait for the
+device); set to None, it is seen on any device.
+"""
+import weakref
+
+import torch
+
+EVENT = "accumulated-gradients-cleared"
+MAX_EVENTS = 64
+
+graph_task = torch._C._current_graph_task_id
+
+
+class AccumulationProbe:
+    def __init__(self, handle, param: torch.Tensor, name: str, optimized):
+        self._handle = handle
+        self._param = weakref.ref(param)
+        self._name = name
+        self._optimized = optimized   # whether an optimizer the agent saw holds the parameter
+        self._events = 0
+        self._reset()
+
+    def _reset(self):
+        self._task = None       # the graph task of the last backward that accumulated into .grad this step
+        self._held = False      # whether .grad held anything but zeros after it
+        self._micro_batches = 0  # this step's backwards that accumulated into .grad
+        self._version = None     # the parameter's version counter then: an optimizer's own step changes it
+        self._grad = None        # weakref to the .grad it accumulated into
+        self._as_accumulated = None  # whether the scaler's unscale found that .grad in place
+        self._cleared = []       # (micro-batch, how): after which of this step's micro-batches .grad was cleared
+        self._step = None
+
+    def hook(self, arrival):
+        """`arrival`, the parameter's gradient hook (before accumulation), followed by the
+        look at what the step's earlier backwards left in .grad."""
+        handle = self._handle
+
+        def hook(grad):
+            arrival(grad)
+            if not handle._live or not handle._own_backward or self._task is None:
+                return
+            task = graph_task()
+            if task == self._task or self._cleared and self._cleared[-1][0] == self._micro_batches:
+                return
+            p = self._param()
+            if p is None or p._version != self._version:
+                return  # the parameters moved in between: a two-step optimizer (SAM), not accumulation
+            if p.grad is None:
+                how = "set to None"
+            elif self._held and not p.grad.is_cuda and not bool(p.grad.any()):
+                how = "zeroed"
+            else:
+                return
+            self._cleared.append((self._micro_batches, how))
+            self._step = handle._session.step
+
+        return hook
+
+    def accumulated(self, param):
+        """The post-accumulate hook: this backward's gradient is in .grad."""
+        handle = self._handle
+        if not handle._live or not handle._own_backward:
+            return
+        task = graph_task()
+        if task != self._task:
+            self._task = task
+            self._micro_batches += 1
+        grad = param.grad
+        self._held = grad is not None and not grad.is_cuda and bool(grad.any())
+        self._version = param._version
+        self._grad = None if grad is None else weakref.ref(grad)
+
+    def step_ended(self):
+        p = self._param()
+        if self._cleared and self._events < MAX_EVENTS and self._as_accumulated and self._optimized(p):
+            self._events += 1
+            cleared = [m for m, _ in self._cleared]
+            kept = list(range(cleared[-1] + 1, self._micro_batches + 1))
+            how = " or ".join(sorted({h for _, h in self._cleared}))
+            self._handle._event(EVENT, f"{self._name}'s gradient was {how} after {_batches(cleared)} of "
+                                f"{self._micro_batches}, before the next one's backward: the optimizer step applied "
+                                f"the gradients of {_batches(kept)} alone", key=(EVENT, self._step), step=self._step)
+        self._reset()
+
+    def unscaling(self):
+        """The scaler reads the gradients: whether they are what the step's last backward
+        left, not a .grad set by hand after it (per-task gradients combined into .grad, as
+        gradient surgery does, each computed after its own zero_grad())."""
+        if self._as_accumulated is None:
+            p = self._param()
+            self._as_accumulated = p is not None and self._grad is not None and self._grad() is p.grad
+
+
+def _batches(numbers) -> str:
+    return ("micro-batch " if len(numbers) == 1 else "micro-batches ") + ", ".join(map(str, numbers))
