@@ -201,11 +201,12 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::loss_backward(run, found);
     rules::nonfinite_update(run, found);
     rules::optimizer_outside_scaler(run, found);
-    rules::clip_before_unscale(run, found);
+    const std::map<std::int64_t, rules::StepGradients> by_step = rules::gradients_by_step(run);
+    rules::clip_before_unscale(run, by_step, found);
     rules::unscaled_backward(run, found);
     rules::loss_divergence(run, found);
     rules::gradients_not_zeroed(run, found);  // after the findings it explains
-    rules::gradients_cleared(run, found);
+    rules::gradients_cleared(run, by_step, found);
     rules::accumulated_gradients_cleared(run, found);
     for (auto& f : found) {
       f.ranks = {run.rank};

@@ -60,14 +60,6 @@ bool updates_held_scale(const Run& run);
 void optimizer_outside_scaler(const Run& run, std::vector<Finding>& out);
 // backward() on the loss scaler.scale() received, not on its output (Python agent's event).
 void unscaled_backward(const Run& run, std::vector<Finding>& out);
-// zero_grad() forgotten between optimizer steps (Python agent's event); the overflows,
-// divergence and collapse found in `out` from then on point to it. Runs after them.
-void gradients_not_zeroed(const Run& run, std::vector<Finding>& out);
-// zero_grad(set_to_none=False) between backward and the optimizer step: all-zero gradients.
-void gradients_cleared(const Run& run, std::vector<Finding>& out);
-// zero_grad() inside the loop over micro-batches (Python agent's events): an error where it
-// happens at most steps, a warning where a few batches were dropped.
-void accumulated_gradients_cleared(const Run& run, std::vector<Finding>& out);
 // What a step's recorded gradient rows say together (every layer's row of that step).
 struct StepGradients {
   double sumsq = 0.0;     // of the rows' l2: the step's total norm squared, before unscale
@@ -76,8 +68,18 @@ struct StepGradients {
 };
 // By step, the steps that recorded gradient rows.
 std::map<std::int64_t, StepGradients> gradients_by_step(const Run& run);
+// zero_grad() forgotten between optimizer steps (Python agent's event); the overflows,
+// divergence and collapse found in `out` from then on point to it. Runs after them.
+void gradients_not_zeroed(const Run& run, std::vector<Finding>& out);
+// zero_grad(set_to_none=False) between backward and the optimizer step: all-zero gradients.
+void gradients_cleared(const Run& run, const std::map<std::int64_t, StepGradients>& by_step,
+                       std::vector<Finding>& out);
+// zero_grad() inside the loop over micro-batches (Python agent's events): an error where it
+// happens at most steps, a warning where a few batches were dropped.
+void accumulated_gradients_cleared(const Run& run, std::vector<Finding>& out);
 // clip_grad_norm_ before scaler.unscale_(): the scaled gradients' norm pinned at max_norm.
-void clip_before_unscale(const Run& run, std::vector<Finding>& out);
+void clip_before_unscale(const Run& run, const std::map<std::int64_t, StepGradients>& by_step,
+                         std::vector<Finding>& out);
 void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void forward_nonfinite(const Run& run, const Thresholds& t, std::vector<Finding>& out);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -19,14 +20,29 @@
 namespace ampdiag::analyzer::rules {
 
 std::map<std::int64_t, StepGradients> gradients_by_step(const Run& run) {
-  std::map<std::int64_t, StepGradients> by_step;
+  // Summed in a vector indexed by step, not by looking each of the run's samples up in the
+  // map: on 10 M samples the lookups took 0.45 s of a 1.4 s report.
+  std::int64_t lo = std::numeric_limits<std::int64_t>::max(), hi = std::numeric_limits<std::int64_t>::min();
   for (const auto& layer : run.layers)
     for (const auto& s : layer.samples) {
-      StepGradients& g = by_step[s.step];
+      lo = std::min<std::int64_t>(lo, s.step);
+      hi = std::max<std::int64_t>(hi, s.step);
+    }
+  std::map<std::int64_t, StepGradients> by_step;
+  if (hi < lo) return by_step;
+  std::vector<StepGradients> dense(std::size_t(hi - lo + 1));
+  std::vector<bool> seen(dense.size(), false);
+  for (const auto& layer : run.layers)
+    for (const auto& s : layer.samples) {
+      const std::size_t i = std::size_t(s.step - lo);
+      StepGradients& g = dense[i];
+      seen[i] = true;
       g.sumsq += double(s.l2) * double(s.l2);
       g.finite = g.finite && !s.nonfinite;
       g.all_zero = g.all_zero && !s.nonfinite && s.absmax == 0.0f;
     }
+  for (std::size_t i = 0; i < dense.size(); ++i)
+    if (seen[i]) by_step.emplace_hint(by_step.end(), lo + std::int64_t(i), dense[i]);
   return by_step;
 }
 
@@ -142,9 +158,9 @@ bool pinned_norm(const std::vector<StepNorm>& norms, Pinned& p) {
 
 }  // namespace
 
-void clip_before_unscale(const Run& run, std::vector<Finding>& out) {
+void clip_before_unscale(const Run& run, const std::map<std::int64_t, StepGradients>& by_step,
+                         std::vector<Finding>& out) {
   if (!run.has_scaler()) return;  // without a scaler the statistics are taken after any clip
-  const std::map<std::int64_t, StepGradients> by_step = gradients_by_step(run);
   Clipped clipped;
   clipped.count = std::int64_t(run.layers.size());
   Pinned p;

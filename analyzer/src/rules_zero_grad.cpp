@@ -67,8 +67,8 @@ void gradients_not_zeroed(const Run& run, std::vector<Finding>& out) {
   out.push_back(f);
 }
 
-void gradients_cleared(const Run& run, std::vector<Finding>& out) {
-  const std::map<std::int64_t, StepGradients> by_step = gradients_by_step(run);
+void gradients_cleared(const Run& run, const std::map<std::int64_t, StepGradients>& by_step,
+                       std::vector<Finding>& out) {
   std::int64_t zero = 0, first = -1;
   for (const auto& [step, g] : by_step)
     if (g.all_zero && zero++ == 0) first = step;
