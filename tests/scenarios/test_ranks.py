@@ -1,5 +1,6 @@
 """Ranks: torch.multiprocessing.spawn with attach() before init_process_group, and what
 `ampdiag report` accepts as the ranks of one run."""
+import contextlib
 import os
 import socket
 
@@ -75,3 +76,47 @@ def test_a_missing_rank_is_reported(tmp_path, verdict):
     assert code == 0  # a warning: the gate is errors
     missing = [f for f in rep["findings"] if f["rule"] == "missing-ranks"]
     assert len(missing) == 1 and "missing rank(s): 1" in missing[0]["evidence"]
+
+
+def _accumulating_worker(rank, world, db, port, zero_each_micro_batch):
+    """DistributedDataParallel with its gradients as bucket views, four micro-batches a step,
+    the first three under no_sync()."""
+    torch.manual_seed(0)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    ddp = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)),
+                                              gradient_as_bucket_view=True)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(ddp, scaler, db=db):
+        for i in range(24):
+            if zero_each_micro_batch or i % 4 == 0:
+                opt.zero_grad()
+            x, y = torch.randn(8, 8), torch.randn(8, 1)
+            with ddp.no_sync() if (i + 1) % 4 else contextlib.nullcontext():
+                with torch.autocast("cpu", dtype=torch.float16):
+                    loss = nn.functional.mse_loss(ddp(x).float(), y) / 4
+                scaler.scale(loss).backward()
+            if (i + 1) % 4 == 0:
+                scaler.step(opt)
+                scaler.update()
+    dist.destroy_process_group()
+
+
+def accumulating_run(tmp_path, zero_each_micro_batch):
+    db = str(tmp_path / "ddp.db")
+    mp.spawn(_accumulating_worker, args=(2, db, _free_port(), zero_each_micro_batch), nprocs=2, join=True)
+    return [tmp_path / f"ddp.rank{r}.db" for r in (0, 1)]
+
+
+def test_zero_grad_inside_ddp_accumulation_with_bucket_views_is_named_on_every_rank(tmp_path, verdict):
+    # The reducer rebinds .grad to its bucket at the end of the synchronising backward.
+    code, rep = verdict(*accumulating_run(tmp_path, zero_each_micro_batch=True))
+    assert code == 1
+    cleared = [f for f in rep["findings"] if f["rule"] == "accumulated-gradients-cleared"]
+    assert [(f["severity"], sorted(f["ranks"])) for f in cleared] == [("error", [0, 1])]
+
+
+def test_ddp_accumulation_under_no_sync_zeroed_once_per_step_is_healthy(tmp_path, verdict):
+    code, rep = verdict(*accumulating_run(tmp_path, zero_each_micro_batch=False))
+    assert code == 0, rep["findings"]

@@ -47,6 +47,7 @@ class AccumulationProbe:
         self._version = None     # the parameter's version counter then: an optimizer's own step changes it
         self._grad = None        # weakref to the .grad it accumulated into
         self._as_accumulated = None  # whether the scaler's unscale found that .grad in place
+        self._in_backward = False    # a backward under way accumulated into .grad
         self._cleared = []       # (micro-batch, how): after which of this step's micro-batches .grad was cleared
         self._step = None
 
@@ -89,6 +90,16 @@ class AccumulationProbe:
         self._held = grad is not None and not grad.is_cuda and bool(grad.any())
         self._version = param._version
         self._grad = None if grad is None else weakref.ref(grad)
+        self._in_backward = True
+
+    def backward_ended(self):
+        """The backward() call has returned: the .grad it leaves (DistributedDataParallel's
+        reducer rebinds it to its bucket at the end of a synchronising backward)."""
+        if self._in_backward:
+            self._in_backward = False
+            p = self._param()
+            if p is not None and p.grad is not None:
+                self._grad = weakref.ref(p.grad)
 
     def step_ended(self):
         p = self._param()

@@ -416,6 +416,8 @@ class AttachHandle:
 
     def _after_backward(self):
         self._own_backward = False
+        if self._accumulation_probe is not None:
+            self._accumulation_probe.backward_ended()
         if self._inert or self._has_scaler:
             return
         if self._grad_calls > self._grad_calls_before:  # this backward reached the model
