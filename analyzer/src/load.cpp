@@ -134,8 +134,12 @@ Run load_run(const std::string& path, const LoadOptions& options) {
   apply_run_delta(run, read_run_delta(path, RunCursor{}, options));
   read_gpu_profile(reader, run);
   read_weight_updates(reader, run);
-  if (run.steps.empty())
+  if (run.steps.empty()) {
+    // The Python agent saw backwards but never the attached scaler (another one was used).
+    if (const rundb::EventRow* e = run.first_event("scaler-unused"))
+      throw rundb::RunDbError(path + ": holds no steps: " + e->detail);
     throw rundb::RunDbError(path + ": holds no steps (the training never reached scaler.update())");
+  }
   return run;
 }
 

@@ -1,10 +1,15 @@
 """Loops that scale the loss but step the optimizer themselves, as real torch loops:
 torch raises nothing, the run goes NaN, and the verdict must name the loop's mistake
-first, with the fix that the same loop, corrected, confirms."""
+first, with the fix that the same loop, corrected, confirms. And a loop that scales with
+another GradScaler than the attached one, whose run.db holds no step: the report's error
+says why."""
+import subprocess
+
 import torch
 from torch import nn
 
 import ampdiag
+from conftest import amp_step
 
 
 def scaled_backward(scaler, loss):
@@ -94,3 +99,29 @@ def test_a_backward_on_the_unscaled_loss_is_told_so_and_the_scaled_backward_is_h
     train(tmp_path / "fixed.db", through_the_scaler, 2.0 ** 16, steps=40)
     code, rep = verdict(tmp_path / "fixed.db")
     assert code == 0, rep["findings"]
+
+
+def test_a_grad_scaler_made_again_in_each_epoch_is_named_in_the_reports_error(tmp_path, cli):
+    # The tutorials' train_one_epoch() that makes its own GradScaler: the attached one never
+    # scales or updates, so no step is recorded; the report says why instead of "the training
+    # never reached scaler.update()".
+    db = tmp_path / "epochs.db"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def train_one_epoch():
+        scaler = torch.amp.GradScaler("cpu")
+        for _ in range(5):
+            x, y = torch.randn(32, 16), torch.randn(32, 1)
+            amp_step(opt, scaler, lambda: nn.functional.mse_loss(model(x).float(), y))
+
+    with ampdiag.attach(model, torch.amp.GradScaler("cpu"), db=db):
+        for _ in range(3):
+            train_one_epoch()
+    result = subprocess.run([cli, "report", str(db)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"ampdiag report: {db}: holds no steps: 8 backwards reached the model and the GradScaler given to attach() has "
+        "scaled no loss: if the loop scales its losses, it does so with another GradScaler (one made after attach(), as "
+        "in a function called once per epoch); make the GradScaler once and give that one to attach()"]

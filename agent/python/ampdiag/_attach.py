@@ -16,7 +16,7 @@ import weakref
 
 import torch
 
-from . import _ampdiag, _loss, _outside_scaler, _rank
+from . import _ampdiag, _loss, _other_scaler, _outside_scaler, _rank
 from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
 from ._amp_dtype import learn_amp_dtype
@@ -120,6 +120,9 @@ class AttachHandle:
         self._accumulation_probe = None  # _accumulation.AccumulationProbe, set with the layers
         self._own_backward = False  # the backward under way started from scaler.scale()'s output
         self._grad_calls = 0
+        self._grad_calls_before = 0
+        self._scaler_scaled = False  # the attached scaler's scale() has run: see _other_scaler.py
+        self._backwards_without_scale = 0
         self._root_inputs = None  # (args, kwargs) of the model's last forward in this cycle
         self._optimizers = weakref.WeakSet()  # those whose steps the agent saw: their settings are evidence
         if optimizer is not None:
@@ -400,11 +403,11 @@ class AttachHandle:
     def _before_backward(self, roots):
         if self._inert:
             return
+        self._grad_calls_before = self._grad_calls
         if self._has_scaler:
             self._own_backward = _loss.check_scaled_roots(self, roots)
             return
         self._roots = _loss.scalar_losses(roots)
-        self._grad_calls_before = self._grad_calls
         self._watch_backward_start(roots)
         self._look_before_backward(self._roots)
 
@@ -418,7 +421,11 @@ class AttachHandle:
         self._own_backward = False
         if self._accumulation_probe is not None:
             self._accumulation_probe.backward_ended()
-        if self._inert or self._has_scaler:
+        if self._inert:
+            return
+        if self._has_scaler:
+            if not self._scaler_scaled and self._grad_calls > self._grad_calls_before:
+                _other_scaler.backward_reached(self)
             return
         if self._grad_calls > self._grad_calls_before:  # this backward reached the model
             self._losses.extend(self._roots)

@@ -97,6 +97,7 @@ def _scale(handle, outputs, scaled):
     t0 = time.perf_counter_ns()
     if not handle._begin_cycle():
         return
+    handle._scaler_scaled = True
     before = len(handle._scaled)
     for t, s in zip(_loss.tensors(outputs), _loss.tensors(scaled)):
         if t.numel() == 1 and t.is_floating_point():
