@@ -109,11 +109,12 @@ const char* kClearedDetail = "head.bias's gradient was set to None after micro-b
 
 // `steps` steps, with event accumulated-gradients-cleared at those `cleared` says.
 template <typename Cleared>
-Report accumulation_run(const TempDir& dir, int steps, Cleared cleared) {
+Report accumulation_run(const TempDir& dir, int steps, Cleared cleared, bool scaler = true) {
   RunFixture f(dir.file("run.db"), kLayers);
+  if (!scaler) f.meta("amp_dtype", "bfloat16").meta("scaler_enabled", "0");
   for (int i = 0; i < steps; ++i) {
     if (cleared(i)) f.event("accumulated-gradients-cleared", kClearedDetail);
-    f.step(65536, 65536);
+    scaler ? f.step(65536, 65536) : f.step(1, 1);
   }
   f.finish();
   return report_of(dir.file("run.db"));
@@ -152,4 +153,13 @@ TEST_CASE("the steps after the agent's last recorded clearing do not count again
   REQUIRE(c != nullptr);
   CHECK(c->severity == Severity::kError);
   CHECK_THAT(c->evidence, Catch::StartsWith("in 64 of the 64 steps from step 0 (the first 64 recorded)"));
+}
+
+TEST_CASE("without a scaler the accumulation loop's fix steps the optimizer itself", "[rules][zero-grad]") {
+  TempDir dir;
+  const auto r = accumulation_run(dir, 6, [](int) { return true; }, /*scaler=*/false);
+  const Finding* c = find(r, "accumulated-gradients-cleared");
+  REQUIRE(c != nullptr);
+  CHECK_THAT(c->suggestions.front().python,
+             Catch::Contains("    loss.backward()\n    if (i + 1) % accumulation_steps == 0:\n        optimizer.step()\n"));
 }

@@ -122,3 +122,47 @@ def test_per_task_gradients_combined_into_grad_by_hand_record_nothing(tmp_path):
 
 def test_the_same_two_backwards_cleared_in_between_and_stepped_as_left_are_recorded(tmp_path):
     assert [step for step, _ in two_backward_run(tmp_path / "run.db", lambda net, opt: opt.zero_grad())] == [0, 1, 2]
+
+
+def bf16_accumulation_run(db, zero_every_micro_batch, steps=3, micro=4):
+    """The accumulation loop in bf16 without a scaler, the optimizer given to attach()."""
+    net, opt, _, x, y = fp16_training()
+    with ampdiag.attach(net, optimizer=opt, db=db):
+        for _ in range(steps):
+            for k in range(micro):
+                if zero_every_micro_batch or k == 0:
+                    opt.zero_grad()
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = nn.functional.mse_loss(net(x).float(), y) / micro
+                loss.backward()
+            opt.step()
+    return cleared(db)
+
+
+def test_zero_grad_before_every_micro_batch_without_a_scaler_is_recorded_at_every_step(tmp_path):
+    assert [step for step, _ in bf16_accumulation_run(tmp_path / "run.db", True)] == [0, 1, 2]
+    assert bf16_accumulation_run(tmp_path / "once.db", False) == []
+
+
+def test_a_bf16_dcgan_whose_generator_steps_between_the_discriminators_backwards_records_nothing(tmp_path):
+    # PyTorch's DCGAN order without a scaler, the discriminator attached: the generator's
+    # backward adds to its gradients, the generator's step() follows, then the
+    # discriminator's zero_grad() clears them before its own backwards.
+    torch.manual_seed(0)
+    gen, disc = nn.Sequential(nn.Linear(4, 8)), nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt_g, opt_d = torch.optim.Adam(gen.parameters()), torch.optim.Adam(disc.parameters())
+    bce = nn.BCEWithLogitsLoss()
+    with ampdiag.attach(disc, optimizer=opt_d, db=tmp_path / "run.db"):
+        for _ in range(4):
+            real, z = torch.randn(16, 8), torch.randn(16, 4)
+            opt_d.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                fake = gen(z)
+                bce(disc(real).float(), torch.ones(16, 1)).backward()
+                bce(disc(fake.detach()).float(), torch.zeros(16, 1)).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                bce(disc(fake).float(), torch.ones(16, 1)).backward()
+            opt_g.step()
+    assert cleared(tmp_path / "run.db") == []

@@ -113,6 +113,7 @@ def test_closing_the_handle_removes_its_global_optimizer_hooks(tmp_path):
     model, _, _ = model_and_data()
     before = (len(_global_optimizer_pre_hooks), len(_global_optimizer_post_hooks))
     handle = ampdiag.attach(model, torch.amp.GradScaler("cpu"), db=tmp_path / "run.db")
-    assert (len(_global_optimizer_pre_hooks), len(_global_optimizer_post_hooks)) == (before[0] + 1, before[1] + 1)
+    # Post hooks: the outside-scaler check's and the accumulation probe's.
+    assert (len(_global_optimizer_pre_hooks), len(_global_optimizer_post_hooks)) == (before[0] + 1, before[1] + 2)
     handle.close()
     assert (len(_global_optimizer_pre_hooks), len(_global_optimizer_post_hooks)) == before

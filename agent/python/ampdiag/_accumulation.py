@@ -4,17 +4,18 @@ micro-batch's gradients and the others are computed and thrown away. Nothing ove
 the loss still goes down, on a fraction of the data; only the gradients show it.
 
 The probe is the stale-gradient probe's parameter (the smallest trainable one). After a
-backward of this run's scaled loss accumulated into its .grad, the next such backward of
-the same optimizer step must find that .grad still there: None (zero_grad()'s default) or
-all zeros where it held values (set_to_none=False) means it was cleared in between. Only
-backwards started from scaler.scale()'s output count: a second network's backward reaching
-the model (a GAN's generator loss through its discriminator) adds gradients that its own
-zero_grad() rightly clears. Without a scaler nothing tells the two apart, so the check
-needs one. Two loops clear between backwards on purpose and are not counted: a two-step
+backward of this run's loss accumulated into its .grad, the next such backward of the same
+optimizer step must find that .grad still there: None (zero_grad()'s default) or all zeros
+where it held values (set_to_none=False) means it was cleared in between. A second
+network's backward reaching the model (a GAN's generator loss through its discriminator)
+adds gradients that the model's own zero_grad() rightly clears: with a scaler only
+backwards started from scaler.scale()'s output count, and with or without one, any
+optimizer's step() in between (the generator's) ends what the earlier backward started.
+Two loops clear between backwards on purpose and are not counted either: a two-step
 optimizer (SAM moves the weights with the first gradient, clears it, and steps with the
 second: the parameter's version counter moved in between), and gradients combined by hand
-(per-task gradients each after its own zero_grad(), their combination set as .grad: the
-scaler's unscale finds a .grad that no backward accumulated into).
+(per-task gradients each after its own zero_grad(), their combination set as .grad: where
+the gradients are read, the .grad is not the one the last backward left).
 
 Event "accumulated-gradients-cleared" at each step where it happened, the first
 MAX_EVENTS: the analyzer tells a loop that does it every step from a batch dropped on
@@ -113,10 +114,23 @@ class AccumulationProbe:
                                 f"the gradients of {_batches(kept)} alone", key=(EVENT, self._step), step=self._step)
         self._reset()
 
-    def unscaling(self):
-        """The scaler reads the gradients: whether they are what the step's last backward
-        left, not a .grad set by hand after it (per-task gradients combined into .grad, as
-        gradient surgery does, each computed after its own zero_grad())."""
+    def step_hook(self):
+        """The global optimizer step hook: any optimizer's step() means a backward before it
+        is not one the next backward accumulates with (what this step found stays). It holds
+        the probe weakly: torch's global hooks must not keep an unclosed handle alive."""
+        ref = weakref.ref(self)
+
+        def stepped(optimizer, args, kwargs):
+            probe = ref()
+            if probe is not None:
+                probe._task = None
+
+        return stepped
+
+    def gradients_read(self):
+        """The scaler's unscale, or the optimizer's step() without one, reads the gradients:
+        whether they are what the step's last backward left, not a .grad set by hand after
+        it (per-task gradients combined into .grad, each computed after its own zero_grad())."""
         if self._as_accumulated is None:
             p = self._param()
             self._as_accumulated = p is not None and self._grad is not None and self._grad() is p.grad

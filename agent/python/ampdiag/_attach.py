@@ -118,7 +118,7 @@ class AttachHandle:
         self._stepped_optimizers = []  # without a scaler: those whose step() ends a step
         self._gradient_probe = None  # _stale_gradients.GradientProbe, set with the layers
         self._accumulation_probe = None  # _accumulation.AccumulationProbe, set with the layers
-        self._own_backward = False  # the backward under way started from scaler.scale()'s output
+        self._own_backward = False  # the backward under way is the loss's (with a scaler: from scale()'s output)
         self._grad_calls = 0
         self._grad_calls_before = 0
         self._scaler_scaled = False  # the attached scaler's scale() has run: see _other_scaler.py
@@ -408,6 +408,7 @@ class AttachHandle:
             self._own_backward = _loss.check_scaled_roots(self, roots)
             return
         self._roots = _loss.scalar_losses(roots)
+        self._own_backward = True  # without a scaler, any backward that reaches the model is the loss's
         self._watch_backward_start(roots)
         self._look_before_backward(self._roots)
 
@@ -489,6 +490,8 @@ class AttachHandle:
         t0 = time.perf_counter_ns()
         if not self._begin_cycle():
             return
+        if self._accumulation_probe is not None:
+            self._accumulation_probe.gradients_read()
         layers, grads, _ = self._gradients(optimizer)
         # |=: a disabled scaler's cycle may step several optimizers before update() ends it.
         self._bf16_found |= bool(self._stats(layers, grads)) if grads else False

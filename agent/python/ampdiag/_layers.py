@@ -5,6 +5,7 @@ tensor an optimizer hands over, a parameter of the model or not."""
 import inspect
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _stale_gradients
 from ._accumulation import AccumulationProbe
@@ -50,6 +51,7 @@ class Layers:
                 handle._accumulation_probe = AccumulationProbe(handle, p, name, handle._gradient_probe.optimized)
                 hook = handle._accumulation_probe.hook(handle._gradient_probe.hook(hook))
                 handle._hooks.append(p.register_post_accumulate_grad_hook(handle._accumulation_probe.accumulated))
+                handle._hooks.append(register_optimizer_step_post_hook(handle._accumulation_probe.step_hook()))
             handle._hooks.append(p.register_hook(hook))
             if module_path:
                 held_by_submodules.append((layer, name, p))

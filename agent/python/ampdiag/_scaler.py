@@ -121,7 +121,7 @@ def _unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16):
     if not handle._begin_cycle():
         return original(optimizer, inv_scale, found_inf, allow_fp16)
     if handle._accumulation_probe is not None:
-        handle._accumulation_probe.unscaling()
+        handle._accumulation_probe.gradients_read()
     handle._optimizers.add(optimizer)
     if handle._updates is not None:
         handle._updates.watch(optimizer)
