@@ -452,6 +452,8 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     ForwardCause cause;
     std::int64_t first = 0, first_step = -1;
     std::int64_t hurt = 0;     // of those steps, skipped, dropped, or with NaN/Inf gradients or loss
+    std::int64_t absorbed = 0;     // of those steps, none of that
+    std::int64_t calibration = 0;  // of the hurt ones, the scale's calibration skips (the loss finite)
     std::int64_t dropped = 0;  // of those steps, where the loop dropped the batch (forward-dropped)
     std::int64_t evaluations = 0;  // of those steps, where it was an evaluation's forward (evaluation-nonfinite)
     std::vector<std::int64_t> steps;  // ascending
@@ -461,7 +463,9 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
   std::map<std::string, Culprit> culprits;
   std::map<std::int64_t, ForwardCause> cause_of;  // by module id
   std::int64_t with_module = 0;
-  for (const auto& s : run.steps) {
+  const std::vector<bool> harmful = harmful_skip_mask(run);
+  for (std::size_t i = 0; i < run.steps.size(); ++i) {
+    const StepSummary& s = run.steps[i];
     if (!nonfinite_from_module(run, s)) continue;
     ++with_module;
     auto it = cause_of.find(s.first_nonfinite_module);
@@ -476,8 +480,16 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     const bool dropped = run.forward_dropped(s.row.step);
     c.dropped += dropped;
     c.evaluations += run.evaluation_nonfinite(s.row.step);
-    c.hurt += dropped || s.row.skipped || s.gradients_nonfinite() || run.loss_nonfinite(s.row);
+    const bool hurt = dropped || s.row.skipped || s.gradients_nonfinite() || run.loss_nonfinite(s.row);
+    c.hurt += hurt;
+    c.absorbed += !hurt;
+    c.calibration += hurt && s.row.skipped && !harmful[i] && !dropped && !run.loss_nonfinite(s.row);
   }
+  // Where the model absorbed the NaN/Inf in some steps (a tanh or a clamp after it), the
+  // scaler's skips while it finds its level, with a finite loss, are the gradients'
+  // overflow at a scale still too high, not this output's.
+  for (auto& [path, c] : culprits)
+    if (c.absorbed > 0) c.hurt -= c.calibration;
   std::vector<std::pair<std::string, Culprit>> ranked(culprits.begin(), culprits.end());
   std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
     return (a.second.hurt > 0) != (b.second.hurt > 0) ? a.second.hurt > 0 : a.second.first > b.second.first;
@@ -566,7 +578,10 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
       // The model absorbed it (a max, a mask): a latent overflow, not a lost step. Or only
       // evaluations showed it, which train nothing.
       f.severity = Severity::kWarning;
-      if (c.evaluations < c.first)
+      if (c.evaluations < c.first && c.calibration > 0 && c.absorbed > 0)
+        f.evidence += "; the model absorbed it: the loss stayed finite in those steps, and the only ones skipped (" +
+                      std::to_string(c.calibration) + ") were the loss scale's calibration";
+      else if (c.evaluations < c.first)
         f.evidence += "; the model absorbed it: none of those steps was skipped or had NaN/Inf gradients or loss";
     }
     out.push_back(f);

@@ -67,6 +67,41 @@ TEST_CASE("an fp16 overflow in forward that the model absorbs is a warning, not 
   CHECK_THAT(fw.suggestions.front().python, Catch::Contains("pin_fp32"));  // still a real overflow
 }
 
+namespace {
+
+// The forward-nonfinite finding of 8 steps in which proj's output overflows every time and
+// the model absorbs it: step 0 skips at 65536 (the scale's calibration, the loss finite),
+// and step `late_skip` too if it is not -1, after the scale has settled.
+Finding absorbed_with_skips(int late_skip) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.replay("proj", "finite");
+  f.activation("proj", true).step(65536, 32768, 1000, {"head.weight"});
+  for (int i = 1; i < 8; ++i) {
+    f.activation("proj", true);
+    i == late_skip ? f.step(32768, 16384, 1000, {"head.weight"}) : f.step(32768, 32768);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  return *fw;
+}
+
+}  // namespace
+
+TEST_CASE("an absorbed fp16 overflow whose only skip is the scale's calibration is a warning", "[rules]") {
+  const Finding fw = absorbed_with_skips(-1);
+  CHECK(fw.severity == Severity::kWarning);
+  CHECK_THAT(fw.evidence, Catch::Contains("the only ones skipped (1) were the loss scale's calibration"));
+}
+
+TEST_CASE("an absorbed fp16 overflow with a skip after the scale settled stays the error", "[rules]") {
+  const Finding fw = absorbed_with_skips(7);
+  CHECK(fw.severity == Severity::kError);
+  CHECK_THAT(fw.evidence, !Catch::Contains("absorbed"));
+}
+
 TEST_CASE("an fp16 overflow in forward whose batch the loop dropped is the error, not absorbed", "[rules]") {
   // `if not torch.isfinite(loss): continue`: no step skipped, no NaN gradient or loss
   // recorded, yet the batch is lost to the overflow (event forward-dropped).

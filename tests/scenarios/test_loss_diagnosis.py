@@ -252,6 +252,42 @@ def test_an_fp16_overflow_the_model_clamps_away_is_a_warning_and_fails_no_gate(t
     assert rep["skipped_steps"] == []
 
 
+class SaturatedBlock(nn.Module):
+    """One linear block applied four times, its output squashed by tanh: its fourth output
+    overflows fp16 on every step, and tanh turns that Inf into 1, as it does in FP32."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.block, self.out = nn.Linear(16, 64), nn.Linear(64, 64), nn.Linear(64, 1)
+        with torch.no_grad():
+            self.block.weight.mul_(40.0)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for _ in range(4):
+            h = self.block(h)
+        return self.out(torch.tanh(h))
+
+
+def test_an_overflow_absorbed_every_step_whose_only_skip_is_the_scales_calibration_fails_no_gate(tmp_path, verdict):
+    # Step 0 skips at 65536, as the scaler finds its level, with the loss finite: not the
+    # block's doing. It used to make the absorbed overflow an error.
+    db = tmp_path / "saturated.db"
+    torch.manual_seed(0)
+
+    def loss_of(step, model):
+        with torch.autocast("cpu", dtype=torch.float16):
+            return nn.functional.mse_loss(model(torch.randn(32, 16)).float(), torch.randn(32, 1))
+
+    train(db, SaturatedBlock(), 20, loss_of)
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
+    assert [s["step"] for s in rep["skipped_steps"]] == [0]
+    forward = [f for f in rep["findings"] if f["rule"] == "forward-nonfinite"]
+    assert [(f["module"], f["severity"]) for f in forward] == [("block", "warning")]
+    assert "the only ones skipped (1) were the loss scale's calibration" in forward[0]["evidence"]
+
+
 def test_a_bf16_update_that_applied_a_nan_batchs_gradients_is_named_and_later_steps_blame_no_module(tmp_path, verdict):
     # No scaler skips the NaN batch's step: its NaN gradients go into the weights, and every
     # later forward is NaN "from finite inputs" (the replay says intrinsic: the weights are NaN).
