@@ -47,7 +47,7 @@ class AccumulationProbe:
         self._micro_batches = 0  # this step's backwards that accumulated into .grad
         self._version = None     # the parameter's version counter then: an optimizer's own step changes it
         self._grad = None        # weakref to the .grad it accumulated into
-        self._as_accumulated = None  # whether the scaler's unscale found that .grad in place
+        self._as_accumulated = None  # whether that .grad was in place where the gradients were read
         self._in_backward = False    # a backward under way accumulated into .grad
         self._cleared = []       # (micro-batch, how): after which of this step's micro-batches .grad was cleared
         self._step = None
