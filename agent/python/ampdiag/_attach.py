@@ -16,7 +16,7 @@ import weakref
 
 import torch
 
-from . import _ampdiag, _loss, _other_scaler, _outside_scaler, _rank
+from . import _ampdiag, _loss, _other_scaler, _outside_scaler, _rank, _replaced_optimizer
 from ._pin import pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
 from ._amp_dtype import learn_amp_dtype
@@ -115,7 +115,10 @@ class AttachHandle:
         self._replayer = Replayer(self._record_replay, self._forward_hook_as_run) if replay else None
         self._autopin = AutoPinner(self, int(autopin)) if autopin else None
         self._updates = UpdateProbe(self, every) if holds_half_parameters(params) else None
-        self._stepped_optimizers = []  # without a scaler: those whose step() ends a step
+        # Without a scaler: the optimizers whose step() ends a step (weakly: a replaced one's
+        # state is the user's to free), and the parameters they held.
+        self._stepped_optimizers = weakref.WeakSet()
+        self._stepped_params = set()  # id()s
         self._gradient_probe = None  # _stale_gradients.GradientProbe, set with the layers
         self._accumulation_probe = None  # _accumulation.AccumulationProbe, set with the layers
         self._own_backward = False  # the backward under way is the loss's (with a scaler: from scale()'s output)
@@ -187,6 +190,8 @@ class AttachHandle:
             else:
                 if optimizer is not None:
                     self._watch_optimizer(optimizer)
+                    if disabled is None:
+                        self._hooks.append(_replaced_optimizer.watch(self))
                 if disabled is not None:
                     self._event("scaler-disabled", "the GradScaler is disabled (enabled=False): there is no loss "
                                 "scale, and the run is recorded as one without a scaler, each optimizer found in "
@@ -477,9 +482,10 @@ class AttachHandle:
     def _watch_optimizer(self, optimizer, ends_step=True):
         """Without a scaler: `optimizer`'s gradients are final at its step(), which ends the
         step where `ends_step` (once per optimizer)."""
-        if any(o is optimizer for o in self._stepped_optimizers):
+        if optimizer in self._stepped_optimizers:
             return
-        self._stepped_optimizers.append(optimizer)
+        self._stepped_optimizers.add(optimizer)
+        self._stepped_params |= _replaced_optimizer.params_of(optimizer)
         self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
         if ends_step:
             self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
