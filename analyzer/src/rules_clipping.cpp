@@ -156,11 +156,105 @@ bool pinned_norm(const std::vector<StepNorm>& norms, Pinned& p) {
   return std::int64_t(p.at.size()) >= kMinClippedSteps && 2 * p.at.size() > norms.size();
 }
 
+// clip_grad_value_ before unscale_: every recorded gradient's largest |value| is the clip
+// value, in each step alike, whatever the batch and the scale, and most of their values sit
+// at it (the scale lifts them all above any usual clip value: a quarter of the L2 energy
+// the values would have there, at least). Gradients that merely share an abs-max keep
+// most values far below it.
+struct PinnedValue {
+  double value = 0.0;
+  std::int64_t layers = 0;   // gradients holding a value in the first step at it
+  std::vector<const StepSummary*> at;
+  std::set<double> scales;
+  std::size_t looked = 0;
+};
+
+bool pinned_value(const Run& run, const std::vector<const StepSummary*>& steps, PinnedValue& p) {
+  if (std::int64_t(steps.size()) < kMinClippedSteps) return false;
+  // Per step, the smallest and largest non-zero abs-max over the layers, and how many.
+  std::vector<double> lo(steps.size(), INFINITY), hi(steps.size(), 0.0);
+  std::vector<std::int64_t> held(steps.size(), 0);
+  std::vector<double> energy(steps.size(), 0.0), at_bound(steps.size(), 0.0);  // sums of l2², absmax² × nonzero
+  for (const auto& layer : run.layers) {
+    std::size_t i = 0;  // samples and steps are both in step order
+    for (const auto& s : layer.samples) {
+      while (i < steps.size() && steps[i]->row.step < s.step) ++i;
+      if (i == steps.size()) break;
+      if (steps[i]->row.step != s.step || !(s.absmax > 0.0f)) continue;
+      lo[i] = std::min(lo[i], double(s.absmax));
+      hi[i] = std::max(hi[i], double(s.absmax));
+      ++held[i];
+      const double nonzero = double(layer.info.numel) * (1.0 - double(s.zero_q) / 65535.0);
+      energy[i] += double(s.l2) * double(s.l2);
+      at_bound[i] += double(s.absmax) * double(s.absmax) * nonzero;
+    }
+  }
+  const auto pins = [&](std::size_t i) {
+    return held[i] >= 2 && hi[i] - lo[i] <= kSameNorm * hi[i] && 4.0 * energy[i] >= at_bound[i];
+  };
+  std::vector<double> values;
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    if (pins(i)) values.push_back(hi[i]);
+  p.looked = steps.size();
+  if (2 * values.size() <= steps.size()) return false;
+  p.value = median_of(values);
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    if (pins(i) && std::abs(hi[i] - p.value) <= kSameNorm * p.value) {
+      if (p.at.empty()) p.layers = held[i];
+      p.at.push_back(steps[i]);
+      p.scales.insert(steps[i]->row.scale_before);
+    }
+  return std::int64_t(p.at.size()) >= kMinClippedSteps && 2 * p.at.size() > steps.size();
+}
+
+const char* kUnscaleFirst = "Unscale before clipping: scaler.unscale_(optimizer) right after backward, then clip the "
+                            "true gradients; scaler.step() does not unscale them twice.";
+
+Finding clipped_by_value(const PinnedValue& p) {
+  const double value = p.value, scale = p.at.front()->row.scale_before;
+  Finding f;
+  f.rule = "clip-before-unscale";
+  f.severity = Severity::kError;
+  f.score = 95.0;
+  f.steps = {p.at.front()->row.step};
+  f.title = "The gradients were clipped by value while still multiplied by the loss scale: every value was cut to ±" +
+            fmt(value) + " / scale (" + fmt(value / scale) + " at " + fmt(scale) + ")";
+  f.evidence = "before unscale, the largest |value| of each of the " + plural(p.layers, "gradient") + " was " +
+               fmt(value) + " (within 0.01 %) in " + std::to_string(p.at.size()) + " of " +
+               (p.looked == kModuleSteps ? "the first " : "") + plural(std::int64_t(p.looked), "step") +
+               " taken at a loss scale above 1, from step " + std::to_string(p.at.front()->row.step);
+  if (p.scales.size() > 1)
+    f.evidence += ", at loss scales " + fmt(*p.scales.rbegin()) + " down to " + fmt(*p.scales.begin()) + " alike";
+  f.evidence += ": a bound that neither the batch nor the scale moves is a clip by value applied to the scaled "
+                "gradients (clip_grad_value_(..., clip_value=" + fmt(value) + ") before scaler.unscale_()); the scaler "
+                "then divides them by the scale, so no value the optimizer received exceeded " + fmt(value / scale);
+  f.suggestions.push_back({kUnscaleFirst,
+                           "scaler.scale(loss).backward()\n"
+                           "scaler.unscale_(optimizer)  # the gradients' true values, before the clip\n"
+                           "torch.nn.utils.clip_grad_value_(model.parameters(), clip_value=" + fmt(value) + ")\n"
+                           "scaler.step(optimizer)\n"
+                           "scaler.update()",
+                           "scaler.scale(loss).backward();  // ampdiag::GradScaler\n"
+                           "scaler.unscale_(optimizer);  // the gradients' true values, before the clip\n"
+                           "torch::nn::utils::clip_grad_value_(model->parameters(), " + fmt(value) + ");\n"
+                           "scaler.step(optimizer);\n"
+                           "scaler.update();",
+                           ""});
+  return f;
+}
+
 }  // namespace
 
 void clip_before_unscale(const Run& run, const std::map<std::int64_t, StepGradients>& by_step,
                          std::vector<Finding>& out) {
   if (!run.has_scaler()) return;  // without a scaler the statistics are taken after any clip
+  // By value first: its per-gradient bound also pins each part's norm (all of a layer's
+  // values at the bound), which the norm's test would take for clip_grad_norm_ of that part.
+  const std::vector<const StepSummary*> first = looked_at_steps(run, by_step, kModuleSteps);
+  if (PinnedValue v; pinned_value(run, first, v)) {
+    out.push_back(clipped_by_value(v));
+    return;
+  }
   Clipped clipped;
   clipped.count = std::int64_t(run.layers.size());
   Pinned p;
@@ -168,7 +262,6 @@ void clip_before_unscale(const Run& run, const std::map<std::int64_t, StepGradie
   // model.encoder.parameters() before unscale): that part barely trains, the rest does.
   bool found = pinned_norm(step_norms(run, by_step, looked_at_steps(run, by_step, SIZE_MAX), clipped), p);
   if (!found) {
-    const std::vector<const StepSummary*> first = looked_at_steps(run, by_step, kModuleSteps);
     for (Clipped& c : module_subsets(run)) {
       p = Pinned{};
       if (pinned_norm(step_norms(run, by_step, first, c), p)) {
@@ -205,8 +298,7 @@ void clip_before_unscale(const Run& run, const std::map<std::int64_t, StepGradie
                 "divides them by the scale, so the optimizer received a norm of " + fmt(pinned / scale) +
                 ", not " + fmt(pinned);
   f.suggestions.push_back(
-      {"Unscale before clipping: scaler.unscale_(optimizer) right after backward, then clip the true gradients; "
-       "scaler.step() does not unscale them twice.",
+      {kUnscaleFirst,
        "scaler.scale(loss).backward()\n"
        "scaler.unscale_(optimizer)  # the gradients' true values, before the clip\n"
        "torch.nn.utils.clip_grad_norm_(" + params + ", max_norm=" + fmt(pinned) + ")\n"

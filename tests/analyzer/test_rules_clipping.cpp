@@ -141,3 +141,32 @@ TEST_CASE("a single gradient whose norm never moves is not taken for a clip", "[
   const auto r = report_of(dir.file("run.db"));
   CHECK(find(r, "clip-before-unscale") == nullptr);
 }
+
+TEST_CASE("gradients whose abs-max and most values sit at one bound in every step were clipped by value before unscale",
+          "[rules][clipping]") {
+  // clip_grad_value_(model.parameters(), 1.0) on the scaled gradients: every value at ±1.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 6; ++i) f.clipped(std::sqrt(4096.0)).step(65536, 65536, 1.0);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* c = find(r, "clip-before-unscale");
+  REQUIRE(c != nullptr);
+  CHECK(c->severity == Severity::kError);
+  CHECK_THAT(c->title, Catch::Contains("clipped by value while still multiplied by the loss scale"));
+  CHECK_THAT(c->evidence, Catch::Contains("the largest |value| of each of the 4 gradients was 1 (within 0.01 %) in 6 of"));
+  CHECK_THAT(c->suggestions.front().python, Catch::Contains(
+      "scaler.unscale_(optimizer)  # the gradients' true values, before the clip\n"
+      "torch.nn.utils.clip_grad_value_(model.parameters(), clip_value=1)"));
+  CHECK_THAT(c->suggestions.front().cpp, Catch::Contains("torch::nn::utils::clip_grad_value_(model->parameters(), 1)"));
+}
+
+TEST_CASE("gradients that share an abs-max with most values far below it were not clipped by value",
+          "[rules][clipping]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 6; ++i) f.step(65536, 65536, 1.0);  // norms 10-20 of 4096 values: far below 64
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "clip-before-unscale") == nullptr);
+}
