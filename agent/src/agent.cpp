@@ -9,9 +9,11 @@
 #include <torch/version.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -21,6 +23,7 @@
 #include "run_paths.h"
 #include "sampling.h"
 #include "session.h"
+#include "stale_gradients.h"
 #include "tensor_views.h"
 
 namespace ampdiag {
@@ -121,6 +124,7 @@ class Agent::Impl final : public ScalerObserver {
     at::Tensor param, before, moved;  // before/moved: only while a measured step runs
   };
   std::vector<HalfParam> half_params_;  // trainable fp16/bf16 parameters on the host
+  std::unique_ptr<agent::StaleGradients> stale_;  // see stale_gradients.h; none without a host probe
 
   // Per cycle: the losses given to scale() (micro-batches, several losses), summed: on the
   // host for host losses, on the device for device ones (read back with the outcome).
@@ -259,6 +263,15 @@ void Agent::Impl::register_layers(torch::nn::Module& model) {
     const std::int64_t id = layer.id;
     hooks_.emplace_back(p, p.register_hook([session, id](const at::Tensor&) { session->arrived(id); }));
   }
+  if (const at::Tensor* probe = agent::StaleGradients::probe_of(named_params_)) {
+    const auto named = std::find_if(named_params_.begin(), named_params_.end(),
+                                    [&](const auto& n) { return &n.second == probe; });
+    stale_ = std::make_unique<agent::StaleGradients>(*probe, named->first);
+    agent::StaleGradients* stale = stale_.get();
+    agent::Session* session = &session_;
+    at::Tensor p = *probe;
+    hooks_.emplace_back(p, p.register_hook([stale, session](const at::Tensor&) { stale->on_gradient(session->step()); }));
+  }
   session_.layers_done();
 }
 
@@ -394,6 +407,7 @@ bool Agent::Impl::begin_module_range(const std::string& path) {
 
 void Agent::Impl::begin_cycle() {
   if (!session_.begin_cycle()) return;
+  if (stale_) stale_->cycle_began();
   replay_pins_.announce();
   nonfinite_seen_ = false;
   inputs_.clear();
@@ -428,6 +442,7 @@ bool Agent::Impl::on_unscale(UnscaleBatch& batch) {
   const auto t0 = Clock::now();
   begin_cycle();
   const std::size_t n = batch.grads.size();
+  if (stale_) stale_->unscaled(batch.params);
   views_.clear();
   ids_.clear();
   copies_.assign(n, at::Tensor());
@@ -515,6 +530,11 @@ void Agent::Impl::on_update(const ScaleUpdate& u) {
   // update(new_scale) after the cycle's update(), e.g. to hold a minimum scale: the same
   // optimizer cycle, ending at this scale.
   const bool amend = !session_.checked();
+  if (stale_ && !amend) {
+    std::int64_t at = 0;
+    if (const std::string detail = stale_->step_ended(at); !detail.empty())
+      session_.event_once("gradients-not-zeroed", "gradients-not-zeroed", detail, at);
+  }
   if (device.is_cpu()) {
     // Host tensors: read now, nothing to wait for.
     const double after = u.scale_after.item<double>();
