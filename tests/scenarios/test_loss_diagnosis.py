@@ -28,6 +28,17 @@ def train(db, model, steps, loss_of, gradient=None, **scaler_options):
             scaler.update()
 
 
+def random_regression(batch):
+    """A `loss_of` for train(): the fp16 MSE of the model on a random batch of 16 features
+    against random targets."""
+
+    def loss_of(step, model):
+        with torch.autocast("cpu", dtype=torch.float16):
+            return nn.functional.mse_loss(model(torch.randn(batch, 16)).float(), torch.randn(batch, 1))
+
+    return loss_of
+
+
 def test_a_log_of_zero_in_the_loss_is_blamed_on_the_loss_not_on_a_layer(tmp_path, verdict, cli):
     # Every fifth batch has a class whose probability the loss masks to 0: log(0) = -inf.
     db = tmp_path / "log0.db"
@@ -274,12 +285,7 @@ def test_an_overflow_absorbed_every_step_whose_only_skip_is_the_scales_calibrati
     # block's doing. It used to make the absorbed overflow an error.
     db = tmp_path / "saturated.db"
     torch.manual_seed(0)
-
-    def loss_of(step, model):
-        with torch.autocast("cpu", dtype=torch.float16):
-            return nn.functional.mse_loss(model(torch.randn(32, 16)).float(), torch.randn(32, 1))
-
-    train(db, SaturatedBlock(), 20, loss_of)
+    train(db, SaturatedBlock(), 20, random_regression(32))
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
     assert [s["step"] for s in rep["skipped_steps"]] == [0]
@@ -370,12 +376,7 @@ def test_a_nan_made_inside_the_models_backward_at_every_scale_points_to_that_bac
     # on while the scaler halves below 1, where no scale enlarges a gradient.
     db = tmp_path / "inner_sqrt.db"
     torch.manual_seed(0)
-
-    def loss_of(step, model):
-        with torch.autocast("cpu", dtype=torch.float16):
-            return nn.functional.mse_loss(model(torch.randn(16, 16)).float(), torch.randn(16, 1))
-
-    train(db, DistanceNet(), 24, loss_of)
+    train(db, DistanceNet(), 24, random_regression(16))
     code, rep = verdict(db)
     assert code == 1
     origin = next(f for f in rep["findings"] if f["rule"] == "overflow-origin")
