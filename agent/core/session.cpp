@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
+#include <climits>
 #include <chrono>
 #include <stdexcept>
 
@@ -322,6 +324,17 @@ bool Session::grads(const GradBatch& b) {
                       : cpu_.compute(refs_.data(), k, stats_.data(), hist);
     for (std::size_t i = 0; i < k; ++i)
       recorder_->stage_grad(ids_[i], arrival(ids_[i]), stats_[i], hist ? hist + i * kernels::kHistBins : nullptr);
+  }
+  origin_ = {-1, -1};
+  if (found) {  // as the analyzer orders a step's gradients: by (arrival, layer)
+    std::pair<std::int32_t, std::int64_t> first{INT32_MAX, -1}, before{-1, -1};
+    for (std::size_t i = 0; i < ids_.size(); ++i)
+      if (stats_[i].has_nonfinite()) first = std::min(first, {arrival(ids_[i]), ids_[i]});
+    for (std::size_t i = 0; i < ids_.size(); ++i) {
+      const std::int32_t at = arrival(ids_[i]);
+      if (!stats_[i].has_nonfinite() && at < first.first && at > before.first) before = {at, ids_[i]};
+    }
+    origin_ = {first.second, before.second};
   }
 
   // Device tensors: one launch per (device, stream), in the optimizer's order.

@@ -16,6 +16,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "ampdiag/kernels/cpu_stats.h"
@@ -146,6 +147,10 @@ class Session {
   // are computed now, device tensors on their engine. Returns found_inf of what was
   // computed on the host (device results land later).
   bool grads(const GradBatch& batch);
+  // Where the last grads() call's host gradients went NaN/Inf in backward: the first
+  // non-finite layer in arrival order and the last finite one that arrived before it (-1
+  // where none did); {-1, -1} where every host gradient was finite.
+  std::pair<std::int64_t, std::int64_t> backward_origin() const { return origin_; }
   // Statistics of one module output at the next forward position (on a host tensor only
   // checked for NaN/Inf outside SessionOptions::activation_every's steps); returns whether
   // it holds NaN/Inf (known at once on the host; false for a device tensor).
@@ -221,6 +226,7 @@ class Session {
   // Backward arrival: written by autograd's threads, read at the unscale point. Sized
   // for the model's layers plus room for foreign ones; a layer beyond it has no order.
   std::unique_ptr<std::atomic<std::int32_t>[]> arrival_;
+  std::pair<std::int64_t, std::int64_t> origin_{-1, -1};  // see backward_origin()
   std::size_t arrival_size_ = 0;
   std::atomic<std::int32_t> next_arrival_{0};
 

@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include <cstdio>
 
@@ -225,6 +226,27 @@ TiedUses tied_uses(const Run& run) {
   return uses;
 }
 
+// The agent's replay of a module's backward (event "backward-replay", "PATH: OUTCOME:
+// DETAIL", see the Python agent's _backward_replay.py): outcome "finite" (NaN/Inf as it
+// ran, none in FP32), "intrinsic" (NaN/Inf in FP32 from finite values) or "unconfirmed";
+// empty where none ran for it.
+struct BackwardReplay {
+  std::string outcome, detail;
+  std::int64_t step = -1;
+};
+
+BackwardReplay backward_replay(const Run& run, const std::string& module) {
+  if (module.empty()) return {};
+  const std::string prefix = module + ": ";
+  for (const auto& e : run.events) {
+    if (e.kind != "backward-replay" || e.detail.rfind(prefix, 0) != 0) continue;
+    const std::string rest = e.detail.substr(prefix.size());
+    const std::size_t at = rest.find(": ");
+    return {rest.substr(0, at), at == std::string::npos ? std::string() : rest.substr(at + 2), e.step};
+  }
+  return {};
+}
+
 }  // namespace
 
 void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
@@ -239,6 +261,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     std::map<std::int64_t, std::int64_t> layers;  // layer id -> times first
     std::vector<std::int64_t> steps;
     double lowest_scale = INFINITY;  // the lowest loss scale it went NaN/Inf at
+    std::int64_t below_floor = 0;    // steps it was first in at a scale below the floor
     std::set<std::string> between;   // parameterless modules the gradient passed on its way
     std::set<std::string> tied;      // its layers that another module holds too, first in its use
   };
@@ -271,14 +294,21 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     ++m.layers[first_layer];
     if (layer.module_path != run.layers[std::size_t(first_layer)].info.module_path) m.tied.insert(layer.name);
     m.lowest_scale = std::min(m.lowest_scale, s.row.scale_before);
+    m.below_floor += s.row.scale_before < t.scale_floor;
     if (s.last_finite_before >= 0)
       parameterless_between(run, layer, run.layers[std::size_t(s.last_finite_before)].info, m.between);
     m.steps.push_back(s.row.step);
   }
   std::vector<std::pair<std::string, PerModule>> ranked(modules.begin(), modules.end());
-  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
-    return a.second.harmful != b.second.harmful ? a.second.harmful > b.second.harmful : a.second.first > b.second.first;
-  });
+  // Under a collapsed scale (its skips may all count as calibration) the module that went
+  // first most often below the floor is what holds the scale there: one first only at
+  // higher scales stopped overflowing as the scale fell (one before it in backward order
+  // that kept overflowing would have stayed first).
+  const auto rank = [collapsed](const PerModule& m) {
+    return std::make_tuple(!collapsed && m.harmful == 0, collapsed ? -m.below_floor : 0, -m.harmful, -m.first);
+  };
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [&](const auto& a, const auto& b) { return rank(a.second) < rank(b.second); });
   bool top = true;
   for (const auto& [module, m] : ranked) {
     const bool harms = hurts && (collapsed || m.harmful > 0);
@@ -345,11 +375,27 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
            "auto y_n = (y - y_mean) / y_std;  // predictions: * y_std + y_mean\n"
            "auto loss = loss_fn(model->forward(x).to(torch::kFloat), y_n);",
            ""});
-    } else if (at_any_scale) {
+    }
+    const BackwardReplay replay = at_any_scale && !too_large ? backward_replay(run, module) : BackwardReplay{};
+    if (at_any_scale && !too_large) {
       f.title = place + " goes NaN/Inf first in backward at every loss scale, down to " + fmt(m.lowest_scale);
-      f.evidence += "; down to a loss scale of " + fmt(m.lowest_scale) +
-                    ", which no longer enlarges the gradients: its backward makes NaN/Inf that no scale avoids, or its "
-                    "true gradients pass fp16's range";
+      f.evidence += "; down to a loss scale of " + fmt(m.lowest_scale) + ", which no longer enlarges the gradients";
+      if (replay.outcome == "finite") {
+        f.title += "; in FP32 its backward is finite (replayed)";
+        f.evidence += ": its backward, replayed at step " + std::to_string(replay.step) +
+                      " on that call's inputs and output gradient, went NaN/Inf as it ran and not in FP32 (" +
+                      replay.detail + "): a value inside it passes fp16's range (an intermediate that overflows and is "
+                      "then squashed: tanh of an Inf is 1, and its gradient 0 * Inf is NaN; or a gradient inside it "
+                      "beyond 65504)";
+      } else if (replay.outcome == "intrinsic") {
+        f.title += "; its backward makes NaN/Inf in FP32 too (replayed)";
+        f.evidence += ": its backward, replayed at step " + std::to_string(replay.step) +
+                      " on that call's finite inputs and output gradient, went NaN/Inf in FP32 too (" + replay.detail +
+                      "): it makes them in any precision";
+      } else {
+        f.evidence += ": its backward makes NaN/Inf that no scale avoids, or its true gradients pass fp16's range";
+        if (!replay.outcome.empty()) f.evidence += " (its backward replay could not tell: " + replay.detail + ")";
+      }
       std::string suspects;
       for (const auto& path : m.between) suspects += path + ", ";
       if (!m.between.empty())
@@ -357,17 +403,18 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                       suspects.substr(0, suspects.size() - 2) +
                       (m.between.size() == 1 ? ", which holds no parameters" : ", which hold no parameters");
       suspects += module.empty() ? std::string("the code that uses ") + row.name : module;
-      f.suggestions.push_back(
-          {"Look first at the backward of " + suspects +
-               ": a function whose gradient is infinite where it is evaluated (sqrt or norm of 0, a division by 0, log "
-               "of 0) makes NaN from finite values in any precision, which pinning cannot help; keep its argument off "
-               "that point (sqrt(x + 1e-12)).",
-           "d = (x.pow(2).sum(-1) + 1e-12).sqrt()  # sqrt(0)'s gradient is infinite",
-           "auto d = (x.pow(2).sum(-1) + 1e-12).sqrt();  // sqrt(0)'s gradient is infinite", ""});
+      if (replay.outcome != "finite")
+        f.suggestions.push_back(
+            {"Look first at the backward of " + suspects +
+                 ": a function whose gradient is infinite where it is evaluated (sqrt or norm of 0, a division by 0, "
+                 "log of 0) makes NaN from finite values in any precision, which pinning cannot help; keep its "
+                 "argument off that point (sqrt(x + 1e-12)).",
+             "d = (x.pow(2).sum(-1) + 1e-12).sqrt()  # sqrt(0)'s gradient is infinite",
+             "auto d = (x.pow(2).sum(-1) + 1e-12).sqrt();  // sqrt(0)'s gradient is infinite", ""});
     }
-    if (harms) {  // nothing to fix when the scaler copes
+    if (harms && replay.outcome != "intrinsic") {  // nothing to fix when the scaler copes
       f.suggestions.push_back(suggest::fp32_at(run, module, row));
-      if (at_any_scale && !too_large)
+      if (at_any_scale && !too_large && replay.outcome != "finite")
         f.suggestions.back().summary = "If its true gradients are the ones beyond fp16: " + f.suggestions.back().summary;
       f.suggestions.push_back(suggest::use_bf16(run));
     }

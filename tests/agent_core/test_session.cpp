@@ -43,6 +43,43 @@ TEST_CASE("CPU gradients are computed at once and recorded with their arrival or
   CHECK(rows[1].stats.inf == 8);
 }
 
+TEST_CASE("the backward origin is the first NaN/Inf gradient in arrival order and the finite one before it",
+          "[session]") {
+  TempDir dir;
+  agent::Session s(options());
+  open_with_layers(s, dir.file("run.db"), 4);
+  const float inf = std::numeric_limits<float>::infinity();
+  // Optimizer order 0..3; backward reaches 3, 2, 1, 0: layer 2 goes Inf first, 3 arrived finite before it.
+  std::vector<float> g0(8, inf), g1(8, 1.0f), g2(8, inf), g3(8, 1.0f);
+  const std::int64_t ids[] = {0, 1, 2, 3};
+  const DeviceTensor t[] = {{{g0.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr},
+                            {{g1.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr},
+                            {{g2.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr},
+                            {{g3.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr}};
+  agent::GradBatch b;
+  b.layers = ids;
+  b.tensors = t;
+  b.count = 4;
+  s.begin_cycle();
+  for (std::int64_t layer : {3, 2, 1, 0}) s.arrived(layer);
+  REQUIRE(s.grads(b));
+  CHECK(s.backward_origin() == std::pair<std::int64_t, std::int64_t>{2, 3});
+  s.end_step({}, 0);
+
+  g2.assign(8, 1.0f);  // the next step: only layer 0, the last to arrive, and a finite step after it
+  s.begin_cycle();
+  for (std::int64_t layer : {3, 2, 1, 0}) s.arrived(layer);
+  REQUIRE(s.grads(b));
+  CHECK(s.backward_origin() == std::pair<std::int64_t, std::int64_t>{0, 1});
+  s.end_step({}, 0);
+  g0.assign(8, 1.0f);
+  s.begin_cycle();
+  CHECK_FALSE(s.grads(b));
+  CHECK(s.backward_origin() == std::pair<std::int64_t, std::int64_t>{-1, -1});
+  s.end_step({}, 0);
+  s.close();
+}
+
 TEST_CASE("a step's agent_ns is the adapter's: the session's statistics calls are inside its timing", "[session]") {
   // Both agents time their hooks around the session's calls; if the session added its own
   // time too, the pass would be counted twice.

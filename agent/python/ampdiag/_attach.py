@@ -26,6 +26,7 @@ from ._layers import Layers, source_of
 from ._forward import forward_hook, input_hook, output_hook, outside_compiled_graph
 from ._looks import look_at_loss_code, look_at_parameters
 from ._options import check_options, default_amp_dtype, trains_fp16_parameters
+from ._backward_replay import BackwardReplayer, common_module
 from ._replay import Replayer
 from ._scaler import wrap_disabled_scaler, wrap_scaler
 from ._updates import UpdateProbe, holds_half_parameters
@@ -113,6 +114,7 @@ class AttachHandle:
         self._pinned = []
         self._last_step_skipped = False
         self._replayer = Replayer(self._record_replay, self._forward_hook_as_run) if replay else None
+        self._backward_replayer = BackwardReplayer(self, self._replayer) if replay else None
         self._autopin = AutoPinner(self, int(autopin)) if autopin else None
         self._updates = UpdateProbe(self, every) if holds_half_parameters(params) else None
         # Without a scaler: the optimizers whose step() ends a step (weakly: a replaced one's
@@ -256,6 +258,7 @@ class AttachHandle:
                 del owner.__dict__[_ATTACHED]
         if self._replayer is not None and self._session.opened:
             self._replayer.close()
+            self._backward_replayer.close()
         if self._updates is not None:
             self._updates.flush()
         if self._gradient_probe is not None:
@@ -302,6 +305,7 @@ class AttachHandle:
         self._backward_seen = False       # a backward started or reached the model since the last forward
         self._batch_grad_calls = self._grad_calls  # gradients seen when this micro-batch began
         self._first_nonfinite = None
+        self._forward_nonfinite = False  # a watched output held NaN/Inf in this cycle
         self._escalating = False
         self._inputs_checked = False      # whether the model's inputs were looked at for NaN
         self._input_nan = False           # they held NaN: the data's, no replay
@@ -538,6 +542,8 @@ class AttachHandle:
             self._gradient_probe.step_ended()
         if self._accumulation_probe is not None:
             self._accumulation_probe.step_ended()
+        if self._backward_replayer is not None:
+            self._backward_replayer.step_ended()
 
     def _end_step(self, scale_before, scale_after, found_inf, skipped):
         self._before_step_end()
@@ -553,9 +559,28 @@ class AttachHandle:
             loss = host_sum(losses)
             if losses and not math.isfinite(loss):
                 look_at_loss_code(self)
+            elif skipped and scale_before <= 1.0:
+                self._suspect_backward()
             self._session.end_step(loss, len(losses), scale_before, scale_after, found_inf, skipped, self._python_ns)
             self._step_ended()
         self._last_step_skipped = skipped
+
+    def _suspect_backward(self):
+        """A step skipped at a loss scale of 1 or below whose forward, batch, parameters and
+        loss were finite: the module where its backward went NaN/Inf (as the report names
+        it: the innermost holding the first NaN/Inf gradient and the finite one before it)
+        gets its backward replayed (see _backward_replay.py)."""
+        if (self._backward_replayer is None or self._forward_nonfinite or self._input_nan
+                or self._parameters_nonfinite or self._output_gradient_seen):
+            return
+        first, before = self._session.backward_origin()
+        if first < 0:
+            return
+        path = self._layers.module_path(first)
+        if before >= 0:
+            path = common_module(path, self._layers.module_path(before)) or path
+        if path:
+            self._backward_replayer.suspect(path, self._watched_model.get_submodule(path))
 
     def _end_step_later(self, values, fields, losses, scale_before, scale_after, found_inf, skipped):
         """Ends the step with `values` (loss, scale before, after, found_inf: float64 on a

@@ -28,6 +28,7 @@ class Layers:
         self._params = []      # every registered tensor, kept alive: id() is its key in the session
         self._layer_ids = {}   # id() -> layer, for tensors the optimizer has handed over
         self._hookless = {}    # id() -> (layer, name): frozen at attach(), no arrival hook yet
+        self._module_paths = {}  # layer -> the path of the module it is registered under
         session = handle._session
         modules = dict(model.named_modules())
         probe = _stale_gradients.probe_of(list(model.parameters()))
@@ -42,6 +43,7 @@ class Layers:
             if not added:
                 continue  # the same tensor as an earlier name (the session says so once)
             self._params.append(p)
+            self._module_paths[layer] = module_path
             if not p.requires_grad:
                 self._hookless[id(p)] = (layer, name)  # frozen now; see layer_id()
                 continue
@@ -60,6 +62,10 @@ class Layers:
                 handle._hooks.append(owner.register_forward_hook(handle._forward_hook_as_run(use.forward_hook())))
         handle._own_uses = OwnUses(handle, held_by_submodules)
         session.layers_done()
+
+    def module_path(self, layer) -> str:
+        """Where the layer is registered ("" for the model, or a tensor outside it)."""
+        return self._module_paths.get(layer, "")
 
     def layer_id(self, param) -> int:
         """The layer of a tensor whose gradient is read (on every step, for every one)."""

@@ -20,6 +20,7 @@ def on_nonfinite_output(handle, path, module, args, kwargs, output):
     enclosing modules are replayed as they finish, until one is finite. Only a replay that
     ran and stayed NaN/Inf escalates."""
     handle._dropped.nonfinite_output(path)
+    handle._forward_nonfinite = True
     # A module known to make NaN/Inf from finite inputs (a -inf mask, every step) says
     # nothing of the batch or the parameters: they are not read again for it.
     by_design = handle._replayer is not None and handle._replayer.known(path) == INTRINSIC

@@ -38,21 +38,21 @@ def _plain(value) -> bool:
     return False
 
 
-def _tensors(value):
+def tensors_in(value):
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from _tensors(v)
+            yield from tensors_in(v)
     elif isinstance(value, dict):
         for v in value.values():
-            yield from _tensors(v)
+            yield from tensors_in(v)
 
 
 def _changed_in_place(args, kwargs, output) -> bool:
     """Whether an input shares memory with the output: the module wrote into it."""
-    out = {t.untyped_storage().data_ptr() for t in _tensors(output) if t.untyped_storage().nbytes()}
-    return any(t.untyped_storage().data_ptr() in out for t in _tensors((args, kwargs)) if t.untyped_storage().nbytes())
+    out = {t.untyped_storage().data_ptr() for t in tensors_in(output) if t.untyped_storage().nbytes()}
+    return any(t.untyped_storage().data_ptr() in out for t in tensors_in((args, kwargs)) if t.untyped_storage().nbytes())
 
 
 @contextlib.contextmanager
@@ -77,18 +77,24 @@ def copy_inputs(args, kwargs):
         return copy.deepcopy((args, kwargs))
 
 
-def _twin(module: torch.nn.Module) -> torch.nn.Module:
+def twin_of(module: torch.nn.Module, fp32=True, trainable=False) -> torch.nn.Module:
     """A copy of the module sharing its fp32 parameters (no memory), with its own buffers
-    and state; fp16/bf16 parameters and buffers become fp32 copies."""
+    and state; where `fp32`, fp16/bf16 parameters and buffers become fp32 copies. Where
+    `trainable`, its parameters are leaves of their own (the same memory, without the
+    originals' hooks) that require gradients as the originals do."""
     memo = {}
     for p in module.parameters():
-        memo[id(p)] = p if p.dtype == torch.float32 or not p.is_floating_point() else \
-            torch.nn.Parameter(p.detach().float(), requires_grad=False)
+        if fp32 and p.is_floating_point() and p.dtype != torch.float32:
+            memo[id(p)] = torch.nn.Parameter(p.detach().float(), requires_grad=trainable and p.requires_grad)
+        elif trainable:
+            memo[id(p)] = torch.nn.Parameter(p.detach(), requires_grad=p.requires_grad)
+        else:
+            memo[id(p)] = p
     with _tensors_copy_detached():
         twin = copy.deepcopy(module, memo)
     for m in twin.modules():
         for name, b in m._buffers.items():
-            if b is not None and b.is_floating_point() and b.dtype != torch.float32:
+            if fp32 and b is not None and b.is_floating_point() and b.dtype != torch.float32:
                 m._buffers[name] = b.float()
         forward = m.__dict__.get("forward")
         if forward is None:
@@ -103,12 +109,12 @@ def _twin(module: torch.nn.Module) -> torch.nn.Module:
     return twin
 
 
-def _rng_state():
+def rng_state():
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     return torch.get_rng_state(), cuda
 
 
-def _set_rng_state(state):
+def set_rng_state(state):
     cpu, cuda = state
     torch.set_rng_state(cpu)
     if cuda is not None:
@@ -117,11 +123,11 @@ def _set_rng_state(state):
 
 def run_fp32(module, args, kwargs):
     """(outcome, fp32 abs-max or NaN, reason) of one replay on copies of everything."""
-    rng = _rng_state()
+    rng = rng_state()
     try:
-        twin = _twin(module)
+        twin = twin_of(module)
         args, kwargs = copy_inputs(args, kwargs)
-        inputs_finite = all(bool(torch.isfinite(t).all()) for t in _tensors((args, kwargs)) if t.is_floating_point())
+        inputs_finite = all(bool(torch.isfinite(t).all()) for t in tensors_in((args, kwargs)) if t.is_floating_point())
         with torch.no_grad(), torch.autocast("cpu", enabled=False), \
                 (torch.autocast("cuda", enabled=False) if torch.cuda.is_available() else contextlib.nullcontext()):
             out = first_float_tensor(twin(*_to_fp32(args), **_to_fp32(kwargs)))
@@ -133,7 +139,7 @@ def run_fp32(module, args, kwargs):
     except Exception as error:  # a replay must never break the training
         return UNCONFIRMED, math.nan, f"the replay raised {type(error).__name__}: {error}"
     finally:
-        _set_rng_state(rng)
+        set_rng_state(rng)
 
 
 class Replayer:

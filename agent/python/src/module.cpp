@@ -294,6 +294,8 @@ PYBIND11_MODULE(_ampdiag, m) {
       .def("grads", &Session::grads, py::arg("ids"), py::arg("ptrs"), py::arg("numels"), py::arg("dtypes"),
            py::arg("device_types"), py::arg("device_indices"), py::arg("streams"), py::arg("inv_scale") = py::none(),
            py::arg("device_scale") = py::none())
+      .def("backward_origin", [](Session& s) { return s.core().backward_origin(); },
+           "(first NaN/Inf layer in arrival order, last finite one before it) of the last host gradients; -1: none")
       .def("activation", &Session::activation)
       .def("has_nonfinite", &Session::has_nonfinite, py::arg("ptr"), py::arg("numel"), py::arg("dtype"),
            "Whether a contiguous host buffer holds NaN/Inf (the activations' check); records nothing.")
