@@ -85,6 +85,36 @@ namespace {
 // no loss scale would change: an embedding's zeros are not underflow.
 bool embedding_like(const rundb::LayerRow& layer) { return layer.module_type.find("Embedding") != std::string::npos; }
 
+// How far `layer`'s gradient sits below the other gradients of its module at the same
+// steps, per element (RMS): {ratio to the smallest of them, that layer}; {1, null} where
+// it has none. A bias whose sum over a softmax's shifted dimension (an attention key's) or
+// over what a normalisation after it removes is zero in exact arithmetic is left with
+// rounding, thousands of times below its weight's gradient: not what the scale flushes.
+std::pair<double, const LayerSummary*> below_siblings(const Run& run, const LayerSummary& layer,
+                                                     double underflow_fraction) {
+  std::pair<double, const LayerSummary*> lowest{1.0, nullptr};
+  if (layer.info.module_path.empty()) return lowest;
+  for (const auto& other : run.layers) {
+    if (&other == &layer || other.info.module_path != layer.info.module_path || other.info.numel < 16) continue;
+    double mine = 0.0, theirs = 0.0, their_low = 0.0;
+    std::int64_t n = 0;
+    auto o = other.samples.begin();
+    for (const auto& s : layer.samples) {
+      while (o != other.samples.end() && o->step < s.step) ++o;
+      if (o == other.samples.end()) break;
+      if (o->step != s.step || s.nonfinite || o->nonfinite) continue;
+      mine += double(s.l2) / std::sqrt(double(layer.info.numel));
+      theirs += double(o->l2) / std::sqrt(double(other.info.numel));
+      their_low += double(o->zero_q) / 65535.0 + double(o->sub_q) / 255.0;
+      ++n;
+    }
+    // Only against a gradient the same scale keeps in range.
+    if (theirs > 0.0 && their_low / double(n) <= underflow_fraction && mine / theirs < lowest.first)
+      lowest = {mine / theirs, &other};
+  }
+  return lowest;
+}
+
 }  // namespace
 
 void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
@@ -117,6 +147,20 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
     f.severity = Severity::kWarning;
     f.layer = layer.info.name;
     f.module = suggest::module_for_layer(run, layer.info);
+    if (const auto [ratio, sibling] = below_siblings(run, layer, t.underflow_fraction); sibling && ratio < 1.0 / 1024.0) {
+      f.severity = Severity::kInfo;
+      f.score = 5.0;
+      f.title = layer.info.name + "'s gradient cancels to rounding, far below " + sibling->info.name +
+                "'s: not flushed by the scale";
+      f.evidence = "on average " + pct(mean) + " of its values were zero or fp16-subnormal over " +
+                   plural(finite, "sampled step") + ", while per element its gradient was " + fmt(ratio) + " of " +
+                   sibling->info.name + "'s at the same steps, which the same scale keeps in range: a sum that is "
+                   "zero in exact arithmetic (an attention key's bias, which shifts every score of a query alike "
+                   "under softmax; a bias just before a normalisation), left with rounding; no scale helps";
+      f.steps.push_back(first);
+      out.push_back(f);
+      continue;
+    }
     f.score = 30.0 + 10.0 * mean;
     f.title = layer.info.name + ": most of its gradient is zero or below fp16's normal range at the current scale";
     f.evidence = "on average " + pct(mean) + " of its values were zero (" + pct(mean_zero) + ") or fp16-subnormal (" +

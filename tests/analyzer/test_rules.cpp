@@ -230,6 +230,36 @@ TEST_CASE("an fp16 run whose GradScaler was disabled is told to enable it, not t
   CHECK_THAT(u->suggestions.front().python, Catch::Contains("enabled=True"));
 }
 
+TEST_CASE("a bias whose gradient is rounding far below its weight's at the same scale is info, not underflow",
+          "[rules]") {
+  // BERT's attention key bias: it shifts every score of a query alike, so softmax cancels its
+  // gradient to rounding, 1e-4 of the key weight's per element, fp16-subnormal at 65536.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"key.weight", "key.bias", "query.weight"});
+  f.zeros_fraction("key.bias", 0.0, 0.95);
+  for (int i = 0; i < 10; ++i) f.clipped(1e-4, {"key.bias"}).step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(r.healthy());
+  const Finding* u = find(r, "underflow");
+  REQUIRE(u != nullptr);
+  CHECK(u->severity == Severity::kInfo);
+  CHECK_THAT(u->title, Catch::StartsWith("key.bias's gradient cancels to rounding, far below key.weight's"));
+  CHECK(u->suggestions.empty());
+}
+
+TEST_CASE("a small bias beside a weight that underflows too is an underflow", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"key.weight", "key.bias"});
+  f.zeros_fraction("key.bias", 0.0, 0.95).zeros_fraction("key.weight", 0.6, 0.2);
+  for (int i = 0; i < 10; ++i) f.clipped(1e-4, {"key.bias"}).step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  for (const auto& finding : r.findings)
+    if (finding.rule == "underflow") CHECK(finding.severity == Severity::kWarning);
+  REQUIRE(find(r, "underflow") != nullptr);
+}
+
 TEST_CASE("zeros without any fp16-subnormal value are structural, not underflow", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import ampdiag
-from conftest import rows, rules
+from conftest import amp_step, rows, rules
 
 
 class Mlp(nn.Module):
@@ -643,3 +643,41 @@ def test_a_bfloat16_model_without_autocast_is_judged_in_bfloat16(tmp_path):
             opt.zero_grad()
     assert rows(db, "SELECT value FROM meta WHERE key = 'amp_dtype'") == [("bfloat16",)]
     assert rows(db, "SELECT COUNT(*) FROM events WHERE kind = 'amp-dtype'") == [(0,)]
+
+
+class SelfAttention(nn.Module):
+    """Attention as BERT writes it: separate query, key and value projections with biases."""
+
+    def __init__(self, d=64, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.query, self.key, self.value, self.out = (nn.Linear(d, d) for _ in range(4))
+        self.norm = nn.LayerNorm(d)
+        for p in (self.query, self.key, self.value, self.out):  # BERT's initializer_range
+            nn.init.normal_(p.weight, std=0.02)
+            nn.init.zeros_(p.bias)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (p(x).view(b, t, self.heads, -1).transpose(1, 2) for p in (self.query, self.key, self.value))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d // self.heads)
+        h = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)
+        return self.norm(x + self.out(h))
+
+
+def test_an_attention_key_bias_whose_gradient_softmax_cancels_is_not_an_underflow(tmp_path, verdict):
+    # The key bias adds the same q·b to every score of a query, which softmax ignores: its
+    # gradient is rounding, fp16-subnormal at any scale the key weight's gradient fits.
+    db = tmp_path / "attention.db"
+    torch.manual_seed(0)
+    model = nn.Sequential(SelfAttention(), SelfAttention(), nn.Linear(64, 1))
+    opt, scaler = torch.optim.AdamW(model.parameters(), lr=1e-3), torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(12):
+            x = torch.randn(8, 16, 64)
+            amp_step(opt, scaler, lambda: nn.functional.mse_loss(model(x).float().mean(1), x.mean(1)[:, :1]))
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), [f["title"] for f in rep["findings"]]
+    cancelled = {f["layer"]: f["severity"] for f in rep["findings"] if f["rule"] == "underflow"}
+    assert cancelled and set(cancelled) <= {"0.key.bias", "1.key.bias"}  # subnormal: once a warning
+    assert set(cancelled.values()) == {"info"}
