@@ -245,16 +245,24 @@ TEST_CASE("a gradient overflow in a step whose forward only held a mask's -inf i
 namespace {
 
 // Twenty-four skips halving from 65536 (down to 0.0078125): block.fc1 first, block.fc2 the
-// finite gradient before it, `replay` the agent's backward replay of block ("" for none).
-Report block_nan_at_every_scale(const TempDir& dir, const std::string& replay) {
+// finite gradient before it, `replay` the agent's backward replay of block.
+// Returns the report's overflow-origin finding.
+Finding origin_after_replay(const std::string& replay) {
+  TempDir dir;
   RunFixture f(dir.file("run.db"), {"block.fc1.weight", "block.fc2.weight", "head.weight"});
   double scale = 65536;
-  for (int i = 0; i < 24; ++i, scale /= 2) {
-    if (i == 17 && !replay.empty()) f.event("backward-replay", "block: " + replay);
+  const auto skip = [&] {
     f.finite_first({"head.weight", "block.fc2.weight"}).step(scale, scale / 2, 1000, {"block.fc1.weight"});
-  }
+    scale /= 2;
+  };
+  for (int i = 0; i < 17; ++i) skip();
+  f.event("backward-replay", "block: " + replay);  // at step 17, once the scale is below 1
+  for (int i = 0; i < 7; ++i) skip();
   f.finish();
-  return report_of(dir.file("run.db"));
+  const Report r = report_of(dir.file("run.db"));
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  return *o;
 }
 
 }  // namespace
@@ -262,39 +270,30 @@ Report block_nan_at_every_scale(const TempDir& dir, const std::string& replay) {
 TEST_CASE("a backward that is NaN at every scale but finite when replayed in FP32 is pinned, with no sqrt to look for",
           "[rules][replay]") {
   // GPT-2's tanh GELU written out: x ** 3 overflows fp16 inside the block, tanh squashes it.
-  TempDir dir;
-  const Report r = block_nan_at_every_scale(dir, "finite: float16 autocast: NaN/Inf in 3 of 5 gradients; FP32: 0");
-  const Finding* o = find(r, "overflow-origin");
-  REQUIRE(o != nullptr);
-  CHECK(o->module == "block");
-  CHECK_THAT(o->title, Catch::EndsWith("in FP32 its backward is finite (replayed)"));
-  CHECK_THAT(o->evidence, Catch::Contains("replayed at step 17") && Catch::Contains("FP32: 0"));
-  REQUIRE(o->suggestions.size() == 2);
-  CHECK_THAT(o->suggestions[0].summary, Catch::StartsWith("Run block in FP32"));
-  CHECK_THAT(o->suggestions[1].summary, Catch::Contains("bfloat16"));
+  const Finding o = origin_after_replay("finite: float16 autocast: NaN/Inf in 3 of 5 gradients; FP32: 0");
+  CHECK(o.module == "block");
+  CHECK_THAT(o.title, Catch::EndsWith("in FP32 its backward is finite (replayed)"));
+  CHECK_THAT(o.evidence, Catch::Contains("replayed at step 17") && Catch::Contains("FP32: 0"));
+  REQUIRE(o.suggestions.size() == 2);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run block in FP32"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::Contains("bfloat16"));
 }
 
 TEST_CASE("a backward that is NaN in FP32 too when replayed gets the look at its backward and no pin", "[rules][replay]") {
   // A distance inside the block: sqrt(0)'s gradient is NaN in any precision.
-  TempDir dir;
-  const Report r = block_nan_at_every_scale(dir, "intrinsic: float16 autocast: NaN/Inf in 3 of 5 gradients; FP32: 3");
-  const Finding* o = find(r, "overflow-origin");
-  REQUIRE(o != nullptr);
-  CHECK_THAT(o->title, Catch::EndsWith("its backward makes NaN/Inf in FP32 too (replayed)"));
-  CHECK_THAT(o->evidence, Catch::Contains("it makes them in any precision"));
-  REQUIRE(o->suggestions.size() == 1);
-  CHECK_THAT(o->suggestions[0].summary, Catch::StartsWith("Look first at the backward of block"));
+  const Finding o = origin_after_replay("intrinsic: float16 autocast: NaN/Inf in 3 of 5 gradients; FP32: 3");
+  CHECK_THAT(o.title, Catch::EndsWith("its backward makes NaN/Inf in FP32 too (replayed)"));
+  CHECK_THAT(o.evidence, Catch::Contains("it makes them in any precision"));
+  REQUIRE(o.suggestions.size() == 1);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Look first at the backward of block"));
 }
 
 TEST_CASE("a backward replay that could not tell leaves both fixes and says why", "[rules][replay]") {
-  TempDir dir;
-  const Report r = block_nan_at_every_scale(dir, "unconfirmed: its inputs or output gradient held NaN/Inf");
-  const Finding* o = find(r, "overflow-origin");
-  REQUIRE(o != nullptr);
-  CHECK_THAT(o->evidence, Catch::Contains("(its backward replay could not tell: its inputs or output gradient held NaN/Inf)"));
-  REQUIRE(o->suggestions.size() == 3);
-  CHECK_THAT(o->suggestions[0].summary, Catch::StartsWith("Look first at the backward of block"));
-  CHECK_THAT(o->suggestions[1].summary, Catch::StartsWith("If its true gradients are the ones beyond fp16"));
+  const Finding o = origin_after_replay("unconfirmed: its inputs or output gradient held NaN/Inf");
+  CHECK_THAT(o.evidence, Catch::Contains("(its backward replay could not tell: its inputs or output gradient held NaN/Inf)"));
+  REQUIRE(o.suggestions.size() == 3);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Look first at the backward of block"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("If its true gradients are the ones beyond fp16"));
 }
 
 TEST_CASE("under a collapsed scale the module first most often below the floor is the error, not the one first more often",

@@ -15,23 +15,21 @@ class TanhGelu(nn.Module):  # GPT-2's GELU written out: x ** 3 overflows fp16 ab
         return 0.5 * h * (1 + torch.tanh(0.7978845608 * (h + 0.044715 * h ** 3)))
 
 
-class Mlp(nn.Module):
-    def __init__(self, dropout=0.0):
-        super().__init__()
-        self.fc1, self.act, self.drop, self.fc2 = nn.Linear(16, 64), TanhGelu(), nn.Dropout(dropout), nn.Linear(64, 16)
-
-    def forward(self, x):
-        return self.fc2(self.drop(self.act(self.fc1(x))))
+def mlp(dropout=0.0):
+    return nn.Sequential(nn.Linear(16, 64), TanhGelu(), nn.Dropout(dropout), nn.Linear(64, 16))
 
 
-class PairDistances(nn.Module):  # sqrt(0) on the diagonal: an infinite gradient in any precision
+class PairDistances(nn.Sequential):
+    """Encodes, takes each row's distance to every row (sqrt(0) on the diagonal: an infinite
+    gradient in any precision) and projects the first 16."""
+
     def __init__(self):
-        super().__init__()
-        self.enc, self.proj = nn.Linear(16, 32), nn.Linear(16, 16)
+        super().__init__(nn.Linear(16, 32), nn.Linear(16, 16))
 
     def forward(self, x):
-        z = self.enc(x).float()
-        return self.proj(((z[:, None] - z[None]) ** 2).sum(-1).sqrt()[:, :16])
+        z = self[0](x).float()
+        diff = z.unsqueeze(1) - z.unsqueeze(0)
+        return self[1](diff.square().sum(-1).sqrt()[:, :16])
 
 
 def replays(db):
@@ -61,7 +59,7 @@ def train(db, make_block, steps=24, raw_steps=24, **attach):
 
 def test_an_fp16_intermediate_overflow_absorbed_in_forward_is_replayed_finite_in_fp32(tmp_path):
     db = tmp_path / "gelu.db"
-    train(db, Mlp)
+    train(db, mlp)
     [(step, detail)] = replays(db)
     assert detail.startswith("0: finite: float16 autocast: NaN/Inf in ")
     assert detail.endswith("; FP32: 0")
@@ -81,8 +79,8 @@ def test_the_replay_changes_neither_the_weights_nor_the_random_stream(tmp_path):
     # Dropout inside the replayed block: the replay draws its masks from the captured RNG
     # state and puts the stream back, so every later batch and mask is what it would have
     # been. The readings are scaled from step 20 on, and those steps are applied.
-    with_replay = train(tmp_path / "on.db", lambda: Mlp(dropout=0.1), steps=26, raw_steps=20)
-    without = train(tmp_path / "off.db", lambda: Mlp(dropout=0.1), steps=26, raw_steps=20, replay=False)
+    with_replay = train(tmp_path / "on.db", lambda: mlp(dropout=0.1), steps=26, raw_steps=20)
+    without = train(tmp_path / "off.db", lambda: mlp(dropout=0.1), steps=26, raw_steps=20, replay=False)
     with sqlite3.connect(tmp_path / "on.db") as c:
         assert c.execute("SELECT COUNT(*) FROM steps WHERE step >= 20 AND NOT skipped").fetchone()[0] > 0
     assert replays(tmp_path / "on.db") and not replays(tmp_path / "off.db")
@@ -92,7 +90,7 @@ def test_the_replay_changes_neither_the_weights_nor_the_random_stream(tmp_path):
 def test_a_run_whose_scale_stays_above_1_replays_no_backward(tmp_path):
     # Normalised inputs: at most the scaler's calibration skips, at 65536.
     db = tmp_path / "calm.db"
-    train(db, Mlp, raw_steps=0)
+    train(db, mlp, raw_steps=0)
     assert replays(db) == []
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import ampdiag
+from conftest import amp_step
 
 
 class TanhGelu(nn.Module):  # GPT-2's GELU as Hugging Face writes it: x ** 3 overflows fp16
@@ -45,12 +46,7 @@ def train(db, block, readings=255.0, pin=False):
     with ampdiag.attach(model, scaler, db=db):
         for _ in range(24):
             x = torch.rand(32, 16) * readings
-            opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = nn.functional.mse_loss(model(x).float(), x.mean(1, keepdim=True) / readings)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+            amp_step(opt, scaler, lambda: nn.functional.mse_loss(model(x).float(), x.mean(1, keepdim=True) / readings))
 
 
 def test_a_nan_an_fp16_intermediate_makes_in_backward_is_pinned_once_fp32_is_replayed_finite(tmp_path, verdict):
