@@ -67,6 +67,29 @@ def test_an_fp16_intermediate_overflow_absorbed_in_forward_is_replayed_finite_in
         assert c.execute("SELECT MIN(step) FROM steps WHERE skipped AND scale_before <= 1").fetchone()[0] < step
 
 
+class TupleBlock(nn.Module):
+    """Returns (hidden states, None), as a Hugging Face block returns its outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(16, 64), TanhGelu(), nn.Linear(64, 16)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x))), None
+
+
+class First(nn.Module):
+    def forward(self, outputs):
+        return outputs[0]
+
+
+def test_a_module_returning_a_tuple_is_replayed_on_its_first_floating_point_output(tmp_path):
+    db = tmp_path / "tuple.db"
+    train(db, lambda: nn.Sequential(TupleBlock(), First()))
+    [(_, detail)] = replays(db)
+    assert detail.startswith("0.0: finite: "), detail
+
+
 def test_a_nan_the_module_makes_in_any_precision_is_replayed_intrinsic(tmp_path):
     db = tmp_path / "sqrt.db"
     train(db, PairDistances, raw_steps=0)

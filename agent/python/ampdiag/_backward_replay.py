@@ -10,7 +10,7 @@ the module to FP32 helps the second kind only, and the statistics cannot tell th
 
 So the module's backward is run again, once per run: on its next call (the first of a
 step) the agent keeps copies of its inputs, the RNG and autocast state, and the gradient
-its output receives; when that step ends, a copy of the module (parameters shared, no
+its (first floating-point) output receives; when that step ends, a copy of the module (parameters shared, no
 hooks) runs forward and backward on them twice, as it ran and in FP32. NaN/Inf as run and
 none in FP32 is evidence for pinning; NaN/Inf in FP32 too, from finite inputs and a
 finite output gradient, is evidence against. Nothing the model holds changes. Event
@@ -20,6 +20,7 @@ import torch
 
 from ._pin import _to_fp32
 from ._replay import copy_inputs, rng_state, set_rng_state, tensors_in, twin_of
+from ._tensors import first_float_tensor
 
 FINITE, INTRINSIC, UNCONFIRMED = "finite", "intrinsic", "unconfirmed"
 # Steps a suspect is captured for before the replay gives up: its backward has to go
@@ -48,7 +49,8 @@ class _Capture:
         device = next((t.device.type for t in tensors_in((args, kwargs)) if t.is_floating_point()), "cpu")
         self.device = device if device in ("cpu", "cuda") else "cpu"
         self.autocast = torch.is_autocast_enabled(self.device), torch.get_autocast_dtype(self.device)
-        self.grad = None
+        self.hooked = False  # the output of this call has its gradient hook
+        self.grad = None     # the gradient its first floating-point output received
 
 
 def _nonfinite_gradients(module, capture, fp32):
@@ -62,9 +64,9 @@ def _nonfinite_gradients(module, capture, fp32):
     set_rng_state(capture.rng)  # the same dropout masks
     enabled, dtype = capture.autocast
     with torch.enable_grad(), torch.autocast(capture.device, dtype=dtype, enabled=enabled and not fp32):
-        out = twin(*args, **kwargs)
-    if not isinstance(out, torch.Tensor) or not out.requires_grad:
-        raise _Unconfirmed("its output is not one tensor with a gradient")
+        out = first_float_tensor(twin(*args, **kwargs))
+    if out is None or not out.requires_grad:
+        raise _Unconfirmed("its output holds no floating-point tensor with a gradient")
     leaves = [p for p in twin.parameters() if p.requires_grad] + inputs
     grads = torch.autograd.grad(out, leaves, grad_outputs=capture.grad.to(out.dtype), allow_unused=True)
     made = [g for g in grads if g is not None]
@@ -123,12 +125,19 @@ class BackwardReplayer:
 
         def after(mod, args, kwargs, output):
             capture = self._capture
-            if capture is not None and capture.grad is None and isinstance(output, torch.Tensor) \
-                    and output.requires_grad and not handle._standing_aside:
-                def keep(grad):
-                    if capture.grad is None:
-                        capture.grad = grad.detach().clone()
-                output.register_hook(keep)
+            if capture is None or capture.hooked or handle._standing_aside:
+                return None
+            capture.hooked = True
+            tensor = first_float_tensor(output)
+            if tensor is None or not tensor.requires_grad:
+                self._finish(UNCONFIRMED, "its output holds no floating-point tensor with a gradient")
+                return None
+
+            def keep(grad):
+                if capture.grad is None:
+                    capture.grad = grad.detach().clone()
+
+            tensor.register_hook(keep)
             return None
 
         as_run = handle._forward_hook_as_run
