@@ -84,6 +84,25 @@ def test_a_second_attach_to_a_db_being_written_is_refused_and_the_first_run_keep
     assert handle.status["dropped"] == 0 and handle.status["lost"] == 0
 
 
+def test_attach_inside_the_epoch_loop_is_told_to_attach_once_and_the_first_epoch_is_kept(tmp_path):
+    db = tmp_path / "run.db"
+    model, scaler = Tiny(), torch.amp.GradScaler("cpu")
+    train(4, attach=lambda m, s, o: ampdiag.attach(m, s, db=db))
+    with pytest.raises(ampdiag.RunDbError, match=r"already exists.*attach once, before the epoch loop") as refused:
+        ampdiag.attach(model, scaler, db=db)
+    assert "overwrite=True would replace the epochs it holds" in str(refused.value)
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 4
+
+
+def test_a_db_left_by_another_process_is_refused_without_the_epoch_loop_hint(tmp_path):
+    db = tmp_path / "run.db"
+    subprocess.run([sys.executable, "-c", f"import sqlite3; sqlite3.connect({str(db)!r}).close()"], check=True)
+    with pytest.raises(ampdiag.RunDbError, match="already exists") as refused:
+        ampdiag.attach(Tiny(), torch.amp.GradScaler("cpu"), db=db)
+    assert "epoch loop" not in str(refused.value)
+
+
 def test_a_writer_in_another_process_holds_its_db(tmp_path):
     db = tmp_path / "run.db"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""

@@ -54,6 +54,11 @@ def _compiled_in_place(root: torch.nn.Module) -> bool:
     return any(module.__dict__.get("_compiled_call_impl") is not None for module in root.modules())
 
 
+# The run.db files this process has opened (real paths): a second attach() to one is
+# most likely attach() inside the epoch loop.
+_RECORDED = set()
+
+
 class AttachHandle:
     """What attach() returns. Also a context manager: leaving it closes the handle."""
 
@@ -279,7 +284,16 @@ class AttachHandle:
     def _open_session(self, rank, world):
         path = _ampdiag.rank_db_path(self._db, rank, world)
         # Creating the file is where a bad path fails.
-        self._session.open(path, rank, world, self._run_id or "")
+        try:
+            self._session.open(path, rank, world, self._run_id or "")
+        except _ampdiag.RunDbError as error:
+            if os.path.realpath(path) in _RECORDED and os.path.exists(path):
+                # attach() inside the epoch loop: overwriting, as the error offers, loses the epochs before.
+                raise _ampdiag.RunDbError(f"{error}. An earlier attach() in this process recorded it: attach once, "
+                                          "before the epoch loop, to record every epoch in one run.db "
+                                          "(overwrite=True would replace the epochs it holds)") from None
+            raise
+        _RECORDED.add(os.path.realpath(path))
         self.db_path = path
 
     def _write_meta(self, scaler, every, context_steps, fused, histogram, amp_dtype, params):
