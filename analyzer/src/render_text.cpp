@@ -171,7 +171,7 @@ std::string render_text(const Report& r, const Gate& gate, const RenderOptions& 
     if (!f.layer.empty()) out += "   layer:    " + printable(f.layer) + "\n";
     out += "   evidence: " + data(f.evidence) + "\n";
     for (const auto& s : f.suggestions) {
-      out += "   fix:      " + data(s.summary) + (f.confirmation == "confirmed" && &s == &f.suggestions.front() ? " (confirmed by replay)" : "") + "\n";
+      out += "   fix:      " + data(s.summary) + (f.confirmation == "confirmed" && &s == &f.suggestions.front() && !s.untried ? " (confirmed by replay)" : "") + "\n";
       if (!s.cost.empty()) out += "   cost:     " + data(s.cost) + "\n";
       if (!s.python.empty()) out += std::string(dim) + "   Python:\n" + reset + indent(printable(s.python, true), "      ");
       if (!s.cpp.empty()) out += std::string(dim) + "   C++:\n" + reset + indent(printable(s.cpp, true), "      ");

@@ -59,9 +59,12 @@ bool forward_failed(const Run& run, const StepSummary& s) {
 }
 
 // The evidence a replay whose FP32 output was finite gives.
-std::string confirmed_evidence(double fp32_absmax) {
+std::string confirmed_evidence(const Run& run, double fp32_absmax) {
   char absmax[48];
   std::snprintf(absmax, sizeof absmax, "%.6g", fp32_absmax);
+  if (suggest::beyond_fp16(run, fp32_absmax))
+    return std::string("confirmed: re-run once in FP32 on copies of the same inputs, its output was finite but up to ") +
+           absmax + ", beyond fp16's largest value (65504): whatever uses it in fp16 overflows next";
   return std::string("confirmed: re-run once in FP32 on copies of the same inputs, its output was finite") +
          (std::isfinite(fp32_absmax) ? std::string(" (max |x| ") + absmax + ")" : "");
 }
@@ -94,11 +97,10 @@ Finding confirmed_overflow(const Run& run, const ModuleSummary& m, const std::st
   f.confirmation = "confirmed";
   f.score = score;
   f.title = m.info.path + " overflows fp16 in forward, after " + before + "'s NaN/Inf by design";
-  f.evidence = "its output was NaN/Inf in " + plural(m.nonfinite_steps, "step") + "; " + confirmed_evidence(r->fp32_absmax) +
+  f.evidence = "its output was NaN/Inf in " + plural(m.nonfinite_steps, "step") + "; " + confirmed_evidence(run, r->fp32_absmax) +
                "; " + before + ", first in forward order, makes NaN/Inf from finite inputs in FP32 too";
   if (m.first_step >= 0) f.steps.push_back(m.first_step);
-  f.suggestions.push_back(suggest::pin_fp32(run, m.info.path));
-  if (run.fp16()) f.suggestions.push_back(suggest::use_bf16(run));
+  f.suggestions = suggest::confirmed_fixes(run, m.info.path, r->fp32_absmax);
   return f;
 }
 
@@ -569,7 +571,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     if (cause.own_code)
       f.evidence += "; " + cause.first_seen + " showed it first but only received it (its FP32 replay was still NaN/Inf)";
     if (cause.confirmation == "confirmed") {
-      f.evidence += "; " + confirmed_evidence(cause.fp32_absmax);
+      f.evidence += "; " + confirmed_evidence(run, cause.fp32_absmax);
       f.score += 1.0;
     } else if (cause.confirmation == "unconfirmed") {
       f.evidence += "; unconfirmed: " + cause.reason;
@@ -610,7 +612,11 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
       top = false;
       continue;
     }
-    if (!path.empty()) {
+    // A replayed module's fixes carry their own bf16 line.
+    const bool replayed_pin = !path.empty() && cause.confirmation == "confirmed";
+    if (replayed_pin) {
+      f.suggestions = suggest::confirmed_fixes(run, path, cause.fp32_absmax);
+    } else if (!path.empty()) {
       f.suggestions.push_back(suggest::pin_fp32(run, path));
     } else if (!cause.own_code) {
       model_code_after_modules(run, c.steps, f);
@@ -620,7 +626,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
                                    "or a sum in fp16; wrap that code in a module to have it named).",
                                "", ""});
     }
-    if (run.fp16()) f.suggestions.push_back(suggest::use_bf16(run));
+    if (run.fp16() && !replayed_pin) f.suggestions.push_back(suggest::use_bf16(run));
     if (c.hurt == 0) {
       // The model absorbed it (a max, a mask): a latent overflow, not a lost step. Or only
       // evaluations showed it, which train nothing.

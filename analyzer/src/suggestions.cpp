@@ -106,6 +106,37 @@ Suggestion use_bf16(const Run& run) {
   return s;
 }
 
+bool beyond_fp16(const Run& run, double fp32_absmax) {
+  return run.fp16() && std::isfinite(fp32_absmax) && fp32_absmax > run.fp_max;
+}
+
+std::vector<Suggestion> confirmed_fixes(const Run& run, const std::string& module_path, double fp32_absmax) {
+  if (!beyond_fp16(run, fp32_absmax)) {
+    std::vector<Suggestion> fixes{pin_fp32(run, module_path)};
+    if (run.fp16()) fixes.push_back(use_bf16(run));
+    return fixes;
+  }
+  const auto dot = module_path.rfind('.');
+  if (dot == std::string::npos) {
+    Suggestion alone = pin_fp32(run, module_path);
+    alone.summary = "Or run " + module_path + " in FP32 together with the code that uses its output: its FP32 output "
+                    "is beyond fp16's range, so pinned alone it moves the overflow to what uses it next.";
+    alone.untried = true;
+    Suggestion bf16 = use_bf16(run);
+    bf16.summary = "Train in bfloat16 (fp32's range, no loss scaler needed) if the hardware supports it: " + module_path +
+                   "'s output is beyond fp16's range even in FP32.";
+    bf16.untried = true;
+    return {bf16, alone};
+  }
+  const std::string parent = module_path.substr(0, dot);
+  Suggestion pin = pin_fp32(run, parent);
+  pin.summary = "Run " + parent + " in FP32, " + module_path + " with what uses its output: autocast off around it, its "
+                "floating-point inputs cast to float32 (not replayed; " + module_path + " pinned alone hands its FP32 "
+                "output, beyond fp16's range, to the next fp16 operation, which overflows instead).";
+  pin.untried = true;
+  return {pin, use_bf16(run)};
+}
+
 Suggestion fp32_master_weights(const Run& run) {
   const std::string device = device_type(run);
   Suggestion s;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "ampdiag/analyzer/findings.h"
 #include "ampdiag/analyzer/run.h"
@@ -13,6 +14,13 @@ std::string python_attribute(const std::string& module_path);
 
 Suggestion pin_fp32(const Run& run, const std::string& module_path);
 Suggestion use_bf16(const Run& run);
+// Whether an FP32 replay's largest output `fp32_absmax` is beyond the run's fp16 range.
+bool beyond_fp16(const Run& run, double fp32_absmax);
+// The fixes for a module whose FP32 replay was finite, up to `fp32_absmax`: its pin, then
+// bf16 (fp16 runs). Beyond fp16's range, the module pinned alone would hand that to whatever
+// uses its output in fp16, which overflows there instead (timm ViT's mlp.fc1 then fc2): its
+// parent is pinned, with those users inside it (untried), or with no parent bf16 comes first.
+std::vector<Suggestion> confirmed_fixes(const Run& run, const std::string& module_path, double fp32_absmax);
 Suggestion add_scaler(const Run& run);
 // Parameters kept in float32, the forward under autocast (the model stored them in fp16/bf16).
 Suggestion fp32_master_weights(const Run& run);

@@ -152,6 +152,12 @@ class RunFixture {
     return *this;
   }
 
+  // A finite FP32 replay whose output reached `fp32_absmax`.
+  RunFixture& finite_replay(const std::string& module, double fp32_absmax) {
+    writer_.add_replay({step_, module, "finite", fp32_absmax, ""});
+    return *this;
+  }
+
   // Exponent histograms on every gradient and activation row from now on (meta histogram=1): its values
   // sit in the bins of its abs-max and of its smallest non-zero value.
   RunFixture& histograms() {

@@ -17,6 +17,9 @@ struct Suggestion {
   std::string cpp;      // copy-paste snippet
   // What following it costs, where the run measured it (the device profile); else empty.
   std::string cost = {};
+  // On a finding a replay confirmed: a fix no replay has run (its first fix is then not
+  // marked "confirmed by replay").
+  bool untried = false;
 };
 
 struct Finding {

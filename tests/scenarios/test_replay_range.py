@@ -1,0 +1,68 @@
+"""A module whose output overflows fp16 while its FP32 replay is finite but still beyond
+fp16's range (a ViT block's mlp.fc1 with weights grown too large, as timm's ViT showed):
+pinned alone it hands that FP32 output to the next fp16 operation, which overflows instead.
+The report pins its parent, the block's MLP, and that pin trains the same loop healthy."""
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+import ampdiag
+from conftest import amp_training
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):  # pre-norm residual, as a ViT block's MLP half
+    def __init__(self):
+        super().__init__()
+        self.norm, self.mlp = nn.LayerNorm(16), Mlp()
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+def train(db, pin=None):
+    """A ViT-like stack whose block.mlp.fc1 reaches ~2e5 in FP32 (weights ×1e5), fp16
+    autocast, AdamW, a real GradScaler, 12 steps; `pin` the dotted path pinned to FP32."""
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(embed=nn.Linear(16, 16), block=Block(), norm=nn.LayerNorm(16),
+                                      head=nn.Linear(16, 4)))
+    with torch.no_grad():
+        model.block.mlp.fc1.weight.mul_(1e5)
+    if pin:
+        ampdiag.pin_fp32(model.get_submodule(pin))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    amp_training(db, model, opt, 12, lambda g: nn.functional.cross_entropy(
+        model(torch.randn(32, 16, generator=g)), torch.randint(0, 4, (32,), generator=g)))
+
+
+def test_a_module_whose_fp32_output_is_beyond_fp16_gets_its_parent_pinned(tmp_path, verdict):
+    train(tmp_path / "hot.db")
+    code, rep = verdict(tmp_path / "hot.db")
+    assert code == 1
+    fw = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
+    assert fw["module"] == "block.mlp.fc1" and fw["confirmation"] == "confirmed"
+    assert "beyond fp16's largest value (65504)" in fw["evidence"]
+    assert fw["suggestions"][0]["python"].startswith("ampdiag.pin_fp32(model.block.mlp)")
+
+
+def test_pinning_that_module_alone_moves_the_overflow_to_what_uses_its_output(tmp_path, verdict):
+    train(tmp_path / "fc1.db", pin="block.mlp.fc1")
+    code, rep = verdict(tmp_path / "fc1.db")
+    assert code == 1
+    fw = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
+    assert fw["module"] == "block.mlp.fc2"
+
+
+def test_the_parent_pin_trains_the_same_loop_healthy(tmp_path, verdict):
+    train(tmp_path / "mlp.db", pin="block.mlp")
+    code, rep = verdict(tmp_path / "mlp.db")
+    assert (code, rep["healthy"]) == (0, True), [f["title"] for f in rep["findings"]]
