@@ -25,7 +25,7 @@ from ._dropped import DroppedForwards
 from ._layers import Layers, source_of
 from ._forward import forward_hook, input_hook, output_hook, outside_compiled_graph
 from ._looks import look_at_loss_code, look_at_parameters
-from ._options import check_options, default_amp_dtype, trains_fp16_parameters
+from ._options import check_options, default_amp_dtype, torch_optimizer, trains_fp16_parameters
 from ._backward_replay import BackwardReplayer, common_module
 from ._replay import Replayer
 from ._scaler import wrap_disabled_scaler, wrap_scaler
@@ -77,8 +77,8 @@ class AttachHandle:
         if scaler is None and optimizer is None and disabled is None:
             raise ValueError("pass scaler= (fp16 with a torch.amp.GradScaler) or optimizer= (bf16 without a "
                              "scaler) so ampdiag knows where each step's gradients are final")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
+        if optimizer is not None:
+            optimizer = torch_optimizer(optimizer)
         root = _watched_root(model)
         for owner, what in ((root, "model"), (scaler if scaler is not None else disabled, "scaler")):
             if owner is not None and getattr(owner, _ATTACHED, None) is not None and getattr(owner, _ATTACHED)():
@@ -647,7 +647,8 @@ def attach(model: torch.nn.Module, scaler: "torch.amp.GradScaler | None" = None,
 
     model:          the torch.nn.Module being trained (a DDP wrapper is fine).
     scaler:         the torch.amp.GradScaler ("cpu" or "cuda") of an fp16 run.
-    optimizer:      for bf16 runs without a scaler: statistics are taken before its step().
+    optimizer:      for bf16 runs without a scaler: statistics are taken before its step(). A
+                    framework's wrapper (Accelerate, Lightning) is watched through its .optimizer.
     db:             the run.db to write; under torchrun each rank writes NAME.rank{N}.db.
     every:          record per-layer statistics every N steps (overflows, scale changes and
                     `context_steps` steps around them are always recorded).

@@ -27,6 +27,23 @@ def check_options(db, every, context_steps, queue_capacity, threads, amp_dtype, 
     return db
 
 
+def torch_optimizer(optimizer):
+    """The torch optimizer whose step hooks ampdiag sets: `optimizer`, or the one a training
+    framework's wrapper holds as `.optimizer` and steps (Accelerate's AcceleratedOptimizer
+    subclasses torch's Optimizer without running its __init__, so it has no step hooks;
+    Lightning's LightningOptimizer is no Optimizer at all)."""
+    given = optimizer
+    for _ in range(4):
+        if isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "_optimizer_step_pre_hooks"):
+            return optimizer
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or inner is optimizer:
+            break
+        optimizer = inner
+    raise TypeError(f"optimizer must be a torch.optim.Optimizer, or a wrapper holding one as .optimizer, not "
+                    f"{type(given).__name__}: pass the torch optimizer that steps the model's parameters")
+
+
 def trains_fp16_parameters(params) -> bool:
     """The model itself is fp16 (model.half()): its precision is its parameters', whatever autocast says."""
     return any(p.dtype == torch.float16 for p in params if p.requires_grad)
