@@ -138,7 +138,11 @@ Run load_run(const std::string& path, const LoadOptions& options) {
     // The Python agent saw backwards but never the attached scaler (another one was used).
     if (const rundb::EventRow* e = run.first_event("scaler-unused"))
       throw rundb::RunDbError(path + ": holds no steps: " + e->detail);
-    throw rundb::RunDbError(path + ": holds no steps (the training never reached scaler.update())");
+    if (const rundb::EventRow* e = run.first_event("training-raised"))
+      throw rundb::RunDbError(path + ": holds no steps: before its first step was recorded, the training raised " +
+                              e->detail);
+    throw rundb::RunDbError(path + ": holds no steps (the training never reached " +
+                            (run.has_scaler() ? "scaler.update())" : "the optimizer's step())"));
   }
   return run;
 }

@@ -275,7 +275,12 @@ class AttachHandle:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, error, traceback):
+        # A training that raised inside the block: the report says so where it finds no step,
+        # rather than that the loop never reached its update.
+        if kind is not None and not self._closed and not self._inert:
+            text = str(error).strip()
+            self._session.event("training-raised", kind.__name__ + (": " + text.splitlines()[0][:300] if text else ""))
         self.close()
         return False
 

@@ -1,0 +1,64 @@
+"""A run.db that holds no step says why: the exception the training raised inside
+attach()'s with-block (event "training-raised"), or which call the loop never reached."""
+import sqlite3
+import subprocess
+
+import pytest
+import torch
+
+import ampdiag
+from conftest import Tiny
+
+
+def report_error(cli, db):
+    result = subprocess.run([cli, "report", str(db)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout
+    return result.stderr.strip()
+
+
+def backward_only(model):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(torch.randn(4, 16)).float().mean()
+    loss.backward()
+
+
+def test_an_exception_inside_the_with_block_is_recorded_with_its_first_line(tmp_path):
+    db = tmp_path / "raised.db"
+    model = Tiny()
+    with pytest.raises(RuntimeError):
+        with ampdiag.attach(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), db=db):
+            backward_only(model)
+            raise RuntimeError("could not create a primitive descriptor\nsecond line")
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT detail FROM events WHERE kind = 'training-raised'").fetchall() == [
+            ("RuntimeError: could not create a primitive descriptor",)]
+
+
+def test_a_run_without_steps_whose_training_raised_is_reported_with_the_exception(tmp_path, ampdiag_cli):
+    db = tmp_path / "raised.db"
+    model = Tiny()
+    with pytest.raises(ValueError):
+        with ampdiag.attach(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), db=db):
+            backward_only(model)
+            raise ValueError("bad batch")
+    assert report_error(ampdiag_cli, db).endswith(
+        "holds no steps: before its first step was recorded, the training raised ValueError: bad batch")
+
+
+def test_a_run_without_a_scaler_and_without_steps_names_the_optimizers_step(tmp_path, ampdiag_cli):
+    db = tmp_path / "nostep.db"
+    model = Tiny()
+    with ampdiag.attach(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), db=db):
+        backward_only(model)
+    assert report_error(ampdiag_cli, db).endswith("holds no steps (the training never reached the optimizer's step())")
+
+
+def test_a_with_block_that_ends_normally_records_no_exception(tmp_path):
+    db = tmp_path / "fine.db"
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ampdiag.attach(model, optimizer=opt, db=db):
+        backward_only(model)
+        opt.step()
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT COUNT(*) FROM events WHERE kind = 'training-raised'").fetchone() == (0,)
