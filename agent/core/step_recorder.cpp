@@ -191,7 +191,37 @@ Record step_record(std::int64_t step, const StepOutcome& o, double wall_time, bo
 
 }  // namespace
 
+// A gradient read twice in one step (two hooks on one optimizer, as a framework's wrapper
+// made): its later reading stands. A second row would be refused by the run.db's key on
+// (step, layer), and a refused write stops the recording for the rest of the run.
+void StepRecorder::keep_last_gradient_readings(std::vector<Record>& stats) {
+  ++stamp_;
+  bool twice = false;
+  for (const auto& r : stats) {
+    if (r.kind != RecordKind::kGrad || r.stat.id < 0) continue;
+    const auto id = std::size_t(r.stat.id);
+    if (id >= grad_stamp_.size()) grad_stamp_.resize(id + 1, 0);
+    twice = twice || grad_stamp_[id] == stamp_;
+    grad_stamp_[id] = stamp_;
+  }
+  if (!twice) return;
+  ++stamp_;  // walking back, the first reading met of a layer is its last
+  std::vector<Record> kept;
+  kept.reserve(stats.size());
+  for (auto it = stats.rbegin(); it != stats.rend(); ++it) {
+    if (it->kind == RecordKind::kGrad && it->stat.id >= 0) {
+      auto& seen = grad_stamp_[std::size_t(it->stat.id)];
+      if (seen == stamp_) continue;
+      seen = stamp_;
+    }
+    kept.push_back(*it);
+  }
+  std::reverse(kept.begin(), kept.end());
+  stats.swap(kept);
+}
+
 void StepRecorder::record_step(StagedStep&& s) {
+  keep_last_gradient_readings(s.stats);
   const StepOutcome& o = s.outcome;
   const auto decision = policy_.decide(s.step, o.found_inf, o.scale_after != o.scale_before);
   if (decision.record) {

@@ -98,6 +98,7 @@ class StepRecorder {
   void count_drop(const StagedStep& s);
   void push(const Record& r);
   void record_step(StagedStep&& s);
+  void keep_last_gradient_readings(std::vector<Record>& stats);
   StagedStep fresh_step();
 
   std::unique_ptr<WriterThread> writer_;
@@ -111,6 +112,9 @@ class StepRecorder {
   std::int32_t fwd_order_ = 0;
   bool pending_ = false;
   std::int64_t dropped_steps_ = 0;
+  // keep_last_gradient_readings(): per layer id, the stamp of the step that last read it.
+  std::vector<std::int64_t> grad_stamp_;
+  std::int64_t stamp_ = 0;
   bool closed_ = false;
 };
 

@@ -43,6 +43,39 @@ TEST_CASE("CPU gradients are computed at once and recorded with their arrival or
   CHECK(rows[1].stats.inf == 8);
 }
 
+TEST_CASE("a gradient read twice in one step is recorded once, its later reading, and the recording goes on",
+          "[session]") {
+  TempDir dir;
+  {
+    agent::Session s(options());
+    open_with_layers(s, dir.file("run.db"), 2);
+    std::vector<float> first(8, 1.0f), second(8, 3.0f), other(8, 2.0f);
+    for (int step = 0; step < 2; ++step) {
+      s.begin_cycle();
+      for (float* g : {first.data(), other.data(), second.data()}) {
+        const std::int64_t id = g == other.data() ? 1 : 0;
+        const DeviceTensor t{{g, 8, kernels::DType::kFloat32}, kCpu, nullptr};
+        agent::GradBatch b;
+        b.layers = &id;
+        b.tensors = &t;
+        b.count = 1;
+        s.grads(b);
+      }
+      s.end_step({}, 0);
+    }
+    s.close();
+  }
+  rundb::RunDbReader r(dir.file("run.db"));
+  CHECK(r.meta().count("write_error") == 0);
+  for (std::int64_t step = 0; step < 2; ++step) {
+    const auto rows = grads_of(r, step);
+    REQUIRE(rows.size() == 2);
+    CHECK(rows[0].layer_id == 0);
+    CHECK(rows[0].stats.absmax == 3.0f);
+    CHECK(rows[1].stats.absmax == 2.0f);
+  }
+}
+
 TEST_CASE("the backward origin is the first NaN/Inf gradient in arrival order and the finite one before it",
           "[session]") {
   TempDir dir;

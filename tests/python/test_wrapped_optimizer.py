@@ -41,6 +41,22 @@ class PlainWrapper:  # as lightning.pytorch.core.optimizer.LightningOptimizer
         self._optimizer.step()
 
 
+class PosingWrapper:  # as LightningOptimizer: poses as its optimizer's class, forwards the rest
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+        self.__class__ = type("Posing" + type(optimizer).__name__, (PosingWrapper, type(optimizer)), {})
+
+    def __getattr__(self, name):
+        return getattr(self._optimizer, name)
+
+    @property
+    def optimizer(self):
+        return self._optimizer
+
+    def step(self, closure=None):
+        return self._optimizer.step(closure)
+
+
 def bf16_steps(db, wrap, steps=3):
     torch.manual_seed(0)
     model = Tiny()
@@ -62,6 +78,10 @@ def test_an_optimizer_subclass_wrapping_another_is_watched_through_the_one_it_wr
 
 def test_a_wrapper_that_is_no_optimizer_but_holds_one_is_watched_through_it(tmp_path):
     assert bf16_steps(tmp_path / "plain.db", PlainWrapper) == 3
+
+
+def test_a_wrapper_posing_as_its_optimizers_class_records_each_step_once(tmp_path):
+    assert bf16_steps(tmp_path / "posing.db", PosingWrapper) == 3
 
 
 def test_an_object_holding_no_optimizer_is_refused_by_its_type(tmp_path):

@@ -28,18 +28,20 @@ def check_options(db, every, context_steps, queue_capacity, threads, amp_dtype, 
 
 
 def torch_optimizer(optimizer):
-    """The torch optimizer whose step hooks ampdiag sets: `optimizer`, or the one a training
-    framework's wrapper holds as `.optimizer` and steps (Accelerate's AcceleratedOptimizer
-    subclasses torch's Optimizer without running its __init__, so it has no step hooks;
-    Lightning's LightningOptimizer is no Optimizer at all)."""
+    """The torch optimizer whose step hooks ampdiag sets: the innermost one a training
+    framework's wrapper holds as `.optimizer` and steps, or `optimizer` itself. Hooks set on
+    a wrapper go wrong: Accelerate's AcceleratedOptimizer subclasses torch's Optimizer
+    without running its __init__ (no step hooks at all), and Lightning's LightningOptimizer
+    poses as its optimizer's class and reaches the optimizer's own hooks through it, so the
+    optimizer stepping would look like a second one."""
     given = optimizer
     for _ in range(4):
-        if isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "_optimizer_step_pre_hooks"):
-            return optimizer
         inner = getattr(optimizer, "optimizer", None)
-        if inner is None or inner is optimizer:
+        if not isinstance(inner, torch.optim.Optimizer) or inner is optimizer:
             break
         optimizer = inner
+    if isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "_optimizer_step_pre_hooks"):
+        return optimizer
     raise TypeError(f"optimizer must be a torch.optim.Optimizer, or a wrapper holding one as .optimizer, not "
                     f"{type(given).__name__}: pass the torch optimizer that steps the model's parameters")
 
