@@ -198,7 +198,8 @@ def forward_hook(handle, path, owner):
                 on_nonfinite_output(handle, path, module, args, kwargs, output)
         elif seen or not (args and args[0] is tensor):  # else it returned its input: it computed nothing
             # (A seen tensor changed in place since, as a residual block's `out += x`, is read again.)
-            if code is not None and tensor.is_contiguous() and tensor.layout is strided and tensor.is_cpu:
+            if (code is not None and tensor.is_contiguous() and tensor.layout is strided and tensor.is_cpu
+                    and type(tensor) is tensor_type):
                 nonfinite = activation(module_id, tensor.data_ptr(), tensor.numel(), code, handle._micro_batch, 0,
                                        0, 0)
             else:

@@ -82,6 +82,10 @@ def fast_place(t: torch.Tensor):
     code = DTYPE_CODE.get(t.dtype)
     if code is None or not t.is_contiguous() or t.layout is not torch.strided:
         return None
+    if type(t) is not torch.Tensor and distributed(t):
+        t = local_shard(t)
+        if not t.is_contiguous():
+            return None
     if t.is_cpu:
         return t.data_ptr(), t.numel(), code, 0, 0, 0
     if t.is_cuda:
@@ -115,7 +119,7 @@ def host_gradients(optimizer, layer_id):
             if g is None:
                 continue
             code = code_of(g.dtype)
-            if code is None or code == 1 or not g.is_cpu or g.layout is not strided or not g.is_contiguous():
+            if code is None or code == 1 or type(g) is not torch.Tensor or not g.is_cpu or g.layout is not strided or not g.is_contiguous():
                 return None
             layers.append(layer_id(p))
             ptrs.append(g.data_ptr())
@@ -124,9 +128,26 @@ def host_gradients(optimizer, layer_id):
     return layers, ptrs, numels, codes
 
 
+def distributed(t: torch.Tensor) -> bool:
+    """A DTensor (FSDP2's parameters and gradients, tensor parallelism's outputs): a wrapper
+    with no memory of its own (data_ptr() is 0, numel() the global size)."""
+    return type(t) is not torch.Tensor and hasattr(t, "device_mesh") and hasattr(t, "to_local")
+
+
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank, which the engines read (each rank's run.db holds its own
+    shards' statistics; the report merges the ranks); any other tensor as it is."""
+    if type(t) is torch.Tensor or not distributed(t):
+        return t
+    with torch.no_grad():
+        return t.to_local()
+
+
 def directly_readable(t: torch.Tensor) -> bool:
-    """Every statistic is independent of element order, so a dense block is read in place."""
-    return t.device.type in ENGINE_DEVICES and t.layout == torch.strided and t.dtype in DTYPE_CODE and _dense(t)
+    """Every statistic is independent of element order, so a dense block is read in place. Not
+    a DTensor: its unscale is torch's, which reduces found_inf over the ranks."""
+    return (t.device.type in ENGINE_DEVICES and t.layout == torch.strided and t.dtype in DTYPE_CODE and _dense(t)
+            and not distributed(t))
 
 
 def readable_view(t: torch.Tensor) -> torch.Tensor:
@@ -135,7 +156,7 @@ def readable_view(t: torch.Tensor) -> torch.Tensor:
     its current stream, which the engine then runs on)."""
     if directly_readable(t):
         return t
-    copy = t.detach()
+    copy = local_shard(t).detach()
     if copy.dtype not in DTYPE_CODE:
         copy = copy.float()
     return copy.contiguous()
