@@ -231,6 +231,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
       k.scale = s.row.scale_before;
       k.loss = s.row.loss;
       k.nonfinite_layer_count = std::int64_t(s.nonfinite_layers.size());
+      k.nonfinite_ordered = s.nonfinite_ordered;
       for (std::size_t i = 0; i < s.nonfinite_layers.size() && i < 5; ++i)
         k.nonfinite_layers.push_back(run.layers[std::size_t(s.nonfinite_layers[i])].info.name);
       const StepCause cause = step_cause(run, s);

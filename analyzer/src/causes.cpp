@@ -111,7 +111,7 @@ StepCause step_cause(const Run& run, const StepSummary& step) {
   // the loss code's. Below that it is the loss code's again.
   if ((c.forward == ForwardSource::kLoss || c.forward == ForwardSource::kLossBackward) && run.loss_holds_scale(step.row))
     c.forward = ForwardSource::kNone;
-  if (!step.nonfinite_layers.empty()) c.first_gradient = run.layers[std::size_t(step.nonfinite_layers.front())].info.name;
+  if (step.nonfinite_ordered) c.first_gradient = run.layers[std::size_t(step.nonfinite_layers.front())].info.name;
   return c;
 }
 

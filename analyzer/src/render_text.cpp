@@ -125,6 +125,10 @@ std::string skipped_line(const SkippedStep& k, bool show_rank) {
   const std::string forward = forward_sentence(k.forward, k.forward_module);
   if (!forward.empty()) s += forward + "; ";
   if (k.nonfinite_layers.empty()) return s + "no gradient statistics recorded for this step";
+  if (!k.nonfinite_ordered)
+    return s + "non-finite gradients in " + std::to_string(k.nonfinite_layer_count) +
+           (k.nonfinite_layer_count == 1 ? " layer, " : " layers, ") + k.nonfinite_layers.front() +
+           (k.nonfinite_layer_count > 1 ? ", ..." : "") + " (no backward order recorded: which was first is unknown)";
   s += "first non-finite gradient " + k.nonfinite_layers.front();
   if (k.nonfinite_layer_count > 1) s += " (+" + std::to_string(k.nonfinite_layer_count - 1) + " more layers after it)";
   return s;

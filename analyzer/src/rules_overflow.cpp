@@ -249,6 +249,26 @@ BackwardReplay backward_replay(const Run& run, const std::string& module) {
   return {};
 }
 
+// Skipped steps whose NaN/Inf gradients no hook saw arrive: naming a first one would be a
+// guess, so none is named and no pin suggested.
+Finding unordered_overflow(const Run& run, const std::vector<std::int64_t>& steps, bool hurts) {
+  Finding f;
+  f.rule = "overflow-origin";
+  f.severity = hurts ? Severity::kWarning : Severity::kInfo;
+  f.score = hurts ? 40.0 : 1.0;
+  f.title = "The gradients went NaN/Inf in " + plural(std::int64_t(steps.size()), "skipped step") +
+            ", but no backward order was recorded: which layer overflowed first is unknown";
+  f.evidence = "no gradient hook saw them arrive (steps " + step_list(steps) + ")";
+  if (run.first_event("sharded-parameters"))
+    f.evidence += "; the parameters are sharded (FSDP2): their gradients are set after the reduce-scatter, where the "
+                  "agent sees no arrival, and the reduce-scatter spreads a NaN to every layer it sums";
+  f.steps.assign(steps.begin(), steps.begin() + std::min<std::size_t>(steps.size(), 20));
+  f.suggestions.push_back({"Train a few steps of the same loop unsharded on one process (without fully_shard), where "
+                           "the agent records the backward order and names the layer; the forward's findings still hold.",
+                           "", ""});
+  return f;
+}
+
 }  // namespace
 
 void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
@@ -269,12 +289,17 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
   };
   std::map<std::string, PerModule> modules;
   std::int64_t considered = 0;
+  std::vector<std::int64_t> unordered;  // skipped steps whose first NaN/Inf gradient is unknown
   const bool half_loss = has_half_loss(run);
   const TiedUses tied = tied_uses(run);
   for (std::size_t i = 0; i < run.steps.size(); ++i) {
     const StepSummary& s = run.steps[i];
     if (!s.row.skipped || s.nonfinite_layers.empty() || forward_failed(run, s)) continue;
     if (half_loss && half_loss_skip(s)) continue;  // the loss's gradient overflowed: half-loss says so
+    if (!s.nonfinite_ordered) {
+      unordered.push_back(s.row.step);
+      continue;
+    }
     ++considered;
     const std::int64_t first_layer = s.nonfinite_layers.front();
     // A tied parameter (an LM's embedding and head) first went NaN/Inf in one module's use
@@ -423,6 +448,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     out.push_back(f);
     top = top && !harms;
   }
+  if (considered == 0 && !unordered.empty()) out.push_back(unordered_overflow(run, unordered, hurts));
 }
 
 // Where in `owner`'s own code (the model's: "") the NaN/Inf that `first_seen` received was

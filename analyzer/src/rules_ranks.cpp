@@ -10,6 +10,10 @@ namespace ampdiag::analyzer::rules {
 
 void rank_disagreement(const std::vector<Run>& runs, const Thresholds& t, std::vector<Finding>& out) {
   if (runs.size() < 2) return;
+  // Sharded parameters (FSDP2): each rank's statistics cover its own shard, which differs
+  // from the others' by design (a one-element bias lives on one rank).
+  for (const auto& run : runs)
+    if (run.first_event("sharded-parameters")) return;
   struct PerRank {
     std::int64_t rank;
     std::int64_t nonfinite;

@@ -7,6 +7,7 @@
 
 #include "ampdiag/analyzer/run_delta.h"
 #include "histogram_counts.h"
+#include "suggestions.h"
 
 namespace ampdiag::analyzer {
 
@@ -14,7 +15,7 @@ namespace {
 
 // A skipped step counts for the layer whose gradient went non-finite first in it.
 void count_first(Run& run, const StepSummary& s, int sign) {
-  if (s.row.skipped && !s.nonfinite_layers.empty()) run.layers[std::size_t(s.nonfinite_layers.front())].first_nonfinite += sign;
+  if (s.row.skipped && s.nonfinite_ordered && !s.nonfinite_layers.empty()) run.layers[std::size_t(s.nonfinite_layers.front())].first_nonfinite += sign;
 }
 
 void set_order(Run& run, StepSummary& s, StepOrder order) {
@@ -22,6 +23,11 @@ void set_order(Run& run, StepSummary& s, StepOrder order) {
   count_first(run, s, -1);
   s.nonfinite_layers.clear();
   for (const auto& [bwd_order, layer] : order.nonfinite) s.nonfinite_layers.push_back(layer);
+  // A parameter outside the attached model (a GAN's discriminator) has no hook by nature:
+  // where only such went NaN/Inf, the finding is that they are outside, whichever came first.
+  s.nonfinite_ordered = !order.nonfinite.empty() &&
+                        (order.nonfinite.front().first != StepOrder::kUnordered ||
+                         suggest::outside_model(run.layers[std::size_t(order.nonfinite.front().second)].info));
   s.last_finite_before = order.last_finite_before;
   count_first(run, s, +1);
 }

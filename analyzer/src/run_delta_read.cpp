@@ -95,7 +95,7 @@ void scan_ranges(RunDbReader& reader, const std::vector<std::pair<std::int64_t, 
     if (what.order) {
       if (nonfinite) {
         if (!nonfinite_step) nonfinite_step = &out.order[step];
-        const std::int64_t order = g.bwd_order < 0 ? INT64_MAX : g.bwd_order;  // no hook saw it: after all that did
+        const std::int64_t order = g.bwd_order < 0 ? StepOrder::kUnordered : g.bwd_order;
         nonfinite_step->nonfinite.push_back({order, layer});
       } else if (g.bwd_order >= 0) {
         finite_rows.push_back({g.bwd_order, layer});

@@ -165,7 +165,8 @@ void App::timeline(float x, float y, float w, float h) {
           const std::string forward = analyzer::forward_sentence(k.forward, k.forward_module);
           if (!forward.empty()) ImGui::TextUnformatted(analyzer::printable(forward).c_str());
           if (!k.nonfinite_layers.empty())
-            ImGui::Text("first non-finite gradient: %s%s", analyzer::printable(k.nonfinite_layers.front()).c_str(),
+            ImGui::Text(k.nonfinite_ordered ? "first non-finite gradient: %s%s" : "non-finite gradients (order unknown): %s%s",
+                        analyzer::printable(k.nonfinite_layers.front()).c_str(),
                         k.nonfinite_layer_count > 1 ? (" (+" + std::to_string(k.nonfinite_layer_count - 1) + " more)").c_str() : "");
         }
       ImGui::EndTooltip();

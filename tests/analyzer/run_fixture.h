@@ -59,6 +59,7 @@ class RunFixture {
       grad(layers_[i], order++, absmax, false);
     }
     next_finite_first_.clear();
+    next_unordered_ = false;
     next_l2_ = 0.0;
     clipped_only_.clear();
     writer_.add_step(s);
@@ -166,6 +167,13 @@ class RunFixture {
     return *this;
   }
 
+  // The next step's gradients arrive where no hook sees them (bwd_order -1), as FSDP2's
+  // sharded ones do.
+  RunFixture& unordered() {
+    next_unordered_ = true;
+    return *this;
+  }
+
   void finish() { writer_.finish(); }
   void commit() { writer_.commit(); }
 
@@ -177,7 +185,7 @@ class RunFixture {
     rundb::GradStatRow g;
     g.step = step_;
     g.layer_id = id;
-    g.bwd_order = order;
+    g.bwd_order = next_unordered_ ? -1 : order;
     const auto z = zero_fraction_.find(name);
     const std::int64_t zeros = z == zero_fraction_.end() ? 0 : std::int64_t(z->second * 4096);
     const auto sub = subnormal_fraction_.find(name);
@@ -207,6 +215,7 @@ class RunFixture {
   std::int64_t step_ = 0;
   bool histograms_ = false;
   bool next_taken_ = false;
+  bool next_unordered_ = false;
   std::vector<std::string> next_finite_first_;
   bool next_no_loss_ = false;
   double next_l2_ = 0.0;  // 0: the varying default

@@ -73,3 +73,9 @@ def test_fp16_training_with_sharded_parameters_is_bit_identical_with_the_agent(t
     assert all(torch.equal(a, b) for a, b in zip(without, with_agent))
     with sqlite3.connect(tmp_path / "fp16.db") as c:
         assert c.execute("SELECT COUNT(*) FROM steps").fetchone() == (4,)
+
+
+def test_a_run_with_sharded_gradients_says_so_once(tmp_path, world_of_one):
+    fp16_training(sharded_model(), tmp_path / "events.db")
+    with sqlite3.connect(tmp_path / "events.db") as c:
+        assert c.execute("SELECT COUNT(*) FROM events WHERE kind = 'sharded-parameters'").fetchone() == (1,)

@@ -30,7 +30,7 @@ from ._backward_replay import BackwardReplayer, common_module
 from ._replay import Replayer
 from ._scaler import wrap_disabled_scaler, wrap_scaler
 from ._updates import UpdateProbe, holds_half_parameters
-from ._tensors import (DTYPE_CODE, bounded_by_input, describe_inputs, engine_place, fast_place, host_sum,
+from ._tensors import (DTYPE_CODE, distributed, bounded_by_input, describe_inputs, engine_place, fast_place, host_sum,
                        readable_view, sum_on)
 
 _ATTACHED = "_ampdiag_handle"
@@ -475,6 +475,11 @@ class AttachHandle:
                     self._event("sparse-gradient", f"layer {layer} has sparse gradients: statistics cover their "
                                                    "stored values", key=("sparse", layer))
                     grad = grad._values()
+                elif type(grad) is not torch.Tensor and distributed(grad):
+                    # The analyzer then compares no ranks layer by layer and, where no hook saw
+                    # the gradients arrive, names no first layer.
+                    self._event("sharded-parameters", "the gradients are DTensors (FSDP2's fully_shard): each rank's "
+                                "statistics cover its own shards", key=("sharded",))
                 layers.append(layer)
                 grads.append(grad)
         return layers, grads, sparse

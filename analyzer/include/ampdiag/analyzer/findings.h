@@ -63,6 +63,7 @@ struct SkippedStep {
   double loss = 0.0;
   std::vector<std::string> nonfinite_layers;  // earliest in backward order first (a few)
   std::int64_t nonfinite_layer_count = 0;
+  bool nonfinite_ordered = true;  // false: no backward order was recorded, which went first is unknown
   ForwardSource forward = ForwardSource::kNone;
   std::string forward_module;  // kModule: where the forward's NaN/Inf started; "" is the model's own code
 };

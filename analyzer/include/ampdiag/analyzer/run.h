@@ -58,6 +58,10 @@ struct StepSummary {
   // finite: the overflow happened in the backward code between the two. -1: none.
   std::int64_t last_finite_before = -1;
   std::int64_t first_nonfinite_module = -1;  // forward order; -1: none or not probed
+  // Whether the first of nonfinite_layers arrived through a gradient hook (its backward
+  // order is known); where none did (FSDP2's sharded gradients, set after the reduce-scatter)
+  // which layer went NaN/Inf first is unknown.
+  bool nonfinite_ordered = false;
 
   // A gradient held NaN/Inf: the scaler found one, or a layer's statistics did.
   bool gradients_nonfinite() const { return row.found_inf || !nonfinite_layers.empty(); }
@@ -84,7 +88,9 @@ std::string meta_or(const std::map<std::string, std::string>& meta, const std::s
 // A step's layers that went non-finite, as (backward order, layer id), and the layer
 // whose gradient was the last finite one before the first of them (-1: none).
 struct StepOrder {
-  std::vector<std::pair<std::int64_t, std::int64_t>> nonfinite;
+  // A gradient no hook saw arrive sorts after every one that did.
+  static constexpr std::int64_t kUnordered = INT64_MAX;
+  std::vector<std::pair<std::int64_t, std::int64_t>> nonfinite;  // (bwd_order, layer)
   std::int64_t last_finite_before = -1;
 };
 
