@@ -102,6 +102,16 @@ inline DeviceTensor on_gpu(int k) { return {{device_pointer(k), 8, kernels::DTyp
 
 inline agent::SessionOptions options(std::int64_t max_waiting = 4) { return test::recording_options(max_waiting); }
 
+// Gives the session one host float32 gradient of layer `id`; returns what grads() does.
+inline bool host_grad(agent::Session& s, std::int64_t id, const float* data, std::int64_t numel) {
+  const DeviceTensor t{{data, numel, kernels::DType::kFloat32}, kCpu, nullptr};
+  agent::GradBatch b;
+  b.layers = &id;
+  b.tensors = &t;
+  b.count = 1;
+  return s.grads(b);
+}
+
 // One optimizer cycle whose gradients (layers 0..n-1) are device tensors; `later`: its
 // outcome is read back from the device.
 inline void device_cycle(agent::Session& s, int n, double scale = 1024.0, const agent::DeviceOutcome* later = nullptr) {

@@ -52,15 +52,9 @@ TEST_CASE("a gradient read twice in one step is recorded once, its later reading
     std::vector<float> first(8, 1.0f), second(8, 3.0f), other(8, 2.0f);
     for (int step = 0; step < 2; ++step) {
       s.begin_cycle();
-      for (float* g : {first.data(), other.data(), second.data()}) {
-        const std::int64_t id = g == other.data() ? 1 : 0;
-        const DeviceTensor t{{g, 8, kernels::DType::kFloat32}, kCpu, nullptr};
-        agent::GradBatch b;
-        b.layers = &id;
-        b.tensors = &t;
-        b.count = 1;
-        s.grads(b);
-      }
+      host_grad(s, 0, first.data(), 8);
+      host_grad(s, 1, other.data(), 8);
+      host_grad(s, 0, second.data(), 8);
       s.end_step({}, 0);
     }
     s.close();
@@ -122,15 +116,10 @@ TEST_CASE("a step's agent_ns is the adapter's: the session's statistics calls ar
     open_with_layers(s, dir.file("run.db"), 1);
     std::vector<float> grad(std::size_t(1) << 22, 0.5f), output(std::size_t(1) << 20, 0.25f);
     const std::int64_t id = 0;
-    const DeviceTensor g{{grad.data(), std::int64_t(grad.size()), kernels::DType::kFloat32}, kCpu, nullptr};
     s.begin_cycle();
     s.activation(s.module_id("m", "Linear", "", ""), {{output.data(), std::int64_t(output.size()),
                                                        kernels::DType::kFloat32}, kCpu, nullptr}, 0);
-    agent::GradBatch b;
-    b.layers = &id;
-    b.tensors = &g;
-    b.count = 1;
-    s.grads(b);
+    host_grad(s, id, grad.data(), std::int64_t(grad.size()));
     s.end_step({}, 1234);
     s.close();
   }

@@ -8,19 +8,19 @@ namespace {
 const std::vector<std::string> kSharded = {"0.weight", "2.weight", "4.weight"};
 
 // Six steps whose every gradient goes NaN/Inf with no backward order, the scale halving.
-void unordered_overflows(RunFixture& f) {
+Report unordered_overflows(const TempDir& dir) {
+  RunFixture f(dir.file("run.db"), kSharded);
   double scale = 65536;
   for (int i = 0; i < 6; ++i, scale /= 2) f.unordered().step(scale, scale / 2, 1000, kSharded);
+  f.finish();
+  return report_of(dir.file("run.db"));
 }
 
 }  // namespace
 
 TEST_CASE("overflows with no backward order name no first layer and suggest no pin", "[rules][unordered]") {
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kSharded);
-  unordered_overflows(f);
-  f.finish();
-  const Report r = report_of(dir.file("run.db"));
+  const Report r = unordered_overflows(dir);
   const Finding* o = find(r, "overflow-origin");
   REQUIRE(o != nullptr);
   CHECK(o->module.empty());
@@ -32,10 +32,7 @@ TEST_CASE("overflows with no backward order name no first layer and suggest no p
 
 TEST_CASE("a skipped step with no backward order lists its layers as of unknown order", "[rules][unordered]") {
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kSharded);
-  unordered_overflows(f);
-  f.finish();
-  const Report r = report_of(dir.file("run.db"));
+  const Report r = unordered_overflows(dir);
   REQUIRE_FALSE(r.skipped.empty());
   CHECK_FALSE(r.skipped.front().nonfinite_ordered);
   CHECK_THAT(render_text(r, Gate("error")), Catch::Contains("non-finite gradients in 3 layers, 0.weight, ... (no backward "

@@ -22,13 +22,18 @@ def backward_only(model):
     loss.backward()
 
 
-def test_an_exception_inside_the_with_block_is_recorded_with_its_first_line(tmp_path):
-    db = tmp_path / "raised.db"
+def raised_inside(db, error):
+    """A backward, then `error` raised inside attach()'s with-block (no step recorded)."""
     model = Tiny()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(type(error)):
         with ampdiag.attach(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), db=db):
             backward_only(model)
-            raise RuntimeError("could not create a primitive descriptor\nsecond line")
+            raise error
+
+
+def test_an_exception_inside_the_with_block_is_recorded_with_its_first_line(tmp_path):
+    db = tmp_path / "raised.db"
+    raised_inside(db, RuntimeError("could not create a primitive descriptor\nsecond line"))
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT detail FROM events WHERE kind = 'training-raised'").fetchall() == [
             ("RuntimeError: could not create a primitive descriptor",)]
@@ -36,11 +41,7 @@ def test_an_exception_inside_the_with_block_is_recorded_with_its_first_line(tmp_
 
 def test_a_run_without_steps_whose_training_raised_is_reported_with_the_exception(tmp_path, ampdiag_cli):
     db = tmp_path / "raised.db"
-    model = Tiny()
-    with pytest.raises(ValueError):
-        with ampdiag.attach(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), db=db):
-            backward_only(model)
-            raise ValueError("bad batch")
+    raised_inside(db, ValueError("bad batch"))
     assert report_error(ampdiag_cli, db).endswith(
         "holds no steps: before its first step was recorded, the training raised ValueError: bad batch")
 
