@@ -7,6 +7,22 @@
 
 namespace ampdiag::analyzer::rules {
 
+namespace {
+
+// Why the agent pinned `path`: event "autopin-parent" ("PARENT: CHILD, FP32 output up to X")
+// where it pinned the parent of a module whose FP32 output was beyond fp16's range.
+std::string why_pinned(const Run& run, const std::string& path) {
+  const std::string prefix = path + ": ";
+  for (const auto& e : run.events)
+    if (e.kind == "autopin-parent" && e.detail.rfind(prefix, 0) == 0)
+      return "it holds " + e.detail.substr(prefix.size()) +
+             ", beyond fp16's range: the FP32 replay had confirmed that module as the origin of a NaN/Inf in forward, "
+             "and pinned alone it would hand that output to the next fp16 operation";
+  return "its FP32 replay had confirmed it as the origin of a NaN/Inf in forward";
+}
+
+}  // namespace
+
 void autopin(const Run& run, std::vector<Finding>& out) {
   for (const auto& e : run.events) {
     if (e.kind != "autopin" || e.detail.empty()) continue;
@@ -25,7 +41,7 @@ void autopin(const Run& run, std::vector<Finding>& out) {
     f.steps = {e.step};
     f.title = "auto-pinned " + path + " to FP32 at step " + std::to_string(e.step) + "; after it, " +
               plural(skipped_after, "skip");
-    f.evidence = "its FP32 replay had confirmed it as the origin of a NaN/Inf in forward; from step " +
+    f.evidence = why_pinned(run, path) + "; from step " +
                  std::to_string(e.step) + " on, " + std::to_string(skipped_after) + " of " + plural(after, "step") +
                  " skipped (before it, " + std::to_string(skipped_before) + " of " + plural(before, "step") + ")";
     Suggestion pin = suggest::pin_fp32(run, path);

@@ -61,12 +61,12 @@ def amp_step(opt, scaler, loss_of):
     return loss
 
 
-def amp_training(db, model, opt, steps, loss_of):
-    """`steps` amp_step()s of `model` under ampdiag.attach() with a fresh GradScaler, each
-    loss made by `loss_of(generator)` from one generator seeded 0 (the batches)."""
+def amp_training(db, model, opt, steps, loss_of, **options):
+    """`steps` amp_step()s of `model` under ampdiag.attach(**options) with a fresh GradScaler,
+    each loss made by `loss_of(generator)` from one generator seeded 0 (the batches)."""
     import ampdiag  # here, since this file's fixture `ampdiag` (the CLI) takes the name
     scaler = torch.amp.GradScaler("cpu")
     g = torch.Generator().manual_seed(0)
-    with ampdiag.attach(model, scaler, db=db):
+    with ampdiag.attach(model, scaler, db=db, **options):
         for _ in range(steps):
             amp_step(opt, scaler, lambda: loss_of(g))

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import ampdiag
-from conftest import amp_training
+from conftest import amp_training, rows
 
 
 class Mlp(nn.Module):
@@ -29,9 +29,10 @@ class Block(nn.Module):  # pre-norm residual, as a ViT block's MLP half
         return x + self.mlp(self.norm(x))
 
 
-def train(db, pin=None):
+def train(db, pin=None, **options):
     """A ViT-like stack whose block.mlp.fc1 reaches ~2e5 in FP32 (weights ×1e5), fp16
-    autocast, AdamW, a real GradScaler, 12 steps; `pin` the dotted path pinned to FP32."""
+    autocast, AdamW, a real GradScaler, 12 steps; `pin` the dotted path pinned to FP32;
+    `options` for attach()."""
     torch.manual_seed(0)
     model = nn.Sequential(OrderedDict(embed=nn.Linear(16, 16), block=Block(), norm=nn.LayerNorm(16),
                                       head=nn.Linear(16, 4)))
@@ -41,7 +42,7 @@ def train(db, pin=None):
         ampdiag.pin_fp32(model.get_submodule(pin))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     amp_training(db, model, opt, 12, lambda g: nn.functional.cross_entropy(
-        model(torch.randn(32, 16, generator=g)), torch.randint(0, 4, (32,), generator=g)))
+        model(torch.randn(32, 16, generator=g)), torch.randint(0, 4, (32,), generator=g)), **options)
 
 
 def test_a_module_whose_fp32_output_is_beyond_fp16_gets_its_parent_pinned(tmp_path, verdict):
@@ -66,3 +67,13 @@ def test_the_parent_pin_trains_the_same_loop_healthy(tmp_path, verdict):
     train(tmp_path / "mlp.db", pin="block.mlp")
     code, rep = verdict(tmp_path / "mlp.db")
     assert (code, rep["healthy"]) == (0, True), [f["title"] for f in rep["findings"]]
+
+
+def test_autopin_pins_that_parent_and_the_steps_after_it_fit(tmp_path, verdict):
+    db = tmp_path / "autopin.db"
+    train(db, autopin=True)
+    assert rows(db, "SELECT step, detail FROM events WHERE kind = 'autopin'") == [(1, "block.mlp")]
+    code, rep = verdict(db)
+    pinned = next(f for f in rep["findings"] if f["rule"] == "autopin")
+    assert pinned["title"] == "auto-pinned block.mlp to FP32 at step 1; after it, 0 skips"
+    assert pinned["evidence"].startswith("it holds block.mlp.fc1, FP32 output up to ")

@@ -2,8 +2,12 @@
 origin of a non-finite forward value runs in FP32 from the next optimizer cycle on, with an
 `autopin` event (its detail is the module path, which the report reads) so the user can
 make the pin permanent in code. Never a module whose replay was not confirmed, never more
-than N modules."""
+than N modules. A confirmed module whose FP32 output is beyond fp16's range would hand it
+to the next fp16 operation, which overflows instead: its parent is pinned, with what uses
+that output (event `autopin-parent`, "PARENT: CHILD, FP32 output up to X")."""
 from ._pin import pin_fp32
+
+FP16_MAX = 65504.0
 
 
 class AutoPinner:
@@ -14,14 +18,21 @@ class AutoPinner:
         self._done = set()
         self._announce = []  # pinned, their events posted when the next cycle begins
 
-    def confirmed(self, path, module):
-        """The replay of `module` was finite: pin it from the next cycle (within the limit)."""
+    def confirmed(self, path, module, fp32_absmax=float("nan")):
+        """The replay of `module` was finite, up to `fp32_absmax`: pin it (or, beyond fp16's
+        range in an fp16 run, its parent) from the next cycle, within the limit."""
+        child = None
+        if self._handle._has_scaler and fp32_absmax > FP16_MAX and "." in path:
+            child, path = path, path.rsplit(".", 1)[0]
+            module = self._handle._watched_model.get_submodule(path)
         if path in self._done or any(p == path for p, _ in self._waiting):
             return
         if len(self._done) + len(self._waiting) >= self._limit:
             self._handle._event("autopin-limit", f"{path} was confirmed too, but autopin={self._limit} modules are "
                                 "pinned already; pin it in code if the report names it", key=("autopin-limit",))
             return
+        if child is not None:
+            self._handle._event("autopin-parent", f"{path}: {child}, FP32 output up to {fp32_absmax:.6g}")
         self._waiting.append((path, module))
 
     def pin(self):

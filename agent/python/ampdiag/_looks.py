@@ -53,7 +53,7 @@ def on_nonfinite_output(handle, path, module, args, kwargs, output):
         if buffers is not None:
             handle._event("buffers-nan", buffers)
     if verdict == FINITE and handle._autopin is not None:
-        handle._autopin.confirmed(path, module)
+        handle._autopin.confirmed(path, module, handle._replayer.fp32_absmax(path))
 
 
 def output_gradient(handle, grad):

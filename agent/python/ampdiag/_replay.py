@@ -149,9 +149,14 @@ class Replayer:
         self._record = record  # record(path, outcome, absmax, reason)
         self._as_run = as_run  # a forward hook as the model runs it (outside a compiled graph)
         self._verdicts = {}
+        self._absmax = {}      # path -> the largest |x| of its FP32 replay's output
         self._armed = {}       # path -> (module, pre-hook handle)
         self._snapshots = {}   # path -> (args, kwargs) copied before the current call
         self.busy = False      # a replay is running: the agent's hooks stand aside
+
+    def fp32_absmax(self, path) -> float:
+        """The largest |x| of the module's FP32 replay output (NaN where none ran)."""
+        return self._absmax.get(path, math.nan)
 
     def known(self, path) -> "str | None":
         """The module's verdict where it has one, without replaying."""
@@ -176,6 +181,7 @@ class Replayer:
         finally:
             self.busy = False
         self._verdicts[path] = outcome
+        self._absmax[path] = absmax
         self._record(path, outcome, absmax, reason)
         return outcome
 
