@@ -95,6 +95,14 @@ const rundb::EventRow* Run::first_event(const std::string& kind) const {
   return nullptr;
 }
 
+std::pair<const rundb::EventRow*, std::string> Run::module_event(const std::string& kind,
+                                                                const std::string& module) const {
+  const std::string prefix = module + ": ";
+  for (const auto& e : events)
+    if (e.kind == kind && e.detail.rfind(prefix, 0) == 0) return {&e, e.detail.substr(prefix.size())};
+  return {nullptr, ""};
+}
+
 const rundb::ReplayRow* Run::replay_of(const std::string& module) const {
   for (const auto& r : replays)
     if (r.module == module) return &r;

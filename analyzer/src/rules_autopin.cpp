@@ -12,12 +12,10 @@ namespace {
 // Why the agent pinned `path`: event "autopin-parent" ("PARENT: CHILD, FP32 output up to X")
 // where it pinned the parent of a module whose FP32 output was beyond fp16's range.
 std::string why_pinned(const Run& run, const std::string& path) {
-  const std::string prefix = path + ": ";
-  for (const auto& e : run.events)
-    if (e.kind == "autopin-parent" && e.detail.rfind(prefix, 0) == 0)
-      return "it holds " + e.detail.substr(prefix.size()) +
-             ", beyond fp16's range: the FP32 replay had confirmed that module as the origin of a NaN/Inf in forward, "
-             "and pinned alone it would hand that output to the next fp16 operation";
+  if (const auto [e, child] = run.module_event("autopin-parent", path); e)
+    return "it holds " + child +
+           ", beyond fp16's range: the FP32 replay had confirmed that module as the origin of a NaN/Inf in forward, "
+           "and pinned alone it would hand that output to the next fp16 operation";
   return "its FP32 replay had confirmed it as the origin of a NaN/Inf in forward";
 }
 

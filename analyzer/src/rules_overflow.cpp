@@ -239,14 +239,10 @@ struct BackwardReplay {
 
 BackwardReplay backward_replay(const Run& run, const std::string& module) {
   if (module.empty()) return {};
-  const std::string prefix = module + ": ";
-  for (const auto& e : run.events) {
-    if (e.kind != "backward-replay" || e.detail.rfind(prefix, 0) != 0) continue;
-    const std::string rest = e.detail.substr(prefix.size());
-    const std::size_t at = rest.find(": ");
-    return {rest.substr(0, at), at == std::string::npos ? std::string() : rest.substr(at + 2), e.step};
-  }
-  return {};
+  const auto [e, rest] = run.module_event("backward-replay", module);
+  if (!e) return {};
+  const std::size_t at = rest.find(": ");
+  return {rest.substr(0, at), at == std::string::npos ? std::string() : rest.substr(at + 2), e->step};
 }
 
 // Skipped steps whose NaN/Inf gradients no hook saw arrive: naming a first one would be a
@@ -474,12 +470,7 @@ std::string own_code_place(const Run& run, const std::string& owner, const std::
 // The module's buffers that held NaN when its FP32 replay made NaN from finite inputs
 // (event "buffers-nan", "PATH: running_var (1 of 8 values NaN)"): the part after "PATH: ";
 // empty where none did.
-std::string nan_buffers(const Run& run, const std::string& path) {
-  const std::string prefix = path + ": ";
-  for (const auto& e : run.events)
-    if (e.kind == "buffers-nan" && e.detail.rfind(prefix, 0) == 0) return e.detail.substr(prefix.size());
-  return "";
-}
+std::string nan_buffers(const Run& run, const std::string& path) { return run.module_event("buffers-nan", path).second; }
 
 // Replacing them: a BatchNorm's running statistics are reset (and recomputed in train
 // mode); any other buffer is named for the user to restore.

@@ -166,6 +166,9 @@ struct Run {
   }
   // The first event of that kind, nullptr if none.
   const rundb::EventRow* first_event(const std::string& kind) const;
+  // The first event of that kind about `module` (detail "MODULE: ..."), and the detail past
+  // "MODULE: "; {nullptr, ""} if none.
+  std::pair<const rundb::EventRow*, std::string> module_event(const std::string& kind, const std::string& module) const;
   // Whether the model's input held NaN in the step (the agent looked: an output was NaN/Inf).
   bool input_nan(std::int64_t step) const;
   // Whether the gradient reaching the model's output held NaN/Inf in the step (the agent's
