@@ -19,8 +19,8 @@ finite output gradient, is evidence against. Nothing the model holds changes. Ev
 import torch
 
 from ._pin import _to_fp32
-from ._replay import copy_inputs, rng_state, set_rng_state, tensors_in, twin_of
-from ._tensors import first_float_tensor
+from ._replay import copy_inputs, rng_state, set_rng_state, twin_of
+from ._tensors import first_float_tensor, float_tensors
 
 FINITE, INTRINSIC, UNCONFIRMED = "finite", "intrinsic", "unconfirmed"
 # Steps a suspect is captured for before the replay gives up: its backward has to go
@@ -46,7 +46,7 @@ class _Capture:
     def __init__(self, args, kwargs):
         self.args, self.kwargs = copy_inputs(args, kwargs)
         self.rng = rng_state()
-        device = next((t.device.type for t in tensors_in((args, kwargs)) if t.is_floating_point()), "cpu")
+        device = next((t.device.type for t in float_tensors((args, kwargs))), "cpu")
         self.device = device if device in ("cpu", "cuda") else "cpu"
         self.autocast = torch.is_autocast_enabled(self.device), torch.get_autocast_dtype(self.device)
         self.hooked = False  # the output of this call has its gradient hook
@@ -59,7 +59,7 @@ def _nonfinite_gradients(module, capture, fp32):
     args, kwargs = copy_inputs(capture.args, capture.kwargs)
     if fp32:
         args, kwargs = _to_fp32(args), _to_fp32(kwargs)
-    inputs = [t.requires_grad_() for t in tensors_in((args, kwargs)) if t.is_floating_point() and t.is_leaf]
+    inputs = [t.requires_grad_() for t in float_tensors((args, kwargs)) if t.is_leaf]
     twin = twin_of(module, fp32=fp32, trainable=True)
     set_rng_state(capture.rng)  # the same dropout masks
     enabled, dtype = capture.autocast
@@ -86,8 +86,8 @@ def replay_backward(module, capture) -> "tuple[str | None, str]":
         said = f"{ran}: NaN/Inf in {as_run} of {made} gradients; FP32: {in_fp32}"
         if not in_fp32:
             return FINITE, said
-        finite_in = all(bool(torch.isfinite(t).all()) for t in tensors_in((capture.args, capture.kwargs, capture.grad))
-                        if t.is_floating_point())
+        finite_in = all(bool(torch.isfinite(t).all())
+                        for t in float_tensors((capture.args, capture.kwargs, capture.grad)))
         if not finite_in:
             raise _Unconfirmed("its inputs or output gradient held NaN/Inf")
         return INTRINSIC, said

@@ -21,7 +21,7 @@ import types
 import torch
 
 from ._pin import _PINNED, _to_fp32
-from ._tensors import first_float_tensor
+from ._tensors import first_float_tensor, float_tensors
 
 FINITE, NONFINITE, UNCONFIRMED = "finite", "nonfinite", "unconfirmed"
 INTRINSIC = "intrinsic"  # NaN/Inf in FP32 from finite inputs: the module makes it in any precision
@@ -38,21 +38,21 @@ def _plain(value) -> bool:
     return False
 
 
-def tensors_in(value):
+def _tensors_in(value):
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from tensors_in(v)
+            yield from _tensors_in(v)
     elif isinstance(value, dict):
         for v in value.values():
-            yield from tensors_in(v)
+            yield from _tensors_in(v)
 
 
 def _changed_in_place(args, kwargs, output) -> bool:
     """Whether an input shares memory with the output: the module wrote into it."""
-    out = {t.untyped_storage().data_ptr() for t in tensors_in(output) if t.untyped_storage().nbytes()}
-    return any(t.untyped_storage().data_ptr() in out for t in tensors_in((args, kwargs)) if t.untyped_storage().nbytes())
+    out = {t.untyped_storage().data_ptr() for t in _tensors_in(output) if t.untyped_storage().nbytes()}
+    return any(t.untyped_storage().data_ptr() in out for t in _tensors_in((args, kwargs)) if t.untyped_storage().nbytes())
 
 
 @contextlib.contextmanager
@@ -127,7 +127,7 @@ def run_fp32(module, args, kwargs):
     try:
         twin = twin_of(module)
         args, kwargs = copy_inputs(args, kwargs)
-        inputs_finite = all(bool(torch.isfinite(t).all()) for t in tensors_in((args, kwargs)) if t.is_floating_point())
+        inputs_finite = all(bool(torch.isfinite(t).all()) for t in float_tensors((args, kwargs)))
         with torch.no_grad(), torch.autocast("cpu", enabled=False), \
                 (torch.autocast("cuda", enabled=False) if torch.cuda.is_available() else contextlib.nullcontext()):
             out = first_float_tensor(twin(*_to_fp32(args), **_to_fp32(kwargs)))
