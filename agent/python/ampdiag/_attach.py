@@ -26,7 +26,7 @@ from ._layers import Layers, source_of
 from ._forward import forward_hook, input_hook, output_hook, outside_compiled_graph
 from ._looks import look_at_loss_code, look_at_parameters
 from ._options import check_options, default_amp_dtype, torch_optimizer, trains_fp16_parameters
-from ._backward_replay import BackwardReplayer, common_module
+from ._backward_replay import BackwardReplayer
 from ._replay import Replayer
 from ._scaler import wrap_disabled_scaler, wrap_scaler
 from ._updates import UpdateProbe, holds_half_parameters
@@ -583,28 +583,11 @@ class AttachHandle:
             loss = host_sum(losses)
             if losses and not math.isfinite(loss):
                 look_at_loss_code(self)
-            elif skipped and scale_before <= 1.0:
-                self._suspect_backward()
+            elif skipped and scale_before <= 1.0 and self._backward_replayer is not None:
+                self._backward_replayer.skipped_at_unit_scale()
             self._session.end_step(loss, len(losses), scale_before, scale_after, found_inf, skipped, self._python_ns)
             self._step_ended()
         self._last_step_skipped = skipped
-
-    def _suspect_backward(self):
-        """A step skipped at a loss scale of 1 or below whose forward, batch, parameters and
-        loss were finite: the module where its backward went NaN/Inf (as the report names
-        it: the innermost holding the first NaN/Inf gradient and the finite one before it)
-        gets its backward replayed (see _backward_replay.py)."""
-        if (self._backward_replayer is None or self._forward_nonfinite or self._input_nan
-                or self._parameters_nonfinite or self._output_gradient_seen):
-            return
-        first, before = self._session.backward_origin()
-        if first < 0:
-            return
-        path = self._layers.module_path(first)
-        if before >= 0:
-            path = common_module(path, self._layers.module_path(before)) or path
-        if path:
-            self._backward_replayer.suspect(path, self._watched_model.get_submodule(path))
 
     def _end_step_later(self, values, fields, losses, scale_before, scale_after, found_inf, skipped):
         """Ends the step with `values` (loss, scale before, after, found_inf: float64 on a

@@ -109,6 +109,23 @@ class BackwardReplayer:
         self._suspect = None       # (path, module, hook handles, attempts left)
         self._capture = None       # this step's _Capture of the suspect's first call
 
+    def skipped_at_unit_scale(self):
+        """A step skipped at a loss scale of 1 or below whose forward, batch, parameters and
+        loss were finite: the module where its backward went NaN/Inf (as the report names
+        it: the innermost holding the first NaN/Inf gradient and the finite one before it)
+        is suspected."""
+        h = self._handle
+        if h._forward_nonfinite or h._input_nan or h._parameters_nonfinite or h._output_gradient_seen:
+            return
+        first, before = h._session.backward_origin()
+        if first < 0:
+            return
+        path = h._layers.module_path(first)
+        if before >= 0:
+            path = common_module(path, h._layers.module_path(before)) or path
+        if path:
+            self.suspect(path, h._watched_model.get_submodule(path))
+
     def suspect(self, path, module):
         """Captures `module`'s next call, for a replay when that step ends."""
         if self._suspect is not None or path in self._judged:
