@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <climits>
+#include <cmath>
 #include <chrono>
 #include <stdexcept>
 
@@ -206,6 +207,17 @@ void Session::replay(const std::string& module, const std::string& outcome, doub
   if (outcome != "finite" && outcome != "nonfinite" && outcome != "intrinsic" && outcome != "unconfirmed")
     throw std::invalid_argument("replay outcome must be finite, nonfinite, intrinsic or unconfirmed, not '" + outcome + "'");
   if (recorder_) recorder_->writer().post_replay({step(), module, outcome, fp32_absmax, reason});
+}
+
+void Session::precision_check(const std::string& module, const std::string& dtype, std::int64_t numel,
+                              double rel_error, std::int64_t zeroed, double fp32_absmax) {
+  if (numel <= 0 || zeroed < 0 || zeroed > numel)
+    throw std::invalid_argument("precision check of " + module + ": " + std::to_string(zeroed) + " zeroed of " +
+                                std::to_string(numel) + " values is not a count a comparison gives");
+  if (!std::isfinite(rel_error) || rel_error < 0 || !std::isfinite(fp32_absmax) || fp32_absmax <= 0)
+    throw std::invalid_argument("precision check of " + module +
+                                ": relative error and FP32 abs-max must be finite, the abs-max above 0");
+  if (recorder_) recorder_->writer().post_precision_check({step(), module, dtype, numel, rel_error, zeroed, fp32_absmax});
 }
 
 void Session::weight_update(std::int64_t step, std::int64_t layer, std::int64_t nonzero, std::int64_t stalled) {

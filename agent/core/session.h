@@ -127,6 +127,10 @@ class Session {
   void event_once(const std::string& key, const std::string& kind, const std::string& detail,
                   std::optional<std::int64_t> at_step = std::nullopt);
   void replay(const std::string& module, const std::string& outcome, double fp32_absmax, const std::string& reason);
+  // A module's output as it ran against the same call in FP32 (rundb::PrecisionCheckRow),
+  // for the current step. Throws std::invalid_argument for values no comparison gives.
+  void precision_check(const std::string& module, const std::string& dtype, std::int64_t numel, double rel_error,
+                       std::int64_t zeroed, double fp32_absmax);
   // What the optimizer step of `step` did to one half-precision layer: of `nonzero`
   // elements with a finite non-zero gradient, `stalled` kept their value. Throws
   // std::invalid_argument for counts no measurement gives.

@@ -37,7 +37,7 @@ const std::vector<std::string>& rule_ids() {
                                                "optimizer-outside-scaler", "loss-divergence",
                                                "clip-before-unscale", "unscaled-backward",
                                                "gradients-not-zeroed", "gradients-cleared",
-                                               "accumulated-gradients-cleared"};
+                                               "accumulated-gradients-cleared", "precision-loss"};
   return ids;
 }
 
@@ -208,6 +208,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::gradients_not_zeroed(run, found);  // after the findings it explains
     rules::gradients_cleared(run, by_step, found);
     rules::accumulated_gradients_cleared(run, found);
+    rules::precision_loss(run, t, found);
     for (auto& f : found) {
       f.ranks = {run.rank};
       all.push_back(std::move(f));

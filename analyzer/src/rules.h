@@ -105,6 +105,9 @@ bool has_half_loss(const Run& run);
 bool half_loss_skip(const StepSummary& s);
 // The first optimizer step taken with NaN/Inf gradients (Run::first_nonfinite_update): error.
 void nonfinite_update(const Run& run, std::vector<Finding>& out);
+// A module whose fp16/bf16 output is far from FP32's in most of the agent's precision checks
+// (Run::precision_checks), the innermost such: error where most of it is wrong, else warning.
+void precision_loss(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void rank_disagreement(const std::vector<Run>& runs, const Thresholds& t, std::vector<Finding>& out);
 
 }  // namespace ampdiag::analyzer::rules

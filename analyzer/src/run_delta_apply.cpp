@@ -154,6 +154,7 @@ void apply_run_delta(Run& run, RunDelta&& d) {
         (run.scaled_gradients_in_loss_from < 0 || e.step < run.scaled_gradients_in_loss_from))
       run.scaled_gradients_in_loss_from = std::max<std::int64_t>(e.step, 0);
   run.replays = std::move(d.replays);
+  run.precision_checks = std::move(d.precision_checks);
   merge_steps(run, d.steps);
   merge_grads(run, d.grads);
   for (std::size_t l = 0; l < run.layers.size() && l < d.histograms.size(); ++l) add_counts(run.layers[l].histogram, d.histograms[l]);

@@ -362,6 +362,7 @@ RunDelta read_run_delta(const std::string& path, const RunCursor& from, const Lo
       return reload();
     d.events = reader.events();
     d.replays = reader.replays();
+    d.precision_checks = reader.precision_checks();
   } catch (const rundb::RunDbError& e) {
     rethrow_damaged(e);
   }

@@ -28,7 +28,7 @@ options:
                           stalled-updates, loss-backward, optimizer-outside-scaler,
                           loss-divergence, clip-before-unscale, unscaled-backward,
                           gradients-not-zeroed, gradients-cleared,
-                          accumulated-gradients-cleared (docs/ANALYZER.md)
+                          accumulated-gradients-cleared, precision-loss (docs/ANALYZER.md)
   --scale-floor X         scale-collapse below this loss scale (default 128)
   --backoff-run N         scale-collapse after N back-offs without recovering (default 8)
   --headroom-bits X       low-headroom within X bits of the largest value (default 1)
@@ -37,6 +37,7 @@ options:
   --skip-rate X           skip-rate above this share of steps that were not calibration (default 0.10)
   --rank-bits X           rank-disagreement beyond X bits of abs-max (default 4)
   --stalled-fraction X    stalled-updates above this share of a layer's updates rounding away (default 0.5)
+  --precision-error X     precision-loss from this relative error against FP32 (default 0.1)
   --allow-partial         report on a run.db still being written, or whose process died
   --threads N             threads reading the file (default: all cores)
   --color WHEN            auto (default), always, never
@@ -48,6 +49,7 @@ int cmd_report(int argc, char** argv) {
   const Args args(argc, argv,
                   {"--format", "-o", "--output", "--fail-on", "--scale-floor", "--backoff-run", "--headroom-bits",
                    "--headroom-fraction", "--underflow-fraction", "--skip-rate", "--rank-bits", "--stalled-fraction",
+                   "--precision-error",
                    "--threads", "--color"},
                   {"--allow-partial"});
   if (args.help()) {
@@ -72,6 +74,7 @@ int cmd_report(int argc, char** argv) {
   t.skip_rate = args.number("--skip-rate", t.skip_rate, 0.0, 1.0);
   t.rank_bits = args.number("--rank-bits", t.rank_bits, 0.0, 128.0);
   t.stalled_fraction = args.number("--stalled-fraction", t.stalled_fraction, 0.0, 1.0);
+  t.precision_error = args.number("--precision-error", t.precision_error, 0.0, 100.0);
   const bool color = use_color(args);
   const std::string out = output_path(args);
   const int threads = int(args.integer("--threads", 0, 0, 256));

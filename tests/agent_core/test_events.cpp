@@ -29,6 +29,13 @@ void cycle(agent::Session& s) {
   s.end_step(o, 0);
 }
 
+// `s` recording into `path`, step 0 ended and step 1 open.
+void open_at_step_one(agent::Session& s, const std::string& path) {
+  open_with_layers(s, path, 1);
+  cycle(s);
+  s.begin_cycle();
+}
+
 struct Event {
   std::int64_t step;
   std::string kind;
@@ -62,12 +69,37 @@ TEST_CASE("an event read back after its step carries the step it names, once per
 TEST_CASE("an event may not name a step the run has not reached, nor a negative one", "[session][events]") {
   TempDir dir;
   agent::Session s(recording_options());
-  open_with_layers(s, dir.file("run.db"), 1);
-  cycle(s);
-  s.begin_cycle();  // step 1 is open
+  open_at_step_one(s, dir.file("run.db"));
   CHECK_THROWS_AS(s.event_once("ahead", "gradients-not-zeroed", "", std::int64_t{2}), std::invalid_argument);
   CHECK_THROWS_AS(s.event_once("negative", "gradients-not-zeroed", "", std::int64_t{-1}), std::invalid_argument);
   s.event_once("ahead", "gradients-not-zeroed", "", std::int64_t{1});  // the key was not used up by the refusal
   s.close();
   CHECK(events_of(dir.file("run.db")) == std::vector<Event>{{1, "gradients-not-zeroed"}});
+}
+
+TEST_CASE("a precision check is written at the step it was made in", "[session][precision]") {
+  TempDir dir;
+  {
+    agent::Session s(recording_options());
+    open_at_step_one(s, dir.file("run.db"));
+    s.precision_check("norm", "float32", 2048, 0.997, 2040, 3.7);
+    s.close();
+  }
+  const auto rows = rundb::RunDbReader(dir.file("run.db")).precision_checks();
+  REQUIRE(rows.size() == 1);
+  CHECK((rows[0].step == 1 && rows[0].module == "norm" && rows[0].zeroed == 2040));
+}
+
+TEST_CASE("a precision check no comparison gives is refused to the adapter, not left to the writer",
+          "[session][precision]") {
+  // The writer thread would stop the recording on it: the adapter gets the error instead.
+  TempDir dir;
+  agent::Session s(recording_options());
+  open_with_layers(s, dir.file("run.db"), 1);
+  s.begin_cycle();
+  REQUIRE_THROWS_AS(s.precision_check("norm", "float16", 8, 0.5, 9, 1.0), std::invalid_argument);
+  REQUIRE_THROWS_AS(s.precision_check("norm", "float16", 8, -1.0, 0, 1.0), std::invalid_argument);
+  REQUIRE_THROWS_AS(s.precision_check("norm", "float16", 8, 0.5, 0, 0.0), std::invalid_argument);
+  s.close();
+  CHECK(rundb::RunDbReader(dir.file("run.db")).precision_checks().empty());
 }

@@ -159,6 +159,14 @@ class RunFixture {
     return *this;
   }
 
+  // A precision check at the current step: `module`'s output (`numel` values, `zeroed` of
+  // them 0 where FP32's were not) was `rel_error` away from the same call in FP32.
+  RunFixture& precision_check(const std::string& module, double rel_error, std::int64_t zeroed = 0,
+                              double fp32_absmax = 4.0, std::int64_t numel = 1024) {
+    writer_.add_precision_check({step_, module, "float16", numel, rel_error, zeroed, fp32_absmax});
+    return *this;
+  }
+
   // Exponent histograms on every gradient and activation row from now on (meta histogram=1): its values
   // sit in the bins of its abs-max and of its smallest non-zero value.
   RunFixture& histograms() {

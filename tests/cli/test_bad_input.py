@@ -104,6 +104,7 @@ def test_unwritable_output(run, sample_dbs, tmp_path):
     (["report"], ["at least one run.db"]),
     (["report", "x.db", "--format", "pdf"], ["--format must be one of"]),
     (["report", "x.db", "--skip-rate", "2"], ["--skip-rate takes a number"]),
+    (["report", "x.db", "--precision-error", "-1"], ["--precision-error takes a number"]),
     (["report", "x.db", "--frobnicate"], ["unknown option"]),
     (["layers"], ["exactly one run.db"]),
     (["diff", "a.db"], ["BASE.db and NEW.db"]),

@@ -27,6 +27,7 @@ from ._forward import forward_hook, input_hook, output_hook, outside_compiled_gr
 from ._looks import look_at_loss_code, look_at_parameters
 from ._options import check_options, default_amp_dtype, torch_optimizer, trains_fp16_parameters
 from ._backward_replay import BackwardReplayer
+from ._precision import PrecisionChecker
 from ._replay import Replayer
 from ._scaler import wrap_disabled_scaler, wrap_scaler
 from ._updates import UpdateProbe, holds_half_parameters
@@ -63,7 +64,8 @@ class AttachHandle:
     """What attach() returns. Also a context manager: leaving it closes the handle."""
 
     def __init__(self, model, scaler, optimizer, db, every, activations, activation_every, pins, fused_unscale,
-                 context_steps, histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id, profile, autopin):
+                 context_steps, histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id, profile, autopin,
+                 precision_budget):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"attach() takes a torch.nn.Module, not {type(model).__name__}")
         if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
@@ -100,7 +102,7 @@ class AttachHandle:
                              "break ampdiag's forward hooks make at each module: attach(..., activations=False) "
                              "watches gradients and the loss scale only, or compile without fullgraph=True")
         db = check_options(db, every, context_steps, queue_capacity, threads, amp_dtype, run_id, autopin, replay,
-                           activations, activation_every)
+                           activations, activation_every, precision_budget)
 
         self.model, self.scaler, self.optimizer = model, scaler, optimizer
         self._held_scaler = scaler if scaler is not None else disabled  # marked as attached, enabled or not
@@ -149,6 +151,7 @@ class AttachHandle:
         self._scaler_stepped = False
         self._bypass = None
         self._python_ns = 0
+        self._precision = None
         rank = _rank.known_rank()
         if rank is None:
             # A spawned worker before init_process_group(): the run.db is created when the
@@ -180,6 +183,9 @@ class AttachHandle:
                     self._hooks.append(module.register_forward_hook(self._forward_hook_as_run(
                         forward_hook(self, path, module)), with_kwargs=True))
             self._profile = ProfileRanges(self, watched) if profile else None
+            # FP32 comparisons need the replay's copies and a module's call in a training step.
+            self._precision = (PrecisionChecker(self, watched, precision_budget)
+                               if activations and replay and precision_budget > 0 else None)
             if self._profile is not None and optimizer is not None:
                 self._profile.watch_optimizer(optimizer)
             for path in pins:
@@ -253,6 +259,8 @@ class AttachHandle:
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
+        if self._precision is not None:
+            self._precision.close()
         for obj, name in self._restore:
             obj.__dict__.pop(name, None)  # the class's method shows through again
         self._restore.clear()
@@ -376,6 +384,8 @@ class AttachHandle:
             self._reset_cycle()
             if self._autopin is not None:
                 self._autopin.announce()
+            if self._precision is not None:
+                self._precision.step_began()
         self._in_cycle = True
         self._live = True
         return True
@@ -568,6 +578,8 @@ class AttachHandle:
             self._accumulation_probe.step_ended()
         if self._backward_replayer is not None:
             self._backward_replayer.step_ended()
+        if self._precision is not None:
+            self._precision.step_ended()
 
     def _end_step(self, scale_before, scale_after, found_inf, skipped):
         self._before_step_end()
@@ -635,7 +647,7 @@ def attach(model: torch.nn.Module, scaler: "torch.amp.GradScaler | None" = None,
            activation_every: int = 10, pins=(), fused_unscale: bool = True, context_steps: int = 2, histogram: bool = False,
            overwrite: bool = False, replay: bool = True, queue_capacity: int = 1 << 15, threads: int = 0,
            amp_dtype: "str | None" = None, run_id: "str | None" = None, profile: bool = False,
-           autopin: "bool | int" = False) -> AttachHandle:
+           autopin: "bool | int" = False, precision_budget: float = 0.005) -> AttachHandle:
     """Attaches ampdiag to a training loop and returns a handle (also a context manager).
 
     model:          the torch.nn.Module being trained (a DDP wrapper is fine).
@@ -662,9 +674,12 @@ def attach(model: torch.nn.Module, scaler: "torch.amp.GradScaler | None" = None,
                     random for one process); `ampdiag report` merges only ranks of one run.
     autopin:        True (one module) or N: pin to FP32, from the next step on, each module (at most N)
                     whose FP32 replay confirmed it as a forward NaN/Inf's origin; the report says so.
+    precision_budget: the share of training time (0 to 1) the precision checks may take: one module
+                    at a time, its call in fp16/bf16 compared with the same call in FP32 (copies of
+                    its inputs and state), which finds precision lost without NaN/Inf; 0: none.
     profile:        on a CUDA device, record each module's device time by precision and phase on
                     sampled steps (CUPTI); where that is unavailable, one event says why.
     """
     return AttachHandle(model, scaler, optimizer, db, every, activations, activation_every, tuple(pins), fused_unscale,
                         context_steps, histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id, profile,
-                        autopin)
+                        autopin, precision_budget)

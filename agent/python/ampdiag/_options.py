@@ -5,7 +5,7 @@ import torch
 
 
 def check_options(db, every, context_steps, queue_capacity, threads, amp_dtype, run_id, autopin, replay,
-                  activations, activation_every) -> str:
+                  activations, activation_every, precision_budget) -> str:
     """Raises ValueError naming the first bad option; returns db as a str path."""
     if isinstance(db, os.PathLike):
         db = os.fspath(db)
@@ -22,6 +22,10 @@ def check_options(db, every, context_steps, queue_capacity, threads, amp_dtype, 
         raise ValueError(f"run_id must be a non-empty string, not {run_id!r}")
     if not isinstance(autopin, int) or autopin < 0:
         raise ValueError(f"autopin must be False or the most modules to pin (an integer >= 0), not {autopin!r}")
+    if (not isinstance(precision_budget, (int, float)) or isinstance(precision_budget, bool)
+            or not 0.0 <= precision_budget <= 1.0):
+        raise ValueError(f"precision_budget must be a share of the training time from 0 to 1 (0.005: half a "
+                         f"per cent), not {precision_budget!r}")
     if autopin and not (replay and activations):
         raise ValueError("autopin needs activations=True and replay=True: it pins only what an FP32 replay confirmed")
     return db

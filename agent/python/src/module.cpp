@@ -286,6 +286,10 @@ PYBIND11_MODULE(_ampdiag, m) {
           py::arg("key"), py::arg("kind"), py::arg("detail"), py::arg("step") = py::none())
       .def("add_replay", [](Session& s, const std::string& module, const std::string& outcome, double absmax,
                             const std::string& reason) { s.core().replay(module, outcome, absmax, reason); })
+      .def("precision_check", [](Session& s, const std::string& module, const std::string& dtype, std::int64_t numel,
+                                 double rel_error, std::int64_t zeroed, double fp32_absmax) {
+        s.core().precision_check(module, dtype, numel, rel_error, zeroed, fp32_absmax);
+      })
       .def("weight_update", [](Session& s, std::int64_t step, std::int64_t layer, std::int64_t nonzero,
                                std::int64_t stalled) { s.core().weight_update(step, layer, nonzero, stalled); })
       .def("arrived", [](Session& s, std::int64_t layer) { s.core().arrived(layer); })

@@ -131,6 +131,12 @@ RunDbReader::RunDbReader(const std::string& path) : path_(path) {
   }
   if (summaries_) check_tables({"grad_samples", "grad_hist_sums"});
   {
+    // Added to format 4 as an optional table: files written before it lack it.
+    Statement q(*db_, "SELECT 1 FROM sqlite_master WHERE name = 'precision_checks'", "the schema (sqlite_master)");
+    precision_checks_ = q.next();
+  }
+  if (precision_checks_) check_tables({"precision_checks"});
+  {
     // Added to format 4 as an optional column: files written before it lack it.
     Statement q(*db_, "SELECT 1 FROM pragma_table_info('act_stats') WHERE name = 'histogram'", "the schema of act_stats");
     act_histograms_ = q.next();
@@ -279,6 +285,26 @@ std::vector<ReplayRow> RunDbReader::replays() {
   }
   Statement q(*db_, "SELECT step, module, outcome, fp32_absmax, reason FROM replays ORDER BY id", "table replays");
   while (q.next()) out.push_back({q.int64(0), q.text(1), q.text(2), q.real(3), q.text(4)});
+  return out;
+}
+
+std::vector<PrecisionCheckRow> RunDbReader::precision_checks() {
+  std::vector<PrecisionCheckRow> out;
+  if (!precision_checks_) return out;
+  Statement q(*db_, "SELECT step, module, dtype, numel, rel_error, zeroed, fp32_absmax FROM precision_checks ORDER BY id",
+              "table precision_checks");
+  while (q.next()) {
+    for (int column : {0, 3, 5})
+      if (sqlite3_column_type(q.handle(), column) != SQLITE_INTEGER)
+        throw_corrupt(path_, "precision_checks has a step or count that is not an integer");
+    PrecisionCheckRow r{q.int64(0), q.text(1), q.text(2), q.int64(3), q.real(4), q.int64(5), q.real(6)};
+    if (r.numel <= 0 || r.zeroed < 0 || r.zeroed > r.numel || !(r.rel_error >= 0) || !std::isfinite(r.rel_error) ||
+        !(r.fp32_absmax > 0) || !std::isfinite(r.fp32_absmax))
+      throw_corrupt(path_, "precision_checks has a check of " + r.module + " at step " + std::to_string(r.step) +
+                               " with values no check has (" + std::to_string(r.numel) + " values, " +
+                               std::to_string(r.zeroed) + " zeroed, relative error " + std::to_string(r.rel_error) + ")");
+    out.push_back(std::move(r));
+  }
   return out;
 }
 

@@ -61,6 +61,16 @@ CREATE TABLE replays (
   fp32_absmax REAL,
   reason TEXT NOT NULL
 );
+CREATE TABLE precision_checks (
+  id INTEGER PRIMARY KEY,
+  step INTEGER NOT NULL,
+  module TEXT NOT NULL,
+  dtype TEXT NOT NULL,
+  numel INTEGER NOT NULL,
+  rel_error REAL NOT NULL,
+  zeroed INTEGER NOT NULL,
+  fp32_absmax REAL NOT NULL
+);
 CREATE TABLE grad_samples (
   id INTEGER PRIMARY KEY,
   step INTEGER NOT NULL,

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -149,6 +150,9 @@ void RunDbWriter::open_and_create() {
   event_ = std::make_unique<Statement>(*db_, "INSERT INTO events (step, kind, detail, wall_time) VALUES (?1, ?2, ?3, ?4)");
   replay_ = std::make_unique<Statement>(
       *db_, "INSERT INTO replays (step, module, outcome, fp32_absmax, reason) VALUES (?1, ?2, ?3, ?4, ?5)");
+  precision_ = std::make_unique<Statement>(
+      *db_, "INSERT INTO precision_checks (step, module, dtype, numel, rel_error, zeroed, fp32_absmax) "
+            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
   gpu_ = std::make_unique<Statement>(
       *db_, "INSERT INTO gpu_time (step, module_id, phase, kind, count, ns) VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
             "ON CONFLICT (step, module_id, phase, kind) DO UPDATE SET count = count + excluded.count, ns = ns + excluded.ns");
@@ -171,6 +175,7 @@ void RunDbWriter::close_all() noexcept {
   act_.reset();
   event_.reset();
   replay_.reset();
+  precision_.reset();
   samples_.reset();
   hist_sums_.reset();
   db_.reset();
@@ -343,6 +348,17 @@ void RunDbWriter::add_weight_update(const WeightUpdateRow& r) {
 void RunDbWriter::add_replay(const ReplayRow& r) {
   begin_if_needed();
   replay_->bind(1, r.step).bind(2, r.module).bind(3, r.outcome).bind(4, r.fp32_absmax).bind(5, r.reason).run();
+}
+
+void RunDbWriter::add_precision_check(const PrecisionCheckRow& r) {
+  if (r.numel <= 0 || r.zeroed < 0 || r.zeroed > r.numel || !std::isfinite(r.rel_error) || r.rel_error < 0 ||
+      !std::isfinite(r.fp32_absmax) || r.fp32_absmax <= 0)
+    throw std::invalid_argument("precision check of " + r.module + ": numel " + std::to_string(r.numel) + ", zeroed " +
+                                std::to_string(r.zeroed) + ", rel_error " + std::to_string(r.rel_error) +
+                                ", fp32_absmax " + std::to_string(r.fp32_absmax) + " is not a check the format holds");
+  begin_if_needed();
+  precision_->bind(1, r.step).bind(2, r.module).bind(3, r.dtype).bind(4, r.numel).bind(5, r.rel_error)
+      .bind(6, r.zeroed).bind(7, r.fp32_absmax).run();
 }
 
 void RunDbWriter::finish() {

@@ -78,6 +78,7 @@ struct Thresholds {
   double skip_rate = 0.10;           // skip-rate: skipped share of steps after calibration
   double rank_bits = 4.0;            // rank-disagreement: abs-max this many bits from the others
   double stalled_fraction = 0.5;     // stalled-updates: share of a layer's updates that rounded away
+  double precision_error = 0.1;      // precision-loss: a check's relative L2 error against FP32 from this
 };
 
 // One module's device time per profiled step, and the shares of its kernel time by precision.

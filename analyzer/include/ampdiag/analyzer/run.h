@@ -138,6 +138,8 @@ struct Run {
   // The step in which the agent found NaN/Inf in the parameters; -1: it found none.
   std::int64_t parameters_found_nonfinite = -1;
   std::vector<rundb::ReplayRow> replays;
+  // The agent's precision checks (fp16/bf16 output against FP32), in the order made.
+  std::vector<rundb::PrecisionCheckRow> precision_checks;
   std::string run_id;  // shared by the ranks of one run; empty in files written before it existed
   std::int64_t grad_rows = 0, act_rows = 0;
   GpuProfile gpu;  // read whole by load_run (not by the incremental reads)

@@ -45,6 +45,9 @@ class RunDbReader {
   std::vector<EventRow> events();
   // FP32 replays (format 1 files: read from their events).
   std::vector<ReplayRow> replays();
+  // The precision checks in the order they were made; none in files written before the
+  // table existed. A row outside what the writer writes throws (corrupt).
+  std::vector<PrecisionCheckRow> precision_checks();
   // The first and last step of grad_stats; false when it has no rows.
   bool grad_step_range(std::int64_t& first, std::int64_t& last);
   // Which grad_stats rows to visit: steps first..last; without `histograms` the rows'
@@ -103,7 +106,8 @@ class RunDbReader {
   std::unique_ptr<Database> db_;
   int version_ = 0;
   bool summaries_ = false;
-  bool act_histograms_ = false;  // act_stats has its histogram column
+  bool act_histograms_ = false;
+  bool precision_checks_ = false;  // the file has the precision_checks table  // act_stats has its histogram column
 };
 
 }  // namespace ampdiag::rundb

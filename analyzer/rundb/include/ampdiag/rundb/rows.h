@@ -121,6 +121,20 @@ struct ReplayRow {
   std::string reason;
 };
 
+// One precision check (Python agent): a module's output as it ran under autocast (or in
+// half-precision parameters) compared with the same call run again in FP32, on copies of
+// its inputs, module state and RNG. Only checks where both outputs were finite and FP32's
+// was not all zero are recorded.
+struct PrecisionCheckRow {
+  std::int64_t step = -1;
+  std::string module;        // module path
+  std::string dtype;         // the output's dtype as it ran ("float16", "bfloat16", ...)
+  std::int64_t numel = 0;    // values compared (> 0)
+  double rel_error = 0.0;    // ||y - y_fp32|| / ||y_fp32|| over the whole output (L2)
+  std::int64_t zeroed = 0;   // values exactly 0 as it ran where FP32's were not
+  double fp32_absmax = 0.0;  // largest |x| of the FP32 output
+};
+
 // Device time from the profiler (CUPTI activity records) of one step, module, phase and
 // kind of work, summed over the records; rows of one key add up as records arrive.
 enum class GpuPhase : std::int32_t {

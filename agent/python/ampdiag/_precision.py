@@ -1,0 +1,183 @@
+"""Precision checks: what fp16/bf16 does to a module's output when nothing goes NaN/Inf.
+
+A module can lose its output to half precision without a NaN: a hand-written RMSNorm
+whose x.pow(2) overflows inside it computes rsqrt(Inf) = 0 and hands on zeros; a
+difference of two large values cancels to rounding. No statistic of the output shows it,
+and the loss scale stays steady. So, within a share of the training time
+(`precision_budget`), the agent takes one watched module at a time, round robin, and on
+its next call in a training step keeps a copy of the module (its state before the call),
+copies of its inputs and the RNG state; right after the call the copy runs in FP32 on
+them (autocast off, the same dropout masks) and the two outputs are compared. A row of
+`precision_checks`: relative L2 error, values that came out exactly 0 where FP32's are
+not, FP32's largest |x|. Nothing the model holds, computes or draws from the RNG changes.
+
+Host modules only (a comparison on a device would wait for it). Only calls that ran in
+reduced precision are checked (autocast on for the inputs' device,
+or half-precision parameters), and only outputs finite both ways: NaN/Inf has its own
+replay. A module whose copy cannot be made or run leaves the rotation, and so does one
+carrying a forward hook of the user's (the copy would run it too).
+"""
+import contextlib
+import time
+
+import torch
+
+from ._pin import _to_fp32
+from ._replay import copy_inputs, rng_state, set_rng_state, twin_of
+from ._tensors import first_float_tensor, float_tensors
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _reduced_precision(module, args, kwargs) -> bool:
+    device = next((t.device.type for t in float_tensors((args, kwargs))), None)
+    if device in ("cpu", "cuda") and torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) in _HALF:
+        return True
+    return any(p.dtype in _HALF for p in module.parameters())
+
+
+def compare(ran, fp32):
+    """(dtype, numel, relative L2 error, values zeroed, FP32 abs-max) of the two outputs'
+    first floating-point tensors; None where they cannot be compared (shapes differ,
+    NaN/Inf either way, FP32's all zero)."""
+    y, r = first_float_tensor(ran), first_float_tensor(fp32)
+    if y is None or r is None or y.shape != r.shape or y.numel() == 0:
+        return None
+    y32, r32 = y.detach().float(), r.detach().float()
+    if not (bool(torch.isfinite(y32).all()) and bool(torch.isfinite(r32).all())):
+        return None
+    # Norms accumulated in float64: a bf16 output's squares can pass float32's range.
+    norm = float(torch.linalg.vector_norm(r32, dtype=torch.float64))
+    if norm == 0.0:
+        return None
+    error = float(torch.linalg.vector_norm(y32 - r32, dtype=torch.float64)) / norm
+    zeroed = int(((y32 == 0) & (r32 != 0)).sum())
+    return str(y.dtype).replace("torch.", ""), y.numel(), error, zeroed, float(r32.abs().max())
+
+
+def _others_hooks(module) -> bool:
+    """Whether a forward hook on the module or inside it is neither torch's (weight_norm,
+    pruning: part of what it computes) nor ampdiag's: a copy would run it too, and the
+    user's hook would see a call the model never made (without it, the copy might compute
+    otherwise), so such a module is not checked."""
+    def foreign(hook):
+        origin = getattr(hook, "__module__", None) or type(hook).__module__ or ""
+        return not origin.startswith(("torch.", "ampdiag."))
+
+    everywhere = torch.nn.modules.module
+    hooks = [*getattr(everywhere, "_global_forward_hooks", {}).values(),
+             *getattr(everywhere, "_global_forward_pre_hooks", {}).values()]
+    for m in module.modules():
+        hooks.extend(m._forward_hooks.values())
+        hooks.extend(m._forward_pre_hooks.values())
+    return any(foreign(h) for h in hooks)
+
+
+class _Capture:
+    def __init__(self, module, args, kwargs):
+        self.rng = rng_state()
+        self.twin = twin_of(module)  # before the call: the state it ran with
+        self.args, self.kwargs = copy_inputs(args, kwargs)
+
+
+class PrecisionChecker:
+    """Arms one module per step, within `budget` (a share of the time since the first step
+    began), and records the comparison of its first call."""
+
+    def __init__(self, handle, watched, budget):
+        self._handle = handle
+        self._modules = list(watched)  # (path, module), the rotation
+        self._budget = budget
+        self._next = 0
+        self._started = None  # perf_counter_ns when the first step began
+        self._spent = 0       # ns the checks took
+        self._armed = None    # (path, module, hook handles)
+        self._capture = None
+
+    def step_began(self):
+        """A cycle opened: arm the next module if the checks are within their budget."""
+        now = time.perf_counter_ns()
+        if self._started is None:
+            self._started = now
+        if self._armed is not None or not self._modules or self._spent > self._budget * (now - self._started):
+            return
+        path, module = self._modules[self._next % len(self._modules)]
+        self._next += 1
+        # Closures, not bound methods: a copy of the module carries its hooks, and
+        # copy.deepcopy() copies a bound method's object (the agent) but not a function.
+        def before(mod, args, kwargs):
+            return self._before(mod, args, kwargs)
+
+        def after(mod, args, kwargs, output):
+            return self._after(mod, args, kwargs, output)
+
+        as_run = self._handle._forward_hook_as_run
+        hooks = (module.register_forward_pre_hook(as_run(before), with_kwargs=True),
+                 module.register_forward_hook(as_run(after), with_kwargs=True))
+        self._armed = (path, module, hooks)
+
+    def step_ended(self):
+        """A module that did not run this step waits for its turn in the rotation again."""
+        self._disarm()
+
+    def close(self):
+        self._disarm()
+
+    def _disarm(self):
+        if self._armed is not None:
+            for hook in self._armed[2]:
+                hook.remove()
+        self._armed, self._capture = None, None
+
+    def _drop(self, module):
+        self._modules = [(p, m) for p, m in self._modules if m is not module]
+        self._disarm()
+
+    def _before(self, module, args, kwargs):
+        armed, handle = self._armed, self._handle
+        # (A copy of the module carries these hooks: only the watched module's call counts.)
+        if armed is None or module is not armed[1] or self._capture is not None or not handle._live:
+            return None
+        t0 = time.perf_counter_ns()
+        try:
+            if (any(t.is_cuda for t in float_tensors((args, kwargs))) or any(p.is_cuda for p in module.parameters())
+                    or _others_hooks(module)):
+                # Comparing on the device would wait for it: host modules only, for now.
+                self._drop(module)
+            elif _reduced_precision(module, args, kwargs):
+                self._capture = _Capture(module, args, kwargs)
+            else:
+                self._disarm()  # it ran in FP32: nothing to compare this step
+        except Exception:  # a check must never break the training
+            self._drop(module)
+        self._spent += time.perf_counter_ns() - t0
+        handle._python_ns += time.perf_counter_ns() - t0
+        return None
+
+    def _after(self, module, args, kwargs, output):
+        armed, capture, handle = self._armed, self._capture, self._handle
+        if armed is None or module is not armed[1] or capture is None or not handle._live:
+            return None
+        t0 = time.perf_counter_ns()
+        path = armed[0]
+        self._disarm()
+        saved = rng_state()
+        handle._replayer.busy = True  # the agent's hooks stand aside for the copy's forward
+        handle._live = False
+        try:
+            set_rng_state(capture.rng)
+            with torch.no_grad(), torch.autocast("cpu", enabled=False), \
+                    (torch.autocast("cuda", enabled=False) if torch.cuda.is_available() else contextlib.nullcontext()):
+                fp32 = capture.twin(*_to_fp32(capture.args), **_to_fp32(capture.kwargs))
+            compared = compare(output, fp32)
+            if compared is not None:
+                handle._session.precision_check(path, *compared)
+        except Exception:  # a check must never break the training
+            self._drop(module)
+        finally:
+            set_rng_state(saved)
+            handle._replayer.busy = False
+            handle._live = handle._in_cycle and not handle._inert
+        self._spent += time.perf_counter_ns() - t0
+        handle._python_ns += time.perf_counter_ns() - t0
+        return None

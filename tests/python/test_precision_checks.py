@@ -1,0 +1,143 @@
+"""The precision checks (attach(precision_budget=...)): one module per step, its call as it
+ran under fp16 autocast compared with the same call in FP32 on copies of its inputs, state
+and RNG; rows in precision_checks. They change nothing the training computes."""
+import sqlite3
+
+import pytest
+import torch
+from torch import nn
+
+import ampdiag
+
+
+class RMSNorm(nn.Module):
+    """Written by hand, as model code often is: in fp16, x.pow(2) of an activation above 256
+    overflows, rsqrt(Inf) is 0, and the row comes out exactly 0."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+class Net(nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.inp, self.norm, self.out = nn.Linear(16, 64), norm, nn.Linear(64, 1)
+
+    def forward(self, x):
+        return self.out(self.norm(self.inp(x)))
+
+
+def train(db, norm, steps=12, batch_scale=1.0, autocast=True, **options):
+    """`steps` fp16-autocast AMP steps of Net(norm) with a real GradScaler under attach();
+    returns the model's parameters after training and the RNG's next draw."""
+    torch.manual_seed(0)
+    model = Net(norm)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    g = torch.Generator().manual_seed(0)
+    handle = ampdiag.attach(model, scaler, db=str(db), **options) if db is not None else None
+    for _ in range(steps):
+        x = torch.randn(32, 16, generator=g) * batch_scale
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16, enabled=autocast):
+            loss = model(x).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    if handle is not None:
+        handle.close()
+    return [p.detach().clone() for p in model.parameters()], torch.rand(1)
+
+
+def checks(db):
+    with sqlite3.connect(db) as c:
+        return c.execute("SELECT step, module, dtype, numel, rel_error, zeroed, fp32_absmax FROM precision_checks "
+                         "ORDER BY id").fetchall()
+
+
+def test_a_norm_whose_square_overflows_fp16_is_checked_far_from_fp32(tmp_path):
+    train(tmp_path / "run.db", RMSNorm(64), batch_scale=300.0, precision_budget=1.0)
+    norm = [c for c in checks(tmp_path / "run.db") if c[1] == "norm"]
+    assert norm, checks(tmp_path / "run.db")
+    for step, _, dtype, numel, error, zeroed, absmax in norm:
+        assert dtype == "float32"  # the fp32 weight times fp16 activations
+        assert numel == 32 * 64 and error > 0.9 and zeroed > numel // 2 and absmax > 1.0
+
+
+def test_modules_that_fit_fp16_are_checked_within_rounding(tmp_path):
+    train(tmp_path / "run.db", nn.LayerNorm(64), precision_budget=1.0)
+    found = checks(tmp_path / "run.db")
+    assert {c[1] for c in found} == {"inp", "norm", "out"}
+    assert all(c[4] < 1e-2 and c[5] == 0 for c in found), found
+
+
+def test_one_module_is_checked_per_step_in_turn(tmp_path):
+    train(tmp_path / "run.db", nn.LayerNorm(64), steps=6, precision_budget=1.0)
+    assert [(c[0], c[1]) for c in checks(tmp_path / "run.db")] == [
+        (0, "inp"), (1, "norm"), (2, "out"), (3, "inp"), (4, "norm"), (5, "out")]
+
+
+def test_a_dropout_is_replayed_with_the_masks_it_drew(tmp_path):
+    norm = nn.Sequential(nn.Dropout(0.5), nn.LayerNorm(64))
+    train(tmp_path / "run.db", norm, steps=8, precision_budget=1.0)
+    dropout = [c for c in checks(tmp_path / "run.db") if c[1] == "norm.0"]
+    assert dropout and all(c[4] < 1e-2 for c in dropout), dropout  # other masks would be ~100 % away
+
+
+def test_checks_leave_the_training_bit_identical(tmp_path):
+    # Dropout draws from the RNG and BatchNorm updates its running statistics in forward:
+    # a check's copy must do neither to the model's.
+    def norm():
+        return nn.Sequential(nn.Dropout(0.2), nn.BatchNorm1d(64))
+
+    plain, plain_draw = train(None, norm())
+    checked, checked_draw = train(tmp_path / "run.db", norm(), precision_budget=1.0)
+    assert len(checks(tmp_path / "run.db")) >= 10
+    assert all(torch.equal(a, b) for a, b in zip(plain, checked))
+    assert torch.equal(plain_draw, checked_draw)
+
+
+def test_a_zero_budget_checks_nothing(tmp_path):
+    train(tmp_path / "run.db", RMSNorm(64), batch_scale=300.0, precision_budget=0)
+    assert checks(tmp_path / "run.db") == []
+
+
+def test_modules_run_in_fp32_are_not_checked(tmp_path):
+    train(tmp_path / "run.db", RMSNorm(64), autocast=False, precision_budget=1.0)
+    assert checks(tmp_path / "run.db") == []
+
+
+def test_the_default_budget_keeps_checks_to_a_small_share_of_the_steps(tmp_path):
+    train(tmp_path / "run.db", nn.LayerNorm(64), steps=60)
+    assert 1 <= len(checks(tmp_path / "run.db")) < 30
+
+
+@pytest.mark.parametrize("budget", [-0.1, 1.5, float("nan"), "all", True])
+def test_a_budget_that_is_no_share_of_time_is_refused(tmp_path, budget):
+    model = Net(nn.LayerNorm(64))
+    with pytest.raises(ValueError, match="precision_budget must be a share of the training time"):
+        ampdiag.attach(model, torch.amp.GradScaler("cpu"), db=str(tmp_path / "run.db"), precision_budget=budget)
+    assert not (tmp_path / "run.db").exists()
+
+
+def test_a_module_with_a_hook_of_the_users_is_left_unchecked_and_its_hook_sees_only_the_models_calls(tmp_path):
+    norm = nn.LayerNorm(64)
+    calls = []
+    norm.register_forward_hook(lambda module, args, output: calls.append(output.dtype))
+    train(tmp_path / "run.db", norm, steps=6, precision_budget=1.0)
+    assert calls == [torch.float16] * 6  # a copy's FP32 call would have added a float32 one
+    assert "norm" not in {c[1] for c in checks(tmp_path / "run.db")}
+
+
+def test_a_module_computed_through_torchs_own_hooks_is_checked_as_it_computes(tmp_path):
+    # The old weight_norm recomputes the weight in a forward pre-hook: a copy without it
+    # would run a stale weight and look far from fp16.
+    with pytest.warns(FutureWarning):
+        norm = torch.nn.utils.weight_norm(nn.Linear(64, 64))
+    train(tmp_path / "run.db", norm, steps=6, precision_budget=1.0)
+    found = [c for c in checks(tmp_path / "run.db") if c[1] == "norm"]
+    assert found and all(c[4] < 1e-2 for c in found), found
