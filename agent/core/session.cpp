@@ -220,6 +220,16 @@ void Session::precision_check(const std::string& module, const std::string& dtyp
   if (recorder_) recorder_->writer().post_precision_check({step(), module, dtype, numel, rel_error, zeroed, fp32_absmax});
 }
 
+void Session::weight_norm(std::int64_t layer, double l2, double absmax) {
+  if (layer < 0 || std::size_t(layer) >= layer_count_)
+    throw std::invalid_argument("weight_norm: no layer " + std::to_string(layer) + " is registered");
+  const rundb::WeightNormRow row{step(), layer, l2, absmax};
+  if (!row.values_valid())
+    throw std::invalid_argument("weight_norm: L2 " + std::to_string(l2) + " and abs-max " + std::to_string(absmax) +
+                                " are not a parameter's norms");
+  if (recorder_) recorder_->writer().post_weight_norm(row);
+}
+
 void Session::weight_update(std::int64_t step, std::int64_t layer, std::int64_t nonzero, std::int64_t stalled) {
   if (layer < 0 || std::size_t(layer) >= layer_count_)
     throw std::invalid_argument("weight_update: no layer " + std::to_string(layer) + " is registered");

@@ -131,6 +131,9 @@ class Session {
   // for the current step. Throws std::invalid_argument for values no comparison gives.
   void precision_check(const std::string& module, const std::string& dtype, std::int64_t numel, double rel_error,
                        std::int64_t zeroed, double fp32_absmax);
+  // One layer's weights as the current step's forward uses them (rundb::WeightNormRow).
+  // Throws std::invalid_argument for an unknown layer or values no norm has.
+  void weight_norm(std::int64_t layer, double l2, double absmax);
   // What the optimizer step of `step` did to one half-precision layer: of `nonzero`
   // elements with a finite non-zero gradient, `stalled` kept their value. Throws
   // std::invalid_argument for counts no measurement gives.

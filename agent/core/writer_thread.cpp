@@ -80,6 +80,11 @@ void WriterThread::post_precision_check(rundb::PrecisionCheckRow row) {
   precision_checks_.push_back(std::move(row));
 }
 
+void WriterThread::post_weight_norm(rundb::WeightNormRow row) {
+  std::lock_guard<std::mutex> lock(posted_mutex_);
+  weight_norms_.push_back(row);
+}
+
 void WriterThread::post_weight_update(rundb::WeightUpdateRow row) {
   std::lock_guard<std::mutex> lock(posted_mutex_);
   weight_updates_.push_back(row);
@@ -147,6 +152,7 @@ bool WriterThread::drain_once() {
   std::vector<rundb::EventRow> events;
   std::vector<rundb::ReplayRow> replays;
   std::vector<rundb::PrecisionCheckRow> precision_checks;
+  std::vector<rundb::WeightNormRow> weight_norms;
   std::vector<rundb::WeightUpdateRow> weight_updates;
   std::vector<std::pair<std::string, std::string>> meta;
   {
@@ -156,17 +162,19 @@ bool WriterThread::drain_once() {
     events.swap(events_);
     replays.swap(replays_);
     precision_checks.swap(precision_checks_);
+    weight_norms.swap(weight_norms_);
     weight_updates.swap(weight_updates_);
     meta.swap(meta_);
   }
   bool any = !(layers.empty() && modules.empty() && events.empty() && replays.empty() && meta.empty() &&
-               weight_updates.empty() && precision_checks.empty());
+               weight_updates.empty() && precision_checks.empty() && weight_norms.empty());
   for (const auto& [k, v] : meta) writer_->set_meta(k, v);
   for (const auto& row : layers) writer_->add_layer(row);
   for (const auto& row : modules) writer_->add_module(row);
   for (const auto& row : events) writer_->add_event(row);
   for (const auto& row : replays) writer_->add_replay(row);
   for (const auto& row : precision_checks) writer_->add_precision_check(row);
+  for (const auto& row : weight_norms) writer_->add_weight_norm(row);
   for (const auto& row : weight_updates) writer_->add_weight_update(row);
   const std::int64_t dropped = dropped_.load(std::memory_order_relaxed);
   if (dropped != dropped_reported_) {

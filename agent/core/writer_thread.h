@@ -41,6 +41,7 @@ class WriterThread {
   void post_event(rundb::EventRow row);
   void post_replay(rundb::ReplayRow row);
   void post_precision_check(rundb::PrecisionCheckRow row);
+  void post_weight_norm(rundb::WeightNormRow row);
   void post_weight_update(rundb::WeightUpdateRow row);
   void post_meta(std::string key, std::string value);
   // Pulled at every drain until stop(); the source must outlive stop().
@@ -77,6 +78,7 @@ class WriterThread {
   std::vector<rundb::EventRow> events_;
   std::vector<rundb::ReplayRow> replays_;
   std::vector<rundb::PrecisionCheckRow> precision_checks_;
+  std::vector<rundb::WeightNormRow> weight_norms_;
   std::vector<rundb::WeightUpdateRow> weight_updates_;
   std::vector<std::pair<std::string, std::string>> meta_;
   std::atomic<GpuRowSource*> gpu_source_{nullptr};

@@ -37,7 +37,8 @@ const std::vector<std::string>& rule_ids() {
                                                "optimizer-outside-scaler", "loss-divergence",
                                                "clip-before-unscale", "unscaled-backward",
                                                "gradients-not-zeroed", "gradients-cleared",
-                                               "accumulated-gradients-cleared", "precision-loss"};
+                                               "accumulated-gradients-cleared", "precision-loss",
+                                               "weight-growth"};
   return ids;
 }
 
@@ -205,6 +206,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::clip_before_unscale(run, by_step, found);
     rules::unscaled_backward(run, found);
     rules::loss_divergence(run, found);
+    rules::weight_growth(run, found);
     rules::gradients_not_zeroed(run, found);  // after the findings it explains
     rules::gradients_cleared(run, by_step, found);
     rules::accumulated_gradients_cleared(run, found);

@@ -51,6 +51,11 @@ struct Divergence {
   std::string factor() const;
 };
 Divergence find_divergence(const Run& run);
+// Where a cause shows is not why: the findings in `out` whose first step is `from_step` or later
+// that name a culprit (forward-nonfinite, overflow-origin, loss-backward) become warnings
+// noting `after`, their first fix `see` the cause's finding; scale-collapse and skip-rate's
+// fix becomes `see` alone.
+void point_to_cause(std::vector<Finding>& out, std::int64_t from_step, const std::string& see, const std::string& after);
 // Run after the other rules of the run: the culprits it finds from the climb on point to it.
 void loss_divergence(const Run& run, std::vector<Finding>& out);
 // The run's optimizer applied gradients still multiplied by the loss scale (event
@@ -108,6 +113,10 @@ void nonfinite_update(const Run& run, std::vector<Finding>& out);
 // A module whose fp16/bf16 output is far from FP32's in most of the agent's precision checks
 // (Run::precision_checks), the innermost such: error where most of it is wrong, else warning.
 void precision_loss(const Run& run, const Thresholds& t, std::vector<Finding>& out);
+// The weights of the module that overflowed first (the model's, if none is named) grew many
+// times over in the steps before the first NaN/Inf (Run::weight_norms): error, the overflow
+// findings from then on point to it. Runs after them, before gradients_not_zeroed.
+void weight_growth(const Run& run, std::vector<Finding>& out);
 void rank_disagreement(const std::vector<Run>& runs, const Thresholds& t, std::vector<Finding>& out);
 
 }  // namespace ampdiag::analyzer::rules

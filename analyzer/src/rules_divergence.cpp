@@ -27,6 +27,21 @@ bool troubled(const Run& run, const StepSummary& s) {
 
 }  // namespace
 
+void point_to_cause(std::vector<Finding>& out, std::int64_t from_step, const std::string& see,
+                    const std::string& after) {
+  for (auto& g : out) {
+    if (!g.steps.empty() && g.steps.front() < from_step) continue;
+    if (g.rule == "forward-nonfinite" || g.rule == "overflow-origin" || g.rule == "loss-backward") {
+      if (g.severity == Severity::kError) g.severity = Severity::kWarning;
+      g.evidence += "; " + after;
+      g.suggestions.insert(g.suggestions.begin(), {see + "fix that first; what follows holds only if it still "
+                                                   "overflows without it.", "", "", "", /*untried=*/true});
+    } else if (g.rule == "scale-collapse" || g.rule == "skip-rate") {
+      g.suggestions = {{see + "fix that, and these overflows go with it.", "", "", ""}};
+    }
+  }
+}
+
 std::string Divergence::factor() const {
   char b[32];
   const double r = peak / baseline;
@@ -121,19 +136,8 @@ void loss_divergence(const Run& run, std::vector<Finding>& out) {
                              "torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);\n"
                              "optimizer.step();",
                              ""});
-  // Where it shows is not why: the culprits named from the climb on point to it.
-  for (auto& g : out) {
-    if (!g.steps.empty() && g.steps.front() < d.rise) continue;
-    const std::string see = "The loss was diverging (see loss-divergence): ";
-    if (g.rule == "forward-nonfinite" || g.rule == "overflow-origin" || g.rule == "loss-backward") {
-      if (g.severity == Severity::kError) g.severity = Severity::kWarning;
-      g.evidence += "; it comes after the loss grew " + d.factor() + " from step " + std::to_string(d.rise);
-      g.suggestions.insert(g.suggestions.begin(),
-                           {see + "fix that first; what follows holds only if it still overflows without it.", "", "", ""});
-    } else if (g.rule == "scale-collapse" || g.rule == "skip-rate") {
-      g.suggestions = {{see + "fix that, and these overflows go with it.", "", "", ""}};
-    }
-  }
+  point_to_cause(out, d.rise, "The loss was diverging (see loss-divergence): ",
+                 "it comes after the loss grew " + d.factor() + " from step " + std::to_string(d.rise));
   out.push_back(f);
 }
 

@@ -155,6 +155,11 @@ void apply_run_delta(Run& run, RunDelta&& d) {
       run.scaled_gradients_in_loss_from = std::max<std::int64_t>(e.step, 0);
   run.replays = std::move(d.replays);
   run.precision_checks = std::move(d.precision_checks);
+  for (const auto& w : d.weight_norms)
+    if (std::size_t(w.layer_id) >= run.layers.size())
+      throw rundb::RunDbError(run.path + ": weight_norms names layer " + std::to_string(w.layer_id) +
+                              ", which the layers table does not hold (the file is damaged)");
+  run.weight_norms = std::move(d.weight_norms);
   merge_steps(run, d.steps);
   merge_grads(run, d.grads);
   for (std::size_t l = 0; l < run.layers.size() && l < d.histograms.size(); ++l) add_counts(run.layers[l].histogram, d.histograms[l]);

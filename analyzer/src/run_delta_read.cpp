@@ -363,6 +363,7 @@ RunDelta read_run_delta(const std::string& path, const RunCursor& from, const Lo
     d.events = reader.events();
     d.replays = reader.replays();
     d.precision_checks = reader.precision_checks();
+    d.weight_norms = reader.weight_norms();
   } catch (const rundb::RunDbError& e) {
     rethrow_damaged(e);
   }

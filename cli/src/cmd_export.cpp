@@ -23,7 +23,8 @@ is its CSV header alone, or [].
 
 options:
   --format F       csv or json (required)
-  --table T        steps (default), layers, modules, grad_stats, act_stats, replays, events, meta
+  --table T        steps (default), layers, modules, grad_stats, act_stats, replays,
+                   precision_checks, weight_norms, events, meta
   -o, --output F   write there instead of stdout
 )";
 
@@ -150,6 +151,17 @@ void export_table(rundb::RunDbReader& reader, const std::string& table, std::FIL
     for (const auto& r : reader.replays())
       sink.row({number(r.step), text(r.module), text(r.outcome), real(r.fp32_absmax), text(r.reason)});
     sink.finish();
+  } else if (table == "precision_checks") {
+    Sink sink(out, json, {"step", "module", "dtype", "numel", "rel_error", "zeroed", "fp32_absmax"});
+    for (const auto& c : reader.precision_checks())
+      sink.row({number(c.step), text(c.module), text(c.dtype), number(c.numel), real(c.rel_error), number(c.zeroed),
+                real(c.fp32_absmax)});
+    sink.finish();
+  } else if (table == "weight_norms") {
+    Sink sink(out, json, {"step", "layer_id", "l2", "absmax"});
+    for (const auto& w : reader.weight_norms())
+      sink.row({number(w.step), number(w.layer_id), real(w.l2), real(w.absmax)});
+    sink.finish();
   } else if (table == "meta") {
     Sink sink(out, json, {"key", "value"});
     for (const auto& [key, value] : reader.meta()) sink.row({text(key), text(value)});
@@ -173,7 +185,8 @@ int cmd_export(int argc, char** argv) {
   if (!args.has("--format")) throw UsageError("--format csv|json is required");
   const bool json = args.choice("--format", "csv", {"csv", "json"}) == "json";
   const std::string table =
-      args.choice("--table", "steps", {"steps", "layers", "modules", "grad_stats", "act_stats", "replays", "events", "meta"});
+      args.choice("--table", "steps", {"steps", "layers", "modules", "grad_stats", "act_stats", "replays",
+                                                      "precision_checks", "weight_norms", "events", "meta"});
   rundb::RunDbReader reader(args.positionals().front());
   const std::string path = output_path(args);
   if (path.empty() || path == "-") {

@@ -28,7 +28,8 @@ options:
                           stalled-updates, loss-backward, optimizer-outside-scaler,
                           loss-divergence, clip-before-unscale, unscaled-backward,
                           gradients-not-zeroed, gradients-cleared,
-                          accumulated-gradients-cleared, precision-loss (docs/ANALYZER.md)
+                          accumulated-gradients-cleared, precision-loss,
+                          weight-growth (docs/ANALYZER.md)
   --scale-floor X         scale-collapse below this loss scale (default 128)
   --backoff-run N         scale-collapse after N back-offs without recovering (default 8)
   --headroom-bits X       low-headroom within X bits of the largest value (default 1)

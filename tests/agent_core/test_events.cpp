@@ -103,3 +103,16 @@ TEST_CASE("a precision check no comparison gives is refused to the adapter, not 
   s.close();
   CHECK(rundb::RunDbReader(dir.file("run.db")).precision_checks().empty());
 }
+
+TEST_CASE("a weight norm of a layer the session never registered is refused to the adapter", "[session][weight-norms]") {
+  TempDir dir;
+  agent::Session s(recording_options());
+  open_at_step_one(s, dir.file("run.db"));
+  s.weight_norm(0, 3.0, 1.5);
+  REQUIRE_THROWS_AS(s.weight_norm(1, 3.0, 1.5), std::invalid_argument);  // one layer: id 0
+  REQUIRE_THROWS_AS(s.weight_norm(0, 1.0, 1.5), std::invalid_argument);
+  s.close();
+  const auto rows = rundb::RunDbReader(dir.file("run.db")).weight_norms();
+  REQUIRE(rows.size() == 1);
+  CHECK((rows[0].step == 1 && rows[0].layer_id == 0 && rows[0].l2 == 3.0));
+}

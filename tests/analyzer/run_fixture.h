@@ -167,6 +167,12 @@ class RunFixture {
     return *this;
   }
 
+  // Every layer's weights at the start of the current step, their L2 norm `l2` (abs-max a tenth).
+  RunFixture& weight_norms(double l2) {
+    for (std::size_t i = 0; i < layers_.size(); ++i) writer_.add_weight_norm({step_, std::int64_t(i), l2, l2 / 10});
+    return *this;
+  }
+
   // Exponent histograms on every gradient and activation row from now on (meta histogram=1): its values
   // sit in the bins of its abs-max and of its smallest non-zero value.
   RunFixture& histograms() {

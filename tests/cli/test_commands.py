@@ -98,6 +98,8 @@ def test_export_of_an_empty_table_is_an_empty_json_list(run, sample_dbs):
         ("modules", {"path", "module_type", "inputs"}),
         ("act_stats", {"fwd_order", "micro_batch", "absmax", "amin_nz", "l2"}),
         ("grad_stats", {"bwd_order", "fp16_subnormal", "amin_nz", "l2", "histogram"}),
+        ("precision_checks", {"step", "module", "dtype", "numel", "rel_error", "zeroed", "fp32_absmax"}),
+        ("weight_norms", {"step", "layer_id", "l2", "absmax"}),
     ],
 )
 def test_export_has_every_column_of_the_table(run, sample_dbs, table, columns):

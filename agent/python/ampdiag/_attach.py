@@ -29,6 +29,7 @@ from ._options import check_options, default_amp_dtype, torch_optimizer, trains_
 from ._backward_replay import BackwardReplayer
 from ._precision import PrecisionChecker
 from ._replay import Replayer
+from ._weights import WeightSampler
 from ._scaler import wrap_disabled_scaler, wrap_scaler
 from ._updates import UpdateProbe, holds_half_parameters
 from ._tensors import (DTYPE_CODE, distributed, bounded_by_input, describe_inputs, engine_place, fast_place, host_sum,
@@ -152,6 +153,7 @@ class AttachHandle:
         self._bypass = None
         self._python_ns = 0
         self._precision = None
+        self._weights = None
         rank = _rank.known_rank()
         if rank is None:
             # A spawned worker before init_process_group(): the run.db is created when the
@@ -173,6 +175,7 @@ class AttachHandle:
                 self._hooks.append(learn_amp_dtype(self, root, params[0].device.type, guessed, params))
             self._layers = Layers(self, root)
             self._layer_id = self._layers.layer_id  # bound once: read for every gradient of every step
+            self._weights = WeightSampler(self, self._layers.registered)
             watched = [(path, module) for path, module in root.named_modules() if path and not bounded_by_input(module)]
             if activations:
                 self._hooks.append(root.register_forward_pre_hook(self._forward_hook_as_run(input_hook(self, root)),
@@ -386,6 +389,8 @@ class AttachHandle:
                 self._autopin.announce()
             if self._precision is not None:
                 self._precision.step_began()
+            if self._weights is not None:
+                self._weights.step_began(self._session.step)
         self._in_cycle = True
         self._live = True
         return True
@@ -597,6 +602,7 @@ class AttachHandle:
                 look_at_loss_code(self)
             elif skipped and scale_before <= 1.0 and self._backward_replayer is not None:
                 self._backward_replayer.skipped_at_unit_scale()
+            self._weights.step_ended(self._session.step, skipped, list(self._optimizers) + list(self._stepped_optimizers))
             self._session.end_step(loss, len(losses), scale_before, scale_after, found_inf, skipped, self._python_ns)
             self._step_ended()
         self._last_step_skipped = skipped

@@ -29,6 +29,7 @@ class Layers:
         self._layer_ids = {}   # id() -> layer, for tensors the optimizer has handed over
         self._hookless = {}    # id() -> (layer, name): frozen at attach(), no arrival hook yet
         self._module_paths = {}  # layer -> the path of the module it is registered under
+        self.registered = []   # (layer, parameter) of the model, each tensor once
         session = handle._session
         modules = dict(model.named_modules())
         probe = _stale_gradients.probe_of(list(model.parameters()))
@@ -43,6 +44,7 @@ class Layers:
             if not added:
                 continue  # the same tensor as an earlier name (the session says so once)
             self._params.append(p)
+            self.registered.append((layer, p))
             self._module_paths[layer] = module_path
             if not p.requires_grad:
                 self._hookless[id(p)] = (layer, name)  # frozen now; see layer_id()

@@ -290,6 +290,9 @@ PYBIND11_MODULE(_ampdiag, m) {
                                  double rel_error, std::int64_t zeroed, double fp32_absmax) {
         s.core().precision_check(module, dtype, numel, rel_error, zeroed, fp32_absmax);
       })
+      .def("weight_norm", [](Session& s, std::int64_t layer, double l2, double absmax) {
+        s.core().weight_norm(layer, l2, absmax);
+      })
       .def("weight_update", [](Session& s, std::int64_t step, std::int64_t layer, std::int64_t nonzero,
                                std::int64_t stalled) { s.core().weight_update(step, layer, nonzero, stalled); })
       .def("arrived", [](Session& s, std::int64_t layer) { s.core().arrived(layer); })

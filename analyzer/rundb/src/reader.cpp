@@ -137,6 +137,11 @@ RunDbReader::RunDbReader(const std::string& path) : path_(path) {
   }
   if (precision_checks_) check_tables({"precision_checks"});
   {
+    Statement q(*db_, "SELECT 1 FROM sqlite_master WHERE name = 'weight_norms'", "the schema (sqlite_master)");
+    weight_norms_ = q.next();
+  }
+  if (weight_norms_) check_tables({"weight_norms"});
+  {
     // Added to format 4 as an optional column: files written before it lack it.
     Statement q(*db_, "SELECT 1 FROM pragma_table_info('act_stats') WHERE name = 'histogram'", "the schema of act_stats");
     act_histograms_ = q.next();
@@ -304,6 +309,23 @@ std::vector<PrecisionCheckRow> RunDbReader::precision_checks() {
                                " with values no check has (" + std::to_string(r.numel) + " values, " +
                                std::to_string(r.zeroed) + " zeroed, relative error " + std::to_string(r.rel_error) + ")");
     out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<WeightNormRow> RunDbReader::weight_norms() {
+  std::vector<WeightNormRow> out;
+  if (!weight_norms_) return out;
+  Statement q(*db_, "SELECT step, layer_id, l2, absmax FROM weight_norms ORDER BY step, layer_id", "table weight_norms");
+  while (q.next()) {
+    if (sqlite3_column_type(q.handle(), 0) != SQLITE_INTEGER || sqlite3_column_type(q.handle(), 1) != SQLITE_INTEGER)
+      throw_corrupt(path_, "weight_norms has a step or layer that is not an integer");
+    WeightNormRow r{q.int64(0), q.int64(1), q.real(2), q.real(3)};
+    if (!r.values_valid())
+      throw_corrupt(path_, "weight_norms says layer " + std::to_string(r.layer_id) + " had L2 " + std::to_string(r.l2) +
+                               " and abs-max " + std::to_string(r.absmax) + " at step " + std::to_string(r.step) +
+                               ", which no parameter has");
+    out.push_back(r);
   }
   return out;
 }

@@ -1,6 +1,7 @@
 // The run.db tables (documented in docs/FORMAT.md; keep the two in step).
 #include "schema.h"
 
+#include <cmath>
 #include <string>
 
 #include "ampdiag/rundb/rows.h"
@@ -71,6 +72,13 @@ CREATE TABLE precision_checks (
   zeroed INTEGER NOT NULL,
   fp32_absmax REAL NOT NULL
 );
+CREATE TABLE weight_norms (
+  step INTEGER NOT NULL,
+  layer_id INTEGER NOT NULL,
+  l2 REAL NOT NULL,
+  absmax REAL NOT NULL,
+  PRIMARY KEY (step, layer_id)
+) WITHOUT ROWID;
 CREATE TABLE grad_samples (
   id INTEGER PRIMARY KEY,
   step INTEGER NOT NULL,
@@ -107,6 +115,10 @@ std::string stat_columns() {
 }
 
 }  // namespace
+
+bool WeightNormRow::values_valid() const {
+  return layer_id >= 0 && std::isfinite(l2) && l2 >= 0 && std::isfinite(absmax) && absmax >= 0 && absmax <= l2 * 1.000001;
+}
 
 const char* gpu_phase_name(GpuPhase phase) {
   switch (phase) {

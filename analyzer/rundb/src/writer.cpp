@@ -153,6 +153,8 @@ void RunDbWriter::open_and_create() {
   precision_ = std::make_unique<Statement>(
       *db_, "INSERT INTO precision_checks (step, module, dtype, numel, rel_error, zeroed, fp32_absmax) "
             "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
+  weight_norms_ = std::make_unique<Statement>(
+      *db_, "INSERT OR REPLACE INTO weight_norms (step, layer_id, l2, absmax) VALUES (?1, ?2, ?3, ?4)");
   gpu_ = std::make_unique<Statement>(
       *db_, "INSERT INTO gpu_time (step, module_id, phase, kind, count, ns) VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
             "ON CONFLICT (step, module_id, phase, kind) DO UPDATE SET count = count + excluded.count, ns = ns + excluded.ns");
@@ -176,6 +178,7 @@ void RunDbWriter::close_all() noexcept {
   event_.reset();
   replay_.reset();
   precision_.reset();
+  weight_norms_.reset();
   samples_.reset();
   hist_sums_.reset();
   db_.reset();
@@ -359,6 +362,15 @@ void RunDbWriter::add_precision_check(const PrecisionCheckRow& r) {
   begin_if_needed();
   precision_->bind(1, r.step).bind(2, r.module).bind(3, r.dtype).bind(4, r.numel).bind(5, r.rel_error)
       .bind(6, r.zeroed).bind(7, r.fp32_absmax).run();
+}
+
+void RunDbWriter::add_weight_norm(const WeightNormRow& r) {
+  if (!r.values_valid())
+    throw std::invalid_argument("weight norm of layer " + std::to_string(r.layer_id) + " at step " + std::to_string(r.step) +
+                                ": L2 " + std::to_string(r.l2) + ", abs-max " + std::to_string(r.absmax) +
+                                " are not a parameter's norms");
+  begin_if_needed();
+  weight_norms_->bind(1, r.step).bind(2, r.layer_id).bind(3, r.l2).bind(4, r.absmax).run();
 }
 
 void RunDbWriter::finish() {

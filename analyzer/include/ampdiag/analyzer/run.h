@@ -140,6 +140,8 @@ struct Run {
   std::vector<rundb::ReplayRow> replays;
   // The agent's precision checks (fp16/bf16 output against FP32), in the order made.
   std::vector<rundb::PrecisionCheckRow> precision_checks;
+  // The weight sampler's norms, in step then layer order (none in older files).
+  std::vector<rundb::WeightNormRow> weight_norms;
   std::string run_id;  // shared by the ranks of one run; empty in files written before it existed
   std::int64_t grad_rows = 0, act_rows = 0;
   GpuProfile gpu;  // read whole by load_run (not by the incremental reads)

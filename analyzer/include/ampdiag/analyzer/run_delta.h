@@ -36,6 +36,7 @@ struct RunDelta {
   std::vector<rundb::EventRow> events;     // all of them
   std::vector<rundb::ReplayRow> replays;   // all of them
   std::vector<rundb::PrecisionCheckRow> precision_checks;  // all of them
+  std::vector<rundb::WeightNormRow> weight_norms;  // all of them
   std::vector<GradPart> grads;
   // Per layer, the exponent histograms of the finite rows read, summed (the merge adds
   // them to the layer's); empty: none.

@@ -48,6 +48,9 @@ class RunDbReader {
   // The precision checks in the order they were made; none in files written before the
   // table existed. A row outside what the writer writes throws (corrupt).
   std::vector<PrecisionCheckRow> precision_checks();
+  // The weight sampler's rows in step, then layer order; none in files written before the
+  // table existed. Values no norm has throw (corrupt).
+  std::vector<WeightNormRow> weight_norms();
   // The first and last step of grad_stats; false when it has no rows.
   bool grad_step_range(std::int64_t& first, std::int64_t& last);
   // Which grad_stats rows to visit: steps first..last; without `histograms` the rows'
@@ -107,7 +110,8 @@ class RunDbReader {
   int version_ = 0;
   bool summaries_ = false;
   bool act_histograms_ = false;
-  bool precision_checks_ = false;  // the file has the precision_checks table  // act_stats has its histogram column
+  bool precision_checks_ = false;  // the file has the precision_checks table
+  bool weight_norms_ = false;      // the file has the weight_norms table  // act_stats has its histogram column
 };
 
 }  // namespace ampdiag::rundb

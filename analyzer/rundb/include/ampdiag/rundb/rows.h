@@ -135,6 +135,16 @@ struct PrecisionCheckRow {
   double fp32_absmax = 0.0;  // largest |x| of the FP32 output
 };
 
+// One layer's weights at the start of a step (the Python agent's weight sampler): what the
+// step's forward used. Finite values only; a layer holding NaN/Inf gets no row.
+struct WeightNormRow {
+  std::int64_t step = 0;
+  std::int64_t layer_id = 0;
+  double l2 = 0.0;      // L2 norm of the parameter, >= 0
+  double absmax = 0.0;  // largest |x|, >= 0
+  bool values_valid() const;
+};
+
 // Device time from the profiler (CUPTI activity records) of one step, module, phase and
 // kind of work, summed over the records; rows of one key add up as records arrive.
 enum class GpuPhase : std::int32_t {

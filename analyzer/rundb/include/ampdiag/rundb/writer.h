@@ -41,6 +41,8 @@ class RunDbWriter {
   void add_replay(const ReplayRow& row);
   // Throws std::invalid_argument for a row the reader would refuse (see PrecisionCheckRow).
   void add_precision_check(const PrecisionCheckRow& row);
+  // Throws std::invalid_argument for values no norm has (WeightNormRow::values_valid).
+  void add_weight_norm(const WeightNormRow& row);
   // Adds to the row of the same (step, module, phase, kind) if there is one.
   void add_gpu_time(const GpuTimeRow& row);
   // Throws std::invalid_argument for counts no measurement gives (stalled > nonzero, < 0).
@@ -77,7 +79,7 @@ class RunDbWriter {
 
   std::string path_;
   std::unique_ptr<Database> db_;
-  std::unique_ptr<Statement> meta_, layer_, module_, step_, grad_, act_, event_, replay_, precision_, samples_, hist_sums_, gpu_,
+  std::unique_ptr<Statement> meta_, layer_, module_, step_, grad_, act_, event_, replay_, precision_, weight_norms_, samples_, hist_sums_, gpu_,
       weights_;
   std::map<std::int64_t, std::vector<SampleRecord>> pending_samples_;  // the open transaction's, by step
   std::pair<const std::int64_t, std::vector<SampleRecord>>* pending_step_ = nullptr;  // the last row's

@@ -1,0 +1,115 @@
+// weight-growth: the weights of the module that overflowed first grew many times over in the
+// steps before it did. A learning rate far too high (AdamW at 0.3) moves every weight by
+// about the learning rate each step, so the weights and the activations they make grow until
+// fp16's range ends; the loss need not grow much on the way (loss-divergence then says
+// nothing). The module that overflows is where it shows, not why, and pinning it to FP32
+// only moves the overflow to the next one.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "rules.h"
+
+namespace ampdiag::analyzer::rules {
+
+namespace {
+
+constexpr double kGrew = 8.0;            // the module's weights' L2 norm, this many times its start
+constexpr std::int64_t kWindow = 256;    // ...within this many steps up to the last NaN/Inf
+
+
+bool in_module(const std::string& path, const std::string& module) {
+  return module.empty() || path == module ||
+         (path.size() > module.size() && path.compare(0, module.size(), module) == 0 && path[module.size()] == '.');
+}
+
+// The optimizer line with a tenth of its learning rate, from event optimizer-settings
+// ("AdamW lr=0.3 weight_decay=0.01"); a placeholder where the run did not record it.
+std::string lower_lr(const rundb::EventRow* settings) {
+  const std::string detail = settings != nullptr ? settings->detail : "";
+  const auto space = detail.find(' '), at = detail.find("lr=");
+  if (space == std::string::npos || at == std::string::npos)
+    return "optimizer = torch.optim.AdamW(model.parameters(), lr=...)  # well below the present lr, or warm it up";
+  const double lr = std::atof(detail.c_str() + at + 3);
+  char b[64];
+  std::snprintf(b, sizeof b, "%.3g", lr / 10);
+  return "optimizer = torch.optim." + detail.substr(0, space) + "(model.parameters(), lr=" + b + ")  # a tenth of " +
+         detail.substr(at, detail.find(' ', at) - at) + "; or warm it up";
+}
+
+std::string times(double r) {
+  char b[32];
+  std::snprintf(b, sizeof b, r < 100 ? "%.0fx" : "%.3gx", r);
+  return b;
+}
+
+}  // namespace
+
+void weight_growth(const Run& run, std::vector<Finding>& out) {
+  if (run.weight_norms.empty() || find_divergence(run).found || updates_held_scale(run) ||
+      run.first_event("gradients-not-zeroed") != nullptr)
+    return;  // loss-divergence, optimizer-outside-scaler or gradients-not-zeroed says why
+  // The last step with NaN/Inf: the weights it ran with are the largest the overflows saw
+  // (a skipped step leaves them as they were). Calibration skips count: an optimizer step
+  // that grows the weights 8x may overflow from the next step on, while the scale descends.
+  std::int64_t last = -1;
+  for (const auto& s : run.steps)
+    if (s.row.skipped || s.row.found_inf || run.loss_nonfinite(s.row) || s.first_nonfinite_module >= 0) last = s.row.step;
+  if (last < 0) return;
+  // Where it shows: the module the first overflow finding names (the whole model if none does).
+  std::string module;
+  bool named = false;
+  for (const auto& f : out)
+    if ((f.rule == "forward-nonfinite" || f.rule == "overflow-origin") && !f.module.empty()) {
+      module = f.module;
+      named = true;
+      break;
+    }
+  // Per sampled step, the module's weights together (a layer-scale gamma that starts at 1e-5
+  // and grows 100x weighs nothing beside the matrices).
+  std::map<std::int64_t, double> sumsq;
+  for (const auto& w : run.weight_norms)
+    if (in_module(run.layers[std::size_t(w.layer_id)].info.module_path, module)) sumsq[w.step] += w.l2 * w.l2;
+  auto at = sumsq.upper_bound(last);  // the last sample at or before it
+  if (at == sumsq.begin()) return;
+  --at;
+  auto start = sumsq.lower_bound(at->first - kWindow);
+  // Skipped steps leave the weights alone: the growth ended where they stopped moving.
+  while (at != start && std::prev(at)->second == at->second) --at;
+  if (start == at || !(start->second > 0.0)) return;
+  const double growth = std::sqrt(at->second / start->second);
+  if (!(growth >= kGrew)) return;
+
+  const std::string what = named ? module + "'s weights" : "the model's weights";
+  const rundb::EventRow* settings = run.first_event("optimizer-settings");
+  Finding f;
+  f.rule = "weight-growth";
+  f.severity = Severity::kError;
+  f.score = 102.0;  // before the overflows it causes (scale-collapse 100)
+  f.module = named ? module : "";
+  f.steps = {start->first, at->first};
+  f.title = "The weights grew " + times(growth) + " in " + plural(at->first - start->first, "step") +
+            " while the run overflowed: the optimizer's steps are far too large";
+  f.evidence = what + " (L2 norm, all their parameters together) went from " + fmt(std::sqrt(start->second)) +
+               " at step " + std::to_string(start->first) + " to " + fmt(std::sqrt(at->second)) + " at step " +
+               std::to_string(at->first) + "; NaN/Inf or skipped steps until step " + std::to_string(last) +
+               (settings != nullptr ? "; optimizer: " + settings->detail : std::string()) +
+               ". The overflows are where the growth left fp16's range, not why";
+  const std::string summary =
+      "Lower the learning rate (or warm it up): each step moves the weights so far that they and the activations "
+      "they make grow until the half-precision range ends. Pinning the module that overflows first to FP32 only "
+      "moves the overflow on.";
+  f.suggestions.push_back({summary, lower_lr(settings),
+                           "// the optimizer's learning rate well below the present one, or a warm-up:\n"
+                           "torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(/*lr=*/1e-4));",
+                           ""});
+  point_to_cause(out, start->first, "The weights were growing (see weight-growth): ",
+                 "it comes after " + what + " grew " + times(growth) + " from step " + std::to_string(start->first));
+  out.push_back(f);
+}
+
+}  // namespace ampdiag::analyzer::rules

@@ -1,0 +1,84 @@
+// weight-growth: the weights of the module that overflowed grew many times over in the steps
+// before (a learning rate far too high), so the overflow findings point to it.
+#include <cmath>
+
+#include "rule_test.h"
+
+namespace {
+
+// `calm` steps at weights of L2 1.8, then weights growing `factor` times over 8 steps, then
+// `overflows` steps where mlp.down's output goes Inf (skipped, the weights as they were).
+Report grown(const TempDir& dir, double factor, int overflows = 6, int calm = 1, bool settings = false) {
+  RunFixture f(dir.file("run.db"), {"mlp.down.weight", "head.weight"});
+  if (settings) f.event("optimizer-settings", "AdamW lr=0.3 weight_decay=0.01");
+  double l2 = 1.8;
+  for (int i = 0; i < calm; ++i) f.weight_norms(l2).step(65536, 65536);
+  for (int i = 1; i <= 8; ++i) f.weight_norms(l2 = 1.8 * std::pow(factor, i / 8.0)).step(65536, 65536);
+  double scale = 65536;
+  for (int i = 0; i < overflows; ++i, scale /= 2)
+    f.weight_norms(l2).activation("mlp.down", true).step(scale, scale / 2, 1000, {}, kNaN);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("weights grown many times over before their module overflowed are the finding", "[rules][weight-growth]") {
+  TempDir dir;
+  const Report r = grown(dir, 57.0);
+  const Finding* f = find(r, "weight-growth");
+  REQUIRE(f != nullptr);
+  CHECK(f->severity == Severity::kError);
+  CHECK(f->module == "mlp.down");
+  CHECK(f->title == "The weights grew 57x in 8 steps while the run overflowed: the optimizer's steps are far too large");
+  CHECK_THAT(f->evidence, Catch::StartsWith("mlp.down's weights (L2 norm, all their parameters together) went from 1.8 "
+                                            "at step 0 to 102.6 at step 8"));
+  CHECK(r.findings.front().rule == "weight-growth");
+}
+
+TEST_CASE("the overflow's own finding becomes a warning whose first fix points to the growth", "[rules][weight-growth]") {
+  TempDir dir;
+  const Report r = grown(dir, 57.0);
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->severity == Severity::kWarning);
+  CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("The weights were growing (see weight-growth)"));
+  CHECK(fw->suggestions.front().untried);
+}
+
+TEST_CASE("the fix lowers the learning rate the run recorded", "[rules][weight-growth]") {
+  TempDir dir;
+  const Report r = grown(dir, 57.0, 6, 1, true);
+  const Finding* f = find(r, "weight-growth");
+  REQUIRE(f != nullptr);
+  CHECK_THAT(f->evidence, Catch::Contains("optimizer: AdamW lr=0.3 weight_decay=0.01"));
+  CHECK(f->suggestions.front().python ==
+        "optimizer = torch.optim.AdamW(model.parameters(), lr=0.03)  # a tenth of lr=0.3; or warm it up");
+}
+
+TEST_CASE("weights that grew a little before an overflow leave the overflow its own finding", "[rules][weight-growth]") {
+  TempDir dir;
+  const Report r = grown(dir, 2.0);
+  CHECK(find(r, "weight-growth") == nullptr);
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->severity == Severity::kError);
+}
+
+TEST_CASE("growth long before the overflows is not taken as their cause", "[rules][weight-growth]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"mlp.down.weight", "head.weight"});
+  for (int i = 0; i < 8; ++i) f.weight_norms(1.8 * std::pow(57.0, i / 7.0)).step(65536, 65536);
+  for (int i = 8; i < 400; ++i) f.weight_norms(102.6).step(65536, 65536);
+  f.weight_norms(102.6).activation("mlp.down", true).step(65536, 32768, 1000, {}, kNaN);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  CHECK(find(r, "weight-growth") == nullptr);
+}
+
+TEST_CASE("grown weights in a run that never overflowed are no finding", "[rules][weight-growth]") {
+  TempDir dir;
+  const Report r = grown(dir, 57.0, 0);
+  CHECK(find(r, "weight-growth") == nullptr);
+  CHECK(r.healthy());
+}

@@ -1,0 +1,64 @@
+"""The weight sampler: each parameter's L2 norm and abs-max at the start of steps 0, 1, 2, 3,
+4, 6, 8, 12, ... (two a doubling to 256, then every 64th) and at the end of the first skipped
+steps, as the step's forward used them; the optimizer's settings once."""
+import sqlite3
+
+import torch
+from torch import nn
+
+import ampdiag
+from ampdiag._weights import on_schedule
+
+
+def rows(db, sql):
+    with sqlite3.connect(db) as c:
+        return c.execute(sql).fetchall()
+
+
+def train(db, steps, overflow_at=()):
+    """SGD steps of a small fp16-autocast model with a real GradScaler; a step in
+    `overflow_at` has an Inf loss (skipped). Returns {step: {name: (l2, absmax)}} of the
+    weights each step's forward used."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu")
+    seen = {}
+    with ampdiag.attach(model, scaler, db=str(db)):
+        for step in range(steps):
+            seen[step] = {n: (float(p.detach().norm()), float(p.detach().abs().max())) for n, p in model.named_parameters()}
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(4, 8)).float().pow(2).mean() * (float("inf") if step in overflow_at else 1.0)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    return seen
+
+
+def test_the_schedule_samples_twice_a_doubling_then_every_64th_step():
+    assert [s for s in range(300) if on_schedule(s)] == [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192,
+                                                         256]
+    assert on_schedule(320) and not on_schedule(321)
+
+
+def test_each_sampled_step_has_the_norms_its_forward_used(tmp_path):
+    seen = train(tmp_path / "run.db", 10)
+    recorded = rows(tmp_path / "run.db", "SELECT w.step, l.name, w.l2, w.absmax FROM weight_norms w "
+                                         "JOIN layers l ON l.id = w.layer_id ORDER BY w.step, l.id")
+    assert sorted({step for step, *_ in recorded}) == [0, 1, 2, 3, 4, 6, 8]
+    for step, name, l2, absmax in recorded:
+        want_l2, want_max = seen[step][name]
+        assert abs(l2 - want_l2) <= 1e-5 * want_l2 and absmax == want_max
+
+
+def test_skipped_steps_are_sampled_off_the_schedule(tmp_path):
+    train(tmp_path / "run.db", 16, overflow_at=(11, 13))
+    assert {s for (s,) in rows(tmp_path / "run.db", "SELECT DISTINCT step FROM weight_norms")} >= {11, 13}
+    assert rows(tmp_path / "run.db", "SELECT step FROM steps WHERE skipped = 1") == [(11,), (13,)]
+
+
+def test_the_optimizers_settings_are_recorded_once(tmp_path):
+    train(tmp_path / "run.db", 5)
+    assert rows(tmp_path / "run.db", "SELECT detail FROM events WHERE kind = 'optimizer-settings'") == [
+        ("SGD lr=0.05 weight_decay=0 momentum=0.9",)]

@@ -1,0 +1,38 @@
+"""A learning rate far too high (AdamW at 0.3): every step moves each weight by about 0.3,
+the weights grow until the backward overflows fp16 and the scale collapses. The report
+named the last layer as where the overflow starts and asked to pin it; the loss had barely
+grown, so nothing said why. With the weights sampled, the growth is the finding and the
+fix lowers the learning rate; the same loop at 1e-3 is healthy."""
+import torch
+from torch import nn
+
+from conftest import amp_training, rules
+
+
+def train(db, lr):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(),
+                          nn.Linear(256, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    amp_training(db, model, opt, 30, lambda g: nn.functional.cross_entropy(
+        model(torch.randn(64, 32, generator=g)).float(), torch.randint(0, 10, (64,), generator=g)))
+
+
+def test_weights_grown_by_a_learning_rate_far_too_high_are_the_first_finding(tmp_path, verdict):
+    train(tmp_path / "run.db", 0.3)
+    code, rep = verdict(tmp_path / "run.db")
+    assert code == 1
+    first = rep["findings"][0]
+    assert (first["rule"], first["severity"]) == ("weight-growth", "error")
+    assert "optimizer: AdamW lr=0.3" in first["evidence"]
+    assert first["suggestions"][0]["python"].startswith("optimizer = torch.optim.AdamW(model.parameters(), lr=0.03)")
+    origin = next(f for f in rep["findings"] if f["rule"] == "overflow-origin")
+    assert origin["severity"] == "warning"
+    assert origin["suggestions"][0]["summary"].startswith("The weights were growing (see weight-growth)")
+
+
+def test_the_same_loop_at_a_sane_learning_rate_is_healthy(tmp_path, verdict):
+    train(tmp_path / "run.db", 1e-3)
+    code, rep = verdict(tmp_path / "run.db")
+    assert (code, rep["healthy"]) == (0, True), [f["title"] for f in rep["findings"]]
+    assert "weight-growth" not in [rule for rule, _ in rules(rep)]
