@@ -4,6 +4,7 @@
 // fp16's range ends; the loss need not grow much on the way (loss-divergence then says
 // nothing). The module that overflows is where it shows, not why, and pinning it to FP32
 // only moves the overflow to the next one.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +20,8 @@ namespace ampdiag::analyzer::rules {
 namespace {
 
 constexpr double kGrew = 8.0;            // the module's weights' L2 norm, this many times its start
-constexpr std::int64_t kWindow = 256;    // ...within this many steps up to the last NaN/Inf
+constexpr std::int64_t kWindow = 256;
+constexpr double kLeast = 1e-3;          // ...from a root-mean-square value of at least this    // ...within this many steps up to the last NaN/Inf
 
 
 bool in_module(const std::string& path, const std::string& module) {
@@ -72,15 +74,23 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
   // Per sampled step, the module's weights together (a layer-scale gamma that starts at 1e-5
   // and grows 100x weighs nothing beside the matrices).
   std::map<std::int64_t, double> sumsq;
-  for (const auto& w : run.weight_norms)
-    if (in_module(run.layers[std::size_t(w.layer_id)].info.module_path, module)) sumsq[w.step] += w.l2 * w.l2;
+  std::map<std::int64_t, std::int64_t> values;
+  for (const auto& w : run.weight_norms) {
+    const auto& layer = run.layers[std::size_t(w.layer_id)].info;
+    if (!in_module(layer.module_path, module)) continue;
+    sumsq[w.step] += w.l2 * w.l2;
+    values[w.step] += layer.numel;
+  }
   auto at = sumsq.upper_bound(last);  // the last sample at or before it
   if (at == sumsq.begin()) return;
   --at;
   auto start = sumsq.lower_bound(at->first - kWindow);
   // Skipped steps leave the weights alone: the growth ended where they stopped moving.
   while (at != start && std::prev(at)->second == at->second) --at;
-  if (start == at || !(start->second > 0.0)) return;
+  // Weights that start near zero (a layer scale at 1e-5, a zero-initialised adapter) are
+  // meant to grow many times over: only weights that start at a trained magnitude count.
+  if (start == at || !(std::sqrt(start->second / double(std::max<std::int64_t>(values[start->first], 1))) >= kLeast))
+    return;
   const double growth = std::sqrt(at->second / start->second);
   if (!(growth >= kGrew)) return;
 

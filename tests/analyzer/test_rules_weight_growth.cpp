@@ -6,14 +6,15 @@
 
 namespace {
 
-// `calm` steps at weights of L2 1.8, then weights growing `factor` times over 8 steps, then
+// `calm` steps at weights of L2 `start` (4096 values a layer), then weights growing `factor` times over 8 steps, then
 // `overflows` steps where mlp.down's output goes Inf (skipped, the weights as they were).
-Report grown(const TempDir& dir, double factor, int overflows = 6, int calm = 1, bool settings = false) {
+Report grown(const TempDir& dir, double factor, int overflows = 6, int calm = 1, bool settings = false,
+              double start = 1.8) {
   RunFixture f(dir.file("run.db"), {"mlp.down.weight", "head.weight"});
   if (settings) f.event("optimizer-settings", "AdamW lr=0.3 weight_decay=0.01");
-  double l2 = 1.8;
+  double l2 = start;
   for (int i = 0; i < calm; ++i) f.weight_norms(l2).step(65536, 65536);
-  for (int i = 1; i <= 8; ++i) f.weight_norms(l2 = 1.8 * std::pow(factor, i / 8.0)).step(65536, 65536);
+  for (int i = 1; i <= 8; ++i) f.weight_norms(l2 = start * std::pow(factor, i / 8.0)).step(65536, 65536);
   double scale = 65536;
   for (int i = 0; i < overflows; ++i, scale /= 2)
     f.weight_norms(l2).activation("mlp.down", true).step(scale, scale / 2, 1000, {}, kNaN);
@@ -81,4 +82,11 @@ TEST_CASE("grown weights in a run that never overflowed are no finding", "[rules
   const Report r = grown(dir, 57.0, 0);
   CHECK(find(r, "weight-growth") == nullptr);
   CHECK(r.healthy());
+}
+
+TEST_CASE("weights that start near zero and grow many times over are not taken for a learning rate", "[rules][weight-growth]") {
+  // A layer scale starting at 1e-5 (root mean square) is meant to grow by orders of magnitude.
+  TempDir dir;
+  const Report r = grown(dir, 100.0, 6, 1, false, 1e-5 * 64);
+  CHECK(find(r, "weight-growth") == nullptr);
 }
