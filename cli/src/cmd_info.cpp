@@ -75,6 +75,8 @@ Info read_info(rundb::RunDbReader& r, bool full_check) {
   count("events", [&] { return r.events().size(); });
   if (r.schema_version() >= 3) count("gpu_time", [&] { return r.gpu_time().size(); });
   if (r.schema_version() >= 4) count("weight_updates", [&] { return r.weight_updates().size(); });
+  count("precision_checks", [&] { return r.precision_checks().size(); });
+  count("weight_norms", [&] { return r.weight_norms().size(); });
   if (r.has_summaries()) {
     count("grad_samples", [&] {
       std::size_t rows = 0;
@@ -119,6 +121,8 @@ std::string as_text(const Info& info) {
     if (table == "grad_stats" || table == "act_stats") line(table + " rows", std::to_string(rows));
     else if (table == "grad_samples") line("summaries", std::to_string(rows) + " step summaries (grad_samples)");
     else if (table == "grad_hist_sums") line("hist sums", std::to_string(rows) + " per-layer histogram sums (grad_hist_sums)");
+    else if (table == "precision_checks") line("precision", std::to_string(rows) + " checks against FP32 (precision_checks)");
+    else if (table == "weight_norms") line("weights", std::to_string(rows) + " sampled norms (weight_norms)");
     else line(table, std::to_string(rows));
   }
   if (!std::any_of(info.counts.begin(), info.counts.end(), [](const auto& c) { return c.first == "grad_samples"; }) &&

@@ -141,3 +141,13 @@ def test_a_module_computed_through_torchs_own_hooks_is_checked_as_it_computes(tm
     train(tmp_path / "run.db", norm, steps=6, precision_budget=1.0)
     found = [c for c in checks(tmp_path / "run.db") if c[1] == "norm"]
     assert found and all(c[4] < 1e-2 for c in found), found
+
+
+def test_info_counts_the_checks_and_export_lists_them(tmp_path, ampdiag_cli):
+    import subprocess
+    train(tmp_path / "run.db", nn.LayerNorm(64), steps=6, precision_budget=1.0)
+    info = subprocess.run([ampdiag_cli, "info", str(tmp_path / "run.db")], capture_output=True, text=True, check=True)
+    assert "precision:       6 checks against FP32 (precision_checks)" in info.stdout
+    exported = subprocess.run([ampdiag_cli, "export", str(tmp_path / "run.db"), "--format", "csv", "--table",
+                               "precision_checks"], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert exported[0] == "step,module,dtype,numel,rel_error,zeroed,fp32_absmax" and len(exported) == 7
