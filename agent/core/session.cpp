@@ -210,14 +210,20 @@ void Session::replay(const std::string& module, const std::string& outcome, doub
 }
 
 void Session::precision_check(const std::string& module, const std::string& dtype, std::int64_t numel,
-                              double rel_error, std::int64_t zeroed, double fp32_absmax) {
+                              double rel_error, std::int64_t zeroed, double fp32_absmax,
+                              std::optional<std::int64_t> at_step) {
+  if (at_step && (*at_step < 0 || *at_step > step()))
+    throw std::invalid_argument("precision check of " + module + ": step " + std::to_string(*at_step) +
+                                " is not one this run has reached (it is at step " + std::to_string(step()) + ")");
   if (numel <= 0 || zeroed < 0 || zeroed > numel)
     throw std::invalid_argument("precision check of " + module + ": " + std::to_string(zeroed) + " zeroed of " +
                                 std::to_string(numel) + " values is not a count a comparison gives");
   if (!std::isfinite(rel_error) || rel_error < 0 || !std::isfinite(fp32_absmax) || fp32_absmax <= 0)
     throw std::invalid_argument("precision check of " + module +
                                 ": relative error and FP32 abs-max must be finite, the abs-max above 0");
-  if (recorder_) recorder_->writer().post_precision_check({step(), module, dtype, numel, rel_error, zeroed, fp32_absmax});
+  if (recorder_)
+    recorder_->writer().post_precision_check(
+        {at_step.value_or(step()), module, dtype, numel, rel_error, zeroed, fp32_absmax});
 }
 
 void Session::weight_norm(std::int64_t layer, double l2, double absmax) {

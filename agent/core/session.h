@@ -128,9 +128,11 @@ class Session {
                   std::optional<std::int64_t> at_step = std::nullopt);
   void replay(const std::string& module, const std::string& outcome, double fp32_absmax, const std::string& reason);
   // A module's output as it ran against the same call in FP32 (rundb::PrecisionCheckRow),
-  // for the current step. Throws std::invalid_argument for values no comparison gives.
+  // for the current step, or `at_step` where the comparison was read back from a device
+  // after its step ended. Throws std::invalid_argument for values no comparison gives, or
+  // a step not reached.
   void precision_check(const std::string& module, const std::string& dtype, std::int64_t numel, double rel_error,
-                       std::int64_t zeroed, double fp32_absmax);
+                       std::int64_t zeroed, double fp32_absmax, std::optional<std::int64_t> at_step = std::nullopt);
   // One layer's weights as the current step's forward uses them (rundb::WeightNormRow).
   // Throws std::invalid_argument for an unknown layer or values no norm has.
   void weight_norm(std::int64_t layer, double l2, double absmax);

@@ -116,3 +116,17 @@ TEST_CASE("a weight norm of a layer the session never registered is refused to t
   REQUIRE(rows.size() == 1);
   CHECK((rows[0].step == 1 && rows[0].layer_id == 0 && rows[0].l2 == 3.0));
 }
+
+TEST_CASE("a precision check read back from a device carries the step it was made in", "[session][precision]") {
+  TempDir dir;
+  {
+    agent::Session s(recording_options());
+    open_at_step_one(s, dir.file("run.db"));
+    REQUIRE_THROWS_AS(s.precision_check("norm", "float16", 8, 0.5, 0, 1.0, std::int64_t{2}), std::invalid_argument);
+    s.precision_check("norm", "float16", 8, 0.5, 0, 1.0, std::int64_t{0});
+    s.close();
+  }
+  const auto rows = rundb::RunDbReader(dir.file("run.db")).precision_checks();
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].step == 0);
+}

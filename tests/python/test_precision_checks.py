@@ -11,15 +11,16 @@ import ampdiag
 
 
 class RMSNorm(nn.Module):
-    """Written by hand, as model code often is: in fp16, x.pow(2) of an activation above 256
-    overflows, rsqrt(Inf) is 0, and the row comes out exactly 0."""
+    """Written by hand, as model code often is: in fp16, x * x of an activation above 256
+    overflows, rsqrt(Inf) is 0, and the row comes out exactly 0 (x * x, not x.pow(2), which
+    CUDA's autocast runs in FP32)."""
 
     def __init__(self, d):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x):
-        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.weight * x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6)
 
 
 class Net(nn.Module):
@@ -151,3 +152,28 @@ def test_info_counts_the_checks_and_export_lists_them(tmp_path, ampdiag_cli):
     exported = subprocess.run([ampdiag_cli, "export", str(tmp_path / "run.db"), "--format", "csv", "--table",
                                "precision_checks"], capture_output=True, text=True, check=True).stdout.splitlines()
     assert exported[0] == "step,module,dtype,numel,rel_error,zeroed,fp32_absmax" and len(exported) == 7
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="skipped: no CUDA device")
+def test_on_cuda_the_checks_are_read_back_without_a_host_sync(tmp_path):
+    torch.manual_seed(0)
+    model = Net(RMSNorm(64)).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    scaler = torch.amp.GradScaler("cuda")
+    x = torch.randn(32, 16, device="cuda") * 300
+    with ampdiag.attach(model, scaler, db=str(tmp_path / "run.db"), precision_budget=1.0):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(9):
+                opt.zero_grad()
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = model(x).float().pow(2).mean()
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    found = checks(tmp_path / "run.db")
+    assert {c[1] for c in found} == {"inp", "norm", "out"}, found
+    assert [c[0] for c in found] == sorted(c[0] for c in found)  # each at the step it was made in
+    assert all(c[4] > 0.9 for c in found if c[1] == "norm") and all(c[4] < 1e-2 for c in found if c[1] != "norm")

@@ -11,13 +11,15 @@ them (autocast off, the same dropout masks) and the two outputs are compared. A 
 `precision_checks`: relative L2 error, values that came out exactly 0 where FP32's are
 not, FP32's largest |x|. Nothing the model holds, computes or draws from the RNG changes.
 
-Host modules only (a comparison on a device would wait for it). Only calls that ran in
+On a device the comparison is made there and its five numbers are read back through pinned
+memory when they have landed: the training thread never waits. Only calls that ran in
 reduced precision are checked (autocast on for the inputs' device,
 or half-precision parameters), and only outputs finite both ways: NaN/Inf has its own
 replay. A module whose copy cannot be made or run leaves the rotation, and so does one
 carrying a forward hook of the user's (the copy would run it too).
 """
 import contextlib
+import math
 import time
 
 import torch
@@ -36,23 +38,29 @@ def _reduced_precision(module, args, kwargs) -> bool:
     return any(p.dtype in _HALF for p in module.parameters())
 
 
-def compare(ran, fp32):
-    """(dtype, numel, relative L2 error, values zeroed, FP32 abs-max) of the two outputs'
-    first floating-point tensors; None where they cannot be compared (shapes differ,
-    NaN/Inf either way, FP32's all zero)."""
+def measures(ran, fp32):
+    """(output as it ran, float64 tensor on its device: all finite, FP32's L2 norm, the
+    difference's L2 norm, values zeroed, FP32's abs-max) of the two outputs' first
+    floating-point tensors, computed without waiting for a device; None where they cannot be
+    compared (no such tensor, shapes or devices differ)."""
     y, r = first_float_tensor(ran), first_float_tensor(fp32)
-    if y is None or r is None or y.shape != r.shape or y.numel() == 0:
+    if y is None or r is None or y.shape != r.shape or y.device != r.device or y.numel() == 0:
         return None
     y32, r32 = y.detach().float(), r.detach().float()
-    if not (bool(torch.isfinite(y32).all()) and bool(torch.isfinite(r32).all())):
-        return None
+    finite = torch.isfinite(y32).all() & torch.isfinite(r32).all()
     # Norms accumulated in float64: a bf16 output's squares can pass float32's range.
-    norm = float(torch.linalg.vector_norm(r32, dtype=torch.float64))
-    if norm == 0.0:
+    return y, torch.stack([finite.double(), torch.linalg.vector_norm(r32, dtype=torch.float64),
+                           torch.linalg.vector_norm(y32 - r32, dtype=torch.float64),
+                           ((y32 == 0) & (r32 != 0)).sum().double(), r32.abs().max().double()])
+
+
+def judged(values):
+    """(relative error, values zeroed, FP32 abs-max) from measures()' values read back;
+    None where NaN/Inf was in either output (the replays' business) or FP32's is all zero."""
+    finite, norm, diff, zeroed, absmax = values
+    if not finite or not norm > 0.0 or not math.isfinite(diff / norm):
         return None
-    error = float(torch.linalg.vector_norm(y32 - r32, dtype=torch.float64)) / norm
-    zeroed = int(((y32 == 0) & (r32 != 0)).sum())
-    return str(y.dtype).replace("torch.", ""), y.numel(), error, zeroed, float(r32.abs().max())
+    return diff / norm, int(zeroed), absmax
 
 
 def _others_hooks(module) -> bool:
@@ -93,9 +101,11 @@ class PrecisionChecker:
         self._spent = 0       # ns the checks took
         self._armed = None    # (path, module, hook handles)
         self._capture = None
+        self._landing = []    # device checks on their way to pinned memory
 
     def step_began(self):
         """A cycle opened: arm the next module if the checks are within their budget."""
+        self._post_landed()
         now = time.perf_counter_ns()
         if self._started is None:
             self._started = now
@@ -119,9 +129,43 @@ class PrecisionChecker:
     def step_ended(self):
         """A module that did not run this step waits for its turn in the rotation again."""
         self._disarm()
+        self._post_landed()
 
     def close(self):
         self._disarm()
+        self._post_landed(wait=True)
+
+    def _post_when_read(self, path, output, values):
+        """Posts the check now for a host output; for a device output, copies the values to
+        pinned memory on the current stream and posts them once they have landed (at a later
+        step's start or end, with the step they belong to): the training thread never waits."""
+        dtype, numel = str(output.dtype).replace("torch.", ""), output.numel()
+        step = self._handle._session.step
+        if not values.is_cuda:
+            self._post(step, path, dtype, numel, values.tolist())
+            return
+        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(values.device))
+        self._landing.append((step, path, dtype, numel, host, event))
+
+    def _post_landed(self, wait=False):
+        still = []
+        for entry in self._landing:
+            step, path, dtype, numel, host, event = entry
+            if wait:
+                event.synchronize()
+            elif not event.query():
+                still.append(entry)
+                continue
+            self._post(step, path, dtype, numel, host.tolist())
+        self._landing = still
+
+    def _post(self, step, path, dtype, numel, values):
+        verdict = judged(values)
+        if verdict is not None:
+            self._handle._session.precision_check(path, dtype, numel, *verdict, step=step)
 
     def _disarm(self):
         if self._armed is not None:
@@ -140,9 +184,7 @@ class PrecisionChecker:
             return None
         t0 = time.perf_counter_ns()
         try:
-            if (any(t.is_cuda for t in float_tensors((args, kwargs))) or any(p.is_cuda for p in module.parameters())
-                    or _others_hooks(module)):
-                # Comparing on the device would wait for it: host modules only, for now.
+            if _others_hooks(module):
                 self._drop(module)
             elif _reduced_precision(module, args, kwargs):
                 self._capture = _Capture(module, args, kwargs)
@@ -169,9 +211,9 @@ class PrecisionChecker:
             with torch.no_grad(), torch.autocast("cpu", enabled=False), \
                     (torch.autocast("cuda", enabled=False) if torch.cuda.is_available() else contextlib.nullcontext()):
                 fp32 = capture.twin(*_to_fp32(capture.args), **_to_fp32(capture.kwargs))
-            compared = compare(output, fp32)
-            if compared is not None:
-                handle._session.precision_check(path, *compared)
+            measured = measures(output, fp32)
+            if measured is not None:
+                self._post_when_read(path, *measured)
         except Exception:  # a check must never break the training
             self._drop(module)
         finally:

@@ -286,10 +286,14 @@ PYBIND11_MODULE(_ampdiag, m) {
           py::arg("key"), py::arg("kind"), py::arg("detail"), py::arg("step") = py::none())
       .def("add_replay", [](Session& s, const std::string& module, const std::string& outcome, double absmax,
                             const std::string& reason) { s.core().replay(module, outcome, absmax, reason); })
-      .def("precision_check", [](Session& s, const std::string& module, const std::string& dtype, std::int64_t numel,
-                                 double rel_error, std::int64_t zeroed, double fp32_absmax) {
-        s.core().precision_check(module, dtype, numel, rel_error, zeroed, fp32_absmax);
-      })
+      .def(
+          "precision_check",
+          [](Session& s, const std::string& module, const std::string& dtype, std::int64_t numel, double rel_error,
+             std::int64_t zeroed, double fp32_absmax, std::optional<std::int64_t> step) {
+            s.core().precision_check(module, dtype, numel, rel_error, zeroed, fp32_absmax, step);
+          },
+          py::arg("module"), py::arg("dtype"), py::arg("numel"), py::arg("rel_error"), py::arg("zeroed"),
+          py::arg("fp32_absmax"), py::arg("step") = py::none())
       .def("weight_norm", [](Session& s, std::int64_t layer, double l2, double absmax) {
         s.core().weight_norm(layer, l2, absmax);
       })
