@@ -16,6 +16,9 @@ std::string why_pinned(const Run& run, const std::string& path) {
     return "it holds " + child +
            ", beyond fp16's range: the FP32 replay had confirmed that module as the origin of a NaN/Inf in forward, "
            "and pinned alone it would hand that output to the next fp16 operation";
+  if (const auto [e, lost] = run.module_event("autopin-precision", path); e)
+    return "a precision check found its " + run.meta_or("amp_dtype", "float16") + " output " + lost +
+           " (relative L2), with no NaN/Inf: the same call in FP32 is what the pin gives";
   return "its FP32 replay had confirmed it as the origin of a NaN/Inf in forward";
 }
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import ampdiag
-from conftest import amp_training, rules
+from conftest import amp_training, rows, rules
 
 
 class RMSNorm(nn.Module):
@@ -24,15 +24,16 @@ def sensor_model():
     return nn.Sequential(nn.Linear(16, 128), RMSNorm(128), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 1))
 
 
-def train_sensor(db, pin=None):
-    """Raw sensor readings (hundreds) into a Linear and the RMSNorm, 20 fp16 AMP steps."""
+def train_sensor(db, pin=None, **options):
+    """Raw sensor readings (hundreds) into a Linear and the RMSNorm, 20 fp16 AMP steps;
+    `options` for attach() besides checks on every step."""
     model = sensor_model()
     if pin:
         ampdiag.pin_fp32(model.get_submodule(pin))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     amp_training(db, model, opt, 20, lambda g: nn.functional.mse_loss(
         model(torch.randn(64, 16, generator=g) * 300).float(), torch.randn(64, 1, generator=g)),
-        precision_budget=1.0)
+        precision_budget=1.0, **options)
 
 
 def encoder():
@@ -81,4 +82,16 @@ def test_a_bf16_transformer_checked_every_step_has_no_precision_finding(tmp_path
             loss.backward()
             opt.step()
     code, rep = verdict(tmp_path / "run.db")
+    assert (code, rep["healthy"]) == (0, True), [f["title"] for f in rep["findings"]]
+
+
+def test_autopin_pins_the_norm_its_check_found_lossy_and_later_checks_find_it_whole(tmp_path, verdict):
+    db = tmp_path / "run.db"
+    train_sensor(db, autopin=True)
+    assert rows(db, "SELECT step, detail FROM events WHERE kind = 'autopin'") == [(2, "1")]  # checked at step 1
+    assert all(error < 1e-3 for (error,) in rows(db, "SELECT rel_error FROM precision_checks WHERE module = '1' "
+                                                     "AND step >= 2"))
+    code, rep = verdict(db)
+    pinned = next(f for f in rep["findings"] if f["rule"] == "autopin")
+    assert pinned["evidence"].startswith("a precision check found its float16 output 100 % away from FP32")
     assert (code, rep["healthy"]) == (0, True), [f["title"] for f in rep["findings"]]

@@ -4,7 +4,10 @@ origin of a non-finite forward value runs in FP32 from the next optimizer cycle 
 make the pin permanent in code. Never a module whose replay was not confirmed, never more
 than N modules. A confirmed module whose FP32 output is beyond fp16's range would hand it
 to the next fp16 operation, which overflows instead: its parent is pinned, with what uses
-that output (event `autopin-parent`, "PARENT: CHILD, FP32 output up to X")."""
+that output (event `autopin-parent`, "PARENT: CHILD, FP32 output up to X"). A module whose
+precision check found most of its output lost (finite, but at least half of its L2 norm
+away from the same call in FP32) is pinned too (event `autopin-precision`, "PATH: 97 %
+away from FP32"): the FP32 output is what the pin gives."""
 from ._pin import pin_fp32
 
 FP16_MAX = 65504.0
@@ -18,9 +21,10 @@ class AutoPinner:
         self._done = set()
         self._announce = []  # pinned, their events posted when the next cycle begins
 
-    def confirmed(self, path, module, fp32_absmax=float("nan")):
-        """The replay of `module` was finite, up to `fp32_absmax`: pin it (or, beyond fp16's
-        range in an fp16 run, its parent) from the next cycle, within the limit."""
+    def confirmed(self, path, module, fp32_absmax=float("nan"), lost=None):
+        """The replay of `module` was finite, up to `fp32_absmax` (or a precision check found
+        `lost`, its relative error against FP32): pin it (or, beyond fp16's range in an fp16
+        run, its parent) from the next cycle, within the limit."""
         child = None
         if self._handle._has_scaler and fp32_absmax > FP16_MAX and "." in path:
             child, path = path, path.rsplit(".", 1)[0]
@@ -33,6 +37,8 @@ class AutoPinner:
             return
         if child is not None:
             self._handle._event("autopin-parent", f"{path}: {child}, FP32 output up to {fp32_absmax:.6g}")
+        elif lost is not None:
+            self._handle._event("autopin-precision", f"{path}: {lost * 100:.0f} % away from FP32")
         self._waiting.append((path, module))
 
     def pin(self):

@@ -29,6 +29,7 @@ from ._replay import copy_inputs, rng_state, set_rng_state, twin_of
 from ._tensors import first_float_tensor, float_tensors
 
 _HALF = (torch.float16, torch.bfloat16)
+AUTOPIN_ERROR = 0.5  # attach(autopin=...) pins a module whose check found at least this much lost
 
 
 def _reduced_precision(module, args, kwargs) -> bool:
@@ -95,6 +96,7 @@ class PrecisionChecker:
     def __init__(self, handle, watched, budget):
         self._handle = handle
         self._modules = list(watched)  # (path, module), the rotation
+        self._by_path = dict(self._modules)
         self._budget = budget
         self._next = 0
         self._started = None  # perf_counter_ns when the first step began
@@ -164,8 +166,13 @@ class PrecisionChecker:
 
     def _post(self, step, path, dtype, numel, values):
         verdict = judged(values)
-        if verdict is not None:
-            self._handle._session.precision_check(path, dtype, numel, *verdict, step=step)
+        if verdict is None:
+            return
+        handle = self._handle
+        handle._session.precision_check(path, dtype, numel, *verdict, step=step)
+        error, _, fp32_absmax = verdict
+        if error >= AUTOPIN_ERROR and handle._autopin is not None:
+            handle._autopin.confirmed(path, self._by_path[path], fp32_absmax, lost=error)
 
     def _disarm(self):
         if self._armed is not None:
