@@ -94,3 +94,18 @@ TEST_CASE("the threshold is the report's --precision-error", "[rules][precision]
   const Report strict = analyze({load_run(dir.file("run.db"))}, t);
   CHECK(find(strict, "precision-loss") != nullptr);
 }
+
+TEST_CASE("a module auto-pinned for the output its precision check found lost says so", "[rules][precision]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"norm.weight", "head.weight"});
+  f.precision_check("norm", 0.97, 900).event("autopin-precision", "norm: 97 % away from FP32").step(65536, 65536);
+  f.event("autopin", "norm");
+  for (int i = 0; i < 3; ++i) f.precision_check("norm", 0.0001).step(65536, 65536);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding* pinned = find(r, "autopin");
+  REQUIRE(pinned != nullptr);
+  CHECK(pinned->title == "auto-pinned norm to FP32 at step 1; after it, 0 skips");
+  CHECK_THAT(pinned->evidence, Catch::StartsWith("a precision check found its float16 output 97 % away from FP32"));
+  CHECK(find(r, "precision-loss") == nullptr);  // lost in 1 of 4 checks: the pin made the rest whole
+}
