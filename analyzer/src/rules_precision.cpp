@@ -87,7 +87,8 @@ void precision_loss(const Run& run, const Thresholds& t, std::vector<Finding>& o
       f.evidence += "; the other checked modules were " + percent(median_of(others)) + " away (median), rounding alone";
     if (m.zeroed >= 0.01)
       f.evidence += "; up to " + percent(m.zeroed) + " of its values came out exactly 0 where FP32's were not (an "
-                    "intermediate inside it overflowed or underflowed: x.pow(2) beyond 65504 makes rsqrt() 0)";
+                    "intermediate inside it overflowed or underflowed" +
+                    (run.fp16() ? std::string(": x.pow(2) beyond 65504 makes rsqrt() 0)") : std::string(")"));
     // bf16 keeps fp32's range but not its precision: only the pin restores what FP32 gives,
     // unless that output itself is beyond fp16 (then the pin moves an overflow on).
     f.suggestions = suggest::beyond_fp16(run, m.fp32_absmax) ? suggest::confirmed_fixes(run, path, m.fp32_absmax)

@@ -78,12 +78,13 @@ TEST_CASE("a lossy module whose FP32 output is beyond fp16's range gets its pare
   CHECK(f->suggestions.front().untried);
 }
 
-TEST_CASE("a bf16 run's precision loss names bfloat16", "[rules][precision]") {
+TEST_CASE("a bf16 run's precision loss names bfloat16, not fp16's range", "[rules][precision]") {
   TempDir dir;
-  const Report r = checked(dir, {{"norm", 0.7}}, 4, 0, 4.0, "bfloat16");
+  const Report r = checked(dir, {{"norm", 0.7}}, 4, 900, 4.0, "bfloat16");
   const Finding* f = find(r, "precision-loss");
   REQUIRE(f != nullptr);
   CHECK_THAT(f->title, Catch::StartsWith("norm loses its output to bfloat16"));
+  CHECK_THAT(f->evidence, Catch::Contains("came out exactly 0") && !Catch::Contains("65504"));
 }
 
 TEST_CASE("the threshold is the report's --precision-error", "[rules][precision]") {
