@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <map>
 
+#include "suggestions.h"
+
 namespace ampdiag::analyzer {
 
 namespace {
@@ -28,11 +30,6 @@ std::string factor_text(double k) {
 
 const std::string* module_path(const Run& run, std::int64_t id) {
   return id >= 0 && std::size_t(id) < run.modules.size() ? &run.modules[std::size_t(id)].info.path : nullptr;
-}
-
-bool inside(const std::string& path, const std::string& module) {
-  return path == module || (path.size() > module.size() && path.compare(0, module.size(), module) == 0 &&
-                            path[module.size()] == '.');
 }
 
 // fp32 time per fp32 kernel over half time per half kernel, over the modules of `type`
@@ -93,7 +90,7 @@ std::string pin_cost(const Run& run, const std::string& module) {
   std::int64_t half = 0, fp32 = 0;
   for (const auto& [id, t] : run.gpu.modules) {
     const std::string* path = module_path(run, id);
-    if (!path || !inside(*path, module)) continue;
+    if (!path || !suggest::within(*path, module)) continue;
     half += t.half_ns();
     fp32 += t.ns[int(GpuKind::kFloat32)];
     if (t.half_ns() > 0) half_by_type[run.modules[std::size_t(id)].info.module_type] += t.half_ns();

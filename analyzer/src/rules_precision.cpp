@@ -30,10 +30,6 @@ std::string percent(double share) {
   return buf;
 }
 
-bool inside(const std::string& path, const std::string& ancestor) {
-  return path.size() > ancestor.size() && path.compare(0, ancestor.size(), ancestor) == 0 && path[ancestor.size()] == '.';
-}
-
 std::string step_list(const std::vector<std::int64_t>& steps) {
   std::string s;
   for (std::size_t i = 0; i < steps.size() && i < 4; ++i) s += (i ? ", " : "") + std::to_string(steps[i]);
@@ -61,7 +57,8 @@ void precision_loss(const Run& run, const Thresholds& t, std::vector<Finding>& o
     if (!m.lossy_steps.empty() && 2 * std::int64_t(m.lossy_steps.size()) >= m.checks) lossy.push_back(path);
   for (const std::string& path : lossy) {
     // A lossy module inside it is where the loss is made; it only hands the loss on.
-    if (std::any_of(lossy.begin(), lossy.end(), [&](const std::string& other) { return inside(other, path); })) continue;
+    const auto inside = [&](const std::string& other) { return other != path && suggest::within(other, path); };
+    if (std::any_of(lossy.begin(), lossy.end(), inside)) continue;
     const ModuleChecks& m = by_module.at(path);
     std::vector<double> errors = m.errors;
     const double median = median_of(errors);

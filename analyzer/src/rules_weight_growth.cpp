@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "rules.h"
+#include "suggestions.h"
 
 namespace ampdiag::analyzer::rules {
 
@@ -23,11 +24,6 @@ constexpr double kGrew = 8.0;            // the module's weights' L2 norm, this 
 constexpr std::int64_t kWindow = 256;
 constexpr double kLeast = 1e-3;          // ...from a root-mean-square value of at least this    // ...within this many steps up to the last NaN/Inf
 
-
-bool in_module(const std::string& path, const std::string& module) {
-  return module.empty() || path == module ||
-         (path.size() > module.size() && path.compare(0, module.size(), module) == 0 && path[module.size()] == '.');
-}
 
 // The optimizer line with a tenth of its learning rate, from event optimizer-settings
 // ("AdamW lr=0.3 weight_decay=0.01"); a placeholder where the run did not record it.
@@ -77,7 +73,7 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
   std::map<std::int64_t, std::int64_t> values;
   for (const auto& w : run.weight_norms) {
     const auto& layer = run.layers[std::size_t(w.layer_id)].info;
-    if (!in_module(layer.module_path, module)) continue;
+    if (!module.empty() && !suggest::within(layer.module_path, module)) continue;
     sumsq[w.step] += w.l2 * w.l2;
     values[w.step] += layer.numel;
   }

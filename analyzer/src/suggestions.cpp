@@ -229,6 +229,11 @@ Suggestion scaler_settings(const Run& run, double init_scale, std::int64_t growt
   return s;
 }
 
+bool within(const std::string& path, const std::string& module) {
+  return path == module ||
+         (path.size() > module.size() && path.compare(0, module.size(), module) == 0 && path[module.size()] == '.');
+}
+
 std::string module_for_layer(const Run& run, const rundb::LayerRow& layer) {
   std::string best;
   for (const auto& m : run.modules) {
