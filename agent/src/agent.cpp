@@ -25,6 +25,7 @@
 #include "session.h"
 #include "stale_gradients.h"
 #include "tensor_views.h"
+#include "weight_norms.h"
 
 namespace ampdiag {
 
@@ -80,9 +81,13 @@ class Agent::Impl final : public ScalerObserver {
 
   void on_scale(const at::Tensor& outputs) override;
   bool on_unscale(UnscaleBatch& batch) override;
-  void on_step(bool skipped) override { skipped_ = skipped; }
-  void on_optimizer(bool starting) override {
+  void on_step(bool skipped) override {
+    skipped_ = skipped;
+    if (skipped) weight_norms_.step_skipped();
+  }
+  void on_optimizer(const torch::optim::Optimizer& optimizer, bool starting) override {
     if (starting) {
+      weight_norms_.optimizer_starting(optimizer);
       optimizer_range_ = session_.begin_range(-1, rundb::GpuPhase::kOptimizer, rundb::GpuKind::kOtherKernel);
       weights_before_step();
     } else {
@@ -115,6 +120,7 @@ class Agent::Impl final : public ScalerObserver {
   std::string db_path_;
   agent::Session session_;
   agent::ReplayPins replay_pins_;
+  agent::WeightNorms weight_norms_{session_};
 
   std::unordered_map<std::string, std::string> module_types_;  // path -> type, from the model
   std::vector<at::Tensor> keep_alive_;  // every registered tensor: its address is its key
@@ -250,6 +256,7 @@ void Agent::Impl::register_layers(torch::nn::Module& model) {
     if (!layer.added) continue;  // shared with an earlier name
     keep_alive_.push_back(p);
     named_params_.emplace_back(info.name, p);
+    weight_norms_.add(layer.id, p);
     if (!p.requires_grad()) continue;
     if (p.scalar_type() == at::kHalf || p.scalar_type() == at::kBFloat16) {
       if (p.device().is_cpu())

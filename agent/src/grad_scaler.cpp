@@ -129,9 +129,9 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   add_found_infs(any_inf, state.found_inf_per_device, scale_.device());
   const bool found_inf = any_inf.defined() && any_inf.item<float>() != 0.0f;
   if (!found_inf) {
-    if (observer_) observer_->on_optimizer(true);
+    if (observer_) observer_->on_optimizer(optimizer, true);
     optimizer.step();
-    if (observer_) observer_->on_optimizer(false);
+    if (observer_) observer_->on_optimizer(optimizer, false);
   }
   state.stage = Stage::kStepped;
   last_step_skipped_ = found_inf;

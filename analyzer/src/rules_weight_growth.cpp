@@ -8,9 +8,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <iterator>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "rules.h"
@@ -21,22 +23,40 @@ namespace ampdiag::analyzer::rules {
 namespace {
 
 constexpr double kGrew = 8.0;            // the module's weights' L2 norm, this many times its start
-constexpr std::int64_t kWindow = 256;
-constexpr double kLeast = 1e-3;          // ...from a root-mean-square value of at least this    // ...within this many steps up to the last NaN/Inf
+constexpr std::int64_t kWindow = 256;   // ...within this many steps up to the last NaN/Inf
+constexpr double kLeast = 1e-3;          // ...from a root-mean-square value of at least this
 
 
-// The optimizer line with a tenth of its learning rate, from event optimizer-settings
-// ("AdamW lr=0.3 weight_decay=0.01"); a placeholder where the run did not record it.
-std::string lower_lr(const rundb::EventRow* settings) {
+bool one_of(const std::string& name, std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (name == n) return true;
+  return false;
+}
+
+// The optimizer line with a tenth of its learning rate, in Python and in C++, from event
+// optimizer-settings ("AdamW lr=0.3 weight_decay=0.01"); placeholders where the run did not
+// record it. An optimizer from elsewhere (a package's Lion) keeps its own name.
+std::pair<std::string, std::string> lower_lr(const rundb::EventRow* settings) {
+  const std::string any_cpp =
+      "// the optimizer's learning rate well below the present one, or a warm-up:\n"
+      "torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(/*lr=*/1e-4));";
   const std::string detail = settings != nullptr ? settings->detail : "";
   const auto space = detail.find(' '), at = detail.find("lr=");
   if (space == std::string::npos || at == std::string::npos)
-    return "optimizer = torch.optim.AdamW(model.parameters(), lr=...)  # well below the present lr, or warm it up";
-  const double lr = std::atof(detail.c_str() + at + 3);
-  char b[64];
-  std::snprintf(b, sizeof b, "%.3g", lr / 10);
-  return "optimizer = torch.optim." + detail.substr(0, space) + "(model.parameters(), lr=" + b + ")  # a tenth of " +
-         detail.substr(at, detail.find(' ', at) - at) + "; or warm it up";
+    return {"optimizer = torch.optim.AdamW(model.parameters(), lr=...)  # well below the present lr, or warm it up",
+            any_cpp};
+  const std::string name = detail.substr(0, space);
+  char tenth[64];
+  std::snprintf(tenth, sizeof tenth, "%.3g", std::atof(detail.c_str() + at + 3) / 10);
+  const std::string why = "a tenth of " + detail.substr(at, detail.find(' ', at) - at) + "; or warm it up";
+  const bool torch_python = one_of(name, {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam",
+                                          "Adadelta", "ASGD", "Rprop", "SparseAdam", "LBFGS", "Adafactor", "Muon"});
+  const bool torch_cpp = one_of(name, {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "LBFGS"});
+  return {"optimizer = " + std::string(torch_python ? "torch.optim." : "") + name + "(model.parameters(), lr=" + tenth +
+              ")  # " + why,
+          torch_cpp ? "torch::optim::" + name + " optimizer(model->parameters(), torch::optim::" + name +
+                          "Options(/*lr=*/" + tenth + "));  // " + why
+                    : any_cpp};
 }
 
 std::string times(double r) {
@@ -109,10 +129,8 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
       "Lower the learning rate (or warm it up): each step moves the weights so far that they and the activations "
       "they make grow until the half-precision range ends. Pinning the module that overflows first to FP32 only "
       "moves the overflow on.";
-  f.suggestions.push_back({summary, lower_lr(settings),
-                           "// the optimizer's learning rate well below the present one, or a warm-up:\n"
-                           "torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(/*lr=*/1e-4));",
-                           ""});
+  const auto [python, cpp] = lower_lr(settings);
+  f.suggestions.push_back({summary, python, cpp, ""});
   point_to_cause(out, start->first, "The weights were growing (see weight-growth): ",
                  "it comes after " + what + " grew " + times(growth) + " from step " + std::to_string(start->first));
   out.push_back(f);

@@ -8,10 +8,11 @@ namespace {
 
 // `calm` steps at weights of L2 `start` (4096 values a layer), then weights growing `factor` times over 8 steps, then
 // `overflows` steps where mlp.down's output goes Inf (skipped, the weights as they were).
-Report grown(const TempDir& dir, double factor, int overflows = 6, int calm = 1, bool settings = false,
+// `settings`: event optimizer-settings, none where empty.
+Report grown(const TempDir& dir, double factor, int overflows = 6, int calm = 1, const std::string& settings = "",
               double start = 1.8) {
   RunFixture f(dir.file("run.db"), {"mlp.down.weight", "head.weight"});
-  if (settings) f.event("optimizer-settings", "AdamW lr=0.3 weight_decay=0.01");
+  if (!settings.empty()) f.event("optimizer-settings", settings);
   double l2 = start;
   for (int i = 0; i < calm; ++i) f.weight_norms(l2).step(65536, 65536);
   for (int i = 1; i <= 8; ++i) f.weight_norms(l2 = start * std::pow(factor, i / 8.0)).step(65536, 65536);
@@ -49,12 +50,31 @@ TEST_CASE("the overflow's own finding becomes a warning whose first fix points t
 
 TEST_CASE("the fix lowers the learning rate the run recorded", "[rules][weight-growth]") {
   TempDir dir;
-  const Report r = grown(dir, 57.0, 6, 1, true);
+  const Report r = grown(dir, 57.0, 6, 1, "AdamW lr=0.3 weight_decay=0.01");
   const Finding* f = find(r, "weight-growth");
   REQUIRE(f != nullptr);
   CHECK_THAT(f->evidence, Catch::Contains("optimizer: AdamW lr=0.3 weight_decay=0.01"));
   CHECK(f->suggestions.front().python ==
         "optimizer = torch.optim.AdamW(model.parameters(), lr=0.03)  # a tenth of lr=0.3; or warm it up");
+}
+
+TEST_CASE("the C++ fix lowers the learning rate of the LibTorch optimizer the run recorded", "[rules][weight-growth]") {
+  TempDir dir;
+  const Report r = grown(dir, 57.0, 6, 1, "SGD lr=0.5 weight_decay=0 momentum=0.9");
+  const Finding* f = find(r, "weight-growth");
+  REQUIRE(f != nullptr);
+  CHECK(f->suggestions.front().cpp ==
+        "torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(/*lr=*/0.05));  // a tenth of lr=0.5; "
+        "or warm it up");
+}
+
+TEST_CASE("an optimizer from outside torch keeps its own name in the fix", "[rules][weight-growth]") {
+  TempDir dir;
+  const Report r = grown(dir, 57.0, 6, 1, "Lion lr=0.001 weight_decay=0.1");
+  const Finding* f = find(r, "weight-growth");
+  REQUIRE(f != nullptr);
+  CHECK(f->suggestions.front().python == "optimizer = Lion(model.parameters(), lr=0.0001)  # a tenth of lr=0.001; or warm it up");
+  CHECK_THAT(f->suggestions.front().cpp, Catch::StartsWith("// the optimizer's learning rate well below"));
 }
 
 TEST_CASE("weights that grew a little before an overflow leave the overflow its own finding", "[rules][weight-growth]") {
@@ -87,6 +107,6 @@ TEST_CASE("grown weights in a run that never overflowed are no finding", "[rules
 TEST_CASE("weights that start near zero and grow many times over are not taken for a learning rate", "[rules][weight-growth]") {
   // A layer scale starting at 1e-5 (root mean square) is meant to grow by orders of magnitude.
   TempDir dir;
-  const Report r = grown(dir, 100.0, 6, 1, false, 1e-5 * 64);
+  const Report r = grown(dir, 100.0, 6, 1, "", 1e-5 * 64);
   CHECK(find(r, "weight-growth") == nullptr);
 }

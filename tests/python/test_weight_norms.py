@@ -1,13 +1,12 @@
-"""The weight sampler: each parameter's L2 norm and abs-max at the start of steps 0, 1, 2, 3,
-4, 6, 8, 12, ... (two a doubling to 256, then every 64th) and at the end of the first skipped
-steps, as the step's forward used them; the optimizer's settings once."""
+"""The weight sampler: each parameter's L2 norm and abs-max on the session core's schedule
+(tests/agent_core/test_policy.cpp: the start of steps 0, 1, 2, 3, 4, 6, 8, 12, ... and the end
+of the first skipped steps), as the step's forward used them; the optimizer's settings once."""
 import sqlite3
 
 import torch
 from torch import nn
 
 import ampdiag
-from ampdiag._weights import on_schedule
 
 
 def rows(db, sql):
@@ -34,12 +33,6 @@ def train(db, steps, overflow_at=()):
             scaler.step(opt)
             scaler.update()
     return seen
-
-
-def test_the_schedule_samples_twice_a_doubling_then_every_64th_step():
-    assert [s for s in range(300) if on_schedule(s)] == [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192,
-                                                         256]
-    assert on_schedule(320) and not on_schedule(321)
 
 
 def test_each_sampled_step_has_the_norms_its_forward_used(tmp_path):

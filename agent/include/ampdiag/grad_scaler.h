@@ -61,7 +61,10 @@ class ScalerObserver {
   virtual bool on_unscale(UnscaleBatch& batch) = 0;
   virtual void on_step(bool skipped) = 0;
   // Around the optimizer's step() inside step() (only when it runs).
-  virtual void on_optimizer(bool starting) { (void)starting; }
+  virtual void on_optimizer(const torch::optim::Optimizer& optimizer, bool starting) {
+    (void)optimizer;
+    (void)starting;
+  }
   virtual void on_update(const ScaleUpdate& update) = 0;
 };
 

@@ -2,31 +2,19 @@
 
 A learning rate far too high (AdamW at 0.3) grows the weights step by step until a forward
 overflows fp16. The report names the module where that happened, which is true, and
-without the weights it cannot say why: the loss may grow less than 2x on the way. So at the
-start of steps 0, 1, 2, 3, 4, 6, 8, 12, ..., 256 (two a doubling), then of every 64th, and
-at the end of the run's first skipped steps (their forward used the weights the skip left
-alone), each registered host parameter's L2 norm and abs-max are recorded (rows of
-weight_norms), and each optimizer's settings once (event "optimizer-settings"). Device and
-sharded parameters are not read: that would wait for the device, or see one shard.
+without the weights it cannot say why: the loss may grow less than 2x on the way. So on the
+session core's schedule (WeightSchedule: the start of steps 0, 1, 2, 3, 4, 6, 8, 12, ...,
+and the end of the run's first skipped steps) each registered host parameter's L2 norm and
+abs-max are recorded (rows of weight_norms), and each optimizer's settings once (event
+"optimizer-settings"). Device and sharded parameters are not read: that would wait for the
+device, or see one shard.
 """
 import math
 
 import torch
 
+from . import _ampdiag
 from ._tensors import distributed
-
-DENSE_UNTIL = 256  # two samples a doubling up to here
-PERIOD = 64        # then one every PERIOD steps
-SKIPPED = 8        # skipped steps sampled at their end, the first ones of the run
-
-
-def on_schedule(step: int) -> bool:
-    if step < 4:
-        return True
-    if step <= DENSE_UNTIL:
-        k = step.bit_length() - 1
-        return step == 1 << k or step == 3 << (k - 1)
-    return step % PERIOD == 0
 
 
 def _settings(optimizer) -> str:
@@ -43,27 +31,24 @@ class WeightSampler:
         # (layer, parameter): floating-point host tensors of the model, read as they are
         self._params = [(layer, p) for layer, p in registered
                         if p.is_floating_point() and p.device.type == "cpu" and not distributed(p)]
-        self._sampled = set()   # steps already sampled
-        self._skips = 0
+        self._schedule = _ampdiag.WeightSchedule()
         self._described = set()  # id() of optimizers whose settings were recorded
 
     def step_began(self, step: int):
-        if on_schedule(step):
-            self._sample(step)
+        if self._schedule.at_start(step):
+            self._sample()
 
     def step_ended(self, step: int, skipped: bool, optimizers):
         for optimizer in optimizers:
             if id(optimizer) not in self._described:
                 self._described.add(id(optimizer))
                 self._handle._session.event("optimizer-settings", _settings(optimizer))
-        if skipped and self._skips < SKIPPED:
-            self._skips += 1
-            self._sample(step)
+        if skipped and self._schedule.after_skip(step):
+            self._sample()
 
-    def _sample(self, step: int):
-        if step in self._sampled or not self._params:
+    def _sample(self):
+        if not self._params:
             return
-        self._sampled.add(step)
         with torch.no_grad():
             full = [(layer, p) for layer, p in self._params if p.dtype == torch.float32]
             norms = []

@@ -18,6 +18,7 @@
 #include "ampdiag/rundb/rows.h"
 #include "run_paths.h"
 #include "session.h"
+#include "weight_schedule.h"
 
 namespace py = pybind11;
 using namespace ampdiag;
@@ -264,6 +265,11 @@ PYBIND11_MODULE(_ampdiag, m) {
         return stats_dict(s);
       },
       "Statistics of one contiguous CPU buffer.");
+  py::class_<agent::WeightSchedule>(m, "WeightSchedule")
+      .def(py::init<>())
+      .def_static("due", &agent::WeightSchedule::due, py::arg("step"))
+      .def("at_start", &agent::WeightSchedule::at_start, py::arg("step"))
+      .def("after_skip", &agent::WeightSchedule::after_skip, py::arg("step"));
   py::class_<Session>(m, "Session")
       .def(py::init<bool, std::size_t, std::int64_t, std::int64_t, int, bool, bool, std::int64_t>(),
            py::arg("overwrite"), py::arg("queue_capacity"), py::arg("every"), py::arg("context_steps"),

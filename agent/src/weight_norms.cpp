@@ -1,0 +1,82 @@
+#include "weight_norms.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Type.h>
+#include <torch/optim.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "session.h"
+
+namespace ampdiag::agent {
+
+namespace {
+
+std::string setting(const char* key, double value) {
+  char b[64];
+  std::snprintf(b, sizeof b, " %s=%.6g", key, value);
+  return b;
+}
+
+// The optimizer's class name without its namespace: torch::optim::AdamW -> "AdamW".
+std::string class_name(const torch::optim::Optimizer& optimizer) {
+  std::string name = c10::demangle(typeid(optimizer).name());
+  const auto colon = name.rfind("::");
+  return colon == std::string::npos ? name : name.substr(colon + 2);
+}
+
+// The first parameter group's options, where their type carries them.
+std::string group_settings(const torch::optim::OptimizerOptions& o) {
+  using namespace torch::optim;
+  if (const auto* a = dynamic_cast<const AdamWOptions*>(&o)) return setting("lr", a->lr()) + setting("weight_decay", a->weight_decay());
+  if (const auto* a = dynamic_cast<const AdamOptions*>(&o)) return setting("lr", a->lr()) + setting("weight_decay", a->weight_decay());
+  if (const auto* s = dynamic_cast<const SGDOptions*>(&o))
+    return setting("lr", s->lr()) + setting("weight_decay", s->weight_decay()) + setting("momentum", s->momentum());
+  if (const auto* r = dynamic_cast<const RMSpropOptions*>(&o))
+    return setting("lr", r->lr()) + setting("weight_decay", r->weight_decay()) + setting("momentum", r->momentum());
+  if (const auto* g = dynamic_cast<const AdagradOptions*>(&o)) return setting("lr", g->lr()) + setting("weight_decay", g->weight_decay());
+  return setting("lr", o.get_lr());
+}
+
+}  // namespace
+
+std::string optimizer_settings(const torch::optim::Optimizer& optimizer) {
+  const auto& groups = optimizer.param_groups();
+  std::string said = class_name(optimizer);
+  if (groups.empty()) return said;
+  said += group_settings(groups.front().options());
+  if (groups.size() > 1) said += " (first of " + std::to_string(groups.size()) + " groups)";
+  return said;
+}
+
+void WeightNorms::add(std::int64_t layer, const at::Tensor& param) {
+  if (param.is_floating_point() && param.device().is_cpu() && !param.is_sparse()) params_.emplace_back(layer, param);
+}
+
+void WeightNorms::optimizer_starting(const torch::optim::Optimizer& optimizer) {
+  if (described_.insert(&optimizer).second) session_.event("optimizer-settings", optimizer_settings(optimizer));
+  if (schedule_.at_start(session_.step())) read();
+}
+
+void WeightNorms::step_skipped() {
+  const std::int64_t step = session_.step();
+  // A skipped step on the schedule was not read before an optimizer step: it had none.
+  const bool due = schedule_.at_start(step);
+  if (schedule_.after_skip(step) || due) read();
+}
+
+void WeightNorms::read() {
+  at::NoGradGuard no_grad;
+  for (const auto& [layer, param] : params_) {
+    const at::Tensor w = param.detach();
+    // fp16/bf16/fp64 in float64, whose squares cannot overflow; fp32 as it is (as torch's norm)
+    const at::Tensor wide = w.scalar_type() == at::kFloat ? w : w.to(at::kDouble);
+    const double l2 = at::linalg_vector_norm(wide, 2).item<double>();
+    const double peak = w.numel() ? wide.abs().max().item<double>() : 0.0;
+    if (std::isfinite(l2) && std::isfinite(peak)) session_.weight_norm(layer, l2, std::min(peak, l2));
+  }
+}
+
+}  // namespace ampdiag::agent

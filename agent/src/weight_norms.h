@@ -1,0 +1,49 @@
+// The C++ agent's weight sampler, as the Python agent's _weights.py: the host parameters'
+// L2 norms and abs-max on the session core's schedule (weight_schedule.h), and each
+// optimizer's settings once (event "optimizer-settings"): what rule weight-growth reads to
+// tell "the learning rate grew the weights out of fp16's range" from "this module overflows".
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "weight_schedule.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace ampdiag::agent {
+
+class Session;
+
+// "AdamW lr=0.3 weight_decay=0.01", as the Python agent words a torch.optim optimizer.
+std::string optimizer_settings(const torch::optim::Optimizer& optimizer);
+
+class WeightNorms {
+ public:
+  explicit WeightNorms(Session& session) : session_(session) {}
+
+  // A parameter of layer `layer`; read only when floating-point and on the host (a device
+  // read would wait for the device on the training thread).
+  void add(std::int64_t layer, const at::Tensor& param);
+  // Before `optimizer`'s step(): the weights the step's forward used.
+  void optimizer_starting(const torch::optim::Optimizer& optimizer);
+  // The scaler skipped the step: the weights are still those its forward used.
+  void step_skipped();
+
+ private:
+  void read();
+
+  Session& session_;
+  WeightSchedule schedule_;
+  std::vector<std::pair<std::int64_t, at::Tensor>> params_;
+  std::unordered_set<const torch::optim::Optimizer*> described_;
+};
+
+}  // namespace ampdiag::agent

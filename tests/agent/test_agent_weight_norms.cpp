@@ -1,0 +1,148 @@
+// The C++ agent's weight sampler: the norms of the weights each sampled step's forward used,
+// on the session core's schedule and at the end of the first skipped steps, and the
+// optimizer's settings once (what rule weight-growth reads).
+#include "../catch_with_torch.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../rundb/temp_dir.h"
+#include "ampdiag/agent.h"
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/run.h"
+#include "ampdiag/grad_scaler.h"
+#include "ampdiag/rundb/reader.h"
+#include "tiny_training.h"
+
+using namespace ampdiag;
+using ampdiag::test::TempDir;
+
+namespace {
+
+// Trains `steps` SGD steps of TinyNet under fp16 autocast with the agent; a step in
+// `overflow_at` has an Inf loss (skipped). Returns per step each parameter's (L2, abs-max),
+// by its layer id (the order of named_parameters()), as the step's forward used them.
+std::map<std::int64_t, std::vector<std::pair<double, double>>> train(const std::string& db, std::int64_t steps,
+                                                                      const std::set<std::int64_t>& overflow_at = {}) {
+  torch::manual_seed(0);
+  test::TinyNet net;
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  GradScaler scaler;
+  AgentOptions o;
+  o.db_path = db;
+  Agent agent(*net, scaler, o);
+  std::map<std::int64_t, std::vector<std::pair<double, double>>> seen;
+  for (std::int64_t step = 0; step < steps; ++step) {
+    for (const auto& p : net->parameters())
+      seen[step].emplace_back(p.detach().norm().item<double>(), p.detach().abs().max().item<double>());
+    opt.zero_grad();
+    torch::Tensor loss;
+    {
+      test::HalfAutocast autocast;
+      const auto x = torch::randn({4, 16});
+      loss = net->c(torch::relu(net->b(torch::relu(net->a(x))))).to(torch::kFloat).pow(2).mean();
+    }
+    if (overflow_at.count(step)) loss = loss * std::numeric_limits<float>::infinity();
+    scaler.scale(loss).backward();
+    scaler.step(opt);
+    scaler.update();
+  }
+  return seen;
+}
+
+}  // namespace
+
+TEST_CASE("the C++ agent records the weights each sampled step's forward used", "[agent][weights]") {
+  TempDir dir;
+  const auto seen = train(dir.file("run.db"), 10);
+  std::set<std::int64_t> steps;
+  const auto rows = rundb::RunDbReader(dir.file("run.db")).weight_norms();
+  REQUIRE(rows.size() == 7 * seen.at(0).size());
+  for (const auto& r : rows) {
+    steps.insert(r.step);
+    const auto& [l2, absmax] = seen.at(r.step).at(std::size_t(r.layer_id));
+    CHECK(std::abs(r.l2 - l2) <= 1e-5 * l2);
+    CHECK(r.absmax == absmax);
+  }
+  CHECK(steps == std::set<std::int64_t>{0, 1, 2, 3, 4, 6, 8});
+}
+
+TEST_CASE("the C++ agent reads skipped steps' weights off the schedule", "[agent][weights]") {
+  TempDir dir;
+  train(dir.file("run.db"), 16, {11, 13});
+  rundb::RunDbReader reader(dir.file("run.db"));
+  std::set<std::int64_t> read;
+  for (const auto& r : reader.weight_norms()) read.insert(r.step);
+  CHECK(read.count(11) == 1);
+  CHECK(read.count(13) == 1);
+  CHECK(read.count(14) == 0);  // neither on the schedule nor skipped
+  std::vector<std::int64_t> skipped;
+  for (const auto& s : reader.steps())
+    if (s.skipped) skipped.push_back(s.step);
+  CHECK(skipped == std::vector<std::int64_t>{11, 13});
+}
+
+TEST_CASE("the C++ agent records the optimizer's settings once", "[agent][weights]") {
+  TempDir dir;
+  train(dir.file("run.db"), 5);
+  std::vector<std::string> settings;
+  for (const auto& e : rundb::RunDbReader(dir.file("run.db")).events())
+    if (e.kind == "optimizer-settings") settings.push_back(e.detail);
+  CHECK(settings == std::vector<std::string>{"SGD lr=0.05 weight_decay=0 momentum=0.9"});
+}
+
+namespace {
+
+// The Python scenario tests/scenarios/test_weight_growth.py in LibTorch: an MLP trained with
+// AdamW at `lr` under fp16 autocast for 30 steps.
+void train_mlp(const std::string& db, double lr) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(32, 256), torch::nn::GELU(), torch::nn::Linear(256, 256),
+                              torch::nn::GELU(), torch::nn::Linear(256, 256), torch::nn::GELU(), torch::nn::Linear(256, 10));
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(lr));
+  GradScaler scaler;
+  AgentOptions o;
+  o.db_path = db;
+  Agent agent(*model, scaler, o);
+  for (int step = 0; step < 30; ++step) {
+    opt.zero_grad();
+    torch::Tensor loss;
+    {
+      test::HalfAutocast autocast;
+      loss = torch::cross_entropy_loss(model->forward(torch::randn({64, 32})).to(torch::kFloat),
+                                       torch::randint(0, 10, {64}));
+    }
+    scaler.scale(loss).backward();
+    scaler.step(opt);
+    scaler.update();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a LibTorch loop whose learning rate is far too high is reported as weight growth", "[agent][weights]") {
+  TempDir dir;
+  train_mlp(dir.file("run.db"), 0.3);
+  const auto report = analyzer::analyze({analyzer::load_run(dir.file("run.db"))});
+  REQUIRE_FALSE(report.findings.empty());
+  const auto& first = report.findings.front();
+  CHECK(first.rule == "weight-growth");
+  CHECK_THAT(first.evidence, Catch::Contains("optimizer: AdamW lr=0.3"));
+  CHECK_THAT(first.suggestions.front().cpp,
+             Catch::StartsWith("torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(/*lr=*/0.03));"));
+}
+
+TEST_CASE("the same LibTorch loop at a sane learning rate has no weight growth", "[agent][weights]") {
+  TempDir dir;
+  train_mlp(dir.file("run.db"), 1e-3);
+  const auto report = analyzer::analyze({analyzer::load_run(dir.file("run.db"))});
+  for (const auto& f : report.findings) CHECK(f.rule != "weight-growth");
+  CHECK(report.findings.empty());
+}
