@@ -19,6 +19,7 @@
 
 #include "ampdiag/grad_scaler.h"
 #include "ampdiag/pin_fp32.h"
+#include "precision_checks.h"
 #include "replay_pins.h"
 #include "run_paths.h"
 #include "sampling.h"
@@ -121,6 +122,7 @@ class Agent::Impl final : public ScalerObserver {
   agent::Session session_;
   agent::ReplayPins replay_pins_;
   agent::WeightNorms weight_norms_{session_};
+  agent::PrecisionChecks checks_;
 
   std::unordered_map<std::string, std::string> module_types_;  // path -> type, from the model
   std::vector<at::Tensor> keep_alive_;  // every registered tensor: its address is its key
@@ -207,7 +209,8 @@ Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions opt
     : options_(std::move(options)),
       scaler_(&scaler),
       session_(session_options(options_)),
-      replay_pins_(session_, options_.replay, options_.autopin) {
+      replay_pins_(session_, options_.replay, options_.autopin),
+      checks_(session_, options_.precision_budget) {
   if (options_.autopin < 0) throw std::invalid_argument("AgentOptions.autopin must be >= 0 (0: never pin)");
   if (options_.autopin > 0 && !options_.replay)
     throw std::invalid_argument("AgentOptions.autopin needs replay: it pins only what an FP32 replay confirmed");
@@ -393,10 +396,19 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
   if (replay_pins_.pinned(path)) {
     AutocastDisabled off;
     y = run(to_fp32(x));
-  } else {
-    y = run(x);
+    record(path, y);
+    return y;
   }
-  if (record(path, y)) replay_pins_.nonfinite_output(path, replay, x);
+  const bool check = checks_.wants(path, x);
+  if (check) checks_.before(x);
+  y = run(x);
+  if (record(path, y)) {
+    replay_pins_.nonfinite_output(path, replay, x);
+  } else if (check) {
+    const auto t0 = Clock::now();
+    checks_.after(path, y, replay);
+    session_.add_agent_ns(ns_since(t0));
+  }
   return y;
 }
 
@@ -416,6 +428,7 @@ void Agent::Impl::begin_cycle() {
   if (!session_.begin_cycle()) return;
   if (stale_) stale_->cycle_began();
   replay_pins_.announce();
+  checks_.step_began();
   nonfinite_seen_ = false;
   inputs_.clear();
   loss_sum_ = 0.0;

@@ -1,39 +1,18 @@
 #include "replay_pins.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 
 #include <cmath>
 #include <exception>
 #include <limits>
-#include <mutex>
 
 #include "ampdiag/pin_fp32.h"
+#include "cpu_rng.h"
 
 namespace ampdiag::agent {
 
 namespace {
-
-// The CPU generator's state, put back when it goes: a replay that draws random numbers
-// (dropout) must not shift the training's.
-class CpuRngRestored {
- public:
-  CpuRngRestored() : generator_(at::detail::getDefaultCPUGenerator()) {
-    std::lock_guard<std::mutex> lock(generator_.mutex());
-    state_ = generator_.get_state();
-  }
-  ~CpuRngRestored() {
-    std::lock_guard<std::mutex> lock(generator_.mutex());
-    generator_.set_state(state_);
-  }
-  CpuRngRestored(const CpuRngRestored&) = delete;
-  CpuRngRestored& operator=(const CpuRngRestored&) = delete;
-
- private:
-  at::Generator generator_;
-  at::Tensor state_;
-};
 
 std::string first_line(const char* what) {
   std::string s(what ? what : "");

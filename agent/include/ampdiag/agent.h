@@ -60,6 +60,11 @@ struct AgentOptions {
   // Pin to FP32, from the next step on, up to this many modules whose replay confirmed them
   // as the origin of a NaN/Inf in forward (event "autopin"); 0: never. Needs replay.
   std::int64_t autopin = 0;
+  // Precision checks of modules run through Agent::forward() on the CPU: one module at a
+  // time, round robin, run once more in FP32 on a copy of its input (the same RNG draws),
+  // its output compared with the half-precision one (rule precision-loss), within this share
+  // of the training's wall time; 0: none.
+  double precision_budget = 0.005;
 };
 
 struct AgentStatus {

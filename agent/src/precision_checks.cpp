@@ -1,0 +1,108 @@
+#include "precision_checks.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "ampdiag/pin_fp32.h"
+#include "cpu_rng.h"
+#include "session.h"
+
+namespace ampdiag::agent {
+
+namespace {
+
+bool half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+// As torch names it in Python (the Python agent's rows): "float16", not c10's "Half".
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    default: return std::string(c10::toString(t));
+  }
+}
+
+}  // namespace
+
+PrecisionChecks::PrecisionChecks(Session& session, double budget) : session_(session), budget_(budget) {
+  if (!(budget >= 0.0 && budget <= 1.0))
+    throw std::invalid_argument("AgentOptions.precision_budget must be between 0 and 1 (a share of the training "
+                                "time; 0: no precision checks), not " + std::to_string(budget));
+}
+
+void PrecisionChecks::step_began() {
+  armed_.clear();
+  input_ = at::Tensor();
+  const auto now = Clock::now();
+  if (!started_) {
+    started_ = true;
+    start_ = now;
+  }
+  const auto elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(now - start_).count();
+  if (rotation_.empty() || budget_ <= 0.0 || double(spent_ns_) > budget_ * double(elapsed)) return;
+  armed_ = rotation_[next_++ % rotation_.size()];
+}
+
+bool PrecisionChecks::wants(const std::string& path, const at::Tensor& x) {
+  if (budget_ <= 0.0) return false;
+  if (std::find(rotation_.begin(), rotation_.end(), path) == rotation_.end()) rotation_.push_back(path);
+  if (path != armed_ || !at::GradMode::is_enabled() || !x.defined() || !x.device().is_cpu() ||
+      !at::isFloatingType(x.scalar_type()))
+    return false;
+  armed_.clear();  // the module's first call of the step, or none
+  // Only a call in reduced precision has something to compare.
+  return half(x.scalar_type()) ||
+         (at::autocast::is_autocast_enabled(at::kCPU) && half(at::autocast::get_autocast_dtype(at::kCPU)));
+}
+
+void PrecisionChecks::before(const at::Tensor& x) {
+  const auto t0 = Clock::now();
+  input_ = x.detach().clone();  // the call may change x in place
+  rng_ = cpu_rng_state();
+  spent_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+}
+
+void PrecisionChecks::after(const std::string& path, const at::Tensor& y, const Forward& replay) {
+  if (!input_.defined()) return;
+  const auto t0 = Clock::now();
+  const at::Tensor x = std::move(input_);
+  input_ = at::Tensor();
+  try {
+    if (y.defined() && y.device().is_cpu() && at::isFloatingType(y.scalar_type()) && y.numel() > 0) {
+      at::Tensor r;
+      {
+        CpuRngRestored after_the_call;
+        set_cpu_rng_state(rng_);  // the dropout masks the call drew
+        AutocastDisabled off;
+        c10::NoGradGuard no_grad;
+        r = replay(to_fp32(x));
+      }
+      if (r.defined() && r.sizes() == y.sizes() && r.device() == y.device() && at::isFloatingType(r.scalar_type())) {
+        const at::Tensor y32 = y.detach().to(at::kFloat), r32 = r.to(at::kFloat);
+        // NaN/Inf has its own replay; norms in float64: a bf16 output's squares can pass float32's range
+        if (at::isfinite(y32).all().item<bool>() && at::isfinite(r32).all().item<bool>()) {
+          const double norm = at::linalg_vector_norm(r32, 2, c10::nullopt, false, at::kDouble).item<double>();
+          const double diff = at::linalg_vector_norm(y32 - r32, 2, c10::nullopt, false, at::kDouble).item<double>();
+          if (norm > 0.0 && std::isfinite(diff / norm)) {
+            const std::int64_t zeroed = y32.eq(0).logical_and_(r32.ne(0)).sum().item<std::int64_t>();
+            session_.precision_check(path, dtype_name(y.scalar_type()), y.numel(), diff / norm, zeroed,
+                                     r32.abs().max().item<double>());
+          }
+        }
+      }
+    }
+  } catch (const std::exception&) {
+    // A check must never break the training: the module leaves the rotation.
+    rotation_.erase(std::remove(rotation_.begin(), rotation_.end(), path), rotation_.end());
+  }
+  spent_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+}
+
+}  // namespace ampdiag::agent
