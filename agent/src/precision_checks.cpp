@@ -69,8 +69,9 @@ void PrecisionChecks::before(const at::Tensor& x) {
   spent_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
 }
 
-void PrecisionChecks::after(const std::string& path, const at::Tensor& y, const Forward& replay) {
-  if (!input_.defined()) return;
+double PrecisionChecks::after(const std::string& path, const at::Tensor& y, const Forward& replay) {
+  if (!input_.defined()) return -1.0;
+  double recorded = -1.0;
   const auto t0 = Clock::now();
   const at::Tensor x = std::move(input_);
   input_ = at::Tensor();
@@ -94,6 +95,7 @@ void PrecisionChecks::after(const std::string& path, const at::Tensor& y, const 
             const std::int64_t zeroed = y32.eq(0).logical_and_(r32.ne(0)).sum().item<std::int64_t>();
             session_.precision_check(path, dtype_name(y.scalar_type()), y.numel(), diff / norm, zeroed,
                                      r32.abs().max().item<double>());
+            recorded = diff / norm;
           }
         }
       }
@@ -103,6 +105,7 @@ void PrecisionChecks::after(const std::string& path, const at::Tensor& y, const 
     rotation_.erase(std::remove(rotation_.begin(), rotation_.end(), path), rotation_.end());
   }
   spent_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  return recorded;
 }
 
 }  // namespace ampdiag::agent

@@ -35,8 +35,8 @@ class PrecisionChecks {
   // Before the call that wants() chose: the input and the RNG as the call finds them.
   void before(const at::Tensor& x);
   // After it: `replay` (the module's forward on a copy) runs in FP32 on the kept input, and
-  // its output is compared with y.
-  void after(const std::string& path, const at::Tensor& y, const Forward& replay);
+  // its output is compared with y. Returns the relative error recorded, or -1 for none.
+  double after(const std::string& path, const at::Tensor& y, const Forward& replay);
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <exception>
 #include <limits>
 
@@ -47,13 +49,25 @@ void ReplayPins::nonfinite_output(const std::string& path, const Forward& replay
     reason = "the FP32 replay raised: " + first_line(e.what());
   }
   session_.replay(path, outcome, absmax, reason);
-  if (outcome != "finite" || limit_ <= 0) return;
-  if (std::int64_t(pinned_.size() + confirmed_.size()) < limit_)
-    confirmed_.push_back(path);
-  else
-    session_.event_once("autopin-limit", "autopin-limit",
-                        path + " was confirmed too, but autopin's limit of " + std::to_string(limit_) +
-                            " modules is reached: pin it in code if it keeps overflowing");
+  if (outcome == "finite" && may_pin(path)) confirmed_.push_back(path);
+}
+
+void ReplayPins::lossy_output(const std::string& path, double lost) {
+  if (!(lost >= kLost) || !may_pin(path)) return;
+  char percent[32];
+  std::snprintf(percent, sizeof percent, "%.0f", lost * 100);
+  session_.event("autopin-precision", path + ": " + percent + " % away from FP32");
+  confirmed_.push_back(path);
+}
+
+bool ReplayPins::may_pin(const std::string& path) {
+  if (limit_ <= 0 || pinned_.count(path) || std::find(confirmed_.begin(), confirmed_.end(), path) != confirmed_.end())
+    return false;
+  if (std::int64_t(pinned_.size() + confirmed_.size()) < limit_) return true;
+  session_.event_once("autopin-limit", "autopin-limit",
+                      path + " was confirmed too, but autopin's limit of " + std::to_string(limit_) +
+                          " modules is reached: pin it in code if it keeps overflowing");
+  return false;
 }
 
 void ReplayPins::step_ended() {

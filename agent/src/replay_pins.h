@@ -27,6 +27,11 @@ class ReplayPins {
   // per module and run; records the outcome, and a confirmed module is pinned when the
   // step ends (within the limit).
   void nonfinite_output(const std::string& path, const Forward& replay, const at::Tensor& x);
+  // A precision check found `lost` (relative L2 error against FP32) of the module's finite
+  // output: at kLost or more it is pinned when the step ends (within the limit), event
+  // "autopin-precision".
+  static constexpr double kLost = 0.5;
+  void lossy_output(const std::string& path, double lost);
   // The step ended: what was confirmed in it is pinned from the next one on.
   void step_ended();
   // The next step began: one "autopin" event per module pinned from it on.
@@ -38,6 +43,8 @@ class ReplayPins {
   std::int64_t limit_;
   std::set<std::string> replayed_, pinned_;
   std::vector<std::string> confirmed_, announce_;
+  // Whether `path` may still be pinned: not already, and within the limit (else the event).
+  bool may_pin(const std::string& path);
 };
 
 }  // namespace ampdiag::agent

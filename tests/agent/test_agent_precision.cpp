@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "../rundb/temp_dir.h"
@@ -122,6 +123,19 @@ TEST_CASE("precision checks leave the training bit-identical", "[agent][precisio
   REQUIRE(plain.size() == watched.size());
   for (std::size_t i = 0; i < plain.size(); ++i) CHECK(torch::equal(plain[i], watched[i]));
   CHECK_FALSE(rundb::RunDbReader(dir.file("run.db")).precision_checks().empty());
+}
+
+TEST_CASE("autopin pins a module whose check found its output lost", "[agent][precision]") {
+  TempDir dir;
+  AgentOptions o = checked(dir.file("run.db"));
+  o.autopin = 1;
+  train(o, 1000.0);
+  rundb::RunDbReader reader(dir.file("run.db"));
+  std::vector<std::string> events;
+  for (const auto& e : reader.events())
+    if (e.kind.rfind("autopin", 0) == 0) events.push_back(e.kind + " " + e.detail);
+  CHECK(events == std::vector<std::string>{"autopin-precision norm: 100 % away from FP32", "autopin norm"});
+  CHECK(reader.precision_checks().size() == 1);  // pinned, it runs in FP32: nothing left to compare
 }
 
 TEST_CASE("a precision budget of 0 runs no check", "[agent][precision]") {

@@ -58,7 +58,8 @@ struct AgentOptions {
   // recorded (replays: finite = confirmed, nonfinite, unconfirmed with the reason).
   bool replay = true;
   // Pin to FP32, from the next step on, up to this many modules whose replay confirmed them
-  // as the origin of a NaN/Inf in forward (event "autopin"); 0: never. Needs replay.
+  // as the origin of a NaN/Inf in forward (event "autopin"), or whose precision check found
+  // at least half of their output lost (event "autopin-precision"); 0: never. Needs replay.
   std::int64_t autopin = 0;
   // Precision checks of modules run through Agent::forward() on the CPU: one module at a
   // time, round robin, run once more in FP32 on a copy of its input (the same RNG draws),
