@@ -79,15 +79,16 @@ TEST_CASE("a disabled scaler, a second agent and bad options are refused", "[age
 }
 
 TEST_CASE("a full queue drops samples, counts them, and training goes on", "[agent][inputs]") {
-  // 48 gradients arrive in one burst at each unscale, three times the queue: the writer
+  // 192 gradients arrive in one burst at each unscale, twelve times the queue: the writer
   // cannot drain it meanwhile, however the threads are scheduled (TinyNet's 6 could be, and
-  // under a loaded ctest the test once saw no drop).
+  // under a loaded ctest the test once saw no drop; 48, three times the queue, were drained
+  // in time once the agent also read the weights' norms before the optimizer's step).
   TempDir dir;
   const auto db = dir.file("run.db");
   const auto train = [&](bool with_agent) {
     torch::manual_seed(0);
     torch::nn::Sequential net;
-    for (int i = 0; i < 24; ++i) net->push_back(torch::nn::Linear(8, 8));
+    for (int i = 0; i < 96; ++i) net->push_back(torch::nn::Linear(8, 8));
     torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
     GradScaler scaler;
     auto o = options_for(db);
