@@ -86,7 +86,7 @@ def test_export_of_an_empty_table_is_its_csv_header(run, sample_dbs):
 
 
 def test_export_of_an_empty_table_is_an_empty_json_list(run, sample_dbs):
-    result = run("export", sample_dbs[("vit", True)], "--format", "json", "--table", "events")
+    result = run("export", sample_dbs[("vit", True)], "--format", "json", "--table", "replays")
     assert result.returncode == 0
     assert json.loads(result.stdout) == []
 
