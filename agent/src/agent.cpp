@@ -84,11 +84,17 @@ class Agent::Impl final : public ScalerObserver {
   bool on_unscale(UnscaleBatch& batch) override;
   void on_step(bool skipped) override {
     skipped_ = skipped;
-    if (skipped) weight_norms_.step_skipped();
+    if (skipped) {
+      const auto t0 = Clock::now();
+      weight_norms_.step_skipped();
+      session_.add_agent_ns(ns_since(t0));
+    }
   }
   void on_optimizer(const torch::optim::Optimizer& optimizer, bool starting) override {
     if (starting) {
+      const auto t0 = Clock::now();
       weight_norms_.optimizer_starting(optimizer);
+      session_.add_agent_ns(ns_since(t0));
       optimizer_range_ = session_.begin_range(-1, rundb::GpuPhase::kOptimizer, rundb::GpuKind::kOtherKernel);
       weights_before_step();
     } else {

@@ -52,10 +52,14 @@ void PrecisionChecks::step_began() {
 
 bool PrecisionChecks::wants(const std::string& path, const at::Tensor& x) {
   if (budget_ <= 0.0) return false;
-  if (std::find(rotation_.begin(), rotation_.end(), path) == rotation_.end()) rotation_.push_back(path);
-  if (path != armed_ || !at::GradMode::is_enabled() || !x.defined() || !x.device().is_cpu() ||
-      !at::isFloatingType(x.scalar_type()))
+  if (!left_.count(path) && std::find(rotation_.begin(), rotation_.end(), path) == rotation_.end())
+    rotation_.push_back(path);
+  if (path != armed_ || !at::GradMode::is_enabled() || !x.defined() || !at::isFloatingType(x.scalar_type()))
     return false;
+  if (!x.device().is_cpu()) {  // not compared here (see the header): its turns go to the others
+    leave(path);
+    return false;
+  }
   armed_.clear();  // the module's first call of the step, or none
   // Only a call in reduced precision has something to compare.
   return half(x.scalar_type()) ||
@@ -67,6 +71,12 @@ void PrecisionChecks::before(const at::Tensor& x) {
   input_ = x.detach().clone();  // the call may change x in place
   rng_ = cpu_rng_state();
   spent_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+}
+
+void PrecisionChecks::leave(const std::string& path) {
+  left_.insert(path);
+  rotation_.erase(std::remove(rotation_.begin(), rotation_.end(), path), rotation_.end());
+  armed_.clear();
 }
 
 double PrecisionChecks::after(const std::string& path, const at::Tensor& y, const Forward& replay) {
@@ -101,8 +111,7 @@ double PrecisionChecks::after(const std::string& path, const at::Tensor& y, cons
       }
     }
   } catch (const std::exception&) {
-    // A check must never break the training: the module leaves the rotation.
-    rotation_.erase(std::remove(rotation_.begin(), rotation_.end(), path), rotation_.end());
+    leave(path);  // a check must never break the training
   }
   spent_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
   return recorded;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,9 +42,13 @@ class PrecisionChecks {
  private:
   using Clock = std::chrono::steady_clock;
 
+  // The module leaves the rotation for good (a device input, or a check that failed).
+  void leave(const std::string& path);
+
   Session& session_;
   double budget_;
   std::vector<std::string> rotation_;
+  std::set<std::string> left_;
   std::size_t next_ = 0;
   std::string armed_;  // empty: none this step
   bool started_ = false;

@@ -47,8 +47,10 @@ struct NetImpl : torch::nn::Module {
 };
 
 // `steps` SGD steps under fp16 autocast with inputs of `sigma` (1000: the norm's squares
-// overflow; 1: they do not); the norm runs through agent.forward(). Returns the parameters.
-std::vector<torch::Tensor> train(std::optional<AgentOptions> options, double sigma, int steps = 8) {
+// overflow; 1: they do not); the norm runs through agent.forward(), after a module "scale"
+// whose replay throws where `failing` says. Returns the parameters.
+std::vector<torch::Tensor> train(std::optional<AgentOptions> options, double sigma, int steps = 8,
+                                 bool failing = false) {
   torch::manual_seed(0);
   auto net = std::make_shared<NetImpl>();
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(1e-3));
@@ -60,7 +62,11 @@ std::vector<torch::Tensor> train(std::optional<AgentOptions> options, double sig
     torch::Tensor loss;
     {
       HalfAutocast autocast;
-      const auto h = net->up(torch::randn({8, 16}) * sigma);
+      auto h = net->up(torch::randn({8, 16}) * sigma);
+      if (agent && failing)
+        h = agent->forward_as(
+            "scale", [](const torch::Tensor& x) { return x * 1.0; },
+            [](const torch::Tensor&) -> torch::Tensor { throw std::runtime_error("this module cannot be copied"); }, h);
       const auto n = agent ? agent->forward("norm", net->norm, h) : net->norm->forward(h);
       loss = net->head(n).pow(2).mean().to(torch::kFloat);
     }
@@ -136,6 +142,18 @@ TEST_CASE("autopin pins a module whose check found its output lost", "[agent][pr
     if (e.kind.rfind("autopin", 0) == 0) events.push_back(e.kind + " " + e.detail);
   CHECK(events == std::vector<std::string>{"autopin-precision norm: 100 % away from FP32", "autopin norm"});
   CHECK(reader.precision_checks().size() == 1);  // pinned, it runs in FP32: nothing left to compare
+}
+
+TEST_CASE("a module whose check fails leaves the rotation for good", "[agent][precision]") {
+  TempDir dir;
+  train(checked(dir.file("run.db")), 1.0, 12, /*failing=*/true);
+  std::vector<std::int64_t> norm_steps;
+  for (const auto& r : rundb::RunDbReader(dir.file("run.db")).precision_checks()) {
+    CHECK(r.module == "norm");
+    norm_steps.push_back(r.step);
+  }
+  // "scale" failed once, at its first turn: every later step checks "norm" (not every other one)
+  CHECK(norm_steps.size() >= 9);
 }
 
 TEST_CASE("a precision budget of 0 runs no check", "[agent][precision]") {
