@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -25,6 +24,7 @@
 #include "sampling.h"
 #include "session.h"
 #include "stale_gradients.h"
+#include "elapsed.h"
 #include "tensor_views.h"
 #include "weight_norms.h"
 
@@ -32,11 +32,8 @@ namespace ampdiag {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-std::int64_t ns_since(Clock::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-}
+using agent::Clock;
+using agent::ns_since;
 
 // "torch::nn::LinearImpl" -> "Linear"; user modules keep their own name.
 std::string module_type_name(const torch::nn::Module& m) {
@@ -267,7 +264,7 @@ void Agent::Impl::register_layers(torch::nn::Module& model) {
     named_params_.emplace_back(info.name, p);
     weight_norms_.add(layer.id, p);
     if (!p.requires_grad()) continue;
-    if (p.scalar_type() == at::kHalf || p.scalar_type() == at::kBFloat16) {
+    if (agent::half_precision(p.scalar_type())) {
       if (p.device().is_cpu())
         half_params_.push_back({layer.id, p, {}, {}});
       else  // counting there would read the device back on the training thread

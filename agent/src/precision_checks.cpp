@@ -8,15 +8,13 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "ampdiag/pin_fp32.h"
-#include "cpu_rng.h"
+#include "fp32_replay.h"
 #include "session.h"
+#include "tensor_views.h"
 
 namespace ampdiag::agent {
 
 namespace {
-
-bool half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
 // As torch names it in Python (the Python agent's rows): "float16", not c10's "Half".
 std::string dtype_name(at::ScalarType t) {
@@ -45,7 +43,7 @@ void PrecisionChecks::step_began() {
     started_ = true;
     start_ = now;
   }
-  const auto elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(now - start_).count();
+  const auto elapsed = ns_between(start_, now);
   if (rotation_.empty() || budget_ <= 0.0 || double(spent_ns_) > budget_ * double(elapsed)) return;
   armed_ = rotation_[next_++ % rotation_.size()];
 }
@@ -62,15 +60,15 @@ bool PrecisionChecks::wants(const std::string& path, const at::Tensor& x) {
   }
   armed_.clear();  // the module's first call of the step, or none
   // Only a call in reduced precision has something to compare.
-  return half(x.scalar_type()) ||
-         (at::autocast::is_autocast_enabled(at::kCPU) && half(at::autocast::get_autocast_dtype(at::kCPU)));
+  return half_precision(x.scalar_type()) ||
+         (at::autocast::is_autocast_enabled(at::kCPU) && half_precision(at::autocast::get_autocast_dtype(at::kCPU)));
 }
 
 void PrecisionChecks::before(const at::Tensor& x) {
   const auto t0 = Clock::now();
   input_ = x.detach().clone();  // the call may change x in place
   rng_ = cpu_rng_state();
-  spent_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  spent_ns_ += ns_since(t0);
 }
 
 void PrecisionChecks::leave(const std::string& path) {
@@ -87,14 +85,7 @@ double PrecisionChecks::after(const std::string& path, const at::Tensor& y, cons
   input_ = at::Tensor();
   try {
     if (y.defined() && y.device().is_cpu() && at::isFloatingType(y.scalar_type()) && y.numel() > 0) {
-      at::Tensor r;
-      {
-        CpuRngRestored after_the_call;
-        set_cpu_rng_state(rng_);  // the dropout masks the call drew
-        AutocastDisabled off;
-        c10::NoGradGuard no_grad;
-        r = replay(to_fp32(x));
-      }
+      const at::Tensor r = replay_in_fp32(replay, x, rng_);  // the dropout masks the call drew
       if (r.defined() && r.sizes() == y.sizes() && r.device() == y.device() && at::isFloatingType(r.scalar_type())) {
         const at::Tensor y32 = y.detach().to(at::kFloat), r32 = r.to(at::kFloat);
         // NaN/Inf has its own replay; norms in float64: a bf16 output's squares can pass float32's range
@@ -113,7 +104,7 @@ double PrecisionChecks::after(const std::string& path, const at::Tensor& y, cons
   } catch (const std::exception&) {
     leave(path);  // a check must never break the training
   }
-  spent_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  spent_ns_ += ns_since(t0);
   return recorded;
 }
 

@@ -8,12 +8,13 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <set>
 #include <string>
 #include <vector>
+
+#include "elapsed.h"
 
 namespace ampdiag::agent {
 
@@ -40,8 +41,6 @@ class PrecisionChecks {
   double after(const std::string& path, const at::Tensor& y, const Forward& replay);
 
  private:
-  using Clock = std::chrono::steady_clock;
-
   // The module leaves the rotation for good (a device input, or a check that failed).
   void leave(const std::string& path);
 

@@ -1,7 +1,6 @@
 #include "replay_pins.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,8 +8,7 @@
 #include <exception>
 #include <limits>
 
-#include "ampdiag/pin_fp32.h"
-#include "cpu_rng.h"
+#include "fp32_replay.h"
 
 namespace ampdiag::agent {
 
@@ -29,13 +27,7 @@ void ReplayPins::nonfinite_output(const std::string& path, const Forward& replay
   std::string outcome = "unconfirmed", reason;
   double absmax = std::numeric_limits<double>::quiet_NaN();
   try {
-    at::Tensor y;
-    {
-      CpuRngRestored rng;
-      AutocastDisabled off;
-      c10::NoGradGuard no_grad;
-      y = replay(to_fp32(x).clone());
-    }
+    const at::Tensor y = replay_in_fp32(replay, x);
     if (!y.defined() || !at::isFloatingType(y.scalar_type())) {
       reason = "the replay returned no floating-point tensor";
     } else if (at::isfinite(y).all().item<bool>()) {

@@ -8,6 +8,9 @@
 
 namespace ampdiag::agent {
 
+// float16 or bfloat16: what autocast computes in, and what a precision check compares.
+inline bool half_precision(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
 // The session's device for a tensor's device; false for a device no engine reads.
 bool session_device(const at::Device& d, Device& out);
 
