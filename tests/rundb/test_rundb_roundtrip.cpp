@@ -41,7 +41,7 @@ TEST_CASE("every table round-trips through writer and reader", "[rundb]") {
     g.histogram.assign(kHistBins, 0);
     g.histogram[0] = 1, g.histogram[kHistBins - 1] = 3;
     w.add_grad_stat(g);
-    w.add_act_stat({3, 0, 2, 1, {10, 0, 1, 0, 0, 5.0, 0.5, 7.0}});
+    w.add_act_stat({3, 0, 2, 1, {10, 0, 1, 0, 0, 5.0, 0.5, 7.0}, {}});
     w.add_event({3, "dropped", "4 records", 1.0});
     w.add_replay({3, "block1.0.attn", "unconfirmed", std::nan(""), "the replay raised RuntimeError: shapes"});
     w.finish();
