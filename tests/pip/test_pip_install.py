@@ -23,17 +23,20 @@ def test_pip_install_then_sample_then_report(tmp_path):
     (Path(purelib) / "ampdiag_test_torch.pth").write_text("\n".join(site.getsitepackages()) + "\n")
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "AMPDIAG_CLI")}
-    subprocess.run([python, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-q", str(ROOT)],
-                   check=True, capture_output=True, text=True, timeout=1500, env=env)
+    installed = subprocess.run([python, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-q", str(ROOT)],
+                               capture_output=True, text=True, timeout=1500, env=env)
+    assert installed.returncode == 0, installed.stderr[-4000:]
 
     where = subprocess.run([python, "-c", "import ampdiag; print(ampdiag.__file__)"], capture_output=True, text=True,
-                           check=True, env=env).stdout
-    assert where.startswith(str(venv)), where  # the installed package, not the build tree
+                           env=env)
+    assert where.returncode == 0, where.stderr
+    assert where.stdout.startswith(str(venv)), where.stdout  # the installed package, not the build tree
 
     db = tmp_path / "cam.db"
-    subprocess.run([python, ROOT / "samples" / "python" / "camera_projection.py", "--db", db, "--steps", "5"],
-                   check=True, capture_output=True, text=True, timeout=300,
-                   env=dict(env, PYTHONPATH=str(ROOT / "samples" / "python")))
+    sample = subprocess.run([python, ROOT / "samples" / "python" / "camera_projection.py", "--db", db, "--steps", "5"],
+                            capture_output=True, text=True, timeout=300,
+                            env=dict(env, PYTHONPATH=str(ROOT / "samples" / "python")))
+    assert sample.returncode == 0, sample.stderr
     result = subprocess.run([ampdiag, "report", db, "--format", "json"], capture_output=True, text=True, env=env)
     assert result.returncode == 1, result.stderr
     first = json.loads(result.stdout)["findings"][0]
