@@ -23,37 +23,20 @@ from ._amp_dtype import learn_amp_dtype
 from ._autopin import AutoPinner
 from ._dropped import DroppedForwards
 from ._layers import Layers, source_of
-from ._forward import forward_hook, input_hook, output_hook, outside_compiled_graph
+from ._forward import compiled_in_place, forward_hook, input_hook, output_hook, outside_compiled_graph, watched_root
 from ._looks import look_at_loss_code, look_at_parameters
 from ._options import check_options, default_amp_dtype, torch_optimizer, trains_fp16_parameters
 from ._backward_replay import BackwardReplayer
+from ._grad_reads import optimizer_gradients, post_stats
 from ._precision import PrecisionChecker
 from ._replay import Replayer
 from ._weights import WeightSampler
 from ._scaler import wrap_disabled_scaler, wrap_scaler
+from ._step_end import end_step
 from ._updates import UpdateProbe, holds_half_parameters
-from ._tensors import (DTYPE_CODE, distributed, bounded_by_input, describe_inputs, engine_place, fast_place, host_sum,
-                       readable_view, sum_on)
+from ._tensors import bounded_by_input, describe_inputs
 
 _ATTACHED = "_ampdiag_handle"
-
-
-def _watched_root(model: torch.nn.Module) -> torch.nn.Module:
-    """The module whose paths a run names: for a torch.compile'd model the module it
-    compiled, so that the run says `encoder.0`, as for the uncompiled model, and not
-    `_orig_mod.encoder.0` (the compiled wrapper forwards attribute lookups, so
-    `model.encoder` and get_submodule("encoder") still reach it)."""
-    dynamo = sys.modules.get("torch._dynamo.eval_frame")  # loaded by whoever compiled the model
-    if dynamo is not None and isinstance(model, getattr(dynamo, "OptimizedModule", ())):
-        original = getattr(model, "_orig_mod", None)
-        if isinstance(original, torch.nn.Module):
-            return original
-    return model
-
-
-def _compiled_in_place(root: torch.nn.Module) -> bool:
-    """Whether Module.compile() compiled the model, or a part of it, in place."""
-    return any(module.__dict__.get("_compiled_call_impl") is not None for module in root.modules())
 
 
 # The run.db files this process has opened (real paths): a second attach() to one is
@@ -82,7 +65,7 @@ class AttachHandle:
                              "scaler) so ampdiag knows where each step's gradients are final")
         if optimizer is not None:
             optimizer = torch_optimizer(optimizer)
-        root = _watched_root(model)
+        root = watched_root(model)
         for owner, what in ((root, "model"), (scaler if scaler is not None else disabled, "scaler")):
             if owner is not None and getattr(owner, _ATTACHED, None) is not None and getattr(owner, _ATTACHED)():
                 # One scaler stepping several models (torch's AMP example with two models)
@@ -116,7 +99,7 @@ class AttachHandle:
         self._live = False      # in a cycle, recording, no replay running: hooks take their fast path
         self._hooks = []
         # torch.compile'd before attach(), or Module.compile()d in place: see _forward.py
-        self._compiled = root is not model or _compiled_in_place(root)
+        self._compiled = root is not model or compiled_in_place(root)
         self._traced_by_compile = False     # a hook found itself traced: compiled after attach()
         self._restore = []
         self._pinned = []
@@ -353,7 +336,7 @@ class AttachHandle:
         self._scaled = []
         self._scaler_stepped = False  # scaler.step() ran in this cycle
         self._bypass = None  # an optimizer stepped outside scaler.step(): see _outside_scaler.py
-        self._dropped.step_ended()  # a previous cycle's, if it ended without _before_step_end()
+        self._dropped.step_ended()  # a previous cycle's, if it ended without _step_end's look
 
     @property
     def _inert(self):
@@ -475,53 +458,6 @@ class AttachHandle:
             self._losses.extend(self._roots)
         self._roots = []
 
-    def _gradients(self, optimizer):
-        """(layer ids, gradients to read, whether any was sparse) of the optimizer's
-        parameters that have a gradient. A sparse gradient is read through its values."""
-        layers, grads, sparse = [], [], False
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad
-                layer = self._layer_id(p)
-                if grad.is_sparse:
-                    sparse = True
-                    self._event("sparse-gradient", f"layer {layer} has sparse gradients: statistics cover their "
-                                                   "stored values", key=("sparse", layer))
-                    grad = grad._values()
-                elif type(grad) is not torch.Tensor and distributed(grad):
-                    # The analyzer then compares no ranks layer by layer and, where no hook saw
-                    # the gradients arrive, names no first layer.
-                    self._event("sharded-parameters", "the gradients are DTensors (FSDP2's fully_shard): each rank's "
-                                "statistics cover its own shards", key=("sharded",))
-                layers.append(layer)
-                grads.append(grad)
-        return layers, grads, sparse
-
-    def _stats(self, layers, grads, inv_scale=None, device_scale=None):
-        ptrs, numels, codes, types, indices, streams = [], [], [], [], [], []
-        copies = []  # dense copies, alive until the engine has read them
-        for layer, g in zip(layers, grads):
-            fast = fast_place(g)
-            if fast is not None:  # the common case, cheapest first
-                ptr, numel, code, *place = fast
-            else:
-                v = readable_view(g)
-                if v is not g:
-                    copies.append(v)
-                    self._event("slow-path", f"layer {layer} has a {g.dtype} {g.device} gradient: its statistics are "
-                                             f"taken on a dense copy on {g.device}", key=("copy", layer))
-                ptr, numel, code = v.data_ptr(), v.numel(), DTYPE_CODE[v.dtype]
-                place = engine_place(v)
-            ptrs.append(ptr)
-            numels.append(numel)
-            codes.append(code)
-            types.append(place[0])
-            indices.append(place[1])
-            streams.append(place[2])
-        return self._session.grads(layers, ptrs, numels, codes, types, indices, streams, inv_scale, device_scale)
-
     def _watch_optimizer(self, optimizer, ends_step=True):
         """Without a scaler: `optimizer`'s gradients are final at its step(), which ends the
         step where `ends_step` (once per optimizer)."""
@@ -541,99 +477,16 @@ class AttachHandle:
             return
         if self._accumulation_probe is not None:
             self._accumulation_probe.gradients_read()
-        layers, grads, _ = self._gradients(optimizer)
+        layers, grads, _ = optimizer_gradients(self, optimizer)
         # |=: a disabled scaler's cycle may step several optimizers before update() ends it.
-        self._bf16_found |= bool(self._stats(layers, grads)) if grads else False
+        self._bf16_found |= bool(post_stats(self, layers, grads)) if grads else False
         if self._bf16_found and not self._inputs_checked:
             self._inputs_checked = True  # no output went NaN/Inf first (or none is watched)
             look_at_parameters(self)
         self._python_ns += time.perf_counter_ns() - t0
 
     def _after_optimizer_step(self, optimizer, args, kwargs):
-        self._end_step(1.0, 1.0, self._bf16_found, skipped=False)
-
-    def _end_step_on_device(self, scale, checked, before, found):
-        """Ends the step (or amends the pending one) with its scalars still on the scale's
-        device (found_inf summed there, float64)."""
-        zero = torch.zeros((), dtype=torch.float64, device=scale.device)
-        if not checked:
-            values = torch.stack([zero, zero, scale.double(), zero])
-            self._session.amend_on_device(values.data_ptr(), *engine_place(values)[1:])
-            return
-        self._before_step_end()
-        losses = self._logged_losses or self._losses or self._taken_losses
-        fields = (_ampdiag.OUTCOME_SCALE_BEFORE | _ampdiag.OUTCOME_SCALE_AFTER | _ampdiag.OUTCOME_FOUND_INF
-                  | _ampdiag.OUTCOME_SKIPPED_IS_FOUND_INF)
-        loss = zero
-        if losses and not all(t.device.type == "cpu" for t in losses):
-            loss = sum_on(scale.device, losses)
-            fields |= _ampdiag.OUTCOME_LOSS
-        self._end_step_later(torch.stack([loss, before.double(), scale.double(), found]), fields, losses,
-                             math.nan, math.nan, False, False)
-        self._last_step_skipped = found  # read only if someone asks
-
-    def _before_step_end(self):
-        """What is known only once the step is over: its NaN/Inf forwards that no backward
-        reached, and whether its gradients started from the last step's."""
-        for kind, detail in self._dropped.step_ended():
-            self._session.event(kind, detail)
-        if self._gradient_probe is not None:
-            self._gradient_probe.step_ended()
-        if self._accumulation_probe is not None:
-            self._accumulation_probe.step_ended()
-        if self._backward_replayer is not None:
-            self._backward_replayer.step_ended()
-        if self._precision is not None:
-            self._precision.step_ended()
-
-    def _end_step(self, scale_before, scale_after, found_inf, skipped):
-        self._before_step_end()
-        losses = self._logged_losses or self._losses or self._taken_losses
-        on_device = next((t.device for t in losses if t.is_cuda), None)
-        if on_device is not None:
-            # A CUDA loss (bf16 without a scaler) is summed there and read back with the step,
-            # never with .item(): that would wait for the device.
-            zero = torch.zeros((), dtype=torch.float64, device=on_device)
-            self._end_step_later(torch.stack([sum_on(on_device, losses), zero, zero, zero]), _ampdiag.OUTCOME_LOSS,
-                                 losses, scale_before, scale_after, found_inf, skipped)
-        else:
-            loss = host_sum(losses)
-            if losses and not math.isfinite(loss):
-                look_at_loss_code(self)
-            elif skipped and scale_before <= 1.0 and self._backward_replayer is not None:
-                self._backward_replayer.skipped_at_unit_scale()
-            self._weights.step_ended(self._session.step, skipped, list(self._optimizers) + list(self._stepped_optimizers))
-            self._session.end_step(loss, len(losses), scale_before, scale_after, found_inf, skipped, self._python_ns)
-            self._step_ended()
-        self._last_step_skipped = skipped
-
-    def _end_step_later(self, values, fields, losses, scale_before, scale_after, found_inf, skipped):
-        """Ends the step with `values` (loss, scale before, after, found_inf: float64 on a
-        CUDA device), which the session copies to pinned memory on the current stream and
-        writes into the step as `fields` says when they have landed; the rest from here."""
-        loss = host_sum(losses) if not fields & _ampdiag.OUTCOME_LOSS else math.nan
-        self._session.end_step_on_device(loss, len(losses), scale_before, scale_after, found_inf, skipped,
-                                         self._python_ns, values.data_ptr(), *engine_place(values)[1:], fields)
-        self._step_ended()
-
-    def _step_ended(self):
-        """The session has ended the step: the next hook opens the next cycle, and the
-        modules confirmed in this one are pinned from it on."""
-        if self._traced_by_compile:
-            # Moving the hooks outside the graph now would break a fullgraph=True compile,
-            # which nothing here can see, in the middle of training.
-            self._traced_by_compile = False
-            self._event("compiled-after-attach", "torch.compile traced ampdiag's forward hooks: the model, or part of "
-                        "it, was compiled after attach(), and what was compiled is not watched (no activation rows); "
-                        "call attach() after torch.compile")
-        self._python_ns = 0
-        self._in_cycle = False
-        self._live = False
-        self._root_inputs = None  # the batch is the user's again
-        self._output_nodes, self._loss_nodes, self._scaled = [], [], []  # the step's graph is the user's to free
-        self._last_node, self._module_nodes = None, []
-        if self._autopin is not None:
-            self._autopin.pin()
+        end_step(self, 1.0, 1.0, self._bf16_found, skipped=False)
 
     # --- forward -------------------------------------------------------------------
 

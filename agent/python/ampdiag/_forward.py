@@ -1,6 +1,8 @@
 """The agent's forward hook: every watched module's output, on every step (statistics on
 the full steps, a NaN/Inf check on the others, forward order, the first non-finite module
-and its FP32 replay)."""
+and its FP32 replay); for a compiled model, the module it compiled and hooks kept out of
+its graph."""
+import sys
 import time
 import weakref
 
@@ -27,6 +29,24 @@ compiling = torch.compiler.is_compiling
 def outside_compiled_graph(hook):
     """`hook` as torch.compile runs it: outside the graph, itself and what it calls."""
     return torch.compiler.disable(hook)
+
+
+def watched_root(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose paths a run names: for a torch.compile'd model the module it
+    compiled, so that the run says `encoder.0`, as for the uncompiled model, and not
+    `_orig_mod.encoder.0` (the compiled wrapper forwards attribute lookups, so
+    `model.encoder` and get_submodule("encoder") still reach it)."""
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")  # loaded by whoever compiled the model
+    if dynamo is not None and isinstance(model, getattr(dynamo, "OptimizedModule", ())):
+        original = getattr(model, "_orig_mod", None)
+        if isinstance(original, torch.nn.Module):
+            return original
+    return model
+
+
+def compiled_in_place(root: torch.nn.Module) -> bool:
+    """Whether Module.compile() compiled the model, or a part of it, in place."""
+    return any(module.__dict__.get("_compiled_call_impl") is not None for module in root.modules())
 
 
 def input_hook(handle, owner):

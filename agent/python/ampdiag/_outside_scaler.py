@@ -18,6 +18,8 @@ import torch
 from torch.amp.grad_scaler import OptState
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from ._grad_reads import optimizer_gradients, post_stats
+from ._step_end import end_step, end_step_on_device
 from ._tensors import scale_on_device, scale_text
 
 EVENT = "optimizer-outside-scaler"
@@ -37,10 +39,10 @@ def watch(handle, scaler) -> list:
         if h is not None and h._bypass is not None and h._bypass[0] == "scaled" and h._in_cycle:
             _, found, scale = h._bypass
             if isinstance(scale, float):
-                h._end_step(scale, scale, found, skipped=False)
+                end_step(h, scale, scale, found, skipped=False)
             else:
                 # found_inf 0, so not skipped: the optimizer applied the step whatever it held.
-                h._end_step_on_device(scale, True, scale, torch.zeros((), dtype=torch.float64, device=scale.device))
+                end_step_on_device(h, scale, True, scale, torch.zeros((), dtype=torch.float64, device=scale.device))
 
     return [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)]
 
@@ -56,8 +58,8 @@ def _before(handle, scaler, optimizer):
     elif handle._scaled and not handle._scaler_stepped:
         # A scaled loss went backward in this cycle and no scaler.step() has run: these
         # gradients are multiplied by the scale.
-        layers, grads, _ = handle._gradients(optimizer)
-        found = bool(handle._stats(layers, grads)) if grads else False  # host gradients' (device ones land later)
+        layers, grads, _ = optimizer_gradients(handle, optimizer)
+        found = bool(post_stats(handle, layers, grads)) if grads else False  # host gradients' (device ones land later)
         # A CUDA scale stays a device tensor: reading it would make the training thread wait.
         scale = scaler._scale if scale_on_device(scaler) else float(scaler.get_scale())
         handle._bypass = ("scaled", found, scale)

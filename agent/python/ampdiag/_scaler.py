@@ -8,6 +8,8 @@ import time
 import torch
 
 from . import _loss
+from ._grad_reads import optimizer_gradients, post_stats
+from ._step_end import end_step, end_step_on_device
 from ._tensors import (directly_readable, found_inf, found_inf_tensor, host_gradients, inf_checked,
                        scale_on_device)
 
@@ -45,7 +47,7 @@ def wrap_scaler(handle, scaler):
             before = scaler._scale.clone()
             original_update(new_scale)
             if not handle._inert:
-                handle._end_step_on_device(scaler._scale, checked, before, found)
+                end_step_on_device(handle, scaler._scale, checked, before, found)
             return
         found = checked and found_inf(scaler)
         before = float(scaler.get_scale())
@@ -59,7 +61,7 @@ def wrap_scaler(handle, scaler):
             return
         # An optimizer that stepped outside scaler.step() applied this step whatever it held.
         taken = handle._bypass is not None and handle._bypass[0] == "unscaled"
-        handle._end_step(before, float(scaler.get_scale()), found, skipped=found and not taken)
+        end_step(handle, before, float(scaler.get_scale()), found, skipped=found and not taken)
 
     _replace(handle, scaler, _unscale_grads_=_unscale_grads_, scale=scale, step=step, update=update)
 
@@ -138,7 +140,7 @@ def _unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16):
                 found_inf.fill_(1.0)
             handle._python_ns += time.perf_counter_ns() - t0
             return {found_inf.device: found_inf}
-    layers, grads, sparse = handle._gradients(optimizer)
+    layers, grads, sparse = optimizer_gradients(handle, optimizer)
     special = sparse or any(g.dtype == torch.float16 for g in grads)
     # Fused: every gradient read in place on the scale's own device (CPU: the scale is a
     # host value; CUDA: the kernels read inv_scale and write found_inf on the device).
@@ -147,14 +149,14 @@ def _unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16):
     if fusable:
         with torch.no_grad():
             if found_inf.device.type == "cpu":
-                if handle._stats(layers, grads, inv_scale=float(inv_scale.item())):
+                if post_stats(handle, layers, grads, inv_scale=float(inv_scale.item())):
                     found_inf.fill_(1.0)
             else:
-                handle._stats(layers, grads, device_scale=(inv_scale.data_ptr(), found_inf.data_ptr()))
+                post_stats(handle, layers, grads, device_scale=(inv_scale.data_ptr(), found_inf.data_ptr()))
         handle._python_ns += time.perf_counter_ns() - t0
         return {found_inf.device: found_inf}
     if grads:
-        handle._stats(layers, grads)
+        post_stats(handle, layers, grads)
     handle._python_ns += time.perf_counter_ns() - t0
     # torch's own unscale (it also raises for FP16 gradients, as it should).
     return original(optimizer, inv_scale, found_inf, allow_fp16)
