@@ -336,7 +336,7 @@ class AttachHandle:
         self._scaled = []
         self._scaler_stepped = False  # scaler.step() ran in this cycle
         self._bypass = None  # an optimizer stepped outside scaler.step(): see _outside_scaler.py
-        self._dropped.step_ended()  # a previous cycle's, if it ended without _step_end's look
+        self._dropped.step_ended()  # a previous cycle's, if it ended without _step_end._before_step_end()
 
     @property
     def _inert(self):
