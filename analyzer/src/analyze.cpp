@@ -205,6 +205,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     const std::map<std::int64_t, rules::StepGradients> by_step = rules::gradients_by_step(run);
     rules::clip_before_unscale(run, by_step, found);
     rules::unscaled_backward(run, found);
+    rules::training_raised(run, found);
     rules::loss_divergence(run, found);
     rules::weight_growth(run, found);
     rules::gradients_not_zeroed(run, found);  // after the findings it explains

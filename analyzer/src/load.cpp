@@ -10,6 +10,7 @@
 #include "ampdiag/analyzer/run.h"
 #include "ampdiag/analyzer/run_delta.h"
 #include "ampdiag/rundb/reader.h"
+#include "rules.h"
 
 namespace ampdiag::analyzer {
 
@@ -148,7 +149,10 @@ Run load_run(const std::string& path, const LoadOptions& options) {
       throw rundb::RunDbError(path + ": holds no steps: " + e->detail);
     if (const rundb::EventRow* e = run.first_event("training-raised"))
       throw rundb::RunDbError(path + ": holds no steps: before its first step was recorded, the training raised " +
-                              e->detail);
+                              e->detail +
+                              (rules::clip_refused_nonfinite(e->detail) && run.has_scaler()
+                                   ? ". " + rules::clip_with_scaler_fix()
+                                   : std::string()));
     throw rundb::RunDbError(path + ": holds no steps (the training never reached " +
                             (run.has_scaler() ? "scaler.update())" : "the optimizer's step())"));
   }

@@ -65,6 +65,13 @@ bool updates_held_scale(const Run& run);
 void optimizer_outside_scaler(const Run& run, std::vector<Finding>& out);
 // backward() on the loss scaler.scale() received, not on its output (Python agent's event).
 void unscaled_backward(const Run& run, std::vector<Finding>& out);
+// The training raised inside the Python agent's block (event training-raised): an error where
+// it was clip_grad_norm_(error_if_nonfinite=True) refusing gradients a loss scaler skips.
+void training_raised(const Run& run, std::vector<Finding>& out);
+// Whether a raised exception's text is torch's clip_grad_norm_ refusing a NaN/Inf norm.
+bool clip_refused_nonfinite(const std::string& raised);
+// What to do about that in a loop with a GradScaler (one sentence).
+std::string clip_with_scaler_fix();
 // What a step's recorded gradient rows say together (every layer's row of that step).
 struct StepGradients {
   double sumsq = 0.0;     // of the rows' l2: the step's total norm squared, before unscale

@@ -1,0 +1,79 @@
+// training-raised: the training raised inside the Python agent's `with attach(...)` block
+// (event training-raised, recorded at the step it was in, which never ended). The report
+// covers the steps before it, and without this finding a run that crashed on its second
+// step read "HEALTHY". The common numerical case is torch's clip_grad_norm_(...,
+// error_if_nonfinite=True) refusing NaN/Inf gradients in a loop with a loss scaler: the
+// scaler's first steps overflow by design while it comes down from init_scale, and every
+// growth probe may overflow again; scaler.step() skips those steps, and the option turns
+// each of them into a crash. A user's Ctrl-C (KeyboardInterrupt) is no finding.
+#include <string>
+
+#include "rules.h"
+
+namespace ampdiag::analyzer::rules {
+
+bool clip_refused_nonfinite(const std::string& raised) {
+  // torch's message since 1.9: "The total norm of order 2.0 for gradients from `parameters`
+  // is non-finite, so it cannot be clipped. To disable this error ... error_if_nonfinite=False"
+  return raised.find("non-finite, so it cannot be clipped") != std::string::npos;
+}
+
+std::string clip_with_scaler_fix() {
+  return "With a GradScaler, leave clip_grad_norm_'s error_if_nonfinite at False (its default): a step whose "
+         "gradients hold NaN/Inf is the scaler's to skip (scaler.step() does, and lowers the scale), and its first "
+         "steps overflow by design while it comes down from init_scale.";
+}
+
+void training_raised(const Run& run, std::vector<Finding>& out) {
+  const rundb::EventRow* e = run.first_event("training-raised");
+  if (!e || e->detail.rfind("KeyboardInterrupt", 0) == 0 || e->detail.rfind("SystemExit", 0) == 0) return;
+  const std::int64_t step = e->step >= 0 ? e->step : run.steps.back().row.step + 1;
+  const std::string kind = e->detail.substr(0, e->detail.find(':'));
+  Finding f;
+  f.rule = "training-raised";
+  f.steps = {step};
+  f.evidence = "step " + std::to_string(step) + " raised " + e->detail + "; the run.db holds the " +
+               plural(std::int64_t(run.steps.size()), "step") + " before it";
+  if (!clip_refused_nonfinite(e->detail)) {
+    f.severity = Severity::kWarning;
+    f.score = 10.0;
+    f.title = "The training raised " + kind + " at step " + std::to_string(step) +
+              " and stopped: this report covers the steps before it";
+    out.push_back(f);
+    return;
+  }
+  if (!run.has_scaler()) {
+    f.severity = Severity::kWarning;
+    f.score = 10.0;
+    f.title = "The training stopped at step " + std::to_string(step) +
+              ": clip_grad_norm_(error_if_nonfinite=True) raised on NaN/Inf gradients";
+    f.suggestions.push_back({"That step's gradients held NaN/Inf, and it was never recorded: run past it once without "
+                             "error_if_nonfinite=True, and ampdiag records where they start.",
+                             "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # error_if_nonfinite=False",
+                             "torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm);", ""});
+    out.push_back(f);
+    return;
+  }
+  f.severity = Severity::kError;
+  f.score = 103.0;  // the run ended on it: above the scaler-use findings (101)
+  f.title = "The training stopped at step " + std::to_string(step) +
+            ": clip_grad_norm_(error_if_nonfinite=True) raised on NaN/Inf gradients that scaler.step() would have "
+            "skipped";
+  if (!run.steps.empty()) f.evidence += "; the loss scale was " + fmt(run.steps.back().row.scale_after);
+  f.suggestions.push_back({clip_with_scaler_fix(),
+                           "scaler.scale(loss).backward()\n"
+                           "scaler.unscale_(optimizer)\n"
+                           "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # no error_if_nonfinite=True\n"
+                           "scaler.step(optimizer)  # skips the step if the gradients hold NaN/Inf\n"
+                           "scaler.update()",
+                           "scaler.scale(loss).backward();  // ampdiag::GradScaler\n"
+                           "scaler.unscale_(optimizer);\n"
+                           "torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm);  // error_if_nonfinite "
+                           "false\n"
+                           "scaler.step(optimizer);  // skips the step if the gradients hold NaN/Inf\n"
+                           "scaler.update();",
+                           ""});
+  out.push_back(f);
+}
+
+}  // namespace ampdiag::analyzer::rules

@@ -1,0 +1,88 @@
+// The training raised inside the Python agent's with-block (event "training-raised", at the
+// step that never ended): the report says so instead of "healthy", and where the raise was
+// clip_grad_norm_(error_if_nonfinite=True) refusing gradients a GradScaler skips, that is
+// the error it names (tests/scenarios/test_scaler_misuse.py runs the real loop).
+#include "rule_test.h"
+
+namespace {
+
+const char* kClipRefused =
+    "RuntimeError: The total norm of order 2.0 for gradients from `parameters` is non-finite, so it cannot be "
+    "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
+    "`error_if_nonfinite=False`";
+
+// Three quiet steps at scale 1024, then `raised` at the fourth, which never ended.
+void raised_at_step_3(const std::string& path, const std::string& raised, bool scaler = true) {
+  RunFixture f(path, kLayers);
+  if (!scaler) f.meta("scaler_enabled", "0");
+  for (int i = 0; i < 3; ++i) f.step(scaler ? 1024 : 1, scaler ? 1024 : 1);
+  f.event("training-raised", raised);
+  f.finish();
+}
+
+}  // namespace
+
+TEST_CASE("clip_grad_norm_ refusing NaN/Inf gradients under a scaler is an error that says to leave "
+          "error_if_nonfinite off",
+          "[rules][raised]") {
+  TempDir dir;
+  raised_at_step_3(dir.file("run.db"), kClipRefused);
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* f = find(r, "training-raised");
+  REQUIRE(f != nullptr);
+  CHECK(f->severity == Severity::kError);
+  CHECK(Gate("error").fails(r));
+  CHECK(r.findings.front().rule == "training-raised");
+  CHECK_THAT(f->title, Catch::StartsWith("The training stopped at step 3: clip_grad_norm_(error_if_nonfinite=True)"));
+  CHECK_THAT(f->evidence, Catch::Contains("the run.db holds the 3 steps before it; the loss scale was 1024"));
+  CHECK_THAT(f->suggestions.front().summary, Catch::Contains("leave clip_grad_norm_'s error_if_nonfinite at False"));
+  CHECK_THAT(f->suggestions.front().python, Catch::Contains("scaler.unscale_(optimizer)\n"
+                                                            "torch.nn.utils.clip_grad_norm_(model.parameters(), "
+                                                            "max_norm)  # no error_if_nonfinite=True"));
+}
+
+TEST_CASE("the same refusal without a scaler is a warning: the step whose gradients held NaN/Inf was never recorded",
+          "[rules][raised]") {
+  TempDir dir;
+  raised_at_step_3(dir.file("run.db"), kClipRefused, false);
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* f = find(r, "training-raised");
+  REQUIRE(f != nullptr);
+  CHECK(f->severity == Severity::kWarning);
+  CHECK_FALSE(Gate("error").fails(r));
+  CHECK_THAT(f->suggestions.front().summary, Catch::Contains("run past it once without error_if_nonfinite=True"));
+}
+
+TEST_CASE("any other exception is a warning that the report covers the steps before it", "[rules][raised]") {
+  TempDir dir;
+  raised_at_step_3(dir.file("run.db"), "KeyError: 'pixel_values'");
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* f = find(r, "training-raised");
+  REQUIRE(f != nullptr);
+  CHECK(f->severity == Severity::kWarning);
+  CHECK(f->title == "The training raised KeyError at step 3 and stopped: this report covers the steps before it");
+  CHECK(f->suggestions.empty());
+  CHECK_FALSE(Gate("error").fails(r));
+}
+
+TEST_CASE("a training stopped with Ctrl-C is no finding", "[rules][raised]") {
+  TempDir dir;
+  raised_at_step_3(dir.file("run.db"), "KeyboardInterrupt");
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "training-raised") == nullptr);
+}
+
+TEST_CASE("a run that clip_grad_norm_ stopped before its first step under a scaler says what to do in its error",
+          "[rules][raised]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("training-raised", kClipRefused);
+  f.finish();
+  CHECK_THROWS_WITH(load_run(dir.file("run.db")),
+                    Catch::Contains("holds no steps: before its first step was recorded, the training raised "
+                                    "RuntimeError: The total norm") &&
+                        Catch::EndsWith("leave clip_grad_norm_'s error_if_nonfinite at False (its default): a step "
+                                        "whose gradients hold NaN/Inf is the scaler's to skip (scaler.step() does, "
+                                        "and lowers the scale), and its first steps overflow by design while it comes "
+                                        "down from init_scale."));
+}
