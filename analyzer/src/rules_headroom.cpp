@@ -89,7 +89,8 @@ bool embedding_like(const rundb::LayerRow& layer) { return layer.module_type.fin
 // steps, per element (RMS): {ratio to the smallest of them, that layer}; {1, null} where
 // it has none. A bias whose sum over a softmax's shifted dimension (an attention key's) or
 // over what a normalisation after it removes is zero in exact arithmetic is left with
-// rounding, thousands of times below its weight's gradient: not what the scale flushes.
+// rounding, hundreds to thousands of times below its weight's gradient: not what the scale
+// flushes.
 std::pair<double, const LayerSummary*> below_siblings(const Run& run, const LayerSummary& layer,
                                                      double underflow_fraction) {
   std::pair<double, const LayerSummary*> lowest{1.0, nullptr};
@@ -147,7 +148,13 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
     f.severity = Severity::kWarning;
     f.layer = layer.info.name;
     f.module = suggest::module_for_layer(run, layer.info);
-    if (const auto [ratio, sibling] = below_siblings(run, layer, t.underflow_fraction); sibling && ratio < 1.0 / 1024.0) {
+    // Rounding left by a sum that cancels (n terms of a gradient g, each rounded to fp16's
+    // 2^-11) is ~3e-4 of g per element, and the weight's gradient beside it ~|x| times g, x
+    // the module's input: a ratio of ~3e-4 / |x|. A bias that truly underflows sits at
+    // ~1 / |x| of its weight's. Below 1/512 separates the two for inputs of RMS 0.14 to 512:
+    // ELECTRA's first key bias, after its unnormalised embedding projection, is at 1/725
+    // (1/1024 called it an underflow); raw pixel values of up to 255 stay on the other side.
+    if (const auto [ratio, sibling] = below_siblings(run, layer, t.underflow_fraction); sibling && ratio < 1.0 / 512.0) {
       f.severity = Severity::kInfo;
       f.score = 5.0;
       f.title = layer.info.name + "'s gradient cancels to rounding, far below " + sibling->info.name +

@@ -248,6 +248,33 @@ TEST_CASE("a bias whose gradient is rounding far below its weight's at the same 
   CHECK(u->suggestions.empty());
 }
 
+TEST_CASE("a bias at 1/725 of its weight's gradient, ELECTRA's first key bias after an unnormalised projection, is "
+          "rounding too",
+          "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"key.weight", "key.bias", "query.weight"});
+  f.zeros_fraction("key.bias", 0.03, 0.95);
+  for (int i = 0; i < 10; ++i) f.clipped(0.02, {"key.bias"}).step(65536, 65536);  // the others' L2: 10 to 20
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(r.healthy());
+  const Finding* u = find(r, "underflow");
+  REQUIRE(u != nullptr);
+  CHECK(u->severity == Severity::kInfo);
+}
+
+TEST_CASE("a bias at 1/300 of its weight's gradient, as inputs of RMS 300 leave it, is an underflow", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"key.weight", "key.bias", "query.weight"});
+  f.zeros_fraction("key.bias", 0.03, 0.95);
+  for (int i = 0; i < 10; ++i) f.clipped(0.05, {"key.bias"}).step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* u = find(r, "underflow");
+  REQUIRE(u != nullptr);
+  CHECK(u->severity == Severity::kWarning);
+}
+
 TEST_CASE("a small bias beside a weight that underflows too is an underflow", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"key.weight", "key.bias"});
