@@ -230,16 +230,26 @@ TEST_CASE("an fp16 run whose GradScaler was disabled is told to enable it, not t
   CHECK_THAT(u->suggestions.front().python, Catch::Contains("enabled=True"));
 }
 
+namespace {
+
+// An attention key's bias whose gradient has the L2 norm `bias_l2` at every step (95 % of it
+// fp16-subnormal, `zeros` exact zeros) beside key.weight's and query.weight's (10 to 20).
+Report key_bias_run(const TempDir& dir, double bias_l2, double zeros) {
+  RunFixture f(dir.file("run.db"), {"key.weight", "key.bias", "query.weight"});
+  f.zeros_fraction("key.bias", zeros, 0.95);
+  for (int i = 0; i < 10; ++i) f.clipped(bias_l2, {"key.bias"}).step(65536, 65536);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
 TEST_CASE("a bias whose gradient is rounding far below its weight's at the same scale is info, not underflow",
           "[rules]") {
   // BERT's attention key bias: it shifts every score of a query alike, so softmax cancels its
   // gradient to rounding, 1e-4 of the key weight's per element, fp16-subnormal at 65536.
   TempDir dir;
-  RunFixture f(dir.file("run.db"), {"key.weight", "key.bias", "query.weight"});
-  f.zeros_fraction("key.bias", 0.0, 0.95);
-  for (int i = 0; i < 10; ++i) f.clipped(1e-4, {"key.bias"}).step(65536, 65536);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  const auto r = key_bias_run(dir, 1e-4, 0.0);
   CHECK(r.healthy());
   const Finding* u = find(r, "underflow");
   REQUIRE(u != nullptr);
@@ -252,11 +262,7 @@ TEST_CASE("a bias at 1/725 of its weight's gradient, ELECTRA's first key bias af
           "rounding too",
           "[rules]") {
   TempDir dir;
-  RunFixture f(dir.file("run.db"), {"key.weight", "key.bias", "query.weight"});
-  f.zeros_fraction("key.bias", 0.03, 0.95);
-  for (int i = 0; i < 10; ++i) f.clipped(0.02, {"key.bias"}).step(65536, 65536);  // the others' L2: 10 to 20
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  const auto r = key_bias_run(dir, 0.02, 0.03);
   CHECK(r.healthy());
   const Finding* u = find(r, "underflow");
   REQUIRE(u != nullptr);
@@ -265,11 +271,7 @@ TEST_CASE("a bias at 1/725 of its weight's gradient, ELECTRA's first key bias af
 
 TEST_CASE("a bias at 1/300 of its weight's gradient, as inputs of RMS 300 leave it, is an underflow", "[rules]") {
   TempDir dir;
-  RunFixture f(dir.file("run.db"), {"key.weight", "key.bias", "query.weight"});
-  f.zeros_fraction("key.bias", 0.03, 0.95);
-  for (int i = 0; i < 10; ++i) f.clipped(0.05, {"key.bias"}).step(65536, 65536);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  const auto r = key_bias_run(dir, 0.05, 0.03);
   const Finding* u = find(r, "underflow");
   REQUIRE(u != nullptr);
   CHECK(u->severity == Severity::kWarning);
