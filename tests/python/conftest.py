@@ -50,13 +50,17 @@ class Tiny(nn.Module):
         return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
 
 
-def train(steps: int, attach=None, init_scale=1e9, model_factory=Tiny, dtype=torch.float16):
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+def train(steps: int, attach=None, init_scale=1e9, model_factory=Tiny, dtype=torch.float16, optimizer_factory=sgd):
     """Trains `steps` fp16-autocast steps with a real torch.amp.GradScaler whose initial
     scale is high enough for the first steps to overflow. `attach(model, scaler, opt)` may
     return a handle, closed at the end. Returns (parameters, skipped steps, handle)."""
     torch.manual_seed(0)
     model = model_factory()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = optimizer_factory(model.parameters())
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=4)
     handle = attach(model, scaler, optimizer) if attach else None
     x, y = torch.randn(64, 16), torch.randn(64, 1)

@@ -30,6 +30,22 @@ def test_training_is_bit_identical_with_the_agent(tmp_path, fused):
         assert torch.equal(bits(a), bits(b))
 
 
+def test_a_fused_adamw_unscaling_inside_its_step_trains_bit_identically_and_its_skips_are_recorded(tmp_path):
+    # AdamW(fused=True) takes the scale and found_inf from scaler.step() and unscales inside its
+    # own kernel; torch calls _unscale_grads_ only to look for NaN/Inf, with a scale of 1.
+    def fused(params):
+        return torch.optim.AdamW(params, lr=1e-3, fused=True)
+
+    without, skipped, _ = train(25, optimizer_factory=fused)
+    assert skipped > 0
+    db = tmp_path / "run.db"
+    with_agent, skipped_with, _ = train(25, lambda m, s, o: ampdiag.attach(m, s, db=db), optimizer_factory=fused)
+    assert skipped_with == skipped
+    for a, b in zip(without, with_agent):
+        assert torch.equal(bits(a), bits(b))
+    assert rows(db, "SELECT COUNT(*), SUM(skipped) FROM steps") == [(25, skipped)]
+
+
 def test_every_step_is_recorded_with_scale_and_skips(tmp_path):
     db = tmp_path / "run.db"
     _, skipped, handle = train(10, lambda m, s, o: ampdiag.attach(m, s, db=db))
