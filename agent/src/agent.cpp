@@ -35,6 +35,13 @@ namespace {
 using agent::Clock;
 using agent::ns_since;
 
+struct AddToAgentNs {
+  agent::Session* session;
+  void operator()(std::int64_t ns) const { session->add_agent_ns(ns); }
+};
+// The adapter's time on the training thread, added to the step's agent_ns when it goes.
+using AgentTime = agent::AddsElapsed<AddToAgentNs>;
+
 // "torch::nn::LinearImpl" -> "Linear"; user modules keep their own name.
 std::string module_type_name(const torch::nn::Module& m) {
   std::string name = m.name();
@@ -77,21 +84,23 @@ class Agent::Impl final : public ScalerObserver {
   void close();
   AgentStatus status() const;
 
+  AgentTime agent_time() { return AgentTime(AddToAgentNs{&session_}); }
+
   void on_scale(const at::Tensor& outputs) override;
   bool on_unscale(UnscaleBatch& batch) override;
   void on_step(bool skipped) override {
     skipped_ = skipped;
     if (skipped) {
-      const auto t0 = Clock::now();
+      const auto timed = agent_time();
       weight_norms_.step_skipped();
-      session_.add_agent_ns(ns_since(t0));
     }
   }
   void on_optimizer(const torch::optim::Optimizer& optimizer, bool starting) override {
     if (starting) {
-      const auto t0 = Clock::now();
-      weight_norms_.optimizer_starting(optimizer);
-      session_.add_agent_ns(ns_since(t0));
+      {
+        const auto timed = agent_time();
+        weight_norms_.optimizer_starting(optimizer);
+      }
       optimizer_range_ = session_.begin_range(-1, rundb::GpuPhase::kOptimizer, rundb::GpuKind::kOtherKernel);
       weights_before_step();
     } else {
@@ -302,7 +311,7 @@ bool Agent::Impl::record(const std::string& path, const at::Tensor& x) {
                             " tensor; only floating-point outputs have statistics");
     return false;
   }
-  const auto t0 = Clock::now();
+  const auto timed = agent_time();
   begin_cycle();
   if (learn_amp_dtype_) learn_amp_dtype(x.device().type(), x.scalar_type());
   at::Tensor copy;
@@ -321,7 +330,6 @@ bool Agent::Impl::record(const std::string& path, const at::Tensor& x) {
       else look_at_parameters();
     }
   }
-  session_.add_agent_ns(ns_since(t0));
   return first_nonfinite && !parameters_nonfinite_;
 }
 
@@ -408,9 +416,8 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
   if (record(path, y)) {
     replay_pins_.nonfinite_output(path, replay, x);
   } else if (check) {
-    const auto t0 = Clock::now();
+    const auto timed = agent_time();
     replay_pins_.lossy_output(path, checks_.after(path, y, replay));
-    session_.add_agent_ns(ns_since(t0));
   }
   return y;
 }
@@ -440,7 +447,7 @@ void Agent::Impl::begin_cycle() {
 }
 
 void Agent::Impl::on_scale(const at::Tensor& outputs) {
-  const auto t0 = Clock::now();
+  const auto timed = agent_time();
   begin_cycle();
   // A non-scalar output (backward with an explicit gradient) is no loss: counting it as
   // NaN would report a NaN loss that never was. A device loss is summed on its device
@@ -458,11 +465,10 @@ void Agent::Impl::on_scale(const at::Tensor& outputs) {
     }
     ++losses_;
   }
-  session_.add_agent_ns(ns_since(t0));
 }
 
 bool Agent::Impl::on_unscale(UnscaleBatch& batch) {
-  const auto t0 = Clock::now();
+  const auto timed = agent_time();
   begin_cycle();
   const std::size_t n = batch.grads.size();
   if (stale_) stale_->unscaled(batch.params);
@@ -510,7 +516,6 @@ bool Agent::Impl::on_unscale(UnscaleBatch& batch) {
   const bool found = session_.grads(b);
   if (fusable && scale_device.is_cpu() && found) batch.found_inf.fill_(1.0);
   copies_.clear();
-  session_.add_agent_ns(ns_since(t0));
   return fusable;
 }
 

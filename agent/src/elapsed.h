@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <utility>
 
 namespace ampdiag::agent {
 
@@ -14,5 +15,20 @@ inline std::int64_t ns_between(Clock::time_point from, Clock::time_point to) {
 }
 
 inline std::int64_t ns_since(Clock::time_point t0) { return ns_between(t0, Clock::now()); }
+
+// Hands `add` the nanoseconds from its construction to the end of its scope, however the
+// scope ends: an early return or torch's exception still counts against the agent.
+template <typename Add>
+class AddsElapsed {
+ public:
+  explicit AddsElapsed(Add add) : add_(std::move(add)) {}
+  AddsElapsed(const AddsElapsed&) = delete;
+  AddsElapsed& operator=(const AddsElapsed&) = delete;
+  ~AddsElapsed() { add_(ns_since(t0_)); }
+
+ private:
+  Add add_;
+  Clock::time_point t0_ = Clock::now();
+};
 
 }  // namespace ampdiag::agent

@@ -65,10 +65,9 @@ bool PrecisionChecks::wants(const std::string& path, const at::Tensor& x) {
 }
 
 void PrecisionChecks::before(const at::Tensor& x) {
-  const auto t0 = Clock::now();
+  const auto timed = spent_time();
   input_ = x.detach().clone();  // the call may change x in place
   rng_ = cpu_rng_state();
-  spent_ns_ += ns_since(t0);
 }
 
 void PrecisionChecks::leave(const std::string& path) {
@@ -80,7 +79,7 @@ void PrecisionChecks::leave(const std::string& path) {
 double PrecisionChecks::after(const std::string& path, const at::Tensor& y, const Forward& replay) {
   if (!input_.defined()) return -1.0;
   double recorded = -1.0;
-  const auto t0 = Clock::now();
+  const auto timed = spent_time();
   const at::Tensor x = std::move(input_);
   input_ = at::Tensor();
   try {
@@ -104,7 +103,6 @@ double PrecisionChecks::after(const std::string& path, const at::Tensor& y, cons
   } catch (const std::exception&) {
     leave(path);  // a check must never break the training
   }
-  spent_ns_ += ns_since(t0);
   return recorded;
 }
 

@@ -44,6 +44,13 @@ class PrecisionChecks {
   // The module leaves the rotation for good (a device input, or a check that failed).
   void leave(const std::string& path);
 
+  struct AddToSpent {
+    std::int64_t* spent_ns;
+    void operator()(std::int64_t ns) const { *spent_ns += ns; }
+  };
+  // The checks' time, held against the budget when it goes.
+  AddsElapsed<AddToSpent> spent_time() { return AddsElapsed<AddToSpent>(AddToSpent{&spent_ns_}); }
+
   Session& session_;
   double budget_;
   std::vector<std::string> rotation_;
