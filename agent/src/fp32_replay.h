@@ -39,17 +39,22 @@ class CpuRngRestored {
   at::Tensor state_;
 };
 
-// replay (the module's forward) on an FP32 copy of x of its own, with autocast and autograd
-// off; the CPU generator drawn from `draws` when it is given (the state the call started
-// from), and put back as it was afterwards either way.
+// Whom x belongs to: kShared, the training's (the replay, which may change its input in
+// place, gets a copy even of an FP32 x); kCallers, a copy the caller made and drops after.
+enum class ReplayInput { kShared, kCallers };
+
+// replay (the module's forward) on FP32 x, with autocast and autograd off; the CPU generator
+// drawn from `draws` when it is given (the state the call started from), and put back as it
+// was afterwards either way.
 template <class Forward>
-at::Tensor replay_in_fp32(const Forward& replay, const at::Tensor& x, const at::Tensor& draws = at::Tensor()) {
+at::Tensor replay_in_fp32(const Forward& replay, const at::Tensor& x, ReplayInput owner = ReplayInput::kShared,
+                          const at::Tensor& draws = at::Tensor()) {
   CpuRngRestored after_the_replay;
   if (draws.defined()) set_cpu_rng_state(draws);
   AutocastDisabled off;
   c10::NoGradGuard no_grad;
   at::Tensor input = to_fp32(x);
-  if (input.is_same(x)) input = x.clone();  // the replay may change its input in place
+  if (owner == ReplayInput::kShared && input.is_same(x)) input = x.clone();
   return replay(input);
 }
 

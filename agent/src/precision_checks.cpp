@@ -84,7 +84,8 @@ double PrecisionChecks::after(const std::string& path, const at::Tensor& y, cons
   input_ = at::Tensor();
   try {
     if (y.defined() && y.device().is_cpu() && at::isFloatingType(y.scalar_type()) && y.numel() > 0) {
-      const at::Tensor r = replay_in_fp32(replay, x, rng_);  // the dropout masks the call drew
+      // x: before()'s copy, dropped after; rng_: the dropout masks the call drew
+      const at::Tensor r = replay_in_fp32(replay, x, ReplayInput::kCallers, rng_);
       if (r.defined() && r.sizes() == y.sizes() && r.device() == y.device() && at::isFloatingType(r.scalar_type())) {
         const at::Tensor y32 = y.detach().to(at::kFloat), r32 = r.to(at::kFloat);
         // NaN/Inf has its own replay; norms in float64: a bf16 output's squares can pass float32's range
