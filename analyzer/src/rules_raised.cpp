@@ -27,24 +27,23 @@ std::string clip_with_scaler_fix() {
 void training_raised(const Run& run, std::vector<Finding>& out) {
   const rundb::EventRow* e = run.first_event("training-raised");
   if (!e || e->detail.rfind("KeyboardInterrupt", 0) == 0 || e->detail.rfind("SystemExit", 0) == 0) return;
-  const std::int64_t step = e->step >= 0 ? e->step : run.steps.back().row.step + 1;
+  const std::int64_t step = e->step >= 0 ? e->step : (run.steps.empty() ? 0 : run.steps.back().row.step + 1);
   const std::string kind = e->detail.substr(0, e->detail.find(':'));
+  // A warning unless the scaler would have carried the training past it.
   Finding f;
   f.rule = "training-raised";
+  f.severity = Severity::kWarning;
+  f.score = 10.0;
   f.steps = {step};
   f.evidence = "step " + std::to_string(step) + " raised " + e->detail + "; the run.db holds the " +
                plural(std::int64_t(run.steps.size()), "step") + " before it";
   if (!clip_refused_nonfinite(e->detail)) {
-    f.severity = Severity::kWarning;
-    f.score = 10.0;
     f.title = "The training raised " + kind + " at step " + std::to_string(step) +
               " and stopped: this report covers the steps before it";
     out.push_back(f);
     return;
   }
   if (!run.has_scaler()) {
-    f.severity = Severity::kWarning;
-    f.score = 10.0;
     f.title = "The training stopped at step " + std::to_string(step) +
               ": clip_grad_norm_(error_if_nonfinite=True) raised on NaN/Inf gradients";
     f.suggestions.push_back({"That step's gradients held NaN/Inf, and it was never recorded: run past it once without "

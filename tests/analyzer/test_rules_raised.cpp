@@ -1,7 +1,7 @@
 // The training raised inside the Python agent's with-block (event "training-raised", at the
 // step that never ended): the report says so instead of "healthy", and where the raise was
 // clip_grad_norm_(error_if_nonfinite=True) refusing gradients a GradScaler skips, that is
-// the error it names (tests/scenarios/test_scaler_misuse.py runs the real loop).
+// the error it names (tests/scenarios/test_clip_raised.py runs the real loop).
 #include "rule_test.h"
 
 namespace {
