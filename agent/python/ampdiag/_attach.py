@@ -479,7 +479,7 @@ class AttachHandle:
             self._accumulation_probe.gradients_read()
         layers, grads, _ = optimizer_gradients(self, optimizer)
         # |=: a disabled scaler's cycle may step several optimizers before update() ends it.
-        self._bf16_found |= bool(post_stats(self, layers, grads)) if grads else False
+        self._bf16_found |= post_stats(self, layers, grads)
         if self._bf16_found and not self._inputs_checked:
             self._inputs_checked = True  # no output went NaN/Inf first (or none is watched)
             look_at_parameters(self)

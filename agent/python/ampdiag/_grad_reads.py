@@ -34,7 +34,9 @@ def post_stats(handle, layers, grads, inv_scale=None, device_scale=None):
     """Hands the gradients to the engine that reads their device, in place where the layout
     allows; returns whether a host gradient held NaN/Inf (device ones land with the step).
     inv_scale (host) or device_scale (pointers to inv_scale and found_inf on the device):
-    the fused unscale, in the same pass."""
+    the fused unscale, in the same pass. No gradients: nothing to hand over, False."""
+    if not grads:
+        return False
     ptrs, numels, codes, types, indices, streams = [], [], [], [], [], []
     copies = []  # dense copies, alive until the engine has read them
     for layer, g in zip(layers, grads):

@@ -59,7 +59,7 @@ def _before(handle, scaler, optimizer):
         # A scaled loss went backward in this cycle and no scaler.step() has run: these
         # gradients are multiplied by the scale.
         layers, grads, _ = optimizer_gradients(handle, optimizer)
-        found = bool(post_stats(handle, layers, grads)) if grads else False  # host gradients' (device ones land later)
+        found = post_stats(handle, layers, grads)  # host gradients' (device ones land later)
         # A CUDA scale stays a device tensor: reading it would make the training thread wait.
         scale = scaler._scale if scale_on_device(scaler) else float(scaler.get_scale())
         handle._bypass = ("scaled", found, scale)

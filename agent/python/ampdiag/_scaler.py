@@ -155,8 +155,7 @@ def _unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16):
                 post_stats(handle, layers, grads, device_scale=(inv_scale.data_ptr(), found_inf.data_ptr()))
         handle._python_ns += time.perf_counter_ns() - t0
         return {found_inf.device: found_inf}
-    if grads:
-        post_stats(handle, layers, grads)
+    post_stats(handle, layers, grads)
     handle._python_ns += time.perf_counter_ns() - t0
     # torch's own unscale (it also raises for FP16 gradients, as it should).
     return original(optimizer, inv_scale, found_inf, allow_fp16)
