@@ -7,7 +7,10 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <system_error>
 
 #include "ampdiag/analyzer/analyze.h"
 #include "ampdiag/analyzer/render.h"
@@ -16,9 +19,37 @@
 
 namespace {
 
+// The file every input is written to, in a directory of the process's own under $TMPDIR
+// (else /tmp) that goes, with SQLite's side files, when the process exits: the replayer runs
+// in every ctest build and each run of it left a run.db behind.
+class Scratch {
+ public:
+  Scratch() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string name = std::string(tmp && *tmp ? tmp : "/tmp") + "/ampdiag-fuzz-XXXXXX";
+    if (!::mkdtemp(name.data())) {
+      std::perror(("ampdiag fuzz: cannot create a scratch directory " + name).c_str());
+      std::abort();
+    }
+    dir_ = name;
+    path_ = dir_ + "/run.db";
+  }
+  ~Scratch() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string dir_, path_;
+};
+
 const std::string& scratch_path() {
-  static const std::string path = "/tmp/ampdiag-fuzz-" + std::to_string(::getpid()) + ".db";
-  return path;
+  static const Scratch scratch;
+  return scratch.path();
 }
 
 void write_file(const std::string& path, const std::uint8_t* data, std::size_t size) {
