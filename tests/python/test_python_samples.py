@@ -49,8 +49,9 @@ def test_half_weights_sample_is_flagged_for_stalled_updates_and_its_fp32_master_
 
 
 def test_two_rank_ddp_run_writes_one_db_per_rank_read_together(tmp_path, report):
+    # TMPDIR: torchrun's log directory (torchelastic_*) goes with the test's, not into /tmp for good.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SAMPLES), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
                     str(SAMPLES / "ddp_vit.py"), "--db", str(tmp_path / "ddp.db"), "--steps", "20"],
                    check=True, capture_output=True, text=True, timeout=300, env=env)
