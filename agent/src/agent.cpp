@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <exception>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -71,7 +72,19 @@ std::string command_line() {
 class Agent::Impl final : public ScalerObserver {
  public:
   Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions options);
-  ~Impl() override { close(); }
+  ~Impl() override {
+    // Destroyed by an exception that unwinds the training (a loop's Agent is one of its
+    // locals): the run stopped at this step, and the report must not read it as a whole
+    // healthy run. The exception itself is out of reach here (it is not being handled yet).
+    if (!closed_ && std::uncaught_exceptions() > exceptions_at_start_) {
+      try {
+        session_.event("training-raised", std::string(kUnwound));
+      } catch (...) {
+        // Nothing may leave a destructor during unwinding; the run.db is finished below.
+      }
+    }
+    close();
+  }
 
   at::Tensor probe(const std::string& path, const at::Tensor& x) {
     record(path, x);
@@ -168,6 +181,12 @@ class Agent::Impl final : public ScalerObserver {
   bool parameters_nonfinite_ = false;
   void look_at_parameters();
   bool closed_ = false;
+  // Exceptions in flight when the Agent was made: one made by a destructor that runs during
+  // unwinding is not destroyed by that exception.
+  const int exceptions_at_start_ = std::uncaught_exceptions();
+  static constexpr const char* kUnwound =
+      "an exception: the Agent was destroyed while it unwound the training loop (its type and message are the "
+      "program's to print)";
 
   // Per-call scratch, kept to avoid allocating on the training thread.
   std::vector<agent::DeviceTensor> views_;

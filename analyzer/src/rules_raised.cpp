@@ -1,5 +1,6 @@
-// training-raised: the training raised inside the Python agent's `with attach(...)` block
-// (event training-raised, recorded at the step it was in, which never ended). The report
+// training-raised: the training raised inside the Python agent's `with attach(...)` block,
+// or an exception unwound a LibTorch loop past its Agent (event training-raised, recorded
+// at the step it was in, which never ended; C++'s carries no message). The report
 // covers the steps before it, and without this finding a run that crashed on its second
 // step read "HEALTHY". The common numerical case is torch's clip_grad_norm_(...,
 // error_if_nonfinite=True) refusing NaN/Inf gradients in a loop with a loss scaler: the
