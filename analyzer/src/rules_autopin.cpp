@@ -15,7 +15,7 @@ std::string why_pinned(const Run& run, const std::string& path) {
   if (const auto [e, child] = run.module_event("autopin-parent", path); e)
     return "it holds " + child +
            ", beyond fp16's range: the FP32 replay had confirmed that module as the origin of a NaN/Inf in forward, "
-           "and pinned alone it would hand that output to the next fp16 operation";
+           "and pinned alone it would hand that output to the code that uses it, which overflows where it runs in fp16";
   if (const auto [e, lost] = run.module_event("autopin-precision", path); e)
     return "a precision check found its " + run.meta_or("amp_dtype", "float16") + " output " + lost +
            " (relative L2), with no NaN/Inf: the same call in FP32 is what the pin gives";

@@ -120,7 +120,8 @@ std::vector<Suggestion> confirmed_fixes(const Run& run, const std::string& modul
   if (dot == std::string::npos) {
     Suggestion alone = pin_fp32(run, module_path);
     alone.summary = "Or run " + module_path + " in FP32 together with the code that uses its output: its FP32 output "
-                    "is beyond fp16's range, so pinned alone it moves the overflow to what uses it next.";
+                    "is beyond fp16's range, so pinned alone it moves the overflow to that code where it runs in "
+                    "fp16.";
     alone.untried = true;
     Suggestion bf16 = use_bf16(run);
     bf16.summary = "Train in bfloat16 (fp32's range, no loss scaler needed) if the hardware supports it: " + module_path +
@@ -131,8 +132,9 @@ std::vector<Suggestion> confirmed_fixes(const Run& run, const std::string& modul
   const std::string parent = module_path.substr(0, dot);
   Suggestion pin = pin_fp32(run, parent);
   pin.summary = "Run " + parent + " in FP32, " + module_path + " with what uses its output: autocast off around it, its "
-                "floating-point inputs cast to float32 (not replayed; " + module_path + " pinned alone hands its FP32 "
-                "output, beyond fp16's range, to the next fp16 operation, which overflows instead).";
+                "floating-point inputs cast to float32 (not replayed). " + module_path + " pinned alone hands its FP32 "
+                "output, beyond fp16's range, to the code that uses it: enough where that code runs in float32 (a "
+                "float32 residual sum), an overflow there where it runs in fp16 (a Linear under autocast).";
   pin.untried = true;
   return {pin, use_bf16(run)};
 }

@@ -18,8 +18,9 @@ Suggestion use_bf16(const Run& run);
 bool beyond_fp16(const Run& run, double fp32_absmax);
 // The fixes for a module whose FP32 replay was finite, up to `fp32_absmax`: its pin, then
 // bf16 (fp16 runs). Beyond fp16's range, the module pinned alone would hand that to whatever
-// uses its output in fp16, which overflows there instead (timm ViT's mlp.fc1 then fc2): its
-// parent is pinned, with those users inside it (untried), or with no parent bf16 comes first.
+// uses its output, which overflows there instead where it runs in fp16 (timm ViT's mlp.fc1
+// then fc2; T5's wo feeds a float32 residual sum, and alone is enough): its parent is pinned,
+// with those users inside it (untried), or with no parent bf16 comes first.
 std::vector<Suggestion> confirmed_fixes(const Run& run, const std::string& module_path, double fp32_absmax);
 Suggestion add_scaler(const Run& run);
 // Parameters kept in float32, the forward under autocast (the model stored them in fp16/bf16).

@@ -1,6 +1,7 @@
 // A module whose FP32 replay was finite but beyond fp16's range: fp16 is confirmed as the
-// cause, yet pinned alone it hands its FP32 output to the next fp16 operation, which
-// overflows there instead (timm's ViT with a hot mlp.fc1: pinned, the Inf moves to fc2).
+// cause, yet pinned alone it hands its FP32 output to the code that uses it, which overflows
+// there instead where it runs in fp16 (timm's ViT with a hot mlp.fc1: pinned, the Inf moves
+// to fc2), and not where it runs in float32 (T5's wo before a float32 residual sum).
 #include "rule_test.h"
 
 namespace {
@@ -29,6 +30,18 @@ TEST_CASE("a module whose FP32 output is beyond fp16's range gets its parent pin
   CHECK_THAT(fw->suggestions[0].summary, Catch::StartsWith("Run blocks.2.mlp in FP32, blocks.2.mlp.fc1 with what uses its output"));
   CHECK_THAT(fw->suggestions[0].python, Catch::StartsWith("ampdiag.pin_fp32(model.blocks[2].mlp)"));
   CHECK_THAT(fw->suggestions[1].summary, Catch::StartsWith("Or train in bfloat16"));
+}
+
+TEST_CASE("the parent's pin says the module alone is enough where the code using its output runs in float32",
+          "[rules][replay]") {
+  TempDir dir;
+  const Report r = hot_fc1(dir, 281698.0);
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->suggestions[0].summary,
+             Catch::EndsWith("blocks.2.mlp.fc1 pinned alone hands its FP32 output, beyond fp16's range, to the code "
+                             "that uses it: enough where that code runs in float32 (a float32 residual sum), an "
+                             "overflow there where it runs in fp16 (a Linear under autocast)."));
 }
 
 TEST_CASE("a parent pinned where no replay ran is not marked confirmed by replay", "[rules][replay]") {

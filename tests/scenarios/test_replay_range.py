@@ -1,7 +1,10 @@
 """A module whose output overflows fp16 while its FP32 replay is finite but still beyond
 fp16's range (a ViT block's mlp.fc1 with weights grown too large, as timm's ViT showed):
 pinned alone it hands that FP32 output to the next fp16 operation, which overflows instead.
-The report pins its parent, the block's MLP, and that pin trains the same loop healthy."""
+The report pins its parent, the block's MLP, and that pin trains the same loop healthy.
+Where the code that uses the output runs in float32 (the last projection of a feed-forward
+whose residual stream is float32, as T5's `wo`), the module pinned alone is enough, and the
+report says which case is which rather than that it always overflows."""
 from collections import OrderedDict
 
 import torch
@@ -29,15 +32,17 @@ class Block(nn.Module):  # pre-norm residual, as a ViT block's MLP half
         return x + self.mlp(self.norm(x))
 
 
-def train(db, pin=None, **options):
-    """A ViT-like stack whose block.mlp.fc1 reaches ~2e5 in FP32 (weights ×1e5), fp16
+def train(db, pin=None, hot="fc1", **options):
+    """A ViT-like stack whose block.mlp.`hot` reaches ~2e5 in FP32 (weights ×1e5), fp16
     autocast, AdamW, a real GradScaler, 12 steps; `pin` the dotted path pinned to FP32;
-    `options` for attach()."""
+    `options` for attach(). With hot="fc2" the stack has no embedding Linear: the block's
+    residual stream is the float32 input, and fc2's output goes to that float32 sum."""
     torch.manual_seed(0)
-    model = nn.Sequential(OrderedDict(embed=nn.Linear(16, 16), block=Block(), norm=nn.LayerNorm(16),
-                                      head=nn.Linear(16, 4)))
+    layers = OrderedDict(embed=nn.Linear(16, 16)) if hot == "fc1" else OrderedDict()
+    layers.update(block=Block(), norm=nn.LayerNorm(16), head=nn.Linear(16, 4))
+    model = nn.Sequential(layers)
     with torch.no_grad():
-        model.block.mlp.fc1.weight.mul_(1e5)
+        model.block.mlp.get_submodule(hot).weight.mul_(1e5)
     if pin:
         ampdiag.pin_fp32(model.get_submodule(pin))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -53,6 +58,15 @@ def test_a_module_whose_fp32_output_is_beyond_fp16_gets_its_parent_pinned(tmp_pa
     assert fw["module"] == "block.mlp.fc1" and fw["confirmation"] == "confirmed"
     assert "beyond fp16's largest value (65504)" in fw["evidence"]
     assert fw["suggestions"][0]["python"].startswith("ampdiag.pin_fp32(model.block.mlp)")
+
+
+def test_the_parent_pin_says_when_the_module_alone_would_do(tmp_path, verdict):
+    train(tmp_path / "hot.db")
+    _, rep = verdict(tmp_path / "hot.db")
+    fw = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
+    summary = fw["suggestions"][0]["summary"]
+    assert "block.mlp.fc1 pinned alone hands its FP32 output, beyond fp16's range, to the code that uses it" in summary
+    assert "enough where that code runs in float32" in summary and "an overflow there where it runs in fp16" in summary
 
 
 def test_pinning_that_module_alone_moves_the_overflow_to_what_uses_its_output(tmp_path, verdict):
@@ -77,3 +91,18 @@ def test_autopin_pins_that_parent_and_the_steps_after_it_fit(tmp_path, verdict):
     pinned = next(f for f in rep["findings"] if f["rule"] == "autopin")
     assert pinned["title"] == "auto-pinned block.mlp to FP32 at step 1; after it, 0 skips"
     assert pinned["evidence"].startswith("it holds block.mlp.fc1, FP32 output up to ")
+
+
+def test_a_module_whose_output_goes_to_a_float32_residual_sum_gets_its_parent_pinned_too(tmp_path, verdict):
+    train(tmp_path / "wo.db", hot="fc2")
+    code, rep = verdict(tmp_path / "wo.db")
+    assert code == 1
+    fw = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
+    assert fw["module"] == "block.mlp.fc2" and fw["confirmation"] == "confirmed"
+    assert fw["suggestions"][0]["python"].startswith("ampdiag.pin_fp32(model.block.mlp)")
+
+
+def test_that_module_pinned_alone_trains_healthy_when_its_output_goes_to_a_float32_sum(tmp_path, verdict):
+    train(tmp_path / "wo_pinned.db", pin="block.mlp.fc2", hot="fc2")
+    code, rep = verdict(tmp_path / "wo_pinned.db")
+    assert (code, rep["healthy"]) == (0, True), [f["title"] for f in rep["findings"]]
