@@ -129,6 +129,25 @@ void find_nonfinite_update(Run& run) {
   run.update_from_finite_gradients = run.first_nonfinite_update >= 0;
 }
 
+// torch.nn.utils.parametrize keeps a parametrized weight's tensors in a ParametrizationList,
+// as "M.parametrizations.weight.original" (original0, original1, ...), and recomputes the
+// weight from them whenever M's forward reads it: M is the module that uses them, where
+// their gradient overflows and what a pin must cover. The layer becomes M's, with M's type.
+// A parametrization of the root model itself stays where it is.
+void parametrized_to_their_module(Run& run, std::size_t first_new) {
+  static const std::string kMarker = ".parametrizations.";
+  for (std::size_t l = first_new; l < run.layers.size(); ++l) {
+    rundb::LayerRow& layer = run.layers[l].info;
+    const auto at = layer.name.find(kMarker);
+    if (at == std::string::npos || at == 0) continue;
+    const std::string owner = layer.name.substr(0, at);
+    if (!suggest::within(layer.module_path, owner) || layer.module_path == owner) continue;
+    layer.module_path = owner;
+    for (const auto& m : run.modules)
+      if (m.info.path == owner) layer.module_type = m.info.module_type;
+  }
+}
+
 }  // namespace
 
 void apply_run_delta(Run& run, RunDelta&& d) {
@@ -141,8 +160,10 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   // The largest finite value of the run's precision (a run with AMP off is float32).
   const std::string amp_dtype = run.meta_or("amp_dtype", "float16");
   run.fp_max = amp_dtype == "bfloat16" ? 3.3895313892515355e38 : amp_dtype == "float32" ? 3.4028234663852886e38 : 65504.0;
+  const std::size_t first_new_layer = run.layers.size();
   for (auto& row : d.layers) run.layers.push_back({std::move(row), {}, 0, 0, 0.0, -1, {}});
   for (auto& row : d.modules) run.modules.push_back({std::move(row), 0, 0, -1, 0.0f});
+  parametrized_to_their_module(run, first_new_layer);
   run.events = std::move(d.events);
   run.input_nan_steps = event_steps(run.events, "input-nan");
   run.output_gradient_steps = event_steps(run.events, "output-gradient-nonfinite");

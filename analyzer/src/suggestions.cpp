@@ -240,9 +240,7 @@ std::string module_for_layer(const Run& run, const rundb::LayerRow& layer) {
   std::string best;
   for (const auto& m : run.modules) {
     const std::string& p = m.info.path;
-    if (p.size() > best.size() && layer.name.size() > p.size() && layer.name.compare(0, p.size(), p) == 0 &&
-        layer.name[p.size()] == '.')
-      best = p;
+    if (p.size() > best.size() && !p.empty() && within(layer.module_path, p)) best = p;
   }
   return best.empty() ? layer.module_path : best;
 }
