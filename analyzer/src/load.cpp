@@ -147,12 +147,12 @@ Run load_run(const std::string& path, const LoadOptions& options) {
     // The Python agent saw backwards but never the attached scaler (another one was used).
     if (const rundb::EventRow* e = run.first_event("scaler-unused"))
       throw rundb::RunDbError(path + ": holds no steps: " + e->detail);
-    if (const rundb::EventRow* e = run.first_event("training-raised"))
+    if (const rundb::EventRow* e = run.first_event("training-raised")) {
+      const std::string fix = rules::raised_fix(run, e->detail);
+      const bool stop = !e->detail.empty() && e->detail.back() == '.';
       throw rundb::RunDbError(path + ": holds no steps: before its first step was recorded, the training raised " +
-                              e->detail +
-                              (rules::clip_refused_nonfinite(e->detail) && run.has_scaler()
-                                   ? ". " + rules::clip_with_scaler_fix()
-                                   : std::string()));
+                              e->detail + (fix.empty() ? "" : (stop ? " " : ". ") + fix));
+    }
     throw rundb::RunDbError(path + ": holds no steps (the training never reached " +
                             (run.has_scaler() ? "scaler.update())" : "the optimizer's step())"));
   }

@@ -72,6 +72,10 @@ void training_raised(const Run& run, std::vector<Finding>& out);
 bool clip_refused_nonfinite(const std::string& raised);
 // What to do about that in a loop with a GradScaler (one sentence).
 std::string clip_with_scaler_fix();
+// What to do about an exception the run raised (event training-raised's detail), where the
+// exception says: the clip refusal under a scaler, a GradScaler given float16 parameters;
+// empty for any other.
+std::string raised_fix(const Run& run, const std::string& raised);
 // What a step's recorded gradient rows say together (every layer's row of that step).
 struct StepGradients {
   double sumsq = 0.0;     // of the rows' l2: the step's total norm squared, before unscale

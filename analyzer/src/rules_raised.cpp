@@ -10,6 +10,7 @@
 #include <string>
 
 #include "rules.h"
+#include "suggestions.h"
 
 namespace ampdiag::analyzer::rules {
 
@@ -23,6 +24,24 @@ std::string clip_with_scaler_fix() {
   return "With a GradScaler, leave clip_grad_norm_'s error_if_nonfinite at False (its default): a step whose "
          "gradients hold NaN/Inf is the scaler's to skip (scaler.step() does, and lowers the scale), and its first "
          "steps overflow by design while it comes down from init_scale.";
+}
+
+namespace {
+
+// torch's GradScaler._unscale_grads_ on a float16 gradient (the model was .half()'d).
+bool unscale_refused_fp16(const std::string& raised) {
+  return raised.find("Attempting to unscale FP16 gradients") != std::string::npos;
+}
+
+}  // namespace
+
+std::string raised_fix(const Run& run, const std::string& raised) {
+  if (clip_refused_nonfinite(raised) && run.has_scaler()) return clip_with_scaler_fix();
+  if (unscale_refused_fp16(raised))
+    return "A GradScaler unscales FP32 gradients only: keep the parameters in float32 (no model.half()) and run the "
+           "forward under torch.autocast(device_type=..., dtype=torch.float16); the optimizer then updates FP32 master "
+           "weights, and the scaler protects the fp16 activations' gradients.";
+  return "";
 }
 
 void training_raised(const Run& run, std::vector<Finding>& out) {
@@ -41,6 +60,7 @@ void training_raised(const Run& run, std::vector<Finding>& out) {
   if (!clip_refused_nonfinite(e->detail)) {
     f.title = "The training raised " + kind + " at step " + std::to_string(step) +
               " and stopped: this report covers the steps before it";
+    if (unscale_refused_fp16(e->detail)) f.suggestions.push_back(suggest::fp32_master_weights(run));
     out.push_back(f);
     return;
   }

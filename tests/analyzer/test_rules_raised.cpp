@@ -86,3 +86,25 @@ TEST_CASE("a run that clip_grad_norm_ stopped before its first step under a scal
                                         "and lowers the scale), and its first steps overflow by design while it comes "
                                         "down from init_scale."));
 }
+
+TEST_CASE("a GradScaler refusing a .half() model's gradients before the first step says to keep FP32 master weights",
+          "[rules][raised]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("training-raised", "ValueError: Attempting to unscale FP16 gradients.");
+  f.finish();
+  CHECK_THROWS_WITH(load_run(dir.file("run.db")),
+                    Catch::Contains("the training raised ValueError: Attempting to unscale FP16 gradients. A GradScaler "
+                                    "unscales FP32 gradients only: keep the parameters in float32 (no model.half())"));
+}
+
+TEST_CASE("the same refusal after recorded steps is a warning whose fix keeps FP32 master weights", "[rules][raised]") {
+  TempDir dir;
+  raised_at_step_3(dir.file("run.db"), "ValueError: Attempting to unscale FP16 gradients.");
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* f = find(r, "training-raised");
+  REQUIRE(f != nullptr);
+  CHECK(f->severity == Severity::kWarning);
+  REQUIRE(f->suggestions.size() == 1);
+  CHECK_THAT(f->suggestions.front().summary, Catch::StartsWith("Keep FP32 master weights"));
+}

@@ -1,10 +1,11 @@
 """Loops that scale the loss but step the optimizer themselves, as real torch loops:
 torch raises nothing, the run goes NaN, and the verdict must name the loop's mistake
 first, with the fix that the same loop, corrected, confirms. And a loop that scales with
-another GradScaler than the attached one, whose run.db holds no step: the report's error
-says why."""
+another GradScaler than the attached one, or gives it a .half() model, whose run.db holds
+no step: the report's error says why, and what to do."""
 import subprocess
 
+import pytest
 import torch
 from torch import nn
 
@@ -125,3 +126,21 @@ def test_a_grad_scaler_made_again_in_each_epoch_is_named_in_the_reports_error(tm
         f"ampdiag report: {db}: holds no steps: 8 backwards reached the model and the GradScaler given to attach() has "
         "scaled no loss: if the loop scales its losses, it does so with another GradScaler (one made after attach(), as "
         "in a function called once per epoch); make the GradScaler once and give that one to attach()"]
+
+
+def test_a_half_model_given_a_grad_scaler_is_told_to_keep_fp32_master_weights(tmp_path, cli):
+    # model.half() and a GradScaler: torch refuses to unscale the fp16 gradients at the first
+    # scaler.step() ("Attempting to unscale FP16 gradients."), which says nothing of the fix.
+    db = tmp_path / "half.db"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)).half()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+        with ampdiag.attach(model, scaler, db=db):
+            x, y = torch.randn(32, 16).half(), torch.randn(32, 1)
+            amp_step(opt, scaler, lambda: nn.functional.mse_loss(model(x).float(), y))
+    result = subprocess.run([cli, "report", str(db)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert ("the training raised ValueError: Attempting to unscale FP16 gradients. A GradScaler unscales FP32 "
+            "gradients only: keep the parameters in float32 (no model.half())") in result.stderr
