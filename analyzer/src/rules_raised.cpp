@@ -33,6 +33,29 @@ bool unscale_refused_fp16(const std::string& raised) {
   return raised.find("Attempting to unscale FP16 gradients") != std::string::npos;
 }
 
+// torch.amp.GradScaler's own refusals of a loop that calls it out of order, by their text
+// (torch/amp/grad_scaler.py), with what the loop should do instead.
+struct ScalerRefusal {
+  const char* text;
+  const char* fix;
+};
+constexpr ScalerRefusal kScalerRefusals[] = {
+    {"No inf checks were recorded for this optimizer",
+     "scaler.step(optimizer) found no gradient in any of the optimizer's parameters: the backward before it reached "
+     "none of them (a loss made under torch.no_grad() or from a detached tensor, parameters that are all frozen, or "
+     "no scaler.scale(loss).backward() since the last update()). Step only an optimizer whose parameters the step's "
+     "loss depends on, after its backward."},
+    {"unscale_() has already been called on this optimizer since the last update()",
+     "Call scaler.unscale_(optimizer) once per optimizer per step, after the step's last backward (with gradient "
+     "accumulation: not inside the micro-batch loop), then clip, scaler.step(optimizer) and scaler.update()."},
+    {"unscale_() is being called after step()",
+     "Unscale and clip before the optimizer steps: scaler.unscale_(optimizer), clip, scaler.step(optimizer), then "
+     "scaler.update()."},
+    {"step() has already been called since the last update()",
+     "Call scaler.update() once after each step's scaler.step() calls, every step: a second scaler.step() before it "
+     "is refused."},
+};
+
 }  // namespace
 
 std::string raised_fix(const Run& run, const std::string& raised) {
@@ -41,6 +64,8 @@ std::string raised_fix(const Run& run, const std::string& raised) {
     return "A GradScaler unscales FP32 gradients only: keep the parameters in float32 (no model.half()) and run the "
            "forward under torch.autocast(device_type=..., dtype=torch.float16); the optimizer then updates FP32 master "
            "weights, and the scaler protects the fp16 activations' gradients.";
+  for (const auto& refusal : kScalerRefusals)
+    if (raised.find(refusal.text) != std::string::npos) return refusal.fix;
   return "";
 }
 
@@ -55,12 +80,17 @@ void training_raised(const Run& run, std::vector<Finding>& out) {
   f.severity = Severity::kWarning;
   f.score = 10.0;
   f.steps = {step};
-  f.evidence = "step " + std::to_string(step) + " raised " + e->detail + "; the run.db holds the " +
+  std::string raised = e->detail;
+  if (!raised.empty() && raised.back() == '.') raised.pop_back();  // torch's messages end a sentence
+  f.evidence = "step " + std::to_string(step) + " raised " + raised + "; the run.db holds the " +
                plural(std::int64_t(run.steps.size()), "step") + " before it";
   if (!clip_refused_nonfinite(e->detail)) {
     f.title = "The training raised " + kind + " at step " + std::to_string(step) +
               " and stopped: this report covers the steps before it";
-    if (unscale_refused_fp16(e->detail)) f.suggestions.push_back(suggest::fp32_master_weights(run));
+    if (unscale_refused_fp16(e->detail))
+      f.suggestions.push_back(suggest::fp32_master_weights(run));
+    else if (std::string fix = raised_fix(run, e->detail); !fix.empty())
+      f.suggestions.push_back({std::move(fix), "", "", ""});
     out.push_back(f);
     return;
   }

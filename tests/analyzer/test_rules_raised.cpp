@@ -108,3 +108,24 @@ TEST_CASE("the same refusal after recorded steps is a warning whose fix keeps FP
   REQUIRE(f->suggestions.size() == 1);
   CHECK_THAT(f->suggestions.front().summary, Catch::StartsWith("Keep FP32 master weights"));
 }
+
+TEST_CASE("each GradScaler call-order refusal torch raises gets the order that fixes it", "[rules][raised]") {
+  const auto [raised, fix] = GENERATE(table<std::string, std::string>({
+      {"AssertionError: No inf checks were recorded for this optimizer.",
+       "scaler.step(optimizer) found no gradient in any of the optimizer's parameters"},
+      {"RuntimeError: unscale_() has already been called on this optimizer since the last update().",
+       "Call scaler.unscale_(optimizer) once per optimizer per step, after the step's last backward"},
+      {"RuntimeError: unscale_() is being called after step().", "Unscale and clip before the optimizer steps"},
+      {"RuntimeError: step() has already been called since the last update().",
+       "Call scaler.update() once after each step's scaler.step() calls"},
+  }));
+  TempDir dir;
+  raised_at_step_3(dir.file("run.db"), raised);
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* f = find(r, "training-raised");
+  REQUIRE(f != nullptr);
+  CHECK(f->severity == Severity::kWarning);
+  CHECK_THAT(f->evidence, !Catch::Contains(".;"));  // torch's full stop dropped before the run.db's count
+  REQUIRE(f->suggestions.size() == 1);
+  CHECK_THAT(f->suggestions.front().summary, Catch::StartsWith(fix));
+}

@@ -144,3 +144,26 @@ def test_a_half_model_given_a_grad_scaler_is_told_to_keep_fp32_master_weights(tm
     assert result.returncode == 2
     assert ("the training raised ValueError: Attempting to unscale FP16 gradients. A GradScaler unscales FP32 "
             "gradients only: keep the parameters in float32 (no model.half())") in result.stderr
+
+
+def test_unscaling_inside_the_accumulation_loop_is_told_to_unscale_once_after_the_last_backward(tmp_path, cli):
+    # The clip recipe pasted into a gradient-accumulation loop: the second micro-batch's
+    # scaler.unscale_() is refused by torch before any step ends.
+    db = tmp_path / "accum.db"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with pytest.raises(RuntimeError, match="unscale_\\(\\) has already been called"):
+        with ampdiag.attach(model, scaler, db=db):
+            for _ in range(2):
+                with torch.autocast("cpu", dtype=torch.float16):
+                    loss = nn.functional.mse_loss(model(torch.randn(8, 16)).float(), torch.randn(8, 1)) / 2
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    result = subprocess.run([cli, "report", str(db)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert ("unscale_() has already been called on this optimizer since the last update(). Call "
+            "scaler.unscale_(optimizer) once per optimizer per step, after the step's last backward (with gradient "
+            "accumulation: not inside the micro-batch loop)") in result.stderr
