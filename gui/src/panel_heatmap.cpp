@@ -53,14 +53,14 @@ void App::heatmap(float x, float y, float w, float h) {
   for (int r = 0; r < visible && row_offset_ + r < int(ranked_.size()); ++r) {
     const auto& layer = *ranked_[std::size_t(row_offset_ + r)].layer;
     const float ry = p0.y + float(r) * row_h;
-    const std::string name = analyzer::printable(layer.info.name);
+    const float gutter = p0.x - 6 - origin.x;
+    const std::string name = fit_end(analyzer::printable(layer.info.name), gutter, text_width);
     if (ImGui::IsMouseClicked(ImGuiMouseButton_Left) && m.y >= ry && m.y < ry + row_h && m.x >= origin.x && m.x < p1.x)
       selected_ = row_offset_ + r;
     if (row_offset_ + r == selected_)
       draw->AddRectFilled(ImVec2(origin.x, ry), ImVec2(p0.x - 2, ry + row_h), IM_COL32(60, 80, 130, 255));
     draw->PushClipRect(ImVec2(origin.x, ry), ImVec2(p0.x - 6, ry + row_h), true);
-    draw->AddText(ImVec2(std::max(origin.x, p0.x - 6 - ImGui::CalcTextSize(name.c_str()).x), ry), IM_COL32(200, 200, 200, 255),
-                  name.c_str());
+    draw->AddText(ImVec2(p0.x - 6 - text_width(name), ry), IM_COL32(200, 200, 200, 255), name.c_str());
     draw->PopClipRect();
     const auto cells = heatmap_row(layer, run.fp_max, first, last, width);
     const int top = int(float(r) * row_h) + 1, bottom = std::min(height, int(float(r + 1) * row_h) - 1);

@@ -91,8 +91,11 @@ void App::layers(float x, float y, float w, float h) {
         const auto& r = ranked_[std::size_t(i)];
         ImGui::TableNextRow();
         ImGui::TableNextColumn();
-        if (ImGui::Selectable(analyzer::printable(r.layer->info.name).c_str(), i == selected_, ImGuiSelectableFlags_SpanAllColumns))
+        const std::string full = analyzer::printable(r.layer->info.name);
+        const std::string shown = fit_end(full, ImGui::GetContentRegionAvail().x, text_width);
+        if (ImGui::Selectable((shown + "###" + std::to_string(i)).c_str(), i == selected_, ImGuiSelectableFlags_SpanAllColumns))
           selected_ = i;
+        if (shown != full && ImGui::IsItemHovered()) ImGui::SetTooltip("%s", full.c_str());
         ImGui::TableNextColumn();
         ImGui::Text("%lld", (long long)r.layer->nonfinite_steps);
         ImGui::TableNextColumn();

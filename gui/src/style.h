@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "ampdiag/analyzer/findings.h"
+#include "fit_text.h"
 #include "heatmap.h"
 #include "timeline.h"
 
@@ -24,6 +26,9 @@ inline const ImU32 kAllZero = IM_COL32(60, 60, 60, 255);
 inline const ImU32 kUnderflowLine = IM_COL32(80, 200, 230, 150);
 inline constexpr double kScaleFloor = 128.0;  // the analyzer's default floor (Thresholds)
 inline constexpr float kGutter = 210;         // left of both plots: axis labels, layer names
+
+// A text's width in the current font (fit_end's measure).
+inline float text_width(const std::string& text) { return ImGui::CalcTextSize(text.c_str()).x; }
 
 // Headroom in bits: orange near the top of the range (little room), blue far below it.
 inline ImU32 headroom_colour(const HeatCell& c) {
