@@ -20,55 +20,56 @@ void raised_at_step_3(const std::string& path, const std::string& raised, bool s
   f.finish();
 }
 
+Report report_raised_at_step_3(const std::string& raised, bool scaler = true) {
+  TempDir dir;
+  raised_at_step_3(dir.file("run.db"), raised, scaler);
+  return report_of(dir.file("run.db"));
+}
+
+const Finding& raised_finding(const Report& r) {
+  const Finding* f = find(r, "training-raised");
+  REQUIRE(f != nullptr);
+  return *f;
+}
+
 }  // namespace
 
 TEST_CASE("clip_grad_norm_ refusing NaN/Inf gradients under a scaler is an error that says to leave "
           "error_if_nonfinite off",
           "[rules][raised]") {
-  TempDir dir;
-  raised_at_step_3(dir.file("run.db"), kClipRefused);
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* f = find(r, "training-raised");
-  REQUIRE(f != nullptr);
-  CHECK(f->severity == Severity::kError);
+  const Report r = report_raised_at_step_3(kClipRefused);
+  const Finding& f = raised_finding(r);
+  CHECK(f.severity == Severity::kError);
   CHECK(Gate("error").fails(r));
   CHECK(r.findings.front().rule == "training-raised");
-  CHECK_THAT(f->title, Catch::StartsWith("The training stopped at step 3: clip_grad_norm_(error_if_nonfinite=True)"));
-  CHECK_THAT(f->evidence, Catch::Contains("the run.db holds the 3 steps before it; the loss scale was 1024"));
-  CHECK_THAT(f->suggestions.front().summary, Catch::Contains("leave clip_grad_norm_'s error_if_nonfinite at False"));
-  CHECK_THAT(f->suggestions.front().python, Catch::Contains("scaler.unscale_(optimizer)\n"
+  CHECK_THAT(f.title, Catch::StartsWith("The training stopped at step 3: clip_grad_norm_(error_if_nonfinite=True)"));
+  CHECK_THAT(f.evidence, Catch::Contains("the run.db holds the 3 steps before it; the loss scale was 1024"));
+  CHECK_THAT(f.suggestions.front().summary, Catch::Contains("leave clip_grad_norm_'s error_if_nonfinite at False"));
+  CHECK_THAT(f.suggestions.front().python, Catch::Contains("scaler.unscale_(optimizer)\n"
                                                             "torch.nn.utils.clip_grad_norm_(model.parameters(), "
                                                             "max_norm)  # no error_if_nonfinite=True"));
 }
 
 TEST_CASE("the same refusal without a scaler is a warning: the step whose gradients held NaN/Inf was never recorded",
           "[rules][raised]") {
-  TempDir dir;
-  raised_at_step_3(dir.file("run.db"), kClipRefused, false);
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* f = find(r, "training-raised");
-  REQUIRE(f != nullptr);
-  CHECK(f->severity == Severity::kWarning);
+  const Report r = report_raised_at_step_3(kClipRefused, false);
+  const Finding& f = raised_finding(r);
+  CHECK(f.severity == Severity::kWarning);
   CHECK_FALSE(Gate("error").fails(r));
-  CHECK_THAT(f->suggestions.front().summary, Catch::Contains("run past it once without error_if_nonfinite=True"));
+  CHECK_THAT(f.suggestions.front().summary, Catch::Contains("run past it once without error_if_nonfinite=True"));
 }
 
 TEST_CASE("any other exception is a warning that the report covers the steps before it", "[rules][raised]") {
-  TempDir dir;
-  raised_at_step_3(dir.file("run.db"), "KeyError: 'pixel_values'");
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* f = find(r, "training-raised");
-  REQUIRE(f != nullptr);
-  CHECK(f->severity == Severity::kWarning);
-  CHECK(f->title == "The training raised KeyError at step 3 and stopped: this report covers the steps before it");
-  CHECK(f->suggestions.empty());
+  const Report r = report_raised_at_step_3("KeyError: 'pixel_values'");
+  const Finding& f = raised_finding(r);
+  CHECK(f.severity == Severity::kWarning);
+  CHECK(f.title == "The training raised KeyError at step 3 and stopped: this report covers the steps before it");
+  CHECK(f.suggestions.empty());
   CHECK_FALSE(Gate("error").fails(r));
 }
 
 TEST_CASE("a training stopped with Ctrl-C is no finding", "[rules][raised]") {
-  TempDir dir;
-  raised_at_step_3(dir.file("run.db"), "KeyboardInterrupt");
-  const auto r = report_of(dir.file("run.db"));
+  const Report r = report_raised_at_step_3("KeyboardInterrupt");
   CHECK(find(r, "training-raised") == nullptr);
 }
 
@@ -99,14 +100,11 @@ TEST_CASE("a GradScaler refusing a .half() model's gradients before the first st
 }
 
 TEST_CASE("the same refusal after recorded steps is a warning whose fix keeps FP32 master weights", "[rules][raised]") {
-  TempDir dir;
-  raised_at_step_3(dir.file("run.db"), "ValueError: Attempting to unscale FP16 gradients.");
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* f = find(r, "training-raised");
-  REQUIRE(f != nullptr);
-  CHECK(f->severity == Severity::kWarning);
-  REQUIRE(f->suggestions.size() == 1);
-  CHECK_THAT(f->suggestions.front().summary, Catch::StartsWith("Keep FP32 master weights"));
+  const Report r = report_raised_at_step_3("ValueError: Attempting to unscale FP16 gradients.");
+  const Finding& f = raised_finding(r);
+  CHECK(f.severity == Severity::kWarning);
+  REQUIRE(f.suggestions.size() == 1);
+  CHECK_THAT(f.suggestions.front().summary, Catch::StartsWith("Keep FP32 master weights"));
 }
 
 TEST_CASE("each GradScaler call-order refusal torch raises gets the order that fixes it", "[rules][raised]") {
@@ -119,13 +117,10 @@ TEST_CASE("each GradScaler call-order refusal torch raises gets the order that f
       {"RuntimeError: step() has already been called since the last update().",
        "Call scaler.update() once after each step's scaler.step() calls"},
   }));
-  TempDir dir;
-  raised_at_step_3(dir.file("run.db"), raised);
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* f = find(r, "training-raised");
-  REQUIRE(f != nullptr);
-  CHECK(f->severity == Severity::kWarning);
-  CHECK_THAT(f->evidence, !Catch::Contains(".;"));  // torch's full stop dropped before the run.db's count
-  REQUIRE(f->suggestions.size() == 1);
-  CHECK_THAT(f->suggestions.front().summary, Catch::StartsWith(fix));
+  const Report r = report_raised_at_step_3(raised);
+  const Finding& f = raised_finding(r);
+  CHECK(f.severity == Severity::kWarning);
+  CHECK_THAT(f.evidence, !Catch::Contains(".;"));  // torch's full stop dropped before the run.db's count
+  REQUIRE(f.suggestions.size() == 1);
+  CHECK_THAT(f.suggestions.front().summary, Catch::StartsWith(fix));
 }
