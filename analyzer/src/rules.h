@@ -65,16 +65,17 @@ bool updates_held_scale(const Run& run);
 void optimizer_outside_scaler(const Run& run, std::vector<Finding>& out);
 // backward() on the loss scaler.scale() received, not on its output (Python agent's event).
 void unscaled_backward(const Run& run, std::vector<Finding>& out);
-// The training raised inside the Python agent's block (event training-raised): an error where
-// it was clip_grad_norm_(error_if_nonfinite=True) refusing gradients a loss scaler skips.
+// The training raised inside the Python agent's block, or past the C++ Agent (event
+// training-raised): an error where it was clip_grad_norm_(error_if_nonfinite=True) refusing
+// gradients a loss scaler skips, else a warning, with the fix where the exception names one.
 void training_raised(const Run& run, std::vector<Finding>& out);
 // Whether a raised exception's text is torch's clip_grad_norm_ refusing a NaN/Inf norm.
 bool clip_refused_nonfinite(const std::string& raised);
 // What to do about that in a loop with a GradScaler (one sentence).
 std::string clip_with_scaler_fix();
 // What to do about an exception the run raised (event training-raised's detail), where the
-// exception says: the clip refusal under a scaler, a GradScaler given float16 parameters;
-// empty for any other.
+// exception says: the clip refusal under a scaler, a GradScaler given float16 parameters or
+// called out of order; empty for any other.
 std::string raised_fix(const Run& run, const std::string& raised);
 // What a step's recorded gradient rows say together (every layer's row of that step).
 struct StepGradients {

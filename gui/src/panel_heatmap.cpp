@@ -50,10 +50,10 @@ void App::heatmap(float x, float y, float w, float h) {
   for (int x = 0; x < width; ++x)
     cell_of[std::size_t(x)] =
         per_step <= 1 ? x : column_of(first + std::int64_t(std::floor((double(x) + 0.5) / per_step)), first, last, width);
+  const float gutter = p0.x - 6 - origin.x;  // the names' room, right-aligned against the cells
   for (int r = 0; r < visible && row_offset_ + r < int(ranked_.size()); ++r) {
     const auto& layer = *ranked_[std::size_t(row_offset_ + r)].layer;
     const float ry = p0.y + float(r) * row_h;
-    const float gutter = p0.x - 6 - origin.x;
     const std::string name = fit_end(analyzer::printable(layer.info.name), gutter, text_width);
     if (ImGui::IsMouseClicked(ImGuiMouseButton_Left) && m.y >= ry && m.y < ry + row_h && m.x >= origin.x && m.x < p1.x)
       selected_ = row_offset_ + r;

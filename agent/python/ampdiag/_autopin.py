@@ -4,10 +4,10 @@ origin of a non-finite forward value runs in FP32 from the next optimizer cycle 
 make the pin permanent in code. Never a module whose replay was not confirmed, never more
 than N modules. A confirmed module whose FP32 output is beyond fp16's range would hand it
 to the code that uses it, which overflows instead where it runs in fp16: its parent is
-pinned, with what uses that output (event `autopin-parent`, "PARENT: CHILD, FP32 output up to X"). A module whose
-precision check found most of its output lost (finite, but at least half of its L2 norm
-away from the same call in FP32) is pinned too (event `autopin-precision`, "PATH: 97 %
-away from FP32"): the FP32 output is what the pin gives."""
+pinned, with what uses that output (event `autopin-parent`, "PARENT: CHILD, FP32 output up
+to X"). A module whose precision check found most of its output lost (finite, but at least
+half of its L2 norm away from the same call in FP32) is pinned too (event
+`autopin-precision`, "PATH: 97 % away from FP32"): the FP32 output is what the pin gives."""
 from ._pin import pin_fp32
 
 FP16_MAX = 65504.0
