@@ -38,7 +38,7 @@ const std::vector<std::string>& rule_ids() {
                                                "clip-before-unscale", "unscaled-backward",
                                                "gradients-not-zeroed", "gradients-cleared",
                                                "accumulated-gradients-cleared", "precision-loss",
-                                               "weight-growth"};
+                                               "weight-growth", "training-raised"};
   return ids;
 }
 

@@ -1,5 +1,6 @@
 // ampdiag report: the analysis in any of five formats, and the CI gate.
 #include <cstdio>
+#include <string>
 
 #include "ampdiag/analyzer/analyze.h"
 #include "ampdiag/analyzer/fp8.h"
@@ -22,14 +23,7 @@ options:
   -o, --output FILE       write there instead of stdout (html: a self-contained page)
   --fail-on SPEC          exit 1 when findings fail the gate: error (default: any error),
                           all (any warning or error), none, or rule ids, comma-separated:
-                          scale-collapse, overflow-origin, forward-nonfinite, input-nan,
-                          nonfinite-update, nonfinite-parameters, half-loss, low-headroom,
-                          underflow, skip-rate, rank-disagreement, missing-ranks,
-                          stalled-updates, loss-backward, optimizer-outside-scaler,
-                          loss-divergence, clip-before-unscale, unscaled-backward,
-                          gradients-not-zeroed, gradients-cleared,
-                          accumulated-gradients-cleared, precision-loss,
-                          weight-growth (docs/ANALYZER.md)
+@RULES@
   --scale-floor X         scale-collapse below this loss scale (default 128)
   --backoff-run N         scale-collapse after N back-offs without recovering (default 8)
   --headroom-bits X       low-headroom within X bits of the largest value (default 1)
@@ -44,6 +38,25 @@ options:
   --color WHEN            auto (default), always, never
 )";
 
+// kHelp with the rule ids the gate accepts (analyzer::rule_ids), wrapped under --fail-on.
+std::string help() {
+  const std::string indent(26, ' ');
+  std::string rules, line = indent;
+  const auto& ids = analyzer::rule_ids();
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::string word = ids[i] + (i + 1 < ids.size() ? "," : " (docs/ANALYZER.md)");
+    if (line.size() > indent.size() && line.size() + 1 + word.size() > 92) {
+      rules += line + "\n";
+      line = indent;
+    }
+    line += (line.size() > indent.size() ? " " : "") + word;
+  }
+  rules += line;
+  std::string text = kHelp;
+  text.replace(text.find("@RULES@"), 7, rules);
+  return text;
+}
+
 }  // namespace
 
 int cmd_report(int argc, char** argv) {
@@ -54,7 +67,7 @@ int cmd_report(int argc, char** argv) {
                    "--threads", "--color"},
                   {"--allow-partial"});
   if (args.help()) {
-    std::fputs(kHelp, stdout);
+    std::fputs(help().c_str(), stdout);
     return 0;
   }
   if (args.positionals().empty()) throw UsageError("give at least one run.db (see --help)");

@@ -4,6 +4,19 @@ commands on real training runs."""
 import csv
 import io
 import json
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ANALYZER_SOURCES = Path(__file__).resolve().parents[2] / "analyzer" / "src"
+
+
+def rules_findings_carry() -> list:
+    """Every rule id the analyzer's sources give a finding (`f.rule = "..."`)."""
+    names = set()
+    for source in ANALYZER_SOURCES.glob("*.cpp"):
+        names |= set(re.findall(r'\brule = "([a-z0-9-]+)"', source.read_text()))
+    return sorted(names)
 
 
 def test_report_names_the_planted_culprit_and_fails_the_gate(run, test_runs):
@@ -59,3 +72,19 @@ def test_html_report_is_one_page_with_plots(run, test_runs, tmp_path):
     assert run("report", test_runs["overflow"], "--format", "html", "-o", out).returncode == 1
     page = out.read_text()
     assert page.count("<svg") >= 2 and "block1.0.attn" in page
+
+
+def test_every_rule_a_finding_carries_is_a_gate_and_a_junit_test_case(run, test_runs, tmp_path):
+    # training-raised was neither: --fail-on training-raised was refused as an unknown rule,
+    # and a JUnit report of a crashed training held no failure for it. --help lists them.
+    rules = rules_findings_carry()
+    assert len(rules) > 20 and "training-raised" in rules  # the sources were read
+    for rule in rules:
+        result = run("report", test_runs["healthy"], "--fail-on", rule)
+        assert result.returncode == 0, (rule, result.stderr)
+    junit = tmp_path / "report.xml"
+    assert run("report", test_runs["healthy"], "--format", "junit", "-o", junit).returncode == 0
+    cases = {case.get("name") for case in ET.parse(junit).iter("testcase")}
+    assert set(rules) <= cases, set(rules) - cases
+    listed = set(re.findall(r"[a-z0-9-]+", run("report", "--help").stdout.split("comma-separated:")[1].split("--")[0]))
+    assert set(rules) <= listed, set(rules) - listed
