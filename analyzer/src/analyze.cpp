@@ -38,7 +38,7 @@ const std::vector<std::string>& rule_ids() {
                                                "clip-before-unscale", "unscaled-backward",
                                                "gradients-not-zeroed", "gradients-cleared",
                                                "accumulated-gradients-cleared", "precision-loss",
-                                               "weight-growth", "training-raised"};
+                                               "weight-growth", "training-raised", "evaluation-overflow"};
   return ids;
 }
 
@@ -206,6 +206,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::clip_before_unscale(run, by_step, found);
     rules::unscaled_backward(run, found);
     rules::training_raised(run, found);
+    rules::evaluation_overflow(run, found);
     rules::loss_divergence(run, found);
     rules::weight_growth(run, found);
     rules::gradients_not_zeroed(run, found);  // after the findings it explains

@@ -33,6 +33,8 @@ bool overflow_hurts(const Run& run, const Thresholds& t);
 
 // "1 step", "3 steps".
 std::string plural(std::int64_t n, const std::string& noun);
+// "3, 7, 11, ..." : the first `limit` steps, and "..." for more.
+std::string step_list(const std::vector<std::int64_t>& steps, std::size_t limit = 6);
 // A scale or a count as the report prints it ("%g", a power of two from 1 up whole).
 std::string fmt(double v);
 // The middle value of `values` (the upper one of an even count), reordering them; NaN for
@@ -65,6 +67,9 @@ bool updates_held_scale(const Run& run);
 void optimizer_outside_scaler(const Run& run, std::vector<Finding>& out);
 // backward() on the loss scaler.scale() received, not on its output (Python agent's event).
 void unscaled_backward(const Run& run, std::vector<Finding>& out);
+// An evaluation between the steps (eval mode, gradients off) whose output went NaN/Inf
+// (Python agent's event evaluation-output-nonfinite): a warning naming the first module.
+void evaluation_overflow(const Run& run, std::vector<Finding>& out);
 // The training raised inside the Python agent's block, or past the C++ Agent (event
 // training-raised): an error where it was clip_grad_norm_(error_if_nonfinite=True) refusing
 // gradients a loss scaler skips, else a warning, with the fix where the exception names one.

@@ -44,13 +44,6 @@ double median_loss(const Run& run) {
   return median_of(losses);
 }
 
-std::string step_list(const std::vector<std::int64_t>& steps, std::size_t limit = 6) {
-  std::string s;
-  for (std::size_t i = 0; i < steps.size() && i < limit; ++i) s += (i ? ", " : "") + std::to_string(steps[i]);
-  if (steps.size() > limit) s += ", ...";
-  return s;
-}
-
 // A step whose forward already went non-finite is a forward problem: every gradient is
 // NaN then, and "first in backward" would only name the loss's last layer. Not so a module
 // that makes NaN/Inf by design (a -inf mask) while the loss stayed finite.

@@ -30,13 +30,6 @@ std::string percent(double share) {
   return buf;
 }
 
-std::string step_list(const std::vector<std::int64_t>& steps) {
-  std::string s;
-  for (std::size_t i = 0; i < steps.size() && i < 4; ++i) s += (i ? ", " : "") + std::to_string(steps[i]);
-  if (steps.size() > 4) s += ", ...";
-  return s;
-}
-
 }  // namespace
 
 void precision_loss(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
@@ -77,7 +70,7 @@ void precision_loss(const Run& run, const Thresholds& t, std::vector<Finding>& o
     f.title = path + " loses its output to " + precision + ": " + percent(median) +
               " away from the same call in FP32, without NaN/Inf";
     f.evidence = "in " + std::to_string(m.lossy_steps.size()) + " of " + plural(m.checks, "check") + " (step" +
-                 (m.lossy_steps.size() == 1 ? " " : "s ") + step_list(m.lossy_steps) +
+                 (m.lossy_steps.size() == 1 ? " " : "s ") + step_list(m.lossy_steps, 4) +
                  ") the same call run again in FP32, on copies of its inputs, gave an output " + percent(median) +
                  " (median, relative L2) away from its " + m.dtype + " output as it ran";
     if (!others.empty())

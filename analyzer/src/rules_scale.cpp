@@ -30,6 +30,13 @@ std::string plural(std::int64_t n, const std::string& noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
+std::string step_list(const std::vector<std::int64_t>& steps, std::size_t limit) {
+  std::string s;
+  for (std::size_t i = 0; i < steps.size() && i < limit; ++i) s += (i ? ", " : "") + std::to_string(steps[i]);
+  if (steps.size() > limit) s += ", ...";
+  return s;
+}
+
 namespace {
 
 ScaleStep scale_step(const Run& run, std::size_t i) {

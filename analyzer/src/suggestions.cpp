@@ -9,12 +9,12 @@
 
 namespace ampdiag::analyzer::suggest {
 
-namespace {
-
 std::string device_type(const Run& run) {
   const std::string device = run.meta_or("device", "cuda");
   return device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
 }
+
+namespace {
 
 bool all_digits(const std::string& s) {
   if (s.empty()) return false;

@@ -11,6 +11,8 @@ namespace ampdiag::analyzer::suggest {
 
 // "block1.0.attn" -> "model.block1[0].attn"
 std::string python_attribute(const std::string& module_path);
+// The run's autocast device_type: "cuda" or "cpu".
+std::string device_type(const Run& run);
 
 Suggestion pin_fp32(const Run& run, const std::string& module_path);
 Suggestion use_bf16(const Run& run);

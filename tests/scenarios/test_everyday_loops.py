@@ -513,10 +513,12 @@ def test_bf16_with_reentrant_checkpointing_records_the_loss_not_the_blocks_inner
     bf16_loop(tmp_path / "bf16.db", Checkpointed(reentrant=True), 4)
 
 
-def test_a_validation_pass_between_steps_is_not_recorded_as_training(tmp_path, verdict):
+def test_a_validation_pass_between_steps_is_not_recorded_as_training_and_its_overflow_is_a_warning(tmp_path, verdict):
     # Every 5 steps the loop evaluates under no_grad; its inputs overflow fp16 in the first
     # layer (an eval-only problem). Training is healthy: nothing may be blamed on a
     # training step, and the full-statistics steps hold the training forward's rows only.
+    # The evaluation's NaN/Inf is a warning of its own, naming its first module from the
+    # second such evaluation on.
     def validate(step, model, x):
         if step % 5 == 0:
             model.eval()
@@ -531,6 +533,25 @@ def test_a_validation_pass_between_steps_is_not_recorded_as_training(tmp_path, v
     assert rows(db, query) == rows(plain, query)
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
+    warned = [(f["rule"], f["severity"], f["module"]) for f in rep["findings"] if f["severity"] != "info"]
+    assert warned == [("evaluation-overflow", "warning", "a")]
+    assert "in 4 evaluations between the training steps" in rep["findings"][0]["evidence"]
+
+
+def test_the_same_validation_in_bfloat16_as_the_report_says_is_finite_and_adds_no_finding(tmp_path, verdict):
+    # The report's second fix, under inference_mode this time (the agent reads its tensors
+    # without a version counter): finite, so nothing to say about the evaluation.
+    def validate(step, model, x):
+        if step % 5 == 0:
+            model.eval()
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+                assert torch.isfinite(model(x * 1e5)).all()
+            model.train()
+
+    db = tmp_path / "val_bf16.db"
+    fp16_loop(db, steps=20, between_steps=validate)
+    code, rep = verdict(db)
+    assert code == 0 and not [f for f in rep["findings"] if f["rule"] == "evaluation-overflow"]
 
 
 def test_pytorchs_gradient_penalty_recipe_is_healthy_and_records_the_penalised_loss(tmp_path, verdict):

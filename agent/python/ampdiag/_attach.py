@@ -22,6 +22,7 @@ from ._profile import ProfileRanges
 from ._amp_dtype import learn_amp_dtype
 from ._autopin import AutoPinner
 from ._dropped import DroppedForwards
+from ._evaluation import Evaluations
 from ._layers import Layers, source_of
 from ._forward import compiled_in_place, forward_hook, input_hook, output_hook, outside_compiled_graph, watched_root
 from ._looks import look_at_loss_code, look_at_parameters
@@ -128,6 +129,7 @@ class AttachHandle:
         self._model_code_looks = 0  # model-code events written (see _forward.look_at_model_output)
         self._output_nodes = []  # the grad_fn of the last training forward's outputs
         self._dropped = DroppedForwards()
+        self._evaluations = Evaluations(self)
         self._loss_nodes = []    # the grad_fn of this cycle's losses
         self._scaled = []
         self._has_scaler = scaler is not None

@@ -65,6 +65,8 @@ def input_hook(handle, owner):
             handle._module_nodes = []  # this forward's: an evaluation with gradients on keeps no graph alive
             if not handle._live and torch.is_grad_enabled():
                 handle._begin_forward_cycle()
+            elif not handle._live and handle._evaluations.applies(module):
+                handle._evaluations.forward_began()
         return None
 
     return hook
@@ -92,6 +94,9 @@ def output_hook(handle, owner):
         if module is owner:
             handle._module_nodes, handle._last_node = [], None  # looked at: held no longer than the forward
         handle._dropped.forward_ended(output, module.training)
+        if not handle._live and handle._evaluations.applies(module) and (module is owner or not foreign_copy(module)):
+            handle._evaluations.model_output(output)
+            return None
         if not handle._live or not torch.is_grad_enabled() or (module is not owner and foreign_copy(module)):
             return None
         tensor = output if isinstance(output, torch.Tensor) else first_float_tensor(output)
@@ -176,6 +181,7 @@ def forward_hook(handle, path, owner):
     activation, now, tensor_type, code_of, strided, ref, traced = (handle._session.activation, time.perf_counter_ns,
                                                                    torch.Tensor, DTYPE_CODE.get, torch.strided,
                                                                    weakref.ref, compiling)
+    evaluations = handle._evaluations
     in_backward = torch._C._current_graph_task_id  # -1 outside autograd's backward
 
     def hook(module, args, kwargs, output):
@@ -184,8 +190,11 @@ def forward_hook(handle, path, owner):
             handle._traced_by_compile = True
             return None
         # Recording a deep copy's forward (an EMA's) would blame the module for the copy.
-        if (module is not owner and foreign_copy(module)
-                or not handle._live and (handle._standing_aside or not handle._begin_forward_cycle())):
+        if module is not owner and foreign_copy(module):
+            return None
+        if not handle._live and (handle._standing_aside or not handle._begin_forward_cycle()):
+            if evaluations.armed and not handle._standing_aside:  # an evaluation between steps
+                evaluations.module_output(path, output)
             return None
         if handle._backward_seen:
             if in_backward() != -1:

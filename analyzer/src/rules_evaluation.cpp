@@ -1,0 +1,72 @@
+// evaluation-overflow: an evaluation between the training steps (a validation pass, the
+// model in eval mode under no_grad or inference_mode) whose output went NaN/Inf. The steps
+// record nothing of it, and every training step may be finite while each validation loss is
+// NaN: fp16 overflows there on what training never met (longer sequences, other data). The
+// Python agent checks such a forward's output, and once one went NaN/Inf, each module's
+// output in the evaluations after it (event evaluation-output-nonfinite: the first module,
+// "" for the model's own forward(), "(not looked at)" where no evaluation followed).
+#include <string>
+#include <vector>
+
+#include "rules.h"
+#include "suggestions.h"
+
+namespace ampdiag::analyzer::rules {
+
+namespace {
+
+constexpr const char* kKind = "evaluation-output-nonfinite";
+constexpr const char* kNotLookedAt = "(not looked at)";
+
+}  // namespace
+
+void evaluation_overflow(const Run& run, std::vector<Finding>& out) {
+  std::vector<std::int64_t> steps;
+  const rundb::EventRow* looked = nullptr;  // the first evaluation whose modules were looked at
+  for (const auto& e : run.events) {
+    if (e.kind != kKind) continue;
+    steps.push_back(e.step);
+    if (!looked && e.detail != kNotLookedAt) looked = &e;
+  }
+  if (steps.empty()) return;
+  Finding f;
+  f.rule = "evaluation-overflow";
+  f.severity = Severity::kWarning;
+  f.score = 9.0;
+  f.steps = steps;
+  const std::string where = "in " + plural(std::int64_t(steps.size()), "evaluation") + " between the training steps " +
+                            "(the model in eval mode, gradients off; at step" + (steps.size() == 1 ? " " : "s ") +
+                            step_list(steps) + ")";
+  if (!looked) {
+    f.title = "An evaluation's output went NaN/Inf between the training steps: its results are NaN/Inf";
+    f.evidence = "the model's output held NaN/Inf " + where +
+                 "; no evaluation followed it, so no module's output was looked at: evaluate again with ampdiag "
+                 "attached to name the first module";
+  } else if (looked->detail.empty()) {
+    f.title = "Evaluations between the training steps went NaN/Inf in the model's own forward(): every module's "
+              "output was finite";
+    f.evidence = "the model's output held NaN/Inf " + where + ", while every watched module's output was finite";
+  } else {
+    f.module = looked->detail;
+    f.title = "Evaluations between the training steps went NaN/Inf, first at " + f.module;
+    f.evidence = "the model's output held NaN/Inf " + where + "; the first module whose output held NaN/Inf was " +
+                 f.module + " (at step " + std::to_string(looked->step) +
+                 ": each module is looked at once an evaluation's output went NaN/Inf)";
+    Suggestion pin = suggest::pin_fp32(run, f.module);
+    pin.summary = "Run " + f.module + " in FP32, in evaluation and training alike: autocast off around it, its "
+                  "floating-point inputs cast to float32 (not replayed: an evaluation's forward is not re-run).";
+    pin.untried = true;
+    f.suggestions.push_back(pin);
+  }
+  const std::string device = suggest::device_type(run);
+  f.suggestions.push_back(
+      {"Or evaluate without fp16: the validation loop's autocast off (FP32), or in bfloat16 where the hardware has it.",
+       "model.eval()\n"
+       "with torch.no_grad(), torch.autocast(device_type=\"" + device + "\", dtype=torch.bfloat16):\n"
+       "    out = model(x)",
+       "",
+       ""});
+  out.push_back(f);
+}
+
+}  // namespace ampdiag::analyzer::rules
