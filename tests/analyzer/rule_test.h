@@ -16,3 +16,11 @@ using namespace ampdiag::analyzer;
 using namespace ampdiag::test::rule_checks;
 using ampdiag::test::RunFixture;
 using ampdiag::test::TempDir;
+
+// The report's finding of `rule`, required: the test case stops where there is none.
+inline const Finding& required(const Report& r, const std::string& rule) {
+  const Finding* f = find(r, rule);
+  REQUIRE(f != nullptr);
+  return *f;
+}
+const Finding& required(Report&& r, const std::string& rule) = delete;

@@ -19,18 +19,12 @@ Report evaluations(const std::vector<std::string>& details) {
   return report_of(dir.file("run.db"));
 }
 
-const Finding& evaluation_finding(const Report& r) {
-  const Finding* f = find(r, "evaluation-overflow");
-  REQUIRE(f != nullptr);
-  return *f;
-}
-
 }  // namespace
 
 TEST_CASE("an evaluation that went NaN/Inf after finite training steps is a warning naming its first module",
           "[rules][evaluation]") {
   const Report r = evaluations({"(not looked at)", "encoder.1.mlp"});
-  const Finding& f = evaluation_finding(r);
+  const Finding& f = required(r, "evaluation-overflow");
   CHECK(f.severity == Severity::kWarning);
   CHECK_FALSE(Gate("error").fails(r));
   CHECK(Gate("all").fails(r));
@@ -48,7 +42,7 @@ TEST_CASE("an evaluation that went NaN/Inf after finite training steps is a warn
 TEST_CASE("an evaluation no other followed says to evaluate again to name the module, with no pin",
           "[rules][evaluation]") {
   const Report r = evaluations({"(not looked at)"});
-  const Finding& f = evaluation_finding(r);
+  const Finding& f = required(r, "evaluation-overflow");
   CHECK(f.module.empty());
   CHECK_THAT(f.evidence, Catch::EndsWith("evaluate again with ampdiag attached to name the first module"));
   REQUIRE(f.suggestions.size() == 1);
@@ -57,7 +51,7 @@ TEST_CASE("an evaluation no other followed says to evaluate again to name the mo
 
 TEST_CASE("an evaluation whose modules all stayed finite is placed in the model's own forward()", "[rules][evaluation]") {
   const Report r = evaluations({"(not looked at)", ""});
-  const Finding& f = evaluation_finding(r);
+  const Finding& f = required(r, "evaluation-overflow");
   CHECK(f.module.empty());
   CHECK_THAT(f.title, Catch::EndsWith("in the model's own forward(): every module's output was finite"));
 }

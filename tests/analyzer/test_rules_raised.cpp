@@ -26,19 +26,13 @@ Report report_raised_at_step_3(const std::string& raised, bool scaler = true) {
   return report_of(dir.file("run.db"));
 }
 
-const Finding& raised_finding(const Report& r) {
-  const Finding* f = find(r, "training-raised");
-  REQUIRE(f != nullptr);
-  return *f;
-}
-
 }  // namespace
 
 TEST_CASE("clip_grad_norm_ refusing NaN/Inf gradients under a scaler is an error that says to leave "
           "error_if_nonfinite off",
           "[rules][raised]") {
   const Report r = report_raised_at_step_3(kClipRefused);
-  const Finding& f = raised_finding(r);
+  const Finding& f = required(r, "training-raised");
   CHECK(f.severity == Severity::kError);
   CHECK(Gate("error").fails(r));
   CHECK(r.findings.front().rule == "training-raised");
@@ -53,7 +47,7 @@ TEST_CASE("clip_grad_norm_ refusing NaN/Inf gradients under a scaler is an error
 TEST_CASE("the same refusal without a scaler is a warning: the step whose gradients held NaN/Inf was never recorded",
           "[rules][raised]") {
   const Report r = report_raised_at_step_3(kClipRefused, false);
-  const Finding& f = raised_finding(r);
+  const Finding& f = required(r, "training-raised");
   CHECK(f.severity == Severity::kWarning);
   CHECK_FALSE(Gate("error").fails(r));
   CHECK_THAT(f.suggestions.front().summary, Catch::Contains("run past it once without error_if_nonfinite=True"));
@@ -61,7 +55,7 @@ TEST_CASE("the same refusal without a scaler is a warning: the step whose gradie
 
 TEST_CASE("any other exception is a warning that the report covers the steps before it", "[rules][raised]") {
   const Report r = report_raised_at_step_3("KeyError: 'pixel_values'");
-  const Finding& f = raised_finding(r);
+  const Finding& f = required(r, "training-raised");
   CHECK(f.severity == Severity::kWarning);
   CHECK(f.title == "The training raised KeyError at step 3 and stopped: this report covers the steps before it");
   CHECK(f.suggestions.empty());
@@ -101,7 +95,7 @@ TEST_CASE("a GradScaler refusing a .half() model's gradients before the first st
 
 TEST_CASE("the same refusal after recorded steps is a warning whose fix keeps FP32 master weights", "[rules][raised]") {
   const Report r = report_raised_at_step_3("ValueError: Attempting to unscale FP16 gradients.");
-  const Finding& f = raised_finding(r);
+  const Finding& f = required(r, "training-raised");
   CHECK(f.severity == Severity::kWarning);
   REQUIRE(f.suggestions.size() == 1);
   CHECK_THAT(f.suggestions.front().summary, Catch::StartsWith("Keep FP32 master weights"));
@@ -118,7 +112,7 @@ TEST_CASE("each GradScaler call-order refusal torch raises gets the order that f
        "Call scaler.update() once after each step's scaler.step() calls"},
   }));
   const Report r = report_raised_at_step_3(raised);
-  const Finding& f = raised_finding(r);
+  const Finding& f = required(r, "training-raised");
   CHECK(f.severity == Severity::kWarning);
   CHECK_THAT(f.evidence, !Catch::Contains(".;"));  // torch's full stop dropped before the run.db's count
   REQUIRE(f.suggestions.size() == 1);

@@ -260,9 +260,7 @@ Finding origin_after_replay(const std::string& replay) {
   for (int i = 0; i < 7; ++i) skip();
   f.finish();
   const Report r = report_of(dir.file("run.db"));
-  const Finding* o = find(r, "overflow-origin");
-  REQUIRE(o != nullptr);
-  return *o;
+  return required(r, "overflow-origin");
 }
 
 }  // namespace
