@@ -1,7 +1,7 @@
 // Evaluations between the training steps (eval mode, gradients off) whose output went
 // NaN/Inf: the Python agent's event evaluation-output-nonfinite, "(not looked at)" for the
 // first, then the first module whose output held NaN/Inf. Every training step is finite, and
-// the report must not read healthy (tests/scenarios/test_evaluation.py runs the real loop).
+// the report must not read healthy (tests/scenarios/test_everyday_loops.py runs the real loop).
 #include "rule_test.h"
 
 namespace {
@@ -49,7 +49,8 @@ TEST_CASE("an evaluation no other followed says to evaluate again to name the mo
   CHECK_THAT(f.suggestions[0].summary, Catch::StartsWith("Or evaluate without fp16"));
 }
 
-TEST_CASE("an evaluation whose modules all stayed finite is placed in the model's own forward()", "[rules][evaluation]") {
+TEST_CASE("an evaluation whose modules all stayed finite is placed in the model's own forward()",
+          "[rules][evaluation]") {
   const Report r = evaluations({"(not looked at)", ""});
   const Finding& f = required(r, "evaluation-overflow");
   CHECK(f.module.empty());
