@@ -18,6 +18,14 @@ namespace {
 constexpr const char* kKind = "evaluation-output-nonfinite";
 constexpr const char* kNotLookedAt = "(not looked at)";
 
+// Whether training's FP32 replay of `module` made NaN/Inf from finite inputs: the module
+// makes them by design, in evaluation as in training.
+bool made_by_design(const Run& run, const std::string& module) {
+  for (const auto& r : run.replays)
+    if (r.module == module && r.outcome == "intrinsic") return true;
+  return false;
+}
+
 }  // namespace
 
 void evaluation_overflow(const Run& run, std::vector<Finding>& out) {
@@ -42,6 +50,17 @@ void evaluation_overflow(const Run& run, std::vector<Finding>& out) {
     f.evidence = "the model's output held NaN/Inf " + where +
                  "; no evaluation followed it, so no module's output was looked at: evaluate again with ampdiag "
                  "attached to name the first module";
+  } else if (made_by_design(run, looked->detail)) {
+    const std::string place = looked->detail.empty() ? "the model's own forward()" : looked->detail;
+    f.module = looked->detail;
+    f.severity = Severity::kInfo;
+    f.title = "Evaluations between the training steps went NaN/Inf in " + place +
+              ", which makes NaN/Inf by design: not fp16's";
+    f.evidence = "the model's output held NaN/Inf " + where + ", first in " + place +
+                 ", whose training replay in FP32 made NaN/Inf from finite inputs too (a -inf mask, an all-masked "
+                 "softmax row)";
+    out.push_back(f);
+    return;
   } else if (looked->detail.empty()) {
     f.title = "Evaluations between the training steps went NaN/Inf in the model's own forward(): every module's "
               "output was finite";

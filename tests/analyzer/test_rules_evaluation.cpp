@@ -6,10 +6,12 @@
 
 namespace {
 
-// Four finite training steps, with an evaluation after steps 1 and 3 whose details are given.
-Report evaluations(const std::vector<std::string>& details) {
+// Four finite training steps, with an evaluation after steps 1 and 3 whose details are given;
+// `intrinsic`: a module whose training replay made NaN/Inf from finite inputs in FP32 too.
+Report evaluations(const std::vector<std::string>& details, const std::string& intrinsic = "-") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
+  if (intrinsic != "-") f.replay(intrinsic, "intrinsic");
   for (int i = 0; i < 4; ++i) {
     f.step(65536, 65536);
     if ((i == 1 || i == 3) && !details.empty() && std::size_t(i / 2) < details.size())
@@ -55,6 +57,18 @@ TEST_CASE("an evaluation whose modules all stayed finite is placed in the model'
   const Finding& f = required(r, "evaluation-overflow");
   CHECK(f.module.empty());
   CHECK_THAT(f.title, Catch::EndsWith("in the model's own forward(): every module's output was finite"));
+}
+
+TEST_CASE("an evaluation's NaN/Inf first at a module that makes them by design in training is information",
+          "[rules][evaluation]") {
+  // An all-masked row's softmax: NaN from finite inputs in FP32 too, as the training's replay found.
+  const Report r = evaluations({"(not looked at)", "attn.mask"}, "attn.mask");
+  const Finding& f = required(r, "evaluation-overflow");
+  CHECK(f.severity == Severity::kInfo);
+  CHECK(f.title == "Evaluations between the training steps went NaN/Inf in attn.mask, which makes NaN/Inf by design: "
+                   "not fp16's");
+  CHECK(f.suggestions.empty());
+  CHECK_FALSE(Gate("all").fails(r));
 }
 
 TEST_CASE("a run without such evaluations has no evaluation finding", "[rules][evaluation]") {

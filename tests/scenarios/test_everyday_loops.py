@@ -554,6 +554,39 @@ def test_the_same_validation_in_bfloat16_as_the_report_says_is_finite_and_adds_n
     assert code == 0 and not [f for f in rep["findings"] if f["rule"] == "evaluation-overflow"]
 
 
+class MaskedLogits(nn.Module):
+    """A constrained decoder's head: the classes it may not emit get -inf logits, by design."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10))
+        self.register_buffer("allowed", torch.arange(10) < 7)
+
+    def forward(self, x):
+        return self.body(x).masked_fill(~self.allowed, float("-inf"))
+
+
+def test_a_validation_whose_logits_hold_a_masks_minus_inf_by_design_adds_no_finding(tmp_path, verdict):
+    # -inf is what the mask writes, in training and validation alike: no overflow.
+    db = tmp_path / "masked.db"
+    torch.manual_seed(0)
+    model = MaskedLogits()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    g = torch.Generator().manual_seed(0)
+    with ampdiag.attach(model, scaler, db=db):
+        for step in range(8):
+            amp_step(opt, scaler, lambda: nn.functional.cross_entropy(
+                model(torch.randn(32, 16, generator=g)).float(), torch.randint(0, 7, (32,), generator=g)))
+            if step % 3 == 0:
+                model.eval()
+                with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+                    assert torch.isneginf(model(torch.randn(64, 16, generator=g))).any()
+                model.train()
+    code, rep = verdict(db)
+    assert code == 0 and not [f for f in rep["findings"] if f["rule"] == "evaluation-overflow"], rep["findings"]
+
+
 def test_pytorchs_gradient_penalty_recipe_is_healthy_and_records_the_penalised_loss(tmp_path, verdict):
     # torch.amp's documented recipe: the scaled loss's gradients through autograd.grad with
     # create_graph=True, unscaled by hand, penalised. At 65536 they overflow fp16 and the

@@ -8,7 +8,9 @@ first NaN/Inf, which names the module. Event "evaluation-output-nonfinite" at ea
 whose evaluation went NaN/Inf: the first module's path, "" where every module's output was
 finite (the model's own forward() made it), or "(not looked at)" for the first (no module
 was checked yet). At most one event an optimizer step and EVENTS a run; after that nothing
-is checked."""
+is checked. Only NaN and +Inf count: -inf is what a mask writes by design (logits of classes
+a decoder may not emit), and an overflow that makes -inf makes +Inf or NaN beside it or
+after it."""
 import torch
 
 from ._tensors import first_float_tensor, float_tensors, holds_nonfinite
@@ -31,6 +33,13 @@ class Evaluations:
         """Whether the model's forward running now is an evaluation between the steps."""
         return not module.training and not torch.is_grad_enabled()
 
+    def _overflowed(self, tensor) -> bool:
+        """NaN or +Inf in a host tensor: the activations' check first (one pass, and all a
+        finite tensor costs), torch's to tell a mask's -inf apart."""
+        if not holds_nonfinite(self._handle._session, tensor):
+            return False
+        return bool(torch.isnan(tensor).any()) or bool(torch.isposinf(tensor).any())
+
     def forward_began(self):
         self._first = None
 
@@ -39,7 +48,7 @@ class Evaluations:
         if self._first is not None:
             return
         tensor = first_float_tensor(output)
-        if tensor is not None and tensor.is_cpu and holds_nonfinite(self._handle._session, tensor):
+        if tensor is not None and tensor.is_cpu and self._overflowed(tensor):
             self._first = path
 
     def model_output(self, output):
@@ -48,7 +57,7 @@ class Evaluations:
         if self._events >= EVENTS:
             return
         outputs = [t for t in float_tensors(output) if t.is_cpu]
-        if not any(holds_nonfinite(self._handle._session, t) for t in outputs):
+        if not any(self._overflowed(t) for t in outputs):
             return
         if self._handle._session.step == self._reported_step:
             return
