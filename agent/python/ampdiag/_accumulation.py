@@ -6,7 +6,7 @@ the loss still goes down, on a fraction of the data; only the gradients show it.
 The probe is the stale-gradient probe's parameter (the smallest trainable one). After a
 backward of this run's loss accumulated into its .grad, the next such backward of the same
 optimizer step must find that .grad still there: None (zero_grad()'s default) or all zeros
-where it held values (set_to_none=False) means it was cleared in between. A second
+written in place since (set_to_none=False) means it was cleared in between. A second
 network's backward reaching the model (a GAN's generator loss through its discriminator)
 adds gradients that the model's own zero_grad() rightly clears: with a scaler only
 backwards started from scaler.scale()'s output count, and with or without one, any
@@ -43,7 +43,7 @@ class AccumulationProbe:
 
     def _reset(self):
         self._task = None       # the graph task of the last backward that accumulated into .grad this step
-        self._held = False      # whether .grad held anything but zeros after it
+        self._grad_version = None  # that .grad's version counter then: zeroing it in place moves it
         self._micro_batches = 0  # this step's backwards that accumulated into .grad
         self._version = None     # the parameter's version counter then: an optimizer's own step changes it
         self._grad = None        # weakref to the .grad it accumulated into
@@ -67,9 +67,10 @@ class AccumulationProbe:
             p = self._param()
             if p is None or p._version != self._version:
                 return  # the parameters moved in between: a two-step optimizer (SAM), not accumulation
-            if p.grad is None:
+            grad = p.grad
+            if grad is None:
                 how = "set to None"
-            elif self._held and not p.grad.is_cuda and not bool(p.grad.any()):
+            elif self._zeroed(grad):
                 how = "zeroed"
             else:
                 return
@@ -87,11 +88,23 @@ class AccumulationProbe:
         if task != self._task:
             self._task = task
             self._micro_batches += 1
-        grad = param.grad
-        self._held = grad is not None and not grad.is_cuda and bool(grad.any())
         self._version = param._version
-        self._grad = None if grad is None else weakref.ref(grad)
+        self._left(param.grad)
         self._in_backward = True
+
+    def _left(self, grad):
+        self._grad = None if grad is None else weakref.ref(grad)
+        self._grad_version = None if grad is None else grad._version
+
+    def _zeroed(self, grad) -> bool:
+        """Whether `grad`, found where the last backward left its .grad, was zeroed since:
+        all zeros, and written in place since (or another tensor). Read only then: a
+        reduction every step cost ~30 µs inside a training loop, for a look that matters
+        only in a step of several backwards."""
+        if grad.is_cuda:
+            return False
+        same = self._grad is not None and self._grad() is grad
+        return not (same and grad._version == self._grad_version) and not bool(grad.any())
 
     def backward_ended(self):
         """The backward() call has returned: the .grad it leaves (DistributedDataParallel's
@@ -100,7 +113,7 @@ class AccumulationProbe:
             self._in_backward = False
             p = self._param()
             if p is not None and p.grad is not None:
-                self._grad = weakref.ref(p.grad)
+                self._left(p.grad)
 
     def step_ended(self):
         p = self._param()
