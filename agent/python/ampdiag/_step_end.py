@@ -27,8 +27,7 @@ def end_step(handle, scale_before, scale_after, found_inf, skipped):
             look_at_loss_code(handle)
         elif skipped and scale_before <= 1.0 and handle._backward_replayer is not None:
             handle._backward_replayer.skipped_at_unit_scale()
-        optimizers = list(handle._optimizers) + list(handle._stepped_optimizers)
-        handle._weights.step_ended(handle._session.step, skipped, optimizers)
+        handle._weights.step_ended(handle._session.step, skipped, handle._optimizers, handle._stepped_optimizers)
         handle._session.end_step(loss, len(losses), scale_before, scale_after, found_inf, skipped, handle._python_ns)
         _step_ended(handle)
     handle._last_step_skipped = skipped

@@ -10,6 +10,7 @@ abs-max are recorded (rows of weight_norms), and each optimizer's settings once 
 device, or see one shard.
 """
 import math
+import weakref
 
 import torch
 
@@ -32,16 +33,20 @@ class WeightSampler:
         self._params = [(layer, p) for layer, p in registered
                         if p.is_floating_point() and p.device.type == "cpu" and not distributed(p)]
         self._schedule = _ampdiag.WeightSchedule()
-        self._described = set()  # id() of optimizers whose settings were recorded
+        self._described = weakref.WeakSet()  # optimizers whose settings were recorded
 
     def step_began(self, step: int):
         if self._schedule.at_start(step):
             self._sample()
 
-    def step_ended(self, step: int, skipped: bool, optimizers):
-        for optimizer in optimizers:
-            if id(optimizer) not in self._described:
-                self._described.add(id(optimizer))
+    def step_ended(self, step: int, skipped: bool, seen, stepped):
+        """`seen` and `stepped` (WeakSets): the optimizers of the run so far. Their sizes are
+        compared first: iterating WeakSets every step cost more than the rest of this."""
+        if len(self._described) < len(seen) + len(stepped):
+            for optimizer in list(seen) + list(stepped):
+                if optimizer in self._described:
+                    continue
+                self._described.add(optimizer)
                 self._handle._session.event("optimizer-settings", _settings(optimizer))
         if skipped and self._schedule.after_skip(step):
             self._sample()
