@@ -143,3 +143,29 @@ def test_an_optimizer_stepped_outside_the_scaler_is_recorded_without_a_host_sync
         assert c.execute("SELECT scale_before, scale_after, skipped FROM steps ORDER BY step").fetchall() == \
             [(1024.0, 1024.0, 0)] * 3
     assert "optimizer-outside-scaler" in report_errors(ampdiag_cli, tmp_path / "run.db")[1]
+
+
+def test_a_validation_pass_between_cuda_steps_makes_no_host_sync(tmp_path, ampdiag_cli):
+    # The evaluation look reads host outputs only: a device output would wait for the device.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)
+    x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 1, device="cuda")
+    with ampdiag.attach(model, scaler, db=tmp_path / "run.db", overwrite=True):
+        with no_host_sync():
+            for step in range(6):
+                model.train()
+                opt.zero_grad()
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = nn.functional.mse_loss(model(x).float(), y)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                if step % 2 == 1:
+                    model.eval()
+                    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+                        model(x * 1e5)  # overflows fp16: not looked at on the device
+    with sqlite3.connect(tmp_path / "run.db") as c:
+        assert c.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 6
+    assert report_errors(ampdiag_cli, tmp_path / "run.db") == (0, set())
