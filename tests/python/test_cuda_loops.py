@@ -27,10 +27,11 @@ def no_host_sync():
 
 
 def loop(db, steps=8, zero=lambda opt: opt.zero_grad(set_to_none=True), backward=None, before_step=None,
-         init_scale=1024.0, sync_free=True):
+         after_step=None, init_scale=1024.0, sync_free=True):
     """A fused-Adam fp16 loop on CUDA. `zero(opt)` starts each step; `backward(scaler, loss)`
     replaces scaler.scale(loss).backward(); `before_step(scaler, opt, model)` runs before
-    scaler.step(opt). Returns the run's events as (kind, step)."""
+    scaler.step(opt), `after_step(step, model, x)` after scaler.update(). Returns the run's
+    events as (kind, step)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)).cuda()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
@@ -38,7 +39,7 @@ def loop(db, steps=8, zero=lambda opt: opt.zero_grad(set_to_none=True), backward
     x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 1, device="cuda")
     with ampdiag.attach(model, scaler, db=db, overwrite=True):
         with no_host_sync() if sync_free else contextlib.nullcontext():
-            for _ in range(steps):
+            for step in range(steps):
                 zero(opt)
                 with torch.autocast("cuda", dtype=torch.float16):
                     loss = nn.functional.mse_loss(model(x).float(), y)
@@ -50,6 +51,8 @@ def loop(db, steps=8, zero=lambda opt: opt.zero_grad(set_to_none=True), backward
                     before_step(scaler, opt, model)
                 scaler.step(opt)
                 scaler.update()
+                if after_step is not None:
+                    after_step(step, model, x)
     with sqlite3.connect(db) as c:
         return c.execute("SELECT kind, step FROM events ORDER BY id").fetchall()
 
@@ -145,27 +148,17 @@ def test_an_optimizer_stepped_outside_the_scaler_is_recorded_without_a_host_sync
     assert "optimizer-outside-scaler" in report_errors(ampdiag_cli, tmp_path / "run.db")[1]
 
 
+
 def test_a_validation_pass_between_cuda_steps_makes_no_host_sync(tmp_path, ampdiag_cli):
     # The evaluation look reads host outputs only: a device output would wait for the device.
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).cuda()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
-    scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)
-    x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 1, device="cuda")
-    with ampdiag.attach(model, scaler, db=tmp_path / "run.db", overwrite=True):
-        with no_host_sync():
-            for step in range(6):
-                model.train()
-                opt.zero_grad()
-                with torch.autocast("cuda", dtype=torch.float16):
-                    loss = nn.functional.mse_loss(model(x).float(), y)
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-                if step % 2 == 1:
-                    model.eval()
-                    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
-                        model(x * 1e5)  # overflows fp16: not looked at on the device
+    def validate(step, model, x):
+        if step % 2:
+            model.eval()
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+                model(x * 1e5)  # overflows fp16: not looked at on the device
+            model.train()
+
+    loop(tmp_path / "run.db", steps=6, after_step=validate)
     with sqlite3.connect(tmp_path / "run.db") as c:
         assert c.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 6
     assert report_errors(ampdiag_cli, tmp_path / "run.db") == (0, set())
