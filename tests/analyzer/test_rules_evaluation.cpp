@@ -1,7 +1,7 @@
 // Evaluations between the training steps (eval mode, gradients off) whose output went
 // NaN/Inf: the Python agent's event evaluation-output-nonfinite, "(not looked at)" for the
 // first, then the first module whose output held NaN/Inf. Every training step is finite, and
-// the report must not read healthy (tests/scenarios/test_everyday_loops.py runs the real loop).
+// the report must not read healthy (tests/scenarios/test_evaluations.py runs the real loop).
 #include "rule_test.h"
 
 namespace {
