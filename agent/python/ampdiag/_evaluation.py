@@ -59,9 +59,10 @@ class Evaluations:
         outputs = [t for t in float_tensors(output) if t.is_cpu]
         if not any(self._overflowed(t) for t in outputs):
             return
-        if self._handle._session.step == self._reported_step:
+        session = self._handle._session
+        if session.step == self._reported_step:
             return
-        self._handle._session.event(KIND, (first or "") if self.armed else NOT_LOOKED_AT)
-        self._reported_step = self._handle._session.step
+        session.event(KIND, (first or "") if self.armed else NOT_LOOKED_AT)
+        self._reported_step = session.step
         self._events += 1
         self.armed = self._events < EVENTS
