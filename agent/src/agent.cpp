@@ -7,14 +7,17 @@
 #include <ATen/autocast_mode.h>
 #include <torch/nn/module.h>
 #include <torch/version.h>
+#include <cxxabi.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <exception>
 #include <fstream>
 #include <limits>
 #include <memory>
 #include <stdexcept>
+#include <typeinfo>
 #include <unordered_map>
 
 #include "ampdiag/grad_scaler.h"
@@ -58,6 +61,21 @@ std::string shape_text(const at::Tensor& t) {
   return s + "]";
 }
 
+// "Type: first line of the message", as the Python agent writes a raised exception: c10's
+// messages go on with a backtrace, and a type in an anonymous namespace is the program's.
+std::string raised_text(const std::exception& error) {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> demangled(abi::__cxa_demangle(typeid(error).name(), nullptr, nullptr, &status),
+                                                   std::free);
+  std::string type = status == 0 && demangled ? demangled.get() : typeid(error).name();
+  if (const std::string anonymous = "(anonymous namespace)::"; type.rfind(anonymous, 0) == 0)
+    type.erase(0, anonymous.size());
+  std::string message = error.what();
+  message = message.substr(0, std::min(message.find('\n'), std::size_t(300)));
+  while (!message.empty() && message.back() == ' ') message.pop_back();
+  return message.empty() ? type : type + ": " + message;
+}
+
 std::string command_line() {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
   std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -76,7 +94,7 @@ class Agent::Impl final : public ScalerObserver {
     // Destroyed by an exception that unwinds the training (a loop's Agent is one of its
     // locals): the run stopped at this step, and the report must not read it as a whole
     // healthy run. The exception itself is out of reach here (it is not being handled yet).
-    if (!closed_ && std::uncaught_exceptions() > exceptions_at_start_) {
+    if (!closed_ && !raised_ && std::uncaught_exceptions() > exceptions_at_start_) {
       try {
         session_.event("training-raised", std::string(kUnwound));
       } catch (...) {
@@ -94,6 +112,7 @@ class Agent::Impl final : public ScalerObserver {
   at::Tensor forward_as(const std::string& path, const Forward& run, const Forward& replay, const at::Tensor& x);
   bool begin_module_range(const std::string& path);
   void end_range() { session_.end_range(); }
+  void training_raised(const std::exception& error);
   void close();
   AgentStatus status() const;
 
@@ -181,6 +200,7 @@ class Agent::Impl final : public ScalerObserver {
   bool parameters_nonfinite_ = false;
   void look_at_parameters();
   bool closed_ = false;
+  bool raised_ = false;  // training_raised() recorded the exception
   // Exceptions in flight when the Agent was made: one made by a destructor that runs during
   // unwinding is not destroyed by that exception.
   const int exceptions_at_start_ = std::uncaught_exceptions();
@@ -626,6 +646,12 @@ void Agent::Impl::on_update(const ScaleUpdate& u) {
   skipped_ = false;
 }
 
+void Agent::Impl::training_raised(const std::exception& error) {
+  if (closed_ || raised_) return;
+  raised_ = true;
+  session_.event("training-raised", raised_text(error));
+}
+
 void Agent::Impl::close() {
   if (closed_) return;
   closed_ = true;
@@ -667,6 +693,8 @@ ModuleRange Agent::module_range(const std::string& module_path) {
 ModuleRange::~ModuleRange() {
   if (open_) agent_->impl_->end_range();
 }
+
+void Agent::training_raised(const std::exception& error) { impl_->training_raised(error); }
 
 void Agent::close() { impl_->close(); }
 

@@ -1,6 +1,7 @@
 // training-raised: the training raised inside the Python agent's `with attach(...)` block,
 // or an exception unwound a LibTorch loop past its Agent (event training-raised, recorded
-// at the step it was in, which never ended; C++'s carries no message). The report
+// at the step it was in, which never ended; C++'s carries a message where the loop caught
+// it and called Agent::training_raised()). The report
 // covers the steps before it, and without this finding a run that crashed on its second
 // step read "HEALTHY". The common numerical case is torch's clip_grad_norm_(...,
 // error_if_nonfinite=True) refusing NaN/Inf gradients in a loop with a loss scaler: the
@@ -73,7 +74,7 @@ void training_raised(const Run& run, std::vector<Finding>& out) {
   const rundb::EventRow* e = run.first_event("training-raised");
   if (!e || e->detail.rfind("KeyboardInterrupt", 0) == 0 || e->detail.rfind("SystemExit", 0) == 0) return;
   const std::int64_t step = e->step >= 0 ? e->step : (run.steps.empty() ? 0 : run.steps.back().row.step + 1);
-  const std::string kind = e->detail.substr(0, e->detail.find(':'));
+  const std::string kind = e->detail.substr(0, e->detail.find(": "));  // C++'s types hold "::"
   // A warning unless the scaler would have carried the training past it.
   Finding f;
   f.rule = "training-raised";

@@ -3,9 +3,11 @@
 // stopped in), so that the report covers the steps before it instead of reading "healthy".
 #include "../catch_with_torch.h"
 
+#include <limits>
 #include <stdexcept>
 #include <string>
 
+#include "../analyzer/rule_checks.h"
 #include "../rundb/temp_dir.h"
 #include "ampdiag/analyzer/analyze.h"
 #include "ampdiag/analyzer/run.h"
@@ -21,10 +23,13 @@ struct DataError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+enum class Caught { kNo, kSkipsTheStep, kRecordsAndRethrows };
+
 // Trains the tiny net with an Agent writing `db`; the forward of step `throw_at` throws
-// DataError, after its first probe, and `catch_inside` says whether the loop catches it
-// (skipping that step) or lets it leave the function.
-void train_until_thrown(const std::string& db, int throw_at, bool catch_inside) {
+// DataError, after its first probe, and `caught` says what the loop does with it: lets it
+// leave the function, skips that step, or gives it to Agent::training_raised() and throws
+// it on.
+void train_until_thrown(const std::string& db, int throw_at, Caught caught) {
   torch::manual_seed(0);
   TinyNet net;
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
@@ -41,8 +46,9 @@ void train_until_thrown(const std::string& db, int throw_at, bool catch_inside) 
       const auto h = agent.probe("a", torch::relu(net->a(x)));
       if (step == throw_at) throw DataError("batch " + std::to_string(step) + " is corrupt");
       loss = net->c(torch::relu(net->b(h))).to(torch::kFloat).pow(2).mean();
-    } catch (const DataError&) {
-      if (!catch_inside) throw;
+    } catch (const DataError& e) {
+      if (caught == Caught::kRecordsAndRethrows) agent.training_raised(e);
+      if (caught != Caught::kSkipsTheStep) throw;
       continue;
     }
     scaler.scale(loss).backward();
@@ -63,7 +69,7 @@ std::vector<rundb::EventRow> raised_events(const std::string& db) {
 TEST_CASE("an exception that unwinds the training past its Agent is one training-raised event at the step it stopped",
           "[agent][raised]") {
   TempDir dir;
-  CHECK_THROWS_AS(train_until_thrown(dir.file("run.db"), 3, false), DataError);
+  CHECK_THROWS_AS(train_until_thrown(dir.file("run.db"), 3, Caught::kNo), DataError);
   const auto events = raised_events(dir.file("run.db"));
   REQUIRE(events.size() == 1);
   CHECK(events[0].step == 3);
@@ -74,7 +80,7 @@ TEST_CASE("an exception that unwinds the training past its Agent is one training
 TEST_CASE("the report of a LibTorch run that an exception stopped says it covers the steps before it",
           "[agent][raised]") {
   TempDir dir;
-  CHECK_THROWS_AS(train_until_thrown(dir.file("run.db"), 3, false), DataError);
+  CHECK_THROWS_AS(train_until_thrown(dir.file("run.db"), 3, Caught::kNo), DataError);
   const auto report = analyzer::analyze({analyzer::load_run(dir.file("run.db"))});
   REQUIRE_FALSE(report.findings.empty());
   const auto& f = report.findings.front();
@@ -85,7 +91,69 @@ TEST_CASE("the report of a LibTorch run that an exception stopped says it covers
 
 TEST_CASE("an exception the loop catches while its Agent lives is no training-raised event", "[agent][raised]") {
   TempDir dir;
-  train_until_thrown(dir.file("run.db"), 3, true);
+  train_until_thrown(dir.file("run.db"), 3, Caught::kSkipsTheStep);
   CHECK(raised_events(dir.file("run.db")).empty());
   CHECK(rundb::RunDbReader(dir.file("run.db")).steps().size() == 4);
+}
+
+TEST_CASE("an exception the loop gives to training_raised is one event with its type and message",
+          "[agent][raised]") {
+  TempDir dir;
+  CHECK_THROWS_AS(train_until_thrown(dir.file("run.db"), 3, Caught::kRecordsAndRethrows), DataError);
+  const auto events = raised_events(dir.file("run.db"));
+  REQUIRE(events.size() == 1);  // the destructor, unwinding the same exception, adds none
+  CHECK(events[0].step == 3);
+  CHECK(events[0].detail == "DataError: batch 3 is corrupt");
+  const auto report = rule_checks::report_of(dir.file("run.db"));
+  const auto* found = rule_checks::find(report, "training-raised");
+  REQUIRE(found != nullptr);
+  const auto& f = *found;
+  CHECK(f.title == "The training raised DataError at step 3 and stopped: this report covers the steps before it");
+}
+
+TEST_CASE("clip_grad_norm_'s refusal of NaN/Inf gradients under the scaler, caught and recorded, gets the clip fix",
+          "[agent][raised]") {
+  TempDir dir;
+  torch::manual_seed(0);
+  TinyNet net;
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
+  GradScaler scaler;
+  AgentOptions o;
+  o.db_path = dir.file("run.db");
+  {
+    Agent agent(*net, scaler, o);
+    const auto x = torch::randn({8, 16});
+    try {
+      for (int step = 0; step < 3; ++step) {
+        optimizer.zero_grad();
+        torch::Tensor loss;
+        {
+          HalfAutocast autocast;
+          const auto h = agent.probe("a", torch::relu(net->a(x)));
+          loss = net->c(torch::relu(net->b(h))).to(torch::kFloat).pow(2).mean();
+        }
+        scaler.scale(loss).backward();
+        if (step == 2) net->b->weight.grad()[0][0] = std::numeric_limits<float>::infinity();
+        scaler.unscale_(optimizer);
+        torch::nn::utils::clip_grad_norm_(net->parameters(), 1.0, 2.0, /*error_if_nonfinite=*/true);
+        scaler.step(optimizer);
+        scaler.update();
+      }
+      FAIL("clip_grad_norm_ did not refuse the infinite gradient");
+    } catch (const c10::Error& e) {
+      agent.training_raised(e);
+    }
+  }
+  const auto events = raised_events(dir.file("run.db"));
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].step == 2);
+  CHECK_THAT(events[0].detail, Catch::StartsWith("c10::Error: The total norm of order 2"));
+  CHECK(events[0].detail.find('\n') == std::string::npos);
+  const auto report = rule_checks::report_of(dir.file("run.db"));
+  const auto* found = rule_checks::find(report, "training-raised");
+  REQUIRE(found != nullptr);
+  const auto& f = *found;
+  CHECK(f.severity == analyzer::Severity::kError);
+  REQUIRE_FALSE(f.suggestions.empty());
+  CHECK_THAT(f.suggestions[0].summary, Catch::StartsWith("With a GradScaler, leave clip_grad_norm_'s error_if_nonfinite"));
 }

@@ -16,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -139,6 +140,15 @@ class Agent {
   // The device profile's range for module `module_path`'s forward, until the guard goes:
   //   { auto r = agent.module_range("encoder.0"); x = encoder0->forward(x); }
   [[nodiscard]] ModuleRange module_range(const std::string& module_path);
+
+  // The training loop caught `error` and stops: the run.db records it (event
+  // "training-raised", with the exception's type and the first line of its message, at the
+  // step it was in), so the report covers the steps before it and, for a refusal it knows
+  // (clip_grad_norm_'s error_if_nonfinite under a scaler, a GradScaler called out of order),
+  // says what fixes it. Once per run, before close(); the destructor then adds nothing
+  // while the same exception unwinds.
+  //   catch (const std::exception& e) { agent.training_raised(e); throw; }
+  void training_raised(const std::exception& error);
 
   // Detaches from the model and scaler and finishes the run.db. Idempotent.
   void close();
