@@ -66,7 +66,7 @@ std::vector<at::Tensor> GradScaler::unscale_grads(torch::optim::Optimizer& optim
       at::Tensor grad = param.mutable_grad();
       if (!grad.defined()) continue;
       if (grad.scalar_type() == at::kHalf)
-        throw std::invalid_argument("GradScaler: attempting to unscale FP16 gradients (keep fp32 master parameters)");
+        throw std::invalid_argument("GradScaler: Attempting to unscale FP16 gradients (keep fp32 master parameters)");
       if (grad.is_sparse()) grad = grad._values();  // torch checks and unscales the stored values
       batch.params.push_back(param);
       batch.grads.push_back(grad);

@@ -157,3 +157,38 @@ TEST_CASE("clip_grad_norm_'s refusal of NaN/Inf gradients under the scaler, caug
   REQUIRE_FALSE(f.suggestions.empty());
   CHECK_THAT(f.suggestions[0].summary, Catch::StartsWith("With a GradScaler, leave clip_grad_norm_'s error_if_nonfinite"));
 }
+
+TEST_CASE("a half model's refusal by the C++ GradScaler, caught and recorded, is the run's error with the FP32 master "
+          "weights fix",
+          "[agent][raised]") {
+  TempDir dir;
+  torch::manual_seed(0);
+  TinyNet net;
+  net->to(torch::kHalf);
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
+  GradScaler scaler;
+  AgentOptions o;
+  o.db_path = dir.file("run.db");
+  {
+    Agent agent(*net, scaler, o);
+    optimizer.zero_grad();
+    const auto loss = net->c(torch::relu(net->b(torch::relu(net->a(torch::randn({8, 16}).to(torch::kHalf))))))
+                          .to(torch::kFloat).pow(2).mean();
+    scaler.scale(loss).backward();
+    try {
+      scaler.step(optimizer);
+      FAIL("the scaler unscaled FP16 gradients");
+    } catch (const std::invalid_argument& e) {
+      agent.training_raised(e);
+    }
+  }
+  const auto events = raised_events(dir.file("run.db"));
+  REQUIRE(events.size() == 1);
+  CHECK_THAT(events[0].detail, Catch::StartsWith("std::invalid_argument: GradScaler: Attempting to unscale FP16"));
+  // Refused at the first step, as torch's scaler refuses it: the run.db holds no step, and
+  // loading it is the error that says why and what fixes it.
+  CHECK_THROWS_WITH(rule_checks::report_of(dir.file("run.db")),
+                    Catch::Contains("the training raised std::invalid_argument: GradScaler: Attempting to unscale FP16 "
+                                    "gradients") &&
+                        Catch::Contains("keep the parameters in float32"));
+}
