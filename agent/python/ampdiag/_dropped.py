@@ -54,6 +54,9 @@ class DroppedForwards:
     def step_ended(self):
         """At the step's end: the events its NaN/Inf forwards call for, as (kind, detail),
         then forgets the cycle."""
+        if not self._watched and not self._evaluations:  # every step's case, twice a step
+            self._first_nonfinite = None
+            return ()
         dropped = [path for path, reached in self._watched if not reached]
         events = []
         if dropped:

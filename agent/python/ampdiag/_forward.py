@@ -85,12 +85,25 @@ def output_hook(handle, owner):
     def on_gradient(grad):
         return output_gradient(handle, grad)
 
+    def watch_gradient(tensor):
+        node = tensor.grad_fn
+        if node is None:  # a leaf the model returns as it is
+            tensor.register_hook(on_gradient)
+            return
+        # The node's pre-hook sees the same gradient as the tensor's hook (which torch keeps
+        # as a pre-hook of that node), registered for a few µs less: this runs every step.
+        nr = tensor.output_nr
+        node.register_prehook(lambda grads: None if grads[nr] is None else output_gradient(handle, grads[nr]))
+
     def hook(module, args, kwargs, output):
         if compiling():
             handle._traced_by_compile = True
             return None
+        # Listed once: read twice below, on every step (a plain tensor needs no walk).
+        floats = ([output] if output.is_floating_point() else []) if type(output) is torch.Tensor \
+            else float_tensors(output)
         if handle._live and handle._dropped.finite_so_far() and torch.is_grad_enabled():
-            look_at_model_output(handle, owner, args, kwargs, output)
+            look_at_model_output(handle, owner, args, kwargs, output, floats)
         if module is owner:
             handle._module_nodes, handle._last_node = [], None  # looked at: held no longer than the forward
         handle._dropped.forward_ended(output, module.training)
@@ -99,12 +112,12 @@ def output_hook(handle, owner):
             return None
         if not handle._live or not torch.is_grad_enabled() or (module is not owner and foreign_copy(module)):
             return None
-        tensor = output if isinstance(output, torch.Tensor) else first_float_tensor(output)
-        if tensor is not None and tensor.requires_grad and tensor.is_cpu and tensor.is_floating_point():
-            tensor.register_hook(on_gradient)
+        tensor = floats[0] if floats else None
+        if tensor is not None and tensor.requires_grad and tensor.is_cpu:
+            watch_gradient(tensor)
         # Where the loss code begins, should it go NaN/Inf (one forward's: an evaluation
         # run with gradients on must not keep every graph alive).
-        handle._output_nodes = [t.grad_fn for t in float_tensors(output) if t.grad_fn is not None]
+        handle._output_nodes = [t.grad_fn for t in floats if t.grad_fn is not None]
         return None
 
     return hook
@@ -141,17 +154,18 @@ def _version(tensor):  # (the forward hook has the same inline: it runs for ever
 MODEL_CODE_LOOKS = 4  # "model-code" events a run: the model's code rarely changes
 
 
-def look_at_model_output(handle, owner, args, kwargs, output):
+def look_at_model_output(handle, owner, args, kwargs, output, floats):
     """Where every module's output was finite: the model's own output, if it is not the last
     module's (a model that computes after its last submodule, as an LM whose logits are
     F.linear(h, self.emb.weight) with the embedding's weight). NaN/Inf there was made by
     the model's own forward(), not by the loss code: recorded as the output of module ""
     (the model), with its FP32 replay, as a submodule's would be, and the operations from
     the last module's output to the model's (event "model-code", as the loss code's). Host
-    outputs only: a device check would wait for the device."""
+    outputs only: a device check would wait for the device. `floats`: the output's
+    floating-point tensors (float_tensors)."""
     # A scalar is a loss the model computes itself (a Hugging Face model's output holds it
     # first): the loss code's look (_look_at_loss_code) reads that one.
-    tensor = next((t for t in float_tensors(output) if t.dim() > 0), None)
+    tensor = next((t for t in floats if t.dim() > 0), None)
     if tensor is None or not tensor.is_cpu or DTYPE_CODE.get(tensor.dtype) is None:
         return
     last = handle._last_output

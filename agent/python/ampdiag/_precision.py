@@ -133,6 +133,8 @@ class PrecisionChecker:
 
     def step_ended(self):
         """A module that did not run this step waits for its turn in the rotation again."""
+        if self._armed is None and not self._landing:  # most steps: nothing to undo or read
+            return
         t0 = time.perf_counter_ns()
         self._disarm()
         self._post_landed()
@@ -158,6 +160,8 @@ class PrecisionChecker:
         self._landing.append((step, path, dtype, numel, host, event))
 
     def _post_landed(self, wait=False):
+        if not self._landing:
+            return
         still = []
         for entry in self._landing:
             step, path, dtype, numel, host, event = entry

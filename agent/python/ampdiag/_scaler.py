@@ -10,7 +10,7 @@ import torch
 from . import _loss
 from ._grad_reads import optimizer_gradients, post_stats
 from ._step_end import end_step, end_step_on_device
-from ._tensors import (directly_readable, found_inf, found_inf_tensor, host_gradients, inf_checked,
+from ._tensors import (directly_readable, found_inf_tensor, host_gradients, host_outcome, host_scale, inf_checked,
                        scale_on_device)
 
 
@@ -40,28 +40,28 @@ def wrap_scaler(handle, scaler):
             handle._in_scaler_step = False
 
     def update(new_scale=None):
-        checked = inf_checked(scaler)
         if scale_on_device(scaler):
             # A CUDA scale stays on the device: the outcome is read back without waiting.
+            checked = inf_checked(scaler)
             found = found_inf_tensor(scaler) if checked else None
             before = scaler._scale.clone()
             original_update(new_scale)
             if not handle._inert:
                 end_step_on_device(handle, scaler._scale, checked, before, found)
             return
-        found = checked and found_inf(scaler)
-        before = float(scaler.get_scale())
+        checked, found = host_outcome(scaler)
+        before = host_scale(scaler)
         original_update(new_scale)
         if handle._inert:
             return
         if not checked:
             # An update() with no gradients checked since the last one (e.g. holding a
             # minimum scale after the cycle's update()): the same step, at this scale.
-            handle._session.amend_scale_after(float(scaler.get_scale()))
+            handle._session.amend_scale_after(host_scale(scaler))
             return
         # An optimizer that stepped outside scaler.step() applied this step whatever it held.
         taken = handle._bypass is not None and handle._bypass[0] == "unscaled"
-        end_step(handle, before, float(scaler.get_scale()), found, skipped=found and not taken)
+        end_step(handle, before, host_scale(scaler), found, skipped=found and not taken)
 
     _replace(handle, scaler, _unscale_grads_=_unscale_grads_, scale=scale, step=step, update=update)
 
@@ -100,21 +100,23 @@ def _scale(handle, outputs, scaled):
     if not handle._begin_cycle():
         return
     handle._scaler_scaled = True
-    before = len(handle._scaled)
-    for t, s in zip(_loss.tensors(outputs), _loss.tensors(scaled)):
+    given = _loss.tensors(outputs)  # read once: this runs every step
+    added = []
+    for t, s in zip(given, _loss.tensors(scaled)):
         if t.numel() == 1 and t.is_floating_point():
             # The same loss scaled again (once to log the scaled value, once to backpropagate
             # it) is one loss of the step, not two.
-            loss = next((earlier for _, earlier, given in handle._scaled if given is t), None)
+            loss = next((earlier for _, earlier, g in handle._scaled if g is t), None)
             if loss is None:
                 loss = t.detach()
                 handle._losses.append(loss)
             handle._scaled.append((s, loss, t))  # to take back if its gradients are taken instead
-    if any(t.dtype == torch.float16 for t in _loss.tensors(outputs)):
+            added.append(loss)
+    if any(t.dtype == torch.float16 for t in given):
         # Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
         handle._event("half-loss", "scaler.scale() received a float16 loss")
-    handle._watch_backward_start(outputs)
-    handle._look_before_backward([loss for _, loss, _ in handle._scaled[before:]])
+    handle._watch_backward_start(given)
+    handle._look_before_backward(added)
     handle._python_ns += time.perf_counter_ns() - t0
 
 

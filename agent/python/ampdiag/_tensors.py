@@ -226,9 +226,26 @@ def found_inf_tensor(scaler) -> torch.Tensor:
                                          for v in state.get("found_inf_per_device", {}).values()])
 
 
-def found_inf(scaler) -> bool:
-    return any(bool(v.item()) for state in scaler._per_optimizer_states.values()
-               for v in state.get("found_inf_per_device", {}).values())
+def host_outcome(scaler) -> tuple:
+    """(checked, found): whether gradients were unscaled and checked since the last
+    update() (inf_checked), and whether any held NaN/Inf, for a host scale: read in one
+    pass, every step."""
+    checked = found = False
+    for state in scaler._per_optimizer_states.values():
+        per_device = state.get("found_inf_per_device")
+        if per_device:
+            checked = True
+            for v in per_device.values():
+                if not found:
+                    found = bool(v.item())
+    return checked, found
+
+
+def host_scale(scaler) -> float:
+    """An enabled scaler's host scale, as get_scale() reads it (the initial one before the
+    first scale()), without its two calls."""
+    scale = scaler._scale
+    return float(scaler._init_scale) if scale is None else scale.item()
 
 
 def scale_text(scale: float) -> str:
