@@ -65,6 +65,13 @@ std::string raised_fix(const Run& run, const std::string& raised) {
     return "A GradScaler unscales FP32 gradients only: keep the parameters in float32 (no model.half()) and run the "
            "forward under torch.autocast(device_type=..., dtype=torch.float16); the optimizer then updates FP32 master "
            "weights, and the scaler protects the fp16 activations' gradients.";
+  if (raised.find(kScalerRefusals[0].text) != std::string::npos && run.first_event("gradients-set-to-none"))
+    // The agent saw the step's backward reach the optimizer's parameters and their .grad
+    // gone at the unscale: the usual cause, said instead of every possible one.
+    return "The step's backward reached the optimizer's parameters, and their .grad was None when scaler.step() read "
+           "them: something set them to None in between, as optimizer.zero_grad() does (set_to_none=True is its "
+           "default). Zero the gradients before the forward, or after scaler.update(), never between backward and "
+           "scaler.step().";
   for (const auto& refusal : kScalerRefusals)
     if (raised.find(refusal.text) != std::string::npos) return refusal.fix;
   return "";

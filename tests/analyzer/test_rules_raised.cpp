@@ -118,3 +118,18 @@ TEST_CASE("each GradScaler call-order refusal torch raises gets the order that f
   REQUIRE(f.suggestions.size() == 1);
   CHECK_THAT(f.suggestions.front().summary, Catch::StartsWith(fix));
 }
+
+TEST_CASE("a 'No inf checks' refusal after the agent saw the step's gradients set to None says to move zero_grad()",
+          "[rules][raised]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("gradients-set-to-none", "this step's backward reached 6 of the optimizer's parameters, and every .grad was "
+                                   "None when the scaler unscaled them: something set them to None in between, as "
+                                   "optimizer.zero_grad() does");
+  f.event("training-raised", "AssertionError: No inf checks were recorded for this optimizer.");
+  f.finish();
+  CHECK_THROWS_WITH(load_run(dir.file("run.db")),
+                    Catch::Contains("the training raised AssertionError: No inf checks were recorded for this "
+                                    "optimizer. The step's backward reached the optimizer's parameters") &&
+                        Catch::Contains("never between backward and scaler.step()"));
+}

@@ -63,3 +63,39 @@ def test_a_with_block_that_ends_normally_records_no_exception(tmp_path):
         opt.step()
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT COUNT(*) FROM events WHERE kind = 'training-raised'").fetchone() == (0,)
+
+
+def scaler_step_refused(db, zero_grad_between: bool):
+    """An fp16 step whose scaler.step() torch refuses ("No inf checks were recorded"):
+    zero_grad() between the backward and the step, or a step of an optimizer whose
+    parameters (a head the loss does not use) no backward reached."""
+    model, head = Tiny(), torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters() if zero_grad_between else head.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with pytest.raises(AssertionError, match="No inf checks were recorded"):
+        with ampdiag.attach(model, scaler, db=db):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(4, 16)).float().mean()
+            scaler.scale(loss).backward()
+            if zero_grad_between:
+                opt.zero_grad()
+            scaler.step(opt)
+
+
+def test_gradients_set_to_none_between_backward_and_step_give_the_refusal_its_zero_grad_fix(tmp_path, ampdiag_cli):
+    db = tmp_path / "cleared.db"
+    scaler_step_refused(db, zero_grad_between=True)
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT COUNT(*) FROM events WHERE kind = 'gradients-set-to-none'").fetchone() == (1,)
+    error = report_error(ampdiag_cli, db)
+    assert "The step's backward reached the optimizer's parameters, and their .grad was None" in error
+    assert error.endswith("never between backward and scaler.step().")
+
+
+def test_an_optimizer_no_backward_reached_is_not_said_to_have_had_its_gradients_set_to_none(tmp_path, ampdiag_cli):
+    db = tmp_path / "unreached.db"
+    scaler_step_refused(db, zero_grad_between=False)
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT COUNT(*) FROM events WHERE kind = 'gradients-set-to-none'").fetchone() == (0,)
+    assert "found no gradient in any of the optimizer's parameters: the backward before it reached none" in \
+        report_error(ampdiag_cli, db)

@@ -143,6 +143,8 @@ def _unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16):
             handle._python_ns += time.perf_counter_ns() - t0
             return {found_inf.device: found_inf}
     layers, grads, sparse = optimizer_gradients(handle, optimizer)
+    if not grads:
+        _no_gradients(handle, optimizer)
     special = sparse or any(g.dtype == torch.float16 for g in grads)
     # Fused: every gradient read in place on the scale's own device (CPU: the scale is a
     # host value; CUDA: the kernels read inv_scale and write found_inf on the device).
@@ -161,3 +163,18 @@ def _unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16):
     handle._python_ns += time.perf_counter_ns() - t0
     # torch's own unscale (it also raises for FP16 gradients, as it should).
     return original(optimizer, inv_scale, found_inf, allow_fp16)
+
+
+def _no_gradients(handle, optimizer):
+    """The scaler's unscale found no gradient in any of the optimizer's parameters, so
+    torch's scaler.step() refuses it next ("No inf checks were recorded for this
+    optimizer"). Where this step's backward did reach some of them, their .grad was set to
+    None after it: event "gradients-set-to-none", which gives that refusal its fix
+    (zero_grad() between backward() and step(); set_to_none=True is its default)."""
+    session = handle._session
+    reached = [p for group in optimizer.param_groups for p in group["params"]
+               if session.arrival(handle._layer_id(p)) >= 0]
+    if reached:
+        handle._event("gradients-set-to-none", f"this step's backward reached {len(reached)} of the optimizer's "
+                      "parameters, and every .grad was None when the scaler unscaled them: something set them to None "
+                      "in between, as optimizer.zero_grad() does", key=("gradients-set-to-none",))

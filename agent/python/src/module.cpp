@@ -306,6 +306,8 @@ PYBIND11_MODULE(_ampdiag, m) {
       .def("weight_update", [](Session& s, std::int64_t step, std::int64_t layer, std::int64_t nonzero,
                                std::int64_t stalled) { s.core().weight_update(step, layer, nonzero, stalled); })
       .def("arrived", [](Session& s, std::int64_t layer) { s.core().arrived(layer); })
+      .def("arrival", [](Session& s, std::int64_t layer) { return s.core().arrival(layer); },
+           "The layer's place in this cycle's backward arrival order; -1: no gradient arrived")
       .def("begin_cycle", [](Session& s) { return s.core().begin_cycle(); })
       .def("add_agent_ns", [](Session& s, std::int64_t ns) { s.core().add_agent_ns(ns); })
       .def("grads", &Session::grads, py::arg("ids"), py::arg("ptrs"), py::arg("numels"), py::arg("dtypes"),
