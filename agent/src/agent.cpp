@@ -3,29 +3,24 @@
 #include "ampdiag/agent.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <torch/nn/module.h>
 #include <torch/version.h>
-#include <cxxabi.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <exception>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <stdexcept>
-#include <typeinfo>
 #include <unordered_map>
 
 #include "ampdiag/grad_scaler.h"
 #include "ampdiag/pin_fp32.h"
+#include "agent_setup.h"
+#include "half_updates.h"
 #include "precision_checks.h"
 #include "replay_pins.h"
 #include "run_paths.h"
-#include "sampling.h"
 #include "session.h"
 #include "stale_gradients.h"
 #include "elapsed.h"
@@ -45,45 +40,6 @@ struct AddToAgentNs {
 };
 // The adapter's time on the training thread, added to the step's agent_ns when it goes.
 using AgentTime = agent::AddsElapsed<AddToAgentNs>;
-
-// "torch::nn::LinearImpl" -> "Linear"; user modules keep their own name.
-std::string module_type_name(const torch::nn::Module& m) {
-  std::string name = m.name();
-  const auto colon = name.rfind("::");
-  if (colon != std::string::npos) name = name.substr(colon + 2);
-  if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0) name.resize(name.size() - 4);
-  return name;
-}
-
-std::string shape_text(const at::Tensor& t) {
-  std::string s = "[";
-  for (std::int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
-  return s + "]";
-}
-
-// "Type: first line of the message", as the Python agent writes a raised exception: c10's
-// messages go on with a backtrace, and a type in an anonymous namespace is the program's.
-std::string raised_text(const std::exception& error) {
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> demangled(abi::__cxa_demangle(typeid(error).name(), nullptr, nullptr, &status),
-                                                   std::free);
-  std::string type = status == 0 && demangled ? demangled.get() : typeid(error).name();
-  if (const std::string anonymous = "(anonymous namespace)::"; type.rfind(anonymous, 0) == 0)
-    type.erase(0, anonymous.size());
-  std::string message = error.what();
-  message = message.substr(0, std::min(message.find('\n'), std::size_t(300)));
-  while (!message.empty() && message.back() == ' ') message.pop_back();
-  return message.empty() ? type : type + ": " + message;
-}
-
-std::string command_line() {
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (char& c : raw)
-    if (c == '\0') c = ' ';
-  while (!raw.empty() && raw.back() == ' ') raw.pop_back();
-  return raw;
-}
 
 }  // namespace
 
@@ -134,10 +90,10 @@ class Agent::Impl final : public ScalerObserver {
         weight_norms_.optimizer_starting(optimizer);
       }
       optimizer_range_ = session_.begin_range(-1, rundb::GpuPhase::kOptimizer, rundb::GpuKind::kOtherKernel);
-      weights_before_step();
+      if (!closed_) half_updates_.before_step(options_.every);
     } else {
       if (optimizer_range_) session_.end_range();
-      weights_after_step();
+      half_updates_.after_step();
     }
   }
   void on_update(const ScaleUpdate& update) override;
@@ -154,11 +110,6 @@ class Agent::Impl final : public ScalerObserver {
     return type == module_types_.end() ? "" : type->second;
   }
   void begin_cycle();
-  // Stalled updates of half-precision parameters (no FP32 master weights) on the steps the
-  // regular sampling records: a copy and a mask of finite non-zero gradients before the
-  // optimizer's step, the unchanged elements counted after it (table weight_updates).
-  void weights_before_step();
-  void weights_after_step();
 
   AgentOptions options_;
   GradScaler* scaler_;
@@ -171,11 +122,7 @@ class Agent::Impl final : public ScalerObserver {
   std::unordered_map<std::string, std::string> module_types_;  // path -> type, from the model
   std::vector<at::Tensor> keep_alive_;  // every registered tensor: its address is its key
   std::vector<std::pair<at::Tensor, unsigned>> hooks_;
-  struct HalfParam {
-    std::int64_t layer;
-    at::Tensor param, before, moved;  // before/moved: only while a measured step runs
-  };
-  std::vector<HalfParam> half_params_;  // trainable fp16/bf16 parameters on the host
+  agent::HalfUpdates half_updates_{session_};
   std::unique_ptr<agent::StaleGradients> stale_;  // see stale_gradients.h; none without a host probe
 
   // Per cycle: the losses given to scale() (micro-batches, several losses), summed: on the
@@ -216,42 +163,6 @@ class Agent::Impl final : public ScalerObserver {
 
 namespace {
 
-agent::SessionOptions session_options(const AgentOptions& o) {
-  if (o.threads < 0) throw std::invalid_argument("AgentOptions.threads must be >= 0 (0: torch's threads)");
-  if (o.queue_capacity < 16) throw std::invalid_argument("AgentOptions.queue_capacity must be at least 16 records");
-  if (!o.amp_dtype.empty() && o.amp_dtype != "float16" && o.amp_dtype != "bfloat16")
-    throw std::invalid_argument("AgentOptions.amp_dtype must be \"float16\", \"bfloat16\" or empty (float16, or what "
-                                "autocast runs in at the first probe), not \"" + o.amp_dtype + "\"");
-  agent::SessionOptions s;
-  s.overwrite = o.overwrite;
-  s.histogram = o.histogram;
-  s.activation_every = o.activation_every;
-  s.recorder.queue_capacity = o.queue_capacity;
-  s.recorder.every = o.every;
-  s.recorder.context_steps = o.context_steps;
-  s.cpu.threads = o.threads;
-  s.profile = o.profile;
-  if (o.threads == 0) {
-    // torch's intra-op (OpenMP) team: see CpuEngineOptions::parallel_for. This file is
-    // compiled with OpenMP, or at::parallel_for would run serially.
-    s.cpu.parallel_for = [](std::int64_t count, const std::function<void(std::int64_t)>& task) {
-      at::parallel_for(0, count, 1, [&](std::int64_t begin, std::int64_t end) {
-        for (std::int64_t i = begin; i < end; ++i) task(i);
-      });
-    };
-  }
-  return s;
-}
-
-agent::LayerInfo layer_info(const at::Tensor& p) {
-  agent::LayerInfo info;
-  info.dtype = std::string(c10::toString(p.scalar_type()));
-  info.shape = shape_text(p);
-  info.numel = p.numel();
-  info.trainable = p.requires_grad();
-  return info;
-}
-
 std::uintptr_t key_of(const at::Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.unsafeGetTensorImpl()); }
 
 }  // namespace
@@ -259,7 +170,7 @@ std::uintptr_t key_of(const at::Tensor& t) { return reinterpret_cast<std::uintpt
 Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions options)
     : options_(std::move(options)),
       scaler_(&scaler),
-      session_(session_options(options_)),
+      session_(agent::session_options(options_)),
       replay_pins_(session_, options_.replay, options_.autopin),
       checks_(session_, options_.precision_budget) {
   if (options_.autopin < 0) throw std::invalid_argument("AgentOptions.autopin must be >= 0 (0: never pin)");
@@ -286,7 +197,7 @@ Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions opt
   meta.device = keep_alive_.empty() ? "cpu" : keep_alive_.front().device().str();
   meta.amp_dtype = options_.amp_dtype.empty() ? "float16" : options_.amp_dtype;
   learn_amp_dtype_ = options_.amp_dtype.empty();
-  meta.command_line = command_line();
+  meta.command_line = agent::command_line();
   meta.fused_unscale = options_.fused_unscale;
   meta.scaler_init_scale = scaler.get_scale();
   meta.scaler_growth_factor = scaler.get_growth_factor();
@@ -298,10 +209,10 @@ Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions opt
 
 void Agent::Impl::register_layers(torch::nn::Module& model) {
   for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true))
-    module_types_[item.key()] = module_type_name(*item.value());
+    module_types_[item.key()] = agent::module_type_name(*item.value());
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
-    agent::LayerInfo info = layer_info(p);
+    agent::LayerInfo info = agent::layer_info(p);
     info.name = item.key();
     const auto dot = info.name.rfind('.');
     info.module_path = dot == std::string::npos ? "" : info.name.substr(0, dot);
@@ -314,7 +225,7 @@ void Agent::Impl::register_layers(torch::nn::Module& model) {
     if (!p.requires_grad()) continue;
     if (agent::half_precision(p.scalar_type())) {
       if (p.device().is_cpu())
-        half_params_.push_back({layer.id, p, {}, {}});
+        half_updates_.add(layer.id, p);
       else  // counting there would read the device back on the training thread
         session_.event_once("half-params-device", "warning",
                             "the C++ agent counts stalled updates of half-precision parameters on the CPU only; " +
@@ -337,7 +248,7 @@ void Agent::Impl::register_layers(torch::nn::Module& model) {
 }
 
 std::int64_t Agent::Impl::layer_of(const at::Tensor& param) {
-  const auto layer = session_.layer_of(key_of(param), layer_info(param));
+  const auto layer = session_.layer_of(key_of(param), agent::layer_info(param));
   if (layer.added) keep_alive_.push_back(param);
   return layer.id;
 }
@@ -558,29 +469,6 @@ bool Agent::Impl::on_unscale(UnscaleBatch& batch) {
   return fusable;
 }
 
-void Agent::Impl::weights_before_step() {
-  if (half_params_.empty() || closed_ || !agent::regular_sample(session_.step(), options_.every)) return;
-  at::NoGradGuard no_grad;
-  for (auto& h : half_params_) {
-    const at::Tensor& g = h.param.grad();
-    if (!g.defined() || g.is_sparse() || g.sizes() != h.param.sizes()) continue;
-    h.before = h.param.detach().clone();
-    h.moved = at::isfinite(g).logical_and_(g != 0);
-  }
-}
-
-void Agent::Impl::weights_after_step() {
-  at::NoGradGuard no_grad;
-  for (auto& h : half_params_) {
-    if (!h.before.defined()) continue;
-    const std::int64_t nonzero = h.moved.sum().item<std::int64_t>();
-    const std::int64_t stalled = h.moved.logical_and_(h.param.detach() == h.before).sum().item<std::int64_t>();
-    session_.weight_update(session_.step(), h.layer, nonzero, stalled);
-    h.before = at::Tensor();
-    h.moved = at::Tensor();
-  }
-}
-
 namespace {
 
 // A 0-dim tensor as a double on `device` (zero when undefined): device ops only.
@@ -649,7 +537,7 @@ void Agent::Impl::on_update(const ScaleUpdate& u) {
 void Agent::Impl::training_raised(const std::exception& error) {
   if (closed_ || raised_) return;
   raised_ = true;
-  session_.event("training-raised", raised_text(error));
+  session_.event("training-raised", agent::raised_text(error));
 }
 
 void Agent::Impl::close() {
