@@ -55,6 +55,16 @@ constexpr ScalerRefusal kScalerRefusals[] = {
     {"step() has already been called since the last update()",
      "Call scaler.update() once after each step's scaler.step() calls, every step: a second scaler.step() before it "
      "is refused."},
+    // step(), unscale_() or update() before any scaler.scale(): the scale is made there.
+    {"but _scale is None",
+     "Scale the loss before its backward: scaler.scale(loss).backward(), not loss.backward(). The scaler makes its "
+     "scale at its first scale() call; without one, its step() has no scale to divide the gradients by."},
+    {"No inf checks were recorded prior to update",
+     "Call scaler.step(optimizer) before scaler.update() in each step: update() reads what the step's unscale found, "
+     "and an update() after no step is refused."},
+    {"Closure use is not currently supported if GradScaler is enabled",
+     "GradScaler cannot step an optimizer with a closure (LBFGS re-evaluates the loss inside step()): train that "
+     "optimizer in float32 or bfloat16, without a loss scaler."},
 };
 
 }  // namespace

@@ -110,6 +110,13 @@ TEST_CASE("each GradScaler call-order refusal torch raises gets the order that f
       {"RuntimeError: unscale_() is being called after step().", "Unscale and clip before the optimizer steps"},
       {"RuntimeError: step() has already been called since the last update().",
        "Call scaler.update() once after each step's scaler.step() calls"},
+      {"AssertionError: Attempted step but _scale is None.  This may indicate your script did not use "
+       "scaler.scale(loss or outputs) earlier in the iteration.",
+       "Scale the loss before its backward: scaler.scale(loss).backward()"},
+      {"AssertionError: No inf checks were recorded prior to update.",
+       "Call scaler.step(optimizer) before scaler.update() in each step"},
+      {"RuntimeError: Closure use is not currently supported if GradScaler is enabled.",
+       "GradScaler cannot step an optimizer with a closure"},
   }));
   const Report r = report_raised_at_step_3(raised);
   const Finding& f = required(r, "training-raised");
