@@ -5,15 +5,18 @@ step by step (the order alternating) for many steps. What attach() adds to such 
 does not shrink with the model: it is the per-step and per-hook cost that the activation
 budgets (docs/PERFORMANCE.md) weigh against a short step, measured with less noise than a
 real model's step gives. Prints one line per attach() setting: the median step time of
-both loops and the difference.
+both loops and the difference, and the Python calls attach() adds to a step.
 
     PYTHONPATH=build/python python bench/python_step_cost.py [--steps N] [--repeat R]
 
 A machine's speed drifts by tens of per cent within minutes; compare the ratio (the cost
-over the step without ampdiag) between builds run alternately, not the microseconds.
+over the step without ampdiag) between builds run alternately, not the microseconds. The
+calls a step (functions written in Python and built-in ones, as sys.setprofile sees
+them) do not drift: they show a change of a few µs that the timings cannot.
 """
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -63,6 +66,37 @@ def measure(options, steps, db) -> tuple:
     return statistics.median(times[0]), statistics.median(times[1])
 
 
+def calls_per_step(loop_state, steps=100) -> float:
+    """The Python and built-in function calls one step makes (sys.setprofile's "call" and
+    "c_call" events), averaged over `steps` steps."""
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        if event in ("call", "c_call"):
+            calls += 1
+
+    sys.setprofile(count)
+    try:
+        for _ in range(steps):
+            step(*loop_state)
+    finally:
+        sys.setprofile(None)
+    return calls / steps
+
+
+def count_calls(options, db) -> tuple:
+    """(calls a step without ampdiag, with it)."""
+    plain, watched = loop(), loop()
+    handle = ampdiag.attach(watched[0], watched[2], db=db, **options)
+    try:
+        for _ in range(50):  # past the first steps' one-off work, as measure()
+            step(*plain), step(*watched)
+        return calls_per_step(plain), calls_per_step(watched)
+    finally:
+        handle.close()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3000)
@@ -81,6 +115,11 @@ def main():
                 without, with_agent = measure(options, args.steps, Path(tmp) / f"{r}-{len(name)}.db")
                 print(f"| {name} | {without * 1e6:.0f} | {with_agent * 1e6:.0f} | {(with_agent - without) * 1e6:.0f} | "
                       f"{with_agent / without - 1:.3f} |")
+        print("\n| attach() | calls a step without ampdiag | with | added |")
+        print("|---|---:|---:|---:|")
+        for name, options in SETTINGS:
+            without, with_agent = count_calls(options, Path(tmp) / f"calls-{len(name)}.db")
+            print(f"| {name} | {without:.0f} | {with_agent:.0f} | {with_agent - without:.0f} |")
 
 
 if __name__ == "__main__":
