@@ -96,6 +96,9 @@ class AttachHandle:
         self._fused = fused_unscale
         self._closed = False
         self._stopped = False  # recording stopped, hooks inert: the run.db could not be created
+        # Closed, or recording stopped: the hooks do nothing and torch's own methods run. A
+        # plain attribute, set with either, since every hook reads it.
+        self._inert = False
         self._in_cycle = False  # the session's optimizer cycle is open (Python's copy of it)
         self._live = False      # in a cycle, recording, no replay running: hooks take their fast path
         self._hooks = []
@@ -122,8 +125,13 @@ class AttachHandle:
         self._backwards_without_scale = 0
         self._root_inputs = None  # (args, kwargs) of the model's last forward in this cycle
         self._optimizers = weakref.WeakSet()  # those whose steps the agent saw: their settings are evidence
+        # Additions to _optimizers and _stepped_optimizers so far: the weight sampler looks at
+        # those sets only when it moved (a WeakSet's methods are Python calls, every step).
+        self._optimizer_adds = 0
+        self._last_unscaled = None  # weakref to the optimizer the last unscale added
         if optimizer is not None:
             self._optimizers.add(optimizer)
+            self._optimizer_adds += 1
         self._parameters_nonfinite = False  # found once: every NaN/Inf after it is theirs, no replay
         self._loss_code_looks = 0  # loss-code events written (see _looks.look_at_loss_code)
         self._model_code_looks = 0  # model-code events written (see _forward.look_at_model_output)
@@ -240,7 +248,7 @@ class AttachHandle:
         """Detaches every hook and wrapper and finishes the run.db. Idempotent."""
         if self._closed:
             return
-        self._closed = True
+        self._closed = self._inert = True
         self._live = False
         _loss.unwatch(self)
         _loss.unwatch_grad(self)
@@ -341,11 +349,6 @@ class AttachHandle:
         self._dropped.step_ended()  # a previous cycle's, if it ended without _step_end._before_step_end()
 
     @property
-    def _inert(self):
-        """Closed, or recording stopped: the hooks do nothing and torch's own methods run."""
-        return self._closed or self._stopped
-
-    @property
     def _standing_aside(self):
         """Inert, or an FP32 replay is running: the model's and autograd's hooks do nothing."""
         return self._inert or (self._replayer is not None and self._replayer.busy)
@@ -364,7 +367,7 @@ class AttachHandle:
             except _ampdiag.RunDbError as e:
                 # Training has started: the log never stops it. Every hook goes inert and
                 # the scaler's own methods run, so the numbers are torch's.
-                self._stopped = True
+                self._stopped = self._inert = True
                 self._session.failed(str(e))
                 print(f"ampdiag: cannot record this run, training goes on without it: {e}", file=sys.stderr)
                 return False
@@ -399,13 +402,14 @@ class AttachHandle:
         return hook
 
     def _watch_backward_start(self, roots):
-        """Flags the moment a backward from these roots starts, before any gradient arrives:
-        a checkpointed block may run its forward again inside it, before any of the
-        model's gradients arrive, and its hooks must know."""
-        for root in _loss.tensors(roots):
-            if root.grad_fn is not None:
-                root.grad_fn.register_prehook(self._backward_started)
-                self._loss_nodes.append(root.grad_fn)
+        """Flags the moment a backward from these roots (a list of tensors) starts, before
+        any gradient arrives: a checkpointed block may run its forward again inside it,
+        before any of the model's gradients arrive, and its hooks must know."""
+        for root in roots:
+            node = root.grad_fn
+            if node is not None:
+                node.register_prehook(self._backward_started)
+                self._loss_nodes.append(node)
 
     def _backward_started(self, grad_outputs):
         self._backward_seen = True
@@ -437,14 +441,16 @@ class AttachHandle:
             return
         self._roots = _loss.scalar_losses(roots)
         self._own_backward = True  # without a scaler, any backward that reaches the model is the loss's
-        self._watch_backward_start(roots)
+        self._watch_backward_start(_loss.tensors(roots))
         self._look_before_backward(self._roots)
 
     def _look_before_backward(self, losses):
         """A host loss already NaN/Inf when backward is about to start: the loss code is
         looked at now, while its saved tensors (the targets it was given) are alive."""
-        if any(t.is_cpu and not math.isfinite(t.item()) for t in losses):
-            look_at_loss_code(self)
+        for t in losses:  # (a loop: a generator is a call per loss, every step)
+            if t.is_cpu and not math.isfinite(t.item()):
+                look_at_loss_code(self)
+                return
 
     def _after_backward(self):
         self._own_backward = False
@@ -466,6 +472,7 @@ class AttachHandle:
         if optimizer in self._stepped_optimizers:
             return
         self._stepped_optimizers.add(optimizer)
+        self._optimizer_adds += 1
         self._stepped_params |= _replaced_optimizer.params_of(optimizer)
         self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
         if ends_step:

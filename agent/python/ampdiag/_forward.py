@@ -165,7 +165,11 @@ def look_at_model_output(handle, owner, args, kwargs, output, floats):
     floating-point tensors (float_tensors)."""
     # A scalar is a loss the model computes itself (a Hugging Face model's output holds it
     # first): the loss code's look (_look_at_loss_code) reads that one.
-    tensor = next((t for t in floats if t.dim() > 0), None)
+    tensor = None
+    for t in floats:  # (a loop: a generator is one more call a tensor, every step)
+        if t.dim() > 0:
+            tensor = t
+            break
     if tensor is None or not tensor.is_cpu or DTYPE_CODE.get(tensor.dtype) is None:
         return
     last = handle._last_output

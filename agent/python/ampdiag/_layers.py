@@ -27,6 +27,7 @@ class Layers:
         self._handle = handle
         self._params = []      # every registered tensor, kept alive: id() is its key in the session
         self._layer_ids = {}   # id() -> layer, for tensors the optimizer has handed over
+        self.known = self._layer_ids.get  # a layer_id() already answered: what layer_id() returns
         self._hookless = {}    # id() -> (layer, name): frozen at attach(), no arrival hook yet
         self._module_paths = {}  # layer -> the path of the module it is registered under
         self.registered = []   # (layer, parameter) of the model, each tensor once

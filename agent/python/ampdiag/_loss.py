@@ -107,11 +107,17 @@ def check_scaled_roots(handle, roots) -> bool:
         return False
     # Runs on every backward: the roots read as they come (through tensors(), whose
     # isinstance(x, torch.Tensor) goes through torch's metaclass, this cost ~6 µs a call).
+    # (Loops, not generators: a generator is one more Python call each time it yields.)
     candidates = roots if type(roots) in (list, tuple) else (roots,)
-    if any(root is given for _, _, given in handle._scaled for root in candidates):
+    from_scaled = unscaled = False
+    for scaled, _, given in handle._scaled:
+        for root in candidates:
+            from_scaled = from_scaled or root is scaled
+            unscaled = unscaled or root is given
+    if unscaled:
         scaler = handle.scaler
         # A CUDA scale is not read: that would make the training thread wait for the device.
         scale = "" if scale_on_device(scaler) else f" (scale {scale_text(float(scaler.get_scale()))})"
         handle._event("unscaled-backward", f"backward() ran on the loss given to scaler.scale(){scale}, not on its "
                       "output", key=("unscaled-backward",))
-    return any(root is scaled for scaled, _, _ in handle._scaled for root in candidates)
+    return from_scaled

@@ -4,6 +4,7 @@ as torch's, or before torch's own), step() marks its optimizer step as the norma
 (see _outside_scaler.py), update() ends the step with the scale it chose."""
 import functools
 import time
+import weakref
 
 import torch
 
@@ -97,22 +98,30 @@ def _scale(handle, outputs, scaled):
     if handle._inert:
         return
     t0 = time.perf_counter_ns()
-    if not handle._begin_cycle():
+    if not handle._live and not handle._begin_cycle():
         return
     handle._scaler_scaled = True
-    given = _loss.tensors(outputs)  # read once: this runs every step
+    # Runs every step: each tensor list read once, and loops rather than generators (a
+    # generator is one more Python call each time it yields).
+    given = _loss.tensors(outputs)
     added = []
+    half = False
     for t, s in zip(given, _loss.tensors(scaled)):
+        half = half or t.dtype == torch.float16
         if t.numel() == 1 and t.is_floating_point():
             # The same loss scaled again (once to log the scaled value, once to backpropagate
             # it) is one loss of the step, not two.
-            loss = next((earlier for _, earlier, g in handle._scaled if g is t), None)
+            loss = None
+            for _, earlier, g in handle._scaled:
+                if g is t:
+                    loss = earlier
+                    break
             if loss is None:
                 loss = t.detach()
                 handle._losses.append(loss)
             handle._scaled.append((s, loss, t))  # to take back if its gradients are taken instead
             added.append(loss)
-    if any(t.dtype == torch.float16 for t in given):
+    if half:
         # Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
         handle._event("half-loss", "scaler.scale() received a float16 loss")
     handle._watch_backward_start(given)
@@ -122,18 +131,22 @@ def _scale(handle, outputs, scaled):
 
 def _unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16):
     t0 = time.perf_counter_ns()
-    if not handle._begin_cycle():
+    if not handle._live and not handle._begin_cycle():
         return original(optimizer, inv_scale, found_inf, allow_fp16)
     if handle._accumulation_probe is not None:
         handle._accumulation_probe.gradients_read()
-    handle._optimizers.add(optimizer)
+    last = handle._last_unscaled
+    if last is None or last() is not optimizer:  # one optimizer a step: added once
+        handle._optimizers.add(optimizer)
+        handle._optimizer_adds += 1
+        handle._last_unscaled = weakref.ref(optimizer)
     if handle._updates is not None:
         handle._updates.watch(optimizer)
     if handle._profile is not None:
         handle._profile.watch_optimizer(optimizer)
         original = functools.partial(handle._profile.unscale, original)
     if handle._fused and found_inf.is_cpu and inv_scale.is_cpu:
-        host = host_gradients(optimizer, handle._layer_id)
+        host = host_gradients(optimizer, handle._layer_id, handle._layers.known)
         if host is not None and host[0]:  # the common case: one pass over the gradients
             layers, ptrs, numels, codes = host
             places = [0] * len(layers)

@@ -14,7 +14,11 @@ def end_step(handle, scale_before, scale_after, found_inf, skipped):
     """Ends the step with its scalars on the host (a CUDA loss is still read back later)."""
     _before_step_end(handle)
     losses = handle._logged_losses or handle._losses or handle._taken_losses
-    on_device = next((t.device for t in losses if t.is_cuda), None)
+    on_device = None
+    for t in losses:  # (a loop: a generator is one more call a loss, every step)
+        if t.is_cuda:
+            on_device = t.device
+            break
     if on_device is not None:
         # A CUDA loss (bf16 without a scaler) is summed there and read back with the step,
         # never with .item(): that would wait for the device.
@@ -27,7 +31,8 @@ def end_step(handle, scale_before, scale_after, found_inf, skipped):
             look_at_loss_code(handle)
         elif skipped and scale_before <= 1.0 and handle._backward_replayer is not None:
             handle._backward_replayer.skipped_at_unit_scale()
-        handle._weights.step_ended(handle._session.step, skipped, handle._optimizers, handle._stepped_optimizers)
+        handle._weights.step_ended(handle._session.step, skipped, handle._optimizers, handle._stepped_optimizers,
+                                   handle._optimizer_adds)
         handle._session.end_step(loss, len(losses), scale_before, scale_after, found_inf, skipped, handle._python_ns)
         _step_ended(handle)
     handle._last_step_skipped = skipped

@@ -106,11 +106,12 @@ def activation_elsewhere(session, module_id, tensor, micro_batch):
                               *engine_place(view))
 
 
-def host_gradients(optimizer, layer_id):
+def host_gradients(optimizer, layer_id, known):
     """(layer ids, pointers, sizes, dtype codes) of the optimizer's gradients when every one
     is a contiguous float32 or bfloat16 host tensor, read and unscaled in place; else None
     (FP16, sparse or device gradients take the agent's general path, which says why).
-    layer_id(param) names each parameter's layer."""
+    layer_id(param) names each parameter's layer; known: id(param) -> the layer it named,
+    looked up first (a call a gradient fewer, every step)."""
     layers, ptrs, numels, codes = [], [], [], []
     code_of, strided = DTYPE_CODE.get, torch.strided
     for group in optimizer.param_groups:
@@ -121,7 +122,8 @@ def host_gradients(optimizer, layer_id):
             code = code_of(g.dtype)
             if code is None or code == 1 or type(g) is not torch.Tensor or not g.is_cpu or g.layout is not strided or not g.is_contiguous():
                 return None
-            layers.append(layer_id(p))
+            layer = known(id(p))
+            layers.append(layer_id(p) if layer is None else layer)
             ptrs.append(g.data_ptr())
             numels.append(g.numel())
             codes.append(code)
@@ -207,7 +209,7 @@ def _first_nan(named, depth):
 
 def host_sum(losses) -> float:
     """The sum of host losses (NaN for none), read at once: no device to wait for."""
-    return math.fsum(t.item() for t in losses) if losses else math.nan  # item(): exact for every float dtype
+    return math.fsum([t.item() for t in losses]) if losses else math.nan  # item(): exact for every float dtype
 
 
 def sum_on(device, tensors) -> torch.Tensor:

@@ -34,20 +34,24 @@ class WeightSampler:
                         if p.is_floating_point() and p.device.type == "cpu" and not distributed(p)]
         self._schedule = _ampdiag.WeightSchedule()
         self._described = weakref.WeakSet()  # optimizers whose settings were recorded
+        self._adds = 0  # the handle's _optimizer_adds when the sets were last looked at
 
     def step_began(self, step: int):
         if self._schedule.at_start(step):
             self._sample()
 
-    def step_ended(self, step: int, skipped: bool, seen, stepped):
-        """`seen` and `stepped` (WeakSets): the optimizers of the run so far. Their sizes are
-        compared first: iterating WeakSets every step cost more than the rest of this."""
-        if len(self._described) < len(seen) + len(stepped):
-            for optimizer in list(seen) + list(stepped):
-                if optimizer in self._described:
-                    continue
-                self._described.add(optimizer)
-                self._handle._session.event("optimizer-settings", _settings(optimizer))
+    def step_ended(self, step: int, skipped: bool, seen, stepped, adds: int):
+        """`seen` and `stepped` (WeakSets): the optimizers of the run so far; `adds`: how many
+        times one was added to them. They are looked at only when that moved, then their
+        sizes first: iterating WeakSets every step cost more than the rest of this."""
+        if adds != self._adds:
+            self._adds = adds
+            if len(self._described) < len(seen) + len(stepped):
+                for optimizer in list(seen) + list(stepped):
+                    if optimizer in self._described:
+                        continue
+                    self._described.add(optimizer)
+                    self._handle._session.event("optimizer-settings", _settings(optimizer))
         if skipped and self._schedule.after_skip(step):
             self._sample()
 
