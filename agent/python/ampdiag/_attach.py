@@ -325,7 +325,7 @@ class AttachHandle:
         self._logged_losses = []  # log_loss(): wins over the automatic ones
         self._taken_losses = []   # scaler.scale() outputs given to torch.autograd.grad: see _gradients_taken
         self._micro_batch = 0
-        self._backward_seen = False       # a backward started or reached the model since the last forward
+        self._backward_seen = False       # a backward reached the model since the last forward
         self._batch_grad_calls = self._grad_calls  # gradients seen when this micro-batch began
         self._first_nonfinite = None
         self._forward_nonfinite = False  # a watched output held NaN/Inf in this cycle
@@ -401,47 +401,48 @@ class AttachHandle:
 
         return hook
 
-    def _watch_backward_start(self, roots):
-        """Flags the moment a backward from these roots (a list of tensors) starts, before
-        any gradient arrives: a checkpointed block may run its forward again inside it,
-        before any of the model's gradients arrive, and its hooks must know."""
+    def _keep_loss_nodes(self, roots):
+        """Where the loss code ends (the grad_fn of these roots, a list of tensors), should
+        it go NaN/Inf (_looks.look_at_loss_code)."""
         for root in roots:
             node = root.grad_fn
             if node is not None:
-                node.register_prehook(self._backward_started)
                 self._loss_nodes.append(node)
 
-    def _backward_started(self, grad_outputs):
-        self._backward_seen = True
-        if torch.is_grad_enabled() and self._has_scaler:
-            # create_graph=True: the gradients of the scaled loss are differentiable, and a
-            # loss built from them (a gradient penalty) holds the scale: Inf where the scaled
-            # gradients overflow, which the scaler's skip answers like any overflow.
-            self._event("scaled-gradients-in-loss", "a backward with create_graph=True from scaler.scale()'s output: "
-                        "a loss built from its gradients depends on the loss scale")
+    def _scaled_gradients_differentiated(self):
+        # create_graph=True from scaler.scale()'s output: the gradients of the scaled loss
+        # are differentiable, and a loss built from them (a gradient penalty) holds the
+        # scale: Inf where the scaled gradients overflow, which the scaler's skip answers
+        # like any overflow.
+        self._event("scaled-gradients-in-loss", "a backward with create_graph=True from scaler.scale()'s output: "
+                    "a loss built from its gradients depends on the loss scale")
 
-    def _gradients_taken(self, outputs):
+    def _gradients_taken(self, outputs, create_graph):
         """torch.autograd.grad() received `outputs`: a scaler.scale() output among them gives
         its gradients back, and is not the step's loss while a backward gives one (a gradient
         penalty); it is where none does (per-task gradients combined by hand into .grad)."""
         if self._inert or not self._scaled:
             return
         taken = [loss for t, loss, _ in self._scaled if any(t is o for o in _loss.tensors(outputs))]
+        if taken and create_graph:
+            self._scaled_gradients_differentiated()
         if taken:
             self._taken_losses.extend(taken)  # the step's loss where no backward follows (gradient surgery)
             self._losses = [loss for loss in self._losses if not any(loss is t for t in taken)]
             self._scaled = [entry for entry in self._scaled if not any(entry[1] is x for x in taken)]
 
-    def _before_backward(self, roots):
+    def _before_backward(self, roots, create_graph):
         if self._inert:
             return
         self._grad_calls_before = self._grad_calls
         if self._has_scaler:
             self._own_backward = _loss.check_scaled_roots(self, roots)
+            if self._own_backward and create_graph:
+                self._scaled_gradients_differentiated()
             return
         self._roots = _loss.scalar_losses(roots)
         self._own_backward = True  # without a scaler, any backward that reaches the model is the loss's
-        self._watch_backward_start(_loss.tensors(roots))
+        self._keep_loss_nodes(_loss.tensors(roots))
         self._look_before_backward(self._roots)
 
     def _look_before_backward(self, losses):

@@ -214,11 +214,11 @@ def forward_hook(handle, path, owner):
             if evaluations.armed and not handle._standing_aside:  # an evaluation between steps
                 evaluations.module_output(path, output)
             return None
+        if in_backward() != -1:
+            # A checkpointed block running its forward again for the backward: the values
+            # its first forward had, recorded then.
+            return None
         if handle._backward_seen:
-            if in_backward() != -1:
-                # A checkpointed block running its forward again for the backward: the
-                # values its first forward had, recorded then.
-                return None
             handle._backward_seen = False
             if handle._grad_calls != handle._batch_grad_calls:  # the backward reached the model
                 handle._batch_grad_calls = handle._grad_calls

@@ -54,8 +54,10 @@ def _backward_wrapper(original, wrapped):
             # of the backward under way, whose roots are the loss.
             return original(tensors, *args, **kwargs)
         watching = wrapped.handles()
+        # torch.autograd.backward(tensors, grad_tensors, retain_graph, create_graph, ...)
+        create_graph = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
         for w in watching:
-            w._before_backward(tensors)
+            w._before_backward(tensors, create_graph)
         try:
             return original(tensors, *args, **kwargs)
         finally:
@@ -68,8 +70,10 @@ def _backward_wrapper(original, wrapped):
 def _grad_wrapper(original, wrapped):
     def grad(outputs, *args, **kwargs):
         if torch._C._current_graph_task_id() == -1:
+            # torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph, create_graph, ...)
+            create_graph = kwargs.get("create_graph", args[3] if len(args) > 3 else False)
             for w in wrapped.handles():
-                w._gradients_taken(outputs)
+                w._gradients_taken(outputs, create_graph)
         return original(outputs, *args, **kwargs)
 
     return grad

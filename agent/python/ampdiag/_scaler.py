@@ -124,7 +124,7 @@ def _scale(handle, outputs, scaled):
     if half:
         # Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
         handle._event("half-loss", "scaler.scale() received a float16 loss")
-    handle._watch_backward_start(given)
+    handle._keep_loss_nodes(given)
     handle._look_before_backward(added)
     handle._python_ns += time.perf_counter_ns() - t0
 
