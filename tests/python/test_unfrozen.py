@@ -50,3 +50,30 @@ def test_a_backbone_frozen_throughout_gets_no_rows_and_no_event(tmp_path):
     assert [name for name, _ in backward_order(tmp_path / "run.db", 3)] == ["1.weight", "1.bias"]
     with sqlite3.connect(tmp_path / "run.db") as c:
         assert c.execute("SELECT count(*) FROM events WHERE kind = 'parameters-unfrozen'").fetchone() == (0,)
+
+
+def test_a_backbone_whose_own_optimizer_was_unscaled_without_gradients_still_gets_its_hook_when_unfrozen(tmp_path):
+    # Two optimizers on one scaler; while the backbone is frozen, the loop still unscales
+    # its optimizer (no gradient there: the agent looks for arrivals) and steps the head's.
+    torch.manual_seed(0)
+    backbone, head = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16)), nn.Linear(16, 1)
+    model = nn.Sequential(backbone, head)
+    backbone.requires_grad_(False)
+    opt_backbone, opt_head = torch.optim.SGD(backbone.parameters(), lr=1e-3), torch.optim.SGD(head.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    db = tmp_path / "run.db"
+    with ampdiag.attach(model, scaler, db=db):
+        for step in range(4):
+            if step == 2:
+                backbone.requires_grad_(True)
+            opt_backbone.zero_grad(), opt_head.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(4, 8)).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt_backbone)
+            if step >= 2:
+                scaler.step(opt_backbone)
+            scaler.step(opt_head)
+            scaler.update()
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT step FROM events WHERE kind = 'parameters-unfrozen'").fetchall() == [(2,)]

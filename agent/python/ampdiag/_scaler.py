@@ -184,9 +184,12 @@ def _no_gradients(handle, optimizer):
     optimizer"). Where this step's backward did reach some of them, their .grad was set to
     None after it: event "gradients-set-to-none", which gives that refusal its fix
     (zero_grad() between backward() and step(); set_to_none=True is its default)."""
+    # The model's own parameters (only they have arrival hooks), looked up without
+    # layer_id(), which would register a frozen one for good before it is unfrozen.
+    layers = {id(p): layer for layer, p in handle._layers.registered}
     session = handle._session
     reached = [p for group in optimizer.param_groups for p in group["params"]
-               if session.arrival(handle._layer_id(p)) >= 0]
+               if id(p) in layers and session.arrival(layers[id(p)]) >= 0]
     if reached:
         handle._event("gradients-set-to-none", f"this step's backward reached {len(reached)} of the optimizer's "
                       "parameters, and every .grad was None when the scaler unscaled them: something set them to None "
