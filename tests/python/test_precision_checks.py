@@ -32,19 +32,20 @@ class Net(nn.Module):
         return self.out(self.norm(self.inp(x)))
 
 
-def train(db, norm, steps=12, batch_scale=1.0, autocast=True, **options):
-    """`steps` fp16-autocast AMP steps of Net(norm) with a real GradScaler under attach();
-    returns the model's parameters after training and the RNG's next draw."""
+def train(db, norm, steps=12, batch_scale=1.0, autocast=True, autocast_from=0, **options):
+    """`steps` fp16-autocast AMP steps of Net(norm) with a real GradScaler under attach()
+    (autocast from step `autocast_from` on); returns the model's parameters after training
+    and the RNG's next draw."""
     torch.manual_seed(0)
     model = Net(norm)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu")
     g = torch.Generator().manual_seed(0)
     handle = ampdiag.attach(model, scaler, db=str(db), **options) if db is not None else None
-    for _ in range(steps):
+    for step in range(steps):
         x = torch.randn(32, 16, generator=g) * batch_scale
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.float16, enabled=autocast):
+        with torch.autocast("cpu", dtype=torch.float16, enabled=autocast and step >= autocast_from):
             loss = model(x).float().pow(2).mean()
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -110,6 +111,30 @@ def test_a_zero_budget_checks_nothing(tmp_path):
 def test_modules_run_in_fp32_are_not_checked(tmp_path):
     train(tmp_path / "run.db", RMSNorm(64), autocast=False, precision_budget=1.0)
     assert checks(tmp_path / "run.db") == []
+
+
+class ArmedLayerNorm(nn.LayerNorm):
+    """Counts the forward pre-hooks registered on it: the precision checks arm a module with
+    one (ampdiag puts no other on a submodule)."""
+
+    armed = 0
+
+    def register_forward_pre_hook(self, *args, **kwargs):
+        self.armed += 1
+        return super().register_forward_pre_hook(*args, **kwargs)
+
+
+def test_a_module_run_in_fp32_is_armed_at_ever_fewer_of_its_turns(tmp_path):
+    norm = ArmedLayerNorm(64)
+    train(tmp_path / "run.db", norm, steps=60, autocast=False, precision_budget=1.0)
+    # Its turn comes every third step (20 turns): armed at turns 0, 2, 6 and 14, where
+    # each turn used to arm it.
+    assert norm.armed == 4
+
+
+def test_a_module_sitting_out_its_turns_is_checked_again_once_autocast_is_on(tmp_path):
+    train(tmp_path / "run.db", nn.LayerNorm(64), steps=60, autocast_from=30, precision_budget=1.0)
+    assert [step for step, module, *_ in checks(tmp_path / "run.db") if module == "norm" and step >= 30]
 
 
 def test_the_default_budget_keeps_checks_to_a_small_share_of_the_steps(tmp_path):
