@@ -1,20 +1,23 @@
 """Step time of ordinary PyTorch fp16-autocast training loops without ampdiag and
 with ampdiag.attach() (activations on, the default; observe-only unscale; no activations),
 interleaved step by step; medians and the overhead against the loop without it, measured
-in the same run. Two models: a 6-layer nn.TransformerEncoder (d=256) and a small MLP of
-about 2 ms a step, where the agent's fixed cost per hook and per step shows most. Prints
+in the same run. Three models: a 6-layer nn.TransformerEncoder (d=256), a small MLP
+(256-512-512-512-1, batch 128: 5 to 10 ms a step on the CPUs measured so far), and an MLP
+of the same shape sized to about 2 ms a step on the machine it runs on (--mlp-ms), the
+budget's model, where the agent's fixed cost per hook and per step shows most. Prints
 Markdown tables. With --device cuda the loops run on the GPU, with a BERT-base-sized
 encoder instead of the small one, and each step is timed up to a device synchronisation
 (the benchmark's own, after scaler.update()).
 
     PYTHONPATH=build/python python bench/python_attach_bench.py [--steps N] [--rounds R] [--device cpu|cuda]
-        [--precision fp16|fp32]
+        [--precision fp16|fp32] [--mlp-ms MS]
 
 Each round builds fresh loops and interleaves them for N steps, in an order that rotates
 every step; the table gives the median over all rounds' steps, and the spread of the
 per-round overheads.
 """
 import argparse
+import math
 import statistics
 import tempfile
 import time
@@ -37,11 +40,36 @@ def encoder(d, layers, batch, tokens):
     return make
 
 
-def mlp(device):
-    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                          nn.Linear(512, 1)).to(device)
-    return (model, torch.optim.AdamW(model.parameters(), lr=1e-4), torch.randn(128, 256, device=device),
-            torch.randn(128, 1, device=device))
+def mlp_of(width):
+    def make(device):
+        model = nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                              nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)).to(device)
+        return (model, torch.optim.AdamW(model.parameters(), lr=1e-4), torch.randn(128, 256, device=device),
+                torch.randn(128, 1, device=device))
+    make.__name__ = f"mlp{width}"
+    return make
+
+
+mlp = mlp_of(512)
+MLP_WIDTHS = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+def sized_mlp(device, autocast, target_ms):
+    """(width, its median step in ms): the MLP width whose step without ampdiag comes
+    closest to `target_ms` here (the step time of a width is measured, not assumed: it
+    depends on the CPU or GPU, the threads and the precision)."""
+    best = None
+    for width in MLP_WIDTHS:
+        torch.manual_seed(0)
+        model, optimizer, x, y = mlp_of(width)(device)
+        scaler = torch.amp.GradScaler(device)
+        times = [step(model, optimizer, scaler, x, y, autocast) for _ in range(12)][4:]
+        ms = statistics.median(times) * 1e3
+        if best is None or abs(math.log(ms / target_ms)) < abs(math.log(best[1] / target_ms)):
+            best = (width, ms)
+        if ms > target_ms:  # wider only takes longer
+            break
+    return best
 
 
 MODELS = {
@@ -123,9 +151,14 @@ def main():
                         help="fp32: autocast off, the same loops in float32 with the same GradScaler; a proxy on a "
                              "CPU that emulates fp16 (similar step times, every hook and check still runs, on "
                              "outputs twice the bytes), not the budgets' measurement")
+    parser.add_argument("--mlp-ms", type=float, default=2.0,
+                        help="the step time, in ms, the sized MLP aims at without ampdiag (the budget's 2 ms); 0: "
+                             "no sized MLP")
     args = parser.parse_args()
     if args.steps < 1 or args.rounds < 1:
         parser.error("--steps and --rounds must be at least 1")
+    if not (args.mlp_ms >= 0 and math.isfinite(args.mlp_ms)):
+        parser.error("--mlp-ms must be a step time in ms (0: no sized MLP)")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here")
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
@@ -138,9 +171,14 @@ def main():
                   "overheads do not measure against them (docs/PERFORMANCE.md); --precision fp32 is a proxy.")
     if args.precision == "fp32":
         print("Precision fp32 (autocast off): a proxy for the fp16 loops, not the budgets' measurement.")
+    models = dict(MODELS[args.device])
+    if args.mlp_ms > 0:
+        width, ms = sized_mlp(args.device, args.precision == "fp16", args.mlp_ms)
+        models[f"MLP sized to ~{args.mlp_ms:g} ms a step here: 256-{width}-{width}-{width}-1, batch 128 "
+               f"({ms:.2f} ms when sized)"] = mlp_of(width)
     print()
     with tempfile.TemporaryDirectory() as tmp:
-        for title, make in MODELS[args.device].items():
+        for title, make in models.items():
             rounds = [run_round(make, args.device, args.steps, tmp, r, args.precision == "fp16")
                       for r in range(args.rounds)]
             all_times = {name: [t for r in rounds for t in r[name]] for name, _ in LOOPS}
