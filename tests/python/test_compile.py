@@ -132,6 +132,19 @@ def test_a_compiled_model_can_be_attached_again_after_close(tmp_path):
     second.close()
 
 
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_fullgraph_is_read_from_torch_2_5s_compiled_wrapper_too(fullgraph):
+    # torch 2.5 keeps the flag only on the frame converter it chose, not on the wrapper's
+    # context (the refusal below let such a model through: scripts/test-floor found it).
+    from types import SimpleNamespace
+    from ampdiag._forward import compiled_fullgraph
+
+    converter = SimpleNamespace(_one_graph=True) if fullgraph else SimpleNamespace()
+    wrapper = nn.Linear(2, 2)
+    wrapper.dynamo_ctx = SimpleNamespace(callback=SimpleNamespace(_torchdynamo_orig_callable=converter))
+    assert compiled_fullgraph(wrapper) is fullgraph
+
+
 def test_a_fullgraph_model_with_activations_is_refused_with_the_way_out(tmp_path):
     torch._dynamo.reset()
     model = torch.compile(Overflowing(), backend="eager", fullgraph=True)

@@ -65,8 +65,9 @@ def test_a_full_disk_mid_run_keeps_training_and_counts_only_committed_rows(tmp_p
 @pytest.mark.parametrize("case", ["missing directory", "a directory", "full disk"])
 def test_a_db_that_cannot_be_created_stops_the_sample_with_one_line(tmp_path, case):
     db = {"missing directory": tmp_path / "nope" / "run.db", "a directory": tmp_path, "full disk": tmp_path / "run.db"}[case]
-    # 1 KiB: enough for Python's own start (tempfile probes with a few bytes), not for a page.
-    result = python_sample(db, limit_file_size(1024) if case == "full disk" else None, steps=2)
+    # 3 KiB: enough for Python's and torch's own start (tempfile probes with a few bytes;
+    # torch 2.5 writes a 2.3 KiB generated module at import), not for SQLite's 4 KiB page.
+    result = python_sample(db, limit_file_size(3072) if case == "full disk" else None, steps=2)
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and str(db) in result.stderr, result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing half-created

@@ -604,8 +604,14 @@ def test_an_attention_key_bias_whose_gradient_softmax_cancels_is_not_an_underflo
         for _ in range(12):
             x = torch.randn(8, 16, 64)
             amp_step(opt, scaler, lambda: nn.functional.mse_loss(model(x).float().mean(1), x.mean(1)[:, :1]))
+    # The case holds: a third or more of the key biases' gradient values fp16-subnormal
+    # (about half with torch 2.15's fp16 kernels, 42 % with torch 2.5's, which then stays
+    # under the underflow rule's threshold for any finding).
+    [(subnormal, numel)] = rows(db, "SELECT SUM(g.fp16_subnormal), SUM(g.numel) FROM grad_stats g "
+                                    "JOIN layers l ON l.id = g.layer_id WHERE l.name LIKE '%key.bias'")
+    assert subnormal >= numel / 3
     code, rep = verdict(db)
     assert (code, rep["healthy"]) == (0, True), [f["title"] for f in rep["findings"]]
     cancelled = {f["layer"]: f["severity"] for f in rep["findings"] if f["rule"] == "underflow"}
-    assert cancelled and set(cancelled) <= {"0.key.bias", "1.key.bias"}  # subnormal: once a warning
-    assert set(cancelled.values()) == {"info"}
+    assert set(cancelled) <= {"0.key.bias", "1.key.bias"}  # subnormal: once a warning
+    assert set(cancelled.values()) <= {"info"}

@@ -24,7 +24,8 @@ from ._autopin import AutoPinner
 from ._dropped import DroppedForwards
 from ._evaluation import Evaluations
 from ._layers import Layers, source_of
-from ._forward import compiled_in_place, forward_hook, input_hook, output_hook, outside_compiled_graph, watched_root
+from ._forward import (compiled_fullgraph, compiled_in_place, forward_hook, input_hook, output_hook,
+                       outside_compiled_graph, watched_root)
 from ._looks import look_at_loss_code, look_at_parameters
 from ._options import check_options, default_amp_dtype, torch_optimizer, trains_fp16_parameters
 from ._backward_replay import BackwardReplayer
@@ -82,7 +83,7 @@ class AttachHandle:
             if p.device.type not in ("cpu", "cuda"):
                 raise ValueError(f"a parameter is on the {p.device.type!r} device: this ampdiag build reads "
                                  "CPU and CUDA tensors only")
-        if activations and root is not model and getattr(getattr(model, "dynamo_ctx", None), "fullgraph", False):
+        if activations and root is not model and compiled_fullgraph(model):
             raise ValueError("the model was compiled with torch.compile(fullgraph=True), which refuses the graph "
                              "break ampdiag's forward hooks make at each module: attach(..., activations=False) "
                              "watches gradients and the loss scale only, or compile without fullgraph=True")

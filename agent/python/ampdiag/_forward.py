@@ -44,6 +44,19 @@ def watched_root(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def compiled_fullgraph(model: torch.nn.Module) -> bool:
+    """Whether torch.compile(model, fullgraph=True) made `model`. Newer torch keeps the flag
+    on the compiled wrapper's context; torch 2.5 only in the frame converter it chose
+    (ConvertFrameAssert, whose `_one_graph` is the flag)."""
+    context = getattr(model, "dynamo_ctx", None)
+    if context is None:
+        return False
+    if hasattr(context, "fullgraph"):
+        return bool(context.fullgraph)
+    converter = getattr(getattr(context, "callback", None), "_torchdynamo_orig_callable", None)
+    return bool(getattr(converter, "_one_graph", False))
+
+
 def compiled_in_place(root: torch.nn.Module) -> bool:
     """Whether Module.compile() compiled the model, or a part of it, in place."""
     return any(module.__dict__.get("_compiled_call_impl") is not None for module in root.modules())
