@@ -101,8 +101,11 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
   if (at == sumsq.begin()) return;
   --at;
   auto start = sumsq.lower_bound(at->first - kWindow);
-  // Skipped steps leave the weights alone: the growth ended where they stopped moving.
+  // Skipped steps leave the weights alone: the growth ended where they stopped moving, and
+  // began where they first moved (a run whose first steps were all skipped grew from there).
   while (at != start && std::prev(at)->second == at->second) --at;
+  const std::int64_t window_start = start->first;
+  while (start != at && std::next(start)->second == start->second) ++start;
   // Weights that start near zero (a layer scale at 1e-5, a zero-initialised adapter) are
   // meant to grow many times over: only weights that start at a trained magnitude count.
   if (start == at || !(std::sqrt(start->second / double(std::max<std::int64_t>(values[start->first], 1))) >= kLeast))
@@ -131,8 +134,11 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
       "moves the overflow on.";
   const auto [python, cpp] = lower_lr(settings);
   f.suggestions.push_back({summary, python, cpp, ""});
-  point_to_cause(out, start->first, "The weights were growing (see weight-growth): ",
-                 "it comes after " + what + " grew " + times(growth) + " from step " + std::to_string(start->first));
+  // Pointed to from the window's first step: calibration skips before the weights moved are
+  // part of the same run of overflows. Hence the growth's steps, not "after it".
+  point_to_cause(out, window_start, "The weights were growing (see weight-growth): ",
+                 what + " grew " + times(growth) + " from step " + std::to_string(start->first) + " to step " +
+                     std::to_string(at->first));
   out.push_back(f);
 }
 

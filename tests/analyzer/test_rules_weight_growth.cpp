@@ -38,6 +38,20 @@ TEST_CASE("weights grown many times over before their module overflowed are the 
   CHECK(r.findings.front().rule == "weight-growth");
 }
 
+TEST_CASE("weights that stood still through the first steps grew from where they first moved", "[rules][weight-growth]") {
+  // As after a run's first steps were all skipped: they leave the weights as they were.
+  TempDir dir;
+  const Report r = grown(dir, 57.0, 6, 3);
+  const Finding* f = find(r, "weight-growth");
+  REQUIRE(f != nullptr);
+  CHECK(f->title == "The weights grew 57x in 8 steps while the run overflowed: the optimizer's steps are far too large");
+  CHECK_THAT(f->evidence, Catch::StartsWith("mlp.down's weights (L2 norm, all their parameters together) went from 1.8 "
+                                            "at step 2 to 102.6 at step 10"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->evidence, Catch::EndsWith("; mlp.down's weights grew 57x from step 2 to step 10"));
+}
+
 TEST_CASE("the overflow's own finding becomes a warning whose first fix points to the growth", "[rules][weight-growth]") {
   TempDir dir;
   const Report r = grown(dir, 57.0);
