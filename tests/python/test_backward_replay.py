@@ -138,3 +138,22 @@ def test_a_module_whose_output_gradient_already_held_nan_is_not_judged(tmp_path)
     train(db, Encoder, raw_steps=0)
     [(_, detail)] = replays(db)
     assert detail == "0.enc: unconfirmed: its inputs or output gradient held NaN/Inf"
+
+
+def test_a_module_with_a_users_backward_hook_is_not_replayed(tmp_path):
+    # The replay runs the module's backward on a copy, which carries its hooks: a user's
+    # gradient logger would record a backward the model never ran.
+    calls = []
+
+    def logged_mlp():
+        block = mlp()
+        block.register_full_backward_hook(lambda module, grad_in, grad_out: calls.append(1))
+        return block
+
+    db = tmp_path / "logged.db"
+    train(db, logged_mlp)
+    [(_, detail)] = replays(db)
+    assert detail.startswith("0: unconfirmed: it, or a module inside it, has a hook that is neither torch's"), detail
+    with sqlite3.connect(db) as c:
+        backwards = c.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
+    assert len(calls) == backwards  # one a step: the model's own

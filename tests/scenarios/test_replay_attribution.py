@@ -321,3 +321,46 @@ def test_a_vaes_reparameterisation_overflowing_in_the_models_forward_is_placed_b
     fw = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
     assert (code, fw["severity"], fw["module"]) == (1, "error", "")
     assert fw["title"].endswith("outside its submodules, between logvar and dec.0")
+
+
+def test_a_module_with_a_users_hook_is_not_replayed_so_the_hook_sees_only_the_models_calls(tmp_path, verdict):
+    # A feature extractor's hook (distillation, a perceptual loss) keeps the module's output
+    # for the loss code to read. A replay on a copy of the module would run that hook too:
+    # it would count a call the model never made and leave the copy's FP32 output in the
+    # dict, where the loss expects the model's own.
+    class Loud(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(x) * 1e6  # overflows fp16
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Loud()
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.head(self.block(x))
+
+    torch.manual_seed(0)
+    model = Outer()
+    features, calls = {}, []
+
+    def keep(module, args, output):
+        calls.append(output.dtype)
+        features["block"] = output
+
+    model.block.register_forward_hook(keep)
+    db = tmp_path / "features.db"
+    fp16_steps(model, db, lambda: torch.ones(4, 8), lambda out: out.mean())
+    assert calls == [torch.float16] * 3  # one per step, the model's own
+    assert not torch.isfinite(features["block"]).all()
+    [(module, outcome, reason)] = rows(db, "SELECT module, outcome, reason FROM replays")
+    assert (module, outcome) == ("block", "unconfirmed")
+    assert "a hook that is neither torch's nor ampdiag's" in reason
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (first["rule"], first["module"], first["confirmation"]) == ("forward-nonfinite", "block", "unconfirmed")

@@ -10,16 +10,17 @@ the module to FP32 helps the second kind only, and the statistics cannot tell th
 
 So the module's backward is run again, once per run: on its next call (the first of a
 step) the agent keeps copies of its inputs, the RNG and autocast state, and the gradient
-its (first floating-point) output receives; when that step ends, a copy of the module (parameters shared, no
-hooks) runs forward and backward on them twice, as it ran and in FP32. NaN/Inf as run and
-none in FP32 is evidence for pinning; NaN/Inf in FP32 too, from finite inputs and a
-finite output gradient, is evidence against. Nothing the model holds changes. Event
-"backward-replay", "PATH: finite|intrinsic|unconfirmed[: why]".
+its (first floating-point) output receives; when that step ends, a copy of the module
+(parameters shared as new leaves, without their gradient hooks) runs forward and backward
+on them twice, as it ran and in FP32. NaN/Inf as run and none in FP32 is evidence for
+pinning; NaN/Inf in FP32 too, from finite inputs and a finite output gradient, is evidence
+against. Nothing the model holds changes; a module holding someone else's hook is not
+replayed (foreign_hooks()). Event "backward-replay", "PATH: finite|intrinsic|unconfirmed[: why]".
 """
 import torch
 
 from ._pin import _to_fp32
-from ._replay import copy_inputs, rng_state, set_rng_state, twin_of
+from ._replay import FOREIGN_HOOKS, copy_inputs, foreign_hooks, rng_state, set_rng_state, twin_of
 from ._tensors import first_float_tensor, float_tensors
 
 FINITE, INTRINSIC, UNCONFIRMED = "finite", "intrinsic", "unconfirmed"
@@ -131,6 +132,10 @@ class BackwardReplayer:
         if self._suspect is not None or path in self._judged:
             return
         handle = self._handle
+        if foreign_hooks(module, backward=True):
+            self._judged.add(path)
+            handle._session.event("backward-replay", f"{path}: {UNCONFIRMED}: {FOREIGN_HOOKS}")
+            return
 
         def before(mod, args, kwargs):
             if self._capture is None and not handle._standing_aside and torch.is_grad_enabled():

@@ -25,7 +25,7 @@ import time
 import torch
 
 from ._pin import _to_fp32
-from ._replay import copy_inputs, rng_state, set_rng_state, twin_of
+from ._replay import copy_inputs, foreign_hooks, rng_state, set_rng_state, twin_of
 from ._tensors import first_float_tensor, float_tensors
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -66,24 +66,6 @@ def judged(values):
     if not finite or not norm > 0.0 or not math.isfinite(diff / norm):
         return None
     return diff / norm, int(zeroed), absmax
-
-
-def _others_hooks(module) -> bool:
-    """Whether a forward hook on the module or inside it is neither torch's (weight_norm,
-    pruning: part of what it computes) nor ampdiag's: a copy would run it too, and the
-    user's hook would see a call the model never made (without it, the copy might compute
-    otherwise), so such a module is not checked."""
-    def foreign(hook):
-        origin = getattr(hook, "__module__", None) or type(hook).__module__ or ""
-        return not origin.startswith(("torch.", "ampdiag."))
-
-    everywhere = torch.nn.modules.module
-    hooks = [*getattr(everywhere, "_global_forward_hooks", {}).values(),
-             *getattr(everywhere, "_global_forward_pre_hooks", {}).values()]
-    for m in module.modules():
-        hooks.extend(m._forward_hooks.values())
-        hooks.extend(m._forward_pre_hooks.values())
-    return any(foreign(h) for h in hooks)
 
 
 class _Capture:
@@ -214,7 +196,7 @@ class PrecisionChecker:
             return None
         t0 = time.perf_counter_ns()
         try:
-            if _others_hooks(module):
+            if foreign_hooks(module):
                 self._drop(module)
             elif _reduced_precision(module, args, kwargs):
                 self._fp32_waits.pop(armed[0], None)

@@ -12,6 +12,8 @@ For anything else (a cache object, an input the module wrote into) the replay wa
 the module's next call: a pre-hook copies the inputs before that forward runs, and the
 replay uses the copy. A replay that cannot run, or raises, is "unconfirmed" with the
 reason, and is never taken as evidence either way.
+
+A module holding a hook of someone else's is not replayed (foreign_hooks()).
 """
 import contextlib
 import copy
@@ -121,6 +123,30 @@ def set_rng_state(state):
         torch.cuda.set_rng_state_all(cuda)
 
 
+FOREIGN_HOOKS = ("it, or a module inside it, has a hook that is neither torch's nor ampdiag's: a copy would run "
+                 "that hook too, which would see a call the model never made")
+
+
+def foreign_hooks(module: torch.nn.Module, backward: bool = False) -> bool:
+    """Whether a forward hook (with `backward`, a backward hook too) on the module, inside
+    it or on every module is neither torch's (weight_norm, pruning, FSDP: part of what it
+    computes) nor ampdiag's. A copy of the module carries its hooks, and a user's hook
+    would see a call the model never made: a feature extractor's dict would hold the
+    copy's FP32 output in place of the one the loss was to read, a counter would count
+    it. Without the hook the copy might compute otherwise, so such a module is not run."""
+    def foreign(hook):
+        origin = getattr(hook, "__module__", None) or type(hook).__module__ or ""
+        return not origin.startswith(("torch.", "ampdiag."))
+
+    kinds = ("forward_hooks", "forward_pre_hooks") + (("backward_hooks", "backward_pre_hooks") if backward else ())
+    everywhere = torch.nn.modules.module
+    hooks = [h for kind in kinds for h in getattr(everywhere, f"_global_{kind}", {}).values()]
+    for m in module.modules():
+        for kind in kinds:
+            hooks.extend(getattr(m, f"_{kind}", {}).values())
+    return any(foreign(h) for h in hooks)
+
+
 def run_fp32(module, args, kwargs):
     """(outcome, fp32 abs-max or NaN, reason) of one replay on copies of everything."""
     rng = rng_state()
@@ -168,6 +194,10 @@ class Replayer:
         known = self._verdicts.get(path)
         if known is not None:
             return known
+        if foreign_hooks(module):
+            self._verdicts[path] = UNCONFIRMED
+            self._record(path, UNCONFIRMED, math.nan, FOREIGN_HOOKS)
+            return UNCONFIRMED
         snapshot = self._snapshots.pop(path, None)
         if snapshot is None:
             if not _plain((args, kwargs)) or _changed_in_place(args, kwargs, output):
