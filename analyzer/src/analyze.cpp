@@ -134,7 +134,9 @@ void make_consistent(Report& report) {
       break;
     }
   if (!culprit) return;
-  const std::string name = !culprit->module.empty()           ? culprit->module
+  // (An overflow-origin's blame is the code after its module, which made what reached it.)
+  const std::string name = culprit->rule == "overflow-origin" && !culprit->blame.empty() ? culprit->blame
+                           : !culprit->module.empty()           ? culprit->module
                            : !culprit->blame.empty()            ? culprit->blame
                            : culprit->rule == "overflow-origin" ? "the gradient of " + culprit->layer
                                                                 : "the model's own forward()";

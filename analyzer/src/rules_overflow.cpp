@@ -103,6 +103,23 @@ BackwardReplay backward_replay(const Run& run, const std::string& module) {
   return {rest.substr(0, at), at == std::string::npos ? std::string() : rest.substr(at + 2), e->step};
 }
 
+// The agent's look at the gradient reaching a module's output, at a skipped step whose
+// first NaN/Inf gradient was that module's (event "module-output-gradient", "PATH: SEEN",
+// the Python agent's _gradient_entry.py): "nonfinite" where the NaN/Inf came in through its
+// output, made by the code after it in forward; "finite" where its own backward made them;
+// empty where none was taken.
+struct OutputGradient {
+  std::string seen;
+  std::int64_t step = -1;
+};
+
+OutputGradient output_gradient(const Run& run, const std::string& module) {
+  if (module.empty()) return {};
+  const auto [e, seen] = run.module_event("module-output-gradient", module);
+  if (!e) return {};
+  return {seen, e->step};
+}
+
 // Skipped steps whose NaN/Inf gradients no hook saw arrive: naming a first one would be a
 // guess, so none is named and no pin suggested.
 Finding unordered_overflow(const Run& run, const std::vector<std::int64_t>& steps, bool hurts) {
@@ -293,10 +310,48 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
              "d = (x.pow(2).sum(-1) + 1e-12).sqrt()  # sqrt(0)'s gradient is infinite",
              "auto d = (x.pow(2).sum(-1) + 1e-12).sqrt();  // sqrt(0)'s gradient is infinite", ""});
     }
+    // A replay that ran on a finite output gradient already says where they were made.
+    const OutputGradient entry =
+        replay.outcome.empty() || replay.outcome == "unconfirmed" ? output_gradient(run, module) : OutputGradient{};
+    const bool entered = entry.seen == "nonfinite";
+    const std::string code_after = "the code that uses " + module + "'s output";
+    if (entered) {
+      if (harms && !at_any_scale)
+        f.title = place + " holds the first NaN/Inf gradients, but they reach it through its output: " + code_after +
+                  " makes them";
+      std::string where;
+      for (const auto& path : m.between) where += path + ", ";
+      f.evidence += "; at step " + std::to_string(entry.step) + " the gradient reaching " + module +
+                    "'s output already held NaN/Inf, so its own backward received them: " + code_after + " (" + where +
+                    "the model's own forward() after it, or the loss) made them" +
+                    (at_any_scale ? std::string()
+                                  : " in its fp16 backward, where a factor such as a gain, a temperature or an exp() "
+                                    "enlarges the gradient it sends back");
+      if (harms) f.blame = code_after;  // what the symptoms' fixes point to
+    } else if (entry.seen == "finite") {
+      f.evidence += "; at step " + std::to_string(entry.step) + " the gradient reaching its output was finite: its own "
+                    "backward made them";
+    }
     if (harms && replay.outcome != "intrinsic") {  // nothing to fix when the scaler copes
-      f.suggestions.push_back(suggest::fp32_at(run, module, row));
-      if (at_any_scale && !too_large && replay.outcome != "finite")
-        f.suggestions.back().summary = "If its true gradients are the ones beyond fp16: " + f.suggestions.back().summary;
+      // Made after the module at every scale: its pin cannot help (the look at the backward above stays).
+      if (entered && !at_any_scale) {
+        // The gradient that code sends back is beyond fp16 all the way into the module: the
+        // pin keeps it float32 there (and the code after it up to the next operation that
+        // autocast runs in fp16), autocast off around the code keeps that operation's too.
+        f.suggestions.push_back(suggest::pin_fp32(run, module));
+        f.suggestions.back().summary = "Run " + module + " in FP32 (pinned: its output, and the gradient it receives, "
+                                       "become float32), so that the large gradient " + code_after +
+                                       " sends back stays in FP32 on its way into it.";
+        f.suggestions.push_back(suggest::fp32_model_code(run, "that uses " + module + "'s output", ""));
+        std::string& also = f.suggestions.back().summary;
+        also[0] = 'r';  // "Run ..." continues the sentence
+        also = "Where that code runs a matmul or another operation that autocast puts in fp16 whatever its inputs, "
+               "also " + also;
+      } else if (!entered) {
+        f.suggestions.push_back(suggest::fp32_at(run, module, row));
+        if (at_any_scale && !too_large && replay.outcome != "finite")
+          f.suggestions.back().summary = "If its true gradients are the ones beyond fp16: " + f.suggestions.back().summary;
+      }
       f.suggestions.push_back(suggest::use_bf16(run));
     }
     out.push_back(f);

@@ -29,6 +29,7 @@ from ._forward import (compiled_fullgraph, compiled_in_place, forward_hook, inpu
 from ._looks import look_at_loss_code, look_at_parameters
 from ._options import check_options, default_amp_dtype, torch_optimizer, trains_fp16_parameters
 from ._backward_replay import BackwardReplayer
+from ._gradient_entry import GradientEntries
 from ._grad_reads import optimizer_gradients, post_stats
 from ._precision import PrecisionChecker
 from ._replay import Replayer
@@ -111,6 +112,7 @@ class AttachHandle:
         self._last_step_skipped = False
         self._replayer = Replayer(self._record_replay, self._forward_hook_as_run) if replay else None
         self._backward_replayer = BackwardReplayer(self, self._replayer) if replay else None
+        self._gradient_entries = GradientEntries(self) if replay else None
         self._autopin = AutoPinner(self, int(autopin)) if autopin else None
         self._updates = UpdateProbe(self, every) if holds_half_parameters(params) else None
         # Without a scaler: the optimizers whose step() ends a step (weakly: a replaced one's
@@ -269,6 +271,8 @@ class AttachHandle:
         if self._replayer is not None and self._session.opened:
             self._replayer.close()
             self._backward_replayer.close()
+        if self._gradient_entries is not None:
+            self._gradient_entries.close()
         if self._updates is not None:
             self._updates.flush()
         if self._gradient_probe is not None:

@@ -27,7 +27,11 @@ def end_step(handle, scale_before, scale_after, found_inf, skipped):
                         losses, scale_before, scale_after, found_inf, skipped)
     else:
         loss = host_sum(losses)
-        if losses and not math.isfinite(loss):
+        finite_loss = not losses or math.isfinite(loss)
+        entries = handle._gradient_entries
+        if entries is not None and (skipped or entries.watching):
+            entries.step_ended(skipped and finite_loss)
+        if not finite_loss:
             look_at_loss_code(handle)
         elif skipped and scale_before <= 1.0 and handle._backward_replayer is not None:
             handle._backward_replayer.skipped_at_unit_scale()

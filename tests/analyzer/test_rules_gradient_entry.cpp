@@ -1,0 +1,74 @@
+// overflow-origin with the agent's look at the gradient reaching the named module's output
+// (event "module-output-gradient"): where it already held NaN/Inf the code after the module
+// made them, and pinning the module alone is not the whole fix.
+#include "rule_test.h"
+
+namespace {
+
+// `skips` skipped steps halving the scale from 65536, dec's gradients finite and enc's the
+// first NaN/Inf ones each time; the event `seen` for enc at the third. Then `finite` steps.
+Report entry_run(const std::string& seen, int skips, int finite = 0) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"dec.weight", "enc.weight"});
+  double scale = 65536;
+  for (int i = 0; i < skips; ++i, scale /= 2) {
+    if (i == 2) f.event("module-output-gradient", "enc: " + seen);
+    f.finite_first({"dec.weight"}).step(scale, scale / 2, 1000, {"enc.weight"});
+  }
+  for (int i = 0; i < finite; ++i) f.step(scale, scale, 1000);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a NaN/Inf that reached a module through its output's gradient is blamed on the code after it",
+          "[rules][gradient-entry]") {
+  // A VAE's encoder output times a gain of 30: the gain's fp16 backward overflows, and enc
+  // only receives the Inf. The scale collapses below the floor.
+  const Report r = entry_run("nonfinite", 12);
+  const Finding& o = required(r, "overflow-origin");
+  CHECK(o.module == "enc");
+  CHECK(o.severity == Severity::kError);
+  CHECK_THAT(o.title, Catch::EndsWith("they reach it through its output: the code that uses enc's output makes them"));
+  CHECK_THAT(o.evidence, Catch::Contains("at step 2 the gradient reaching enc's output already held NaN/Inf"));
+  REQUIRE(o.suggestions.size() == 3);
+  // The pin keeps the gradient float32 on its way into enc; autocast off keeps the code's matmuls in FP32 too.
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run enc in FP32 (pinned: its output, and the gradient it receives"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::Contains("also run the model's own code that uses enc's output in FP32"));
+  CHECK_THAT(o.suggestions[2].summary, Catch::Contains("bfloat16"));
+  const Finding& c = required(r, "scale-collapse");
+  CHECK_THAT(c.suggestions.front().summary, Catch::StartsWith("Fix the NaN/Inf made in the code that uses enc's output"));
+}
+
+TEST_CASE("a module whose output's gradient was finite made the NaN/Inf itself: its pin stays",
+          "[rules][gradient-entry]") {
+  const Report r = entry_run("finite", 12);
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.title, Catch::StartsWith("enc overflows first in backward"));
+  CHECK_THAT(o.evidence, Catch::Contains("at step 2 the gradient reaching its output was finite: its own backward made them"));
+  REQUIRE(o.suggestions.size() == 2);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run enc in FP32:"));
+}
+
+TEST_CASE("calibration skips whose NaN/Inf came in through the output stay information",
+          "[rules][gradient-entry]") {
+  const Report r = entry_run("nonfinite", 4, 200);
+  const Finding& o = required(r, "overflow-origin");
+  CHECK(o.severity == Severity::kInfo);
+  CHECK_THAT(o.title, Catch::Contains("the loss scale copes with it"));
+  CHECK_THAT(o.evidence, Catch::Contains("already held NaN/Inf"));
+  CHECK(o.suggestions.empty());
+}
+
+TEST_CASE("a NaN that reached a module through its output at every scale gets the look at the backward, no pin",
+          "[rules][gradient-entry]") {
+  // Down to a scale below 1, where no scale enlarges a gradient: sqrt(0)'s in the code after enc.
+  const Report r = entry_run("nonfinite", 24);
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.title, Catch::Contains("at every loss scale"));
+  CHECK_THAT(o.evidence, Catch::Contains("already held NaN/Inf") && !Catch::Contains("fp16 backward"));
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions.front().summary, Catch::StartsWith("Look first at the backward of enc"));
+  for (const auto& s : o.suggestions) CHECK_THAT(s.summary, !Catch::Contains("Run enc in FP32"));
+}

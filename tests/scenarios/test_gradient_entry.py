@@ -1,0 +1,92 @@
+"""A skipped step's first NaN/Inf gradient names a module; the gradient reaching that
+module's output on its next skip says whether its own backward made them (event
+"module-output-gradient", "PATH: finite") or the code after it did ("PATH: nonfinite"):
+then the report blames that code, not the module alone."""
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+import ampdiag
+from conftest import rows
+
+
+class GainVAE(nn.Module):
+    """A VAE whose encoder output is multiplied by a gain in its own forward(): the gain's
+    fp16 backward overflows, and the encoder's last layer only receives the Inf."""
+
+    def __init__(self, gain):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(64, 128), nn.SiLU(), nn.Linear(128, 16))
+        self.dec = nn.Sequential(nn.Linear(8, 128), nn.SiLU(), nn.Linear(128, 64))
+        self.gain = gain
+
+    def forward(self, x):
+        mu, logvar = (self.enc(x) * self.gain).chunk(2, -1)
+        z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
+        return self.dec(z), mu, logvar
+
+
+def vae_steps(db, gain, steps=16, pin=False):
+    torch.manual_seed(0)
+    model = GainVAE(gain)
+    if pin:
+        ampdiag.pin_fp32(model.enc[2])
+    opt, scaler = torch.optim.Adam(model.parameters(), 1e-3), torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(steps):
+            x = torch.rand(32, 64)
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                recon, mu, logvar = model(x)
+                kl = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp()) / 32
+                loss = F.binary_cross_entropy_with_logits(recon, x, reduction="sum") / 32 + kl
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+def entries(db):
+    return rows(db, "SELECT detail FROM events WHERE kind = 'module-output-gradient'")
+
+
+def test_a_gradient_made_by_the_code_after_a_module_is_blamed_on_that_code(tmp_path, verdict):
+    db = tmp_path / "gain.db"
+    vae_steps(db, gain=30.0)
+    assert entries(db) == [("enc.2: nonfinite",)]
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["rule"], first["module"]) == (1, "overflow-origin", "enc.2")
+    assert first["title"].endswith("they reach it through its output: the code that uses enc.2's output makes them")
+    assert first["suggestions"][0]["summary"].startswith("Run enc.2 in FP32 (pinned")
+
+
+def test_the_pin_the_report_gives_keeps_the_scale_up(tmp_path, verdict):
+    # Its first fix, enc.2 pinned: its output and the gradient it receives are float32,
+    # and so is the gain after it; only the scaler's calibration skips are left.
+    db = tmp_path / "pinned.db"
+    vae_steps(db, gain=30.0, steps=24, pin=True)
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
+
+
+def test_a_module_whose_own_backward_overflows_is_confirmed_by_a_finite_output_gradient(tmp_path, verdict):
+    # Raw readings up to 255: the head's weight gradient (its large input times the
+    # gradient it receives) overflows inside its own backward.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 1))
+    opt, scaler = torch.optim.SGD(model.parameters(), lr=1e-6), torch.amp.GradScaler("cpu")
+    db = tmp_path / "raw.db"
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(8):
+            x = torch.rand(256, 16) * 255
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.mse_loss(model(x).float(), x.mean(1, keepdim=True))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert entries(db) == [("2: finite",)]
+    code, rep = verdict(db)
+    origin = next(f for f in rep["findings"] if f["rule"] == "overflow-origin")
+    assert origin["module"] == "2"
+    assert "the gradient reaching its output was finite: its own backward made them" in origin["evidence"]
