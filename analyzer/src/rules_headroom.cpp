@@ -37,6 +37,11 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
     if (absmax < threshold * (1 - 1e-9)) return false;
     return headroom_bits(absmax, run.fp_max) < t.headroom_bits;
   };
+  // A finite gradient far above the largest fp value never was one fp16 tensor: it is made
+  // in FP32 (CLIP's logit_scale, whose product with the features promotes to float32), and
+  // fp16's top bounds neither it nor the scale. Micro-batches or tied uses each within
+  // range sum to at most that many times it: 1024 of them leave room.
+  const double fp32_path = run.fp_max * 1024.0;
   for (const auto& layer : run.layers) {
     std::int64_t finite = 0, low = 0, low_scale = 0, first = -1;
     float largest = 0.0f;
@@ -52,6 +57,7 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
       }
     }
     if (finite == 0 || double(low) / double(finite) < t.headroom_fraction || 2 * low_scale < low) continue;
+    if (double(largest) > fp32_path) continue;
     const double least = headroom_bits(largest, run.fp_max);
     Finding f;
     f.rule = "low-headroom";

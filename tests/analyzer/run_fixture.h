@@ -92,6 +92,12 @@ class RunFixture {
     return *this;
   }
 
+  // The layer's gradients are `factor` times the step's absmax from now on.
+  RunFixture& absmax_times(const std::string& layer, double factor) {
+    absmax_factor_[layer] = factor;
+    return *this;
+  }
+
   RunFixture& zeros_fraction(const std::string& layer, double fraction, double subnormal_fraction = 0.0) {
     zero_fraction_[layer] = fraction;
     subnormal_fraction_[layer] = subnormal_fraction;
@@ -196,6 +202,7 @@ class RunFixture {
     std::int64_t id = 0;
     for (std::size_t i = 0; i < layers_.size(); ++i)
       if (layers_[i] == name) id = std::int64_t(i);
+    if (const auto k = absmax_factor_.find(name); k != absmax_factor_.end()) absmax *= k->second;
     rundb::GradStatRow g;
     g.step = step_;
     g.layer_id = id;
@@ -225,6 +232,7 @@ class RunFixture {
   std::vector<std::string> modules_;
   std::map<std::int64_t, std::int64_t> fwd_order_;
   std::map<std::string, double> zero_fraction_;
+  std::map<std::string, double> absmax_factor_;
   std::map<std::string, double> subnormal_fraction_;
   std::int64_t step_ = 0;
   bool histograms_ = false;

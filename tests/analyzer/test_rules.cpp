@@ -418,6 +418,20 @@ TEST_CASE("a layer near the fp16 maximum while nothing underflows is information
   CHECK_THAT(h->evidence, Catch::Contains("no layer underflows"));
 }
 
+TEST_CASE("a finite gradient far beyond fp16's range is made in FP32 and holds no scale down", "[rules]") {
+  // CLIP's logit_scale: its product with the features promotes to float32, and its gradient
+  // (a sum over every logit) is finite at 2^13 times 65504 while b.weight underflows.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.6, 0.2).absmax_times("head.weight", 8192.0);
+  f.step(65536, 1024, 50000, {"a.weight"});
+  for (int i = 0; i < 10; ++i) f.step(1024, 1024, 50000);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  REQUIRE(find(r, "low-headroom") != nullptr);  // a's and b's, within range, still are
+  for (const auto& finding : r.findings) CHECK_FALSE((finding.rule == "low-headroom" && finding.layer == "head.weight"));
+}
+
 TEST_CASE("a module whose different gradients were first in different steps gives each its count", "[rules]") {
   // It used to say its most frequent layer was first in every one of the module's steps.
   TempDir dir;
