@@ -100,6 +100,23 @@ def replay_backward(module, capture) -> "tuple[str | None, str]":
         set_rng_state(saved)
 
 
+def backward_origin_module(handle) -> str:
+    """The module the report names for the step's first NaN/Inf gradient in backward: the
+    innermost holding it and the finite one before it. "" for the model itself, where no
+    gradient held NaN/Inf, and where the step's forward, batch, parameters or loss already
+    did (the forward's, not the backward's)."""
+    if handle._forward_nonfinite or handle._input_nan or handle._parameters_nonfinite or handle._output_gradient_seen:
+        return ""
+    first, before = handle._session.backward_origin()
+    if first < 0:
+        return ""
+    layers = handle._layers
+    path = layers.module_path(first)
+    if before >= 0:
+        path = common_module(path, layers.module_path(before)) or path
+    return path
+
+
 class BackwardReplayer:
     """Replays the backward of at most one suspect at a time, each module once per run."""
 
@@ -111,21 +128,11 @@ class BackwardReplayer:
         self._capture = None       # this step's _Capture of the suspect's first call
 
     def skipped_at_unit_scale(self):
-        """A step skipped at a loss scale of 1 or below whose forward, batch, parameters and
-        loss were finite: the module where its backward went NaN/Inf (as the report names
-        it: the innermost holding the first NaN/Inf gradient and the finite one before it)
-        is suspected."""
-        h = self._handle
-        if h._forward_nonfinite or h._input_nan or h._parameters_nonfinite or h._output_gradient_seen:
-            return
-        first, before = h._session.backward_origin()
-        if first < 0:
-            return
-        path = h._layers.module_path(first)
-        if before >= 0:
-            path = common_module(path, h._layers.module_path(before)) or path
+        """A step skipped at a loss scale of 1 or below: the module where its backward went
+        NaN/Inf is suspected."""
+        path = backward_origin_module(self._handle)
         if path:
-            self.suspect(path, h._watched_model.get_submodule(path))
+            self.suspect(path, self._handle._watched_model.get_submodule(path))
 
     def suspect(self, path, module):
         """Captures `module`'s next call, for a replay when that step ends."""

@@ -14,7 +14,7 @@ answers within WATCH_STEPS steps is dropped. Steps whose forward, batch, paramet
 loss already held NaN/Inf are the forward's, and judge nothing."""
 import torch
 
-from ._backward_replay import common_module
+from ._backward_replay import backward_origin_module
 from ._tensors import first_float_tensor, holds_nonfinite
 
 KIND = "module-output-gradient"
@@ -35,11 +35,7 @@ class GradientEntries:
         """Called as a host step ends that was skipped, or while a watch is armed; `judge`:
         the step was skipped with a finite loss."""
         reached, self._reached, self._hooked = self._reached, None, False
-        h = self._handle
-        if not judge or h._forward_nonfinite or h._input_nan or h._parameters_nonfinite or h._output_gradient_seen:
-            self._count_down()
-            return
-        path = self._named(*h._session.backward_origin())
+        path = backward_origin_module(self._handle) if judge else ""
         if not path:
             self._count_down()
             return
@@ -47,23 +43,12 @@ class GradientEntries:
         if watch is not None and watch[0] == path and reached is not None:
             self._drop()
             self._judged.add(path)
-            h._session.event(KIND, f"{path}: {'nonfinite' if reached else 'finite'}")
+            self._handle._session.event(KIND, f"{path}: {'nonfinite' if reached else 'finite'}")
         elif path not in self._judged and len(self._judged) < VERDICTS and (watch is None or watch[0] != path):
             self._drop()
             self._arm(path)
         else:
             self._count_down()
-
-    def _named(self, first, before) -> str:
-        """The module the report names for this backward: the innermost holding the first
-        NaN/Inf gradient and the finite one before it ("" for the model or none)."""
-        if first < 0:
-            return ""
-        layers = self._handle._layers
-        path = layers.module_path(first)
-        if before >= 0:
-            path = common_module(path, layers.module_path(before)) or path
-        return path
 
     def _arm(self, path):
         handle = self._handle
