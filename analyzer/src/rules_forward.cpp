@@ -150,6 +150,39 @@ Finding input_nan(const Run& run) {
                              "TORCH_CHECK(!torch::isnan(x).any().item<bool>(), \"NaN in the batch\");"});
   return f;
 }
+// The culprit's input already held finite values that fp16 cannot hold (event
+// "input-beyond-fp16", which the Python agent writes where its FP32 replay was finite under
+// float16 autocast): the cast to fp16 made them Inf before it computed anything. `what`
+// empty where none did; `model_input` where that input is the model's own (the data).
+struct InputBeyond {
+  std::string what;
+  bool model_input = false;
+};
+
+InputBeyond input_beyond_fp16(const Run& run, const std::string& path) {
+  if (!run.fp16()) return {};
+  InputBeyond in{run.module_event("input-beyond-fp16", path).second};
+  static const std::string model_input = "; the model's input";
+  if (in.what.size() > model_input.size() &&
+      in.what.compare(in.what.size() - model_input.size(), model_input.size(), model_input) == 0) {
+    in.what.resize(in.what.size() - model_input.size());
+    in.model_input = true;
+  }
+  return in;
+}
+
+// The fix for a model input beyond fp16's range: the data, whatever the model does with it.
+Suggestion scale_the_input() {
+  return {"Bring the model's input into fp16's range in the data pipeline: standardize each feature with the training "
+          "set's mean and std (a log transform for a heavy-tailed one such as a price or a count). Autocast casts "
+          "values of 65520 and more to Inf before the first layer computes anything.",
+          "mean, std = train_x.mean(0), train_x.std(0)  # once, over the training set\n"
+          "x = (x - mean) / std  # each batch, before model(x)",
+          "auto mean = train_x.mean(0), stdev = train_x.std(0);  // once, over the training set\n"
+          "x = (x - mean) / stdev;  // each batch, before the model",
+          "",
+          true};
+}
 }  // namespace
 
 // Where in `owner`'s own code (the model's: "") the NaN/Inf that `first_seen` received was
@@ -292,9 +325,18 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
                     " it went NaN/Inf in an evaluation (the model in eval mode with gradients on), which trains nothing";
     if (cause.own_code)
       f.evidence += "; " + cause.first_seen + " showed it first but only received it (its FP32 replay was still NaN/Inf)";
+    const InputBeyond beyond = cause.confirmation == "confirmed" ? input_beyond_fp16(run, path) : InputBeyond{};
     if (cause.confirmation == "confirmed") {
       f.evidence += "; " + confirmed_evidence(run, cause.fp32_absmax);
       f.score += 1.0;
+      if (!beyond.what.empty()) {
+        f.title = beyond.model_input ? "The model's input holds values beyond fp16's range: " + name +
+                                           ", the first module to use them, turns them into Inf"
+                                     : name + "'s input already holds values beyond fp16's range, which it turns into Inf";
+        f.evidence += "; its input already held values fp16 cannot hold (" + beyond.what +
+                      (beyond.model_input ? ", the model's input itself" : "") +
+                      "): autocast casts them to Inf for its fp16 operations before it computes anything";
+      }
     } else if (cause.confirmation == "unconfirmed") {
       f.evidence += "; unconfirmed: " + cause.reason;
     }
@@ -349,6 +391,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
                                "", ""});
     }
     if (run.fp16() && !replayed_pin) f.suggestions.push_back(suggest::use_bf16(run));
+    if (beyond.model_input) f.suggestions.insert(f.suggestions.begin(), scale_the_input());
     if (c.hurt == 0) {
       // The model absorbed it (a max, a mask): a latent overflow, not a lost step. Or only
       // evaluations showed it, which train nothing.

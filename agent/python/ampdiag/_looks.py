@@ -6,7 +6,7 @@ import torch
 from ._loss_code import loss_code, nonfinite_constants, path_nodes
 from ._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
 from ._replay import FINITE, INTRINSIC, NONFINITE
-from ._tensors import holds_nonfinite, nan_in_inputs
+from ._tensors import beyond_fp16_in_inputs, holds_nonfinite, nan_in_inputs, shares_memory
 
 # Loss-code looks per run: each walks the step's graph from the loss to the outputs.
 LOSS_CODE_LOOKS = 8
@@ -52,8 +52,28 @@ def on_nonfinite_output(handle, path, module, args, kwargs, output):
         buffers = nan_buffers(path, module)
         if buffers is not None:
             handle._event("buffers-nan", buffers)
+    if verdict == FINITE and handle._replayer.last_replayed == path:
+        look_at_input_range(handle, path, args, kwargs)
     if verdict == FINITE and handle._autopin is not None:
         handle._autopin.confirmed(path, module, handle._replayer.fp32_absmax(path))
+
+
+def look_at_input_range(handle, path, args, kwargs):
+    """Once, where a module's FP32 replay was finite: whether its input held finite values
+    that fp16 cannot hold, under float16 autocast, which casts them to Inf for its fp16 ops
+    before the module computes anything (unnormalised features: prices, counts, raw sensor
+    readings). Event "input-beyond-fp16" ('PATH: argument 0 (float32 [128, 64]): 37 of 8192
+    values at or beyond 65520, max |x| 221847'), ending in '; the model's input' where that
+    tensor is the model's input, or a view of it: then the data is what to fix."""
+    found = beyond_fp16_in_inputs(args, kwargs)
+    if found is None:
+        return
+    what, tensor = found
+    device = tensor.device.type
+    if not (torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16):
+        return
+    model_input = path == "" or (handle._root_inputs is not None and shares_memory(tensor, handle._root_inputs))
+    handle._event("input-beyond-fp16", f"{path}: {what}" + ("; the model's input" if model_input else ""))
 
 
 def output_gradient(handle, grad):

@@ -187,24 +187,73 @@ def nan_in_inputs(args, kwargs):
     tensor among a forward's arguments (and in the lists, tuples and dicts among them:
     "argument 0['x']") that holds NaN; None when none does. On a device it waits for the
     count: it runs only in a step whose outputs already went NaN/Inf."""
-    named = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
-    return _first_nan(named, depth=2)
+    found = _first_found(_named_inputs(args, kwargs), 2, _nan_count)
+    return found and found[0]
 
 
-def _first_nan(named, depth):
+# fp16 rounds |x| >= 65520 (halfway above its largest value, 65504) to Inf.
+FP16_ROUNDS_TO_INF = 65520.0
+
+
+def beyond_fp16_in_inputs(args, kwargs):
+    """(description, tensor) for the first floating-point tensor among a forward's arguments
+    (nested as for nan_in_inputs) holding finite values that fp16 cannot hold, which turn
+    into Inf where autocast casts them to float16: 'argument 0 (float32 [128, 64]): 37 of
+    8192 values at or beyond 65520, max |x| 221847'. None when none does. Runs only once a
+    module's output went NaN/Inf."""
+    return _first_found(_named_inputs(args, kwargs), 2, _beyond_fp16)
+
+
+def _named_inputs(args, kwargs):
+    return [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
+
+
+def _nan_count(t):
+    count = int(torch.isnan(t).sum())
+    return f"{count} NaN of {t.numel()} values" if count else None
+
+
+def _beyond_fp16(t):
+    if t.dtype == torch.float16 or t.numel() == 0:
+        return None
+    magnitude = t.abs()
+    beyond = torch.isfinite(magnitude) & (magnitude >= FP16_ROUNDS_TO_INF)
+    count = int(beyond.sum())
+    if not count:
+        return None
+    largest = float(magnitude[beyond].max())
+    return f"{count} of {t.numel()} values at or beyond {FP16_ROUNDS_TO_INF:g}, max |x| {largest:g}"
+
+
+def _first_found(named, depth, look):
+    """(description, tensor) for the first floating-point tensor in `named` (name, value)
+    pairs, lists, tuples and dicts `depth` levels down included, that look(tensor) describes."""
     for name, value in named:
         if isinstance(value, torch.Tensor):
             if value.is_floating_point():
-                count = int(torch.isnan(value.detach()).sum())
-                if count:
+                what = look(value.detach())
+                if what:
                     dtype = str(value.dtype).replace("torch.", "")
-                    return f"{name} ({dtype} {list(value.shape)}): {count} NaN of {value.numel()} values"
+                    return f"{name} ({dtype} {list(value.shape)}): {what}", value
         elif depth > 0 and isinstance(value, (list, tuple, dict)):
             items = value.items() if isinstance(value, dict) else enumerate(value)
-            inner = _first_nan([(f"{name}[{k!r}]", v) for k, v in items], depth - 1)
+            inner = _first_found([(f"{name}[{k!r}]", v) for k, v in items], depth - 1, look)
             if inner:
                 return inner
     return None
+
+
+def shares_memory(tensor: torch.Tensor, value) -> bool:
+    """Whether `tensor` views the memory of a tensor in `value` (nested lists, tuples, dicts):
+    the model's input reaching a module as it is, or viewed."""
+    if isinstance(value, torch.Tensor):
+        storage = tensor.untyped_storage()
+        return storage.nbytes() > 0 and storage.data_ptr() == value.untyped_storage().data_ptr()
+    if isinstance(value, (list, tuple)):
+        return any(shares_memory(tensor, v) for v in value)
+    if isinstance(value, dict):
+        return any(shares_memory(tensor, v) for v in value.values())
+    return False
 
 
 def host_sum(losses) -> float:

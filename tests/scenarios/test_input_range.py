@@ -1,0 +1,99 @@
+"""Inputs that fp16 cannot hold: finite float32 values of 65520 and more turn into Inf where
+autocast casts them to float16, before the module that receives them computes anything.
+Where that input is the model's own (unnormalised features, as a price column), the report
+names the data, with the scaling fix first (event "input-beyond-fp16", '; the model's
+input'); where the model's own float32 code made them, it names the module's input."""
+import torch
+from torch import nn
+
+import ampdiag
+from conftest import rows
+
+
+class PriceRegressor(nn.Module):
+    """Tabular regression on raw features: an MLP whose first Linear gets the batch as it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class FloatGain(nn.Module):
+    """A float32 gain in the model's own code between two Linears: the second one's input
+    holds values beyond fp16 that no module made."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 64), nn.Linear(64, 1)
+
+    def forward(self, x):
+        return self.b(self.a(x).float() * 4000.0)
+
+
+def train(db, model, features, steps=6):
+    torch.manual_seed(0)
+    opt, scaler = torch.optim.AdamW(model.parameters(), 1e-3), torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(steps):
+            x = features()
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), torch.randn(64, 1))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+def raw_prices():
+    x = torch.randn(64, 8)
+    x[:, 0] = 1e5 + 5e4 * torch.rand(64)  # a price column in currency units
+    return x
+
+
+def beyond(db):
+    return [detail for (detail,) in rows(db, "SELECT detail FROM events WHERE kind = 'input-beyond-fp16'")]
+
+
+def test_a_raw_feature_beyond_fp16_is_recorded_as_the_models_input(tmp_path):
+    db = tmp_path / "prices.db"
+    torch.manual_seed(0)
+    train(db, PriceRegressor(), raw_prices)
+    (detail,) = beyond(db)
+    assert detail.startswith("body.0: argument 0 (float32 [64, 8]): 64 of 512 values at or beyond 65520, max |x| ")
+    assert detail.endswith("; the model's input")
+
+
+def test_a_raw_feature_beyond_fp16_is_reported_as_the_data_with_its_scaling_first(tmp_path, verdict):
+    db = tmp_path / "prices.db"
+    torch.manual_seed(0)
+    train(db, PriceRegressor(), raw_prices)
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["rule"], first["module"]) == (1, "forward-nonfinite", "body.0")
+    assert first["title"] == ("The model's input holds values beyond fp16's range: body.0, the first module to use "
+                              "them, turns them into Inf")
+    assert first["suggestions"][0]["summary"].startswith("Bring the model's input into fp16's range")
+
+
+def test_the_scaled_features_train_without_an_overflow(tmp_path, verdict):
+    db = tmp_path / "scaled.db"
+    torch.manual_seed(0)
+    train(db, PriceRegressor(), lambda: (raw_prices() - 1.25e5) / 3e4)
+    code, rep = verdict(db)
+    assert code == 0 and beyond(db) == []
+
+
+def test_values_beyond_fp16_made_by_the_models_own_float32_code_name_the_modules_input(tmp_path, verdict):
+    db = tmp_path / "gain.db"
+    torch.manual_seed(0)
+    train(db, FloatGain(), lambda: torch.randn(64, 8) * 10)
+    (detail,) = beyond(db)
+    assert detail.startswith("b: argument 0 (float32 [64, 64]): ")
+    assert not detail.endswith("; the model's input")
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["module"]) == (1, "b")
+    assert first["title"] == "b's input already holds values beyond fp16's range, which it turns into Inf"
