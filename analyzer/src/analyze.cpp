@@ -36,7 +36,7 @@ const std::vector<std::string>& rule_ids() {
                                                "nonfinite-parameters", "loss-backward",
                                                "optimizer-outside-scaler", "loss-divergence",
                                                "clip-before-unscale", "unscaled-backward",
-                                               "gradients-not-zeroed", "gradients-cleared",
+                                               "gradients-not-zeroed", "gradients-cleared", "zero-gradients",
                                                "accumulated-gradients-cleared", "precision-loss",
                                                "weight-growth", "training-raised", "evaluation-overflow"};
   return ids;

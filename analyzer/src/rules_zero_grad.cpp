@@ -4,7 +4,8 @@
 // fp16's range, and the layer that overflows first is where that shows, not why.
 // gradients-cleared: the other misplaced zero_grad(), between backward and the optimizer
 // step (set_to_none=False: with None torch's scaler raises). The statistics are taken at
-// the step, so every gradient is exactly zero there, and nothing trains.
+// the step, so every gradient is exactly zero there, and nothing trains. zero-gradients:
+// the same zeros where the Python agent saw one arrive zero from backward: the loss's.
 // accumulated-gradients-cleared: zero_grad() inside the loop over micro-batches (event from
 // the Python agent, at each step where a micro-batch's gradient was gone before the next
 // one's backward). Nothing overflows; each step applies only its last micro-batches.
@@ -79,12 +80,41 @@ void gradients_cleared(const Run& run, const std::map<std::int64_t, StepGradient
   f.severity = Severity::kError;
   f.score = 103.0;
   f.steps = {first};
-  f.title = "Every gradient was exactly zero when the optimizer stepped: they were cleared between backward and the "
-            "step (or nothing reached them), and nothing trains";
   f.evidence = "in " + std::to_string(zero) + " of " + plural(std::int64_t(by_step.size()), "recorded step") +
                ", from step " + std::to_string(first) + ", each of the " + plural(std::int64_t(run.layers.size()), "gradient") +
-               " was all zeros where " + (run.has_scaler() ? "scaler.step() unscaled them" : "the optimizer stepped") +
-               ": a zero_grad(set_to_none=False) between backward and the step";
+               " was all zeros where " + (run.has_scaler() ? "scaler.step() unscaled them" : "the optimizer stepped");
+  // The Python agent looks now and then at what a gradient arrived holding: zeros from
+  // backward itself are the loss's, and no zero_grad() is to blame.
+  const rundb::EventRow* arrived = nullptr;
+  for (const auto& e : run.events)
+    if (e.kind == "gradients-arrived-zero" && !arrived) {
+      const auto g = by_step.find(e.step);
+      if (g != by_step.end() && g->second.all_zero) arrived = &e;
+    }
+  if (arrived) {
+    f.rule = "zero-gradients";
+    f.title = "Every gradient was exactly zero when the optimizer stepped: backward made them zero, and nothing trains";
+    f.evidence += "; in step " + std::to_string(arrived->step) + ", " + arrived->detail +
+                  ", before anything could clear it: the loss's gradient is zero";
+    std::int64_t zero_loss = 0, known = 0;
+    for (const auto& s : run.steps) {
+      const auto g = by_step.find(s.row.step);
+      if (g == by_step.end() || !g->second.all_zero || !run.loss_known(s.row)) continue;
+      ++known;
+      zero_loss += s.row.loss == 0.0;
+    }
+    if (known > 0 && zero_loss == known) f.evidence += ", and the loss was exactly 0 in every one of those steps";
+    f.suggestions.push_back({"Look at the loss, not at zero_grad(): its gradient is zero. It is exactly 0 or "
+                             "saturated (a softmax temperature so small that every pair is already separated, a margin "
+                             "every sample meets, a clamp or a threshold before it), or the model's output reaches it "
+                             "only through a detached path (.detach(), .item(), a tensor rebuilt from numpy).",
+                             "", ""});
+    out.push_back(f);
+    return;
+  }
+  f.title = "Every gradient was exactly zero when the optimizer stepped: they were cleared between backward and the "
+            "step (or nothing reached them), and nothing trains";
+  f.evidence += ": a zero_grad(set_to_none=False) between backward and the step";
   const std::string summary = "Zero the gradients before the backward (or after the optimizer step), never between them.";
   f.suggestions.push_back(zeroing_loop(run, summary, "before the backward"));
   out.push_back(f);

@@ -93,6 +93,40 @@ TEST_CASE("every gradient exactly zero where the optimizer stepped is an error: 
   CHECK_THAT(c->suggestions.front().python, Catch::StartsWith("optimizer.zero_grad()  # before the backward"));
 }
 
+TEST_CASE("all-zero gradients that arrived zero from backward are the loss's, not a cleared loop", "[rules][zero-grad]") {
+  // A contrastive loss at a temperature so small that it is exactly 0 (Python agent's event).
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("gradients-arrived-zero", "head.bias's gradient arrived from backward all zeros");
+  for (int i = 0; i < 8; ++i) f.step(65536, 65536, 0.0, {}, 0.0);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "gradients-cleared") == nullptr);
+  const Finding* z = find(r, "zero-gradients");
+  REQUIRE(z != nullptr);
+  CHECK(z->severity == Severity::kError);
+  CHECK(z->title == "Every gradient was exactly zero when the optimizer stepped: backward made them zero, and nothing "
+                    "trains");
+  CHECK_THAT(z->evidence, Catch::EndsWith("in step 0, head.bias's gradient arrived from backward all zeros, before "
+                                          "anything could clear it: the loss's gradient is zero, and the loss was "
+                                          "exactly 0 in every one of those steps"));
+  CHECK_THAT(z->suggestions.front().summary, Catch::StartsWith("Look at the loss, not at zero_grad()"));
+  CHECK(z->suggestions.front().python.empty());
+}
+
+TEST_CASE("a gradient that arrived zero in a step with other gradients does not clear the loop of blame",
+          "[rules][zero-grad]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("gradients-arrived-zero", "head.bias's gradient arrived from backward all zeros");
+  f.step(65536, 65536, 1000.0);
+  for (int i = 0; i < 8; ++i) f.step(65536, 65536, 0.0);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "zero-gradients") == nullptr);
+  CHECK(find(r, "gradients-cleared") != nullptr);
+}
+
 TEST_CASE("a few steps whose gradients were all zero are not a cleared loop", "[rules][zero-grad]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);

@@ -50,6 +50,33 @@ def test_gradients_cleared_between_backward_and_step_are_named(tmp_path, verdict
     assert rep["findings"][0]["suggestions"][0]["python"].startswith("optimizer.zero_grad()  # before the backward")
 
 
+def saturated_contrastive(db, steps=20):
+    """SimCLR-style views of one batch at a temperature so small that the loss is exactly 0
+    (every pair already separated): backward delivers nothing but zeros."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 128), nn.BatchNorm1d(128), nn.ReLU(), nn.Linear(128, 64))
+    opt, scaler = torch.optim.AdamW(model.parameters(), 1e-3), torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(steps):
+            x = torch.randn(64, 32)
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                z1 = nn.functional.normalize(model(x + 0.1 * torch.randn_like(x)), dim=1)
+                z2 = nn.functional.normalize(model(x + 0.1 * torch.randn_like(x)), dim=1)
+                loss = nn.functional.cross_entropy(z1 @ z2.t() / 0.001, torch.arange(64))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+def test_gradients_that_backward_made_zero_are_the_losss_not_a_cleared_loop(tmp_path, verdict):
+    saturated_contrastive(tmp_path / "saturated.db")
+    code, rep = verdict(tmp_path / "saturated.db")
+    assert code == 1
+    assert rules(rep, "error") == [("zero-gradients", "")]
+    assert rep["findings"][0]["suggestions"][0]["summary"].startswith("Look at the loss, not at zero_grad()")
+
+
 def test_zero_grad_inside_the_accumulation_loop_is_named_and_no_layer_is_blamed(tmp_path, verdict):
     regression_loop(tmp_path / "inside.db", 12, micro=4, zero_each_micro_batch=True)
     code, rep = verdict(tmp_path / "inside.db")

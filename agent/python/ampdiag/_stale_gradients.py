@@ -17,12 +17,20 @@ A CUDA .grad is reduced on its device and its answer copied to pinned memory wit
 waiting; it is read when the copy has landed (at a later step's look, or at close()), and
 the event carries the step it was looked at. Reading it at once would make the training
 thread wait for the device on every step of a loop that zeroes with set_to_none=False.
+
+Every ZERO_LOOK_EVERY steps the probe also looks at what its host gradients arrive
+holding and, at the step's end, says once whether backward itself delivered nothing but zeros
+(event "gradients-arrived-zero"): all-zero gradients at the optimizer step are then the
+loss's (saturated, exactly 0, or detached from the model), not a zero_grad() between
+backward and the step, which the report would otherwise infer from them.
 """
 import weakref
 
 import torch
 
 EVENT = "gradients-not-zeroed"
+ARRIVED_ZERO = "gradients-arrived-zero"
+ZERO_LOOK_EVERY = 16  # a look is a reduction of the smallest parameter's gradient: not every step
 
 
 def probe_of(params: list) -> "torch.Tensor | None":
@@ -40,6 +48,10 @@ class GradientProbe:
         self._suspect = None  # the step whose first gradient found .grad holding the last step's
         self._host = None     # pinned bool: whether a device .grad held anything
         self._landing = None  # (CUDA event, step): a device look whose answer is on its way
+        self._look_step = None  # the step whose host gradients are being looked at as they arrive
+        self._arrived_nonzero = False  # whether one of them held anything but zeros
+        self._until_zero_look = 0  # steps until the next look at them (ZERO_LOOK_EVERY)
+        self._zero_reported = False
 
     def hook(self, arrival):
         """`arrival`, the parameter's gradient hook, followed by the look at its .grad on
@@ -48,7 +60,13 @@ class GradientProbe:
 
         def hook(grad):
             arrival(grad)
-            if not handle._live or self._reported:
+            if not handle._live:
+                return
+            if self._until_zero_look == 0 and not self._zero_reported and not grad.is_cuda:
+                # Read now: autograd may accumulate into this very tensor later in the step.
+                self._look_step = handle._session.step
+                self._arrived_nonzero = self._arrived_nonzero or grad.is_sparse or bool(grad.any())
+            if self._reported:
                 return
             p = self._param()
             if p is None:
@@ -68,6 +86,20 @@ class GradientProbe:
         if self._suspect is not None and not self._reported:
             self._report(self._suspect)
         self._suspect = None
+        if self._look_step is not None:
+            self._look_at_arrivals()
+        elif self._until_zero_look > 0:
+            self._until_zero_look -= 1
+
+    def _look_at_arrivals(self):
+        step, nonzero = self._look_step, self._arrived_nonzero
+        self._look_step, self._arrived_nonzero = None, False
+        self._until_zero_look = ZERO_LOOK_EVERY - 1
+        if nonzero:
+            return
+        self._zero_reported = True
+        self._handle._event(ARRIVED_ZERO, f"{self._name}'s gradient arrived from backward all zeros",
+                            key=(ARRIVED_ZERO,), step=step)
 
     def flush(self):
         """Reads a device look still landing (close(): waits for its copy)."""
