@@ -136,8 +136,11 @@ class Agent::Impl final : public ScalerObserver {
   // AgentOptions::amp_dtype was left empty and no training probe has run yet.
   bool learn_amp_dtype_ = false;
   void learn_amp_dtype(c10::DeviceType device, at::ScalarType output);
-  // The cycle's inputs (input()), looked at for NaN once a probe holds NaN/Inf.
-  std::vector<std::pair<std::string, at::Tensor>> inputs_;
+  // The cycle's inputs (input()), looked at for NaN once a probe holds NaN/Inf; then kept
+  // in looked_inputs_ until the cycle ends, for a replay to tell the model's input.
+  std::vector<std::pair<std::string, at::Tensor>> inputs_, looked_inputs_;
+  // Whether x views the memory of a tensor given to input() in this cycle.
+  bool model_input(const at::Tensor& x) const;
   // Whether an input held NaN (event input-nan).
   bool look_at_inputs();
   // The model's parameters by name, looked at for NaN/Inf in a step whose probe first holds
@@ -324,8 +327,19 @@ bool Agent::Impl::look_at_inputs() {
     found = true;
     break;
   }
-  inputs_.clear();  // once a step
+  // Once a step; kept for model_input().
+  looked_inputs_.insert(looked_inputs_.end(), inputs_.begin(), inputs_.end());
+  inputs_.clear();
   return found;
+}
+
+bool Agent::Impl::model_input(const at::Tensor& x) const {
+  if (!x.has_storage() || x.storage().nbytes() == 0) return false;
+  const void* memory = x.storage().data();
+  for (const auto* list : {&inputs_, &looked_inputs_})
+    for (const auto& [name, t] : *list)
+      if (t.has_storage() && t.storage().data() == memory) return true;
+  return false;
 }
 
 // As the Python agent words it. Host parameters only, for the reason input() gives.
@@ -364,7 +378,7 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
   if (check) checks_.before(x);
   y = run(x);
   if (record(path, y)) {
-    replay_pins_.nonfinite_output(path, replay, x);
+    replay_pins_.nonfinite_output(path, replay, x, model_input(x));
   } else if (check) {
     const auto timed = agent_time();
     replay_pins_.lossy_output(path, checks_.after(path, y, replay));
@@ -391,6 +405,7 @@ void Agent::Impl::begin_cycle() {
   checks_.step_began();
   nonfinite_seen_ = false;
   inputs_.clear();
+  looked_inputs_.clear();
   loss_sum_ = 0.0;
   device_loss_sum_ = at::Tensor();
   losses_ = 0;

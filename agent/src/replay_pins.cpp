@@ -1,6 +1,8 @@
 #include "replay_pins.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +24,8 @@ std::string first_line(const char* what) {
 
 }  // namespace
 
-void ReplayPins::nonfinite_output(const std::string& path, const Forward& replay, const at::Tensor& x) {
+void ReplayPins::nonfinite_output(const std::string& path, const Forward& replay, const at::Tensor& x,
+                                  bool model_input) {
   if (!replay_ || !replayed_.insert(path).second) return;
   std::string outcome = "unconfirmed", reason;
   double absmax = std::numeric_limits<double>::quiet_NaN();
@@ -41,7 +44,31 @@ void ReplayPins::nonfinite_output(const std::string& path, const Forward& replay
     reason = "the FP32 replay raised: " + first_line(e.what());
   }
   session_.replay(path, outcome, absmax, reason);
+  if (outcome == "finite") look_at_input_range(path, x, model_input);
   if (outcome == "finite" && may_pin(path)) confirmed_.push_back(path);
+}
+
+// Autocast casts x to fp16 for the module's fp16 operations, and fp16 rounds |x| >= 65520
+// (halfway above its largest value, 65504) to Inf: the module received Inf it did not make.
+// Host tensors only: a device count would wait for the device.
+void ReplayPins::look_at_input_range(const std::string& path, const at::Tensor& x, bool model_input) {
+  constexpr double kRoundsToInf = 65520.0;
+  if (!x.defined() || !x.device().is_cpu() || !at::isFloatingType(x.scalar_type()) || x.scalar_type() == at::kHalf)
+    return;
+  if (!at::autocast::is_autocast_enabled(x.device().type()) ||
+      at::autocast::get_autocast_dtype(x.device().type()) != at::kHalf)
+    return;
+  c10::NoGradGuard no_grad;
+  const at::Tensor magnitude = x.detach().abs();
+  const at::Tensor beyond = at::isfinite(magnitude).logical_and(magnitude.ge(kRoundsToInf));
+  const std::int64_t count = beyond.sum().item<std::int64_t>();
+  if (count == 0) return;
+  char largest[32];
+  std::snprintf(largest, sizeof largest, "%g", magnitude.masked_select(beyond).max().item<double>());
+  session_.event("input-beyond-fp16", path + ": input (" + c10::toString(x.scalar_type()) + " " + c10::str(x.sizes()) +
+                                          "): " + std::to_string(count) + " of " + std::to_string(x.numel()) +
+                                          " values at or beyond 65520, max |x| " + largest +
+                                          (model_input ? "; the model's input" : ""));
 }
 
 void ReplayPins::lossy_output(const std::string& path, double lost) {

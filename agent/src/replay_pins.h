@@ -25,8 +25,10 @@ class ReplayPins {
   // The module's output held NaN/Inf and was the step's first such probe: runs `replay` on
   // an fp32 copy of x with autocast and autograd off and the CPU RNG restored after, once
   // per module and run; records the outcome, and a confirmed module is pinned when the
-  // step ends (within the limit).
-  void nonfinite_output(const std::string& path, const Forward& replay, const at::Tensor& x);
+  // step ends (within the limit). Where it was finite, a host x holding finite values that
+  // fp16 cannot hold under float16 autocast is event "input-beyond-fp16", as the Python
+  // agent words it (`model_input`: x is the model's input, given to Agent::input()).
+  void nonfinite_output(const std::string& path, const Forward& replay, const at::Tensor& x, bool model_input);
   // A precision check found `lost` (relative L2 error against FP32) of the module's finite
   // output: at kLost or more it is pinned when the step ends (within the limit), event
   // "autopin-precision".
@@ -45,6 +47,7 @@ class ReplayPins {
   std::vector<std::string> confirmed_, announce_;
   // Whether `path` may still be pinned: not already, and within the limit (else the event).
   bool may_pin(const std::string& path);
+  void look_at_input_range(const std::string& path, const at::Tensor& x, bool model_input);
 };
 
 }  // namespace ampdiag::agent

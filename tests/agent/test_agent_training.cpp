@@ -416,6 +416,54 @@ TEST_CASE("a NaN batch given to input() spends no replay on the module that rece
   CHECK(events_of(t, "parameters-nonfinite").empty());  // the weights are finite: not looked at as NaN
 }
 
+TEST_CASE("a batch beyond fp16's range given to input() is named where the first module's replay was finite",
+          "[agent]") {
+  // A raw feature (a price in currency units): autocast's cast to fp16 makes it Inf in a.
+  TinySetup t;
+  std::size_t replays = 0;
+  const auto events = replayed_forward(
+      t,
+      [](int step) {
+        auto x = torch::randn({8, 16});
+        if (step == 1) x[2][5] = 1.0e5;
+        return x;
+      },
+      "input-beyond-fp16", replays);
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].first == 1);
+  CHECK(events[0].second == "a: input (Float [8, 16]): 1 of 128 values at or beyond 65520, max |x| 100000; the "
+                            "model's input");
+  CHECK(replays == 1);
+}
+
+TEST_CASE("values beyond fp16's range made by the model's float32 code are the module's input, not the model's",
+          "[agent]") {
+  TinySetup t;
+  train_with_agent(t, 2, at::kHalf, [&](Agent& agent, int) {
+    const auto x = agent.input("x", torch::randn({8, 16}));
+    const auto h = torch::relu(agent.forward("a", t.net->a, x)).to(torch::kFloat) * 1.0e6;  // float32 code
+    return agent.forward("b", t.net->b, h).to(torch::kFloat).pow(2).mean();
+  });
+  const auto events = events_of(t, "input-beyond-fp16");
+  REQUIRE(events.size() == 1);
+  CHECK_THAT(events[0].second, Catch::StartsWith("b: input (Float [8, 32]): "));
+  CHECK_THAT(events[0].second, !Catch::EndsWith("; the model's input"));
+}
+
+TEST_CASE("a batch within fp16's range is no input-beyond-fp16, though its module overflows", "[agent]") {
+  TinySetup t;
+  train_with_agent(t, 2, at::kHalf, [&](Agent& agent, int) {
+    const auto x = agent.input("x", torch::randn({8, 16}) * 1000.0);  // each value in range, a's sums are not
+    {
+      torch::NoGradGuard no_grad;
+      t.net->a->weight.fill_(100.0);
+    }
+    return agent.forward("a", t.net->a, x).to(torch::kFloat).pow(2).mean();
+  });
+  CHECK(events_of(t, "input-beyond-fp16").empty());
+  CHECK(rundb::RunDbReader(t.dir.file("run.db")).replays().size() == 1);
+}
+
 TEST_CASE("profiling that cannot start is one event, and training is bit-identical", "[agent][profile]") {
   TempDir dir;
   const auto db = dir.file("profiled.db");
