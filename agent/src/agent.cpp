@@ -168,6 +168,25 @@ namespace {
 
 std::uintptr_t key_of(const at::Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.unsafeGetTensorImpl()); }
 
+// "1 NaN of 128 values" where t holds NaN, else "2 -Inf of 128 values" where it holds Inf
+// and is no additive mask (-inf where masked, 0 or a large negative stand-in such as
+// float16's lowest elsewhere: by design); empty where neither.
+std::string nonfinite_counts(const at::Tensor& t) {
+  const std::string of = " of " + std::to_string(t.numel()) + " values";
+  if (const std::int64_t nan = at::isnan(t).sum().item<std::int64_t>(); nan > 0) return std::to_string(nan) + " NaN" + of;
+  const at::Tensor infinite = at::isinf(t);
+  const std::int64_t count = infinite.sum().item<std::int64_t>();
+  if (count == 0) return "";
+  const std::int64_t positive = t.eq(std::numeric_limits<double>::infinity()).sum().item<std::int64_t>();
+  constexpr double kMaskStandIn = -1e4;
+  const at::Tensor finite = t.masked_select(infinite.logical_not());
+  if (positive == 0 && finite.eq(0).logical_or(finite.le(kMaskStandIn)).all().item<bool>()) return "";
+  std::string counts;
+  if (positive > 0) counts = std::to_string(positive) + " +Inf";
+  if (count > positive) counts += (counts.empty() ? "" : " and ") + std::to_string(count - positive) + " -Inf";
+  return counts + of;
+}
+
 }  // namespace
 
 Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions options)
@@ -314,16 +333,16 @@ void Agent::Impl::learn_amp_dtype(c10::DeviceType device, at::ScalarType output)
                               "the run is judged in bfloat16 (bfloat16 needs no GradScaler)");
 }
 
-// The first input holding NaN, as the Python agent words it. Host inputs only: a device
-// count would wait for the device, and a device probe's NaN is known a step late anyway.
+// The first input holding NaN, or Inf where it is no additive mask, as the Python agent
+// words it. Host inputs only: a device count would wait for the device, and a device
+// probe's NaN is known a step late anyway.
 bool Agent::Impl::look_at_inputs() {
   bool found = false;
   for (const auto& [name, t] : inputs_) {
     if (!t.device().is_cpu()) continue;
-    const std::int64_t nan = at::isnan(t).sum().item<std::int64_t>();
-    if (nan == 0) continue;
-    session_.event("input-nan", name + " (" + c10::toString(t.scalar_type()) + " " + c10::str(t.sizes()) + "): " +
-                                    std::to_string(nan) + " NaN of " + std::to_string(t.numel()) + " values");
+    const std::string counts = nonfinite_counts(t);
+    if (counts.empty()) continue;
+    session_.event("input-nan", name + " (" + c10::toString(t.scalar_type()) + " " + c10::str(t.sizes()) + "): " + counts);
     found = true;
     break;
   }

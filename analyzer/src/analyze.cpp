@@ -133,7 +133,20 @@ void make_consistent(Report& report) {
       culprit = &f;
       break;
     }
-  if (!culprit) return;
+  if (!culprit) {
+    // Only the data made the forward NaN/Inf: the collapse is its doing.
+    const auto input = std::find_if(report.findings.begin(), report.findings.end(), [](const Finding& f) {
+      return f.rule == "input-nan" && f.severity != Severity::kInfo;
+    });
+    if (input == report.findings.end()) return;
+    const std::string what = input->title.find("held Inf") != std::string::npos ? "Inf" : "NaN";
+    for (auto& f : report.findings)
+      if (f.rule == "scale-collapse" && !f.suggestions.empty() && f.suggestions.front().python.empty() &&
+          f.suggestions.front().summary.rfind("Fix what overflows", 0) == 0)
+        f.suggestions.front().summary =
+            "Fix the " + what + " in the model's input (see input-nan); the scale recovers once it is gone.";
+    return;
+  }
   // (An overflow-origin's blame is the code after its module, which made what reached it.)
   const std::string name = culprit->rule == "overflow-origin" && !culprit->blame.empty() ? culprit->blame
                            : !culprit->module.empty()           ? culprit->module

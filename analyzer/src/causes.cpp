@@ -132,7 +132,7 @@ std::string forward_sentence(ForwardSource forward, const std::string& forward_m
       return "forward went non-finite at " +
              (forward_module.empty() ? std::string("the model's own forward()") : forward_module);
     case ForwardSource::kLoss: return "the loss went NaN/Inf after every probed module's output was finite";
-    case ForwardSource::kInput: return "the model's input held NaN";
+    case ForwardSource::kInput: return "the model's input held NaN/Inf";
     case ForwardSource::kUpdate: return "the parameters already held NaN/Inf";
     case ForwardSource::kLossBackward: return "the gradient reaching the model's output already held NaN/Inf";
   }

@@ -135,12 +135,23 @@ Finding input_nan(const Run& run) {
   f.rule = "input-nan";
   f.severity = hurt ? Severity::kError : Severity::kInfo;
   f.score = hurt ? 90.0 : 5.0;
-  f.title = hurt ? "The model's input already held NaN: none of its modules made the forward non-finite"
-                 : "The model's input held NaN, and the loss stayed finite";
+  // The agents name NaN where there is any, else an Inf that is no additive mask's -inf.
+  const bool inf = detail.find("NaN") == std::string::npos && detail.find("Inf") != std::string::npos;
+  const std::string what = inf ? "Inf" : "NaN";
+  f.title = hurt ? "The model's input already held " + what + ": none of its modules made the forward non-finite"
+                 : "The model's input held " + what + ", and the loss stayed finite";
   f.evidence = "in " + plural(n, "step") + " with a NaN/Inf output, from step " + std::to_string(f.steps.front()) +
-               ", the model's input already held NaN" + (detail.empty() ? "" : " (" + detail + ")") + "; " +
+               ", the model's input already held " + what + (detail.empty() ? "" : " (" + detail + ")") + "; " +
                std::to_string(hurt) + " of them skipped or with a NaN/Inf loss";
-  if (hurt)
+  if (hurt && inf)
+    f.suggestions.push_back({"Find where the input got its Inf before the model: a log of 0 in preprocessing "
+                             "(log(x + eps) computed in fp16, where an eps such as 1e-10 rounds to 0: compute the "
+                             "features in float32, outside autocast), a division by 0, or code that computes it (an "
+                             "encoder run before the model under no_grad: attach one ModuleDict holding both to have "
+                             "its modules watched); pinning this model's modules to FP32 cannot help.",
+                             "assert torch.isfinite(x).all(), \"NaN/Inf in the batch\"",
+                             "TORCH_CHECK(torch::isfinite(x).all().item<bool>(), \"NaN/Inf in the batch\");"});
+  else if (hurt)
     f.suggestions.push_back({"Find where the input got its NaN before the model: bad samples in the data pipeline (a "
                              "missing value, a 0/0 in preprocessing), or code that computes it (an encoder run before "
                              "the model under no_grad, as a diffusion model's text encoder: attach one ModuleDict "

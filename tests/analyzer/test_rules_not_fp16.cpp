@@ -146,7 +146,7 @@ TEST_CASE("NaN/Inf after an update that applied NaN/Inf gradients is that update
   CHECK(u->severity == Severity::kError);
   CHECK(u->steps == std::vector<std::int64_t>{1});
   CHECK_THAT(u->evidence, Catch::Contains("4 of the 4 steps after it went NaN/Inf"));
-  CHECK_THAT(u->evidence, Catch::Contains("the model's input held NaN"));
+  CHECK_THAT(u->evidence, Catch::Contains("the model's input held NaN/Inf"));
   const Finding* in = find(r, "input-nan");
   REQUIRE(in != nullptr);
   CHECK(in->steps == std::vector<std::int64_t>{1});
@@ -188,6 +188,29 @@ TEST_CASE("a NaN in the model's input is the data's, not the module that showed 
   CHECK(find(r, "overflow-origin") == nullptr);
   REQUIRE(r.skipped.size() == 1);
   CHECK(r.skipped.front().forward == ForwardSource::kInput);
+}
+
+TEST_CASE("an Inf in the model's input is named Inf, with the isfinite check, and the collapse points to it",
+          "[rules]") {
+  // Log power features of silent frames, log(0) computed before the model.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2) {
+    f.event("input-nan", "argument 0 (float16 [16, 50, 64]): 6208 -Inf of 51200 values").activation("enc", true);
+    f.step(scale, scale / 2, 1000, {"head.weight"}, kNaN);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* in = find(r, "input-nan");
+  REQUIRE(in != nullptr);
+  CHECK(in->title == "The model's input already held Inf: none of its modules made the forward non-finite");
+  CHECK_THAT(in->suggestions.front().summary, Catch::Contains("a log of 0 in preprocessing"));
+  CHECK(in->suggestions.front().python == "assert torch.isfinite(x).all(), \"NaN/Inf in the batch\"");
+  const Finding* collapse = find(r, "scale-collapse");
+  REQUIRE(collapse != nullptr);
+  CHECK(collapse->suggestions.front().summary ==
+        "Fix the Inf in the model's input (see input-nan); the scale recovers once it is gone.");
 }
 
 TEST_CASE("a float16 loss is a warning that says the scale cannot pass 65504", "[rules]") {

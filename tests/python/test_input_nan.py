@@ -1,22 +1,40 @@
-"""Where the model's input holds NaN: the argument named as the user wrote the call, nested
-lists and dicts included; a -inf (a mask passed in) is not NaN."""
+"""Where the model's input holds NaN, or Inf outside an additive mask: the argument named as
+the user wrote the call, nested lists and dicts included; a mask's -inf is by design."""
 import torch
 
-from ampdiag._tensors import nan_in_inputs
+from ampdiag._tensors import nonfinite_in_inputs
 
 
 def test_a_nan_in_a_dict_batch_names_its_key():
     x = torch.zeros(4, 3)
     x[1, 2] = float("nan")
-    assert nan_in_inputs(({"ids": torch.ones(4, dtype=torch.long), "x": x},), {}) == \
+    assert nonfinite_in_inputs(({"ids": torch.ones(4, dtype=torch.long), "x": x},), {}) == \
         "argument 0['x'] (float32 [4, 3]): 1 NaN of 12 values"
 
 
 def test_a_nan_in_a_keyword_argument_names_the_keyword():
     y = torch.full((2,), float("nan"), dtype=torch.float16)
-    assert nan_in_inputs((torch.zeros(2),), {"target": y}) == "argument 'target' (float16 [2]): 2 NaN of 2 values"
+    assert nonfinite_in_inputs((torch.zeros(2),), {"target": y}) == "argument 'target' (float16 [2]): 2 NaN of 2 values"
 
 
 def test_an_infinite_mask_is_not_a_nan_input():
     mask = torch.full((4, 4), float("-inf")).triu(1)
-    assert nan_in_inputs((torch.zeros(4, 4), [mask]), {}) is None
+    assert nonfinite_in_inputs((torch.zeros(4, 4), [mask]), {}) is None
+
+
+def test_a_mask_with_a_large_negative_stand_in_is_not_a_nonfinite_input():
+    mask = torch.full((4, 4), float("-inf")).triu(1)
+    mask[0, 0] = torch.finfo(torch.float16).min
+    assert nonfinite_in_inputs((mask,), {}) is None
+
+
+def test_minus_inf_among_features_is_a_nonfinite_input():
+    x = torch.full((2, 3), -4.5)  # log power of a quiet frame
+    x[0, :2] = float("-inf")  # log(0): a silent one
+    assert nonfinite_in_inputs((x,), {}) == "argument 0 (float32 [2, 3]): 2 -Inf of 6 values"
+
+
+def test_plus_inf_is_never_a_mask():
+    x = torch.zeros(4)
+    x[1], x[2] = float("inf"), float("-inf")
+    assert nonfinite_in_inputs((x,), {}) == "argument 0 (float32 [4]): 1 +Inf and 1 -Inf of 4 values"

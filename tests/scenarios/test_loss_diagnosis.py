@@ -126,6 +126,31 @@ def test_a_nan_in_the_batch_is_blamed_on_the_data_not_on_the_models_forward(tmp_
     assert re.findall(r'text-anchor="end">([^<]*)<title>', offenders) == ["(the model's input)"]  # not enc.0
 
 
+def test_an_inf_in_log_power_features_is_blamed_on_the_data_not_on_the_models_forward(tmp_path, verdict):
+    # log(power + 1e-10) computed under fp16 autocast before the model: 1e-10 rounds to 0
+    # in fp16, so a silent frame's log is -inf. The model's own code makes nothing.
+    db = tmp_path / "log_power.db"
+    torch.manual_seed(0)
+    filterbank = nn.Linear(128, 16, bias=False)
+
+    def loss_of(step, model):
+        frames, y = torch.randn(32, 128) * 0.01, torch.randn(32, 1)
+        frames[:4] = 0.0  # silence
+        with torch.autocast("cpu", dtype=torch.float16):
+            x = torch.log(filterbank(frames).pow(2) + 1e-10).detach()
+            return nn.functional.mse_loss(model(x).float(), y)
+
+    train(db, Net(), 12, loss_of)
+    code, rep = verdict(db)
+    assert code == 1
+    inputs = [f for f in rep["findings"] if f["rule"] == "input-nan"]
+    assert inputs and inputs[0]["title"].startswith("The model's input already held Inf")
+    assert re.search(r"\(argument 0 \(float16 \[32, 16\]\): \d+ -Inf of 512 values\)", inputs[0]["evidence"])
+    assert "forward-nonfinite" not in {f["rule"] for f in rep["findings"]}
+    collapse = [f for f in rep["findings"] if f["rule"] == "scale-collapse"]
+    assert collapse and collapse[0]["suggestions"][0]["summary"].startswith("Fix the Inf in the model's input")
+
+
 def test_a_loop_without_a_scalar_loss_still_names_the_layer_that_overflows_in_backward(tmp_path, verdict):
     # scale() is given the weighted output itself, backward() its gradient: no loss is
     # recorded, which is not a NaN loss. The gradient entering the last layer (50 x scale)

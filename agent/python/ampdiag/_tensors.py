@@ -182,12 +182,13 @@ def describe_inputs(args) -> str:
     return ", ".join(parts)
 
 
-def nan_in_inputs(args, kwargs):
+def nonfinite_in_inputs(args, kwargs):
     """'argument 0 (float32 [32, 16]): 1 NaN of 512 values' for the first floating-point
     tensor among a forward's arguments (and in the lists, tuples and dicts among them:
-    "argument 0['x']") that holds NaN; None when none does. On a device it waits for the
-    count: it runs only in a step whose outputs already went NaN/Inf."""
-    found = _first_found(_named_inputs(args, kwargs), 2, _nan_count)
+    "argument 0['x']") that holds NaN, or Inf where it is not an additive mask ('5 -Inf of
+    512 values': a log of 0 in preprocessing); None when none does. On a device it waits
+    for the count: it runs only in a step whose outputs already went NaN/Inf."""
+    found = _first_found(_named_inputs(args, kwargs), 2, _nonfinite_count)
     return found and found[0]
 
 
@@ -197,7 +198,7 @@ FP16_ROUNDS_TO_INF = 65520.0
 
 def beyond_fp16_in_inputs(args, kwargs):
     """(description, tensor) for the first floating-point tensor among a forward's arguments
-    (nested as for nan_in_inputs) holding finite values that fp16 cannot hold, which turn
+    (nested as for nonfinite_in_inputs) holding finite values that fp16 cannot hold, which turn
     into Inf where autocast casts them to float16: 'argument 0 (float32 [128, 64]): 37 of
     8192 values at or beyond 65520, max |x| 221847'. None when none does. Runs only once a
     module's output went NaN/Inf."""
@@ -208,9 +209,26 @@ def _named_inputs(args, kwargs):
     return [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
 
 
-def _nan_count(t):
-    count = int(torch.isnan(t).sum())
-    return f"{count} NaN of {t.numel()} values" if count else None
+# An additive mask holds -inf where masked and 0 elsewhere (or a large negative stand-in,
+# as finfo(float16).min): its -inf is by design. Finite values other than those beside an
+# Inf, or a +Inf, are the data's.
+_MASK_STAND_IN = -1e4
+
+
+def _nonfinite_count(t):
+    nan = int(torch.isnan(t).sum())
+    if nan:
+        return f"{nan} NaN of {t.numel()} values"
+    infinite = torch.isinf(t)
+    count = int(infinite.sum())
+    if not count:
+        return None
+    positive = int((t == math.inf).sum())
+    finite = t[~infinite]
+    if not positive and bool(((finite == 0) | (finite <= _MASK_STAND_IN)).all()):
+        return None  # an additive mask
+    parts = [f"{n} {sign}Inf" for n, sign in ((positive, "+"), (count - positive, "-")) if n]
+    return f"{' and '.join(parts)} of {t.numel()} values"
 
 
 def _beyond_fp16(t):
