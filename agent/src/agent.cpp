@@ -339,7 +339,7 @@ void Agent::Impl::learn_amp_dtype(c10::DeviceType device, at::ScalarType output)
 bool Agent::Impl::look_at_inputs() {
   bool found = false;
   for (const auto& [name, t] : inputs_) {
-    if (!t.device().is_cpu()) continue;
+    if (!t.device().is_cpu() || t.layout() != at::kStrided) continue;  // (a sparse tensor's values are not read)
     const std::string counts = nonfinite_counts(t);
     if (counts.empty()) continue;
     session_.event("input-nan", name + " (" + c10::toString(t.scalar_type()) + " " + c10::str(t.sizes()) + "): " + counts);

@@ -53,7 +53,8 @@ void ReplayPins::nonfinite_output(const std::string& path, const Forward& replay
 // Host tensors only: a device count would wait for the device.
 void ReplayPins::look_at_input_range(const std::string& path, const at::Tensor& x, bool model_input) {
   constexpr double kRoundsToInf = 65520.0;
-  if (!x.defined() || !x.device().is_cpu() || !at::isFloatingType(x.scalar_type()) || x.scalar_type() == at::kHalf)
+  if (!x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided || !at::isFloatingType(x.scalar_type()) ||
+      x.scalar_type() == at::kHalf)
     return;
   if (!at::autocast::is_autocast_enabled(x.device().type()) ||
       at::autocast::get_autocast_dtype(x.device().type()) != at::kHalf)

@@ -350,6 +350,17 @@ TEST_CASE("an additive mask's -inf given to input() is not called a corruption",
   CHECK(events.empty());
 }
 
+TEST_CASE("a sparse tensor given to input() is passed over when the step goes NaN/Inf", "[agent]") {
+  // Its values are not read as a dense tensor's (masked_select refuses a sparse one).
+  TinySetup t;
+  train_with_agent(t, 2, at::kHalf, [&](Agent& agent, int) {
+    agent.input("features", torch::sparse_coo_tensor(torch::tensor({{0, 2}}), torch::tensor({INFINITY, 1e6f}), {4}));
+    const auto x = agent.input("x", torch::randn({8, 16}) * 1.0e6);  // a's fp16 cast overflows
+    return agent.probe("a", t.net->a(x)).to(torch::kFloat).mean();
+  });
+  CHECK(events_of(t, "input-nan").empty());
+}
+
 TEST_CASE("a -inf among the batch's features given to input() is the data's", "[agent]") {
   // A log power of 0 in preprocessing.
   const auto events = input_nan_events([](int step) {

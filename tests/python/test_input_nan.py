@@ -2,7 +2,7 @@
 the user wrote the call, nested lists and dicts included; a mask's -inf is by design."""
 import torch
 
-from ampdiag._tensors import nonfinite_in_inputs
+from ampdiag._tensors import beyond_fp16_in_inputs, nonfinite_in_inputs
 
 
 def test_a_nan_in_a_dict_batch_names_its_key():
@@ -38,3 +38,11 @@ def test_plus_inf_is_never_a_mask():
     x = torch.zeros(4)
     x[1], x[2] = float("inf"), float("-inf")
     assert nonfinite_in_inputs((x,), {}) == "argument 0 (float32 [4]): 1 +Inf and 1 -Inf of 4 values"
+
+
+def test_a_sparse_input_is_passed_over_not_read():
+    # Indexing it as a dense tensor would raise inside the model's forward hook.
+    values = torch.tensor([float("inf"), 1e6])
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), values, (4,))
+    assert nonfinite_in_inputs((sparse,), {}) is None
+    assert beyond_fp16_in_inputs((sparse,), {}) is None

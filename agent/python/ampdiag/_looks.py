@@ -65,14 +65,17 @@ def look_at_input_range(handle, path, args, kwargs):
     readings). Event "input-beyond-fp16" ('PATH: argument 0 (float32 [128, 64]): 37 of 8192
     values at or beyond 65520, max |x| 221847'), ending in '; the model's input' where that
     tensor is the model's input, or a view of it: then the data is what to fix."""
-    found = beyond_fp16_in_inputs(args, kwargs)
-    if found is None:
+    try:
+        found = beyond_fp16_in_inputs(args, kwargs)
+        if found is None:
+            return
+        what, tensor = found
+        device = tensor.device.type
+        if not (torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16):
+            return
+        model_input = path == "" or (handle._root_inputs is not None and shares_memory(tensor, handle._root_inputs))
+    except Exception:  # a look must never break the training: a tensor type it cannot read says nothing
         return
-    what, tensor = found
-    device = tensor.device.type
-    if not (torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16):
-        return
-    model_input = path == "" or (handle._root_inputs is not None and shares_memory(tensor, handle._root_inputs))
     handle._event("input-beyond-fp16", f"{path}: {what}" + ("; the model's input" if model_input else ""))
 
 

@@ -248,7 +248,7 @@ def _first_found(named, depth, look):
     pairs, lists, tuples and dicts `depth` levels down included, that look(tensor) describes."""
     for name, value in named:
         if isinstance(value, torch.Tensor):
-            if value.is_floating_point():
+            if value.is_floating_point() and value.layout is torch.strided:  # (not a sparse one's values)
                 what = look(value.detach())
                 if what:
                     dtype = str(value.dtype).replace("torch.", "")
@@ -265,6 +265,8 @@ def shares_memory(tensor: torch.Tensor, value) -> bool:
     """Whether `tensor` views the memory of a tensor in `value` (nested lists, tuples, dicts):
     the model's input reaching a module as it is, or viewed."""
     if isinstance(value, torch.Tensor):
+        if value.layout is not torch.strided:
+            return False
         storage = tensor.untyped_storage()
         return storage.nbytes() > 0 and storage.data_ptr() == value.untyped_storage().data_ptr()
     if isinstance(value, (list, tuple)):
