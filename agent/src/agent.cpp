@@ -101,7 +101,8 @@ class Agent::Impl final : public ScalerObserver {
  private:
   // Probes x as module `path`'s output; returns whether it was the step's first NaN/Inf
   // and an FP32 replay could explain it (the input held no NaN, the parameters no NaN/Inf).
-  bool record(const std::string& path, const at::Tensor& x);
+  // `module_input`: what the module computed it from, where forward() ran it.
+  bool record(const std::string& path, const at::Tensor& x, const at::Tensor* module_input = nullptr);
   void register_layers(torch::nn::Module& model);
   std::int64_t layer_of(const at::Tensor& param);
   // The type of the model's module at `path`; empty for a path the model does not have.
@@ -142,7 +143,7 @@ class Agent::Impl final : public ScalerObserver {
   // Whether x views the memory of a tensor given to input() in this cycle.
   bool model_input(const at::Tensor& x) const;
   // Whether an input held NaN (event input-nan).
-  bool look_at_inputs();
+  bool look_at_inputs(const at::Tensor* module_input);
   // The model's parameters by name, looked at for NaN/Inf in a step whose probe first holds
   // NaN/Inf with no NaN input, until found: an earlier update wrote them, or the model came
   // with them (event parameters-nonfinite). Their modules are not replayed from then on.
@@ -168,19 +169,16 @@ namespace {
 
 std::uintptr_t key_of(const at::Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.unsafeGetTensorImpl()); }
 
-// "1 NaN of 128 values" where t holds NaN, else "2 -Inf of 128 values" where it holds Inf
-// and is no additive mask (-inf where masked, 0 or a large negative stand-in such as
-// float16's lowest elsewhere: by design); empty where neither.
-std::string nonfinite_counts(const at::Tensor& t) {
+// "1 NaN of 128 values" ("2 -Inf of 128 values" with `inf`), empty where t holds none.
+std::string nonfinite_counts(const at::Tensor& t, bool inf = false) {
   const std::string of = " of " + std::to_string(t.numel()) + " values";
-  if (const std::int64_t nan = at::isnan(t).sum().item<std::int64_t>(); nan > 0) return std::to_string(nan) + " NaN" + of;
-  const at::Tensor infinite = at::isinf(t);
-  const std::int64_t count = infinite.sum().item<std::int64_t>();
+  if (!inf) {
+    const std::int64_t nan = at::isnan(t).sum().item<std::int64_t>();
+    return nan > 0 ? std::to_string(nan) + " NaN" + of : "";
+  }
+  const std::int64_t count = at::isinf(t).sum().item<std::int64_t>();
   if (count == 0) return "";
   const std::int64_t positive = t.eq(std::numeric_limits<double>::infinity()).sum().item<std::int64_t>();
-  constexpr double kMaskStandIn = -1e4;
-  const at::Tensor finite = t.masked_select(infinite.logical_not());
-  if (positive == 0 && finite.eq(0).logical_or(finite.le(kMaskStandIn)).all().item<bool>()) return "";
   std::string counts;
   if (positive > 0) counts = std::to_string(positive) + " +Inf";
   if (count > positive) counts += (counts.empty() ? "" : " and ") + std::to_string(count - positive) + " -Inf";
@@ -275,7 +273,7 @@ std::int64_t Agent::Impl::layer_of(const at::Tensor& param) {
   return layer.id;
 }
 
-bool Agent::Impl::record(const std::string& path, const at::Tensor& x) {
+bool Agent::Impl::record(const std::string& path, const at::Tensor& x, const at::Tensor* module_input) {
   if (closed_ || !x.defined()) return false;
   if (!at::isFloatingType(x.scalar_type())) {
     session_.event_once("probe-type:" + path, "warning",
@@ -298,7 +296,7 @@ bool Agent::Impl::record(const std::string& path, const at::Tensor& x) {
     nonfinite_seen_ = nonfinite_seen_ || first_nonfinite;
     if (first_nonfinite) {
       // A NaN batch or NaN weights are no fp16 overflow: a replay would only say "intrinsic".
-      if (look_at_inputs()) first_nonfinite = false;
+      if (look_at_inputs(module_input)) first_nonfinite = false;
       else look_at_parameters();
     }
   }
@@ -333,18 +331,26 @@ void Agent::Impl::learn_amp_dtype(c10::DeviceType device, at::ScalarType output)
                               "the run is judged in bfloat16 (bfloat16 needs no GradScaler)");
 }
 
-// The first input holding NaN, or Inf where it is no additive mask, as the Python agent
-// words it. Host inputs only: a device count would wait for the device, and a device
-// probe's NaN is known a step late anyway.
-bool Agent::Impl::look_at_inputs() {
+// The first input holding NaN, as the Python agent words it; else one holding Inf that a
+// module run through forward() received as it is (a -inf mask passed in reaches attention
+// code, not a module's input: by design). Host inputs only: a device count would wait for
+// the device, and a device probe's NaN is known a step late anyway.
+bool Agent::Impl::look_at_inputs(const at::Tensor* module_input) {
   bool found = false;
-  for (const auto& [name, t] : inputs_) {
-    if (!t.device().is_cpu() || t.layout() != at::kStrided) continue;  // (a sparse tensor's values are not read)
-    const std::string counts = nonfinite_counts(t);
-    if (counts.empty()) continue;
-    session_.event("input-nan", name + " (" + c10::toString(t.scalar_type()) + " " + c10::str(t.sizes()) + "): " + counts);
-    found = true;
-    break;
+  const bool inf_reached = module_input && module_input->defined() && module_input->is_floating_point() &&
+                           module_input->device().is_cpu() && module_input->layout() == at::kStrided &&
+                           at::isinf(*module_input).any().item<bool>();
+  for (const bool inf : {false, true}) {
+    for (const auto& [name, t] : inputs_) {
+      if (found || !t.device().is_cpu() || t.layout() != at::kStrided) continue;  // (a sparse tensor's values are not read)
+      if (inf && !(inf_reached && model_input(*module_input) && t.storage().data() == module_input->storage().data()))
+        continue;
+      const std::string counts = nonfinite_counts(t, inf);
+      if (counts.empty()) continue;
+      session_.event("input-nan", name + " (" + c10::toString(t.scalar_type()) + " " + c10::str(t.sizes()) + "): " + counts);
+      found = true;
+    }
+    if (found || !inf_reached) break;
   }
   // Once a step; kept for model_input().
   looked_inputs_.insert(looked_inputs_.end(), inputs_.begin(), inputs_.end());
@@ -396,7 +402,7 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
   const bool check = checks_.wants(path, x);
   if (check) checks_.before(x);
   y = run(x);
-  if (record(path, y)) {
+  if (record(path, y, &x)) {
     replay_pins_.nonfinite_output(path, replay, x, model_input(x));
   } else if (check) {
     const auto timed = agent_time();

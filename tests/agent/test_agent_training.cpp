@@ -340,10 +340,10 @@ TEST_CASE("a NaN in the batch given to input() is the data's: one input-nan even
   CHECK(events[0].second == "x (Float [8, 16]): 1 NaN of 128 values");
 }
 
-TEST_CASE("an additive mask's -inf given to input() is not called a corruption", "[agent]") {
-  // -inf where masked, 0 elsewhere: its -inf turns the outputs NaN/Inf, and it is no bad data.
+TEST_CASE("a -inf in the batch given to input() and only probed is not called a corruption", "[agent]") {
+  // An additive mask passed in: its -inf turns the outputs NaN/Inf, and it is no bad data.
   const auto events = input_nan_events([](int step) {
-    auto x = torch::zeros({8, 16});
+    auto x = torch::randn({8, 16});
     if (step == 1) x[3][7] = -std::numeric_limits<float>::infinity();
     return x;
   });
@@ -361,18 +361,16 @@ TEST_CASE("a sparse tensor given to input() is passed over when the step goes Na
   CHECK(events_of(t, "input-nan").empty());
 }
 
-TEST_CASE("a -inf among the batch's features given to input() is the data's", "[agent]") {
-  // A log power of 0 in preprocessing.
-  const auto events = input_nan_events([](int step) {
-    auto x = torch::randn({8, 16});
-    if (step == 1) x[3][7] = -std::numeric_limits<float>::infinity();
-    return x;
-  });
-  REQUIRE(events.size() == 1);
-  CHECK(events[0].second == "x (Float [8, 16]): 1 -Inf of 128 values");
-}
-
 namespace {
+
+// A batch of normal values, with `value` at [row][col] in step 1.
+std::function<torch::Tensor(int)> batch_with(float value, int row = 3, int col = 7) {
+  return [=](int step) {
+    auto x = torch::randn({8, 16});
+    if (step == 1) x[row][col] = value;
+    return x;
+  };
+}
 
 // Three steps whose forward runs a, b and c through agent.forward() (a first NaN/Inf output
 // is replayed in FP32) on `batch_of(step)` given to input(); returns the run's events of
@@ -412,11 +410,7 @@ TEST_CASE("a frozen -inf mask kept as a parameter is not NaN/Inf weights: the mo
   std::size_t replays = 0;
   const auto events = replayed_forward(
       t,
-      [](int step) {
-        auto x = torch::randn({8, 16});
-        if (step == 1) x[0][0] = 1.0e6;  // finite: a's fp16 cast overflows, a replay is spent
-        return x;
-      },
+      batch_with(1.0e6, 0, 0),  // finite: a's fp16 cast overflows, a replay is spent
       "parameters-nonfinite", replays);
   CHECK(events.empty());
   CHECK(replays == 1);
@@ -427,15 +421,25 @@ TEST_CASE("a NaN batch given to input() spends no replay on the module that rece
   std::size_t replays = 1;
   const auto events = replayed_forward(
       t,
-      [](int step) {
-        auto x = torch::randn({8, 16});
-        if (step == 1) x[0][0] = std::nan("");
-        return x;
-      },
+      batch_with(std::nan(""), 0, 0),
       "input-nan", replays);
   CHECK(events.size() == 1);
   CHECK(replays == 0);
   CHECK(events_of(t, "parameters-nonfinite").empty());  // the weights are finite: not looked at as NaN
+}
+
+TEST_CASE("a -inf in the batch given to input() that a module run through forward() receives is the data's",
+          "[agent]") {
+  // A log power of 0 in preprocessing, fed to a Linear.
+  TinySetup t;
+  std::size_t replays = 1;
+  const auto events = replayed_forward(
+      t,
+      batch_with(-std::numeric_limits<float>::infinity(), 3, 7),
+      "input-nan", replays);
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].second == "x (Float [8, 16]): 1 -Inf of 128 values");
+  CHECK(replays == 0);
 }
 
 TEST_CASE("a batch beyond fp16's range given to input() is named where the first module's replay was finite",
@@ -445,11 +449,7 @@ TEST_CASE("a batch beyond fp16's range given to input() is named where the first
   std::size_t replays = 0;
   const auto events = replayed_forward(
       t,
-      [](int step) {
-        auto x = torch::randn({8, 16});
-        if (step == 1) x[2][5] = 1.0e5;
-        return x;
-      },
+      batch_with(1.0e5, 2, 5),
       "input-beyond-fp16", replays);
   REQUIRE(events.size() == 1);
   CHECK(events[0].first == 1);

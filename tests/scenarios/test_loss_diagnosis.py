@@ -151,6 +151,49 @@ def test_an_inf_in_log_power_features_is_blamed_on_the_data_not_on_the_models_fo
     assert collapse and collapse[0]["suggestions"][0]["summary"].startswith("Fix the Inf in the model's input")
 
 
+class BiasedAttention(nn.Module):
+    """Self-attention that takes an additive bias from its caller (ALiBi: slopes times
+    distance, -inf above the diagonal): finite values and -inf in one tensor, by design."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x, bias):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        return self.out(torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + bias, -1) @ v)
+
+
+class AlibiNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.attn, self.head = nn.Linear(16, 32), BiasedAttention(), nn.Linear(32, 1)
+
+    def forward(self, x, bias):
+        return self.head(self.attn(self.inp(x), bias))
+
+
+def test_an_attention_bias_with_minus_inf_passed_in_is_not_blamed_for_an_overflow(tmp_path, verdict):
+    db = tmp_path / "alibi.db"
+    torch.manual_seed(0)
+    model = AlibiNet()
+    with torch.no_grad():
+        model.inp.weight.mul_(1e5)  # the overflow: inp's output passes 65504
+    distance = torch.arange(8.0)[None, :] - torch.arange(8.0)[:, None]
+    bias = (-0.5 * distance.abs()).masked_fill(distance > 0, float("-inf"))
+
+    def loss_of(step, model):
+        with torch.autocast("cpu", dtype=torch.float16):
+            return model(torch.randn(4, 8, 16), bias).float().mean()
+
+    train(db, model, 8, loss_of)
+    code, rep = verdict(db)
+    assert code == 1
+    assert "input-nan" not in {f["rule"] for f in rep["findings"]}
+    first = [f for f in rep["findings"] if f["rule"] == "forward-nonfinite"][0]
+    assert first["module"] == "inp"
+
+
 def test_a_loop_without_a_scalar_loss_still_names_the_layer_that_overflows_in_backward(tmp_path, verdict):
     # scale() is given the weighted output itself, backward() its gradient: no loss is
     # recorded, which is not a NaN loss. The gradient entering the last layer (50 x scale)

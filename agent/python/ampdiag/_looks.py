@@ -6,7 +6,8 @@ import torch
 from ._loss_code import loss_code, nonfinite_constants, path_nodes
 from ._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
 from ._replay import FINITE, INTRINSIC, NONFINITE
-from ._tensors import beyond_fp16_in_inputs, holds_nonfinite, nonfinite_in_inputs, shares_memory
+from ._tensors import DATA_LAYERS, beyond_fp16_in_inputs, holds_nonfinite, inf_in_model_input, nan_in_inputs, \
+    shares_memory
 
 # Loss-code looks per run: each walks the step's graph from the loss to the outputs.
 LOSS_CODE_LOOKS = 8
@@ -26,7 +27,11 @@ def on_nonfinite_output(handle, path, module, args, kwargs, output):
     by_design = handle._replayer is not None and handle._replayer.known(path) == INTRINSIC
     if not handle._inputs_checked and not by_design:
         handle._inputs_checked = True
-        where = nonfinite_in_inputs(*handle._root_inputs) if handle._root_inputs is not None else None
+        where = None
+        if handle._root_inputs is not None:
+            where = nan_in_inputs(*handle._root_inputs)
+            if where is None and isinstance(module, DATA_LAYERS) and args:
+                where = inf_in_model_input(args[0], *handle._root_inputs)
         if where:
             # A corrupted batch: no module is to blame, and no replay is spent on it.
             handle._session.event("input-nan", where)

@@ -182,13 +182,33 @@ def describe_inputs(args) -> str:
     return ", ".join(parts)
 
 
-def nonfinite_in_inputs(args, kwargs):
+def nan_in_inputs(args, kwargs):
     """'argument 0 (float32 [32, 16]): 1 NaN of 512 values' for the first floating-point
     tensor among a forward's arguments (and in the lists, tuples and dicts among them:
-    "argument 0['x']") that holds NaN, or Inf where it is not an additive mask ('5 -Inf of
-    512 values': a log of 0 in preprocessing); None when none does. On a device it waits
-    for the count: it runs only in a step whose outputs already went NaN/Inf."""
-    found = _first_found(_named_inputs(args, kwargs), 2, _nonfinite_count)
+    "argument 0['x']") that holds NaN; None when none does. On a device it waits for the
+    count: it runs only in a step whose outputs already went NaN/Inf."""
+    found = _first_found(_named_inputs(args, kwargs), 2, _nan_count)
+    return found and found[0]
+
+
+# Modules that take their first argument as data to compute with, never as a mask: an Inf
+# there is no -inf mask's by design, as it may be in an attention module's arguments.
+DATA_LAYERS = tuple(kind for kind in (torch.nn.Linear, torch.nn.Bilinear, torch.nn.modules.conv._ConvNd,
+                                      torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm,
+                                      getattr(torch.nn, "RMSNorm", None), torch.nn.RNNBase) if kind is not None)
+
+
+def inf_in_model_input(first_argument, args, kwargs):
+    """Where a data layer's first argument holds Inf and views the memory of one of the
+    model's arguments (`args`, `kwargs`: it reached the layer unchanged): that argument as
+    nan_in_inputs() words it, '2 -Inf of 512 values' (a log of 0 in preprocessing), else
+    None. An additive mask's -inf passed to the model is not looked at: it reaches an
+    attention module, not a data layer's first argument."""
+    if not isinstance(first_argument, torch.Tensor) or not first_argument.is_floating_point() \
+            or first_argument.layout is not torch.strided or not bool(torch.isinf(first_argument.detach()).any()):
+        return None
+    found = _first_found(_named_inputs(args, kwargs), 2,
+                         lambda t: _inf_count(t) if shares_memory(first_argument, t) else None)
     return found and found[0]
 
 
@@ -198,7 +218,7 @@ FP16_ROUNDS_TO_INF = 65520.0
 
 def beyond_fp16_in_inputs(args, kwargs):
     """(description, tensor) for the first floating-point tensor among a forward's arguments
-    (nested as for nonfinite_in_inputs) holding finite values that fp16 cannot hold, which turn
+    (nested as for nan_in_inputs) holding finite values that fp16 cannot hold, which turn
     into Inf where autocast casts them to float16: 'argument 0 (float32 [128, 64]): 37 of
     8192 values at or beyond 65520, max |x| 221847'. None when none does. Runs only once a
     module's output went NaN/Inf."""
@@ -209,24 +229,16 @@ def _named_inputs(args, kwargs):
     return [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
 
 
-# An additive mask holds -inf where masked and 0 elsewhere (or a large negative stand-in,
-# as finfo(float16).min): its -inf is by design. Finite values other than those beside an
-# Inf, or a +Inf, are the data's.
-_MASK_STAND_IN = -1e4
+def _nan_count(t):
+    count = int(torch.isnan(t).sum())
+    return f"{count} NaN of {t.numel()} values" if count else None
 
 
-def _nonfinite_count(t):
-    nan = int(torch.isnan(t).sum())
-    if nan:
-        return f"{nan} NaN of {t.numel()} values"
-    infinite = torch.isinf(t)
-    count = int(infinite.sum())
+def _inf_count(t):
+    count = int(torch.isinf(t).sum())
     if not count:
         return None
     positive = int((t == math.inf).sum())
-    finite = t[~infinite]
-    if not positive and bool(((finite == 0) | (finite <= _MASK_STAND_IN)).all()):
-        return None  # an additive mask
     parts = [f"{n} {sign}Inf" for n, sign in ((positive, "+"), (count - positive, "-")) if n]
     return f"{' and '.join(parts)} of {t.numel()} values"
 
