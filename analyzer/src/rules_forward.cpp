@@ -344,8 +344,9 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
         f.title = beyond.model_input ? "The model's input holds values beyond fp16's range: " + name +
                                            ", the first module to use them, turns them into Inf"
                                      : name + "'s input already holds values beyond fp16's range, which it turns into Inf";
+        const bool named = beyond.what.rfind("the model's ", 0) == 0;  // the Python agent names the model's argument
         f.evidence += "; its input already held values fp16 cannot hold (" + beyond.what +
-                      (beyond.model_input ? ", the model's input itself" : "") +
+                      (beyond.model_input && !named ? ", the model's input itself" : "") +
                       "): autocast casts them to Inf for its fp16 operations before it computes anything";
       }
     } else if (cause.confirmation == "unconfirmed") {

@@ -72,3 +72,20 @@ TEST_CASE("an input beyond fp16's range says nothing in a bfloat16 run", "[rules
   CHECK(fw->title == "fc is the first module whose output is NaN/Inf in forward");
   CHECK_THAT(fw->evidence, !Catch::Contains("beyond fp16's range"));
 }
+
+TEST_CASE("a model input the agent names as the model's argument is not called the model's input twice",
+          "[rules][input-range]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"fc.weight", "fc2.weight"});
+  f.finite_replay("fc", 30000.0);
+  f.event("input-beyond-fp16", std::string("fc: the model's argument 1 (float32 [128, 64]): 37 of 8192 values at or "
+                                           "beyond 65520, max |x| 221847; the model's input"));
+  for (int i = 0; i < 4; ++i) f.activation("fc", true).step(65536, 32768, 1000, {}, kNaN);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->title, Catch::StartsWith("The model's input holds values beyond fp16's range: fc,"));
+  CHECK_THAT(fw->evidence, Catch::Contains("(the model's argument 1 (float32 [128, 64]): 37 of 8192 values at or "
+                                           "beyond 65520, max |x| 221847): autocast casts"));
+}

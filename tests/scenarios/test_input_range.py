@@ -62,7 +62,8 @@ def test_a_raw_feature_beyond_fp16_is_recorded_as_the_models_input(tmp_path):
     torch.manual_seed(0)
     train(db, PriceRegressor(), raw_prices)
     (detail,) = beyond(db)
-    assert detail.startswith("body.0: argument 0 (float32 [64, 8]): 64 of 512 values at or beyond 65520, max |x| ")
+    assert detail.startswith("body.0: the model's argument 0 (float32 [64, 8]): 64 of 512 values at or beyond 65520, "
+                             "max |x| ")
     assert detail.endswith("; the model's input")
 
 
@@ -84,6 +85,37 @@ def test_the_scaled_features_train_without_an_overflow(tmp_path, verdict):
     train(db, PriceRegressor(), lambda: (raw_prices() - 1.25e5) / 3e4)
     code, rep = verdict(db)
     assert code == 0 and beyond(db) == []
+
+
+class TwoViews(nn.Module):
+    """A siamese encoder called on both of the model's arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))
+
+    def forward(self, a, b):
+        return (self.enc(a) * self.enc(b)).sum(-1, keepdim=True)
+
+
+def test_an_input_beyond_fp16_is_named_as_the_models_argument_that_holds_it(tmp_path, verdict):
+    db = tmp_path / "views.db"
+    torch.manual_seed(0)
+    model = TwoViews()
+    opt, scaler = torch.optim.AdamW(model.parameters(), 1e-3), torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(4):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = model(torch.randn(64, 8), raw_prices())  # the second view unnormalised
+                loss = nn.functional.mse_loss(out.float(), torch.randn(64, 1))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    (detail,) = beyond(db)
+    assert detail.startswith("enc.0: the model's argument 1 (float32 [64, 8]): 64 of 512 values")
+    code, rep = verdict(db)
+    assert rep["findings"][0]["title"].startswith("The model's input holds values beyond fp16's range: enc.0")
 
 
 def test_values_beyond_fp16_made_by_the_models_own_float32_code_name_the_modules_input(tmp_path, verdict):

@@ -6,8 +6,8 @@ import torch
 from ._loss_code import loss_code, nonfinite_constants, path_nodes
 from ._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
 from ._replay import FINITE, INTRINSIC, NONFINITE
-from ._tensors import DATA_LAYERS, beyond_fp16_in_inputs, holds_nonfinite, inf_in_model_input, nan_in_inputs, \
-    shares_memory
+from ._tensors import DATA_LAYERS, beyond_fp16_in_inputs, holds_nonfinite, inf_in_model_input, model_argument, \
+    nan_in_inputs
 
 # Loss-code looks per run: each walks the step's graph from the loss to the outputs.
 LOSS_CODE_LOOKS = 8
@@ -68,8 +68,9 @@ def look_at_input_range(handle, path, args, kwargs):
     that fp16 cannot hold, under float16 autocast, which casts them to Inf for its fp16 ops
     before the module computes anything (unnormalised features: prices, counts, raw sensor
     readings). Event "input-beyond-fp16" ('PATH: argument 0 (float32 [128, 64]): 37 of 8192
-    values at or beyond 65520, max |x| 221847'), ending in '; the model's input' where that
-    tensor is the model's input, or a view of it: then the data is what to fix."""
+    values at or beyond 65520, max |x| 221847'); where that tensor is one of the model's
+    arguments, or a view of it, named as the model's ("the model's argument 1 (...") and
+    ending in '; the model's input': then the data is what to fix."""
     try:
         found = beyond_fp16_in_inputs(args, kwargs)
         if found is None:
@@ -78,9 +79,13 @@ def look_at_input_range(handle, path, args, kwargs):
         device = tensor.device.type
         if not (torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16):
             return
-        model_input = path == "" or (handle._root_inputs is not None and shares_memory(tensor, handle._root_inputs))
+        # Named as the model's argument where it is one (its forward(a, b) gives b to the module).
+        argument = model_argument(tensor, *handle._root_inputs) if handle._root_inputs is not None else None
+        if argument is not None:
+            what = f"the model's {argument} ({what.split(' (', 1)[1]}"
     except Exception:  # a look must never break the training: a tensor type it cannot read says nothing
         return
+    model_input = path == "" or argument is not None
     handle._event("input-beyond-fp16", f"{path}: {what}" + ("; the model's input" if model_input else ""))
 
 

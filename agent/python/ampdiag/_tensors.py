@@ -273,6 +273,13 @@ def _first_found(named, depth, look):
     return None
 
 
+def model_argument(tensor: torch.Tensor, args, kwargs) -> "str | None":
+    """'argument 1' ("argument 'x'", "argument 0['feats']"): which of the model's arguments
+    `tensor` is, or views; None where none is."""
+    found = _first_found(_named_inputs(args, kwargs), 2, lambda t: "it" if shares_memory(tensor, t) else None)
+    return found and found[0].split(" (", 1)[0]
+
+
 def shares_memory(tensor: torch.Tensor, value) -> bool:
     """Whether `tensor` views the memory of a tensor in `value` (nested lists, tuples, dicts):
     the model's input reaching a module as it is, or viewed."""
