@@ -17,6 +17,7 @@
 #include "ampdiag/grad_scaler.h"
 #include "ampdiag/pin_fp32.h"
 #include "agent_setup.h"
+#include "batch_looks.h"
 #include "half_updates.h"
 #include "precision_checks.h"
 #include "replay_pins.h"
@@ -137,13 +138,8 @@ class Agent::Impl final : public ScalerObserver {
   // AgentOptions::amp_dtype was left empty and no training probe has run yet.
   bool learn_amp_dtype_ = false;
   void learn_amp_dtype(c10::DeviceType device, at::ScalarType output);
-  // The cycle's inputs (input()), looked at for NaN once a probe holds NaN/Inf; then kept
-  // in looked_inputs_ until the cycle ends, for a replay to tell the model's input.
-  std::vector<std::pair<std::string, at::Tensor>> inputs_, looked_inputs_;
-  // Whether x views the memory of a tensor given to input() in this cycle.
-  bool model_input(const at::Tensor& x) const;
-  // Whether an input held NaN (event input-nan).
-  bool look_at_inputs(const at::Tensor* module_input);
+  // The cycle's inputs (input()), looked at once a probe holds NaN/Inf.
+  agent::BatchLooks batch_;
   // The model's parameters by name, looked at for NaN/Inf in a step whose probe first holds
   // NaN/Inf with no NaN input, until found: an earlier update wrote them, or the model came
   // with them (event parameters-nonfinite). Their modules are not replayed from then on.
@@ -169,22 +165,6 @@ namespace {
 
 std::uintptr_t key_of(const at::Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.unsafeGetTensorImpl()); }
 
-// "1 NaN of 128 values" ("2 -Inf of 128 values" with `inf`), empty where t holds none.
-std::string nonfinite_counts(const at::Tensor& t, bool inf = false) {
-  const std::string of = " of " + std::to_string(t.numel()) + " values";
-  if (!inf) {
-    const std::int64_t nan = at::isnan(t).sum().item<std::int64_t>();
-    return nan > 0 ? std::to_string(nan) + " NaN" + of : "";
-  }
-  const std::int64_t count = at::isinf(t).sum().item<std::int64_t>();
-  if (count == 0) return "";
-  const std::int64_t positive = t.eq(std::numeric_limits<double>::infinity()).sum().item<std::int64_t>();
-  std::string counts;
-  if (positive > 0) counts = std::to_string(positive) + " +Inf";
-  if (count > positive) counts += (counts.empty() ? "" : " and ") + std::to_string(count - positive) + " -Inf";
-  return counts + of;
-}
-
 }  // namespace
 
 Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions options)
@@ -192,7 +172,8 @@ Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions opt
       scaler_(&scaler),
       session_(agent::session_options(options_)),
       replay_pins_(session_, options_.replay, options_.autopin),
-      checks_(session_, options_.precision_budget) {
+      checks_(session_, options_.precision_budget),
+      batch_(session_) {
   if (options_.autopin < 0) throw std::invalid_argument("AgentOptions.autopin must be >= 0 (0: never pin)");
   if (options_.autopin > 0 && !options_.replay)
     throw std::invalid_argument("AgentOptions.autopin needs replay: it pins only what an FP32 replay confirmed");
@@ -296,7 +277,7 @@ bool Agent::Impl::record(const std::string& path, const at::Tensor& x, const at:
     nonfinite_seen_ = nonfinite_seen_ || first_nonfinite;
     if (first_nonfinite) {
       // A NaN batch or NaN weights are no fp16 overflow: a replay would only say "intrinsic".
-      if (look_at_inputs(module_input)) first_nonfinite = false;
+      if (batch_.nonfinite(module_input)) first_nonfinite = false;
       else look_at_parameters();
     }
   }
@@ -306,7 +287,7 @@ bool Agent::Impl::record(const std::string& path, const at::Tensor& x, const at:
 at::Tensor Agent::Impl::input(const std::string& name, const at::Tensor& x) {
   if (closed_ || !x.defined() || !x.is_floating_point()) return x;
   begin_cycle();
-  inputs_.emplace_back(name, x.detach());
+  batch_.add(name, x);
   return x;
 }
 
@@ -329,42 +310,6 @@ void Agent::Impl::learn_amp_dtype(c10::DeviceType device, at::ScalarType output)
   session_.set_meta("amp_dtype", "bfloat16");
   session_.event("amp-dtype", "autocast ran in bfloat16, not the float16 AgentOptions::amp_dtype left empty assumed: "
                               "the run is judged in bfloat16 (bfloat16 needs no GradScaler)");
-}
-
-// The first input holding NaN, as the Python agent words it; else one holding Inf that a
-// module run through forward() received as it is (a -inf mask passed in reaches attention
-// code, not a module's input: by design). Host inputs only: a device count would wait for
-// the device, and a device probe's NaN is known a step late anyway.
-bool Agent::Impl::look_at_inputs(const at::Tensor* module_input) {
-  bool found = false;
-  const bool inf_reached = module_input && module_input->defined() && module_input->is_floating_point() &&
-                           module_input->device().is_cpu() && module_input->layout() == at::kStrided &&
-                           at::isinf(*module_input).any().item<bool>();
-  for (const bool inf : {false, true}) {
-    for (const auto& [name, t] : inputs_) {
-      if (found || !t.device().is_cpu() || t.layout() != at::kStrided) continue;  // (a sparse tensor's values are not read)
-      if (inf && !(inf_reached && model_input(*module_input) && t.storage().data() == module_input->storage().data()))
-        continue;
-      const std::string counts = nonfinite_counts(t, inf);
-      if (counts.empty()) continue;
-      session_.event("input-nan", name + " (" + c10::toString(t.scalar_type()) + " " + c10::str(t.sizes()) + "): " + counts);
-      found = true;
-    }
-    if (found || !inf_reached) break;
-  }
-  // Once a step; kept for model_input().
-  looked_inputs_.insert(looked_inputs_.end(), inputs_.begin(), inputs_.end());
-  inputs_.clear();
-  return found;
-}
-
-bool Agent::Impl::model_input(const at::Tensor& x) const {
-  if (!x.has_storage() || x.storage().nbytes() == 0) return false;
-  const void* memory = x.storage().data();
-  for (const auto* list : {&inputs_, &looked_inputs_})
-    for (const auto& [name, t] : *list)
-      if (t.has_storage() && t.storage().data() == memory) return true;
-  return false;
 }
 
 // As the Python agent words it. Host parameters only, for the reason input() gives.
@@ -403,7 +348,7 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
   if (check) checks_.before(x);
   y = run(x);
   if (record(path, y, &x)) {
-    replay_pins_.nonfinite_output(path, replay, x, model_input(x));
+    replay_pins_.nonfinite_output(path, replay, x, batch_.viewed_by(x) != nullptr);
   } else if (check) {
     const auto timed = agent_time();
     replay_pins_.lossy_output(path, checks_.after(path, y, replay));
@@ -429,8 +374,7 @@ void Agent::Impl::begin_cycle() {
   replay_pins_.announce();
   checks_.step_began();
   nonfinite_seen_ = false;
-  inputs_.clear();
-  looked_inputs_.clear();
+  batch_.step_began();
   loss_sum_ = 0.0;
   device_loss_sum_ = at::Tensor();
   losses_ = 0;

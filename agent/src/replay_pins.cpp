@@ -64,11 +64,11 @@ void ReplayPins::look_at_input_range(const std::string& path, const at::Tensor& 
   const at::Tensor beyond = at::isfinite(magnitude).logical_and(magnitude.ge(kRoundsToInf));
   const std::int64_t count = beyond.sum().item<std::int64_t>();
   if (count == 0) return;
-  char largest[32];
-  std::snprintf(largest, sizeof largest, "%g", magnitude.masked_select(beyond).max().item<double>());
+  char values[96];
+  std::snprintf(values, sizeof values, " values at or beyond %g, max |x| %g", kRoundsToInf,
+                magnitude.masked_select(beyond).max().item<double>());
   session_.event("input-beyond-fp16", path + ": input (" + c10::toString(x.scalar_type()) + " " + c10::str(x.sizes()) +
-                                          "): " + std::to_string(count) + " of " + std::to_string(x.numel()) +
-                                          " values at or beyond 65520, max |x| " + largest +
+                                          "): " + std::to_string(count) + " of " + std::to_string(x.numel()) + values +
                                           (model_input ? "; the model's input" : ""));
 }
 

@@ -136,15 +136,13 @@ void make_consistent(Report& report) {
   if (!culprit) {
     // Only the data made the forward NaN/Inf: the collapse is its doing.
     const auto input = std::find_if(report.findings.begin(), report.findings.end(), [](const Finding& f) {
-      return f.rule == "input-nan" && f.severity != Severity::kInfo;
+      return f.rule == "input-nan" && !f.blame.empty();
     });
     if (input == report.findings.end()) return;
-    const std::string what = input->title.find("held Inf") != std::string::npos ? "Inf" : "NaN";
     for (auto& f : report.findings)
       if (f.rule == "scale-collapse" && !f.suggestions.empty() && f.suggestions.front().python.empty() &&
           f.suggestions.front().summary.rfind("Fix what overflows", 0) == 0)
-        f.suggestions.front().summary =
-            "Fix the " + what + " in the model's input (see input-nan); the scale recovers once it is gone.";
+        f.suggestions.front().summary = "Fix " + input->blame + " (see input-nan); the scale recovers once it is gone.";
     return;
   }
   // (An overflow-origin's blame is the code after its module, which made what reached it.)

@@ -143,6 +143,7 @@ Finding input_nan(const Run& run) {
   f.evidence = "in " + plural(n, "step") + " with a NaN/Inf output, from step " + std::to_string(f.steps.front()) +
                ", the model's input already held " + what + (detail.empty() ? "" : " (" + detail + ")") + "; " +
                std::to_string(hurt) + " of them skipped or with a NaN/Inf loss";
+  if (hurt) f.blame = "the " + what + " in the model's input";  // what a symptom's fix points to
   if (hurt && inf)
     f.suggestions.push_back({"Find where the input got its Inf before the model: a log of 0 in preprocessing "
                              "(log(x + eps) computed in fp16, where an eps such as 1e-10 rounds to 0: compute the "

@@ -44,6 +44,7 @@ def on_nonfinite_output(handle, path, module, args, kwargs, output):
         handle._first_nonfinite = path
     elif not (handle._escalating and handle._first_nonfinite.startswith(path + ".")):
         return
+    replays_now = handle._replayer.known(path) is None  # (else it was replayed, and looked at, before)
     handle._live = False  # the replay runs the module again: every hook stands aside
     try:
         verdict = handle._replayer.verdict(path, module, args, kwargs, output)
@@ -57,7 +58,7 @@ def on_nonfinite_output(handle, path, module, args, kwargs, output):
         buffers = nan_buffers(path, module)
         if buffers is not None:
             handle._event("buffers-nan", buffers)
-    if verdict == FINITE and handle._replayer.last_replayed == path:
+    if verdict == FINITE and replays_now:
         look_at_input_range(handle, path, args, kwargs)
     if verdict == FINITE and handle._autopin is not None:
         handle._autopin.confirmed(path, module, handle._replayer.fp32_absmax(path))
@@ -75,18 +76,15 @@ def look_at_input_range(handle, path, args, kwargs):
         found = beyond_fp16_in_inputs(args, kwargs)
         if found is None:
             return
-        what, tensor = found
-        device = tensor.device.type
+        device = found.tensor.device.type
         if not (torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16):
             return
         # Named as the model's argument where it is one (its forward(a, b) gives b to the module).
-        argument = model_argument(tensor, *handle._root_inputs) if handle._root_inputs is not None else None
-        if argument is not None:
-            what = f"the model's {argument} ({what.split(' (', 1)[1]}"
+        argument = model_argument(found.tensor, *handle._root_inputs) if handle._root_inputs is not None else None
     except Exception:  # a look must never break the training: a tensor type it cannot read says nothing
         return
-    model_input = path == "" or argument is not None
-    handle._event("input-beyond-fp16", f"{path}: {what}" + ("; the model's input" if model_input else ""))
+    text = found.text() if argument is None else found.text(f"the model's {argument}") + "; the model's input"
+    handle._event("input-beyond-fp16", f"{path}: {text}")
 
 
 def output_gradient(handle, grad):

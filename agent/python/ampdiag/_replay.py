@@ -179,7 +179,6 @@ class Replayer:
         self._armed = {}       # path -> (module, pre-hook handle)
         self._snapshots = {}   # path -> (args, kwargs) copied before the current call
         self.busy = False      # a replay is running: the agent's hooks stand aside
-        self.last_replayed = None  # the path the last verdict() call replayed (None: it replayed nothing)
 
     def fp32_absmax(self, path) -> float:
         """The largest |x| of the module's FP32 replay output (NaN where none ran)."""
@@ -192,7 +191,6 @@ class Replayer:
     def verdict(self, path, module, args, kwargs, output) -> str:
         """The module's verdict (FINITE, NONFINITE, INTRINSIC, UNCONFIRMED), replaying it now
         if it has none; PENDING while the replay waits for the module's next call."""
-        self.last_replayed = None
         known = self._verdicts.get(path)
         if known is not None:
             return known
@@ -215,7 +213,6 @@ class Replayer:
         self._verdicts[path] = outcome
         self._absmax[path] = absmax
         self._record(path, outcome, absmax, reason)
-        self.last_replayed = path
         return outcome
 
     def _arm(self, path, module):

@@ -4,6 +4,7 @@ host), the first floating-point tensor of a module's output, a short description
 forward's inputs, sums that stay on their device, and which modules' outputs are never
 worth reading (bounded by their input)."""
 import math
+import typing
 
 import torch
 
@@ -188,7 +189,7 @@ def nan_in_inputs(args, kwargs):
     "argument 0['x']") that holds NaN; None when none does. On a device it waits for the
     count: it runs only in a step whose outputs already went NaN/Inf."""
     found = _first_found(_named_inputs(args, kwargs), 2, _nan_count)
-    return found and found[0]
+    return found and found.text()
 
 
 # Modules that take their first argument as data to compute with, never as a mask: an Inf
@@ -209,17 +210,17 @@ def inf_in_model_input(first_argument, args, kwargs):
         return None
     found = _first_found(_named_inputs(args, kwargs), 2,
                          lambda t: _inf_count(t) if shares_memory(first_argument, t) else None)
-    return found and found[0]
+    return found and found.text()
 
 
 # fp16 rounds |x| >= 65520 (halfway above its largest value, 65504) to Inf.
 FP16_ROUNDS_TO_INF = 65520.0
 
 
-def beyond_fp16_in_inputs(args, kwargs):
-    """(description, tensor) for the first floating-point tensor among a forward's arguments
-    (nested as for nan_in_inputs) holding finite values that fp16 cannot hold, which turn
-    into Inf where autocast casts them to float16: 'argument 0 (float32 [128, 64]): 37 of
+def beyond_fp16_in_inputs(args, kwargs) -> "Found | None":
+    """The first floating-point tensor among a forward's arguments (nested as for
+    nan_in_inputs) holding finite values that fp16 cannot hold, which turn into Inf where
+    autocast casts them to float16: its text() is 'argument 0 (float32 [128, 64]): 37 of
     8192 values at or beyond 65520, max |x| 221847'. None when none does. Runs only once a
     module's output went NaN/Inf."""
     return _first_found(_named_inputs(args, kwargs), 2, _beyond_fp16)
@@ -255,16 +256,27 @@ def _beyond_fp16(t):
     return f"{count} of {t.numel()} values at or beyond {FP16_ROUNDS_TO_INF:g}, max |x| {largest:g}"
 
 
-def _first_found(named, depth, look):
-    """(description, tensor) for the first floating-point tensor in `named` (name, value)
-    pairs, lists, tuples and dicts `depth` levels down included, that look(tensor) describes."""
+class Found(typing.NamedTuple):
+    """A tensor among a forward's arguments that a look described."""
+    name: str            # "argument 0['x']"
+    what: str            # what the look said of it: "1 NaN of 512 values"
+    tensor: torch.Tensor
+
+    def text(self, name: "str | None" = None) -> str:
+        """'argument 0 (float32 [32, 16]): 1 NaN of 512 values' (`name` in place of its own)."""
+        dtype = str(self.tensor.dtype).replace("torch.", "")
+        return f"{name or self.name} ({dtype} {list(self.tensor.shape)}): {self.what}"
+
+
+def _first_found(named, depth, look) -> "Found | None":
+    """The first floating-point tensor in `named` (name, value) pairs, lists, tuples and
+    dicts `depth` levels down included, that look(tensor) describes."""
     for name, value in named:
         if isinstance(value, torch.Tensor):
             if value.is_floating_point() and value.layout is torch.strided:  # (not a sparse one's values)
                 what = look(value.detach())
                 if what:
-                    dtype = str(value.dtype).replace("torch.", "")
-                    return f"{name} ({dtype} {list(value.shape)}): {what}", value
+                    return Found(name, what, value)
         elif depth > 0 and isinstance(value, (list, tuple, dict)):
             items = value.items() if isinstance(value, dict) else enumerate(value)
             inner = _first_found([(f"{name}[{k!r}]", v) for k, v in items], depth - 1, look)
@@ -277,7 +289,7 @@ def model_argument(tensor: torch.Tensor, args, kwargs) -> "str | None":
     """'argument 1' ("argument 'x'", "argument 0['feats']"): which of the model's arguments
     `tensor` is, or views; None where none is."""
     found = _first_found(_named_inputs(args, kwargs), 2, lambda t: "it" if shares_memory(tensor, t) else None)
-    return found and found[0].split(" (", 1)[0]
+    return found and found.name
 
 
 def shares_memory(tensor: torch.Tensor, value) -> bool:
