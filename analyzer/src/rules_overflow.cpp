@@ -44,6 +44,14 @@ double median_loss(const Run& run) {
   return median_of(losses);
 }
 
+// The probed module that finished its forward last (module ids follow the order modules
+// first finish), with recorded outputs: nearest the model's output. Null where none.
+const ModuleSummary* last_module(const Run& run) {
+  for (auto it = run.modules.rbegin(); it != run.modules.rend(); ++it)
+    if (!it->info.path.empty() && it->max_absmax > 0.0f) return &*it;
+  return nullptr;
+}
+
 // A step whose forward already went non-finite is a forward problem: every gradient is
 // NaN then, and "first in backward" would only name the loss's last layer. Not so a module
 // that makes NaN/Inf by design (a -inf mask) while the loss stayed finite.
@@ -67,6 +75,19 @@ void parameterless_between(const Run& run, const rundb::LayerRow& first, const r
     });
     if (!holds) out.insert(path);
   }
+}
+
+// Whether `user`'s first argument was the output of `module` (or of a module inside it),
+// unchanged (the Python agent's event "module-input-from", "USER: PRODUCER"): its backward
+// sends that output its gradient.
+bool takes_output_of(const Run& run, const std::string& user, const std::string& module) {
+  if (user.empty() || module.empty() || suggest::within(user, module)) return false;
+  const std::string prefix = user + ": ";
+  for (const auto& e : run.events)
+    if (e.kind == "module-input-from" && e.detail.rfind(prefix, 0) == 0 &&
+        suggest::within(e.detail.substr(prefix.size()), module))
+      return true;
+  return false;
 }
 
 // (step, layer name) -> the module whose use of that tied parameter went NaN/Inf first in
@@ -156,6 +177,9 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     double lowest_scale = INFINITY;  // the lowest loss scale it went NaN/Inf at
     std::int64_t below_floor = 0;    // steps it was first in at a scale below the floor
     std::set<std::string> between;   // parameterless modules the gradient passed on its way
+    // Modules given its output whose gradients were the last finite ones before its first
+    // NaN/Inf: their backward ran just before it and sent it that gradient. Times each was.
+    std::map<std::string, std::int64_t> after;
     std::set<std::string> tied;      // its layers that another module holds too, first in its use
   };
   std::map<std::string, PerModule> modules;
@@ -193,8 +217,12 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     if (layer.module_path != run.layers[std::size_t(first_layer)].info.module_path) m.tied.insert(layer.name);
     m.lowest_scale = std::min(m.lowest_scale, s.row.scale_before);
     m.below_floor += s.row.scale_before < t.scale_floor;
-    if (s.last_finite_before >= 0)
-      parameterless_between(run, layer, run.layers[std::size_t(s.last_finite_before)].info, m.between);
+    if (s.last_finite_before >= 0) {
+      const rundb::LayerRow& last_finite = run.layers[std::size_t(s.last_finite_before)].info;
+      parameterless_between(run, layer, last_finite, m.between);
+      const std::string user = suggest::module_for_layer(run, last_finite);
+      if (takes_output_of(run, user, module)) ++m.after[user];
+    }
     m.steps.push_back(s.row.step);
   }
   std::vector<std::pair<std::string, PerModule>> ranked(modules.begin(), modules.end());
@@ -263,11 +291,22 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                     std::to_string(true_max_step) + "), above fp16's 65504: the scale has to stay below 1 to fit them "
                     "(they overflowed down to " + fmt(m.lowest_scale) + "), which flushes the small ones to zero";
       const double loss = median_loss(run);
+      // Outputs near the loss's root are the model's: large targets learnt, or a model that
+      // makes large values (a head initialised 1e4 times too large), which no target
+      // normalisation fixes. Small ones leave the targets, or a sum.
+      const ModuleSummary* last = last_module(run);
+      const bool large_outputs =
+          last && std::isfinite(loss) && loss > 0 && double(last->max_absmax) >= std::sqrt(loss) / 10.0;
+      const std::string targets =
+          large_outputs ? "; the model's outputs are large too (" + last->info.path + "'s, the last module's, reach " +
+                              fmt(last->max_absmax) + "): where the targets are that large, normalise them to unit "
+                              "spread, and where they are not, find what makes the outputs so large (its weights, its "
+                              "input's scale); or average"
+                        : ": normalise the regression targets to unit spread, average";
       f.suggestions.push_back(
           {"Shrink the loss where it is made" +
                (std::isfinite(loss) ? " (it is around " + fmt(loss) + ", and its gradients are as large)" : std::string()) +
-               ": normalise the regression targets to unit spread, average over the batch instead of summing, or "
-               "divide the loss by a constant.",
+               targets + " over the batch instead of summing, or divide the loss by a constant.",
            "y = (y - y_mean) / y_std  # targets in units of their spread (predictions: * y_std + y_mean)\n"
            "loss = loss_fn(model(x).float(), y)",
            "auto y_n = (y - y_mean) / y_std;  // predictions: * y_std + y_mean\n"
@@ -315,11 +354,17 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         replay.outcome.empty() || replay.outcome == "unconfirmed" ? output_gradient(run, module) : OutputGradient{};
     const bool entered = entry.seen == "nonfinite";
     const std::string code_after = "the code that uses " + module + "'s output";
+    const auto most = std::max_element(m.after.begin(), m.after.end(),
+                                       [](const auto& a, const auto& b) { return a.second < b.second; });
+    const std::string user = most == m.after.end() ? std::string() : most->first;
     if (entered) {
       if (harms && !at_any_scale)
         f.title = place + " holds the first NaN/Inf gradients, but they reach it through its output: " + code_after +
                   " makes them";
-      std::string where;
+      std::string where =
+          user.empty() ? std::string()
+                       : user + ", which is given " + module + "'s output and whose backward ran just before " + module +
+                             "'s, its own gradients finite; ";
       for (const auto& path : m.between) where += path + ", ";
       f.evidence += "; at step " + std::to_string(entry.step) + " the gradient reaching " + module +
                     "'s output already held NaN/Inf, so its own backward received them: " + code_after + " (" + where +
@@ -338,10 +383,21 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         // The gradient that code sends back is beyond fp16 all the way into the module: the
         // pin keeps it float32 there (and the code after it up to the next operation that
         // autocast runs in fp16), autocast off around the code keeps that operation's too.
-        f.suggestions.push_back(suggest::pin_fp32(run, module));
-        f.suggestions.back().summary = "Run " + module + " in FP32 (pinned: its output, and the gradient it receives, "
-                                       "become float32), so that the large gradient " + code_after +
-                                       " sends back stays in FP32 on its way into it.";
+        // A module after it sends that gradient from a backward that autocast runs in fp16
+        // whatever its input's dtype: the module pinned alone still receives it overflowed.
+        if (!user.empty()) {
+          f.suggestions.push_back(suggest::pin_fp32_both(
+              run, module, user,
+              "(pinned: " + module + "'s output and the gradient it receives become float32, and so does " + user +
+                  "'s backward, which sends that gradient), so that it stays in FP32 from " + user + " into " + module +
+                  ": pinned alone, " + module + " would still receive it from " + user + "'s backward, which autocast "
+                  "runs in fp16."));
+        } else {
+          f.suggestions.push_back(suggest::pin_fp32(run, module));
+          f.suggestions.back().summary = "Run " + module + " in FP32 (pinned: its output, and the gradient it "
+                                         "receives, become float32), so that the large gradient " + code_after +
+                                         " sends back stays in FP32 on its way into it.";
+        }
         f.suggestions.push_back(suggest::fp32_model_code(run, "that uses " + module + "'s output", ""));
         std::string& also = f.suggestions.back().summary;
         also[0] = 'r';  // "Run ..." continues the sentence

@@ -94,6 +94,19 @@ Suggestion pin_fp32(const Run& run, const std::string& module_path) {
   return s;
 }
 
+Suggestion pin_fp32_both(const Run& run, const std::string& first, const std::string& second, const std::string& why) {
+  Suggestion s;
+  s.summary = "Run " + first + " and " + second + " in FP32 " + why;
+  s.python = "ampdiag.pin_fp32(" + python_attribute(first) + ")  # autocast off inside each; float inputs cast\n"
+             "ampdiag.pin_fp32(" + python_attribute(second) + ")";
+  s.cpp = "// ampdiag/pin_fp32.h: each call of either module goes through pins.run(path, ...)\n"
+          "ampdiag::Fp32Pins pins({" + cpp_string(first) + ", " + cpp_string(second) + "});";
+  const std::string a = pin_cost(run, first), b = pin_cost(run, second);
+  if (!a.empty()) s.cost = first + ": " + a;
+  if (!b.empty()) s.cost += (s.cost.empty() ? "" : "; ") + second + ": " + b;
+  return s;
+}
+
 Suggestion use_bf16(const Run& run) {
   Suggestion s;
   s.summary = "Or train in bfloat16 (fp32's range, no loss scaler needed) if the hardware supports it.";

@@ -139,6 +139,47 @@ TEST_CASE("a layer whose finite steps show gradients beyond fp16's range unscale
   CHECK_THAT(o->suggestions[1].summary, Catch::StartsWith("Run head in FP32"));
 }
 
+namespace {
+
+// The run above with enc and head probed, head's outputs reaching `head_output`.
+Report loss_too_large_run(double head_output) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  double scale = 65536;
+  for (int i = 0; i < 30; ++i) {
+    f.activation("enc", false, 3.0).activation("head", false, head_output);
+    if (i < 20) {
+      f.step(scale, scale / 2, 1000, {"head.weight"}, 9e10);
+      scale /= 2;
+    } else {
+      f.step(scale, scale, 37000, {}, 9e10);
+    }
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a loss too large for fp16 with small model outputs points at the targets", "[rules]") {
+  // Outputs around 10 against a loss of 9e10: the targets (or a sum) make it, not the model.
+  const Report r = loss_too_large_run(10.0);
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.suggestions[0].summary, Catch::Contains(": normalise the regression targets to unit spread, average"));
+  CHECK_THAT(o.suggestions[0].summary, !Catch::Contains("outputs"));
+}
+
+TEST_CASE("a loss too large for fp16 with large model outputs names them beside the targets", "[rules]") {
+  // A head initialised 1e4 times too large on unit targets gives the same loss: normalising
+  // the targets alone would not help, and the report cannot tell the two apart.
+  const Report r = loss_too_large_run(2e5);
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.suggestions[0].summary,
+             Catch::Contains("the model's outputs are large too (head's, the last module's, reach 200000): where the "
+                             "targets are that large, normalise them") &&
+                 Catch::Contains("find what makes the outputs so large"));
+}
+
 TEST_CASE("a scale stuck at its floor is a collapse", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);

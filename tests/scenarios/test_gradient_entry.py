@@ -20,17 +20,38 @@ class GainVAE(nn.Module):
         self.dec = nn.Sequential(nn.Linear(8, 128), nn.SiLU(), nn.Linear(128, 64))
         self.gain = gain
 
+    def encode(self, x):
+        return self.enc(x) * self.gain
+
     def forward(self, x):
-        mu, logvar = (self.enc(x) * self.gain).chunk(2, -1)
+        mu, logvar = self.encode(x).chunk(2, -1)
         z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
         return self.dec(z), mu, logvar
 
 
-def vae_steps(db, gain, steps=16, pin=False):
+class MixVAE(GainVAE):
+    """The gain in a module's weights instead: a Linear `mix` after the encoder, 30 times the
+    identity. mix's fp16 backward overflows the gradient it sends to enc.2's output, while
+    its own gradients stay finite."""
+
+    def __init__(self, gain):
+        super().__init__(1.0)
+        self.mix = nn.Linear(16, 16)
+        with torch.no_grad():
+            self.mix.weight.copy_(torch.eye(16) * gain)
+            self.mix.bias.zero_()
+
+    def encode(self, x):
+        return self.mix(self.enc(x))
+
+
+def vae_steps(db, gain, steps=16, pin=False, kind=GainVAE, pins=()):
     torch.manual_seed(0)
-    model = GainVAE(gain)
+    model = kind(gain)
     if pin:
         ampdiag.pin_fp32(model.enc[2])
+    for path in pins:
+        ampdiag.pin_fp32(model.get_submodule(path))
     opt, scaler = torch.optim.Adam(model.parameters(), 1e-3), torch.amp.GradScaler("cpu")
     with ampdiag.attach(model, scaler, db=db):
         for _ in range(steps):
@@ -65,6 +86,33 @@ def test_the_pin_the_report_gives_keeps_the_scale_up(tmp_path, verdict):
     # and so is the gain after it; only the scaler's calibration skips are left.
     db = tmp_path / "pinned.db"
     vae_steps(db, gain=30.0, steps=24, pin=True)
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
+
+
+def test_the_module_whose_backward_sends_the_inf_is_named_and_pinned_with_the_one_it_reaches(tmp_path, verdict):
+    db = tmp_path / "mix.db"
+    vae_steps(db, gain=30.0, steps=24, kind=MixVAE)
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["rule"], first["module"]) == (1, "overflow-origin", "enc.2")
+    assert "enc.2's output (mix, which is given enc.2's output and whose backward ran just before" in first["evidence"]
+    assert first["suggestions"][0]["summary"].startswith("Run enc.2 and mix in FP32")
+
+
+def test_the_module_the_inf_reaches_pinned_alone_still_collapses_the_scale(tmp_path, verdict):
+    # Why the fix above pins both: enc.2 pinned, mix's backward still runs in fp16 under
+    # autocast and hands enc.2 the overflowed gradient.
+    db = tmp_path / "enc_pinned.db"
+    vae_steps(db, gain=30.0, steps=40, kind=MixVAE, pins=("enc.2",))
+    code, rep = verdict(db)
+    assert code == 1
+    assert any(f["rule"] == "scale-collapse" for f in rep["findings"])
+
+
+def test_both_modules_pinned_as_the_report_gives_keep_the_scale_up(tmp_path, verdict):
+    db = tmp_path / "both_pinned.db"
+    vae_steps(db, gain=30.0, steps=40, kind=MixVAE, pins=("enc.2", "mix"))
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
 

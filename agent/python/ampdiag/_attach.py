@@ -338,6 +338,7 @@ class AttachHandle:
         self._inputs_checked = False      # whether the model's inputs were looked at for NaN
         self._input_nan = False           # they held NaN: the data's, no replay
         self._last_output = None          # weakref to the last output given statistics
+        self._last_output_path = None     # the module that made it
         self._last_version = 0            # its version counter then (in-place changes bump it)
         self._last_node = None            # its grad_fn: where the model's own code after it begins
         self._module_nodes = []           # the grad_fn of every module output given statistics
@@ -506,6 +507,11 @@ class AttachHandle:
     # --- forward -------------------------------------------------------------------
 
     def _module_id(self, path, module, args):
+        last = self._last_output
+        if path and args and last is not None and last() is args[0]:
+            # Its first argument is the output of the module that ran before it, unchanged:
+            # its backward sends that module's output its gradient (overflow-origin names it).
+            self._event("module-input-from", f"{path}: {self._last_output_path}")
         return self._session.module_id(path, type(module).__name__, source_of(module), describe_inputs(args))
 
     def _forward_hook_as_run(self, hook):

@@ -265,6 +265,7 @@ def forward_hook(handle, path, owner):
             else:
                 nonfinite = activation_elsewhere(handle._session, module_id, tensor, handle._micro_batch)
             handle._last_output = ref(tensor)
+            handle._last_output_path = path
             handle._last_node = tensor.grad_fn
             handle._module_nodes.append(tensor.grad_fn)
             handle._last_version = version
