@@ -83,9 +83,19 @@ SessionOptions session_options(const AgentOptions& o) {
   return s;
 }
 
+std::string dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    default: return std::string(c10::toString(type));
+  }
+}
+
 LayerInfo layer_info(const at::Tensor& p) {
   LayerInfo info;
-  info.dtype = std::string(c10::toString(p.scalar_type()));
+  info.dtype = dtype_name(p.scalar_type());
   info.shape = shape_text(p);
   info.numel = p.numel();
   info.trainable = p.requires_grad();

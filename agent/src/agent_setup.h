@@ -20,6 +20,9 @@ SessionOptions session_options(const AgentOptions& options);
 // "torch::nn::LinearImpl" -> "Linear"; user modules keep their own name.
 std::string module_type_name(const torch::nn::Module& module);
 
+// As torch names a dtype in Python, as the Python agent writes it: "float16", not c10's "Half".
+std::string dtype_name(at::ScalarType type);
+
 LayerInfo layer_info(const at::Tensor& parameter);
 
 // This process's command line, its arguments joined by spaces.

@@ -8,26 +8,12 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "agent_setup.h"
 #include "fp32_replay.h"
 #include "session.h"
 #include "tensor_views.h"
 
 namespace ampdiag::agent {
-
-namespace {
-
-// As torch names it in Python (the Python agent's rows): "float16", not c10's "Half".
-std::string dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    default: return std::string(c10::toString(t));
-  }
-}
-
-}  // namespace
 
 PrecisionChecks::PrecisionChecks(Session& session, double budget) : session_(session), budget_(budget) {
   if (!(budget >= 0.0 && budget <= 1.0))

@@ -2,7 +2,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <set>
 
 #include "rules.h"
 #include "suggestions.h"
@@ -15,6 +17,22 @@ std::string pct(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%.0f%%", v * 100.0);
   return b;
+}
+
+// Rows a batch does not touch (tokens, positions not in it) get exact-zero gradients that
+// no loss scale would change: an embedding's zeros are not underflow.
+bool embedding_like(const rundb::LayerRow& layer) { return layer.module_type.find("Embedding") != std::string::npos; }
+
+// Layer ids that share their tensor with another parameter (event "shared-parameter":
+// "lm_head.weight is the same tensor as layer 0; ...").
+std::set<std::int64_t> shared_layers(const Run& run) {
+  static const std::string kAs = " is the same tensor as layer ";
+  std::set<std::int64_t> ids;
+  for (const auto& e : run.events) {
+    const std::size_t at = e.kind == "shared-parameter" ? e.detail.find(kAs) : std::string::npos;
+    if (at != std::string::npos) ids.insert(std::atoll(e.detail.c_str() + at + kAs.size()));
+  }
+  return ids;
 }
 
 }  // namespace
@@ -42,7 +60,14 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
   // fp16's top bounds neither it nor the scale. Micro-batches or tied uses each within
   // range sum to at most that many times it: 1024 of them leave room.
   const double fp32_path = run.fp_max * 1024.0;
+  const std::set<std::int64_t> shared = shared_layers(run);
   for (const auto& layer : run.layers) {
+    // Autocast runs an embedding in FP32: a float32 table's gradient is an FP32 sum over the
+    // tokens (GPT-2's wte and wpe, finite at 16 times 65504), never one fp16 tensor. Tied to
+    // a head (lm_head), the head's part is fp16 and bounded: only a finite sum beyond the top
+    // shows that the embedding's part dominates.
+    const bool fp32_embedding = embedding_like(layer.info) && layer.info.dtype == "float32";
+    if (fp32_embedding && !shared.count(layer.info.id)) continue;
     std::int64_t finite = 0, low = 0, low_scale = 0, first = -1;
     float largest = 0.0f;
     for (const auto& s : layer.samples) {
@@ -57,7 +82,7 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
       }
     }
     if (finite == 0 || double(low) / double(finite) < t.headroom_fraction || 2 * low_scale < low) continue;
-    if (double(largest) > fp32_path) continue;
+    if (double(largest) > (fp32_embedding ? double(run.fp_max) : fp32_path)) continue;
     const double least = headroom_bits(largest, run.fp_max);
     Finding f;
     f.rule = "low-headroom";
@@ -86,10 +111,6 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
 }
 
 namespace {
-
-// Rows a batch does not touch (tokens, positions not in it) get exact-zero gradients that
-// no loss scale would change: an embedding's zeros are not underflow.
-bool embedding_like(const rundb::LayerRow& layer) { return layer.module_type.find("Embedding") != std::string::npos; }
 
 // How far `layer`'s gradient sits below the other gradients of its module at the same
 // steps, per element (RMS): {ratio to the smallest of them, that layer}; {1, null} where

@@ -191,7 +191,7 @@ TEST_CASE("mixed parameter dtypes are all recorded; float64 goes through a copy"
   }
   rundb::RunDbReader r(dir.file("run.db"));
   CHECK(r.grad_stats().size() == 6);
-  CHECK(r.layers()[4].dtype == "Double");
+  CHECK(r.layers()[4].dtype == "float64");
   bool noted = false;
   for (const auto& e : r.events()) noted = noted || e.kind == "slow-path";
   CHECK(noted);

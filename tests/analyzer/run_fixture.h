@@ -15,8 +15,9 @@ namespace ampdiag::test {
 class RunFixture {
  public:
   // `dtype`: the parameters' (torch's name: "float16" for a model stored in half precision).
+  // `types`: module types by layer name where not "Linear".
   RunFixture(const std::string& path, std::vector<std::string> layers, std::int64_t rank = 0, std::int64_t world = 1,
-             const std::string& dtype = "Float")
+             const std::string& dtype = "float32", const std::map<std::string, std::string>& types = {})
       : writer_(path, true), layers_(std::move(layers)) {
     writer_.set_meta("amp_dtype", "float16");
     writer_.set_meta("device", "cpu");
@@ -29,7 +30,8 @@ class RunFixture {
       // no module, no type.
       const bool outside = layers_[i].rfind("optimizer.param", 0) == 0;
       writer_.add_layer({std::int64_t(i), layers_[i], dot == std::string::npos || outside ? "" : layers_[i].substr(0, dot),
-                         outside ? "" : "Linear", dtype, "[64, 64]", 4096, true, ""});
+                         outside ? "" : types.count(layers_[i]) ? types.at(layers_[i]) : "Linear", dtype, "[64, 64]",
+                         4096, true, ""});
     }
   }
 

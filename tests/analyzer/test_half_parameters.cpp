@@ -85,6 +85,20 @@ TEST_CASE("layers whose updates mostly round away are flagged, the most stalled 
   CHECK(find(all, "half-parameters") == nullptr);
 }
 
+TEST_CASE("a C++ agent's file naming dtypes as c10 does (Half) has its half parameters read as such",
+          "[rules][weights]") {
+  // The C++ agent wrote "Half" and "Float" before it wrote torch's Python names: the rules
+  // compare "float16", and read such a file's fp16 weights as FP32 ones.
+  TempDir dir;
+  const auto path = write_run(dir, {{"enc.weight", "Half", {{100, 97}, {100, 95}}}, {"norm.weight", "Float", {}}});
+  const auto run = analyzer::load_run(path);
+  CHECK(run.layers[0].info.dtype == "float16");
+  CHECK(run.layers[1].info.dtype == "float32");
+  const Finding* f = find(findings(path), "stalled-updates");
+  REQUIRE(f != nullptr);
+  CHECK(f->layer == "enc.weight");
+}
+
 TEST_CASE("a bfloat16 run's FP32 master weights keep bfloat16 autocast and no scaler", "[rules][weights]") {
   // A pure-bf16 fine-tune (model.to(bfloat16), AdamW at 2e-5): switching it to fp16 and a
   // scaler would be another run's fix.

@@ -473,6 +473,47 @@ TEST_CASE("a finite gradient far beyond fp16's range is made in FP32 and holds n
   for (const auto& finding : r.findings) CHECK_FALSE((finding.rule == "low-headroom" && finding.layer == "head.weight"));
 }
 
+namespace {
+
+// kLayers-like run with a float32 Embedding `emb.weight` near the top of fp16's range
+// (`emb_factor` times the others' 50000) while b.weight underflows; `tied`: the head
+// shares its tensor (event "shared-parameter").
+Report embedding_near_top(double emb_factor, bool tied) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"emb.weight", "a.weight", "b.weight"}, 0, 1, "float32",
+               {{"emb.weight", "Embedding"}});
+  if (tied) f.event("shared-parameter", "head.weight is the same tensor as layer 0; its statistics are recorded once");
+  f.zeros_fraction("b.weight", 0.6, 0.2).absmax_times("emb.weight", emb_factor);
+  f.step(65536, 1024, 50000, {"a.weight"});
+  for (int i = 0; i < 10; ++i) f.step(1024, 1024, 50000);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+bool headroom_for(const Report& r, const std::string& layer) {
+  return std::any_of(r.findings.begin(), r.findings.end(),
+                     [&](const Finding& f) { return f.rule == "low-headroom" && f.layer == layer; });
+}
+
+}  // namespace
+
+TEST_CASE("a float32 embedding's gradient is an FP32 sum that holds no scale down", "[rules]") {
+  // Autocast runs an embedding in FP32 (GPT-2's wpe): its gradient near 65504 is no fp16
+  // tensor's, and pinning it, the fix low-headroom gives, would change nothing.
+  const Report r = embedding_near_top(1.0, false);
+  CHECK_FALSE(headroom_for(r, "emb.weight"));
+  CHECK(headroom_for(r, "a.weight"));
+}
+
+TEST_CASE("a tied float32 embedding near the top keeps low-headroom: its head's part is fp16", "[rules]") {
+  CHECK(headroom_for(embedding_near_top(1.0, true), "emb.weight"));
+}
+
+TEST_CASE("a tied float32 embedding finite beyond fp16's top is an FP32 sum, not its head's", "[rules]") {
+  // GPT-2's wte, tied to lm_head: finite at 16 times 65504, which no fp16 tensor holds.
+  CHECK_FALSE(headroom_for(embedding_near_top(16.0, true), "emb.weight"));
+}
+
 TEST_CASE("a module whose different gradients were first in different steps gives each its count", "[rules]") {
   // It used to say its most frequent layer was first in every one of the module's steps.
   TempDir dir;

@@ -192,11 +192,26 @@ std::map<std::string, std::string> RunDbReader::meta() {
   return out;
 }
 
+namespace {
+
+// The C++ agent wrote c10's names ("Half") before it wrote Python's, as the Python agent
+// does ("float16"): read as the latter, so that every reader compares one spelling.
+std::string python_dtype(std::string dtype) {
+  if (dtype == "Half") return "float16";
+  if (dtype == "BFloat16") return "bfloat16";
+  if (dtype == "Float") return "float32";
+  if (dtype == "Double") return "float64";
+  return dtype;
+}
+
+}  // namespace
+
 std::vector<LayerRow> RunDbReader::layers() {
   std::vector<LayerRow> out;
   Statement q(*db_, "SELECT id, name, module_path, module_type, dtype, shape, numel, trainable, source FROM layers ORDER BY id", "table layers");
   while (q.next())
-    out.push_back({q.int64(0), q.text(1), q.text(2), q.text(3), q.text(4), q.text(5), q.int64(6), q.int64(7) != 0, q.text(8)});
+    out.push_back({q.int64(0), q.text(1), q.text(2), q.text(3), python_dtype(q.text(4)), q.text(5), q.int64(6),
+                   q.int64(7) != 0, q.text(8)});
   return out;
 }
 
