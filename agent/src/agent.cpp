@@ -258,7 +258,7 @@ bool Agent::Impl::record(const std::string& path, const at::Tensor& x, const at:
   if (closed_ || !x.defined()) return false;
   if (!at::isFloatingType(x.scalar_type())) {
     session_.event_once("probe-type:" + path, "warning",
-                        "probe " + path + " saw a " + std::string(c10::toString(x.scalar_type())) +
+                        "probe " + path + " saw a " + agent::dtype_name(x.scalar_type()) +
                             " tensor; only floating-point outputs have statistics");
     return false;
   }
@@ -421,7 +421,7 @@ bool Agent::Impl::on_unscale(UnscaleBatch& batch) {
     if (!agent::directly_readable(g) || g.device() != scale_device) {
       fusable = false;
       session_.event_once("copied:" + std::to_string(id), "slow-path",
-                          "layer " + std::to_string(id) + " has a " + std::string(c10::toString(g.scalar_type())) + " " +
+                          "layer " + std::to_string(id) + " has a " + agent::dtype_name(g.scalar_type()) + " " +
                               g.device().str() + (g.is_contiguous() ? "" : " non-contiguous") +
                               " gradient: its statistics are taken on a copy on its device and torch unscales it");
     }

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "agent_setup.h"
+
 namespace ampdiag::agent {
 
 namespace {
@@ -21,7 +23,7 @@ std::string nonfinite_input(const std::string& name, const at::Tensor& t, bool i
     if (count > positive) counts += (counts.empty() ? "" : " and ") + std::to_string(count - positive) + " -Inf";
   }
   if (counts.empty()) return "";
-  return name + " (" + c10::toString(t.scalar_type()) + " " + c10::str(t.sizes()) + "): " + counts + " of " +
+  return name + " (" + dtype_name(t.scalar_type()) + " " + c10::str(t.sizes()) + "): " + counts + " of " +
          std::to_string(t.numel()) + " values";
 }
 

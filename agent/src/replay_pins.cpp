@@ -10,6 +10,7 @@
 #include <exception>
 #include <limits>
 
+#include "agent_setup.h"
 #include "fp32_replay.h"
 
 namespace ampdiag::agent {
@@ -67,7 +68,7 @@ void ReplayPins::look_at_input_range(const std::string& path, const at::Tensor& 
   char values[96];
   std::snprintf(values, sizeof values, " values at or beyond %g, max |x| %g", kRoundsToInf,
                 magnitude.masked_select(beyond).max().item<double>());
-  session_.event("input-beyond-fp16", path + ": input (" + c10::toString(x.scalar_type()) + " " + c10::str(x.sizes()) +
+  session_.event("input-beyond-fp16", path + ": input (" + dtype_name(x.scalar_type()) + " " + c10::str(x.sizes()) +
                                           "): " + std::to_string(count) + " of " + std::to_string(x.numel()) + values +
                                           (model_input ? "; the model's input" : ""));
 }

@@ -337,7 +337,7 @@ TEST_CASE("a NaN in the batch given to input() is the data's: one input-nan even
   });
   REQUIRE(events.size() == 1);
   CHECK(events[0].first == 1);
-  CHECK(events[0].second == "x (Float [8, 16]): 1 NaN of 128 values");
+  CHECK(events[0].second == "x (float32 [8, 16]): 1 NaN of 128 values");
 }
 
 TEST_CASE("a -inf in the batch given to input() and only probed is not called a corruption", "[agent]") {
@@ -438,7 +438,7 @@ TEST_CASE("a -inf in the batch given to input() that a module run through forwar
       batch_with(-std::numeric_limits<float>::infinity(), 3, 7),
       "input-nan", replays);
   REQUIRE(events.size() == 1);
-  CHECK(events[0].second == "x (Float [8, 16]): 1 -Inf of 128 values");
+  CHECK(events[0].second == "x (float32 [8, 16]): 1 -Inf of 128 values");
   CHECK(replays == 0);
 }
 
@@ -453,7 +453,7 @@ TEST_CASE("a batch beyond fp16's range given to input() is named where the first
       "input-beyond-fp16", replays);
   REQUIRE(events.size() == 1);
   CHECK(events[0].first == 1);
-  CHECK(events[0].second == "a: input (Float [8, 16]): 1 of 128 values at or beyond 65520, max |x| 100000; the "
+  CHECK(events[0].second == "a: input (float32 [8, 16]): 1 of 128 values at or beyond 65520, max |x| 100000; the "
                             "model's input");
   CHECK(replays == 1);
 }
@@ -468,7 +468,7 @@ TEST_CASE("values beyond fp16's range made by the model's float32 code are the m
   });
   const auto events = events_of(t, "input-beyond-fp16");
   REQUIRE(events.size() == 1);
-  CHECK_THAT(events[0].second, Catch::StartsWith("b: input (Float [8, 32]): "));
+  CHECK_THAT(events[0].second, Catch::StartsWith("b: input (float32 [8, 32]): "));
   CHECK_THAT(events[0].second, !Catch::EndsWith("; the model's input"));
 }
 
