@@ -86,8 +86,8 @@ bool ReplayPins::may_pin(const std::string& path) {
     return false;
   if (std::int64_t(pinned_.size() + confirmed_.size()) < limit_) return true;
   session_.event_once("autopin-limit", "autopin-limit",
-                      path + " was confirmed too, but autopin's limit of " + std::to_string(limit_) +
-                          " modules is reached: pin it in code if it keeps overflowing");
+                      path + " was confirmed too, but autopin=" + std::to_string(limit_) +
+                          " modules are pinned already; pin it in code if the report names it");
   return false;
 }
 

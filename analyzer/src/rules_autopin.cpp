@@ -1,6 +1,8 @@
 // autopin: what the agent pinned to FP32 on its own (attach(autopin=N)), and what happened
 // after: the user makes the pin permanent in code.
+#include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "rules.h"
 #include "suggestions.h"
@@ -22,9 +24,24 @@ std::string why_pinned(const Run& run, const std::string& path) {
   return "its FP32 replay had confirmed it as the origin of a NaN/Inf in forward";
 }
 
+// The module the agent confirmed after its limit was reached, and the limit: event
+// "autopin-limit", "PATH was confirmed too, but autopin=N modules are pinned already; ...".
+std::pair<std::string, std::string> left_unpinned(const Run& run) {
+  const rundb::EventRow* e = run.first_event("autopin-limit");
+  if (!e) return {};
+  const std::size_t too = e->detail.find(" was confirmed too"), at = e->detail.find("autopin=");
+  if (too == std::string::npos || at == std::string::npos) return {};
+  const std::size_t end = e->detail.find(' ', at);
+  return {e->detail.substr(0, too), e->detail.substr(at + 8, end == std::string::npos ? end : end - at - 8)};
+}
+
 }  // namespace
 
 void autopin(const Run& run, std::vector<Finding>& out) {
+  const auto [unpinned, limit] = left_unpinned(run);
+  const rundb::EventRow* last = nullptr;
+  for (const auto& e : run.events)
+    if (e.kind == "autopin" && !e.detail.empty()) last = &e;
   for (const auto& e : run.events) {
     if (e.kind != "autopin" || e.detail.empty()) continue;
     const std::string& path = e.detail;  // the agent writes the module path, nothing else
@@ -48,6 +65,15 @@ void autopin(const Run& run, std::vector<Finding>& out) {
     Suggestion pin = suggest::pin_fp32(run, path);
     pin.summary = "Make the pin permanent in code (ampdiag pinned " + path + " only while attached): " + pin.summary;
     f.suggestions.push_back(std::move(pin));
+    // The skips after the last pin may be the next module's, which the limit left alone.
+    if (&e == last && !unpinned.empty()) {
+      f.evidence += "; then " + unpinned + " was confirmed too and left unpinned: autopin=" + limit +
+                    " allows " + plural(std::atoll(limit.c_str()), "module");
+      f.suggestions.push_back(
+          {"Let ampdiag pin the modules it confirms after this one too (autopin=N pins up to N), then make each pin "
+           "permanent in code.",
+           "handle = ampdiag.attach(model, scaler, autopin=4)", "options.autopin = 4;  // ampdiag::AgentOptions", ""});
+    }
     out.push_back(std::move(f));
   }
 }

@@ -110,3 +110,23 @@ TEST_CASE("a module auto-pinned for the output its precision check found lost sa
   CHECK_THAT(pinned->evidence, Catch::StartsWith("a precision check found its float16 output 97 % away from FP32"));
   CHECK(find(r, "precision-loss") == nullptr);  // lost in 1 of 4 checks: the pin made the rest whole
 }
+
+TEST_CASE("an autopin whose limit left the next confirmed module unpinned says so and how to pin more",
+          "[rules][autopin]") {
+  // T5 with every block's wo too large: autopin=True pins block 0's, block 1's is confirmed
+  // next and the skips go on; the finding explains them.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"b0.wo.weight", "b1.wo.weight"});
+  f.step(65536, 32768, 1000, {"b0.wo.weight"});
+  f.event("autopin", "b0");
+  f.event("autopin-limit", "b1 was confirmed too, but autopin=1 modules are pinned already; pin it in code if the "
+                           "report names it");
+  for (int i = 0; i < 3; ++i) f.step(32768 >> i, 16384 >> i, 1000, {"b1.wo.weight"});
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding* pinned = find(r, "autopin");
+  REQUIRE(pinned != nullptr);
+  CHECK_THAT(pinned->evidence, Catch::EndsWith("; then b1 was confirmed too and left unpinned: autopin=1 allows 1 module"));
+  REQUIRE(pinned->suggestions.size() == 2);
+  CHECK_THAT(pinned->suggestions[1].python, Catch::Contains("autopin=4"));
+}
