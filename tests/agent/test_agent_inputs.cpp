@@ -82,7 +82,9 @@ TEST_CASE("a full queue drops samples, counts them, and training goes on", "[age
   // 192 gradients arrive in one burst at each unscale, twelve times the queue: the writer
   // cannot drain it meanwhile, however the threads are scheduled (TinyNet's 6 could be, and
   // under a loaded ctest the test once saw no drop; 48, three times the queue, were drained
-  // in time once the agent also read the weights' norms before the optimizer's step).
+  // in time once the agent also read the weights' norms before the optimizer's step). A
+  // producer preempted mid-burst lets the writer drain it: once in five full agent_tests
+  // runs all 5 steps' bursts were drained, so 24 steps each get their chance to drop.
   TempDir dir;
   const auto db = dir.file("run.db");
   const auto train = [&](bool with_agent) {
@@ -95,7 +97,7 @@ TEST_CASE("a full queue drops samples, counts them, and training goes on", "[age
     o.queue_capacity = 16;
     std::unique_ptr<Agent> agent = with_agent ? std::make_unique<Agent>(*net, scaler, o) : nullptr;
     const auto x = torch::randn({4, 8});
-    for (int step = 0; step < 5; ++step) {
+    for (int step = 0; step < 24; ++step) {
       optimizer.zero_grad();
       torch::Tensor loss;
       {
