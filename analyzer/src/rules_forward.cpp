@@ -254,6 +254,15 @@ void model_code_after_modules(const Run& run, const std::vector<std::int64_t>& s
   f.suggestions.push_back(suggest::fp32_model_code(run, after, code.float16_compute()));
 }
 
+// The agent's own pin of `path` or of a module holding it (event "autopin": attach(autopin=N)),
+// as (pinned path, step it applies from); null where none.
+const rundb::EventRow* autopinned(const Run& run, const std::string& path) {
+  if (path.empty()) return nullptr;
+  for (const auto& e : run.events)
+    if (e.kind == "autopin" && !e.detail.empty() && suggest::within(path, e.detail)) return &e;
+  return nullptr;
+}
+
 void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& out) {
   std::int64_t nonfinite_loss = 0, first_bad_loss = -1, known_losses = 0;
   for (const auto& s : run.steps) {
@@ -352,6 +361,16 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
       }
     } else if (cause.confirmation == "unconfirmed") {
       f.evidence += "; unconfirmed: " + cause.reason;
+    }
+    // Its overflows stopping once the agent pinned it is the pin's confirmation in training;
+    // the finding stays, for the pin lasts only while attached.
+    if (const rundb::EventRow* pin = autopinned(run, path)) {
+      const auto after = std::count_if(c.steps.begin(), c.steps.end(), [&](std::int64_t st) { return st >= pin->step; });
+      f.evidence += "; ampdiag pinned " + (pin->detail == path ? std::string("it") : pin->detail) +
+                    " to FP32 at step " + std::to_string(pin->step) + " (autopin), " +
+                    (after == 0 ? std::string("and it has not been first since: the pin held in training, and lasts "
+                                              "only while attached (see autopin)")
+                                : "and it was still first in " + plural(std::int64_t(after), "step") + " after");
     }
     if (cause.intrinsic) {
       // Not fp16's range: pinning cannot help, and a mask whose -inf the model absorbs

@@ -130,3 +130,38 @@ TEST_CASE("an autopin whose limit left the next confirmed module unpinned says s
   REQUIRE(pinned->suggestions.size() == 2);
   CHECK_THAT(pinned->suggestions[1].python, Catch::Contains("autopin=4"));
 }
+
+namespace {
+
+// b0.wo goes NaN/Inf first in forward at steps 0, 1 and at `again` (-1: never again);
+// ampdiag pins its block b0 from step 2 on.
+Report autopinned_run(int again) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"b0.wo.weight", "b1.wo.weight"});
+  for (int i = 0; i < 8; ++i) {
+    const bool bad = i < 2 || i == again;
+    if (i == 2) f.event("autopin", "b0");
+    f.activation("b0.wo", bad);
+    f.step(65536, bad ? 32768 : 65536, 1000, bad ? std::vector<std::string>{"b0.wo.weight"} : std::vector<std::string>{},
+           bad ? std::nan("") : 0.5);
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a forward overflow that stopped once autopin pinned its module says the pin held", "[rules][autopin]") {
+  const Report r = autopinned_run(-1);
+  const Finding& f = required(r, "forward-nonfinite");
+  CHECK(f.module == "b0.wo");
+  CHECK_THAT(f.evidence, Catch::Contains("ampdiag pinned b0 to FP32 at step 2 (autopin), and it has not been first "
+                                         "since: the pin held in training"));
+}
+
+TEST_CASE("a forward overflow that went on after autopin pinned its module says how often", "[rules][autopin]") {
+  const Report r = autopinned_run(5);
+  const Finding& f = required(r, "forward-nonfinite");
+  CHECK_THAT(f.evidence, Catch::Contains("ampdiag pinned b0 to FP32 at step 2 (autopin), and it was still first in 1 "
+                                         "step after"));
+}
