@@ -65,6 +65,10 @@ void ReplayPins::look_at_input_range(const std::string& path, const at::Tensor& 
   const at::Tensor beyond = at::isfinite(magnitude).logical_and(magnitude.ge(kRoundsToInf));
   const std::int64_t count = beyond.sum().item<std::int64_t>();
   if (count == 0) return;
+  // One negative fill (an attention mask's float32 lowest, -1e9) is added to scores, not data.
+  const at::Tensor out_of_range = x.detach().masked_select(beyond);
+  const double first = out_of_range[0].item<double>();
+  if (count > 1 && first < 0 && out_of_range.eq(first).all().item<bool>()) return;
   char values[96];
   std::snprintf(values, sizeof values, " values at or beyond %g, max |x| %g", kRoundsToInf,
                 magnitude.masked_select(beyond).max().item<double>());

@@ -458,6 +458,24 @@ TEST_CASE("a batch beyond fp16's range given to input() is named where the first
   CHECK(replays == 1);
 }
 
+TEST_CASE("an input whose values beyond fp16's range are one negative fill is a mask, not data", "[agent]") {
+  // float32's lowest in two places, as an additive mask holds it: a's replay is finite, and
+  // the look names nothing.
+  TinySetup t;
+  std::size_t replays = 0;
+  const auto lowest = std::numeric_limits<float>::lowest();
+  const auto events = replayed_forward(
+      t,
+      [=](int step) {
+        auto x = torch::randn({8, 16});
+        if (step == 1) x[3][7] = x[5][2] = lowest;
+        return x;
+      },
+      "input-beyond-fp16", replays);
+  CHECK(events.empty());
+  CHECK(replays == 1);
+}
+
 TEST_CASE("values beyond fp16's range made by the model's float32 code are the module's input, not the model's",
           "[agent]") {
   TinySetup t;

@@ -129,3 +129,43 @@ def test_values_beyond_fp16_made_by_the_models_own_float32_code_name_the_modules
     first = rep["findings"][0]
     assert (code, first["module"]) == (1, "b")
     assert first["title"] == "b's input already holds values beyond fp16's range, which it turns into Inf"
+
+
+class MaskedAttention(nn.Module):
+    """Attention given an additive float32 causal mask as Hugging Face builds it (0 where a
+    token may attend, torch.finfo(float32).min where not), with query and key weights large
+    enough that the fp16 scores overflow."""
+
+    def __init__(self):
+        super().__init__()
+        self.qk, self.v = nn.Linear(64, 128), nn.Linear(64, 64)
+        with torch.no_grad():
+            self.qk.weight.mul_(400.0)
+
+    def forward(self, h, mask):
+        q, k = self.qk(h).chunk(2, -1)
+        weights = (q @ k.transpose(-1, -2) + mask).softmax(-1)
+        return weights @ self.v(h)
+
+
+class MaskedLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.attn, self.head = nn.Linear(8, 64), MaskedAttention(), nn.Linear(64, 1)
+
+    def forward(self, x):
+        t = x.shape[1]
+        mask = torch.full((t, t), torch.finfo(torch.float32).min).triu(1)
+        return self.head(self.attn(self.inp(x), mask)).mean(1)
+
+
+def test_an_additive_mask_filled_with_float32s_lowest_is_not_read_as_data_beyond_fp16(tmp_path, verdict):
+    # The mask's fill is added to the scores, where it stays float32; the overflow is the
+    # scores' own, in fp16: the first module whose output is NaN/Inf is the attention.
+    db = tmp_path / "masked.db"
+    train(db, MaskedLM(), lambda: torch.randn(64, 16, 8))
+    assert beyond(db) == []
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["rule"], first["module"]) == (1, "forward-nonfinite", "attn")
+    assert first["title"] == "attn is the first module whose output is NaN/Inf in forward"

@@ -252,6 +252,9 @@ def _beyond_fp16(t):
     count = int(beyond.sum())
     if not count:
         return None
+    values = t[beyond]
+    if count > 1 and float(values[0]) < 0 and bool((values == values[0]).all()):
+        return None  # one negative fill (an attention mask's finfo(float32).min, -1e9): added, not data
     largest = float(magnitude[beyond].max())
     return f"{count} of {t.numel()} values at or beyond {FP16_ROUNDS_TO_INF:g}, max |x| {largest:g}"
 
