@@ -45,7 +45,11 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
   const auto underflowing = std::find_if(out.begin(), out.end(), [](const Finding& f) { return f.rule == "underflow"; });
   const std::string underflow_layer = underflowing == out.end() ? "" : underflowing->layer;
   std::map<std::int64_t, double> scale_at;
-  for (const auto& s : run.steps) scale_at[s.row.step] = s.row.scale_before;
+  std::map<std::int64_t, std::int64_t> sums;  // micro-batches (losses) summed into a step's gradients
+  for (const auto& s : run.steps) {
+    scale_at[s.row.step] = s.row.scale_before;
+    sums[s.row.step] = std::max<std::int64_t>(1, s.row.losses);
+  }
   const double init = run.steps.front().row.scale_before;
   // log2 of every sample of a 50 M-row run costs more than reading it: only abs-maxes
   // near the threshold need it to decide exactly, and the least headroom is the largest's.
@@ -67,7 +71,16 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
     // a head (lm_head), the head's part is fp16 and bounded: only a finite sum beyond the top
     // shows that the embedding's part dominates.
     const bool fp32_embedding = embedding_like(layer.info) && layer.info.dtype == "float32";
-    if (fp32_embedding && !shared.count(layer.info.id)) continue;
+    const bool tied = shared.count(layer.info.id) > 0;
+    if (fp32_embedding && !tied) continue;
+    // Untied, a finite value beyond the top times the micro-batches summed into it was no
+    // fp16 tensor's: a LayerNorm's weight, whose gradient autocast's FP32 layer_norm sums
+    // over every token (1.8 times 65504 in a small LM).
+    if (!tied && std::any_of(layer.samples.begin(), layer.samples.end(), [&](const GradSample& g) {
+          const auto n = sums.find(g.step);
+          return !g.nonfinite && double(g.absmax) > run.fp_max * double(n == sums.end() ? 1 : n->second);
+        }))
+      continue;
     std::int64_t finite = 0, low = 0, low_scale = 0, first = -1;
     float largest = 0.0f;
     for (const auto& s : layer.samples) {

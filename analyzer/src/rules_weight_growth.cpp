@@ -78,25 +78,38 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
   for (const auto& s : run.steps)
     if (s.row.skipped || s.row.found_inf || run.loss_nonfinite(s.row) || s.first_nonfinite_module >= 0) last = s.row.step;
   if (last < 0) return;
-  // Where it shows: the module the first overflow finding names (the whole model if none does).
-  std::string module;
-  bool named = false;
+  // Where it shows: the module the highest-scored overflow finding names, the next where
+  // its own weights were not sampled (an LM's head, whose weight is the tied embedding's),
+  // else the whole model.
+  std::vector<const Finding*> overflows;
   for (const auto& f : out)
-    if ((f.rule == "forward-nonfinite" || f.rule == "overflow-origin") && !f.module.empty()) {
-      module = f.module;
-      named = true;
-      break;
-    }
+    if ((f.rule == "forward-nonfinite" || f.rule == "overflow-origin") && !f.module.empty()) overflows.push_back(&f);
+  std::stable_sort(overflows.begin(), overflows.end(), [](const Finding* a, const Finding* b) { return a->score > b->score; });
   // Per sampled step, the module's weights together (a layer-scale gamma that starts at 1e-5
   // and grows 100x weighs nothing beside the matrices).
   std::map<std::int64_t, double> sumsq;
   std::map<std::int64_t, std::int64_t> values;
-  for (const auto& w : run.weight_norms) {
-    const auto& layer = run.layers[std::size_t(w.layer_id)].info;
-    if (!module.empty() && !suggest::within(layer.module_path, module)) continue;
-    sumsq[w.step] += w.l2 * w.l2;
-    values[w.step] += layer.numel;
+  const auto sample = [&](const std::string& module) {
+    sumsq.clear();
+    values.clear();
+    for (const auto& w : run.weight_norms) {
+      const auto& layer = run.layers[std::size_t(w.layer_id)].info;
+      if (!module.empty() && !suggest::within(layer.module_path, module)) continue;
+      sumsq[w.step] += w.l2 * w.l2;
+      values[w.step] += layer.numel;
+    }
+  };
+  std::string module;
+  bool named = false;
+  for (const Finding* f : overflows) {
+    sample(f->module);
+    if (!sumsq.empty()) {
+      module = f->module;
+      named = true;
+      break;
+    }
   }
+  if (!named) sample("");
   auto at = sumsq.upper_bound(last);  // the last sample at or before it
   if (at == sumsq.begin()) return;
   --at;

@@ -43,7 +43,7 @@ class RunFixture {
     rundb::StepRow s;
     s.step = step_;
     s.loss = next_no_loss_ ? std::nan("") : loss;
-    s.losses = next_no_loss_ ? 0 : 1;
+    s.losses = next_no_loss_ ? 0 : micro_batches_;
     s.scale_before = scale_before;
     s.scale_after = scale_after;
     s.found_inf = !nonfinite.empty() || (!std::isfinite(loss) && !next_taken_);
@@ -119,6 +119,12 @@ class RunFixture {
   // non-finite ones).
   RunFixture& finite_first(std::vector<std::string> layers) {
     next_finite_first_ = std::move(layers);
+    return *this;
+  }
+
+  // Every step from now on sums `n` losses (gradient accumulation's micro-batches).
+  RunFixture& micro_batches(std::int64_t n) {
+    micro_batches_ = n;
     return *this;
   }
 
@@ -238,6 +244,7 @@ class RunFixture {
   std::map<std::string, double> subnormal_fraction_;
   std::int64_t step_ = 0;
   bool histograms_ = false;
+  std::int64_t micro_batches_ = 1;
   bool next_taken_ = false;
   bool next_unordered_ = false;
   std::vector<std::string> next_finite_first_;

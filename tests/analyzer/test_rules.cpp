@@ -514,6 +514,36 @@ TEST_CASE("a tied float32 embedding finite beyond fp16's top is an FP32 sum, not
   CHECK_FALSE(headroom_for(embedding_near_top(16.0, true), "emb.weight"));
 }
 
+namespace {
+
+// A norm's weight finite at `factor` times the others' 50000 while b.weight underflows;
+// each step sums `micro_batches` losses.
+Report norm_beyond_top(double factor, std::int64_t micro_batches) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"norm.weight", "a.weight", "b.weight"}, 0, 1, "float32",
+               {{"norm.weight", "LayerNorm"}});
+  f.micro_batches(micro_batches).zeros_fraction("b.weight", 0.6, 0.2).absmax_times("norm.weight", factor);
+  f.step(65536, 1024, 50000, {"a.weight"});
+  for (int i = 0; i < 10; ++i) f.step(1024, 1024, 50000);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("an untied gradient finite beyond fp16's top in a one-batch step is an FP32 sum", "[rules]") {
+  // A LayerNorm's weight: autocast's FP32 layer_norm sums its gradient over every token, at
+  // 1.8 times 65504 in a small LM, where no fp16 tensor could hold it.
+  const Report r = norm_beyond_top(2.4, 1);
+  CHECK_FALSE(headroom_for(r, "norm.weight"));
+  CHECK(headroom_for(r, "a.weight"));
+}
+
+TEST_CASE("a gradient beyond fp16's top within what its micro-batches sum to keeps low-headroom", "[rules]") {
+  // Four micro-batches' fp16 gradients, each within range, add up past 65504.
+  CHECK(headroom_for(norm_beyond_top(2.4, 4), "norm.weight"));
+}
+
 TEST_CASE("a module whose different gradients were first in different steps gives each its count", "[rules]") {
   // It used to say its most frequent layer was first in every one of the module's steps.
   TempDir dir;

@@ -124,3 +124,25 @@ TEST_CASE("weights that start near zero and grow many times over are not taken f
   const Report r = grown(dir, 100.0, 6, 1, "", 1e-5 * 64);
   CHECK(find(r, "weight-growth") == nullptr);
 }
+
+TEST_CASE("an overflow finding on a module whose weights were not sampled does not hide the growth",
+          "[rules][weight-growth]") {
+  // A GPT-2 at lr 5e-2: an early backward skip names lm_head, whose weight is the tied
+  // embedding's (event tied-gradient-nonfinite), so no weights of its own were sampled; the
+  // attention's grew 12x before it overflowed in forward. It used to read no growth at all.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"mlp.down.weight", "emb.weight"});
+  double l2 = 1.8;
+  f.weight_norms(l2).event("tied-gradient-nonfinite", "emb.weight through lm").step(65536, 32768, 1000, {"emb.weight"});
+  for (int i = 1; i <= 8; ++i) f.weight_norms(l2 = 1.8 * std::pow(57.0, i / 8.0)).step(32768, 32768);
+  double scale = 32768;
+  for (int i = 0; i < 6; ++i, scale /= 2)
+    f.weight_norms(l2).activation("mlp.down", true).step(scale, scale / 2, 1000, {}, kNaN);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  REQUIRE(find(r, "overflow-origin") != nullptr);
+  CHECK(find(r, "overflow-origin")->module == "lm");
+  const Finding* g = find(r, "weight-growth");
+  REQUIRE(g != nullptr);
+  CHECK(g->module == "mlp.down");
+}

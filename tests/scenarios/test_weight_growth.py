@@ -36,3 +36,35 @@ def test_the_same_loop_at_a_sane_learning_rate_is_healthy(tmp_path, verdict):
     code, rep = verdict(tmp_path / "run.db")
     assert (code, rep["healthy"]) == (0, True), [f["title"] for f in rep["findings"]]
     assert "weight-growth" not in [rule for rule, _ in rules(rep)]
+
+
+class TiedLM(nn.Module):
+    """A small causal LM whose head shares the token embedding's weight, as GPT-2's does."""
+
+    def __init__(self, vocab=500, d=128):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(vocab, d), nn.Embedding(64, d)
+        self.block = nn.TransformerEncoderLayer(d, 4, 256, dropout=0.0, batch_first=True, norm_first=True)
+        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+        nn.init.normal_(self.emb.weight, std=0.02)
+
+    def forward(self, ids):
+        h = self.emb(ids) + self.pos(torch.arange(ids.shape[1]))
+        mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+        return self.head(self.norm(self.block(h, src_mask=mask, is_causal=True)))
+
+
+def test_a_tied_heads_backward_overflow_does_not_hide_the_growth(tmp_path, verdict):
+    # The first skips name head, whose weight is the embedding's, so no weights of its own
+    # were sampled: the report read the overflows alone, with head's pin, and no growth.
+    torch.manual_seed(0)
+    model = TiedLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.3)
+    amp_training(tmp_path / "lm.db", model, opt, 40, lambda g: nn.functional.cross_entropy(
+        model(ids := torch.randint(0, 500, (8, 64), generator=g))[:, :-1].float().reshape(-1, 500),
+        ids[:, 1:].reshape(-1)))
+    code, rep = verdict(tmp_path / "lm.db")
+    assert code == 1
+    assert any(f["rule"] == "overflow-origin" and f["module"] == "head" for f in rep["findings"])
+    assert rep["findings"][0]["rule"] == "weight-growth"
