@@ -94,7 +94,8 @@ TEST_CASE("a C++ agent's file naming dtypes as c10 does (Half) has its half para
   const auto run = analyzer::load_run(path);
   CHECK(run.layers[0].info.dtype == "float16");
   CHECK(run.layers[1].info.dtype == "float32");
-  const Finding* f = find(findings(path), "stalled-updates");
+  const auto all = findings(path);
+  const Finding* f = find(all, "stalled-updates");
   REQUIRE(f != nullptr);
   CHECK(f->layer == "enc.weight");
 }
