@@ -13,6 +13,7 @@
 #include <memory>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ampdiag/grad_scaler.h"
 #include "ampdiag/pin_fp32.h"
@@ -135,6 +136,11 @@ class Agent::Impl final : public ScalerObserver {
   std::int64_t losses_ = 0;
   bool skipped_ = false;
   bool nonfinite_seen_ = false;  // a probe of this cycle held NaN/Inf
+  // The last output recorded this cycle, and whose: a module run through forward() on it,
+  // unchanged, is given that module's output (event "module-input-from", once per module).
+  at::Tensor last_output_;
+  std::string last_output_path_;
+  std::unordered_set<std::string> inputs_seen_;
   // AgentOptions::amp_dtype was left empty and no training probe has run yet.
   bool learn_amp_dtype_ = false;
   void learn_amp_dtype(c10::DeviceType device, at::ScalarType output);
@@ -264,6 +270,8 @@ bool Agent::Impl::record(const std::string& path, const at::Tensor& x, const at:
   }
   const auto timed = agent_time();
   begin_cycle();
+  last_output_ = x;
+  last_output_path_ = path;
   if (learn_amp_dtype_) learn_amp_dtype(x.device().type(), x.scalar_type());
   at::Tensor copy;
   agent::DeviceTensor view;
@@ -344,6 +352,8 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
     record(path, y);
     return y;
   }
+  if (inputs_seen_.insert(path).second && last_output_.defined() && x.is_same(last_output_))
+    session_.event_once("module-input-from:" + path, "module-input-from", path + ": " + last_output_path_);
   const bool check = checks_.wants(path, x);
   if (check) checks_.before(x);
   y = run(x);
@@ -374,6 +384,7 @@ void Agent::Impl::begin_cycle() {
   replay_pins_.announce();
   checks_.step_began();
   nonfinite_seen_ = false;
+  last_output_ = at::Tensor();  // held no longer than its cycle
   batch_.step_began();
   loss_sum_ = 0.0;
   device_loss_sum_ = at::Tensor();
@@ -536,6 +547,7 @@ void Agent::Impl::close() {
     }
   }
   hooks_.clear();
+  last_output_ = at::Tensor();
   session_.close();
 }
 

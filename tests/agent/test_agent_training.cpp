@@ -458,6 +458,20 @@ TEST_CASE("a batch beyond fp16's range given to input() is named where the first
   CHECK(replays == 1);
 }
 
+TEST_CASE("a module run through forward() on the last module's output, unchanged, is recorded as given it",
+          "[agent]") {
+  // overflow-origin reads it to name the module whose backward sends a gradient back.
+  TinySetup t;
+  train_with_agent(t, 2, at::kHalf, [&](Agent& agent, int) {
+    const auto x = agent.input("x", torch::randn({8, 16}));
+    const auto h = agent.forward("b", t.net->b, agent.forward("a", t.net->a, x));  // a's output as it is
+    return agent.forward("c", t.net->c, torch::relu(h)).to(torch::kFloat).pow(2).mean();  // after a relu: not
+  });
+  const auto events = events_of(t, "module-input-from");
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].second == "b: a");
+}
+
 TEST_CASE("an input whose values beyond fp16's range are one negative fill is a mask, not data", "[agent]") {
   // float32's lowest in two places, as an additive mask holds it: a's replay is finite, and
   // the look names nothing.
