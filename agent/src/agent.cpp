@@ -137,7 +137,8 @@ class Agent::Impl final : public ScalerObserver {
   bool skipped_ = false;
   bool nonfinite_seen_ = false;  // a probe of this cycle held NaN/Inf
   // The last output recorded this cycle, and whose: a module run through forward() on it,
-  // unchanged, is given that module's output (event "module-input-from", once per module).
+  // unchanged or viewed, is given that module's output (event "module-input-from", once per
+  // module).
   at::Tensor last_output_;
   std::string last_output_path_;
   std::unordered_set<std::string> inputs_seen_;
@@ -352,7 +353,8 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
     record(path, y);
     return y;
   }
-  if (inputs_seen_.insert(path).second && last_output_.defined() && x.is_same(last_output_))
+  if (inputs_seen_.insert(path).second && last_output_.defined() &&
+      (x.is_same(last_output_) || (x.is_view() && x._base().is_same(last_output_))))
     session_.event_once("module-input-from:" + path, "module-input-from", path + ": " + last_output_path_);
   const bool check = checks_.wants(path, x);
   if (check) checks_.before(x);

@@ -458,13 +458,13 @@ TEST_CASE("a batch beyond fp16's range given to input() is named where the first
   CHECK(replays == 1);
 }
 
-TEST_CASE("a module run through forward() on the last module's output, unchanged, is recorded as given it",
+TEST_CASE("a module run through forward() on a view of the last module's output is recorded as given it",
           "[agent]") {
   // overflow-origin reads it to name the module whose backward sends a gradient back.
   TinySetup t;
   train_with_agent(t, 2, at::kHalf, [&](Agent& agent, int) {
     const auto x = agent.input("x", torch::randn({8, 16}));
-    const auto h = agent.forward("b", t.net->b, agent.forward("a", t.net->a, x));  // a's output as it is
+    const auto h = agent.forward("b", t.net->b, agent.forward("a", t.net->a, x).view({8, 32}));  // a view of a's output
     return agent.forward("c", t.net->c, torch::relu(h)).to(torch::kFloat).pow(2).mean();  // after a relu: not
   });
   const auto events = events_of(t, "module-input-from");

@@ -507,10 +507,11 @@ class AttachHandle:
     # --- forward -------------------------------------------------------------------
 
     def _module_id(self, path, module, args):
-        last = self._last_output
-        if path and args and last is not None and last() is args[0]:
-            # Its first argument is the output of the module that ran before it, unchanged:
-            # its backward sends that module's output its gradient (overflow-origin names it).
+        made = self._last_output() if self._last_output is not None else None
+        given = args[0] if args else None
+        if path and made is not None and given is not None and (given is made or getattr(given, "_base", None) is made):
+            # Its first argument is the output of the module that ran before it, unchanged or
+            # viewed: its backward sends that output its gradient (overflow-origin names it).
             self._event("module-input-from", f"{path}: {self._last_output_path}")
         return self._session.module_id(path, type(module).__name__, source_of(module), describe_inputs(args))
 
