@@ -7,12 +7,13 @@ import torch
 from torch import nn
 
 import ampdiag
+from conftest import train
 
 
 class Chain(nn.Module):
     def __init__(self):
         super().__init__()
-        self.a, self.b, self.c, self.d = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(8, 4), nn.Linear(4, 1)
+        self.a, self.b, self.c, self.d = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(8, 4), nn.Linear(4, 1)
 
     def forward(self, x):
         h = self.b(self.a(x))  # a's output as it is
@@ -21,18 +22,8 @@ class Chain(nn.Module):
 
 
 def test_modules_given_the_last_output_or_a_view_of_it_are_recorded_once(tmp_path):
-    torch.manual_seed(0)
-    model = Chain()
-    opt, scaler = torch.optim.SGD(model.parameters(), lr=1e-3), torch.amp.GradScaler("cpu")
     db = tmp_path / "run.db"
-    with ampdiag.attach(model, scaler, db=db):
-        for _ in range(3):
-            opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = model(torch.randn(6, 8)).float().pow(2).mean()
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+    train(3, lambda model, scaler, _: ampdiag.attach(model, scaler, db=db), model_factory=Chain)
     with sqlite3.connect(db) as c:
         found = c.execute("SELECT detail FROM events WHERE kind = 'module-input-from' ORDER BY detail").fetchall()
     assert found == [("b: a",), ("c: b",)]
