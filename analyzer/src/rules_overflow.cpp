@@ -77,17 +77,25 @@ void parameterless_between(const Run& run, const rundb::LayerRow& first, const r
   }
 }
 
-// Whether `user`'s first argument was the output of `module` (or of a module inside it),
-// unchanged (the Python agent's event "module-input-from", "USER: PRODUCER"): its backward
-// sends that output its gradient.
-bool takes_output_of(const Run& run, const std::string& user, const std::string& module) {
+// Module -> the modules whose output its first argument was, unchanged or viewed (the
+// agents' event "module-input-from", "USER: PRODUCER"): its backward sends that output its
+// gradient.
+using InputsFrom = std::multimap<std::string, std::string>;
+
+InputsFrom inputs_from(const Run& run) {
+  InputsFrom from;
+  for (const auto& e : run.events) {
+    const std::size_t at = e.kind == "module-input-from" ? e.detail.find(": ") : std::string::npos;
+    if (at != std::string::npos) from.emplace(e.detail.substr(0, at), e.detail.substr(at + 2));
+  }
+  return from;
+}
+
+// Whether `user` took the output of `module` (or of a module inside it).
+bool takes_output_of(const InputsFrom& from, const std::string& user, const std::string& module) {
   if (user.empty() || module.empty() || suggest::within(user, module)) return false;
-  const std::string prefix = user + ": ";
-  for (const auto& e : run.events)
-    if (e.kind == "module-input-from" && e.detail.rfind(prefix, 0) == 0 &&
-        suggest::within(e.detail.substr(prefix.size()), module))
-      return true;
-  return false;
+  const auto [begin, end] = from.equal_range(user);
+  return std::any_of(begin, end, [&](const auto& entry) { return suggest::within(entry.second, module); });
 }
 
 // (step, layer name) -> the module whose use of that tied parameter went NaN/Inf first in
@@ -187,6 +195,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
   std::vector<std::int64_t> unordered;  // skipped steps whose first NaN/Inf gradient is unknown
   const bool half_loss = has_half_loss(run);
   const TiedUses tied = tied_uses(run);
+  const InputsFrom given = inputs_from(run);
   for (std::size_t i = 0; i < run.steps.size(); ++i) {
     const StepSummary& s = run.steps[i];
     if (!s.row.skipped || s.nonfinite_layers.empty() || forward_failed(run, s)) continue;
@@ -221,7 +230,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       const rundb::LayerRow& last_finite = run.layers[std::size_t(s.last_finite_before)].info;
       parameterless_between(run, layer, last_finite, m.between);
       const std::string user = suggest::module_for_layer(run, last_finite);
-      if (takes_output_of(run, user, module)) ++m.after[user];
+      if (takes_output_of(given, user, module)) ++m.after[user];
     }
     m.steps.push_back(s.row.step);
   }
