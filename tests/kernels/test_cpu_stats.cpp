@@ -285,6 +285,35 @@ TEST_CASE("has_nonfinite on the host's team finds a NaN or Inf in every chunk, t
     }
 }
 
+TEST_CASE("a pass over fewer than 64 Ki values runs on the calling thread, a larger one on the host's team",
+          "[stats][threads]") {
+  // Waking the team costs more than a small pass (a small model's gradients) takes.
+  std::int64_t team_calls = 0;
+  kernels::CpuEngineOptions options;
+  options.chunk_elements = 4096;
+  options.parallel_for = [&](std::int64_t count, const std::function<void(std::int64_t)>& task) {
+    ++team_calls;
+    for (std::int64_t j = 0; j < count; ++j) task(j);
+  };
+  kernels::CpuStatsEngine engine(options);
+  const HostTensor a = make_tensor(DType::kFloat32, 30'000, Mix::kSpecials, 7);
+  const HostTensor b = make_tensor(DType::kFloat16, 35'535, Mix::kSpecials, 8);  // 65'535 values in all
+  const HostTensor c = make_tensor(DType::kFloat32, 1, Mix::kSpecials, 9);
+  std::vector<TensorRef> refs{{a.data(), a.numel, a.dtype}, {b.data(), b.numel, b.dtype}};
+  std::vector<TensorStats> out(3);
+  engine.compute(refs.data(), refs.size(), out.data());
+  CHECK(team_calls == 0);
+  CHECK(out[1].nan == reference_stats(b.data(), b.numel, b.dtype).nan);
+  refs.push_back({c.data(), c.numel, c.dtype});  // 65'536 values
+  engine.compute(refs.data(), refs.size(), out.data());
+  CHECK(team_calls == 1);
+  for (std::size_t k = 0; k < refs.size(); ++k) {
+    const HostTensor& t = k == 0 ? a : k == 1 ? b : c;
+    INFO("tensor " << k);
+    CHECK(out[k].absmax == reference_stats(t.data(), t.numel, t.dtype).absmax);
+  }
+}
+
 TEST_CASE("has_nonfinite refuses a malformed tensor and says an empty one holds none", "[stats][nonfinite]") {
   const auto engine = make_engine(CpuIsa::kAuto, 1);
   CHECK_FALSE(engine.has_nonfinite({nullptr, 0, DType::kFloat16}));
