@@ -123,18 +123,30 @@ bool Code::any_half() const {
   return std::any_of(ops.begin(), ops.end(), [](const Op& op) { return half(op.dtype); });
 }
 
+namespace {
+
+// Operations that only move, view or copy values: in half precision they compute nothing
+// (a ToCopy that made a half tensor is a cast down, which can overflow: see all_full_precision).
+bool moves(const std::string& name) {
+  static const std::set<std::string> names = {"View", "Reshape", "Permute", "Transpose", "T", "Unsqueeze", "Squeeze",
+                                              "Expand", "Select", "Slice", "Index", "Clone", "ToCopy", "Cat", "Stack",
+                                              "Split", "Unbind", "Contiguous", "AsStrided", "Alias", "UnsafeView"};
+  return names.count(name) > 0;
+}
+
+}  // namespace
+
 bool Code::all_full_precision() const {
-  return !ops.empty() &&
-         std::all_of(ops.begin(), ops.end(), [](const Op& op) { return op.dtype != "?" && !half(op.dtype); });
+  // logits.view(-1, V).float(): the view of the model's half output is half, and computes nothing.
+  return !ops.empty() && std::all_of(ops.begin(), ops.end(), [](const Op& op) {
+           return op.dtype != "?" && (!half(op.dtype) || (moves(op.name) && op.name != "ToCopy"));
+         });
 }
 
 std::string Code::float16_compute() const {
-  static const std::set<std::string> moves = {"View", "Reshape", "Permute", "Transpose", "T", "Unsqueeze", "Squeeze",
-                                              "Expand", "Select", "Slice", "Index", "Clone", "ToCopy", "Cat", "Stack",
-                                              "Split", "Unbind", "Contiguous", "AsStrided", "Alias", "UnsafeView"};
   std::vector<std::string> names;
   for (const auto& op : ops)
-    if (op.dtype == "float16" && !moves.count(op.name) &&
+    if (op.dtype == "float16" && !moves(op.name) &&
         std::find(names.begin(), names.end(), op.name) == names.end())
       names.push_back(op.name);
   std::string out;

@@ -25,7 +25,8 @@ struct Code {
   bool empty() const { return ops.empty(); }
   // Whether any operation made a float16 or bfloat16 tensor: the loss ran partly in half.
   bool any_half() const;
-  // Whether every operation said its dtype and none was half: computing the loss in FP32
+  // Whether every operation said its dtype and none computed in half (a half view of the
+  // model's output computes nothing; a cast down to half does): computing the loss in FP32
   // cannot help it.
   bool all_full_precision() const;
   // The operations that computed in float16 ("Mm, Div"), not those that only move or

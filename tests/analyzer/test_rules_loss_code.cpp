@@ -241,3 +241,24 @@ TEST_CASE("a mean nll_loss over no kept target, or one whose weight was not read
     CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("nll_loss / cross_entropy with reduction='mean'"));
   }
 }
+
+TEST_CASE("a float16 view of the model's output before .float() does not make the loss code half precision",
+          "[rules][loss-code]") {
+  // F.cross_entropy(logits.reshape(-1, C).float(), y, ignore_index=-100) on a batch whose
+  // every label is ignored: the loss computes in float32, so an FP32 loss cannot help.
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "View:float16, ToCopy:float32, LogSoftmax:float32, NllLoss(mean of 0):float32");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(offers_ignore_index(*fw));
+  CHECK_FALSE(offers_fp32_loss(*fw));
+  CHECK_THAT(fw->suggestions.back().summary, Catch::Contains("computing it in FP32 will not help"));
+}
+
+TEST_CASE("a cast of the model's output down to float16 keeps the FP32 loss on offer", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "ToCopy:float16, LogSoftmax:float32, NllLoss:float32");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(offers_fp32_loss(*fw));
+}
