@@ -58,15 +58,24 @@ Divergence find_divergence(const Run& run) {
   if (start.size() < 3) return d;  // too few losses to say where it started
   d.baseline = median_of(start);
   std::size_t onset = run.steps.size(), first_bad = run.steps.size();
+  // A NaN/Inf loss while the loss is already kRising times its start ends that climb short
+  // of kDiverged: it did not grow "while finite", and a finite loss between its NaNs (one
+  // step at a lowered scale) is no onset. A climb begins again once the loss is back down.
+  bool climbing = false, broken = false;
   for (std::size_t i = 0; i < run.steps.size(); ++i) {
     const auto& row = run.steps[i].row;
     if (run.loss_nonfinite(row)) {
-      if (onset == run.steps.size()) continue;  // an earlier NaN of its own, not this climb's
+      if (onset == run.steps.size()) {  // an earlier NaN of its own, not this climb's, or one that ends it
+        broken = broken || climbing;
+        continue;
+      }
       first_bad = i;
       break;
     }
     if (!run.loss_known(row)) continue;
-    if (onset == run.steps.size() && row.loss >= kDiverged * d.baseline) onset = i;
+    climbing = row.loss >= kRising * d.baseline;
+    broken = broken && climbing;
+    if (onset == run.steps.size() && !broken && row.loss >= kDiverged * d.baseline) onset = i;
     if (onset < run.steps.size() && row.loss < kStaysAbove * d.baseline) return d;  // it came back: a spike
   }
   if (onset == run.steps.size()) return d;

@@ -77,3 +77,36 @@ TEST_CASE("a NaN in forward before the climb keeps its error", "[rules][divergen
   CHECK(fwd->steps.front() == 5);
   CHECK(fwd->severity == Severity::kError);
 }
+
+TEST_CASE("a loss that went NaN during its climb, short of a thousandfold, is not a divergence", "[rules][divergence]") {
+  // A learning rate that overflows fp16 while the loss has grown 40x: between the NaN losses
+  // one step at a lowered scale is finite and 1000x the start. The loss did not diverge
+  // "while finite": it went NaN first.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (double loss : {2.0, 2.1, 1.9, 2.0, 2.2, 30.0, 80.0}) f.activation("enc", false).step(65536, 65536, 1000, {}, loss);
+  double scale = 65536;
+  for (int i = 0; i < 4; ++i, scale /= 2) f.activation("enc", true).step(scale, scale / 2, 1000, {"head.weight"}, kNaN);
+  f.activation("enc", false).step(scale, scale, 1000, {}, 2500.0);
+  for (int i = 0; i < 6; ++i, scale /= 2) f.activation("enc", true).step(scale, scale / 2, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "loss-divergence") == nullptr);
+  const Finding* fwd = find(r, "forward-nonfinite");
+  REQUIRE(fwd != nullptr);
+  CHECK(fwd->severity == Severity::kError);
+}
+
+TEST_CASE("a climb that starts again after the loss came back down is still a divergence", "[rules][divergence]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (double loss : {2.0, 2.1, 1.9, 2.0, 2.2, 40.0}) f.activation("enc", false).step(65536, 65536, 1000, {}, loss);
+  f.activation("enc", true).step(65536, 32768, 1000, {"head.weight"}, kNaN);
+  for (double loss : {2.1, 2.0, 30.0, 400.0, 5000.0, 60000.0}) f.activation("enc", false).step(32768, 32768, 1000, {}, loss);
+  for (int i = 0; i < 6; ++i) f.activation("enc", true).step(32768, 32768, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* div = find(r, "loss-divergence");
+  REQUIRE(div != nullptr);
+  CHECK(div->steps == std::vector<std::int64_t>{9});
+}
