@@ -55,9 +55,26 @@ void WeightNorms::add(std::int64_t layer, const at::Tensor& param) {
   if (param.is_floating_point() && param.device().is_cpu() && !param.is_sparse()) params_.emplace_back(layer, param);
 }
 
+double first_lr(const torch::optim::Optimizer& optimizer) {
+  const auto& groups = optimizer.param_groups();
+  return groups.empty() ? std::numeric_limits<double>::quiet_NaN() : groups.front().options().get_lr();
+}
+
+bool lr_moved(double said, double now) {
+  if (!std::isfinite(said) || !std::isfinite(now)) return false;
+  return said > 0.0 ? now >= said * kLrMoved || now * kLrMoved <= said : now > 0.0;
+}
+
 void WeightNorms::optimizer_starting(const torch::optim::Optimizer& optimizer) {
-  if (described_.insert(&optimizer).second) session_.event("optimizer-settings", optimizer_settings(optimizer));
-  if (schedule_.at_start(session_.step())) read();
+  const auto [said, first] = described_.try_emplace(&optimizer, first_lr(optimizer));
+  if (first) session_.event("optimizer-settings", optimizer_settings(optimizer));
+  if (!schedule_.at_start(session_.step())) return;
+  read();
+  // A learning-rate schedule moved it: the rate the weights grow under is the one to quote.
+  if (const double now = first_lr(optimizer); !first && lr_moved(said->second, now)) {
+    said->second = now;
+    session_.event("optimizer-settings", optimizer_settings(optimizer));
+  }
 }
 
 void WeightNorms::step_skipped() {

@@ -1,14 +1,16 @@
 // The C++ agent's weight sampler, as the Python agent's _weights.py: the host parameters'
 // L2 norms and abs-max on the session core's schedule (weight_schedule.h), and each
-// optimizer's settings once (event "optimizer-settings"): what rule weight-growth reads to
-// tell "the learning rate grew the weights out of fp16's range" from "this module overflows".
+// optimizer's settings (event "optimizer-settings": once, then again on the schedule's steps
+// where a scheduler moved the first group's lr kLrMoved times or more): what rule
+// weight-growth reads to tell "the learning rate grew the weights out of fp16's range" from
+// "this module overflows".
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -24,6 +26,11 @@ class Session;
 
 // "AdamW lr=0.3 weight_decay=0.01", as the Python agent words a torch.optim optimizer.
 std::string optimizer_settings(const torch::optim::Optimizer& optimizer);
+// The first group's learning rate (NaN without groups), and whether it moved enough since
+// `said` to be recorded again (from 0, any rise).
+constexpr double kLrMoved = 2.0;
+double first_lr(const torch::optim::Optimizer& optimizer);
+bool lr_moved(double said, double now);
 
 class WeightNorms {
  public:
@@ -43,7 +50,7 @@ class WeightNorms {
   Session& session_;
   WeightSchedule schedule_;
   std::vector<std::pair<std::int64_t, at::Tensor>> params_;
-  std::unordered_set<const torch::optim::Optimizer*> described_;
+  std::unordered_map<const torch::optim::Optimizer*, double> described_;  // -> the lr last said
 };
 
 }  // namespace ampdiag::agent

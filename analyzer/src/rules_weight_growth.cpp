@@ -33,22 +33,43 @@ bool one_of(const std::string& name, std::initializer_list<const char*> names) {
   return false;
 }
 
+// "lr=0.3" of an optimizer-settings detail; empty where it has none.
+std::string lr_of(const std::string& detail) {
+  const auto at = detail.find("lr=");
+  return at == std::string::npos ? "" : detail.substr(at, detail.find(' ', at) - at);
+}
+
+// The optimizer's settings the weights grew under: its last optimizer-settings event at or
+// before `step` (an agent records them again where a schedule moved the learning rate),
+// else its first.
+const rundb::EventRow* settings_at(const Run& run, std::int64_t step) {
+  const rundb::EventRow* at = nullptr;
+  for (const auto& e : run.events)
+    if (e.kind == "optimizer-settings" && e.step <= step && (at == nullptr || e.step > at->step)) at = &e;
+  return at != nullptr ? at : run.first_event("optimizer-settings");
+}
+
 // The optimizer line with a tenth of its learning rate, in Python and in C++, from event
 // optimizer-settings ("AdamW lr=0.3 weight_decay=0.01"); placeholders where the run did not
-// record it. An optimizer from elsewhere (a package's Lion) keeps its own name.
-std::pair<std::string, std::string> lower_lr(const rundb::EventRow* settings) {
+// record it, or recorded lr=0 (a warm-up's first step). An optimizer from elsewhere (a
+// package's Lion) keeps its own name. `scheduled`: a schedule moved the rate during the run.
+std::pair<std::string, std::string> lower_lr(const rundb::EventRow* settings, bool scheduled) {
   const std::string any_cpp =
       "// the optimizer's learning rate well below the present one, or a warm-up:\n"
       "torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(/*lr=*/1e-4));";
   const std::string detail = settings != nullptr ? settings->detail : "";
   const auto space = detail.find(' '), at = detail.find("lr=");
-  if (space == std::string::npos || at == std::string::npos)
+  const double lr = at == std::string::npos ? 0.0 : std::atof(detail.c_str() + at + 3);
+  if (space == std::string::npos || !(lr > 0.0))
     return {"optimizer = torch.optim.AdamW(model.parameters(), lr=...)  # well below the present lr, or warm it up",
             any_cpp};
   const std::string name = detail.substr(0, space);
   char tenth[64];
-  std::snprintf(tenth, sizeof tenth, "%.3g", std::atof(detail.c_str() + at + 3) / 10);
-  const std::string why = "a tenth of " + detail.substr(at, detail.find(' ', at) - at) + "; or warm it up";
+  std::snprintf(tenth, sizeof tenth, "%.3g", lr / 10);
+  const std::string why = "a tenth of " + lr_of(detail) +
+                          (scheduled ? ", the rate at step " + std::to_string(settings->step) +
+                                           ": lower the schedule's peak as much"
+                                     : "; or warm it up");
   const bool torch_python = one_of(name, {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam",
                                           "Adadelta", "ASGD", "Rprop", "SparseAdam", "LBFGS", "Adafactor", "Muon"});
   const bool torch_cpp = one_of(name, {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "LBFGS"});
@@ -127,7 +148,9 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
   if (!(growth >= kGrew)) return;
 
   const std::string what = named ? module + "'s weights" : "the model's weights";
-  const rundb::EventRow* settings = run.first_event("optimizer-settings");
+  const rundb::EventRow* settings = settings_at(run, at->first);
+  const rundb::EventRow* first_settings = run.first_event("optimizer-settings");
+  const bool scheduled = settings != first_settings;
   Finding f;
   f.rule = "weight-growth";
   f.severity = Severity::kError;
@@ -140,12 +163,15 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
                " at step " + std::to_string(start->first) + " to " + fmt(std::sqrt(at->second)) + " at step " +
                std::to_string(at->first) + "; NaN/Inf or skipped steps until step " + std::to_string(last) +
                (settings != nullptr ? "; optimizer: " + settings->detail : std::string()) +
+               (scheduled ? " at step " + std::to_string(settings->step) + " (" + lr_of(first_settings->detail) +
+                                " at step " + std::to_string(first_settings->step) + ": a schedule moved it)"
+                          : std::string()) +
                ". The overflows are where the growth left fp16's range, not why";
   const std::string summary =
       "Lower the learning rate (or warm it up): each step moves the weights so far that they and the activations "
       "they make grow until the half-precision range ends. Pinning the module that overflows first to FP32 only "
       "moves the overflow on.";
-  const auto [python, cpp] = lower_lr(settings);
+  const auto [python, cpp] = lower_lr(settings, scheduled);
   f.suggestions.push_back({summary, python, cpp, ""});
   // Pointed to from the window's first step: calibration skips before the weights moved are
   // part of the same run of overflows. Hence the growth's steps, not "after it".

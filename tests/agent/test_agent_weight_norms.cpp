@@ -1,11 +1,13 @@
 // The C++ agent's weight sampler: the norms of the weights each sampled step's forward used,
 // on the session core's schedule and at the end of the first skipped steps, and the
-// optimizer's settings once (what rule weight-growth reads).
+// optimizer's settings once, and again where a schedule moved the rate 2x or more (what rule
+// weight-growth reads).
 #include "../catch_with_torch.h"
 
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -27,10 +29,12 @@ using ampdiag::test::TempDir;
 namespace {
 
 // Trains `steps` SGD steps of TinyNet under fp16 autocast with the agent; a step in
-// `overflow_at` has an Inf loss (skipped). Returns per step each parameter's (L2, abs-max),
-// by its layer id (the order of named_parameters()), as the step's forward used them.
-std::map<std::int64_t, std::vector<std::pair<double, double>>> train(const std::string& db, std::int64_t steps,
-                                                                      const std::set<std::int64_t>& overflow_at = {}) {
+// `overflow_at` has an Inf loss (skipped); `lr_at(step)`, where given, sets the learning rate
+// before each step, as a scheduler does. Returns per step each parameter's (L2, abs-max), by
+// its layer id (the order of named_parameters()), as the step's forward used them.
+std::map<std::int64_t, std::vector<std::pair<double, double>>> train(
+    const std::string& db, std::int64_t steps, const std::set<std::int64_t>& overflow_at = {},
+    const std::function<double(std::int64_t)>& lr_at = nullptr) {
   torch::manual_seed(0);
   test::TinyNet net;
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -40,6 +44,7 @@ std::map<std::int64_t, std::vector<std::pair<double, double>>> train(const std::
   Agent agent(*net, scaler, o);
   std::map<std::int64_t, std::vector<std::pair<double, double>>> seen;
   for (std::int64_t step = 0; step < steps; ++step) {
+    if (lr_at) opt.param_groups().front().options().set_lr(lr_at(step));
     for (const auto& p : net->parameters())
       seen[step].emplace_back(p.detach().norm().item<double>(), p.detach().abs().max().item<double>());
     opt.zero_grad();
@@ -96,6 +101,32 @@ TEST_CASE("the C++ agent records the optimizer's settings once", "[agent][weight
   for (const auto& e : rundb::RunDbReader(dir.file("run.db")).events())
     if (e.kind == "optimizer-settings") settings.push_back(e.detail);
   CHECK(settings == std::vector<std::string>{"SGD lr=0.05 weight_decay=0 momentum=0.9"});
+}
+
+namespace {
+
+std::vector<std::pair<std::int64_t, std::string>> settings_events(const std::string& db) {
+  std::vector<std::pair<std::int64_t, std::string>> settings;
+  for (const auto& e : rundb::RunDbReader(db).events())
+    if (e.kind == "optimizer-settings") settings.emplace_back(e.step, e.detail);
+  return settings;
+}
+
+}  // namespace
+
+TEST_CASE("the C++ agent records the settings again on a sampled step once a schedule moved the rate twofold",
+          "[agent][weights]") {
+  TempDir dir;
+  train(dir.file("run.db"), 10, {}, [](std::int64_t step) { return step >= 5 ? 0.2 : 0.05; });
+  using Said = std::vector<std::pair<std::int64_t, std::string>>;
+  CHECK(settings_events(dir.file("run.db")) ==
+        Said{{0, "SGD lr=0.05 weight_decay=0 momentum=0.9"}, {6, "SGD lr=0.2 weight_decay=0 momentum=0.9"}});
+}
+
+TEST_CASE("the C++ agent does not record a rate moved less than twofold again", "[agent][weights]") {
+  TempDir dir;
+  train(dir.file("run.db"), 10, {}, [](std::int64_t step) { return step >= 5 ? 0.075 : 0.05; });
+  CHECK(settings_events(dir.file("run.db")).size() == 1);
 }
 
 namespace {

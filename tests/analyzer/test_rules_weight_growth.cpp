@@ -91,6 +91,53 @@ TEST_CASE("an optimizer from outside torch keeps its own name in the fix", "[rul
   CHECK_THAT(f->suggestions.front().cpp, Catch::StartsWith("// the optimizer's learning rate well below"));
 }
 
+namespace {
+
+// As grown(dir, 57.0), the optimizer's settings recorded as a warm-up from 0 has them: lr=0
+// before step 0, "lr=0.3" before step 4 (the growth ends at step 8), "lr=0.03" before step
+// 12 (a decay, after the growth); only the first where `warm_up_only`.
+Report grown_under_schedule(const TempDir& dir, bool warm_up_only = false) {
+  RunFixture f(dir.file("run.db"), {"mlp.down.weight", "head.weight"});
+  f.event("optimizer-settings", "AdamW lr=0 weight_decay=0.01");
+  double l2 = 1.8;
+  f.weight_norms(l2).step(65536, 65536);
+  for (int i = 1; i <= 8; ++i) {
+    if (i == 4 && !warm_up_only) f.event("optimizer-settings", "AdamW lr=0.3 weight_decay=0.01");
+    f.weight_norms(l2 = 1.8 * std::pow(57.0, i / 8.0)).step(65536, 65536);
+  }
+  double scale = 65536;
+  for (int i = 0; i < 6; ++i, scale /= 2) {
+    if (i == 3 && !warm_up_only) f.event("optimizer-settings", "AdamW lr=0.03 weight_decay=0.01");
+    f.weight_norms(l2).activation("mlp.down", true).step(scale, scale / 2, 1000, {}, kNaN);
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("under a schedule the fix lowers the rate the weights grew under, not the warm-up's first",
+          "[rules][weight-growth]") {
+  TempDir dir;
+  const Report r = grown_under_schedule(dir);
+  const Finding* f = find(r, "weight-growth");
+  REQUIRE(f != nullptr);
+  CHECK_THAT(f->evidence,
+             Catch::Contains("optimizer: AdamW lr=0.3 weight_decay=0.01 at step 4 (lr=0 at step 0: a schedule moved it)"));
+  CHECK(f->suggestions.front().python ==
+        "optimizer = torch.optim.AdamW(model.parameters(), lr=0.03)  # a tenth of lr=0.3, the rate at step 4: lower "
+        "the schedule's peak as much");
+}
+
+TEST_CASE("a learning rate of 0 recorded at a warm-up's first step is not offered as a tenth of itself",
+          "[rules][weight-growth]") {
+  TempDir dir;
+  const Report r = grown_under_schedule(dir, true);
+  const Finding* f = find(r, "weight-growth");
+  REQUIRE(f != nullptr);
+  CHECK_THAT(f->suggestions.front().python, Catch::Contains("lr=...)  # well below the present lr"));
+}
+
 TEST_CASE("weights that grew a little before an overflow leave the overflow its own finding", "[rules][weight-growth]") {
   TempDir dir;
   const Report r = grown(dir, 2.0);

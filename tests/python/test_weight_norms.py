@@ -1,6 +1,7 @@
 """The weight sampler: each parameter's L2 norm and abs-max on the session core's schedule
 (tests/agent_core/test_policy.cpp: the start of steps 0, 1, 2, 3, 4, 6, 8, 12, ... and the end
-of the first skipped steps), as the step's forward used them; the optimizer's settings once."""
+of the first skipped steps), as the step's forward used them; the optimizer's settings once,
+and again where a learning-rate schedule moved the rate 2x or more."""
 import sqlite3
 
 import torch
@@ -14,13 +15,15 @@ def rows(db, sql):
         return c.execute(sql).fetchall()
 
 
-def train(db, steps, overflow_at=()):
+def train(db, steps, overflow_at=(), schedule=None):
     """SGD steps of a small fp16-autocast model with a real GradScaler; a step in
-    `overflow_at` has an Inf loss (skipped). Returns {step: {name: (l2, absmax)}} of the
-    weights each step's forward used."""
+    `overflow_at` has an Inf loss (skipped); `schedule(optimizer)` makes an LR scheduler
+    stepped after each step. Returns {step: {name: (l2, absmax)}} of the weights each step's
+    forward used."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scheduler = schedule(opt) if schedule else None
     scaler = torch.amp.GradScaler("cpu")
     seen = {}
     with ampdiag.attach(model, scaler, db=str(db)):
@@ -32,6 +35,8 @@ def train(db, steps, overflow_at=()):
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
+            if scheduler is not None:
+                scheduler.step()
     return seen
 
 
@@ -55,3 +60,21 @@ def test_the_optimizers_settings_are_recorded_once(tmp_path):
     train(tmp_path / "run.db", 5)
     assert rows(tmp_path / "run.db", "SELECT detail FROM events WHERE kind = 'optimizer-settings'") == [
         ("SGD lr=0.05 weight_decay=0 momentum=0.9",)]
+
+
+def test_a_schedule_that_moves_the_rate_twofold_has_it_recorded_again_on_a_sampled_step(tmp_path):
+    # x4 after step 4 (step 5 on): looked at on the schedule's next sampled step, 6.
+    train(tmp_path / "run.db", 10, schedule=lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 4.0 if s >= 5 else 1.0))
+    assert rows(tmp_path / "run.db", "SELECT step, detail FROM events WHERE kind = 'optimizer-settings'") == [
+        (0, "SGD lr=0.05 weight_decay=0 momentum=0.9"), (6, "SGD lr=0.2 weight_decay=0 momentum=0.9")]
+
+
+def test_a_rate_moved_less_than_twofold_is_not_recorded_again(tmp_path):
+    train(tmp_path / "run.db", 10, schedule=lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.5 if s >= 5 else 1.0))
+    assert len(rows(tmp_path / "run.db", "SELECT step FROM events WHERE kind = 'optimizer-settings'")) == 1
+
+
+def test_a_warm_up_from_zero_has_its_rate_recorded_once_it_rises(tmp_path):
+    train(tmp_path / "run.db", 5, schedule=lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: s / 4))
+    said = rows(tmp_path / "run.db", "SELECT step, detail FROM events WHERE kind = 'optimizer-settings'")
+    assert said[0] == (0, "SGD lr=0 weight_decay=0 momentum=0.9") and said[1][0] == 1 and "lr=0.0125 " in said[1][1]

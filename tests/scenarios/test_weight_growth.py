@@ -6,6 +6,7 @@ fix lowers the learning rate; the same loop at 1e-3 is healthy."""
 import torch
 from torch import nn
 
+import ampdiag
 from conftest import amp_training, rules
 
 
@@ -68,3 +69,46 @@ def test_a_tied_heads_backward_overflow_does_not_hide_the_growth(tmp_path, verdi
     assert code == 1
     assert any(f["rule"] == "overflow-origin" and f["module"] == "head" for f in rep["findings"])
     assert rep["findings"][0]["rule"] == "weight-growth"
+
+
+def train_one_cycle(db, peak, steps=40):
+    """SGD with momentum under OneCycleLR: the rate starts at peak / 25, reaches `peak` at
+    40 % of 120 steps, the gradients clipped the usual way (unscale_, clip_grad_norm_)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=peak, total_steps=120, pct_start=0.4)
+    scaler = torch.amp.GradScaler("cpu")
+    target = torch.randn(32, 10)
+    with ampdiag.attach(model, scaler, optimizer=opt, db=str(db)):
+        for _ in range(steps):
+            x = torch.randn(64, 32)
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(model(x).float(), (x @ target).argmax(1))
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+            scaler.step(opt)
+            scaler.update()
+            schedule.step()
+
+
+def test_a_one_cycle_schedule_whose_peak_is_far_too_high_is_weight_growth_at_the_rate_it_reached(tmp_path, verdict):
+    # The loss went NaN while it had grown ~40x, and one finite loss between the NaNs (at a
+    # lowered scale) was 1000x the start: that is no divergence "while finite". The rate the
+    # weights grew under is the schedule's, not the 1.2 of its first step.
+    train_one_cycle(tmp_path / "run.db", peak=30.0)
+    code, rep = verdict(tmp_path / "run.db")
+    assert code == 1
+    assert "loss-divergence" not in [rule for rule, _ in rules(rep)]
+    first = rep["findings"][0]
+    assert (first["rule"], first["severity"]) == ("weight-growth", "error")
+    assert "(lr=1.2 at step 0: a schedule moved it)" in first["evidence"]
+    assert "lower the schedule's peak as much" in first["suggestions"][0]["python"]
+
+
+def test_the_same_schedule_at_a_sane_peak_is_healthy(tmp_path, verdict):
+    train_one_cycle(tmp_path / "run.db", peak=0.05)
+    code, rep = verdict(tmp_path / "run.db")
+    assert (code, rep["healthy"]) == (0, True), [f["title"] for f in rep["findings"]]

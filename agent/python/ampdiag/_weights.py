@@ -5,9 +5,11 @@ overflows fp16. The report names the module where that happened, which is true, 
 without the weights it cannot say why: the loss may grow less than 2x on the way. So on the
 session core's schedule (WeightSchedule: the start of steps 0, 1, 2, 3, 4, 6, 8, 12, ...,
 and the end of the run's first skipped steps) each registered host parameter's L2 norm and
-abs-max are recorded (rows of weight_norms), and each optimizer's settings once (event
-"optimizer-settings"). Device and sharded parameters are not read: that would wait for the
-device, or see one shard.
+abs-max are recorded (rows of weight_norms), and each optimizer's settings (event
+"optimizer-settings"): once, then again on the schedule's steps where a learning-rate
+schedule (a warm-up, OneCycleLR) has moved the first group's lr 2x or more since, so that
+the report quotes the rate the weights grew under, not the warm-up's first. Device and
+sharded parameters are not read: that would wait for the device, or see one shard.
 """
 import math
 import weakref
@@ -16,6 +18,23 @@ import torch
 
 from . import _ampdiag
 from ._tensors import distributed
+
+
+LR_MOVED = 2.0  # the factor by which the learning rate must move to be recorded again
+
+
+def _lr(optimizer):
+    """The first group's learning rate, a number, or None."""
+    lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
+    if isinstance(lr, torch.Tensor) and lr.numel() == 1 and not lr.is_cuda:  # a tensor lr (capturable Adam)
+        lr = lr.item()
+    return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
+
+
+def _moved(said, now) -> bool:
+    if said is None or now is None:
+        return False
+    return now >= said * LR_MOVED or now * LR_MOVED <= said if said > 0 else now > 0
 
 
 def _settings(optimizer) -> str:
@@ -33,12 +52,17 @@ class WeightSampler:
         self._params = [(layer, p) for layer, p in registered
                         if p.is_floating_point() and p.device.type == "cpu" and not distributed(p)]
         self._schedule = _ampdiag.WeightSchedule()
-        self._described = weakref.WeakSet()  # optimizers whose settings were recorded
+        self._described = weakref.WeakKeyDictionary()  # optimizer -> the lr its last settings event said
         self._adds = 0  # the handle's _optimizer_adds when the sets were last looked at
 
     def step_began(self, step: int):
         if self._schedule.at_start(step):
             self._sample()
+            for optimizer, said in list(self._described.items()):
+                now = _lr(optimizer)
+                if _moved(said, now):
+                    self._described[optimizer] = now
+                    self._handle._session.event("optimizer-settings", _settings(optimizer))
 
     def step_ended(self, step: int, skipped: bool, seen, stepped, adds: int):
         """`seen` and `stepped` (WeakSets): the optimizers of the run so far; `adds`: how many
@@ -50,7 +74,7 @@ class WeightSampler:
                 for optimizer in list(seen) + list(stepped):
                     if optimizer in self._described:
                         continue
-                    self._described.add(optimizer)
+                    self._described[optimizer] = _lr(optimizer)
                     self._handle._session.event("optimizer-settings", _settings(optimizer))
         if skipped and self._schedule.after_skip(step):
             self._sample()
