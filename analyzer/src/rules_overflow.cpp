@@ -63,6 +63,13 @@ bool forward_failed(const Run& run, const StepSummary& s) {
 // and before `last_finite`'s (module ids are given as modules first finish, in forward
 // order): a gradient going from one layer to the other in backward passes through their
 // backward too. At most a few, by path.
+// Whether the module at `path`, or one inside it, holds a recorded parameter.
+bool holds_parameters(const Run& run, const std::string& path) {
+  return std::any_of(run.layers.begin(), run.layers.end(), [&](const LayerSummary& l) {
+    return l.info.module_path == path || l.info.name.rfind(path + ".", 0) == 0;
+  });
+}
+
 void parameterless_between(const Run& run, const rundb::LayerRow& first, const rundb::LayerRow& last_finite,
                            std::set<std::string>& out) {
   const ModuleSummary* from = run.module_named(first.module_path);
@@ -70,10 +77,7 @@ void parameterless_between(const Run& run, const rundb::LayerRow& first, const r
   if (!from || !to) return;
   for (std::int64_t id = from->info.id + 1; id < to->info.id && out.size() < 3; ++id) {
     const std::string& path = run.modules[std::size_t(id)].info.path;
-    const bool holds = std::any_of(run.layers.begin(), run.layers.end(), [&](const LayerSummary& l) {
-      return l.info.module_path == path || l.info.name.rfind(path + ".", 0) == 0;
-    });
-    if (!holds) out.insert(path);
+    if (!holds_parameters(run, path)) out.insert(path);
   }
 }
 
@@ -91,11 +95,24 @@ InputsFrom inputs_from(const Run& run) {
   return from;
 }
 
-// Whether `user` took the output of `module` (or of a module inside it).
-bool takes_output_of(const InputsFrom& from, const std::string& user, const std::string& module) {
+// Whether `user` took the output of `module` (or of a module inside it), directly or through
+// modules without parameters (a Dropout between an encoder and the head), whose backward
+// only passes the gradient on and has no gradient of its own to show where it ran.
+// `through`, where given, receives those modules, nearest `module` first.
+bool takes_output_of(const Run& run, const InputsFrom& from, const std::string& user, const std::string& module,
+                     std::vector<std::string>* through = nullptr, int hops = 0) {
+  constexpr int kHops = 3;
   if (user.empty() || module.empty() || suggest::within(user, module)) return false;
   const auto [begin, end] = from.equal_range(user);
-  return std::any_of(begin, end, [&](const auto& entry) { return suggest::within(entry.second, module); });
+  return std::any_of(begin, end, [&](const auto& entry) {
+    const std::string& producer = entry.second;
+    if (suggest::within(producer, module)) return true;
+    if (hops >= kHops || producer == user || holds_parameters(run, producer) ||
+        !takes_output_of(run, from, producer, module, through, hops + 1))
+      return false;
+    if (through) through->push_back(producer);
+    return true;
+  });
 }
 
 // (step, layer name) -> the module whose use of that tied parameter went NaN/Inf first in
@@ -188,6 +205,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     // Modules given its output whose gradients were the last finite ones before its first
     // NaN/Inf: their backward ran just before it and sent it that gradient. Times each was.
     std::map<std::string, std::int64_t> after;
+    std::map<std::string, std::vector<std::string>> through;  // the parameterless modules between it and each
     std::set<std::string> tied;      // its layers that another module holds too, first in its use
   };
   std::map<std::string, PerModule> modules;
@@ -230,7 +248,11 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       const rundb::LayerRow& last_finite = run.layers[std::size_t(s.last_finite_before)].info;
       parameterless_between(run, layer, last_finite, m.between);
       const std::string user = suggest::module_for_layer(run, last_finite);
-      if (takes_output_of(given, user, module)) ++m.after[user];
+      std::vector<std::string> through;
+      if (takes_output_of(run, given, user, module, &through)) {
+        ++m.after[user];
+        m.through[user] = through;
+      }
     }
     m.steps.push_back(s.row.step);
   }
@@ -370,11 +392,15 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       if (harms && !at_any_scale)
         f.title = place + " holds the first NaN/Inf gradients, but they reach it through its output: " + code_after +
                   " makes them";
-      std::string where =
-          user.empty() ? std::string()
-                       : user + ", which is given " + module + "'s output and whose backward ran just before " + module +
-                             "'s, its own gradients finite; ";
-      for (const auto& path : m.between) where += path + ", ";
+      std::string where, via;
+      const std::vector<std::string> none;
+      const std::vector<std::string>& through = user.empty() ? none : m.through.at(user);
+      for (const auto& path : through) via += (via.empty() ? " through " : " and ") + path;
+      if (!user.empty())
+        where = user + ", which is given " + module + "'s output" + via + " and whose backward ran just before " +
+                module + "'s, its own gradients finite; ";
+      for (const auto& path : m.between)
+        if (std::find(through.begin(), through.end(), path) == through.end()) where += path + ", ";
       f.evidence += "; at step " + std::to_string(entry.step) + " the gradient reaching " + module +
                     "'s output already held NaN/Inf, so its own backward received them: " + code_after + " (" + where +
                     "the model's own forward() after it, or the loss) made them" +

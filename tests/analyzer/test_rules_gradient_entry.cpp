@@ -7,11 +7,11 @@ namespace {
 
 // `skips` skipped steps halving the scale from 65536, dec's gradients finite and enc's the
 // first NaN/Inf ones each time; the event `seen` for enc at the third. Then `finite` steps.
-// `input_from`: an event "module-input-from" ("dec: enc": dec's first argument was enc's output).
-Report entry_run(const std::string& seen, int skips, int finite = 0, const std::string& input_from = "") {
+// `input_from`: events "module-input-from" ("dec: enc": dec's first argument was enc's output).
+Report entry_run(const std::string& seen, int skips, int finite = 0, const std::vector<std::string>& input_from = {}) {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"dec.weight", "enc.weight"});
-  if (!input_from.empty()) f.event("module-input-from", input_from);
+  for (const auto& from : input_from) f.event("module-input-from", from);
   double scale = 65536;
   for (int i = 0; i < skips; ++i, scale /= 2) {
     if (i == 2) f.event("module-output-gradient", "enc: " + seen);
@@ -48,7 +48,7 @@ TEST_CASE("the module after it whose backward ran just before is named, and pinn
   // A VAE whose enc feeds a Linear `dec` with a gain of 30 in its weights: dec's fp16
   // backward overflows the gradient it sends to enc. enc pinned alone would still receive
   // it from dec's backward, which autocast runs in fp16.
-  const Report r = entry_run("nonfinite", 12, 0, "dec: enc");
+  const Report r = entry_run("nonfinite", 12, 0, {"dec: enc"});
   const Finding& o = required(r, "overflow-origin");
   CHECK(o.module == "enc");
   CHECK_THAT(o.evidence, Catch::Contains("the code that uses enc's output (dec, which is given enc's output and whose "
@@ -62,11 +62,23 @@ TEST_CASE("the module after it whose backward ran just before is named, and pinn
   CHECK_THAT(o.suggestions[0].cpp, Catch::Contains("ampdiag::Fp32Pins pins({\"enc\", \"dec\"});"));
 }
 
+TEST_CASE("the module after it is named through a module without parameters between them, and pinned with it",
+          "[rules][gradient-entry]") {
+  // A GRU's last state through a Dropout into a head whose large weights overflow the
+  // gradient its fp16 backward sends back: the Dropout has no gradient to show it ran.
+  const Report r = entry_run("nonfinite", 12, 0, {"drop: enc", "dec: drop"});
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.evidence, Catch::Contains("(dec, which is given enc's output through drop and whose backward ran just "
+                                         "before enc's, its own gradients finite; the model's own forward() after it"));
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run enc and dec in FP32"));
+}
+
 TEST_CASE("a module whose backward ran just before but was given another module's output is not named",
           "[rules][gradient-entry]") {
   // A VAE's decoder: its backward runs before the encoder's, but it takes the sampled z, and
   // the gain in the model's forward() between them is what overflows.
-  const Report r = entry_run("nonfinite", 12, 0, "dec: proj");
+  const Report r = entry_run("nonfinite", 12, 0, {"dec: proj"});
   const Finding& o = required(r, "overflow-origin");
   CHECK_THAT(o.evidence, !Catch::Contains("dec, which"));
   REQUIRE_FALSE(o.suggestions.empty());

@@ -45,6 +45,18 @@ class MixVAE(GainVAE):
         return self.mix(self.enc(x))
 
 
+class DropMixVAE(MixVAE):
+    """MixVAE with a Dropout between the encoder and mix: a module without parameters, whose
+    backward leaves no gradient to show where it ran."""
+
+    def __init__(self, gain):
+        super().__init__(gain)
+        self.drop = nn.Dropout(0.1)
+
+    def encode(self, x):
+        return self.mix(self.drop(self.enc(x)))
+
+
 def vae_steps(db, gain, steps=16, pin=False, kind=GainVAE, pins=()):
     torch.manual_seed(0)
     model = kind(gain)
@@ -97,6 +109,17 @@ def test_the_module_whose_backward_sends_the_inf_is_named_and_pinned_with_the_on
     first = rep["findings"][0]
     assert (code, first["rule"], first["module"]) == (1, "overflow-origin", "enc.2")
     assert "enc.2's output (mix, which is given enc.2's output and whose backward ran just before" in first["evidence"]
+    assert first["suggestions"][0]["summary"].startswith("Run enc.2 and mix in FP32")
+
+
+def test_the_module_that_sends_the_inf_through_a_dropout_is_named_and_pinned_with_the_one_it_reaches(tmp_path,
+                                                                                                     verdict):
+    db = tmp_path / "dropmix.db"
+    vae_steps(db, gain=30.0, steps=24, kind=DropMixVAE)
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["rule"], first["module"]) == (1, "overflow-origin", "enc.2")
+    assert "(mix, which is given enc.2's output through drop and whose backward ran just before" in first["evidence"]
     assert first["suggestions"][0]["summary"].startswith("Run enc.2 and mix in FP32")
 
 
