@@ -7,7 +7,9 @@
 // error_if_nonfinite=True) refusing NaN/Inf gradients in a loop with a loss scaler: the
 // scaler's first steps overflow by design while it comes down from init_scale, and every
 // growth probe may overflow again; scaler.step() skips those steps, and the option turns
-// each of them into a crash. A user's Ctrl-C (KeyboardInterrupt) is no finding.
+// each of them into a crash. So does torch.autograd.set_detect_anomaly(True), which users turn
+// on to find a NaN: it raises at the first NaN a backward makes, the scaler's own included. A
+// user's Ctrl-C (KeyboardInterrupt) is no finding.
 #include <string>
 
 #include "rules.h"
@@ -28,6 +30,31 @@ std::string clip_with_scaler_fix() {
 }
 
 namespace {
+
+// torch's anomaly detection (torch.autograd.set_detect_anomaly(True), or C++'s AnomalyMode)
+// on a NaN a backward function made: "Function 'AddmmBackward0' returned nan values in its
+// 0th output."
+bool anomaly_refused_nan(const std::string& raised) {
+  return raised.find("' returned nan values in its ") != std::string::npos;
+}
+
+// "AddmmBackward0" out of that message; empty where it names none.
+std::string anomaly_function(const std::string& raised) {
+  const std::size_t open = raised.find("Function '");
+  const std::size_t close = open == std::string::npos ? open : raised.find('\'', open + 10);
+  return close == std::string::npos ? "" : raised.substr(open + 10, close - open - 10);
+}
+
+std::string anomaly_fix(const Run& run) {
+  if (run.has_scaler())
+    return "Turn anomaly detection off (torch.autograd.set_detect_anomaly(False)) with a GradScaler: it raises at the "
+           "first NaN a backward makes, and the scaler makes them on purpose (its first steps overflow while it comes "
+           "down from init_scale, and so may each growth probe) and skips those steps. ampdiag records which layer's "
+           "gradient goes NaN/Inf first, and whether that lasts, without stopping the training.";
+  return "Run once without anomaly detection (torch.autograd.set_detect_anomaly(False)): that step was never recorded, "
+         "and ampdiag then records which module's output and which layer's gradient go NaN/Inf first, where anomaly "
+         "detection names only the backward function.";
+}
 
 // torch's GradScaler._unscale_grads_ on a float16 gradient (the model was .half()'d).
 bool unscale_refused_fp16(const std::string& raised) {
@@ -71,6 +98,7 @@ constexpr ScalerRefusal kScalerRefusals[] = {
 
 std::string raised_fix(const Run& run, const std::string& raised) {
   if (clip_refused_nonfinite(raised) && run.has_scaler()) return clip_with_scaler_fix();
+  if (anomaly_refused_nan(raised)) return anomaly_fix(run);
   if (unscale_refused_fp16(raised))
     return "A GradScaler unscales FP32 gradients only: keep the parameters in float32 (no model.half()) and run the "
            "forward under torch.autocast(device_type=..., dtype=torch.float16); the optimizer then updates FP32 master "
@@ -102,6 +130,27 @@ void training_raised(const Run& run, std::vector<Finding>& out) {
   if (!raised.empty() && raised.back() == '.') raised.pop_back();  // torch's messages end a sentence
   f.evidence = "step " + std::to_string(step) + " raised " + raised + "; the run.db holds the " +
                plural(std::int64_t(run.steps.size()), "step") + " before it";
+  if (anomaly_refused_nan(e->detail)) {
+    const std::string function = anomaly_function(e->detail);
+    const std::string in = function.empty() ? std::string() : " (in " + function + ")";
+    const std::string python = "torch.autograd.set_detect_anomaly(False)";
+    const std::string cpp = "torch::autograd::AnomalyMode::set_enabled(false);";
+    if (run.has_scaler()) {
+      f.severity = Severity::kError;
+      f.score = 103.0;  // the run ended on it, as on the clip refusal below
+      f.title = "The training stopped at step " + std::to_string(step) + ": anomaly detection raised on a NaN in the "
+                "backward" + in + " that scaler.step() would have skipped";
+      if (!run.steps.empty()) f.evidence += "; the loss scale was " + fmt(run.steps.back().row.scale_after);
+      f.suggestions.push_back({anomaly_fix(run), python + "  # the scaler skips steps whose gradients hold NaN/Inf",
+                               cpp + "  // the scaler skips steps whose gradients hold NaN/Inf", ""});
+    } else {
+      f.title = "The training stopped at step " + std::to_string(step) + ": anomaly detection raised on a NaN the "
+                "backward made" + in;
+      f.suggestions.push_back({anomaly_fix(run), python, cpp, ""});
+    }
+    out.push_back(f);
+    return;
+  }
   if (!clip_refused_nonfinite(e->detail)) {
     f.title = "The training raised " + kind + " at step " + std::to_string(step) +
               " and stopped: this report covers the steps before it";

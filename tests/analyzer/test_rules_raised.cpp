@@ -62,6 +62,41 @@ TEST_CASE("any other exception is a warning that the report covers the steps bef
   CHECK_FALSE(Gate("error").fails(r));
 }
 
+const char* kAnomaly = "RuntimeError: Function 'AddmmBackward0' returned nan values in its 0th output.";
+
+TEST_CASE("anomaly detection raising on a NaN under a scaler is an error that says to turn it off", "[rules][raised]") {
+  const Report r = report_raised_at_step_3(kAnomaly);
+  const Finding& f = required(r, "training-raised");
+  CHECK(f.severity == Severity::kError);
+  CHECK(r.findings.front().rule == "training-raised");
+  CHECK(f.title == "The training stopped at step 3: anomaly detection raised on a NaN in the backward (in "
+                   "AddmmBackward0) that scaler.step() would have skipped");
+  CHECK_THAT(f.evidence, Catch::EndsWith("; the loss scale was 1024"));
+  CHECK_THAT(f.suggestions.front().summary, Catch::StartsWith("Turn anomaly detection off"));
+  CHECK_THAT(f.suggestions.front().python, Catch::StartsWith("torch.autograd.set_detect_anomaly(False)"));
+  CHECK_THAT(f.suggestions.front().cpp, Catch::StartsWith("torch::autograd::AnomalyMode::set_enabled(false);"));
+}
+
+TEST_CASE("anomaly detection raising without a scaler is a warning that says to run once without it",
+          "[rules][raised]") {
+  const Report r = report_raised_at_step_3(kAnomaly, false);
+  const Finding& f = required(r, "training-raised");
+  CHECK(f.severity == Severity::kWarning);
+  CHECK(f.title == "The training stopped at step 3: anomaly detection raised on a NaN the backward made (in "
+                   "AddmmBackward0)");
+  CHECK_THAT(f.suggestions.front().summary, Catch::StartsWith("Run once without anomaly detection"));
+}
+
+TEST_CASE("a run that anomaly detection stopped before its first step under a scaler says what to do in its error",
+          "[rules][raised]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("training-raised", kAnomaly);
+  f.finish();
+  CHECK_THROWS_WITH(load_run(dir.file("run.db")),
+                    Catch::Contains("returned nan values in its 0th output. Turn anomaly detection off"));
+}
+
 TEST_CASE("a training stopped with Ctrl-C is no finding", "[rules][raised]") {
   const Report r = report_raised_at_step_3("KeyboardInterrupt");
   CHECK(find(r, "training-raised") == nullptr);
