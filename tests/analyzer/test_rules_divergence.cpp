@@ -1,20 +1,41 @@
 // loss-divergence: a loss that grew by orders of magnitude while finite before the NaN/Inf
 // came is the cause, and the module that overflowed first is only where it showed
 // (tests/scenarios/test_divergence.py trains a real loop with a learning rate too high).
+#include <cmath>
+
 #include "rule_test.h"
 
 namespace {
 
-// Losses `finite` (one finite step each), then `nan_steps` steps whose module `enc` went
-// NaN/Inf in forward with a NaN loss, the scale halving.
-Report run_of(const TempDir& dir, const std::vector<double>& finite, int nan_steps) {
+// One step per loss: a finite one with every output finite at the scale it has reached; a
+// NaN one whose module `enc` went NaN/Inf in forward, the scale halving.
+Report losses_run(const TempDir& dir, const std::vector<double>& losses) {
   RunFixture f(dir.file("run.db"), kLayers);
-  for (double loss : finite) f.activation("enc", false).step(65536, 65536, 1000, {}, loss);
   double scale = 65536;
-  for (int i = 0; i < nan_steps; ++i, scale /= 2)
-    f.activation("enc", true).step(scale, scale / 2, 1000, {"head.weight"}, kNaN);
+  for (double loss : losses) {
+    if (std::isnan(loss)) {
+      f.activation("enc", true).step(scale, scale / 2, 1000, {"head.weight"}, kNaN);
+      scale /= 2;
+    } else {
+      f.activation("enc", false).step(scale, scale, 1000, {}, loss);
+    }
+  }
   f.finish();
   return report_of(dir.file("run.db"));
+}
+
+// No loss-divergence in `r`: the module that went NaN/Inf first keeps its error.
+void check_not_a_divergence(const Report& r) {
+  CHECK(find(r, "loss-divergence") == nullptr);
+  const Finding* fwd = find(r, "forward-nonfinite");
+  REQUIRE(fwd != nullptr);
+  CHECK(fwd->severity == Severity::kError);
+}
+
+// Losses `finite`, then `nan_steps` NaN ones.
+Report run_of(const TempDir& dir, std::vector<double> finite, int nan_steps) {
+  finite.insert(finite.end(), std::size_t(nan_steps), kNaN);
+  return losses_run(dir, finite);
 }
 
 }  // namespace
@@ -47,11 +68,7 @@ TEST_CASE("the module that overflowed after the climb is a warning that points t
 
 TEST_CASE("a loss spike that comes back before the NaN is not a divergence", "[rules][divergence]") {
   TempDir dir;
-  const auto r = run_of(dir, {2.0, 2.1, 1.9, 2.0, 2.2, 3000.0, 2.5, 2.1, 2.0}, 12);
-  CHECK(find(r, "loss-divergence") == nullptr);
-  const Finding* fwd = find(r, "forward-nonfinite");
-  REQUIRE(fwd != nullptr);
-  CHECK(fwd->severity == Severity::kError);
+  check_not_a_divergence(run_of(dir, {2.0, 2.1, 1.9, 2.0, 2.2, 3000.0, 2.5, 2.1, 2.0}, 12));
 }
 
 TEST_CASE("a loss that only grows, with no NaN/Inf after, is not reported", "[rules][divergence]") {
@@ -80,32 +97,17 @@ TEST_CASE("a NaN in forward before the climb keeps its error", "[rules][divergen
 
 TEST_CASE("a loss that went NaN during its climb, short of a thousandfold, is not a divergence", "[rules][divergence]") {
   // A learning rate that overflows fp16 while the loss has grown 40x: between the NaN losses
-  // one step at a lowered scale is finite and 1000x the start. The loss did not diverge
+  // one step at a lowered scale is finite and 1000x the start. The loss did not grow
   // "while finite": it went NaN first.
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  for (double loss : {2.0, 2.1, 1.9, 2.0, 2.2, 30.0, 80.0}) f.activation("enc", false).step(65536, 65536, 1000, {}, loss);
-  double scale = 65536;
-  for (int i = 0; i < 4; ++i, scale /= 2) f.activation("enc", true).step(scale, scale / 2, 1000, {"head.weight"}, kNaN);
-  f.activation("enc", false).step(scale, scale, 1000, {}, 2500.0);
-  for (int i = 0; i < 6; ++i, scale /= 2) f.activation("enc", true).step(scale, scale / 2, 1000, {"head.weight"}, kNaN);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  CHECK(find(r, "loss-divergence") == nullptr);
-  const Finding* fwd = find(r, "forward-nonfinite");
-  REQUIRE(fwd != nullptr);
-  CHECK(fwd->severity == Severity::kError);
+  check_not_a_divergence(losses_run(dir, {2.0, 2.1, 1.9, 2.0, 2.2, 30.0, 80.0, kNaN, kNaN, kNaN, kNaN, 2500.0, kNaN,
+                                           kNaN, kNaN, kNaN, kNaN, kNaN}));
 }
 
 TEST_CASE("a climb that starts again after the loss came back down is still a divergence", "[rules][divergence]") {
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  for (double loss : {2.0, 2.1, 1.9, 2.0, 2.2, 40.0}) f.activation("enc", false).step(65536, 65536, 1000, {}, loss);
-  f.activation("enc", true).step(65536, 32768, 1000, {"head.weight"}, kNaN);
-  for (double loss : {2.1, 2.0, 30.0, 400.0, 5000.0, 60000.0}) f.activation("enc", false).step(32768, 32768, 1000, {}, loss);
-  for (int i = 0; i < 6; ++i) f.activation("enc", true).step(32768, 32768, 1000, {"head.weight"}, kNaN);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  const auto r = losses_run(dir, {2.0, 2.1, 1.9, 2.0, 2.2, 40.0, kNaN, 2.1, 2.0, 30.0, 400.0, 5000.0, 60000.0, kNaN,
+                                  kNaN, kNaN, kNaN, kNaN, kNaN});
   const Finding* div = find(r, "loss-divergence");
   REQUIRE(div != nullptr);
   CHECK(div->steps == std::vector<std::int64_t>{9});

@@ -42,6 +42,15 @@ bool offers(const Finding& f, const std::string& code) {
 
 bool offers_fp32_loss(const Finding& f) { return offers(f, ".float()"); }
 
+// The forward-nonfinite finding of nan_loss_run(code).
+Finding nan_loss_finding(const std::string& code) {
+  TempDir dir;
+  const Report r = nan_loss_run(dir, code);
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  return *fw;
+}
+
 // The ignore_index fix itself (the generic look mentions ignore_index as an example).
 bool offers_ignore_index(const Finding& f) { return offers(f, "ignore_index="); }
 
@@ -246,19 +255,12 @@ TEST_CASE("a float16 view of the model's output before .float() does not make th
           "[rules][loss-code]") {
   // F.cross_entropy(logits.reshape(-1, C).float(), y, ignore_index=-100) on a batch whose
   // every label is ignored: the loss computes in float32, so an FP32 loss cannot help.
-  TempDir dir;
-  const Report r = nan_loss_run(dir, "View:float16, ToCopy:float32, LogSoftmax:float32, NllLoss(mean of 0):float32");
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK(offers_ignore_index(*fw));
-  CHECK_FALSE(offers_fp32_loss(*fw));
-  CHECK_THAT(fw->suggestions.back().summary, Catch::Contains("computing it in FP32 will not help"));
+  const Finding fw = nan_loss_finding("View:float16, ToCopy:float32, LogSoftmax:float32, NllLoss(mean of 0):float32");
+  CHECK(offers_ignore_index(fw));
+  CHECK_FALSE(offers_fp32_loss(fw));
+  CHECK_THAT(fw.suggestions.back().summary, Catch::Contains("computing it in FP32 will not help"));
 }
 
 TEST_CASE("a cast of the model's output down to float16 keeps the FP32 loss on offer", "[rules][loss-code]") {
-  TempDir dir;
-  const Report r = nan_loss_run(dir, "ToCopy:float16, LogSoftmax:float32, NllLoss:float32");
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK(offers_fp32_loss(*fw));
+  CHECK(offers_fp32_loss(nan_loss_finding("ToCopy:float16, LogSoftmax:float32, NllLoss:float32")));
 }

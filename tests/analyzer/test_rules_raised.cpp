@@ -20,6 +20,13 @@ void raised_at_step_3(const std::string& path, const std::string& raised, bool s
   f.finish();
 }
 
+// `raised` before the first step ended: the run.db holds no step.
+void raised_before_step_0(const std::string& path, const std::string& raised) {
+  RunFixture f(path, kLayers);
+  f.event("training-raised", raised);
+  f.finish();
+}
+
 Report report_raised_at_step_3(const std::string& raised, bool scaler = true) {
   TempDir dir;
   raised_at_step_3(dir.file("run.db"), raised, scaler);
@@ -90,9 +97,7 @@ TEST_CASE("anomaly detection raising without a scaler is a warning that says to 
 TEST_CASE("a run that anomaly detection stopped before its first step under a scaler says what to do in its error",
           "[rules][raised]") {
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.event("training-raised", kAnomaly);
-  f.finish();
+  raised_before_step_0(dir.file("run.db"), kAnomaly);
   CHECK_THROWS_WITH(load_run(dir.file("run.db")),
                     Catch::Contains("returned nan values in its 0th output. Turn anomaly detection off"));
 }
@@ -105,9 +110,7 @@ TEST_CASE("a training stopped with Ctrl-C is no finding", "[rules][raised]") {
 TEST_CASE("a run that clip_grad_norm_ stopped before its first step under a scaler says what to do in its error",
           "[rules][raised]") {
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.event("training-raised", kClipRefused);
-  f.finish();
+  raised_before_step_0(dir.file("run.db"), kClipRefused);
   CHECK_THROWS_WITH(load_run(dir.file("run.db")),
                     Catch::Contains("holds no steps: before its first step was recorded, the training raised "
                                     "RuntimeError: The total norm") &&

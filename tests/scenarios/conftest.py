@@ -40,6 +40,20 @@ def verdict(ampdiag):
     return _verdict
 
 
+@pytest.fixture()
+def healthy_through_skips(verdict):
+    """Asserts that the run at `db` skipped at least one step and is healthy (exit 0 under
+    --fail-on error); returns its report."""
+
+    def _check(db):
+        code, rep = verdict(db)
+        assert code == 0, rep["findings"]
+        assert rep["runs"][0]["skipped"] >= 1
+        return rep
+
+    return _check
+
+
 def rows(db, sql):
     with sqlite3.connect(db) as c:
         return c.execute(sql).fetchall()
