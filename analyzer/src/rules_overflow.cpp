@@ -81,6 +81,15 @@ void parameterless_between(const Run& run, const rundb::LayerRow& first, const r
   }
 }
 
+// The modules the run already ran in FP32 (the Python agent's event "pinned-fp32": pinned by
+// attach(pins=...) or by the user's own pin_fp32() before it).
+std::set<std::string> pinned_fp32(const Run& run) {
+  std::set<std::string> pinned;
+  for (const auto& e : run.events)
+    if (e.kind == "pinned-fp32") pinned.insert(e.detail);
+  return pinned;
+}
+
 // Module -> the modules whose output its first argument was, unchanged or viewed (the
 // agents' event "module-input-from", "USER: PRODUCER"): its backward sends that output its
 // gradient.
@@ -214,6 +223,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
   const bool half_loss = has_half_loss(run);
   const TiedUses tied = tied_uses(run);
   const InputsFrom given = inputs_from(run);
+  const std::set<std::string> pinned = pinned_fp32(run);
   for (std::size_t i = 0; i < run.steps.size(); ++i) {
     const StepSummary& s = run.steps[i];
     if (!s.row.skipped || s.nonfinite_layers.empty() || forward_failed(run, s)) continue;
@@ -414,13 +424,24 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     }
     if (harms && replay.outcome != "intrinsic") {  // nothing to fix when the scaler copes
       // Made after the module at every scale: its pin cannot help (the look at the backward above stays).
+      const bool was_pinned = pinned.count(module) > 0;
+      if (was_pinned)
+        f.evidence += "; " + module + " already ran in FP32 (pinned), so pinning it is no fix";
       if (entered && !at_any_scale) {
         // The gradient that code sends back is beyond fp16 all the way into the module: the
         // pin keeps it float32 there (and the code after it up to the next operation that
         // autocast runs in fp16), autocast off around the code keeps that operation's too.
         // A module after it sends that gradient from a backward that autocast runs in fp16
         // whatever its input's dtype: the module pinned alone still receives it overflowed.
-        if (!user.empty()) {
+        const std::size_t before_pins = f.suggestions.size();
+        if (was_pinned && !user.empty() && !pinned.count(user)) {
+          f.suggestions.push_back(suggest::pin_fp32(run, user));
+          f.suggestions.back().summary = "Run " + user + " in FP32 too: " + module + " is pinned and still receives "
+                                         "the overflowed gradient from " + user + "'s backward, which autocast runs "
+                                         "in fp16.";
+        } else if (was_pinned) {
+          // Pinned, it still receives them: only the code after it is left to run in FP32.
+        } else if (!user.empty()) {
           f.suggestions.push_back(suggest::pin_fp32_both(
               run, module, user,
               "(pinned: " + module + "'s output and the gradient it receives become float32, and so does " + user +
@@ -433,12 +454,13 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                                          "receives, become float32), so that the large gradient " + code_after +
                                          " sends back stays in FP32 on its way into it.";
         }
+        const bool after_a_pin = f.suggestions.size() > before_pins;
         f.suggestions.push_back(suggest::fp32_model_code(run, "that uses " + module + "'s output", ""));
         std::string& also = f.suggestions.back().summary;
         also[0] = 'r';  // "Run ..." continues the sentence
-        also = "Where that code runs a matmul or another operation that autocast puts in fp16 whatever its inputs, "
-               "also " + also;
-      } else if (!entered) {
+        also = "Where that code runs a matmul or another operation that autocast puts in fp16 whatever its inputs, " +
+               std::string(after_a_pin ? "also " : "") + also;
+      } else if (!entered && !was_pinned) {
         f.suggestions.push_back(suggest::fp32_at(run, module, row));
         if (at_any_scale && !too_large && replay.outcome != "finite")
           f.suggestions.back().summary = "If its true gradients are the ones beyond fp16: " + f.suggestions.back().summary;

@@ -8,10 +8,13 @@ namespace {
 // `skips` skipped steps halving the scale from 65536, dec's gradients finite and enc's the
 // first NaN/Inf ones each time; the event `seen` for enc at the third. Then `finite` steps.
 // `input_from`: events "module-input-from" ("dec: enc": dec's first argument was enc's output).
-Report entry_run(const std::string& seen, int skips, int finite = 0, const std::vector<std::string>& input_from = {}) {
+// `pinned`: modules the run already ran in FP32 (events "pinned-fp32").
+Report entry_run(const std::string& seen, int skips, int finite = 0, const std::vector<std::string>& input_from = {},
+                 const std::vector<std::string>& pinned = {}) {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"dec.weight", "enc.weight"});
   for (const auto& from : input_from) f.event("module-input-from", from);
+  for (const auto& path : pinned) f.event("pinned-fp32", path);
   double scale = 65536;
   for (int i = 0; i < skips; ++i, scale /= 2) {
     if (i == 2) f.event("module-output-gradient", "enc: " + seen);
@@ -72,6 +75,28 @@ TEST_CASE("the module after it is named through a module without parameters betw
                                          "before enc's, its own gradients finite; the model's own forward() after it"));
   REQUIRE_FALSE(o.suggestions.empty());
   CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run enc and dec in FP32"));
+}
+
+TEST_CASE("a module already pinned is not offered its pin again: the module that sends the gradient is",
+          "[rules][gradient-entry]") {
+  // The MixVAE with enc pinned as the first report said: dec's fp16 backward still hands it the Inf.
+  const Report r = entry_run("nonfinite", 12, 0, {"dec: enc"}, {"enc"});
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.evidence, Catch::EndsWith("; enc already ran in FP32 (pinned), so pinning it is no fix"));
+  REQUIRE(o.suggestions.size() == 3);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run dec in FP32 too: enc is pinned and still receives"));
+  CHECK_THAT(o.suggestions[0].python, Catch::StartsWith("ampdiag.pin_fp32(model.dec)"));
+}
+
+TEST_CASE("a module already pinned with no module after it to pin is left the model's own code to run in FP32",
+          "[rules][gradient-entry]") {
+  const Report r = entry_run("nonfinite", 12, 0, {}, {"enc"});
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE(o.suggestions.size() == 2);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Where that code runs a matmul or another operation that "
+                                                         "autocast puts in fp16 whatever its inputs, run the model's "
+                                                         "own code that uses enc's output in FP32"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::Contains("bfloat16"));
 }
 
 TEST_CASE("a module whose backward ran just before but was given another module's output is not named",

@@ -339,6 +339,16 @@ def test_pins_run_a_module_in_fp32_while_attached(tmp_path):
         assert model.b(torch.randn(2, 32)).dtype == torch.float16  # unpinned at close
 
 
+def test_modules_pinned_by_pins_or_by_the_user_before_attach_are_recorded(tmp_path):
+    # The analyzer offers no pin the run already had.
+    def attach(model, scaler, opt):
+        ampdiag.pin_fp32(model.a)
+        return ampdiag.attach(model, scaler, db=tmp_path / "run.db", pins=["b"])
+
+    train(2, attach)
+    assert sorted(rows(tmp_path / "run.db", "SELECT detail FROM events WHERE kind = 'pinned-fp32'")) == [("a",), ("b",)]
+
+
 def test_pin_fp32_casts_inputs_and_disables_autocast():
     layer = ampdiag.pin_fp32(nn.Linear(4, 4))
     with torch.autocast("cpu", dtype=torch.float16):

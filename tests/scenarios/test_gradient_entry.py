@@ -124,6 +124,10 @@ def test_the_module_the_inf_reaches_pinned_alone_still_collapses_the_scale(tmp_p
     code, rep = verdict(db)
     assert code == 1
     assert any(f["rule"] == "scale-collapse" for f in rep["findings"])
+    # The report knows enc.2 ran pinned: it offers mix's pin, not enc.2's again.
+    fixes = [s["python"] for f in rep["findings"] for s in f["suggestions"]]
+    assert not any("pin_fp32(model.enc[2])" in fix for fix in fixes)
+    assert any(fix.startswith("ampdiag.pin_fp32(model.mix)") for fix in fixes)
 
 
 def test_both_modules_pinned_as_the_report_gives_keep_the_scale_up(tmp_path, verdict):

@@ -17,7 +17,7 @@ import weakref
 import torch
 
 from . import _ampdiag, _loss, _other_scaler, _outside_scaler, _rank, _replaced_optimizer
-from ._pin import pin_fp32, unpin_fp32
+from ._pin import is_pinned, pin_fp32, unpin_fp32
 from ._profile import ProfileRanges
 from ._amp_dtype import learn_amp_dtype
 from ._autopin import AutoPinner
@@ -194,6 +194,10 @@ class AttachHandle:
                     raise ValueError(f"pins: the model has no module {path!r}") from None
                 pin_fp32(module)
                 self._pinned.append(module)
+            for path, module in root.named_modules():
+                if path and is_pinned(module):  # by `pins`, or by the user's own pin_fp32() before attach()
+                    # The analyzer offers no pin that the run already had.
+                    self._event("pinned-fp32", path)
             if scaler is not None:
                 wrap_scaler(self, scaler)
                 _loss.watch_grad(self)

@@ -42,6 +42,11 @@ def pin_fp32(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
+def is_pinned(module: torch.nn.Module) -> bool:
+    """Whether pin_fp32() pinned `module`."""
+    return hasattr(module, _PINNED)
+
+
 def unpin_fp32(module: torch.nn.Module) -> torch.nn.Module:
     """Undoes pin_fp32()."""
     original = getattr(module, _PINNED, None)
