@@ -210,6 +210,11 @@ NonfiniteInput nonfinite_input_at(const Run& run, const std::vector<std::int64_t
     in.op = e.detail.substr(0, std::min(space, colon));
     in.argument = space < colon && colon != std::string::npos ? e.detail.substr(space + 1, colon - space - 1) : "input";
     in.counts = colon == std::string::npos ? "" : e.detail.substr(colon + 2);
+    in.dtype.clear();
+    if (const std::size_t comma = in.counts.rfind(", "); comma != std::string::npos && in.counts.rfind(" values") < comma) {
+      in.dtype = in.counts.substr(comma + 2);
+      in.counts.erase(comma);
+    }
   }
   return in;
 }

@@ -45,12 +45,14 @@ std::vector<Op> parse(const std::string& detail);
 Code at_steps(const Run& run, const std::vector<std::int64_t>& steps, const std::string& kind = "loss-code");
 
 // A tensor the loss code was given that held NaN/Inf before backward (event
-// "loss-input-nonfinite", "MseLoss target: 1 NaN, 0 Inf of 32 values"): a target, a mask,
-// another model's output, nothing this model's modules or the loss code made.
+// "loss-input-nonfinite", "MseLoss target: 1 NaN, 0 Inf of 32 values, float32"; older runs
+// without the dtype): a target, a mask, another model's output, nothing this model's modules
+// or the loss code made.
 struct NonfiniteInput {
   std::int64_t step = -1;   // the first step it was seen in; -1: none
   std::string op, argument; // "MseLoss", "target"
   std::string counts;       // "1 NaN, 0 Inf of 32 values"
+  std::string dtype;        // "float16"; empty where the run did not say
   std::int64_t seen = 0;    // steps of `steps` it was seen in
   std::int64_t looked = 0;  // steps of `steps` whose loss code was read
 };

@@ -99,21 +99,43 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
   // A target (or another model's output) the loss was given already held NaN/Inf.
   if (const loss_code::NonfiniteInput in = loss_code::nonfinite_input_at(run, steps); in.seen > 0) {
     const std::string what = in.op + "'s " + in.argument;
+    // A half-precision one may be fp16's after all: made under autocast outside the model
+    // (advantages normalised by std + 1e-8, whose 1e-8 is 0 in fp16).
+    const bool half = in.dtype == "float16" || in.dtype == "bfloat16";
     if (in.seen == in.looked)
-      f.title = "The loss is NaN/Inf because " + what + " already held NaN/Inf: not the model, the loss code or fp16";
+      f.title = "The loss is NaN/Inf because " + what + " already held NaN/Inf" +
+                (half ? ", a " + in.dtype + " tensor made outside the model: not the model or the loss code"
+                      : ": not the model, the loss code or fp16");
     f.evidence += "; before backward, the " + in.argument + " given to " + in.op + " held NaN/Inf in " +
                   std::to_string(in.seen) + " of the " + plural(in.looked, "step") + " whose loss code was read (step " +
-                  std::to_string(in.step) + ": " + in.counts + ")";
+                  std::to_string(in.step) + ": " + in.counts + (in.dtype.empty() ? "" : ", " + in.dtype) + ")";
     f.blame = what;
     f.suggestions.insert(
         f.suggestions.begin(),
         {"Find where " + what + " gets NaN/Inf before the loss: a missing value in the dataset (drop or mask such "
              "samples), or another model's output (a teacher, an encoder run under no_grad) that went NaN/Inf; "
-             "pinning this model's modules or computing the loss in FP32 cannot help.",
+             "pinning this model's modules" + std::string(half ? "" : " or computing the loss in FP32") +
+             " cannot help.",
          "keep = torch.isfinite(y).all(-1)  # or fix the data: assert torch.isfinite(y).all()\n"
          "loss = loss_fn(out[keep], y[keep])",
          "auto keep = torch::isfinite(y).all(-1);\nauto loss = loss_fn(out.index({keep}), y.index({keep}));", ""});
-    if (in.seen == in.looked) f.suggestions.resize(1);  // nothing else is to blame
+    if (half) {
+      const std::string device = suggest::device_type(run);
+      f.suggestions.insert(
+          f.suggestions.begin(),
+          {what + " was " + in.dtype + ": where the loop computes it under autocast, compute it in FP32 (.float() "
+               "first, autocast off around it). In " + in.dtype + " an epsilon such as 1e-8 is 0, so (x - mean) / "
+               "(std + 1e-8) is 0/0 = NaN when every value is equal, and a sum or square above 65504 is Inf.",
+           "with torch.autocast(device_type=\"" + device + "\", enabled=False):\n"
+           "    adv = adv.float()\n"
+           "    adv = (adv - adv.mean()) / (adv.std() + 1e-8)  # e.g. advantages: 1e-8 is 0 in float16",
+           "at::autocast::set_autocast_enabled(at::k" + std::string(device == "cuda" ? "CUDA" : "CPU") + ", false);\n"
+           "adv = adv.to(torch::kFloat);\n"
+           "adv = (adv - adv.mean()) / (adv.std() + 1e-8);  // e.g. advantages: 1e-8 is 0 in float16\n"
+           "at::autocast::set_autocast_enabled(at::k" + std::string(device == "cuda" ? "CUDA" : "CPU") + ", true);",
+           ""});
+    }
+    if (in.seen == in.looked) f.suggestions.resize(half ? 2 : 1);  // nothing else is to blame
   }
   return f;
 }

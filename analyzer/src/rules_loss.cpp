@@ -47,8 +47,11 @@ void loss_backward(const Run& run, std::vector<Finding>& out) {
   double lowest = INFINITY;
   Finding f;
   std::vector<std::int64_t> steps;
+  const bool half_loss = has_half_loss(run);
   for (const auto& s : run.steps) {
     if (step_cause(run, s).forward != ForwardSource::kLossBackward) continue;
+    // A float16 loss's gradient is the scale itself, Inf in fp16 above 65504: half-loss says so.
+    if (half_loss && half_loss_skip(s)) continue;
     if (n++ < 20) f.steps.push_back(s.row.step);
     steps.push_back(s.row.step);
     hurt += s.row.skipped || s.gradients_nonfinite();

@@ -198,6 +198,30 @@ TEST_CASE("a loss whose target held NaN before backward is the data's, with the 
   CHECK_THAT(fw->suggestions.front().python, Catch::Contains("keep = torch.isfinite(y)"));
 }
 
+TEST_CASE("a float16 tensor the loss was given that held NaN is not cleared of fp16: its FP32 fix leads",
+          "[rules][loss-code]") {
+  // PPO's advantages normalised under autocast: (x - mean) / (std + 1e-8) with 1e-8 = 0 in fp16.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.activation("enc", false).step(65536, 65536);
+  f.event("loss-code", "LogSoftmax:float16, Gather:float16, Sub:float32, Exp:float32, Mul:float32, Mean:float32")
+      .event("loss-input-nonfinite", "Mul other: 64 NaN, 0 Inf of 64 values, float16")
+      .activation("enc", false)
+      .step(65536, 32768, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->title == "The loss is NaN/Inf because Mul's other already held NaN/Inf, a float16 tensor made outside the "
+                     "model: not the model or the loss code");
+  CHECK_THAT(fw->evidence, Catch::EndsWith("(step 1: 64 NaN, 0 Inf of 64 values, float16)"));
+  REQUIRE(fw->suggestions.size() == 2);
+  CHECK_THAT(fw->suggestions[0].summary, Catch::StartsWith("Mul's other was float16: where the loop computes it under "
+                                                           "autocast, compute it in FP32"));
+  CHECK_THAT(fw->suggestions[1].summary, Catch::StartsWith("Find where Mul's other gets NaN/Inf") &&
+                                             !Catch::Contains("computing the loss in FP32"));
+}
+
 TEST_CASE("a target held NaN in some of the steps looked at: its fix leads and the loss code's stay", "[rules][loss-code]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);

@@ -227,6 +227,22 @@ TEST_CASE("a float16 loss is a warning that says the scale cannot pass 65504", "
   CHECK_THAT(h->suggestions.front().python, Catch::Contains(".float()"));
 }
 
+TEST_CASE("a float16 loss's Inf gradient at a scale above 65504 is half-loss's, not the loss's backward", "[rules]") {
+  // Its gradient is the scale itself in fp16: Inf at 65536, whatever the loss code.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("half-loss", "scaler.scale() received a float16 loss")
+      .event("output-gradient-nonfinite", "float16 [64, 4]: 64 NaN, 192 Inf of 256 values")
+      .activation("enc", false)
+      .step(65536, 32768, 1000, {"head.weight"});
+  for (int i = 0; i < 4; ++i) f.activation("enc", false).step(32768, 32768);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "loss-backward") == nullptr);
+  REQUIRE(find(r, "half-loss") != nullptr);
+  CHECK_FALSE(Gate("error").fails(r));
+}
+
 TEST_CASE("a run without a float16 loss has no half-loss finding", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);

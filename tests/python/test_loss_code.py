@@ -193,12 +193,12 @@ def test_a_healthy_run_reads_no_loss_code(tmp_path):
     assert loss_code_events(db) == []
 
 
-def test_a_nan_target_the_loss_saved_is_named_with_its_counts():
+def test_a_nan_target_the_loss_saved_is_named_with_its_counts_and_dtype():
     out = torch.randn(4, 1, requires_grad=True) * 1
     target = torch.ones(4, 1)
     target[2] = float("nan")
     loss = nn.functional.mse_loss(out, target)
-    assert nonfinite_constants(path_nodes([loss.grad_fn], [out.grad_fn])) == "MseLoss target: 1 NaN, 0 Inf of 4 values"
+    assert nonfinite_constants(path_nodes([loss.grad_fn], [out.grad_fn])) == "MseLoss target: 1 NaN, 0 Inf of 4 values, float32"
 
 
 def test_nan_the_model_made_is_no_constant_of_the_loss_code():
@@ -227,7 +227,7 @@ def test_the_agent_names_a_nan_regression_target_before_backward(tmp_path):
     train(db, loss_of, steps=3)
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT step, detail FROM events WHERE kind = 'loss-input-nonfinite'").fetchall() == \
-            [(1, "MseLoss target: 1 NaN, 0 Inf of 24 values")]
+            [(1, "MseLoss target: 1 NaN, 0 Inf of 24 values, float32")]
 
 
 def test_an_operations_own_saved_results_are_not_what_it_was_given():

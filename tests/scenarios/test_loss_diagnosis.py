@@ -1,4 +1,5 @@
-"""NaN/Inf that is not fp16's doing in a module: made in the loss the user computes, or
+"""NaN/Inf that is not fp16's doing in a module: made in the loss the user computes (or in a
+float16 tensor the loop computes for it outside the model), or
 already in the batch. Named as such, never blamed on the layer nearest to it or on the
 model's own code."""
 import csv
@@ -592,3 +593,30 @@ def test_a_loss_the_model_computes_in_its_forward_has_its_code_read_between_the_
     top = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
     assert "ToCopy, Softmax, Mul, Gather, Log, Mean, Neg (all float32)" in top["evidence"]
     assert "clamp_min(1e-12).log()" in top["suggestions"][0]["python"]
+
+
+def test_advantages_normalised_in_float16_outside_the_model_are_named_with_the_fp32_fix(tmp_path, verdict):
+    # A policy-gradient loss whose advantages are normalised under autocast: (a - mean) /
+    # (std + 1e-8) with 1e-8 = 0 in fp16 is 0/0 = NaN when every return of the batch is equal.
+    # The NaN is a constant the loss was given, but fp16's: the report must not clear fp16.
+    db = tmp_path / "ppo.db"
+    torch.manual_seed(0)
+
+    def loss_of(step, model):
+        obs, actions, returns = torch.randn(64, 16), torch.randint(0, 4, (64,)), torch.randn(64)
+        if step % 8 == 5:
+            returns = torch.ones(64)
+        with torch.autocast("cpu", dtype=torch.float16):
+            adv = returns.half()
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            logp = model(obs).log_softmax(-1).gather(1, actions[:, None]).squeeze(1)
+            ratio = (logp - logp.detach()).exp()
+            return -(ratio * adv).mean()
+
+    train(db, nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 4)), 16, loss_of)
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["rule"]) == (1, "forward-nonfinite")
+    assert first["title"].endswith("a float16 tensor made outside the model: not the model or the loss code")
+    assert first["suggestions"][0]["summary"].startswith("Mul's other was float16: where the loop computes it under "
+                                                         "autocast, compute it in FP32")

@@ -115,7 +115,7 @@ def loss_code(nodes) -> "str | None":
 
 
 def nonfinite_constants(nodes) -> "str | None":
-    """'MseLoss target: 1 NaN, 0 Inf of 32 values' for the first tensor an operation of the
+    """'MseLoss target: 1 NaN, 0 Inf of 32 values, float32' for the first tensor an operation of the
     loss code saved that holds NaN/Inf and that nothing differentiable made (a target, a
     mask, another model's output under no_grad): a NaN/Inf loss then comes from what the
     loss was given, not from its code. Only before backward, which frees saved tensors."""
@@ -131,5 +131,7 @@ def nonfinite_constants(nodes) -> "str | None":
                     and value.numel() <= _MAX_CHECKED):
                 nan, inf = int(torch.isnan(value).sum()), int(torch.isinf(value).sum())
                 if nan or inf:
-                    return f"{_name(node)} {attr[len('_saved_'):]}: {nan} NaN, {inf} Inf of {value.numel()} values"
+                    # Its dtype: a float16 one may have been made so under autocast (an epsilon fp16 cannot hold).
+                    dtype = str(value.dtype).replace("torch.", "")
+                    return f"{_name(node)} {attr[len('_saved_'):]}: {nan} NaN, {inf} Inf of {value.numel()} values, {dtype}"
     return None
