@@ -42,6 +42,21 @@ bool offers(const Finding& f, const std::string& code) {
 
 bool offers_fp32_loss(const Finding& f) { return offers(f, ".float()"); }
 
+// The forward-nonfinite finding of a run whose loss went NaN at step 1, the agent having read
+// the loss code `code` and the tensor it was given `given` (event loss-input-nonfinite) then.
+Finding given_nonfinite_finding(const std::string& code, const std::string& given) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.activation("enc", false).step(65536, 65536);
+  f.event("loss-code", code).event("loss-input-nonfinite", given).activation("enc", false).step(
+      65536, 32768, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  return *fw;
+}
+
 // The forward-nonfinite finding of nan_loss_run(code).
 Finding nan_loss_finding(const std::string& code) {
   TempDir dir;
@@ -180,46 +195,28 @@ TEST_CASE("a loss code with unreadable items still names what it can", "[rules][
 }
 
 TEST_CASE("a loss whose target held NaN before backward is the data's, with the masking fix alone", "[rules][loss-code]") {
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.activation("enc", false).step(65536, 65536);
-  f.event("loss-code", "ToCopy:float32, MseLoss:float32")
-      .event("loss-input-nonfinite", "MseLoss target: 1 NaN, 0 Inf of 32 values")
-      .activation("enc", false)
-      .step(65536, 32768, 1000, {"head.weight"}, kNaN);
-  f.finish();
-  const Report r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK(fw->title == "The loss is NaN/Inf because MseLoss's target already held NaN/Inf: not the model, the loss code or fp16");
-  CHECK_THAT(fw->evidence, Catch::EndsWith("held NaN/Inf in 1 of the 1 step whose loss code was read (step 1: 1 NaN, 0 "
-                                           "Inf of 32 values)"));
-  REQUIRE(fw->suggestions.size() == 1);
-  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("keep = torch.isfinite(y)"));
+  const Finding f = given_nonfinite_finding("ToCopy:float32, MseLoss:float32", "MseLoss target: 1 NaN, 0 Inf of 32 values");
+  CHECK(f.title == "The loss is NaN/Inf because MseLoss's target already held NaN/Inf: not the model, the loss code or fp16");
+  CHECK_THAT(f.evidence, Catch::EndsWith("held NaN/Inf in 1 of the 1 step whose loss code was read (step 1: 1 NaN, 0 "
+                                          "Inf of 32 values)"));
+  REQUIRE(f.suggestions.size() == 1);
+  CHECK_THAT(f.suggestions.front().python, Catch::Contains("keep = torch.isfinite(y)"));
 }
 
 TEST_CASE("a float16 tensor the loss was given that held NaN is not cleared of fp16: its FP32 fix leads",
           "[rules][loss-code]") {
   // PPO's advantages normalised under autocast: (x - mean) / (std + 1e-8) with 1e-8 = 0 in fp16.
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.activation("enc", false).step(65536, 65536);
-  f.event("loss-code", "LogSoftmax:float16, Gather:float16, Sub:float32, Exp:float32, Mul:float32, Mean:float32")
-      .event("loss-input-nonfinite", "Mul other: 64 NaN, 0 Inf of 64 values, float16")
-      .activation("enc", false)
-      .step(65536, 32768, 1000, {"head.weight"}, kNaN);
-  f.finish();
-  const Report r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK(fw->title == "The loss is NaN/Inf because Mul's other already held NaN/Inf, a float16 tensor made outside the "
-                     "model: not the model or the loss code");
-  CHECK_THAT(fw->evidence, Catch::EndsWith("(step 1: 64 NaN, 0 Inf of 64 values, float16)"));
-  REQUIRE(fw->suggestions.size() == 2);
-  CHECK_THAT(fw->suggestions[0].summary, Catch::StartsWith("Mul's other was float16: where the loop computes it under "
-                                                           "autocast, compute it in FP32"));
-  CHECK_THAT(fw->suggestions[1].summary, Catch::StartsWith("Find where Mul's other gets NaN/Inf") &&
-                                             !Catch::Contains("computing the loss in FP32"));
+  const Finding f = given_nonfinite_finding(
+      "LogSoftmax:float16, Gather:float16, Sub:float32, Exp:float32, Mul:float32, Mean:float32",
+      "Mul other: 64 NaN, 0 Inf of 64 values, float16");
+  CHECK(f.title == "The loss is NaN/Inf because Mul's other already held NaN/Inf, a float16 tensor made outside the "
+                   "model: not the model or the loss code");
+  CHECK_THAT(f.evidence, Catch::EndsWith("(step 1: 64 NaN, 0 Inf of 64 values, float16)"));
+  REQUIRE(f.suggestions.size() == 2);
+  CHECK_THAT(f.suggestions[0].summary, Catch::StartsWith("Mul's other was float16: where the loop computes it under "
+                                                         "autocast, compute it in FP32"));
+  CHECK_THAT(f.suggestions[1].summary, Catch::StartsWith("Find where Mul's other gets NaN/Inf") &&
+                                           !Catch::Contains("computing the loss in FP32"));
 }
 
 TEST_CASE("a target held NaN in some of the steps looked at: its fix leads and the loss code's stay", "[rules][loss-code]") {
