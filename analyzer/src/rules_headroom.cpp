@@ -108,8 +108,13 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
     f.title = layer.info.name + " runs within " + std::to_string(int(t.headroom_bits)) + " bit(s) of the largest fp value";
     f.evidence = "scaled abs-max within " + std::to_string(int(t.headroom_bits)) + " bit(s) of " +
                  std::to_string(std::lround(run.fp_max)) + " in " + std::to_string(low) + " of " + std::to_string(finite) +
-                 " sampled steps (least headroom " + least_text + " bits), mostly while the loss scale was below its initial " +
-                 std::to_string(std::lround(init));
+                 " sampled steps (least headroom " + least_text + " bits" +
+                 // Negative: finite above the top, which no single fp16 tensor can be.
+                 (least < 0.0 ? ": above " + std::to_string(std::lround(run.fp_max)) +
+                                    ", as only a sum of gradients each within it can be (the step's micro-batches, or a "
+                                    "tied parameter's uses)"
+                              : std::string()) +
+                 "), mostly while the loss scale was below its initial " + std::to_string(std::lround(init));
     f.steps.push_back(first);
     if (underflow_layer.empty()) {
       f.severity = Severity::kInfo;

@@ -68,10 +68,14 @@ Report embedding_near_top(double emb_factor, bool tied) {
   return report_of(dir.file("run.db"));
 }
 
-bool headroom_for(const Report& r, const std::string& layer) {
-  return std::any_of(r.findings.begin(), r.findings.end(),
-                     [&](const Finding& f) { return f.rule == "low-headroom" && f.layer == layer; });
+// `layer`'s low-headroom finding in `r`, or null.
+const Finding* headroom_of(const Report& r, const std::string& layer) {
+  const auto f = std::find_if(r.findings.begin(), r.findings.end(),
+                              [&](const Finding& g) { return g.rule == "low-headroom" && g.layer == layer; });
+  return f == r.findings.end() ? nullptr : &*f;
 }
+
+bool headroom_for(const Report& r, const std::string& layer) { return headroom_of(r, layer) != nullptr; }
 
 }  // namespace
 
@@ -120,4 +124,16 @@ TEST_CASE("an untied gradient finite beyond fp16's top in a one-batch step is an
 TEST_CASE("a gradient beyond fp16's top within what its micro-batches sum to keeps low-headroom", "[rules]") {
   // Four micro-batches' fp16 gradients, each within range, add up past 65504.
   CHECK(headroom_for(norm_beyond_top(2.4, 4), "norm.weight"));
+}
+
+TEST_CASE("a negative headroom says the gradient was above fp16's top, as only a sum can be", "[rules]") {
+  // "least headroom -1.26 bits" alone read as a contradiction of "within 1 bit(s)".
+  const Report r = norm_beyond_top(2.4, 4);
+  const Finding* norm = headroom_of(r, "norm.weight");
+  REQUIRE(norm != nullptr);
+  CHECK_THAT(norm->evidence, Catch::Contains("bits: above 65504, as only a sum of gradients each within it can be (the "
+                                             "step's micro-batches, or a tied parameter's uses))"));
+  const Finding* a = headroom_of(r, "a.weight");
+  REQUIRE(a != nullptr);
+  CHECK_THAT(a->evidence, !Catch::Contains("as only a sum"));
 }
