@@ -40,6 +40,20 @@ std::string group_settings(const torch::optim::OptimizerOptions& o) {
   return setting("lr", o.get_lr());
 }
 
+constexpr double kLrMoved = 2.0;  // how far the learning rate must move to be recorded again
+
+// The first group's learning rate; NaN without groups.
+double first_lr(const torch::optim::Optimizer& optimizer) {
+  const auto& groups = optimizer.param_groups();
+  return groups.empty() ? std::numeric_limits<double>::quiet_NaN() : groups.front().options().get_lr();
+}
+
+// Whether it moved kLrMoved times or more since `said` (from 0, any rise).
+bool lr_moved(double said, double now) {
+  if (!std::isfinite(said) || !std::isfinite(now)) return false;
+  return said > 0.0 ? now >= said * kLrMoved || now * kLrMoved <= said : now > 0.0;
+}
+
 }  // namespace
 
 std::string optimizer_settings(const torch::optim::Optimizer& optimizer) {
@@ -53,16 +67,6 @@ std::string optimizer_settings(const torch::optim::Optimizer& optimizer) {
 
 void WeightNorms::add(std::int64_t layer, const at::Tensor& param) {
   if (param.is_floating_point() && param.device().is_cpu() && !param.is_sparse()) params_.emplace_back(layer, param);
-}
-
-double first_lr(const torch::optim::Optimizer& optimizer) {
-  const auto& groups = optimizer.param_groups();
-  return groups.empty() ? std::numeric_limits<double>::quiet_NaN() : groups.front().options().get_lr();
-}
-
-bool lr_moved(double said, double now) {
-  if (!std::isfinite(said) || !std::isfinite(now)) return false;
-  return said > 0.0 ? now >= said * kLrMoved || now * kLrMoved <= said : now > 0.0;
 }
 
 void WeightNorms::optimizer_starting(const torch::optim::Optimizer& optimizer) {

@@ -1,7 +1,7 @@
 // The C++ agent's weight sampler, as the Python agent's _weights.py: the host parameters'
 // L2 norms and abs-max on the session core's schedule (weight_schedule.h), and each
 // optimizer's settings (event "optimizer-settings": once, then again on the schedule's steps
-// where a scheduler moved the first group's lr kLrMoved times or more): what rule
+// where a scheduler moved the first group's lr 2x or more): what rule
 // weight-growth reads to tell "the learning rate grew the weights out of fp16's range" from
 // "this module overflows".
 #pragma once
@@ -26,11 +26,6 @@ class Session;
 
 // "AdamW lr=0.3 weight_decay=0.01", as the Python agent words a torch.optim optimizer.
 std::string optimizer_settings(const torch::optim::Optimizer& optimizer);
-// The first group's learning rate (NaN without groups), and whether it moved enough since
-// `said` to be recorded again (from 0, any rise).
-constexpr double kLrMoved = 2.0;
-double first_lr(const torch::optim::Optimizer& optimizer);
-bool lr_moved(double said, double now);
 
 class WeightNorms {
  public:

@@ -59,10 +59,6 @@ bool forward_failed(const Run& run, const StepSummary& s) {
   return step_cause(run, s).forward != ForwardSource::kNone || run.loss_nonfinite(s.row);
 }
 
-// Probed modules holding no parameter that finished their forward after `first`'s module
-// and before `last_finite`'s (module ids are given as modules first finish, in forward
-// order): a gradient going from one layer to the other in backward passes through their
-// backward too. At most a few, by path.
 // Whether the module at `path`, or one inside it, holds a recorded parameter.
 bool holds_parameters(const Run& run, const std::string& path) {
   return std::any_of(run.layers.begin(), run.layers.end(), [&](const LayerSummary& l) {
@@ -70,6 +66,10 @@ bool holds_parameters(const Run& run, const std::string& path) {
   });
 }
 
+// Probed modules holding no parameter that finished their forward after `first`'s module
+// and before `last_finite`'s (module ids are given as modules first finish, in forward
+// order): a gradient going from one layer to the other in backward passes through their
+// backward too. At most a few, by path.
 void parameterless_between(const Run& run, const rundb::LayerRow& first, const rundb::LayerRow& last_finite,
                            std::set<std::string>& out) {
   const ModuleSummary* from = run.module_named(first.module_path);
@@ -434,13 +434,15 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         // A module after it sends that gradient from a backward that autocast runs in fp16
         // whatever its input's dtype: the module pinned alone still receives it overflowed.
         const std::size_t before_pins = f.suggestions.size();
-        if (was_pinned && !user.empty() && !pinned.count(user)) {
-          f.suggestions.push_back(suggest::pin_fp32(run, user));
-          f.suggestions.back().summary = "Run " + user + " in FP32 too: " + module + " is pinned and still receives "
-                                         "the overflowed gradient from " + user + "'s backward, which autocast runs "
-                                         "in fp16.";
-        } else if (was_pinned) {
-          // Pinned, it still receives them: only the code after it is left to run in FP32.
+        if (was_pinned) {
+          // Pinned, it still receives them: only the module that sends them, if any, and the
+          // code after it are left to run in FP32.
+          if (!user.empty() && !pinned.count(user)) {
+            f.suggestions.push_back(suggest::pin_fp32(run, user));
+            f.suggestions.back().summary = "Run " + user + " in FP32 too: " + module + " is pinned and still receives "
+                                           "the overflowed gradient from " + user + "'s backward, which autocast runs "
+                                           "in fp16.";
+          }
         } else if (!user.empty()) {
           f.suggestions.push_back(suggest::pin_fp32_both(
               run, module, user,
