@@ -11,6 +11,7 @@
 #include <exception>
 #include <limits>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
@@ -212,6 +213,9 @@ Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions opt
   meta.scaler_backoff_factor = scaler.get_backoff_factor();
   meta.scaler_growth_interval = scaler.get_growth_interval();
   session_.write_meta(meta);
+  // The analyzer offers no pin that the run already had (set: each path once).
+  for (const auto& path : std::set<std::string>(options_.pinned_fp32.begin(), options_.pinned_fp32.end()))
+    session_.event("pinned-fp32", path);
   scaler.set_observer(this);
 }
 

@@ -62,6 +62,10 @@ SessionOptions session_options(const AgentOptions& o) {
   if (!o.amp_dtype.empty() && o.amp_dtype != "float16" && o.amp_dtype != "bfloat16")
     throw std::invalid_argument("AgentOptions.amp_dtype must be \"float16\", \"bfloat16\" or empty (float16, or what "
                                 "autocast runs in at the first probe), not \"" + o.amp_dtype + "\"");
+  for (const auto& path : o.pinned_fp32)
+    if (path.empty())
+      throw std::invalid_argument("AgentOptions.pinned_fp32 holds an empty module path; give the paths the loop "
+                                  "passes to probe() and forward() for the modules it runs in FP32");
   SessionOptions s;
   s.overwrite = o.overwrite;
   s.histogram = o.histogram;

@@ -104,6 +104,7 @@ AgentOptions agent_options(const SampleArgs& args) {
   o.overwrite = true;
   o.every = args.every;
   o.histogram = args.histogram;
+  o.pinned_fp32 = args.pins;
   return o;
 }
 

@@ -198,3 +198,27 @@ TEST_CASE("a module making -inf from finite inputs is replayed as intrinsic and 
   REQUIRE(replays[0].outcome == "intrinsic");
   REQUIRE(events_of(dir.file("run.db"), "autopin").empty());
 }
+
+TEST_CASE("the modules the loop runs in FP32 (AgentOptions::pinned_fp32) are one pinned-fp32 event each",
+          "[agent][replay]") {
+  TempDir dir;
+  auto net = std::make_shared<NetImpl<Scores>>(1.0);
+  GradScaler scaler;
+  AgentOptions o = options(dir.file("run.db"), 0);
+  o.pinned_fp32 = {"scores", "head", "scores"};
+  Agent(*net, scaler, o).close();
+  std::vector<std::string> pinned;
+  for (const auto& e : events_of(dir.file("run.db"), "pinned-fp32")) pinned.push_back(e.detail);
+  REQUIRE(pinned == std::vector<std::string>({"head", "scores"}));
+}
+
+TEST_CASE("an empty path in AgentOptions::pinned_fp32 is refused before anything is attached", "[agent][replay]") {
+  TempDir dir;
+  auto net = std::make_shared<NetImpl<Scores>>(1.0);
+  GradScaler scaler;
+  AgentOptions o = options(dir.file("run.db"), 0);
+  o.pinned_fp32 = {"scores", ""};
+  REQUIRE_THROWS_WITH(Agent(*net, scaler, o), Catch::Contains("pinned_fp32 holds an empty module path"));
+  REQUIRE(scaler.observer() == nullptr);
+  REQUIRE_FALSE(std::filesystem::exists(dir.file("run.db")));
+}

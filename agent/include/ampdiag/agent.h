@@ -67,6 +67,11 @@ struct AgentOptions {
   // its output compared with the half-precision one (rule precision-loss), within this share
   // of the training's wall time; 0: none.
   double precision_budget = 0.005;
+  // The modules the loop already runs in FP32 (Fp32Pins::paths(), as a sample's --pin-fp32
+  // gives them): event "pinned-fp32" each, so that the report offers no pin the run has,
+  // and where such a module still receives an overflowed gradient it names the module that
+  // sends it instead. The paths are the ones the loop gives probe() and forward().
+  std::vector<std::string> pinned_fp32;
 };
 
 struct AgentStatus {
