@@ -192,3 +192,47 @@ TEST_CASE("a half model's refusal by the C++ GradScaler, caught and recorded, is
                                     "gradients") &&
                         Catch::Contains("keep the parameters in float32"));
 }
+
+TEST_CASE("anomaly detection raising on the scaler's first overflow, caught and recorded, says to turn it off",
+          "[agent][raised]") {
+  TempDir dir;
+  torch::manual_seed(0);
+  TinyNet net;
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
+  GradScalerOptions so;
+  so.init_scale = 1e9;  // the first steps overflow fp16 on purpose: the scaler skips them
+  GradScaler scaler(so);
+  AgentOptions o;
+  o.db_path = dir.file("run.db");
+  const bool was = torch::autograd::AnomalyMode::is_enabled();
+  torch::autograd::AnomalyMode::set_enabled(true);
+  // Its warning prints the forward's C++ stack, which reads like a crash in the test log.
+  struct Quiet : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  } quiet;
+  {
+    const c10::WarningUtils::WarningHandlerGuard guard(&quiet);
+    Agent agent(*net, scaler, o);
+    try {
+      optimizer.zero_grad();
+      torch::Tensor loss;
+      {
+        HalfAutocast autocast;
+        const auto h = agent.probe("a", torch::relu(net->a(torch::randn({8, 16}))));
+        loss = net->c(torch::relu(net->b(h))).to(torch::kFloat).pow(2).mean();
+      }
+      scaler.scale(loss).backward();
+      FAIL("anomaly detection let the overflowed backward through");
+    } catch (const c10::Error& e) {
+      agent.training_raised(e);
+    }
+  }
+  torch::autograd::AnomalyMode::set_enabled(was);
+  const auto events = raised_events(dir.file("run.db"));
+  REQUIRE(events.size() == 1);
+  CHECK_THAT(events[0].detail, Catch::Contains("' returned nan values in its "));
+  // Raised in the first step's backward: the run.db holds no step, and loading it says why
+  // and what fixes it.
+  CHECK_THROWS_WITH(rule_checks::report_of(dir.file("run.db")),
+                    Catch::Contains("Turn anomaly detection off") && Catch::Contains("with a GradScaler"));
+}
