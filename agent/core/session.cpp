@@ -236,6 +236,14 @@ void Session::weight_norm(std::int64_t layer, double l2, double absmax) {
   if (recorder_) recorder_->writer().post_weight_norm(row);
 }
 
+void Session::weight_norms(const std::int64_t* layers, const kernels::TensorRef* refs, std::size_t n) {
+  if (n == 0) return;
+  std::vector<kernels::TensorStats> stats(n);
+  cpu_.compute(refs, n, stats.data(), nullptr);
+  for (std::size_t i = 0; i < n; ++i)
+    if (!stats[i].has_nonfinite()) weight_norm(layers[i], stats[i].l2, std::min<double>(stats[i].absmax, stats[i].l2));
+}
+
 void Session::weight_update(std::int64_t step, std::int64_t layer, std::int64_t nonzero, std::int64_t stalled) {
   if (layer < 0 || std::size_t(layer) >= layer_count_)
     throw std::invalid_argument("weight_update: no layer " + std::to_string(layer) + " is registered");

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "session.h"
+#include "tensor_views.h"
 
 namespace ampdiag::agent {
 
@@ -90,14 +91,25 @@ void WeightNorms::step_skipped() {
 
 void WeightNorms::read() {
   at::NoGradGuard no_grad;
+  // float32/float16/bfloat16 blocks in one pass of the engine (Session::weight_norms);
+  // the rest (float64, gaps) through torch in float64, whose squares cannot overflow.
+  layers_.clear();
+  refs_.clear();
   for (const auto& [layer, param] : params_) {
     const at::Tensor w = param.detach();
-    // fp16/bf16/fp64 in float64, whose squares cannot overflow; fp32 as it is (as torch's norm)
-    const at::Tensor wide = w.scalar_type() == at::kFloat ? w : w.to(at::kDouble);
+    DeviceTensor view;
+    at::Tensor unused;
+    if (directly_readable(w) && stats_view(w, unused, view)) {
+      layers_.push_back(layer);
+      refs_.push_back(view.ref);
+      continue;
+    }
+    const at::Tensor wide = w.to(at::kDouble);
     const double l2 = at::linalg_vector_norm(wide, 2).item<double>();
     const double peak = w.numel() ? wide.abs().max().item<double>() : 0.0;
     if (std::isfinite(l2) && std::isfinite(peak)) session_.weight_norm(layer, l2, std::min(peak, l2));
   }
+  session_.weight_norms(layers_.data(), refs_.data(), refs_.size());
 }
 
 }  // namespace ampdiag::agent

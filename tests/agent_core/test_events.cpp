@@ -3,6 +3,8 @@
 // ended (the Python agent's stale-gradient probe on CUDA).
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -115,6 +117,28 @@ TEST_CASE("a weight norm of a layer the session never registered is refused to t
   const auto rows = rundb::RunDbReader(dir.file("run.db")).weight_norms();
   REQUIRE(rows.size() == 1);
   CHECK((rows[0].step == 1 && rows[0].layer_id == 0 && rows[0].l2 == 3.0));
+}
+
+TEST_CASE("weight norms of several host tensors come from one pass, and a tensor holding NaN has none",
+          "[session][weight-norms]") {
+  TempDir dir;
+  agent::Session s(recording_options());
+  open_with_layers(s, dir.file("run.db"), 3);
+  cycle(s);
+  s.begin_cycle();
+  const std::vector<float> a{3.0f, -4.0f};
+  const std::vector<float> b{1.0f, std::nanf("")};
+  const std::vector<std::uint16_t> c{0x7BFF, 0xFBFF};  // float16 +-65504: their squares pass fp16's range
+  const std::vector<std::int64_t> layers{0, 1, 2};
+  const std::vector<kernels::TensorRef> refs{{a.data(), 2, kernels::DType::kFloat32},
+                                             {b.data(), 2, kernels::DType::kFloat32},
+                                             {c.data(), 2, kernels::DType::kFloat16}};
+  s.weight_norms(layers.data(), refs.data(), refs.size());
+  s.close();
+  const auto rows = rundb::RunDbReader(dir.file("run.db")).weight_norms();
+  REQUIRE(rows.size() == 2);
+  CHECK((rows[0].layer_id == 0 && rows[0].l2 == 5.0 && rows[0].absmax == 4.0));
+  CHECK((rows[1].layer_id == 2 && rows[1].l2 == Approx(65504.0 * std::sqrt(2.0)) && rows[1].absmax == 65504.0));
 }
 
 TEST_CASE("a precision check read back from a device carries the step it was made in", "[session][precision]") {

@@ -4,6 +4,7 @@ of the first skipped steps), as the step's forward used them; the optimizer's se
 and again where a learning-rate schedule moved the rate 2x or more."""
 import sqlite3
 
+import pytest
 import torch
 from torch import nn
 
@@ -78,3 +79,39 @@ def test_a_warm_up_from_zero_has_its_rate_recorded_once_it_rises(tmp_path):
     train(tmp_path / "run.db", 5, schedule=lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: s / 4))
     said = rows(tmp_path / "run.db", "SELECT step, detail FROM events WHERE kind = 'optimizer-settings'")
     assert said[0] == (0, "SGD lr=0 weight_decay=0 momentum=0.9") and said[1][0] == 1 and "lr=0.0125 " in said[1][1]
+
+
+def sampled_at_start(db, model):
+    """{layer name: (l2, absmax)} the weight sampler recorded at step 0 of a one-step run."""
+    scaler = torch.amp.GradScaler("cpu")
+    opt = torch.optim.SGD([p for p in model.parameters() if p.dtype != torch.float64], lr=0.01)
+    with ampdiag.attach(model, scaler, db=str(db)):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model[0](torch.randn(4, 8)).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    return {name: (l2, absmax) for name, l2, absmax in rows(db, "SELECT l.name, w.l2, w.absmax FROM weight_norms w "
+                                                             "JOIN layers l ON l.id = w.layer_id WHERE w.step = 0")}
+
+
+def test_a_weight_holding_nan_has_no_norm_row_and_the_others_have_theirs(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 1))
+    with torch.no_grad():
+        model[1].weight[0, 0] = float("nan")
+    weight = model[0].weight.detach().clone()  # as step 0's forward uses it
+    recorded = sampled_at_start(tmp_path / "run.db", model)
+    assert set(recorded) == {"0.weight", "0.bias", "1.bias"}
+    assert recorded["0.weight"] == (pytest.approx(float(weight.norm()), rel=1e-6), float(weight.abs().max()))
+
+
+def test_float16_and_float64_weights_have_their_norms_read_without_overflowing_their_range(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4))
+    model.register_parameter("halves", nn.Parameter(torch.full((64,), 60000.0, dtype=torch.float16)))
+    model.register_parameter("wide", nn.Parameter(torch.full((16,), 1e100, dtype=torch.float64)))  # beyond float32
+    recorded = sampled_at_start(tmp_path / "run.db", model)
+    assert recorded["halves"] == (pytest.approx(60000.0 * 8, rel=1e-9), 60000.0)  # its squares pass fp16's range
+    assert recorded["wide"] == (pytest.approx(1e100 * 4, rel=1e-9), pytest.approx(1e100, rel=1e-9))

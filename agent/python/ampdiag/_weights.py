@@ -17,7 +17,7 @@ import weakref
 import torch
 
 from . import _ampdiag
-from ._tensors import distributed
+from ._tensors import DTYPE_CODE, distributed
 
 
 LR_MOVED = 2.0  # the factor by which the learning rate must move to be recorded again
@@ -82,20 +82,24 @@ class WeightSampler:
     def _sample(self):
         if not self._params:
             return
-        with torch.no_grad():
-            full = [(layer, p) for layer, p in self._params if p.dtype == torch.float32]
-            norms = []
-            if full:
-                tensors = [p.detach() for _, p in full]
-                l2 = torch.stack(torch._foreach_norm(tensors)).tolist()
-                peak = torch.stack(torch._foreach_norm(tensors, math.inf)).tolist()
-                norms = list(zip((layer for layer, _ in full), l2, peak))
-            for layer, p in self._params:  # fp16/bf16/fp64: their norm in float64, whose squares cannot overflow
-                if p.dtype != torch.float32:
-                    wide = p.detach().double()
-                    peak = float(wide.abs().max()) if p.numel() else 0.0
-                    norms.append((layer, float(torch.linalg.vector_norm(wide)), peak))
+        # float32, float16 and bfloat16 in one pass of the engine (L2 accumulated in double,
+        # abs-max); torch's inf norm alone took 8 ms of a 19 MB model's 9.5 (PERFORMANCE.md).
+        layers, ptrs, numels, codes, others = [], [], [], [], []
+        for layer, p in self._params:
+            code = DTYPE_CODE.get(p.dtype)
+            if code is None or not p.is_contiguous():
+                others.append((layer, p))
+                continue
+            layers.append(layer)
+            ptrs.append(p.data_ptr())
+            numels.append(p.numel())
+            codes.append(code)
         session = self._handle._session
-        for layer, l2, peak in norms:
-            if math.isfinite(l2) and math.isfinite(peak):
-                session.weight_norm(layer, l2, min(peak, l2))
+        session.weight_norms(layers, ptrs, numels, codes)
+        with torch.no_grad():
+            for layer, p in others:  # float64, or strided: in float64, whose squares cannot overflow
+                wide = p.detach().double()
+                peak = float(wide.abs().max()) if p.numel() else 0.0
+                l2 = float(torch.linalg.vector_norm(wide))
+                if math.isfinite(l2) and math.isfinite(peak):
+                    session.weight_norm(layer, l2, min(peak, l2))

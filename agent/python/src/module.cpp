@@ -174,6 +174,17 @@ class Session {
     return session_.activation(module_id, t, micro_batch);
   }
 
+  void weight_norms(const std::vector<std::int64_t>& layers, const std::vector<std::uintptr_t>& ptrs,
+                    const std::vector<std::int64_t>& numels, const std::vector<int>& dtypes) {
+    const std::size_t n = layers.size();
+    if (ptrs.size() != n || numels.size() != n || dtypes.size() != n)
+      throw std::invalid_argument("weight_norms: layers, ptrs, numels and dtypes must have the same length");
+    std::vector<kernels::TensorRef> refs(n);
+    for (std::size_t i = 0; i < n; ++i) refs[i] = {reinterpret_cast<const void*>(ptrs[i]), numels[i], dtype_code(dtypes[i])};
+    py::gil_scoped_release release;
+    session_.weight_norms(layers.data(), refs.data(), n);
+  }
+
   bool has_nonfinite(std::uintptr_t ptr, std::int64_t numel, int dtype) const {
     const kernels::TensorRef ref{reinterpret_cast<const void*>(ptr), numel, dtype_code(dtype)};
     py::gil_scoped_release release;
@@ -303,6 +314,8 @@ PYBIND11_MODULE(_ampdiag, m) {
       .def("weight_norm", [](Session& s, std::int64_t layer, double l2, double absmax) {
         s.core().weight_norm(layer, l2, absmax);
       })
+      .def("weight_norms", &Session::weight_norms, py::arg("layers"), py::arg("ptrs"), py::arg("numels"),
+           py::arg("dtypes"), "weight_norm() of contiguous host float32/float16/bfloat16 weights, in one pass.")
       .def("weight_update", [](Session& s, std::int64_t step, std::int64_t layer, std::int64_t nonzero,
                                std::int64_t stalled) { s.core().weight_update(step, layer, nonzero, stalled); })
       .def("arrived", [](Session& s, std::int64_t layer) { s.core().arrived(layer); })
