@@ -64,6 +64,24 @@ std::vector<rundb::EventRow> raised_events(const std::string& db) {
   return found;
 }
 
+// The tiny net (seed 0), its SGD, a scaler, and options for an Agent writing dir's run.db:
+// what a loop that catches an error and gives it to training_raised() starts from.
+struct CaughtLoop {
+  explicit CaughtLoop(const GradScalerOptions& scaler_options = {})
+      : net(seeded()), optimizer(net->parameters(), torch::optim::SGDOptions(0.01)), scaler(scaler_options) {
+    options.db_path = dir.file("run.db");
+  }
+  static TinyNet seeded() {
+    torch::manual_seed(0);
+    return TinyNet();
+  }
+  TempDir dir;
+  TinyNet net;
+  torch::optim::SGD optimizer;
+  GradScaler scaler;
+  AgentOptions options;
+};
+
 }  // namespace
 
 TEST_CASE("an exception that unwinds the training past its Agent is one training-raised event at the step it stopped",
@@ -113,15 +131,10 @@ TEST_CASE("an exception the loop gives to training_raised is one event with its 
 
 TEST_CASE("clip_grad_norm_'s refusal of NaN/Inf gradients under the scaler, caught and recorded, gets the clip fix",
           "[agent][raised]") {
-  TempDir dir;
-  torch::manual_seed(0);
-  TinyNet net;
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
-  GradScaler scaler;
-  AgentOptions o;
-  o.db_path = dir.file("run.db");
+  CaughtLoop loop;
+  auto& [dir, net, optimizer, scaler, options] = loop;
   {
-    Agent agent(*net, scaler, o);
+    Agent agent(*net, scaler, options);
     const auto x = torch::randn({8, 16});
     try {
       for (int step = 0; step < 3; ++step) {
@@ -195,15 +208,10 @@ TEST_CASE("a half model's refusal by the C++ GradScaler, caught and recorded, is
 
 TEST_CASE("anomaly detection raising on the scaler's first overflow, caught and recorded, says to turn it off",
           "[agent][raised]") {
-  TempDir dir;
-  torch::manual_seed(0);
-  TinyNet net;
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
   GradScalerOptions so;
   so.init_scale = 1e9;  // the first steps overflow fp16 on purpose: the scaler skips them
-  GradScaler scaler(so);
-  AgentOptions o;
-  o.db_path = dir.file("run.db");
+  CaughtLoop loop(so);
+  auto& [dir, net, optimizer, scaler, options] = loop;
   const bool was = torch::autograd::AnomalyMode::is_enabled();
   torch::autograd::AnomalyMode::set_enabled(true);
   // Its warning prints the forward's C++ stack, which reads like a crash in the test log.
@@ -212,7 +220,7 @@ TEST_CASE("anomaly detection raising on the scaler's first overflow, caught and 
   } quiet;
   {
     const c10::WarningUtils::WarningHandlerGuard guard(&quiet);
-    Agent agent(*net, scaler, o);
+    Agent agent(*net, scaler, options);
     try {
       optimizer.zero_grad();
       torch::Tensor loss;
