@@ -119,6 +119,9 @@ def hook_parts(device, depth, width, batch, rounds, tmp):
     for name, options, _ in VARIANTS:
         per_hook = f"{(medians[name] - no_activations) / hooks * 1e6:.1f}" if options == {} else ""
         print(f"| {name} | {medians[name] * 1e3:.3f} | {medians[name] / base - 1:+.1%} | {per_hook} |")
+    if device == "cpu":
+        print("\nOn the CPU a host output takes the hook's inline path: the last three rows run the same code, "
+              "and their spread is the noise.")
 
 
 def profile_encoder(device, tmp):
