@@ -93,15 +93,15 @@ void WeightNorms::read() {
   at::NoGradGuard no_grad;
   // float32/float16/bfloat16 blocks in one pass of the engine (Session::weight_norms);
   // the rest (float64, gaps) through torch in float64, whose squares cannot overflow.
-  layers_.clear();
-  refs_.clear();
+  std::vector<std::int64_t> layers;
+  std::vector<kernels::TensorRef> refs;
   for (const auto& [layer, param] : params_) {
     const at::Tensor w = param.detach();
     DeviceTensor view;
     at::Tensor unused;
     if (directly_readable(w) && stats_view(w, unused, view)) {
-      layers_.push_back(layer);
-      refs_.push_back(view.ref);
+      layers.push_back(layer);
+      refs.push_back(view.ref);
       continue;
     }
     const at::Tensor wide = w.to(at::kDouble);
@@ -109,7 +109,7 @@ void WeightNorms::read() {
     const double peak = w.numel() ? wide.abs().max().item<double>() : 0.0;
     if (std::isfinite(l2) && std::isfinite(peak)) session_.weight_norm(layer, l2, std::min(peak, l2));
   }
-  session_.weight_norms(layers_.data(), refs_.data(), refs_.size());
+  session_.weight_norms(layers.data(), refs.data(), refs.size());
 }
 
 }  // namespace ampdiag::agent

@@ -14,7 +14,6 @@
 #include <utility>
 #include <vector>
 
-#include "ampdiag/kernels/tensor_stats.h"
 #include "weight_schedule.h"
 
 namespace torch::optim {
@@ -46,8 +45,6 @@ class WeightNorms {
   Session& session_;
   WeightSchedule schedule_;
   std::vector<std::pair<std::int64_t, at::Tensor>> params_;
-  std::vector<std::int64_t> layers_;        // read(): the layers the engine reads at once,
-  std::vector<kernels::TensorRef> refs_;    // and their weights
   std::unordered_map<const torch::optim::Optimizer*, double> described_;  // -> the lr last said
 };
 

@@ -121,6 +121,7 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
          "auto keep = torch::isfinite(y).all(-1);\nauto loss = loss_fn(out.index({keep}), y.index({keep}));", ""});
     if (half) {
       const std::string device = suggest::device_type(run);
+      const std::string at_device = device == "cuda" ? "at::kCUDA" : "at::kCPU";
       f.suggestions.insert(
           f.suggestions.begin(),
           {what + " was " + in.dtype + ": where the loop computes it under autocast, compute it in FP32 (.float() "
@@ -129,10 +130,10 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
            "with torch.autocast(device_type=\"" + device + "\", enabled=False):\n"
            "    adv = adv.float()\n"
            "    adv = (adv - adv.mean()) / (adv.std() + 1e-8)  # e.g. advantages: 1e-8 is 0 in float16",
-           "at::autocast::set_autocast_enabled(at::k" + std::string(device == "cuda" ? "CUDA" : "CPU") + ", false);\n"
+           "at::autocast::set_autocast_enabled(" + at_device + ", false);\n"
            "adv = adv.to(torch::kFloat);\n"
            "adv = (adv - adv.mean()) / (adv.std() + 1e-8);  // e.g. advantages: 1e-8 is 0 in float16\n"
-           "at::autocast::set_autocast_enabled(at::k" + std::string(device == "cuda" ? "CUDA" : "CPU") + ", true);",
+           "at::autocast::set_autocast_enabled(" + at_device + ", true);",
            ""});
     }
     if (in.seen == in.looked) f.suggestions.resize(half ? 2 : 1);  // nothing else is to blame
