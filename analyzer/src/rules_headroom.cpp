@@ -35,6 +35,41 @@ std::set<std::int64_t> shared_layers(const Run& run) {
   return ids;
 }
 
+// Micro-batches (losses) summed into each step's gradients.
+std::map<std::int64_t, std::int64_t> summed_losses(const Run& run) {
+  std::map<std::int64_t, std::int64_t> sums;
+  for (const auto& s : run.steps) sums[s.row.step] = std::max<std::int64_t>(1, s.row.losses);
+  return sums;
+}
+
+// Whether `layer`'s gradient is an fp16 tensor's, which fp16's top bounds, and so bounds
+// the loss scale.
+bool bounds_the_scale(const Run& run, const LayerSummary& layer, const std::set<std::int64_t>& shared,
+                      const std::map<std::int64_t, std::int64_t>& sums) {
+  // Autocast runs an embedding in FP32: a float32 table's gradient is an FP32 sum over the
+  // tokens (GPT-2's wte and wpe, finite at 16 times 65504), never one fp16 tensor. Tied to
+  // a head (lm_head), the head's part is fp16 and bounded: only a finite sum beyond the top
+  // shows that the embedding's part dominates.
+  const bool fp32_embedding = embedding_like(layer.info) && layer.info.dtype == "float32";
+  const bool tied = shared.count(layer.info.id) > 0;
+  if (fp32_embedding && !tied) return false;
+  float largest = 0.0f;
+  for (const auto& g : layer.samples) {
+    if (g.nonfinite) continue;
+    largest = std::max(largest, g.absmax);
+    // Untied, a finite value beyond the top times the micro-batches summed into it was no
+    // fp16 tensor's: a LayerNorm's weight, whose gradient autocast's FP32 layer_norm sums
+    // over every token (1.8 times 65504 in a small LM).
+    const auto n = sums.find(g.step);
+    if (!tied && double(g.absmax) > run.fp_max * double(n == sums.end() ? 1 : n->second)) return false;
+  }
+  // A finite gradient far above the largest fp value never was one fp16 tensor: it is made
+  // in FP32 (CLIP's logit_scale, whose product with the features promotes to float32), and
+  // fp16's top bounds neither it nor the scale. Micro-batches or tied uses each within
+  // range sum to at most that many times it: 1024 of them leave room.
+  return double(largest) <= (fp32_embedding ? run.fp_max : run.fp_max * 1024.0);
+}
+
 }  // namespace
 
 void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
@@ -45,11 +80,8 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
   const auto underflowing = std::find_if(out.begin(), out.end(), [](const Finding& f) { return f.rule == "underflow"; });
   const std::string underflow_layer = underflowing == out.end() ? "" : underflowing->layer;
   std::map<std::int64_t, double> scale_at;
-  std::map<std::int64_t, std::int64_t> sums;  // micro-batches (losses) summed into a step's gradients
-  for (const auto& s : run.steps) {
-    scale_at[s.row.step] = s.row.scale_before;
-    sums[s.row.step] = std::max<std::int64_t>(1, s.row.losses);
-  }
+  for (const auto& s : run.steps) scale_at[s.row.step] = s.row.scale_before;
+  const auto sums = summed_losses(run);
   const double init = run.steps.front().row.scale_before;
   // log2 of every sample of a 50 M-row run costs more than reading it: only abs-maxes
   // near the threshold need it to decide exactly, and the least headroom is the largest's.
@@ -59,28 +91,9 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
     if (absmax < threshold * (1 - 1e-9)) return false;
     return headroom_bits(absmax, run.fp_max) < t.headroom_bits;
   };
-  // A finite gradient far above the largest fp value never was one fp16 tensor: it is made
-  // in FP32 (CLIP's logit_scale, whose product with the features promotes to float32), and
-  // fp16's top bounds neither it nor the scale. Micro-batches or tied uses each within
-  // range sum to at most that many times it: 1024 of them leave room.
-  const double fp32_path = run.fp_max * 1024.0;
   const std::set<std::int64_t> shared = shared_layers(run);
   for (const auto& layer : run.layers) {
-    // Autocast runs an embedding in FP32: a float32 table's gradient is an FP32 sum over the
-    // tokens (GPT-2's wte and wpe, finite at 16 times 65504), never one fp16 tensor. Tied to
-    // a head (lm_head), the head's part is fp16 and bounded: only a finite sum beyond the top
-    // shows that the embedding's part dominates.
-    const bool fp32_embedding = embedding_like(layer.info) && layer.info.dtype == "float32";
-    const bool tied = shared.count(layer.info.id) > 0;
-    if (fp32_embedding && !tied) continue;
-    // Untied, a finite value beyond the top times the micro-batches summed into it was no
-    // fp16 tensor's: a LayerNorm's weight, whose gradient autocast's FP32 layer_norm sums
-    // over every token (1.8 times 65504 in a small LM).
-    if (!tied && std::any_of(layer.samples.begin(), layer.samples.end(), [&](const GradSample& g) {
-          const auto n = sums.find(g.step);
-          return !g.nonfinite && double(g.absmax) > run.fp_max * double(n == sums.end() ? 1 : n->second);
-        }))
-      continue;
+    if (!bounds_the_scale(run, layer, shared, sums)) continue;
     std::int64_t finite = 0, low = 0, low_scale = 0, first = -1;
     float largest = 0.0f;
     for (const auto& s : layer.samples) {
@@ -95,7 +108,6 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
       }
     }
     if (finite == 0 || double(low) / double(finite) < t.headroom_fraction || 2 * low_scale < low) continue;
-    if (double(largest) > (fp32_embedding ? double(run.fp_max) : fp32_path)) continue;
     const double least = headroom_bits(largest, run.fp_max);
     Finding f;
     f.rule = "low-headroom";
@@ -161,6 +173,39 @@ std::pair<double, const LayerSummary*> below_siblings(const Run& run, const Laye
   return lowest;
 }
 
+
+// The largest loss scale at which none of the other layers' recorded finite gradients that
+// fp16 bounds would have passed its top, and the layer that sets it; infinite where none.
+struct ScaleRoom {
+  double scale = INFINITY;
+  const LayerSummary* layer = nullptr;
+};
+
+ScaleRoom scale_room(const Run& run, const LayerSummary& except, const std::map<std::int64_t, double>& scale_at) {
+  const std::set<std::int64_t> shared = shared_layers(run);
+  const auto sums = summed_losses(run);
+  ScaleRoom room;
+  for (const auto& layer : run.layers) {
+    if (&layer == &except || !bounds_the_scale(run, layer, shared, sums)) continue;
+    for (const auto& g : layer.samples) {
+      const auto at = scale_at.find(g.step);
+      if (g.nonfinite || !(g.absmax > 0.0f) || at == scale_at.end() || !(at->second > 0.0)) continue;
+      const double allowed = at->second * run.fp_max / double(g.absmax);
+      if (allowed < room.scale) room = {allowed, &layer};
+    }
+  }
+  return room;
+}
+
+std::string three_digits(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g", v);
+  return b;
+}
+
+// A power of two as Python writes it: "2**19".
+std::string power_of_two(double scale) { return "2**" + std::to_string(int(std::floor(std::log2(scale)))); }
+
 }  // namespace
 
 void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
@@ -221,11 +266,47 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
     if (!run.has_scaler()) {
       f.suggestions.push_back(suggest::add_scaler(run));
     } else {
-      // analyze() replaces this when an overflow holds the scale down (the findings must agree).
+      // How far the scale can grow is what the other gradients leave below fp16's top. Where
+      // that cannot lift most of this one into the normal range, no scaler setting helps: by
+      // Chebyshev's inequality at most (RMS * scale / 2^-14)^2 of its values reach 2^-14.
+      std::map<std::int64_t, double> scale_at;
+      for (const auto& s : run.steps) scale_at[s.row.step] = s.row.scale_before;
+      std::vector<double> rms;  // per element, unscaled
+      for (const auto& s : layer.samples) {
+        const auto at = scale_at.find(s.step);
+        if (s.nonfinite || s.zero_q == 65535 || at == scale_at.end() || !(at->second > 0.0)) continue;
+        rms.push_back(double(s.l2) / std::sqrt(double(layer.info.numel)) / at->second);
+      }
+      std::nth_element(rms.begin(), rms.begin() + std::ptrdiff_t(rms.size() / 2), rms.end());
+      const double typical = rms.empty() ? 0.0 : rms[rms.size() / 2];
       const double scale = run.steps.back().row.scale_after;
-      f.suggestions.push_back(suggest::scaler_settings(
-          run, std::max(scale * 256.0, 65536.0), 500,
-          "Let the scale grow: a higher init_scale and a shorter growth_interval keep small gradients in range."));
+      const ScaleRoom room = scale_room(run, layer, scale_at);
+      const double smallest_normal = std::ldexp(1.0, -14);
+      const double reach = typical * room.scale / smallest_normal;
+      const bool no_room = room.layer && room.scale < 2.0 * scale;
+      if (room.layer && (no_room || reach * reach <= 1.0 - t.underflow_fraction)) {
+        const std::string top = std::to_string(std::lround(run.fp_max));
+        f.title = layer.info.name + ": most of its gradient is below fp16's normal range, and no loss scale lifts it "
+                  "without " + room.layer->info.name + " overflowing";
+        f.evidence += no_room ? "; the scale cannot double: " + room.layer->info.name + "'s gradients already came within a factor of " +
+                                    three_digits(room.scale / scale) + " of " + top + " at the scale they ran at"
+                              : "; at " + power_of_two(room.scale) + ", the largest scale at which " +
+                                    room.layer->info.name + "'s recorded gradients stay within " + top +
+                                    ", its typical RMS (" + fmt(typical) + " unscaled) leaves at most " +
+                                    pct(reach * reach) + " of its values in fp16's normal range";
+      } else {
+        // analyze() replaces this when an overflow holds the scale down (the findings must agree).
+        const double wanted = std::max(scale * 256.0, 65536.0);
+        const double limit = room.layer ? std::exp2(std::floor(std::log2(room.scale))) : INFINITY;
+        f.suggestions.push_back(suggest::scaler_settings(
+            run, std::min(wanted, limit), 500,
+            limit < wanted ? "Let the scale grow: a higher init_scale (up to " + power_of_two(limit) + ": above it, " +
+                                 room.layer->info.name + "'s recorded gradients would pass " +
+                                 std::to_string(std::lround(run.fp_max)) +
+                                 ") and a shorter growth_interval keep small gradients in range."
+                           : "Let the scale grow: a higher init_scale and a shorter growth_interval keep small "
+                             "gradients in range."));
+      }
     }
     f.suggestions.push_back(suggest::use_bf16(run));
     out.push_back(f);

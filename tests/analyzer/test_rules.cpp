@@ -256,6 +256,51 @@ TEST_CASE("a layer whose gradient is mostly zero or fp16-subnormal is an underfl
   CHECK(u->layer == "b.weight");
 }
 
+TEST_CASE("an underflow's higher init_scale stops where another layer's gradients would pass fp16's top", "[rules]") {
+  // Every other gradient at 1000 scaled at 65536: a scale above 65536 * 65504 / 1000 (2^22.03)
+  // would make them Inf, and the scaler would back off to it anyway.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.6, 0.2);
+  for (int i = 0; i < 10; ++i) f.step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding& u = required(r, "underflow");
+  CHECK_THAT(u.suggestions.front().python, Catch::Contains("init_scale=2.0**22"));
+  CHECK_THAT(u.suggestions.front().summary, Catch::Contains("up to 2**22: above it, a.weight's recorded gradients"));
+}
+
+TEST_CASE("an underflow no loss scale lifts without another layer overflowing is not told to raise the scale",
+          "[rules]") {
+  // b's gradient: RMS 1e-7 at a scale of 65536. At 2^22, where a's gradients would pass
+  // 65504, its RMS is 6.5e-6, a tenth of fp16's smallest normal: at most ~1% of its values
+  // can reach the normal range (Chebyshev), so scaler settings cannot help.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.6, 0.2);
+  for (int i = 0; i < 10; ++i) f.clipped(64 * 1e-7, {"b.weight"}).step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding& u = required(r, "underflow");
+  CHECK_THAT(u.title, Catch::Contains("no loss scale lifts it without a.weight overflowing"));
+  CHECK_THAT(u.evidence, Catch::Contains("at 2**22, the largest scale at which a.weight's recorded gradients stay"));
+  REQUIRE(u.suggestions.size() == 1);
+  CHECK_THAT(u.suggestions.front().summary, Catch::Contains("bfloat16"));
+}
+
+TEST_CASE("an underflow beside gradients already at fp16's top says the scale cannot double", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.6, 0.2);
+  for (int i = 0; i < 10; ++i) f.step(65536, 65536, 50000);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding& u = required(r, "underflow");
+  CHECK_THAT(u.evidence, Catch::Contains("the scale cannot double: a.weight's gradients already came within a factor "
+                                         "of 1.31 of 65504"));
+  for (const auto& s : u.suggestions) CHECK_THAT(s.python, !Catch::Contains("init_scale"));
+}
+
 TEST_CASE("an fp16 run whose GradScaler was disabled is told to enable it, not to add one", "[rules]") {
   // GradScaler(enabled=use_amp) with use_amp off while autocast still runs in fp16.
   TempDir dir;
