@@ -363,6 +363,71 @@ def test_a_teacher_deep_copied_after_attach_is_not_recorded_as_the_student(tmp_p
     assert rows(db, "SELECT count(*) FROM act_stats WHERE nan > 0 OR inf > 0") == [(0,)]
 
 
+def distillation_loop(db, teacher_gain):
+    """Knowledge distillation with the frozen teacher and the student attached in one
+    ModuleDict: the loop runs the teacher itself under no_grad, before the student, and the
+    loss takes both outputs. `teacher_gain` multiplies the teacher's last layer."""
+    torch.manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 10)).eval()
+    student = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 10))
+    teacher.requires_grad_(False)
+    with torch.no_grad():
+        teacher[2].weight.mul_(teacher_gain)
+    opt = torch.optim.SGD(student.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1000)
+    with ampdiag.attach(nn.ModuleDict({"teacher": teacher, "student": student}), scaler, db=db):
+        for x, _ in batches(12):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                with torch.no_grad():
+                    target = torch.softmax(teacher(x * 100).float() / 4, -1)
+                loss = nn.functional.kl_div(torch.log_softmax(student(x).float() / 4, -1), target,
+                                            reduction="batchmean")
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+def test_a_frozen_teacher_attached_with_the_student_and_run_under_no_grad_is_named_when_it_overflows(tmp_path,
+                                                                                                    verdict):
+    # The teacher's last layer makes values beyond 65504: its fp16 output is Inf, the soft
+    # targets NaN. The teacher's forward is part of the training step, though no gradient
+    # flows through it: its module is the culprit, not "the loss code after the modules".
+    db = tmp_path / "distill.db"
+    distillation_loop(db, teacher_gain=1e4)
+    code, rep = verdict(db)
+    assert code == 1
+    assert rules(rep, "error")[0] == ("forward-nonfinite", "teacher.2")
+
+
+def test_a_healthy_distillation_with_the_teacher_attached_records_its_outputs_and_stays_healthy(tmp_path, verdict):
+    db = tmp_path / "distill_healthy.db"
+    distillation_loop(db, teacher_gain=1.0)
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
+    recorded = {path for (path,) in rows(db, "SELECT DISTINCT m.path FROM act_stats a JOIN modules m "
+                                             "ON m.id = a.module_id")}
+    assert {"teacher.2", "student.2"} <= recorded
+
+
+def test_a_submodule_the_loop_evaluates_itself_in_eval_mode_is_not_recorded_as_training(tmp_path, verdict):
+    # The model in eval mode under no_grad is an evaluation, whether the loop calls the model
+    # or one of its parts (here the first layer, on inputs that overflow it).
+    def validate_part(step, model, x):
+        model.eval()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+            assert not torch.isfinite(model.a(x * 1e5)).all()
+        model.train()
+
+    db, plain = tmp_path / "part.db", tmp_path / "plain.db"
+    fp16_loop(db, steps=8, between_steps=validate_part)
+    fp16_loop(plain, steps=8)
+    query = "SELECT step, fwd_order, module_id, absmax FROM act_stats ORDER BY step, fwd_order"
+    assert rows(db, query) == rows(plain, query)
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
+
+
 class Checkpointed(nn.Module):
     """A stem, two residual blocks run through torch.utils.checkpoint, a head."""
 

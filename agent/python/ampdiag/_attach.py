@@ -127,6 +127,7 @@ class AttachHandle:
         self._scaler_scaled = False  # the attached scaler's scale() has run: see _other_scaler.py
         self._backwards_without_scale = 0
         self._root_inputs = None  # (args, kwargs) of the model's last forward in this cycle
+        self._in_root_forward = False  # the model's own forward is running (its pre-hook ran, its hook not yet)
         self._optimizers = weakref.WeakSet()  # those whose steps the agent saw: their settings are evidence
         # Additions to _optimizers and _stepped_optimizers so far: the weight sampler looks at
         # those sets only when it moved (a WeakSet's methods are Python calls, every step).
@@ -180,7 +181,7 @@ class AttachHandle:
                                                               with_kwargs=True))
                 for path, module in watched:
                     self._hooks.append(module.register_forward_hook(self._forward_hook_as_run(
-                        forward_hook(self, path, module)), with_kwargs=True))
+                        forward_hook(self, path, module, root)), with_kwargs=True))
             self._profile = ProfileRanges(self, watched) if profile else None
             # FP32 comparisons need the replay's copies and a module's call in a training step.
             self._precision = (PrecisionChecker(self, watched, precision_budget)
@@ -398,6 +399,16 @@ class AttachHandle:
         under no_grad or inference_mode) begins no cycle and is not recorded; once a cycle
         is open, every forward belongs to it."""
         return (self._in_cycle or torch.is_grad_enabled()) and self._begin_cycle()
+
+    def _begin_part_cycle(self, root) -> bool:
+        """_begin_forward_cycle() for a watched submodule's forward: also one the loop calls
+        itself under no_grad while the model trains (`root` in training mode, its own forward
+        not running) is part of the training step and begins its cycle: a frozen teacher or
+        text encoder attached with the trained model in one ModuleDict, whose output the
+        step's loss takes. An evaluation has the model in eval mode."""
+        if self._begin_forward_cycle():
+            return True
+        return not self._inert and root.training and not self._in_root_forward and self._begin_cycle()
 
     def _arrival_hook(self, layer):
         arrived = self._session.arrived  # bound once: this runs for every gradient of every step

@@ -74,6 +74,7 @@ def input_hook(handle, owner):
             handle._traced_by_compile = True
             return None
         if module is owner or not foreign_copy(module):
+            handle._in_root_forward = True
             handle._root_inputs = (args, kwargs)
             handle._module_nodes = []  # this forward's: an evaluation with gradients on keeps no graph alive
             if not handle._live and torch.is_grad_enabled():
@@ -117,6 +118,8 @@ def output_hook(handle, owner):
             else float_tensors(output)
         if handle._live and handle._dropped.finite_so_far() and torch.is_grad_enabled():
             look_at_model_output(handle, owner, args, kwargs, output, floats)
+        if module is owner or not foreign_copy(module):
+            handle._in_root_forward = False
         if module is owner:
             handle._module_nodes, handle._last_node = [], None  # looked at: held no longer than the forward
         handle._dropped.forward_ended(output, module.training)
@@ -202,7 +205,7 @@ def look_at_model_output(handle, owner, args, kwargs, output, floats):
     on_nonfinite_output(handle, "", owner, args, kwargs, output)
 
 
-def forward_hook(handle, path, owner):
+def forward_hook(handle, path, owner, root):
     module_id = None  # resolved on the first call, when the module first runs
     # Runs for every watched module on every step, between torch's kernels: in a training
     # loop each object it looks up costs cache misses (~20 µs a hook in all, where a warm
@@ -223,7 +226,7 @@ def forward_hook(handle, path, owner):
         # Recording a deep copy's forward (an EMA's) would blame the module for the copy.
         if module is not owner and foreign_copy(module):
             return None
-        if not handle._live and (handle._standing_aside or not handle._begin_forward_cycle()):
+        if not handle._live and (handle._standing_aside or not handle._begin_part_cycle(root)):
             if evaluations.armed and not handle._standing_aside:  # an evaluation between steps
                 evaluations.module_output(path, output)
             return None
