@@ -256,6 +256,20 @@ TEST_CASE("a layer whose gradient is mostly zero or fp16-subnormal is an underfl
   CHECK(u->layer == "b.weight");
 }
 
+TEST_CASE("exact zeros many times the subnormals beside normal values are information, not an underflow", "[rules]") {
+  // A saturated softmax's query and key gradients: 75% exactly zero, 9% subnormal, 16% normal.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.75, 0.09);
+  for (int i = 0; i < 10; ++i) f.step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding& u = required(r, "underflow");
+  CHECK(u.severity == Severity::kInfo);
+  CHECK_THAT(u.title, Catch::Contains("mostly exact zeros that the loss scale does not make"));
+  CHECK(u.suggestions.empty());
+}
+
 TEST_CASE("an underflow's higher init_scale stops where another layer's gradients would pass fp16's top", "[rules]") {
   // Every other gradient at 1000 scaled at 65536: a scale above 65536 * 65504 / 1000 (2^22.03)
   // would make them Inf, and the scaler would back off to it anyway.

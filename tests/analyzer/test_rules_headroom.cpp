@@ -42,6 +42,22 @@ TEST_CASE("a layer near the fp16 maximum while nothing underflows is information
   CHECK_THAT(h->evidence, Catch::Contains("no layer underflows"));
 }
 
+TEST_CASE("a layer near the fp16 maximum beside a gradient that no scale changes is information", "[rules]") {
+  // b.weight's zeros are exact, far more than its subnormals: an informational underflow
+  // finding, which a higher scale would not change, so the limit costs nothing either.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.75, 0.09);
+  f.step(65536, 1024, 50000, {"a.weight"});
+  for (int i = 0; i < 10; ++i) f.step(1024, 1024, 50000);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* h = find(r, "low-headroom");
+  REQUIRE(h != nullptr);
+  CHECK(h->severity == Severity::kInfo);
+  CHECK(h->suggestions.empty());
+}
+
 TEST_CASE("a finite gradient far beyond fp16's range is made in FP32 and holds no scale down", "[rules]") {
   // CLIP's logit_scale: its product with the features promotes to float32, and its gradient
   // (a sum over every logit) is finite at 2^13 times 65504 while b.weight underflows.
