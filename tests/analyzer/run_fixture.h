@@ -187,6 +187,13 @@ class RunFixture {
     return *this;
   }
 
+  // One layer's weights at this step (`l2`, 4096 values: gain l2 / 8 for a [64, 64] matrix).
+  RunFixture& weight_norm(const std::string& layer, double l2) {
+    for (std::size_t i = 0; i < layers_.size(); ++i)
+      if (layers_[i] == layer) writer_.add_weight_norm({step_, std::int64_t(i), l2, l2 / 10});
+    return *this;
+  }
+
   // Exponent histograms on every gradient and activation row from now on (meta histogram=1): its values
   // sit in the bins of its abs-max and of its smallest non-zero value.
   RunFixture& histograms() {

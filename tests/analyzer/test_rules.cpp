@@ -256,14 +256,28 @@ TEST_CASE("a layer whose gradient is mostly zero or fp16-subnormal is an underfl
   CHECK(u->layer == "b.weight");
 }
 
+namespace {
+
+// b.weight's gradient `zeros` exactly zero and `subnormal` fp16-subnormal (each step's L2 norm
+// `b_l2` where given) beside the other layers' at a scaled abs-max of `absmax`, 10 steps at a
+// scale of 65536.
+Report underflowing_b(const TempDir& dir, double zeros, double subnormal, double b_l2 = 0.0, double absmax = 1000.0) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", zeros, subnormal);
+  for (int i = 0; i < 10; ++i) {
+    if (b_l2 > 0.0) f.clipped(b_l2, {"b.weight"});
+    f.step(65536, 65536, absmax);
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
 TEST_CASE("exact zeros many times the subnormals beside normal values are information, not an underflow", "[rules]") {
   // A saturated softmax's query and key gradients: 75% exactly zero, 9% subnormal, 16% normal.
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.zeros_fraction("b.weight", 0.75, 0.09);
-  for (int i = 0; i < 10; ++i) f.step(65536, 65536);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  const auto r = underflowing_b(dir, 0.75, 0.09);
   const Finding& u = required(r, "underflow");
   CHECK(u.severity == Severity::kInfo);
   CHECK_THAT(u.title, Catch::Contains("mostly exact zeros that the loss scale does not make"));
@@ -274,11 +288,7 @@ TEST_CASE("an underflow's higher init_scale stops where another layer's gradient
   // Every other gradient at 1000 scaled at 65536: a scale above 65536 * 65504 / 1000 (2^22.03)
   // would make them Inf, and the scaler would back off to it anyway.
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.zeros_fraction("b.weight", 0.6, 0.2);
-  for (int i = 0; i < 10; ++i) f.step(65536, 65536);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  const auto r = underflowing_b(dir, 0.6, 0.2);
   const Finding& u = required(r, "underflow");
   CHECK_THAT(u.suggestions.front().python, Catch::Contains("init_scale=2.0**22"));
   CHECK_THAT(u.suggestions.front().summary, Catch::Contains("up to 2**22: above it, a.weight's recorded gradients"));
@@ -290,11 +300,7 @@ TEST_CASE("an underflow no loss scale lifts without another layer overflowing is
   // 65504, its RMS is 6.5e-6, a tenth of fp16's smallest normal: at most ~1% of its values
   // can reach the normal range (Chebyshev), so scaler settings cannot help.
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.zeros_fraction("b.weight", 0.6, 0.2);
-  for (int i = 0; i < 10; ++i) f.clipped(64 * 1e-7, {"b.weight"}).step(65536, 65536);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  const auto r = underflowing_b(dir, 0.6, 0.2, 64 * 1e-7);
   const Finding& u = required(r, "underflow");
   CHECK_THAT(u.title, Catch::Contains("no loss scale lifts it without a.weight overflowing"));
   CHECK_THAT(u.evidence, Catch::Contains("at 2**22, the largest scale at which a.weight's recorded gradients stay"));
@@ -304,11 +310,7 @@ TEST_CASE("an underflow no loss scale lifts without another layer overflowing is
 
 TEST_CASE("an underflow beside gradients already at fp16's top says the scale cannot double", "[rules]") {
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.zeros_fraction("b.weight", 0.6, 0.2);
-  for (int i = 0; i < 10; ++i) f.step(65536, 65536, 50000);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  const auto r = underflowing_b(dir, 0.6, 0.2, 0.0, 50000);
   const Finding& u = required(r, "underflow");
   CHECK_THAT(u.evidence, Catch::Contains("the scale cannot double: a.weight's gradients already came within a factor "
                                          "of 1.31 of 65504"));

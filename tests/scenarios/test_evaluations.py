@@ -9,29 +9,50 @@ from conftest import amp_step, rows
 from fp16_loop import fp16_loop
 
 
+def evaluated_between_steps(tmp_path, evaluate, steps=20):
+    """fp16_loop with `evaluate(model, x)` in eval mode under no_grad and fp16 autocast before
+    every 5th step; asserts that the activation rows are the loop's without it. Returns the
+    run.db."""
+    def between_steps(step, model, x):
+        if step % 5 == 0:
+            model.eval()
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+                evaluate(model, x)
+            model.train()
+
+    db, plain = tmp_path / "evaluated.db", tmp_path / "plain.db"
+    fp16_loop(db, steps=steps, between_steps=between_steps)
+    fp16_loop(plain, steps=steps)
+    query = "SELECT step, fwd_order, module_id, absmax FROM act_stats ORDER BY step, fwd_order"
+    assert rows(db, query) == rows(plain, query)
+    return db
+
+
 def test_a_validation_pass_between_steps_is_not_recorded_as_training_and_its_overflow_is_a_warning(tmp_path, verdict):
     # Every 5 steps the loop evaluates under no_grad; its inputs overflow fp16 in the first
     # layer (an eval-only problem). Training is healthy: nothing may be blamed on a
     # training step, and the full-statistics steps hold the training forward's rows only.
     # The evaluation's NaN/Inf is a warning of its own, naming its first module from the
     # second such evaluation on.
-    def validate(step, model, x):
-        if step % 5 == 0:
-            model.eval()
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
-                assert not torch.isfinite(model(x * 1e5)).all()
-            model.train()
+    def validate(model, x):
+        assert not torch.isfinite(model(x * 1e5)).all()
 
-    db, plain = tmp_path / "val.db", tmp_path / "plain.db"
-    fp16_loop(db, steps=20, between_steps=validate)
-    fp16_loop(plain, steps=20)
-    query = "SELECT step, fwd_order, module_id, absmax FROM act_stats ORDER BY step, fwd_order"
-    assert rows(db, query) == rows(plain, query)
+    db = evaluated_between_steps(tmp_path, validate)
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
     warned = [(f["rule"], f["severity"], f["module"]) for f in rep["findings"] if f["severity"] != "info"]
     assert warned == [("evaluation-overflow", "warning", "a")]
     assert "in 4 evaluations between the training steps" in rep["findings"][0]["evidence"]
+
+
+def test_a_part_of_the_model_the_loop_evaluates_itself_in_eval_mode_is_not_recorded_as_training(tmp_path, verdict):
+    # The model in eval mode under no_grad is an evaluation, whether the loop calls the model
+    # or one of its parts (here the first layer, on inputs that overflow it).
+    def validate_part(model, x):
+        assert not torch.isfinite(model.a(x * 1e5)).all()
+
+    code, rep = verdict(evaluated_between_steps(tmp_path, validate_part, steps=8))
+    assert code == 0, rep["findings"]
 
 
 def test_the_same_validation_in_bfloat16_as_the_report_says_is_finite_and_adds_no_finding(tmp_path, verdict):

@@ -410,24 +410,6 @@ def test_a_healthy_distillation_with_the_teacher_attached_records_its_outputs_an
     assert {"teacher.2", "student.2"} <= recorded
 
 
-def test_a_submodule_the_loop_evaluates_itself_in_eval_mode_is_not_recorded_as_training(tmp_path, verdict):
-    # The model in eval mode under no_grad is an evaluation, whether the loop calls the model
-    # or one of its parts (here the first layer, on inputs that overflow it).
-    def validate_part(step, model, x):
-        model.eval()
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
-            assert not torch.isfinite(model.a(x * 1e5)).all()
-        model.train()
-
-    db, plain = tmp_path / "part.db", tmp_path / "plain.db"
-    fp16_loop(db, steps=8, between_steps=validate_part)
-    fp16_loop(plain, steps=8)
-    query = "SELECT step, fwd_order, module_id, absmax FROM act_stats ORDER BY step, fwd_order"
-    assert rows(db, query) == rows(plain, query)
-    code, rep = verdict(db)
-    assert code == 0, rep["findings"]
-
-
 class Checkpointed(nn.Module):
     """A stem, two residual blocks run through torch.utils.checkpoint, a head."""
 

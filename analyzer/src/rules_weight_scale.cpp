@@ -1,0 +1,139 @@
+// oversized-weights: a layer whose weights were already far larger than any standard
+// initialisation makes them at the first step the agent read them (weight_norms). Kaiming
+// and Xavier initialisations, torch's defaults and GPT-style normal(0, 0.02) all give a
+// root-mean-square weight of about 0.5 to 3 over the square root of the fan-in, so that a
+// layer keeps its input's scale; weights a hundred times that make outputs a hundred times
+// their input, which the next layers in fp16 cannot hold (a custom init's std=1 on a wide
+// layer, a checkpoint saved at another scale, a weight multiplied by mistake). The module
+// that overflows is where it shows, not why; weight-growth covers weights that grew there.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "rules.h"
+#include "suggestions.h"
+
+namespace ampdiag::analyzer::rules {
+
+namespace {
+
+// RMS times the square root of the fan-in from which a layer's weights count as oversized:
+// 45 times Kaiming-normal's sqrt(2), over 100 times torch's default for Linear and Conv.
+constexpr double kOversized = 64.0;
+
+// "[256, 64, 3, 3]" as numbers; empty where it is not such a list.
+std::vector<std::int64_t> dims_of(const std::string& shape) {
+  std::vector<std::int64_t> dims;
+  if (shape.size() < 2 || shape.front() != '[' || shape.back() != ']') return {};
+  const char* p = shape.c_str() + 1;
+  while (*p != ']') {
+    char* end = nullptr;
+    const long long d = std::strtoll(p, &end, 10);
+    if (end == p || d <= 0) return {};
+    dims.push_back(d);
+    p = end;
+    while (*p == ',' || *p == ' ') ++p;
+  }
+  return dims;
+}
+
+struct Oversized {
+  const LayerSummary* layer = nullptr;
+  double scale = 0.0;  // RMS * sqrt(fan-in) at its first reading
+  std::int64_t step = 0;
+};
+
+std::string times(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.0f", v);
+  return b;
+}
+
+// The module's position in forward order (the modules table lists them as they first ran);
+// -1 where it was not probed.
+std::int64_t forward_position(const Run& run, const std::string& path) {
+  for (const auto& m : run.modules)
+    if (m.info.path == path) return m.info.id;
+  return -1;
+}
+
+}  // namespace
+
+void oversized_weights(const Run& run, std::vector<Finding>& out) {
+  std::map<std::int64_t, const rundb::WeightNormRow*> first;  // by layer id
+  for (const auto& w : run.weight_norms) {
+    auto& at = first[w.layer_id];
+    if (at == nullptr || w.step < at->step) at = &w;
+  }
+  std::vector<Oversized> found;
+  for (const auto& [id, w] : first) {
+    const LayerSummary& layer = run.layers[std::size_t(id)];
+    const std::vector<std::int64_t> dims = dims_of(layer.info.shape);
+    // A matrix or a kernel (biases and norms' scales have no fan-in); an embedding's rows are
+    // looked up, not summed over (torch initialises them at 1).
+    if (dims.size() < 2 || layer.info.numel < 256 || layer.info.module_type.find("Embedding") != std::string::npos)
+      continue;
+    const double fan_in = double(layer.info.numel) / double(dims.front());
+    const double scale = w->l2 / std::sqrt(double(layer.info.numel)) * std::sqrt(fan_in);
+    if (scale >= kOversized) found.push_back({&layer, scale, w->step});
+  }
+  if (found.empty()) return;
+  std::stable_sort(found.begin(), found.end(), [](const Oversized& a, const Oversized& b) { return a.scale > b.scale; });
+  const Oversized& top = found.front();
+  const std::string module = suggest::module_for_layer(run, top.layer->info);
+
+  // It explains an overflow that begins at its module or after it in forward order.
+  const Finding* explained = nullptr;
+  const std::int64_t position = forward_position(run, module);
+  for (const auto& f : out) {
+    if ((f.rule != "forward-nonfinite" && f.rule != "overflow-origin") || f.module.empty() ||
+        f.severity == Severity::kInfo)
+      continue;
+    const std::int64_t culprit = forward_position(run, f.module);
+    if (position < 0 || culprit < 0 || culprit >= position) {
+      explained = &f;
+      break;
+    }
+  }
+
+  Finding f;
+  f.rule = "oversized-weights";
+  f.layer = top.layer->info.name;
+  f.module = module;
+  f.steps.push_back(top.step);
+  // A warning beside the overflow's own finding, which keeps its fixes: a gain this large is
+  // what makes outputs large, but a model may have it by design (trainable Fourier features).
+  f.severity = explained ? Severity::kWarning : Severity::kInfo;
+  f.score = explained ? 60.0 : 5.0;
+  f.title = top.layer->info.name + " starts at a gain of " + times(top.scale) +
+            ", far above any standard initialisation's" +
+            (explained ? ": the overflow at " + explained->module + " likely follows from it" : ", and nothing overflowed");
+  f.evidence = "at step " + std::to_string(top.step) + " its gain, the root-mean-square value times the square root of its fan-in, was " +
+               fmt(top.scale) + " (Kaiming, Xavier and torch's default initialisations give 0.6 to 1.4: a layer that "
+               "keeps its input's scale), so its outputs are about that many times its inputs";
+  for (std::size_t i = 1; i < found.size() && i < 4; ++i)
+    f.evidence += (i == 1 ? "; also " : ", ") + found[i].layer->info.name + " (" + fmt(found[i].scale) + ")";
+  if (found.size() > 4) f.evidence += " and " + plural(std::int64_t(found.size() - 4), "more layer");
+  if (explained)
+    f.evidence += "; " + explained->module + (explained->rule == "forward-nonfinite" ? " went NaN/Inf in forward"
+                                                                                      : "'s gradients overflowed first") +
+                  " (see " + explained->rule + ")";
+  if (explained) {
+    const std::string torch_path = "model.get_submodule(\"" + module + "\")";
+    f.suggestions.push_back(
+        {"Initialise " + module + " at a standard scale (torch's default, Kaiming or Xavier), or find what made its "
+         "weights this large: a custom initialisation with std=1 on a wide layer, a checkpoint saved at another "
+         "scale, a weight multiplied by mistake. Where the gain is by design, the overflow's own fixes apply.",
+         torch_path + ".reset_parameters()  # torch's default initialisation (Linear, Conv)\n"
+         "# or: torch.nn.init.kaiming_uniform_(" + torch_path + ".weight, a=math.sqrt(5))",
+         "// where the module is made, torch's default initialisation:\nmodule->reset_parameters();",
+         ""});
+  }
+  out.push_back(f);
+}
+
+}  // namespace ampdiag::analyzer::rules

@@ -1,0 +1,69 @@
+// oversized-weights: a layer whose weights start at a gain (RMS times the square root of the
+// fan-in) far above any standard initialisation's is a warning beside the overflows at or
+// after it in forward order, whose findings keep their own fixes, and information where
+// nothing overflowed.
+#include "rule_test.h"
+
+namespace {
+
+const std::vector<std::string> kNet = {"a.weight", "b.weight", "head.weight"};
+
+// Step 0 reads the weights: `layer` at a gain of `gain` ([64, 64]: l2 = 8 * gain), the
+// others at 0.3. Then `overflows` steps where b's output goes Inf (modules a, b, head run in
+// that order), then healthy ones.
+Report run_with(const TempDir& dir, const std::string& layer, double gain, int overflows,
+                const std::map<std::string, std::string>& types = {}) {
+  RunFixture f(dir.file("run.db"), kNet, 0, 1, "float32", types);
+  for (const auto& name : kNet) f.weight_norm(name, name == layer ? 8.0 * gain : 2.4);
+  double scale = 65536;
+  for (int i = 0; i < overflows; ++i, scale /= 2)
+    f.activation("a", false).activation("b", true).activation("head", true).step(scale, scale / 2, 1000, {}, kNaN);
+  for (int i = 0; i < 6; ++i) f.activation("a", false).activation("b", false).activation("head", false).step(scale, scale);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("weights starting far above a standard initialisation's gain are named beside the overflow after them",
+          "[rules][oversized-weights]") {
+  TempDir dir;
+  const Report r = run_with(dir, "a.weight", 1000.0, 6);
+  const Finding& w = required(r, "oversized-weights");
+  CHECK(w.severity == Severity::kWarning);
+  CHECK(w.module == "a");
+  CHECK(w.title == "a.weight starts at a gain of 1000, far above any standard initialisation's: the overflow at b "
+                   "likely follows from it");
+  CHECK_THAT(w.suggestions.front().python, Catch::StartsWith("model.get_submodule(\"a\").reset_parameters()"));
+  const Finding& fw = required(r, "forward-nonfinite");  // a gain may be by design: its own fixes stay
+  CHECK(fw.severity == Severity::kError);
+  CHECK(r.findings.front().rule == "forward-nonfinite");
+}
+
+TEST_CASE("weights far above a standard initialisation's gain in a run that never overflowed are information",
+          "[rules][oversized-weights]") {
+  TempDir dir;
+  const Report r = run_with(dir, "a.weight", 1000.0, 0);
+  CHECK(r.healthy());
+  CHECK(required(r, "oversized-weights").suggestions.empty());  // info, with nothing to fix
+}
+
+TEST_CASE("an overflow before the oversized layer in forward order is not blamed on it", "[rules][oversized-weights]") {
+  TempDir dir;
+  const Report r = run_with(dir, "head.weight", 1000.0, 6);
+  CHECK(required(r, "oversized-weights").severity == Severity::kInfo);
+}
+
+TEST_CASE("weights at a gain a trained or standard layer can have are not oversized", "[rules][oversized-weights]") {
+  // GPT-style normal(0, 0.02) on a 16384-wide input is 2.6; a trained layer a few times that.
+  TempDir dir;
+  const Report r = run_with(dir, "a.weight", 40.0, 6);
+  CHECK(find(r, "oversized-weights") == nullptr);
+}
+
+TEST_CASE("an embedding's table, which torch initialises at 1 and only looks up, is not oversized",
+          "[rules][oversized-weights]") {
+  TempDir dir;
+  const Report r = run_with(dir, "a.weight", 1000.0, 6, {{"a.weight", "Embedding"}});
+  CHECK(find(r, "oversized-weights") == nullptr);
+}
