@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
@@ -86,19 +87,19 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   const Oversized& top = found.front();
   const std::string module = suggest::module_for_layer(run, top.layer->info);
 
-  // It explains an overflow that begins at its module or after it in forward order.
+  // Its outputs are large from it on in forward, and the gradients that pass back through it
+  // are as large before it: it explains a forward overflow at or after it, and a backward
+  // one anywhere. The gravest such finding is named.
   const Finding* explained = nullptr;
   const std::int64_t position = forward_position(run, module);
-  for (const auto& f : out) {
-    if ((f.rule != "forward-nonfinite" && f.rule != "overflow-origin") || f.module.empty() ||
-        f.severity == Severity::kInfo)
-      continue;
-    const std::int64_t culprit = forward_position(run, f.module);
-    if (position < 0 || culprit < 0 || culprit >= position) {
-      explained = &f;
-      break;
+  for (const Severity severity : {Severity::kError, Severity::kWarning})
+    for (const auto& f : out) {
+      if (explained || f.severity != severity || f.module.empty() ||
+          (f.rule != "forward-nonfinite" && f.rule != "overflow-origin"))
+        continue;
+      const std::int64_t culprit = forward_position(run, f.module);
+      if (f.rule == "overflow-origin" || position < 0 || culprit < 0 || culprit >= position) explained = &f;
     }
-  }
 
   Finding f;
   f.rule = "oversized-weights";

@@ -54,6 +54,20 @@ TEST_CASE("an overflow before the oversized layer in forward order is not blamed
   CHECK(required(r, "oversized-weights").severity == Severity::kInfo);
 }
 
+TEST_CASE("a backward overflow before the oversized layer is named: its gradient passed back through it",
+          "[rules][oversized-weights]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kNet);
+  for (const auto& name : kNet) f.weight_norm(name, name == "head.weight" ? 8000.0 : 2.4);
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2)  // every output finite, a first in forward order
+    f.activation("a", false).activation("b", false).activation("head", false).step(scale, scale / 2, 1000, {"a.weight"});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(required(r, "oversized-weights").title == "head.weight starts at a gain of 1000, far above any standard "
+                                                  "initialisation's: the overflow at a likely follows from it");
+}
+
 TEST_CASE("weights at a gain a trained or standard layer can have are not oversized", "[rules][oversized-weights]") {
   // GPT-style normal(0, 0.02) on a 16384-wide input is 2.6; a trained layer a few times that.
   TempDir dir;
