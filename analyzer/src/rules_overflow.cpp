@@ -52,6 +52,26 @@ const ModuleSummary* last_module(const Run& run) {
   return nullptr;
 }
 
+// The first module, in forward order (the modules table's), whose outputs reached 100 times
+// the largest of every module before it, and at least 256: where a model's values jump (a
+// projection whose weights are 1e4 times too large, a frozen encoder's included), not
+// where they grew a few times a block as a residual stream does. `module` null where none
+// did; `before`: that largest output before it.
+struct OutputJump {
+  const ModuleSummary* module = nullptr;
+  float before = 0.0f;
+};
+
+OutputJump output_jump(const Run& run) {
+  float before = 0.0f;
+  for (const auto& m : run.modules) {
+    if (m.info.path.empty() || !(m.max_absmax > 0.0f)) continue;
+    if (before > 0.0f && m.max_absmax >= 256.0f && m.max_absmax >= 100.0f * before) return {&m, before};
+    before = std::max(before, m.max_absmax);
+  }
+  return {};
+}
+
 // A step whose forward already went non-finite is a forward problem: every gradient is
 // NaN then, and "first in backward" would only name the loss's last layer. Not so a module
 // that makes NaN/Inf by design (a -inf mask) while the loss stayed finite.
@@ -336,13 +356,20 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       // makes large values (a head initialised 1e4 times too large), which no target
       // normalisation fixes. Small ones leave the targets, or a sum.
       const ModuleSummary* last = last_module(run);
+      const OutputJump jump = output_jump(run);
       const bool large_outputs =
           last && std::isfinite(loss) && loss > 0 && double(last->max_absmax) >= std::sqrt(loss) / 10.0;
       const std::string targets =
           large_outputs ? "; the model's outputs are large too (" + last->info.path + "'s, the last module's, reach " +
                               fmt(last->max_absmax) + "): where the targets are that large, normalise them to unit "
-                              "spread, and where they are not, find what makes the outputs so large (its weights, its "
-                              "input's scale); or average"
+                              "spread, and where they are not, find what makes the outputs so large" +
+                              (jump.module != nullptr && jump.module != last
+                                   ? ": " + jump.module->info.path + "'s reach " + fmt(jump.module->max_absmax) + ", " +
+                                         fmt(std::floor(double(jump.module->max_absmax) / double(jump.before))) +
+                                         " times the largest output of any module before it in forward order (its "
+                                         "weights, its input's scale)"
+                                   : std::string(" (its weights, its input's scale)")) +
+                              "; or average"
                         : ": normalise the regression targets to unit spread, average";
       f.suggestions.push_back(
           {"Shrink the loss where it is made" +

@@ -141,13 +141,16 @@ TEST_CASE("a layer whose finite steps show gradients beyond fp16's range unscale
 
 namespace {
 
-// The run above with enc and head probed, head's outputs reaching `head_output`.
-Report loss_too_large_run(double head_output) {
+// The run above with enc and head probed, head's outputs reaching `head_output`; with a
+// module "mid" between them whose outputs reach `mid_output`, where given.
+Report loss_too_large_run(double head_output, double mid_output = 0.0) {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
   double scale = 65536;
   for (int i = 0; i < 30; ++i) {
-    f.activation("enc", false, 3.0).activation("head", false, head_output);
+    f.activation("enc", false, 3.0);
+    if (mid_output > 0.0) f.activation("mid", false, mid_output);
+    f.activation("head", false, head_output);
     if (i < 20) {
       f.step(scale, scale / 2, 1000, {"head.weight"}, 9e10);
       scale /= 2;
@@ -178,6 +181,15 @@ TEST_CASE("a loss too large for fp16 with large model outputs names them beside 
              Catch::Contains("the model's outputs are large too (head's, the last module's, reach 200000): where the "
                              "targets are that large, normalise them") &&
                  Catch::Contains("find what makes the outputs so large"));
+}
+
+TEST_CASE("a loss too large for fp16 names the module where the outputs jump", "[rules]") {
+  // A frozen encoder's projection 1e4 times too large: its outputs reach 30000 from inputs
+  // of at most 3, and the head after it makes them larger still.
+  const Report r = loss_too_large_run(2e5, 30000.0);
+  CHECK_THAT(required(r, "overflow-origin").suggestions[0].summary,
+             Catch::Contains("find what makes the outputs so large: mid's reach 30000, 10000 times the largest output "
+                             "of any module before it in forward order"));
 }
 
 TEST_CASE("a scale stuck at its floor is a collapse", "[rules]") {
