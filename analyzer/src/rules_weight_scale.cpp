@@ -42,6 +42,14 @@ std::vector<std::int64_t> dims_of(const std::string& shape) {
   return dims;
 }
 
+// Whether a parameter's name is a weight's: its last part holds "weight", or it is a
+// parametrized weight's original (M.parametrizations.weight.original).
+bool weight_named(const std::string& name) {
+  const std::size_t dot = name.rfind('.');
+  return name.find("weight", dot == std::string::npos ? 0 : dot) != std::string::npos ||
+         name.find(".weight.") != std::string::npos;
+}
+
 struct Oversized {
   const LayerSummary* layer = nullptr;
   double scale = 0.0;  // RMS * sqrt(fan-in) at its first reading
@@ -74,9 +82,13 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   for (const auto& [id, w] : first) {
     const LayerSummary& layer = run.layers[std::size_t(id)];
     const std::vector<std::int64_t> dims = dims_of(layer.info.shape);
-    // A matrix or a kernel (biases and norms' scales have no fan-in); an embedding's rows are
-    // looked up, not summed over (torch initialises them at 1).
-    if (dims.size() < 2 || layer.info.numel < 256 || layer.info.module_type.find("Embedding") != std::string::npos)
+    // A layer's weight matrix or kernel (biases and norms' scales have no fan-in), by its
+    // name (weight, in_proj_weight, weight_ih_l0, parametrizations.weight.original); not a
+    // table whose rows are looked up or added, not summed over: an embedding's (torch
+    // initialises them at 1), a position embedding or class token held as a plain parameter
+    // (vit-pytorch's torch.randn(1, 65, dim)).
+    if (dims.size() < 2 || layer.info.numel < 256 || layer.info.module_type.find("Embedding") != std::string::npos ||
+        !weight_named(layer.info.name))
       continue;
     const double fan_in = double(layer.info.numel) / double(dims.front());
     const double scale = w->l2 / std::sqrt(double(layer.info.numel)) * std::sqrt(fan_in);

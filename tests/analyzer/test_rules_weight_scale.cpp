@@ -6,7 +6,7 @@
 
 namespace {
 
-const std::vector<std::string> kNet = {"a.weight", "b.weight", "head.weight"};
+const std::vector<std::string> kNet = {"a.weight", "b.weight", "head.weight", "pos_embedding"};
 
 // Step 0 reads the weights: `layer` at a gain of `gain` ([64, 64]: l2 = 8 * gain), the
 // others at 0.3. Then `overflows` steps where b's output goes Inf (modules a, b, head run in
@@ -79,5 +79,13 @@ TEST_CASE("an embedding's table, which torch initialises at 1 and only looks up,
           "[rules][oversized-weights]") {
   TempDir dir;
   const Report r = run_with(dir, "a.weight", 1000.0, 6, {{"a.weight", "Embedding"}});
+  CHECK(find(r, "oversized-weights") == nullptr);
+}
+
+TEST_CASE("a position embedding held as a plain parameter, added and not summed over, is not oversized",
+          "[rules][oversized-weights]") {
+  // vit-pytorch's nn.Parameter(torch.randn(1, 65, dim)): values of 1 over a "fan-in" of 65 * dim.
+  TempDir dir;
+  const Report r = run_with(dir, "pos_embedding", 1000.0, 6);
   CHECK(find(r, "oversized-weights") == nullptr);
 }
