@@ -343,14 +343,26 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     // precision (sqrt or norm of 0), which pinning cannot help. Neither is ruled out.
     const bool at_any_scale = harms && run.has_scaler() && m.lowest_scale <= 1.0;
     // Where its finite steps show gradients beyond fp16's range unscaled, that is why.
-    const auto [true_max, true_max_step] =
-        at_any_scale && run.fp16() ? largest_true_gradient(run, m.layers) : std::pair<double, std::int64_t>{0.0, -1};
-    const bool too_large = true_max > run.fp_max;
+    // So is a scale that settled below the floor, above 1, where they fit only there: the
+    // gradients themselves are hundreds of times larger than a loss of order 1 makes (raw
+    // 0..255 pixels as an autoencoder's targets: a loss around 6600, the scale down to 16).
+    const bool below_floor = harms && run.has_scaler() && !at_any_scale && m.lowest_scale < t.scale_floor;
+    const auto [true_max, true_max_step] = (at_any_scale || below_floor) && run.fp16()
+                                               ? largest_true_gradient(run, m.layers)
+                                               : std::pair<double, std::int64_t>{0.0, -1};
+    const bool too_large = true_max > (at_any_scale ? run.fp_max : run.fp_max / t.scale_floor);
     if (too_large) {
-      f.title = place + "'s gradients exceed fp16's range even unscaled (up to " + fmt(true_max) + ")";
+      f.title = at_any_scale ? place + "'s gradients exceed fp16's range even unscaled (up to " + fmt(true_max) + ")"
+                             : place + "'s gradients are too large for a loss scale above the floor of " +
+                                   fmt(t.scale_floor) + " (up to " + fmt(true_max) + " unscaled)";
       f.evidence += "; in the steps where they stayed finite the largest unscaled one was " + fmt(true_max) + " (step " +
-                    std::to_string(true_max_step) + "), above fp16's 65504: the scale has to stay below 1 to fit them "
-                    "(they overflowed down to " + fmt(m.lowest_scale) + "), which flushes the small ones to zero";
+                    std::to_string(true_max_step) + ")" +
+                    (at_any_scale ? ", above fp16's 65504: the scale has to stay below 1 to fit them "
+                                    "(they overflowed down to " + fmt(m.lowest_scale) + "), which flushes the small ones "
+                                    "to zero"
+                                  : ", above 65504 / " + fmt(t.scale_floor) + ": the scale has to stay below the floor "
+                                    "to fit them (they overflowed down to " + fmt(m.lowest_scale) + "), where small "
+                                    "gradients flush to zero");
       const double loss = median_loss(run);
       // Outputs near the loss's root are the model's: large targets learnt, or a model that
       // makes large values (a head initialised 1e4 times too large), which no target

@@ -139,6 +139,22 @@ TEST_CASE("a layer whose finite steps show gradients beyond fp16's range unscale
   CHECK_THAT(o->suggestions[1].summary, Catch::StartsWith("Run head in FP32"));
 }
 
+TEST_CASE("a layer whose gradients fit only below the floor scale is told to shrink the loss", "[rules]") {
+  // An autoencoder on raw 0..255 pixels: a loss around 9000, the scaler settles at 16, where
+  // the last layer's gradients (~2300 unscaled) fit. Normalised inputs train at 65536.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"}, 9000);
+  for (int i = 0; i < 20; ++i) f.step(scale, scale, 37000, {}, 9000);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding& o = required(r, "overflow-origin");
+  CHECK(o.title == "head's gradients are too large for a loss scale above the floor of 128 (up to 2312.5 unscaled)");
+  CHECK_THAT(o.evidence, Catch::Contains("above 65504 / 128: the scale has to stay below the floor to fit them"));
+  CHECK_THAT(o.suggestions.front().summary, Catch::StartsWith("Shrink the loss where it is made (it is around 9000"));
+}
+
 namespace {
 
 // The run above with enc and head probed, head's outputs reaching `head_output`; with a
