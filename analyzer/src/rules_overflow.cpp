@@ -346,7 +346,10 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     // So is a scale that settled below the floor, above 1, where they fit only there: the
     // gradients themselves are hundreds of times larger than a loss of order 1 makes (raw
     // 0..255 pixels as an autoencoder's targets: a loss around 6600, the scale down to 16).
-    const bool below_floor = harms && run.has_scaler() && !at_any_scale && m.lowest_scale < t.scale_floor;
+    // Not where the gradient reaching its output was already NaN/Inf: then the code after it
+    // (a gain) made them large in its fp16 backward, and the module's FP32 pin holds them.
+    const bool below_floor = harms && run.has_scaler() && !at_any_scale && m.lowest_scale < t.scale_floor &&
+                             output_gradient(run, module).seen != "nonfinite";
     const auto [true_max, true_max_step] = (at_any_scale || below_floor) && run.fp16()
                                                ? largest_true_gradient(run, m.layers)
                                                : std::pair<double, std::int64_t>{0.0, -1};
