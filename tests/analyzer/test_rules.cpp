@@ -119,17 +119,27 @@ TEST_CASE("a layer going NaN first at scales below 1 gets its backward looked at
   CHECK_THAT(o->suggestions[1].summary, Catch::StartsWith("If its true gradients are the ones beyond fp16: Run enc in FP32"));
 }
 
+namespace {
+
+// head's gradients overflow at every step from a scale of 65536 down, `backoffs` times (the
+// loss at `loss`), then the scale stays where they fit, at a scaled abs-max of 37000.
+Report settled_where_head_fits(const TempDir& dir, int backoffs, int settled, double loss) {
+  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  double scale = 65536;
+  for (int i = 0; i < backoffs; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"}, loss);
+  for (int i = 0; i < settled; ++i) f.step(scale, scale, 37000, {}, loss);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
 TEST_CASE("a layer whose finite steps show gradients beyond fp16's range unscaled is told to shrink the loss",
           "[rules]") {
   // Unnormalised regression targets (a loss around 9e10): the scaler settles at 1/16, where
   // the last layer's gradients fit, and their unscaled size is ~6e5. No sqrt is to blame.
   TempDir dir;
-  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
-  double scale = 65536;
-  for (int i = 0; i < 20; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"}, 9e10);
-  for (int i = 0; i < 10; ++i) f.step(scale, scale, 37000, {}, 9e10);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  const auto r = settled_where_head_fits(dir, 20, 10, 9e10);
   const Finding* o = find(r, "overflow-origin");
   REQUIRE(o != nullptr);
   CHECK(o->module == "head");
@@ -143,12 +153,7 @@ TEST_CASE("a layer whose gradients fit only below the floor scale is told to shr
   // An autoencoder on raw 0..255 pixels: a loss around 9000, the scaler settles at 16, where
   // the last layer's gradients (~2300 unscaled) fit. Normalised inputs train at 65536.
   TempDir dir;
-  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
-  double scale = 65536;
-  for (int i = 0; i < 12; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"}, 9000);
-  for (int i = 0; i < 20; ++i) f.step(scale, scale, 37000, {}, 9000);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  const auto r = settled_where_head_fits(dir, 12, 20, 9000);
   const Finding& o = required(r, "overflow-origin");
   CHECK(o.title == "head's gradients are too large for a loss scale above the floor of 128 (up to 2312.5 unscaled)");
   CHECK_THAT(o.evidence, Catch::Contains("above 65504 / 128: the scale has to stay below the floor to fit them"));

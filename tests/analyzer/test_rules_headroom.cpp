@@ -9,11 +9,12 @@
 namespace {
 
 // A scale settled at 1024 after one overflow from 65536, every layer's gradient at 50000;
-// b.weight mostly zero or subnormal where `underflow`.
-Report settled_near_top(bool underflow) {
+// b.weight mostly zero or subnormal where `underflow` (`zeros` exactly zero, `subnormal`
+// fp16-subnormal).
+Report settled_near_top(bool underflow, double zeros = 0.6, double subnormal = 0.2) {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
-  if (underflow) f.zeros_fraction("b.weight", 0.6, 0.2);
+  if (underflow) f.zeros_fraction("b.weight", zeros, subnormal);
   f.step(65536, 1024, 50000, {"a.weight"});
   for (int i = 0; i < 10; ++i) f.step(1024, 1024, 50000);
   f.finish();
@@ -45,17 +46,10 @@ TEST_CASE("a layer near the fp16 maximum while nothing underflows is information
 TEST_CASE("a layer near the fp16 maximum beside a gradient that no scale changes is information", "[rules]") {
   // b.weight's zeros are exact, far more than its subnormals: an informational underflow
   // finding, which a higher scale would not change, so the limit costs nothing either.
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.zeros_fraction("b.weight", 0.75, 0.09);
-  f.step(65536, 1024, 50000, {"a.weight"});
-  for (int i = 0; i < 10; ++i) f.step(1024, 1024, 50000);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* h = find(r, "low-headroom");
-  REQUIRE(h != nullptr);
-  CHECK(h->severity == Severity::kInfo);
-  CHECK(h->suggestions.empty());
+  const auto r = settled_near_top(true, 0.75, 0.09);
+  const Finding& h = required(r, "low-headroom");
+  CHECK(h.severity == Severity::kInfo);
+  CHECK(h.suggestions.empty());
 }
 
 TEST_CASE("a finite gradient far beyond fp16's range is made in FP32 and holds no scale down", "[rules]") {
