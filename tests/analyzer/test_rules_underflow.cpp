@@ -1,0 +1,186 @@
+// underflow on hand-built run.db fixtures: zeros and fp16 subnormals that a low loss scale
+// makes, told apart from those no scale makes or lifts (a cancelled bias, exact zeros, a
+// gradient the other layers leave no room to raise), and the fix each gets.
+#include "rule_test.h"
+
+TEST_CASE("a layer whose gradient is mostly zero or fp16-subnormal is an underflow", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.6, 0.2);
+  for (int i = 0; i < 10; ++i) f.step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* u = find(r, "underflow");
+  REQUIRE(u != nullptr);
+  CHECK(u->layer == "b.weight");
+}
+
+namespace {
+
+// b.weight's gradient `zeros` exactly zero and `subnormal` fp16-subnormal (each step's L2 norm
+// `b_l2` where given) beside the other layers' at a scaled abs-max of `absmax`, 10 steps at a
+// scale of 65536.
+Report underflowing_b(const TempDir& dir, double zeros, double subnormal, double b_l2 = 0.0, double absmax = 1000.0) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", zeros, subnormal);
+  for (int i = 0; i < 10; ++i) {
+    if (b_l2 > 0.0) f.clipped(b_l2, {"b.weight"});
+    f.step(65536, 65536, absmax);
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("exact zeros many times the subnormals beside normal values are information, not an underflow", "[rules]") {
+  // A saturated softmax's query and key gradients: 75% exactly zero, 9% subnormal, 16% normal.
+  TempDir dir;
+  const auto r = underflowing_b(dir, 0.75, 0.09);
+  const Finding& u = required(r, "underflow");
+  CHECK(u.severity == Severity::kInfo);
+  CHECK_THAT(u.title, Catch::Contains("mostly exact zeros that the loss scale does not make"));
+  CHECK(u.suggestions.empty());
+}
+
+TEST_CASE("an underflow's higher init_scale stops where another layer's gradients would pass fp16's top", "[rules]") {
+  // Every other gradient at 1000 scaled at 65536: a scale above 65536 * 65504 / 1000 (2^22.03)
+  // would make them Inf, and the scaler would back off to it anyway.
+  TempDir dir;
+  const auto r = underflowing_b(dir, 0.6, 0.2);
+  const Finding& u = required(r, "underflow");
+  CHECK_THAT(u.suggestions.front().python, Catch::Contains("init_scale=2.0**22"));
+  CHECK_THAT(u.suggestions.front().summary, Catch::Contains("up to 2**22: above it, a.weight's recorded gradients"));
+}
+
+TEST_CASE("an underflow no loss scale lifts without another layer overflowing is not told to raise the scale",
+          "[rules]") {
+  // b's gradient: RMS 1e-7 at a scale of 65536. At 2^22, where a's gradients would pass
+  // 65504, its RMS is 6.5e-6, a tenth of fp16's smallest normal: at most ~1% of its values
+  // can reach the normal range (Chebyshev), so scaler settings cannot help.
+  TempDir dir;
+  const auto r = underflowing_b(dir, 0.6, 0.2, 64 * 1e-7);
+  const Finding& u = required(r, "underflow");
+  CHECK_THAT(u.title, Catch::Contains("no loss scale lifts it without a.weight overflowing"));
+  CHECK_THAT(u.evidence, Catch::Contains("at 2**22, the largest scale at which a.weight's recorded gradients stay"));
+  REQUIRE(u.suggestions.size() == 1);
+  CHECK_THAT(u.suggestions.front().summary, Catch::Contains("bfloat16"));
+}
+
+TEST_CASE("an underflow beside gradients already at fp16's top says the scale cannot double", "[rules]") {
+  TempDir dir;
+  const auto r = underflowing_b(dir, 0.6, 0.2, 0.0, 50000);
+  const Finding& u = required(r, "underflow");
+  CHECK_THAT(u.evidence, Catch::Contains("the scale cannot double: a.weight's gradients already came within a factor "
+                                         "of 1.31 of 65504"));
+  for (const auto& s : u.suggestions) CHECK_THAT(s.python, !Catch::Contains("init_scale"));
+}
+
+TEST_CASE("an fp16 run whose GradScaler was disabled is told to enable it, not to add one", "[rules]") {
+  // GradScaler(enabled=use_amp) with use_amp off while autocast still runs in fp16.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.meta("scaler_enabled", "0").event("scaler-disabled", "the GradScaler is disabled (enabled=False)");
+  f.zeros_fraction("b.weight", 0.6, 0.2);
+  for (int i = 0; i < 10; ++i) f.step(1, 1);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* u = find(r, "underflow");
+  REQUIRE(u != nullptr);
+  CHECK_THAT(u->suggestions.front().summary, Catch::StartsWith("Enable the loss scaler"));
+  CHECK_THAT(u->suggestions.front().python, Catch::Contains("enabled=True"));
+}
+
+namespace {
+
+// An attention key's bias whose gradient has the L2 norm `bias_l2` at every step (95 % of it
+// fp16-subnormal, `zeros` exact zeros) beside key.weight's and query.weight's (10 to 20).
+Report key_bias_run(const TempDir& dir, double bias_l2, double zeros) {
+  RunFixture f(dir.file("run.db"), {"key.weight", "key.bias", "query.weight"});
+  f.zeros_fraction("key.bias", zeros, 0.95);
+  for (int i = 0; i < 10; ++i) f.clipped(bias_l2, {"key.bias"}).step(65536, 65536);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a bias whose gradient is rounding far below its weight's at the same scale is info, not underflow",
+          "[rules]") {
+  // BERT's attention key bias: it shifts every score of a query alike, so softmax cancels its
+  // gradient to rounding, 1e-4 of the key weight's per element, fp16-subnormal at 65536.
+  TempDir dir;
+  const auto r = key_bias_run(dir, 1e-4, 0.0);
+  CHECK(r.healthy());
+  const Finding* u = find(r, "underflow");
+  REQUIRE(u != nullptr);
+  CHECK(u->severity == Severity::kInfo);
+  CHECK_THAT(u->title, Catch::StartsWith("key.bias's gradient cancels to rounding, far below key.weight's"));
+  CHECK(u->suggestions.empty());
+}
+
+TEST_CASE("a bias at 1/725 of its weight's gradient, ELECTRA's first key bias after an unnormalised projection, is "
+          "rounding too",
+          "[rules]") {
+  TempDir dir;
+  const auto r = key_bias_run(dir, 0.02, 0.03);
+  CHECK(r.healthy());
+  const Finding* u = find(r, "underflow");
+  REQUIRE(u != nullptr);
+  CHECK(u->severity == Severity::kInfo);
+}
+
+TEST_CASE("a bias at 1/300 of its weight's gradient, as inputs of RMS 300 leave it, is an underflow", "[rules]") {
+  TempDir dir;
+  const auto r = key_bias_run(dir, 0.05, 0.03);
+  const Finding* u = find(r, "underflow");
+  REQUIRE(u != nullptr);
+  CHECK(u->severity == Severity::kWarning);
+}
+
+TEST_CASE("a small bias beside a weight that underflows too is an underflow", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"key.weight", "key.bias"});
+  f.zeros_fraction("key.bias", 0.0, 0.95).zeros_fraction("key.weight", 0.6, 0.2);
+  for (int i = 0; i < 10; ++i) f.clipped(1e-4, {"key.bias"}).step(65536, 65536);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  for (const auto& finding : r.findings)
+    if (finding.rule == "underflow") CHECK(finding.severity == Severity::kWarning);
+  REQUIRE(find(r, "underflow") != nullptr);
+}
+
+TEST_CASE("zeros without any fp16-subnormal value are structural, not underflow", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.9);  // dead units, masked rows: no value near the bottom of the range
+  for (int i = 0; i < 10; ++i) f.step(65536, 65536);
+  f.finish();
+  CHECK(report_of(dir.file("run.db")).healthy());
+}
+
+TEST_CASE("an all-zero gradient (a layer the step did not use) is not underflow", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 1.0, 0.0);
+  for (int i = 0; i < 10; ++i) f.step(65536, 65536);
+  f.finish();
+  CHECK(report_of(dir.file("run.db")).healthy());
+}
+
+TEST_CASE("underflow while an overflow holds the scale down says to fix the overflow first", "[rules]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.6, 0.2);
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"a.weight"});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* u = find(r, "underflow");
+  REQUIRE(u != nullptr);
+  REQUIRE(u->suggestions.size() == 1);
+  CHECK_THAT(u->suggestions.front().summary, Catch::Contains("Fix the overflow in a first"));
+  const Finding* c = find(r, "scale-collapse");
+  REQUIRE(c != nullptr);
+  CHECK_THAT(c->suggestions.front().summary, Catch::Contains("Fix the overflow in a "));
+}
