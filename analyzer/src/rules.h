@@ -31,6 +31,8 @@ double harmful_skip_rate(const Run& run);
 // exceed the skip-rate threshold.
 bool overflow_hurts(const Run& run, const Thresholds& t);
 
+// Each recorded step's loss scale before it ran, by step.
+std::map<std::int64_t, double> scales_before(const Run& run);
 // "1 step", "3 steps".
 std::string plural(std::int64_t n, const std::string& noun);
 // "3, 7, 11, ..." : the first `limit` steps, and "..." for more.

@@ -82,8 +82,7 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
     return f.rule == "underflow" && f.severity != Severity::kInfo;
   });
   const std::string underflow_layer = underflowing == out.end() ? "" : underflowing->layer;
-  std::map<std::int64_t, double> scale_at;
-  for (const auto& s : run.steps) scale_at[s.row.step] = s.row.scale_before;
+  const std::map<std::int64_t, double> scale_at = scales_before(run);
   const auto sums = summed_losses(run);
   const double init = run.steps.front().row.scale_before;
   // log2 of every sample of a 50 M-row run costs more than reading it: only abs-maxes
@@ -176,28 +175,37 @@ std::pair<double, const LayerSummary*> below_siblings(const Run& run, const Laye
   return lowest;
 }
 
-
-// The largest loss scale at which none of the other layers' recorded finite gradients that
-// fp16 bounds would have passed its top, and the layer that sets it; infinite where none.
+// The largest loss scale at which none of a layer's recorded finite gradients would have
+// passed fp16's top, and that layer; infinite where there is none.
 struct ScaleRoom {
   double scale = INFINITY;
   const LayerSummary* layer = nullptr;
 };
 
-ScaleRoom scale_room(const Run& run, const LayerSummary& except, const std::map<std::int64_t, double>& scale_at) {
+// Each layer's whose gradient fp16 bounds (bounds_the_scale).
+std::vector<ScaleRoom> scale_rooms(const Run& run, const std::map<std::int64_t, double>& scale_at) {
   const std::set<std::int64_t> shared = shared_layers(run);
   const auto sums = summed_losses(run);
-  ScaleRoom room;
+  std::vector<ScaleRoom> rooms;
   for (const auto& layer : run.layers) {
-    if (&layer == &except || !bounds_the_scale(run, layer, shared, sums)) continue;
+    if (!bounds_the_scale(run, layer, shared, sums)) continue;
+    ScaleRoom room{INFINITY, &layer};
     for (const auto& g : layer.samples) {
       const auto at = scale_at.find(g.step);
       if (g.nonfinite || !(g.absmax > 0.0f) || at == scale_at.end() || !(at->second > 0.0)) continue;
-      const double allowed = at->second * run.fp_max / double(g.absmax);
-      if (allowed < room.scale) room = {allowed, &layer};
+      room.scale = std::min(room.scale, at->second * run.fp_max / double(g.absmax));
     }
+    rooms.push_back(room);
   }
-  return room;
+  return rooms;
+}
+
+// The least of `rooms` but `except`'s: how far the other layers let the scale grow.
+ScaleRoom room_beside(const std::vector<ScaleRoom>& rooms, const LayerSummary& except) {
+  ScaleRoom least;
+  for (const auto& room : rooms)
+    if (room.layer != &except && room.scale < least.scale) least = room;
+  return least;
 }
 
 std::string three_digits(double v) {
@@ -214,6 +222,9 @@ std::string power_of_two(double scale) { return "2**" + std::to_string(int(std::
 void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   // bf16 has fp32's exponent range: its zeros are not the loss scale's to fix.
   if (!run.fp16()) return;
+  const std::map<std::int64_t, double> scale_at = scales_before(run);
+  std::vector<ScaleRoom> rooms;  // read once a layer underflows at all
+  bool rooms_read = false;
   for (const auto& layer : run.layers) {
     if (layer.info.numel < 16) continue;  // a handful of values says nothing about a distribution
     const bool embedding = embedding_like(layer.info);
@@ -292,18 +303,19 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
       // How far the scale can grow is what the other gradients leave below fp16's top. Where
       // that cannot lift most of this one into the normal range, no scaler setting helps: by
       // Chebyshev's inequality at most (RMS * scale / 2^-14)^2 of its values reach 2^-14.
-      std::map<std::int64_t, double> scale_at;
-      for (const auto& s : run.steps) scale_at[s.row.step] = s.row.scale_before;
       std::vector<double> rms;  // per element, unscaled
       for (const auto& s : layer.samples) {
         const auto at = scale_at.find(s.step);
         if (s.nonfinite || s.zero_q == 65535 || at == scale_at.end() || !(at->second > 0.0)) continue;
         rms.push_back(double(s.l2) / std::sqrt(double(layer.info.numel)) / at->second);
       }
-      std::nth_element(rms.begin(), rms.begin() + std::ptrdiff_t(rms.size() / 2), rms.end());
-      const double typical = rms.empty() ? 0.0 : rms[rms.size() / 2];
+      const double typical = rms.empty() ? 0.0 : median_of(rms);
       const double scale = run.steps.back().row.scale_after;
-      const ScaleRoom room = scale_room(run, layer, scale_at);
+      if (!rooms_read) {
+        rooms = scale_rooms(run, scale_at);
+        rooms_read = true;
+      }
+      const ScaleRoom room = room_beside(rooms, layer);
       const double smallest_normal = std::ldexp(1.0, -14);
       const double reach = typical * room.scale / smallest_normal;
       const bool no_room = room.layer && room.scale < 2.0 * scale;

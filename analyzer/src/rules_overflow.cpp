@@ -20,8 +20,7 @@ namespace {
 // The largest unscaled gradient of these layers in the steps where they stayed finite, and
 // its step (-1: none): above the dtype's maximum, the true gradients do not fit at any scale >= 1.
 std::pair<double, std::int64_t> largest_true_gradient(const Run& run, const std::map<std::int64_t, std::int64_t>& layers) {
-  std::map<std::int64_t, double> scale_of;
-  for (const auto& s : run.steps) scale_of[s.row.step] = s.row.scale_before;
+  const std::map<std::int64_t, double> scale_of = scales_before(run);
   double largest = 0.0;
   std::int64_t at = -1;
   for (const auto& [id, _] : layers)
@@ -348,8 +347,9 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     // 0..255 pixels as an autoencoder's targets: a loss around 6600, the scale down to 16).
     // Not where the gradient reaching its output was already NaN/Inf: then the code after it
     // (a gain) made them large in its fp16 backward, and the module's FP32 pin holds them.
+    const OutputGradient reaching = output_gradient(run, module);
     const bool below_floor = harms && run.has_scaler() && !at_any_scale && m.lowest_scale < t.scale_floor &&
-                             output_gradient(run, module).seen != "nonfinite";
+                             reaching.seen != "nonfinite";
     const auto [true_max, true_max_step] = (at_any_scale || below_floor) && run.fp16()
                                                ? largest_true_gradient(run, m.layers)
                                                : std::pair<double, std::int64_t>{0.0, -1};
@@ -434,7 +434,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     }
     // A replay that ran on a finite output gradient already says where they were made.
     const OutputGradient entry =
-        replay.outcome.empty() || replay.outcome == "unconfirmed" ? output_gradient(run, module) : OutputGradient{};
+        replay.outcome.empty() || replay.outcome == "unconfirmed" ? reaching : OutputGradient{};
     const bool entered = entry.seen == "nonfinite";
     const std::string code_after = "the code that uses " + module + "'s output";
     const auto most = std::max_element(m.after.begin(), m.after.end(),

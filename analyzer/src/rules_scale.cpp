@@ -26,6 +26,12 @@ double median_of(std::vector<double>& values) {
   return *mid;
 }
 
+std::map<std::int64_t, double> scales_before(const Run& run) {
+  std::map<std::int64_t, double> scales;
+  for (const auto& s : run.steps) scales[s.row.step] = s.row.scale_before;
+  return scales;
+}
+
 std::string plural(std::int64_t n, const std::string& noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }

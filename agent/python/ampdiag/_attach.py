@@ -408,7 +408,7 @@ class AttachHandle:
         step's loss takes. An evaluation has the model in eval mode."""
         if self._begin_forward_cycle():
             return True
-        return not self._inert and root.training and not self._in_root_forward and self._begin_cycle()
+        return root.training and not self._in_root_forward and self._begin_cycle()
 
     def _arrival_hook(self, layer):
         arrived = self._session.arrived  # bound once: this runs for every gradient of every step
