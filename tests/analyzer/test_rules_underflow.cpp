@@ -3,18 +3,6 @@
 // gradient the other layers leave no room to raise), and the fix each gets.
 #include "rule_test.h"
 
-TEST_CASE("a layer whose gradient is mostly zero or fp16-subnormal is an underflow", "[rules]") {
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.zeros_fraction("b.weight", 0.6, 0.2);
-  for (int i = 0; i < 10; ++i) f.step(65536, 65536);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* u = find(r, "underflow");
-  REQUIRE(u != nullptr);
-  CHECK(u->layer == "b.weight");
-}
-
 namespace {
 
 // b.weight's gradient `zeros` exactly zero and `subnormal` fp16-subnormal (each step's L2 norm
@@ -32,6 +20,15 @@ Report underflowing_b(const TempDir& dir, double zeros, double subnormal, double
 }
 
 }  // namespace
+
+TEST_CASE("a layer whose gradient is mostly zero or fp16-subnormal is an underflow", "[rules]") {
+  TempDir dir;
+  const auto r = underflowing_b(dir, 0.6, 0.2);
+  const Finding* u = find(r, "underflow");
+  REQUIRE(u != nullptr);
+  CHECK(u->layer == "b.weight");
+}
+
 
 TEST_CASE("exact zeros many times the subnormals beside normal values are information, not an underflow", "[rules]") {
   // A saturated softmax's query and key gradients: 75% exactly zero, 9% subnormal, 16% normal.
@@ -152,20 +149,12 @@ TEST_CASE("a small bias beside a weight that underflows too is an underflow", "[
 
 TEST_CASE("zeros without any fp16-subnormal value are structural, not underflow", "[rules]") {
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.zeros_fraction("b.weight", 0.9);  // dead units, masked rows: no value near the bottom of the range
-  for (int i = 0; i < 10; ++i) f.step(65536, 65536);
-  f.finish();
-  CHECK(report_of(dir.file("run.db")).healthy());
+  CHECK(underflowing_b(dir, 0.9, 0.0).healthy());  // dead units, masked rows: no value near the bottom of the range
 }
 
 TEST_CASE("an all-zero gradient (a layer the step did not use) is not underflow", "[rules]") {
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.zeros_fraction("b.weight", 1.0, 0.0);
-  for (int i = 0; i < 10; ++i) f.step(65536, 65536);
-  f.finish();
-  CHECK(report_of(dir.file("run.db")).healthy());
+  CHECK(underflowing_b(dir, 1.0, 0.0).healthy());
 }
 
 TEST_CASE("underflow while an overflow holds the scale down says to fix the overflow first", "[rules]") {
