@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 
 #include "rules.h"
@@ -121,16 +122,30 @@ void gradients_cleared(const Run& run, const std::map<std::int64_t, StepGradient
 }
 
 void accumulated_gradients_cleared(const Run& run, std::vector<Finding>& out) {
+  // A step the scaler skipped applied nothing, so what was cleared in it says nothing about
+  // accumulation (SAM, which leaves its weights in place when the first gradient overflowed
+  // and then clears it, looks the same there).
+  std::set<std::int64_t> skipped;
+  for (const auto& s : run.steps)
+    if (s.row.skipped) skipped.insert(s.row.step);
   std::vector<const rundb::EventRow*> events;
-  for (const auto& e : run.events)
-    if (e.kind == "accumulated-gradients-cleared") events.push_back(&e);
+  std::size_t recorded = 0;
+  for (const auto& e : run.events) {
+    if (e.kind != "accumulated-gradients-cleared") continue;
+    ++recorded;
+    if (!skipped.count(e.step)) events.push_back(&e);
+  }
   if (events.empty() || run.steps.empty()) return;
   // The agent writes the first kMaxEvents: past the last of those, nothing is known.
   constexpr std::size_t kMaxEvents = 64;
+  const bool capped = recorded >= kMaxEvents;
   const std::int64_t from = events.front()->step;
-  const std::int64_t to = events.size() >= kMaxEvents ? events.back()->step : run.steps.back().row.step;
+  const std::int64_t to = capped ? events.back()->step : run.steps.back().row.step;
+  const auto in_window = [&](const StepSummary& s) { return s.row.step >= from && s.row.step <= to; };
   const auto window = std::count_if(run.steps.begin(), run.steps.end(),
-                                    [&](const StepSummary& s) { return s.row.step >= from && s.row.step <= to; });
+                                    [&](const StepSummary& s) { return in_window(s) && !s.row.skipped; });
+  const auto skipped_in_window = std::count_if(run.steps.begin(), run.steps.end(),
+                                               [&](const StepSummary& s) { return in_window(s) && s.row.skipped; });
   const auto n = std::int64_t(events.size());
   // A loop that clears inside its accumulation does it at every step; a batch dropped on
   // purpose (a guard) now and then is the loop's choice.
@@ -139,7 +154,10 @@ void accumulated_gradients_cleared(const Run& run, std::vector<Finding>& out) {
   f.rule = "accumulated-gradients-cleared";
   f.steps = {from};
   f.evidence = "in " + std::to_string(n) + " of the " + plural(window, "step") + " from step " + std::to_string(from) +
-               (events.size() >= kMaxEvents ? " (the first " + std::to_string(kMaxEvents) + " recorded)" : "") + ", " +
+               (skipped_in_window > 0 ? " (not counting the " + plural(skipped_in_window, "step") +
+                                            " the scaler skipped, which applied nothing)"
+                                      : "") +
+               (capped ? " (the first " + std::to_string(kMaxEvents) + " recorded)" : "") + ", " +
                events.front()->detail;
   const std::string backward = run.has_scaler() ? "scaler.scale(loss).backward()" : "loss.backward()";
   const std::string step = run.has_scaler() ? "scaler.step(optimizer)\n        scaler.update()" : "optimizer.step()";

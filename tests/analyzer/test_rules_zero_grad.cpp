@@ -189,6 +189,38 @@ TEST_CASE("the steps after the agent's last recorded clearing do not count again
   CHECK_THAT(c->evidence, Catch::StartsWith("in 64 of the 64 steps from step 0 (the first 64 recorded)"));
 }
 
+TEST_CASE("gradients cleared only in steps the scaler skipped are not a cleared loop", "[rules][zero-grad]") {
+  // SAM leaves its weights where they were when the first gradient overflowed, then clears
+  // it: a skipped step applied nothing, so it says nothing about accumulation.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 12; ++i) {
+    const bool overflows = i % 2 == 0;
+    if (overflows) f.event("accumulated-gradients-cleared", kClearedDetail);
+    overflows ? f.step(65536, 32768, 1000.0, {kLayers.back()}) : f.step(32768, 65536);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "accumulated-gradients-cleared") == nullptr);
+}
+
+TEST_CASE("cleared gradients are counted over the steps the optimizer took", "[rules][zero-grad]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 12; ++i) {
+    f.event("accumulated-gradients-cleared", kClearedDetail);
+    i % 3 == 0 ? f.step(65536, 32768, 1000.0, {kLayers.back()}) : f.step(32768, 65536);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* c = find(r, "accumulated-gradients-cleared");
+  REQUIRE(c != nullptr);
+  CHECK(c->severity == Severity::kError);
+  CHECK(c->steps == std::vector<std::int64_t>{1});
+  CHECK_THAT(c->evidence, Catch::StartsWith("in 8 of the 8 steps from step 1 (not counting the 3 steps the scaler "
+                                            "skipped, which applied nothing), head.bias's gradient"));
+}
+
 TEST_CASE("without a scaler the accumulation loop's fix steps the optimizer itself", "[rules][zero-grad]") {
   TempDir dir;
   const auto r = accumulation_run(dir, 6, [](int) { return true; }, /*scaler=*/false);

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 import ampdiag
-from conftest import rules
+from conftest import rows, rules
+from fp16_loop import Mlp, batches
 from regression_loop import regression_loop
 
 
@@ -124,3 +125,57 @@ def test_pytorchs_dcgan_loop_with_a_scaler_per_network_is_healthy_for_both(tmp_p
         code, rep = verdict(db)
         assert code == 0, (db.name, rep["findings"])
         assert not {"gradients-not-zeroed", "accumulated-gradients-cleared"} & {rule for rule, _ in rules(rep)}
+
+
+def sharpness_aware(db, gain, steps=16):
+    """SAM with a scaler: the first backward's gradient moves the weights uphill (skipped
+    where it overflowed), zero_grad(), the second backward's gradient steps from where they
+    were. `gain` multiplies the middle layer's weights."""
+    torch.manual_seed(0)
+    model = Mlp()
+    with torch.no_grad():
+        model.b.weight.mul_(gain)
+    opt, scaler = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for x, y in batches(steps):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            grads = [p.grad / scaler.get_scale() for p in model.parameters()]
+            norm = torch.stack([g.norm() for g in grads]).norm()
+            moved = []
+            if torch.isfinite(norm):
+                with torch.no_grad():
+                    for p, g in zip(model.parameters(), grads):
+                        moved.append(g * (0.05 / (norm + 1e-12)))
+                        p.add_(moved[-1])
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            with torch.no_grad():
+                for p, e in zip(model.parameters(), moved):
+                    p.sub_(e)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+
+
+def test_sharpness_aware_steps_whose_first_gradient_overflowed_are_not_a_cleared_accumulation(tmp_path, verdict):
+    # Where the first gradient held Inf, SAM leaves the weights in place and clears it, as a
+    # misplaced zero_grad() would: the agent records it, and the report does not count a
+    # step the scaler skipped, which applied nothing.
+    sharpness_aware(tmp_path / "sam.db", gain=3000.0)
+    cleared_at = [s for (s,) in rows(tmp_path / "sam.db", "SELECT step FROM events WHERE kind = "
+                                     "'accumulated-gradients-cleared'")]
+    skipped = {s for (s,) in rows(tmp_path / "sam.db", "SELECT step FROM steps WHERE skipped")}
+    assert cleared_at and set(cleared_at) <= skipped
+    code, rep = verdict(tmp_path / "sam.db")
+    assert code == 1  # the oversized layer's overflows are still errors
+    assert "accumulated-gradients-cleared" not in [rule for rule, _ in rules(rep)]
+
+
+def test_sharpness_aware_training_is_healthy(tmp_path, verdict):
+    sharpness_aware(tmp_path / "sam.db", gain=1.0)
+    code, rep = verdict(tmp_path / "sam.db")
+    assert code == 0, rep["findings"]
