@@ -171,6 +171,46 @@ void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& o
   out.push_back(f);
 }
 
+namespace {
+
+// A growth probe is the scaler asking whether a doubled scale fits; at torch's default of one
+// every 2000 steps its skip costs nothing. A short growth_interval asks so often that the
+// probes themselves throw away a share of the steps, while every one of them is excused
+// as probing.
+void probing_too_often(const Run& run, std::int64_t probes, std::int64_t considered, std::size_t end,
+                       std::vector<Finding>& out) {
+  const double rate = double(probes) / double(considered);
+  const std::string interval = run.meta_or("scaler_growth_interval", "");
+  // Where it settles between probes: the median scale of the steps that were taken.
+  std::vector<double> taken;
+  for (std::size_t i = end; i < run.steps.size(); ++i)
+    if (!run.steps[i].row.skipped) taken.push_back(run.steps[i].row.scale_before);
+  Finding f;
+  f.rule = "skip-rate";
+  f.severity = rate >= 0.5 ? Severity::kError : Severity::kWarning;
+  f.score = 50.0 + rate * 10.0;
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.0f%%", rate * 100.0);
+  f.title = std::string(pct) + " of optimizer steps were skipped by the scaler's own growth probes: it tries a " +
+            "higher scale too often";
+  f.evidence = std::to_string(probes) + " of " + plural(considered, "step") +
+               " were skipped right after the scale grew, each try at a scale the gradients do not fit";
+  if (!interval.empty()) f.evidence += "; growth_interval=" + interval;
+  for (std::size_t i = end; i < run.steps.size(); ++i)
+    if (is_growth_probe(run, i)) {
+      f.steps.push_back(run.steps[i].row.step);
+      break;
+    }
+  const double settled = taken.empty() ? run.steps.back().row.scale_after : median_of(taken);
+  f.suggestions.push_back(suggest::scaler_settings(
+      run, settled, 2000,
+      "Let the scaler try to grow less often (torch's default growth_interval is 2000): each try that overflows is "
+      "a skipped step. Start it where it settled, " + fmt(settled) + "."));
+  out.push_back(f);
+}
+
+}  // namespace
+
 void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   if (!run.has_scaler()) return;
   const std::size_t end = calibration_end(run);
@@ -193,6 +233,10 @@ void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
     considered = std::int64_t(run.steps.size());
     first = run.steps.front().row.step;
   }
+  // Probes are the scaler's planned cost: twice the unplanned skips' share (a growth_interval
+  // of 4 or less) before they are a finding; torch's own interval is 2000.
+  if (considered > 0 && double(probes) > 2.0 * t.skip_rate * double(considered))
+    probing_too_often(run, probes, considered, end, out);
   const double rate = harmful_skip_rate(run);
   if (rate <= t.skip_rate) return;
   Finding f;

@@ -153,3 +153,44 @@ TEST_CASE("a loss scale is printed as the power of two it is, not rounded to six
   const std::string text = render_text(report_of(dir.file("run.db")), Gate("error"));
   CHECK_THAT(text, Catch::Contains("loss scale 16777216 -> 1048576 (lowest 1048576)"));
 }
+
+namespace {
+
+// A scaler whose growth_interval is `interval`: after coming down from 65536 it settles at
+// 8192, and each `interval` steps it doubles to 16384, which overflows and is skipped.
+Report probing_run(const TempDir& dir, int interval, int steps = 80) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.meta("scaler_growth_interval", std::to_string(interval));
+  f.step(65536, 32768, 1000, {"head.weight"}).step(32768, 16384, 1000, {"head.weight"});
+  f.step(16384, 8192, 1000, {"head.weight"});
+  for (int i = 0; i < steps; ++i) {
+    if ((i + 1) % (interval + 1) == 0)
+      f.step(16384, 8192, 1000, {"head.weight"});  // the probe
+    else
+      f.step(8192, (i + 2) % (interval + 1) == 0 ? 16384 : 8192);
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("growth probes that skip half the steps are an error naming growth_interval", "[rules]") {
+  TempDir dir;
+  const auto r = probing_run(dir, 1);
+  const Finding* s = find(r, "skip-rate");
+  REQUIRE(s != nullptr);
+  CHECK(s->severity == Severity::kError);
+  CHECK_THAT(s->title, Catch::StartsWith("50% of optimizer steps were skipped by the scaler's own growth probes"));
+  CHECK_THAT(s->evidence, Catch::Contains("growth_interval=1"));
+  REQUIRE_FALSE(s->suggestions.empty());
+  CHECK_THAT(s->suggestions.front().python, Catch::EndsWith("init_scale=2.0**13, growth_interval=2000)"));
+  CHECK(r.runs.front().harmful_skips == 0);  // the overflows themselves are the scaler's probing
+}
+
+TEST_CASE("growth probes every eight steps are still the scaler's own work", "[rules]") {
+  TempDir dir;
+  const auto r = probing_run(dir, 8);
+  CHECK(find(r, "skip-rate") == nullptr);
+  CHECK(r.healthy());
+}

@@ -310,14 +310,14 @@ def test_a_frozen_backbone_under_no_grad_inside_the_forward_is_watched_and_named
     assert (forward["module"], forward["confirmation"]) == ("backbone.2", "confirmed")
 
 
-def test_a_scale_that_settles_at_4096_and_probes_for_growth_is_not_a_collapse(tmp_path, verdict):
-    # The bias gradient is 32 * 0.4 * scale: finite at 4096, Inf at 8192. The scaler comes
-    # down from 65536, settles at 4096 and every 8 steps probes 8192 and backs off: its job.
-    db = tmp_path / "settle.db"
+def settling_run(db, init_scale=2.0 ** 16, growth_interval=8):
+    """The bias gradient is 32 * 0.4 * scale: finite at 4096, Inf at 8192. The scaler comes
+    down from `init_scale`, settles at 4096 and every `growth_interval` steps probes 8192 and
+    backs off. Returns the final scale."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16, growth_interval=8)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
     with ampdiag.attach(model, scaler, db=db):
         for _ in range(64):
             opt.zero_grad()
@@ -326,13 +326,36 @@ def test_a_scale_that_settles_at_4096_and_probes_for_growth_is_not_a_collapse(tm
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
-    assert scaler.get_scale() == 4096.0
+    return scaler.get_scale()
+
+
+def test_a_scale_that_settles_at_4096_and_probes_for_growth_is_not_a_collapse(tmp_path, verdict):
+    # Every 8 steps a probe of 8192 and a back-off: the scaler's job.
+    db = tmp_path / "settle.db"
+    assert settling_run(db) == 4096.0
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
     found = {f["rule"]: f["severity"] for f in rep["findings"]}
     assert "scale-collapse" not in found and "skip-rate" not in found
     assert found.get("overflow-origin") == "info"  # named, and said to be harmless
     assert set(found.values()) == {"info"}  # nothing underflows at 4096: no warning to fail --fail-on all
+
+
+def test_a_growth_interval_of_one_whose_probes_skip_half_the_steps_is_named_and_the_suggested_scaler_is_healthy(
+        tmp_path, verdict):
+    # Each probe is excused as the scaler's job; every second step of them is not.
+    assert settling_run(tmp_path / "probing.db", growth_interval=1) in (4096.0, 8192.0)
+    code, rep = verdict(tmp_path / "probing.db")
+    probing = [f for f in rep["findings"] if f["rule"] == "skip-rate"]
+    assert len(probing) == 1 and "growth probes" in probing[0]["title"], rep["findings"]
+    assert probing[0]["severity"] in ("warning", "error")
+    assert "growth_interval=1" in probing[0]["evidence"]
+    suggested = probing[0]["suggestions"][0]["python"]
+    assert suggested == 'scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=2000)'
+
+    assert settling_run(tmp_path / "suggested.db", init_scale=2.0 ** 12, growth_interval=2000) == 4096.0
+    code, rep = verdict(tmp_path / "suggested.db")
+    assert code == 0 and not [f for f in rep["findings"] if f["severity"] != "info"], rep["findings"]
 
 
 def test_a_teacher_deep_copied_after_attach_is_not_recorded_as_the_student(tmp_path, verdict):
