@@ -115,6 +115,10 @@ Session::Layer Session::add_layer(std::uintptr_t key, const LayerInfo& info) {
   const auto id = std::int64_t(layer_count_++);
   layer_ids_[key] = id;
   frozen_ += info.trainable ? 0 : 1;
+  if (arrival_ && std::size_t(id) < arrival_capacity_) {
+    arrival_[std::size_t(id)].store(-1, std::memory_order_relaxed);
+    arrival_size_.store(std::size_t(id) + 1, std::memory_order_release);
+  }
   post<rundb::LayerRow>({id, info.name, info.module_path, info.module_type, info.dtype, info.shape, info.numel,
                          info.trainable, info.source},
                         early_layers_, &WriterThread::post_layer);
@@ -123,12 +127,15 @@ Session::Layer Session::add_layer(std::uintptr_t key, const LayerInfo& info) {
 
 void Session::reset_arrival() {
   next_arrival_.store(0, std::memory_order_relaxed);
-  for (std::size_t i = 0; i < arrival_size_; ++i) arrival_[i].store(-1, std::memory_order_relaxed);
+  const std::size_t size = arrival_size_.load(std::memory_order_acquire);
+  for (std::size_t i = 0; i < size; ++i) arrival_[i].store(-1, std::memory_order_relaxed);
 }
 
 void Session::layers_done() {
-  arrival_size_ = layer_count_;
-  arrival_ = std::make_unique<std::atomic<std::int32_t>[]>(arrival_size_);
+  // Room for layers added later: a block grown or a head swapped in after attach.
+  arrival_capacity_ = layer_count_ + std::max<std::size_t>(256, layer_count_);
+  arrival_ = std::make_unique<std::atomic<std::int32_t>[]>(arrival_capacity_);
+  arrival_size_.store(layer_count_, std::memory_order_release);
   reset_arrival();
   if (frozen_ > 0)
     event("frozen-parameters",
@@ -260,14 +267,14 @@ std::int64_t Session::step() const { return recorder_ ? recorder_->step() : 0; }
 // --- backward arrival -----------------------------------------------------------------------
 
 void Session::arrived(std::int64_t layer) {
-  if (layer < 0 || std::size_t(layer) >= arrival_size_) return;
+  if (layer < 0 || std::size_t(layer) >= arrival_size_.load(std::memory_order_acquire)) return;
   const std::int32_t mine = next_arrival_.fetch_add(1, std::memory_order_relaxed);
   std::int32_t expected = -1;
   arrival_[std::size_t(layer)].compare_exchange_strong(expected, mine, std::memory_order_relaxed);
 }
 
 std::int32_t Session::arrival(std::int64_t layer) const {
-  if (layer < 0 || std::size_t(layer) >= arrival_size_) return -1;
+  if (layer < 0 || std::size_t(layer) >= arrival_size_.load(std::memory_order_acquire)) return -1;
   return arrival_[std::size_t(layer)].load(std::memory_order_relaxed);
 }
 

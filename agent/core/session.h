@@ -107,7 +107,8 @@ class Session {
     bool added = false;
   };
   // Registers a model parameter; a tensor seen before (shared weights) keeps its first id
-  // and gets a one-time event.
+  // and gets a one-time event. After layers_done() (a parameter added to the model since),
+  // its backward arrival is recorded while the room set aside for such lasts.
   Layer add_layer(std::uintptr_t key, const LayerInfo& info);
   // The layer of an optimized tensor: a model parameter, or a made-up "optimizer.paramN"
   // (with an event) for one the model does not hold.
@@ -237,11 +238,14 @@ class Session {
   std::unordered_map<std::string, std::int64_t> module_ids_;
   std::unordered_set<std::string> events_posted_;
 
-  // Backward arrival: written by autograd's threads, read at the unscale point. Sized
-  // for the model's layers plus room for foreign ones; a layer beyond it has no order.
+  // Backward arrival: written by autograd's threads, read at the unscale point. Allocated
+  // for the model's layers plus room for parameters added to it after attach, whose layers
+  // widen arrival_size_ (on the training thread, between backwards); a layer beyond it has
+  // no order.
   std::unique_ptr<std::atomic<std::int32_t>[]> arrival_;
   std::pair<std::int64_t, std::int64_t> origin_{-1, -1};  // see backward_origin()
-  std::size_t arrival_size_ = 0;
+  std::size_t arrival_capacity_ = 0;
+  std::atomic<std::size_t> arrival_size_{0};
   std::atomic<std::int32_t> next_arrival_{0};
 
   bool cycle_open_ = false;

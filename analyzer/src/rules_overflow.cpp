@@ -334,7 +334,10 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                     " went NaN/Inf first, before its other uses added theirs";
     if (!harms) {
       f.title = place + " is where the occasional overflow starts; the loss scale copes with it";
-      f.evidence += "; the scale stays above the floor and these skips only calibrate it or answer its growth probes";
+      f.evidence += m.harmful > 0 ? "; the scale stays above the floor and the run's skips stay within the " +
+                                        fmt(t.skip_rate * 100.0) + "% threshold"
+                                  : "; the scale stays above the floor and these skips only calibrate it or answer "
+                                    "its growth probes";
     }
     f.steps.assign(m.steps.begin(), m.steps.begin() + std::min<std::size_t>(m.steps.size(), 20));
     // At a scale of 1 or below the scaler no longer enlarges the gradients: going NaN/Inf

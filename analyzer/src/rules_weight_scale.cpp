@@ -104,7 +104,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   // one anywhere. The gravest such finding is named.
   const Finding* explained = nullptr;
   const std::int64_t position = forward_position(run, module);
-  for (const Severity severity : {Severity::kError, Severity::kWarning})
+  for (const Severity severity : {Severity::kError, Severity::kWarning, Severity::kInfo})
     for (const auto& f : out) {
       if (explained || f.severity != severity || f.module.empty() ||
           (f.rule != "forward-nonfinite" && f.rule != "overflow-origin"))
@@ -113,6 +113,14 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
       if (f.rule == "overflow-origin" || position < 0 || culprit < 0 || culprit >= position) explained = &f;
     }
 
+  // An occasional overflow the scaler copes with (information) still weighs where it holds
+  // the scale down enough for scale-collapse or skip-rate to speak.
+  bool scale_hurt = false;
+  for (const auto& g : out)
+    scale_hurt = scale_hurt || ((g.rule == "scale-collapse" || g.rule == "skip-rate") && g.severity != Severity::kInfo);
+  const bool occasional = explained && explained->severity == Severity::kInfo;
+  const bool weighs = explained && (!occasional || scale_hurt);
+
   Finding f;
   f.rule = "oversized-weights";
   f.layer = top.layer->info.name;
@@ -120,11 +128,13 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   f.steps.push_back(top.step);
   // A warning beside the overflow's own finding, which keeps its fixes: a gain this large is
   // what makes outputs large, but a model may have it by design (trainable Fourier features).
-  f.severity = explained ? Severity::kWarning : Severity::kInfo;
-  f.score = explained ? 60.0 : 5.0;
+  f.severity = weighs ? Severity::kWarning : Severity::kInfo;
+  f.score = weighs ? 60.0 : 5.0;
   f.title = top.layer->info.name + " starts at a gain of " + times(top.scale) +
             ", far above any standard initialisation's" +
-            (explained ? ": the overflow at " + explained->module + " likely follows from it" : ", and nothing overflowed");
+            (explained ? ": the " + std::string(occasional ? "occasional " : "") + "overflow at " + explained->module +
+                             " likely follows from it"
+                       : ", and nothing overflowed");
   f.evidence = "at step " + std::to_string(top.step) + " its gain, the root-mean-square value times the square root of its fan-in, was " +
                fmt(top.scale) + " (Kaiming, Xavier and torch's default initialisations give 0.6 to 1.4: a layer that "
                "keeps its input's scale), so its outputs are about that many times its inputs";

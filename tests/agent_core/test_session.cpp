@@ -43,6 +43,43 @@ TEST_CASE("CPU gradients are computed at once and recorded with their arrival or
   CHECK(rows[1].stats.inf == 8);
 }
 
+TEST_CASE("a layer added after the model's layers has its arrival order recorded", "[session][registry]") {
+  // A block grown or a head swapped in after attach(): registered when the optimizer hands
+  // its gradient over, its arrival hook counted like the others'.
+  TempDir dir;
+  {
+    agent::Session s(options());
+    open_with_layers(s, dir.file("run.db"), 1);
+    agent::LayerInfo info;
+    info.name = "extra.weight";
+    info.module_path = "extra";
+    info.dtype = "float32";
+    info.numel = 8;
+    const auto added = s.add_layer(std::uintptr_t(2000), info);
+    REQUIRE(added.added);
+    REQUIRE(added.id == 1);
+    std::vector<float> g0(8, 2.0f), g1(8, 3.0f);
+    const std::int64_t ids[] = {0, 1};
+    const DeviceTensor t[] = {{{g0.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr},
+                              {{g1.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr}};
+    s.begin_cycle();
+    s.arrived(1);
+    s.arrived(0);
+    agent::GradBatch b;
+    b.layers = ids;
+    b.tensors = t;
+    b.count = 2;
+    CHECK_FALSE(s.grads(b));
+    s.end_step({}, 0);
+    s.close();
+  }
+  rundb::RunDbReader r(dir.file("run.db"));
+  const auto rows = grads_of(r, 0);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].bwd_order == 1);
+  CHECK(rows[1].bwd_order == 0);
+}
+
 TEST_CASE("a gradient read twice in one step is recorded once, its later reading, and the recording goes on",
           "[session]") {
   TempDir dir;

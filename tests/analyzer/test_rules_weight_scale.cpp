@@ -89,3 +89,26 @@ TEST_CASE("a position embedding held as a plain parameter, added and not summed 
   const Report r = run_with(dir, "pos_embedding", 1000.0, 6);
   CHECK(find(r, "oversized-weights") == nullptr);
 }
+
+TEST_CASE("an occasional overflow that held the scale down is named with the oversized layer as a warning",
+          "[rules][oversized-weights]") {
+  // A head swapped in at step 30 at a gain of 1000: eight overflows bring the scale from
+  // 65536 to 256, within the skip-rate threshold (8 of 80), where scale-collapse speaks.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kNet);
+  for (int i = 0; i < 30; ++i) f.step(65536, 65536);
+  for (const auto& name : kNet) f.weight_norm(name, name == "head.weight" ? 8000.0 : 2.4);
+  double scale = 65536;
+  for (int i = 0; i < 8; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"a.weight"});
+  for (int i = 0; i < 42; ++i) f.step(scale, scale);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding& origin = required(r, "overflow-origin");
+  CHECK(origin.severity == Severity::kInfo);
+  CHECK_THAT(origin.evidence, Catch::Contains("the run's skips stay within the 10% threshold"));
+  CHECK(required(r, "scale-collapse").severity == Severity::kWarning);
+  const Finding& w = required(r, "oversized-weights");
+  CHECK(w.severity == Severity::kWarning);
+  CHECK(w.title == "head.weight starts at a gain of 1000, far above any standard initialisation's: the occasional "
+                   "overflow at a likely follows from it");
+}

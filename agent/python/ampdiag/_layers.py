@@ -3,6 +3,7 @@ under its first name, with its gradient hook (backward arrival order), the stale
 and accumulation probes on the smallest one, and a look at each use of a tied one; and the layer of any
 tensor an optimizer hands over, a parameter of the model or not."""
 import inspect
+import weakref
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -31,12 +32,15 @@ class Layers:
         self._hookless = {}    # id() -> (layer, name): frozen at attach(), no arrival hook yet
         self._module_paths = {}  # layer -> the path of the module it is registered under
         self.registered = []   # (layer, parameter) of the model, each tensor once
+        self._model = weakref.ref(model)
+        self._at_attach = set()  # id() of every parameter the model held at attach()
         session = handle._session
         modules = dict(model.named_modules())
         probe = _stale_gradients.probe_of(list(model.parameters()))
         tied = tied_owners(model)
         held_by_submodules = []  # (layer, name, tensor): the model's own code may use them too
         for name, p in model.named_parameters(remove_duplicate=False):
+            self._at_attach.add(id(p))
             module_path = name.rpartition(".")[0]
             module = modules.get(module_path)
             layer, added = session.add_layer(id(p), name, module_path, type(module).__name__ if module is not None else "",
@@ -81,6 +85,8 @@ class Layers:
             handle._hooks.append(param.register_hook(handle._arrival_hook(layer)))
             handle._event("parameters-unfrozen", f"{name} was frozen at attach() and has a gradient from this step: "
                           "its backward order is recorded from the next step", key=("unfrozen",))
+        if layer is None and id(param) not in self._at_attach:
+            layer = self._added_to_model(param)
         if layer is None:
             layer, added = self._handle._session.layer_of(id(param), str(param.dtype).replace("torch.", ""),
                                                           str(list(param.shape)), param.numel())
@@ -88,3 +94,34 @@ class Layers:
                 self._params.append(param)
             self._layer_ids[id(param)] = layer
         return layer
+
+    def _added_to_model(self, param):
+        """The layer of a parameter the model holds now but did not at attach() (a block grown
+        or a head swapped in, then given to the optimizer), registered under its name, its
+        gradients in backward order from the next step; None where the model does not hold it.
+        Its module's outputs are not watched: modules are hooked at attach()."""
+        model = self._model()
+        if model is None:
+            return None
+        for name, p in model.named_parameters():
+            if p is not param:
+                continue
+            module_path = name.rpartition(".")[0]
+            module = model.get_submodule(module_path) if module_path else model
+            handle = self._handle
+            layer, added = handle._session.add_layer(
+                id(p), name, module_path, type(module).__name__, str(p.dtype).replace("torch.", ""),
+                str(list(p.shape)), p.numel(), p.requires_grad, source_of(module))
+            self._layer_ids[id(p)] = layer
+            if added:
+                self._params.append(p)
+                self.registered.append((layer, p))
+                self._module_paths[layer] = module_path
+                handle._hooks.append(p.register_hook(handle._arrival_hook(layer)))
+                if handle._weights is not None:
+                    handle._weights.add(layer, p)
+                handle._event("parameters-added", f"{name} was added to the model after attach(): its gradients are "
+                              "recorded from this step, in backward order from the next; its module's outputs are "
+                              "not watched (attach() after adding modules watches them too)", key=("added", name))
+            return layer
+        return None

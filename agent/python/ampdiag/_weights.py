@@ -55,6 +55,11 @@ class WeightSampler:
         self._described = weakref.WeakKeyDictionary()  # optimizer -> the lr its last settings event said
         self._adds = 0  # the handle's _optimizer_adds when the sets were last looked at
 
+    def add(self, layer, p):
+        """A parameter added to the model after attach()."""
+        if p.is_floating_point() and p.device.type == "cpu" and not distributed(p):
+            self._params.append((layer, p))
+
     def step_began(self, step: int):
         if self._schedule.at_start(step):
             self._sample()
