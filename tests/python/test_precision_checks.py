@@ -1,8 +1,10 @@
 """The precision checks (attach(precision_budget=...)): one module per step, its call as it
 ran under fp16 autocast compared with the same call in FP32 on copies of its inputs, state
 and RNG; rows in precision_checks. They change nothing the training computes."""
+import random
 import sqlite3
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -88,6 +90,41 @@ def test_a_dropout_is_replayed_with_the_masks_it_drew(tmp_path):
     train(tmp_path / "run.db", norm, steps=8, precision_budget=1.0)
     dropout = [c for c in checks(tmp_path / "run.db") if c[1] == "norm.0"]
     assert dropout and all(c[4] < 1e-2 for c in dropout), dropout  # other masks would be ~100 % away
+
+
+class HostRandomMask(nn.Module):
+    """Masks time steps with numpy's and Python's global generators, as HF's Wav2Vec2
+    masks its features with numpy's: a copy must draw the same."""
+
+    def forward(self, x):
+        keep = torch.from_numpy(np.random.rand(x.shape[-1]) > 0.3).to(x.dtype)
+        return x * keep * (1.0 + random.random())
+
+
+def seeded_hosts():
+    np.random.seed(0)
+    random.seed(0)
+
+
+def test_a_mask_drawn_from_numpy_and_python_is_replayed_with_the_same_draws(tmp_path):
+    seeded_hosts()
+    train(tmp_path / "run.db", nn.Sequential(HostRandomMask(), nn.LayerNorm(64)), steps=8, precision_budget=1.0)
+    masked = [c for c in checks(tmp_path / "run.db") if c[1] == "norm.0"]
+    assert masked and all(c[4] < 1e-2 for c in masked), masked  # other draws would be far away
+
+
+def test_checks_leave_numpy_and_python_draws_as_they_were(tmp_path):
+    def norm():
+        return nn.Sequential(HostRandomMask(), nn.LayerNorm(64))
+
+    seeded_hosts()
+    plain, _ = train(None, norm())
+    plain_draws = np.random.rand(), random.random()
+    seeded_hosts()
+    checked, _ = train(tmp_path / "run.db", norm(), precision_budget=1.0)
+    assert len(checks(tmp_path / "run.db")) >= 10
+    assert all(torch.equal(a, b) for a, b in zip(plain, checked))
+    assert (np.random.rand(), random.random()) == plain_draws
 
 
 def test_checks_leave_the_training_bit_identical(tmp_path):

@@ -18,6 +18,8 @@ A module holding a hook of someone else's is not replayed (foreign_hooks()).
 import contextlib
 import copy
 import math
+import random
+import sys
 import types
 
 import torch
@@ -112,15 +114,22 @@ def twin_of(module: torch.nn.Module, fp32=True, trainable=False) -> torch.nn.Mod
 
 
 def rng_state():
+    """torch's generators, and the global ones of Python and numpy that a model's forward may
+    draw from too (HF's Wav2Vec2 masks its time steps with numpy's): a copy run with the same
+    draws computes what the call did."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    return torch.get_rng_state(), cuda
+    numpy = sys.modules.get("numpy")
+    return torch.get_rng_state(), cuda, random.getstate(), numpy.random.get_state() if numpy is not None else None
 
 
 def set_rng_state(state):
-    cpu, cuda = state
+    cpu, cuda, python, numpy_state = state
     torch.set_rng_state(cpu)
     if cuda is not None:
         torch.cuda.set_rng_state_all(cuda)
+    random.setstate(python)
+    if numpy_state is not None:
+        sys.modules["numpy"].random.set_state(numpy_state)
 
 
 FOREIGN_HOOKS = ("it, or a module inside it, has a hook that is neither torch's nor ampdiag's: a copy would run "
