@@ -102,12 +102,16 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   // Its outputs are large from it on in forward, and the gradients that pass back through it
   // are as large before it: it explains a forward overflow at or after it, and a backward
   // one anywhere. The gravest such finding is named.
+  // An information overflow-origin counts only where some skips were not the scaler's own
+  // calibration or probing: those happen in a healthy run of the same model too.
   const Finding* explained = nullptr;
   const std::int64_t position = forward_position(run, module);
+  const bool harmful = harmful_skips(run) > 0;
   for (const Severity severity : {Severity::kError, Severity::kWarning, Severity::kInfo})
     for (const auto& f : out) {
       if (explained || f.severity != severity || f.module.empty() ||
-          (f.rule != "forward-nonfinite" && f.rule != "overflow-origin"))
+          (f.rule != "forward-nonfinite" && f.rule != "overflow-origin") ||
+          (severity == Severity::kInfo && !harmful))
         continue;
       const std::int64_t culprit = forward_position(run, f.module);
       if (f.rule == "overflow-origin" || position < 0 || culprit < 0 || culprit >= position) explained = &f;
@@ -134,7 +138,8 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
             ", far above any standard initialisation's" +
             (explained ? ": the " + std::string(occasional ? "occasional " : "") + "overflow at " + explained->module +
                              " likely follows from it"
-                       : ", and nothing overflowed");
+                       : harmful || calibration_skips(run) > 0 ? ", and no overflow follows from it"
+                                                                  : ", and nothing overflowed");
   f.evidence = "at step " + std::to_string(top.step) + " its gain, the root-mean-square value times the square root of its fan-in, was " +
                fmt(top.scale) + " (Kaiming, Xavier and torch's default initialisations give 0.6 to 1.4: a layer that "
                "keeps its input's scale), so its outputs are about that many times its inputs";

@@ -112,3 +112,19 @@ TEST_CASE("an occasional overflow that held the scale down is named with the ove
   CHECK(w.title == "head.weight starts at a gain of 1000, far above any standard initialisation's: the occasional "
                    "overflow at a likely follows from it");
 }
+
+TEST_CASE("the scaler's calibration skip is not blamed on an oversized layer", "[rules][oversized-weights]") {
+  // A healthy run of the same model backs off from 65536 at its first step too.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kNet);
+  for (const auto& name : kNet) f.weight_norm(name, name == "head.weight" ? 8000.0 : 2.4);
+  f.step(65536, 32768, 1000, {"a.weight"});
+  for (int i = 0; i < 20; ++i) f.step(32768, 32768);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding& w = required(r, "oversized-weights");
+  CHECK(w.severity == Severity::kInfo);
+  CHECK(w.title == "head.weight starts at a gain of 1000, far above any standard initialisation's, and no overflow "
+                   "follows from it");
+  CHECK(w.suggestions.empty());
+}

@@ -27,7 +27,7 @@ from ._layers import Layers, source_of
 from ._forward import (compiled_fullgraph, compiled_in_place, forward_hook, input_hook, output_hook,
                        outside_compiled_graph, watched_root)
 from ._looks import look_at_loss_code, look_at_parameters
-from ._options import check_options, default_amp_dtype, torch_optimizer, trains_fp16_parameters
+from ._options import check_options, default_amp_dtype, torch_optimizer, torch_scaler, trains_fp16_parameters
 from ._backward_replay import BackwardReplayer
 from ._gradient_entry import GradientEntries
 from ._grad_reads import optimizer_gradients, post_stats
@@ -55,8 +55,7 @@ class AttachHandle:
                  precision_budget):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"attach() takes a torch.nn.Module, not {type(model).__name__}")
-        if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
-            raise TypeError(f"scaler must be a torch.amp.GradScaler, not {type(scaler).__name__}")
+        scaler = torch_scaler(scaler)
         # torch's AMP recipe turns AMP off with GradScaler(enabled=use_amp): the scaler then
         # passes everything through (scale() returns the loss, step() calls the optimizer's),
         # and the run is recorded as one without a scaler, its optimizers found in step().

@@ -50,6 +50,45 @@ def torch_optimizer(optimizer):
                     f"{type(given).__name__}: pass the torch optimizer that steps the model's parameters")
 
 
+# Where training frameworks keep the torch GradScaler they drive: timm's NativeScaler
+# (._scaler), Accelerate's Accelerator and Lightning's precision plugin (.scaler), reached
+# from a Lightning Trainer through its strategy's precision plugin.
+_SCALER_HOLDERS = ("scaler", "_scaler", "grad_scaler", "accelerator", "precision_plugin", "strategy")
+_MISSING = object()
+
+
+def torch_scaler(scaler):
+    """The torch.amp.GradScaler that `scaler` is or holds; None where it holds one set to None
+    (a framework configured for bf16 or without AMP)."""
+    if scaler is None or isinstance(scaler, torch.amp.GradScaler):
+        return scaler
+    given, frontier, seen, held_none = scaler, [scaler], {id(scaler)}, False
+    for _ in range(3):
+        deeper = []
+        for holder in frontier:
+            for name in _SCALER_HOLDERS:
+                try:
+                    inner = getattr(holder, name, _MISSING)
+                except Exception:  # a property that raises while the framework is not set up
+                    continue
+                if inner is _MISSING:
+                    continue
+                if isinstance(inner, torch.amp.GradScaler):
+                    return inner
+                if inner is None:
+                    held_none = held_none or name in ("scaler", "_scaler", "grad_scaler")
+                elif id(inner) not in seen and not isinstance(inner, (str, bytes, int, float, bool)):
+                    seen.add(id(inner))
+                    deeper.append(inner)
+        frontier = deeper
+    kind = type(given).__name__
+    if held_none:
+        raise ValueError(f"scaler: this {kind} holds no GradScaler (its scaler is None: bf16, or AMP off); for a run "
+                         "without a scaler pass optimizer= instead")
+    raise TypeError(f"scaler must be a torch.amp.GradScaler, or a wrapper holding one (timm's NativeScaler, "
+                    f"Accelerate's Accelerator), not {kind}")
+
+
 def trains_fp16_parameters(params) -> bool:
     """The model itself is fp16 (model.half()): its precision is its parameters', whatever autocast says."""
     return any(p.dtype == torch.float16 for p in params if p.requires_grad)
