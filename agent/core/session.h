@@ -113,6 +113,11 @@ class Session {
   // The layer of an optimized tensor: a model parameter, or a made-up "optimizer.paramN"
   // (with an event) for one the model does not hold.
   Layer layer_of(std::uintptr_t key, const LayerInfo& foreign);
+  // The layer registered under `key`; -1 for a tensor not seen yet.
+  std::int64_t find_layer(std::uintptr_t key) const {
+    const auto found = layer_ids_.find(key);
+    return found == layer_ids_.end() ? -1 : found->second;
+  }
   // After the model's parameters: says how many are frozen.
   void layers_done();
   // The module's id, registered on first use.

@@ -107,6 +107,9 @@ class Agent::Impl final : public ScalerObserver {
   // `module_input`: what the module computed it from, where forward() ran it.
   bool record(const std::string& path, const at::Tensor& x, const at::Tensor* module_input = nullptr);
   void register_layers(torch::nn::Module& model);
+  // Registers the model's parameter `name` (its arrival hook, weight norms, stalled-update
+  // count); false where it is the same tensor as an earlier name.
+  bool register_parameter(const std::string& name, const at::Tensor& p);
   std::int64_t layer_of(const at::Tensor& param);
   // The type of the model's module at `path`; empty for a path the model does not have.
   std::string module_type(const std::string& path) const {
@@ -124,6 +127,9 @@ class Agent::Impl final : public ScalerObserver {
   agent::PrecisionChecks checks_;
 
   std::unordered_map<std::string, std::string> module_types_;  // path -> type, from the model
+  // The model, where a shared_ptr owns it (a ModuleHolder's): looked in again for a tensor
+  // the optimizer hands over that it did not hold at attach (a block grown, a head swapped in).
+  std::weak_ptr<torch::nn::Module> model_;
   std::vector<at::Tensor> keep_alive_;  // every registered tensor: its address is its key
   std::vector<std::pair<at::Tensor, unsigned>> hooks_;
   agent::HalfUpdates half_updates_{session_};
@@ -219,34 +225,37 @@ Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions opt
   scaler.set_observer(this);
 }
 
+bool Agent::Impl::register_parameter(const std::string& name, const at::Tensor& p) {
+  agent::LayerInfo info = agent::layer_info(p);
+  info.name = name;
+  const auto dot = info.name.rfind('.');
+  info.module_path = dot == std::string::npos ? "" : info.name.substr(0, dot);
+  info.module_type = module_type(info.module_path);
+  const auto layer = session_.add_layer(key_of(p), info);
+  if (!layer.added) return false;  // shared with an earlier name
+  keep_alive_.push_back(p);
+  named_params_.emplace_back(info.name, p);
+  weight_norms_.add(layer.id, p);
+  if (!p.requires_grad()) return true;
+  if (agent::half_precision(p.scalar_type())) {
+    if (p.device().is_cpu())
+      half_updates_.add(layer.id, p);
+    else  // counting there would read the device back on the training thread
+      session_.event_once("half-params-device", "warning",
+                          "the C++ agent counts stalled updates of half-precision parameters on the CPU only; " +
+                              info.name + " is on " + p.device().str());
+  }
+  agent::Session* session = &session_;
+  const std::int64_t id = layer.id;
+  hooks_.emplace_back(p, p.register_hook([session, id](const at::Tensor&) { session->arrived(id); }));
+  return true;
+}
+
 void Agent::Impl::register_layers(torch::nn::Module& model) {
+  model_ = model.weak_from_this();
   for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true))
     module_types_[item.key()] = agent::module_type_name(*item.value());
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    const at::Tensor& p = item.value();
-    agent::LayerInfo info = agent::layer_info(p);
-    info.name = item.key();
-    const auto dot = info.name.rfind('.');
-    info.module_path = dot == std::string::npos ? "" : info.name.substr(0, dot);
-    info.module_type = module_type(info.module_path);
-    const auto layer = session_.add_layer(key_of(p), info);
-    if (!layer.added) continue;  // shared with an earlier name
-    keep_alive_.push_back(p);
-    named_params_.emplace_back(info.name, p);
-    weight_norms_.add(layer.id, p);
-    if (!p.requires_grad()) continue;
-    if (agent::half_precision(p.scalar_type())) {
-      if (p.device().is_cpu())
-        half_updates_.add(layer.id, p);
-      else  // counting there would read the device back on the training thread
-        session_.event_once("half-params-device", "warning",
-                            "the C++ agent counts stalled updates of half-precision parameters on the CPU only; " +
-                                info.name + " is on " + p.device().str());
-    }
-    agent::Session* session = &session_;
-    const std::int64_t id = layer.id;
-    hooks_.emplace_back(p, p.register_hook([session, id](const at::Tensor&) { session->arrived(id); }));
-  }
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) register_parameter(item.key(), item.value());
   if (const at::Tensor* probe = agent::StaleGradients::probe_of(named_params_)) {
     const auto named = std::find_if(named_params_.begin(), named_params_.end(),
                                     [&](const auto& n) { return &n.second == probe; });
@@ -260,6 +269,21 @@ void Agent::Impl::register_layers(torch::nn::Module& model) {
 }
 
 std::int64_t Agent::Impl::layer_of(const at::Tensor& param) {
+  const std::int64_t known = session_.find_layer(key_of(param));
+  if (known >= 0) return known;
+  if (const auto model = model_.lock()) {
+    for (const auto& item : model->named_parameters(/*recurse=*/true)) {
+      if (!item.value().is_same(param)) continue;
+      for (const auto& m : model->named_modules(/*name_prefix=*/"", /*include_self=*/true))
+        module_types_.emplace(m.key(), agent::module_type_name(*m.value()));
+      register_parameter(item.key(), param);
+      session_.event_once("added:" + item.key(), "parameters-added",
+                          item.key() + " was added to the model after the Agent was made: its gradients are recorded "
+                                       "from this step, in backward order from the next; probes of its module work as "
+                                       "any other's");
+      return session_.find_layer(key_of(param));
+    }
+  }
   const auto layer = session_.layer_of(key_of(param), agent::layer_info(param));
   if (layer.added) keep_alive_.push_back(param);
   return layer.id;

@@ -548,3 +548,51 @@ TEST_CASE("CHECK in a LibTorch test is Catch's, not c10's glog-style CHECK", "[a
   const std::string expanded = AMPDIAG_EXPANDED(CHECK(true));
   CHECK_THAT(expanded, Catch::Contains("Catch::AssertionHandler"));
 }
+
+TEST_CASE("a module registered after the Agent was made is a layer under its own name, ordered from the next step",
+          "[agent]") {
+  TempDir dir;
+  torch::manual_seed(0);
+  TinyNet net;
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
+  GradScaler scaler;
+  AgentOptions o;
+  o.db_path = dir.file("run.db");
+  {
+    Agent agent(*net, scaler, o);
+    torch::nn::Linear extra{nullptr};
+    const auto x = torch::randn({8, 16});
+    for (int step = 0; step < 4; ++step) {
+      if (step == 2) {  // a block grown during training, given to the optimizer
+        extra = net->register_module("extra", torch::nn::Linear(32, 32));
+        optimizer.add_param_group(torch::optim::OptimizerParamGroup(extra->parameters()));
+      }
+      optimizer.zero_grad();
+      torch::Tensor loss;
+      {
+        HalfAutocast autocast;
+        auto h = torch::relu(net->b(torch::relu(net->a(x))));
+        if (extra) h = h + extra(h);
+        loss = net->c(h).to(torch::kFloat).pow(2).mean();
+      }
+      scaler.scale(loss).backward();
+      scaler.step(optimizer);
+      scaler.update();
+    }
+  }
+  rundb::RunDbReader r(dir.file("run.db"));
+  std::map<std::int64_t, std::string> names;
+  for (const auto& l : r.layers()) names[l.id] = l.name + "|" + l.module_path + "|" + l.module_type;
+  REQUIRE(names.size() == 8);
+  CHECK(names[6] == "extra.weight|extra|Linear");
+  CHECK(names[7] == "extra.bias|extra|Linear");
+  std::int64_t added = 0, foreign = 0;
+  for (const auto& e : r.events()) {
+    added += e.kind == "parameters-added";
+    foreign += e.kind == "foreign-parameter";
+  }
+  CHECK(added == 2);
+  CHECK(foreign == 0);
+  for (const auto& g : r.grad_stats())
+    if (g.layer_id >= 6) CHECK((g.step == 2 ? g.bwd_order < 0 : g.bwd_order >= 0));
+}
