@@ -119,7 +119,14 @@ Session::Layer Session::add_layer(std::uintptr_t key, const LayerInfo& info) {
     arrival_[std::size_t(id)].store(-1, std::memory_order_relaxed);
     arrival_size_.store(std::size_t(id) + 1, std::memory_order_release);
   }
-  post<rundb::LayerRow>({id, info.name, info.module_path, info.module_type, info.dtype, info.shape, info.numel,
+  std::string name = info.name;
+  if (layer_names_.count(name)) {
+    const std::string replacing = name + " (from step " + std::to_string(step()) + ")";
+    name = replacing;
+    for (int k = 2; layer_names_.count(name); ++k) name = replacing + " #" + std::to_string(k);
+  }
+  layer_names_.insert(name);
+  post<rundb::LayerRow>({id, name, info.module_path, info.module_type, info.dtype, info.shape, info.numel,
                          info.trainable, info.source},
                         early_layers_, &WriterThread::post_layer);
   return {id, true};
@@ -149,6 +156,7 @@ Session::Layer Session::layer_of(std::uintptr_t key, const LayerInfo& foreign) {
   const auto id = std::int64_t(layer_count_++);
   layer_ids_[key] = id;
   const std::string name = "optimizer.param" + std::to_string(id);
+  layer_names_.insert(name);
   post<rundb::LayerRow>({id, name, "", "", foreign.dtype, foreign.shape, foreign.numel, true, foreign.source},
                         early_layers_, &WriterThread::post_layer);
   event_once("foreign:" + std::to_string(id), "foreign-parameter",

@@ -108,7 +108,8 @@ class Session {
   };
   // Registers a model parameter; a tensor seen before (shared weights) keeps its first id
   // and gets a one-time event. After layers_done() (a parameter added to the model since),
-  // its backward arrival is recorded while the room set aside for such lasts.
+  // its backward arrival is recorded while the room set aside for such lasts; one that took
+  // the name of a parameter it replaced (a head swapped in) is "2.weight (from step 20)".
   Layer add_layer(std::uintptr_t key, const LayerInfo& info);
   // The layer of an optimized tensor: a model parameter, or a made-up "optimizer.paramN"
   // (with an event) for one the model does not hold.
@@ -238,6 +239,7 @@ class Session {
   std::vector<rundb::EventRow> early_events_;
 
   std::unordered_map<std::uintptr_t, std::int64_t> layer_ids_;
+  std::unordered_set<std::string> layer_names_;  // run.db's layers.name is unique
   std::size_t layer_count_ = 0;
   std::int64_t frozen_ = 0;
   std::unordered_map<std::string, std::int64_t> module_ids_;

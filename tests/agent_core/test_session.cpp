@@ -80,6 +80,27 @@ TEST_CASE("a layer added after the model's layers has its arrival order recorded
   CHECK(rows[1].bwd_order == 0);
 }
 
+TEST_CASE("a layer added under a name already recorded gets the step it came in", "[session][registry]") {
+  TempDir dir;
+  {
+    agent::Session s(options());
+    open_with_layers(s, dir.file("run.db"), 1);
+    agent::LayerInfo info;
+    info.name = "l0.weight";  // a new tensor where the old one was (a head swapped in)
+    info.module_path = "l0";
+    info.dtype = "float32";
+    info.numel = 8;
+    CHECK(s.add_layer(std::uintptr_t(2000), info).added);
+    CHECK(s.add_layer(std::uintptr_t(2001), info).added);
+    s.close();
+  }
+  rundb::RunDbReader r(dir.file("run.db"));
+  std::vector<std::string> names;
+  for (const auto& l : r.layers()) names.push_back(l.name);
+  CHECK(names == std::vector<std::string>{"l0.weight", "l0.weight (from step 0)", "l0.weight (from step 0) #2"});
+  CHECK(r.meta().count("write_error") == 0);
+}
+
 TEST_CASE("a gradient read twice in one step is recorded once, its later reading, and the recording goes on",
           "[session]") {
   TempDir dir;

@@ -80,3 +80,27 @@ def test_a_tensor_the_model_does_not_hold_is_still_a_foreign_parameter(tmp_path)
     names = [name for (name,) in query(tmp_path / "run.db", "SELECT name FROM layers ORDER BY id")]
     assert names[4:6] == ["extra.weight", "extra.bias"] and names[6].startswith("optimizer.param")
     assert len(query(tmp_path / "run.db", "SELECT step FROM events WHERE kind = 'foreign-parameter'")) == 1
+
+
+def test_a_head_swapped_in_under_the_old_heads_name_is_recorded_as_a_layer_of_its_own(tmp_path):
+    # Fine-tuning on new labels: model[2] replaced, a new optimizer. The new tensors take the
+    # names of the ones they replace; run.db's layer names are unique, and a clash stopped
+    # the writer for the rest of the run.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt, scaler = torch.optim.AdamW(model.parameters(), lr=1e-3), torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=tmp_path / "run.db"):
+        for step in range(4):
+            if step == 2:
+                model[2] = nn.Linear(16, 3)
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(4, 8)).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert query(tmp_path / "run.db", "SELECT value FROM meta WHERE key = 'write_error'") == []
+    names = [name for (name,) in query(tmp_path / "run.db", "SELECT name FROM layers ORDER BY id")]
+    assert names[4:] == ["2.weight (from step 2)", "2.bias (from step 2)"]
+    assert query(tmp_path / "run.db", "SELECT COUNT(*) FROM steps") == [(4,)]
