@@ -107,11 +107,45 @@ void loss_divergence(const Run& run, std::vector<Finding>& out) {
   std::int64_t troubled_steps = 0, first_troubled = -1;
   for (const auto& s : run.steps)
     if (s.row.step >= d.rise && troubled(run, s) && troubled_steps++ == 0) first_troubled = s.row.step;
+  // Parameters the model took in at the step the loss rose (a block grown, a head swapped
+  // in): the model changed there, not the way the optimizer moves it.
+  std::vector<std::string> added;
+  for (const auto& e : run.events)
+    if (e.kind == "parameters-added" && e.step == d.rise) added.push_back(e.detail.substr(0, e.detail.find(" was added")));
   Finding f;
   f.rule = "loss-divergence";
   f.severity = Severity::kError;
   f.score = 102.0;  // before the overflows it causes (scale-collapse 100)
   f.steps = {d.rise};
+  if (!added.empty()) {
+    std::string names;
+    for (std::size_t i = 0; i < added.size() && i < 3; ++i) names += (i ? ", " : "") + added[i];
+    if (added.size() > 3) names += " and " + plural(std::int64_t(added.size() - 3), "more");
+    f.title = "The loss rose at step " + std::to_string(d.rise) + ", the step parameters were added to the model (" +
+              names + "), and grew " + d.factor() + " before the NaN/Inf";
+    f.evidence = "loss " + fmt(d.baseline) + " at the start (median of its first steps), above " + fmt(kRising) +
+                 "x that from step " + std::to_string(d.rise) + ", the step the model first ran with " + names +
+                 ", up to " + fmt(d.peak) + " at step " + std::to_string(d.peak_step) + "; " +
+                 plural(troubled_steps, "step") + " with NaN/Inf or a skip from step " + std::to_string(first_troubled) +
+                 ". The overflows that follow are where the new modules' outputs left fp16's range, not why";
+    f.suggestions.push_back(
+        {"Look at what was added at step " + std::to_string(d.rise) + ": its initialisation (oversized-weights "
+         "names a layer whose weights start far too large) and the scale of its output where it enters the model. "
+         "Where it adds to a residual stream it can start adding nothing (its last layer zero-initialised).",
+         "for m in new_block.modules():  # torch's default initialisation, where the block's was changed\n"
+         "    if hasattr(m, \"reset_parameters\"):\n"
+         "        m.reset_parameters()\n"
+         "# where it adds to a residual stream, it can start adding nothing:\n"
+         "# torch.nn.init.zeros_(new_block[-1].weight)",
+         "// where the block is made, torch's default initialisation of each of its modules:\n"
+         "// module->reset_parameters();",
+         ""});
+    point_to_cause(out, d.rise, "The loss rose where parameters were added (see loss-divergence): ",
+                   "it comes after the loss rose at step " + std::to_string(d.rise) +
+                       ", where parameters were added to the model");
+    out.push_back(f);
+    return;
+  }
   f.title = "The loss diverged before anything overflowed: it grew " + d.factor() + " while finite, and the NaN/Inf came after";
   f.evidence = "loss " + fmt(d.baseline) + " at the start (median of its first steps), above " + fmt(kRising) +
                "x that from step " + std::to_string(d.rise) + ", above " + fmt(kDiverged) + "x from step " +

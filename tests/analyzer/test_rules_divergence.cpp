@@ -112,3 +112,40 @@ TEST_CASE("a climb that starts again after the loss came back down is still a di
   REQUIRE(div != nullptr);
   CHECK(div->steps == std::vector<std::int64_t>{9});
 }
+
+TEST_CASE("a loss that rose the step parameters were added is put on them, not on the learning rate",
+          "[rules][divergence]") {
+  // A block grown into a trained model at a scale far too large: the loss is 1500 times
+  // its start from that step on, then NaN.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 5; ++i) f.activation("enc", false).step(65536, 65536, 1000, {}, 2.0);
+  f.event("parameters-added", "extra.weight was added to the model after attach(): its gradients are recorded ...");
+  f.event("parameters-added", "extra.bias was added to the model after attach(): its gradients are recorded ...");
+  for (int i = 0; i < 3; ++i) f.activation("enc", false).step(65536, 65536, 1000, {}, 3000.0);
+  double scale = 65536;
+  for (int i = 0; i < 4; ++i, scale /= 2) f.activation("enc", true).step(scale, scale / 2, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding& d = required(r, "loss-divergence");
+  CHECK(d.severity == Severity::kError);
+  CHECK(d.title == "The loss rose at step 5, the step parameters were added to the model (extra.weight, extra.bias), "
+                   "and grew 1500x before the NaN/Inf");
+  CHECK_THAT(d.suggestions.front().summary, Catch::StartsWith("Look at what was added at step 5"));
+  const Finding& fwd = required(r, "forward-nonfinite");
+  CHECK(fwd.severity == Severity::kWarning);
+  CHECK_THAT(fwd.suggestions.front().summary, Catch::StartsWith("The loss rose where parameters were added"));
+}
+
+TEST_CASE("parameters added long before the climb leave the learning-rate reading", "[rules][divergence]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("parameters-added", "extra.weight was added to the model after attach(): its gradients are recorded ...");
+  std::vector<double> losses = {2, 2, 2, 2, 2, 30, 300, 3000, 30000};
+  for (double loss : losses) f.activation("enc", false).step(65536, 65536, 1000, {}, loss);
+  double scale = 65536;
+  for (int i = 0; i < 4; ++i, scale /= 2) f.activation("enc", true).step(scale, scale / 2, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK_THAT(required(r, "loss-divergence").title, Catch::StartsWith("The loss diverged before anything overflowed"));
+}

@@ -24,7 +24,7 @@ class Grown(nn.Module):
         return self.head(h)
 
 
-def grow(db, grow_at=2, steps=4, outside=False):
+def grow(db, grow_at=2, steps=4, outside=False, gain=1.0):
     torch.manual_seed(0)
     model = Grown()
     opt, scaler = torch.optim.SGD(model.parameters(), lr=1e-3), torch.amp.GradScaler("cpu")
@@ -33,6 +33,8 @@ def grow(db, grow_at=2, steps=4, outside=False):
         for step in range(steps):
             if step == grow_at:
                 model.extra = nn.Linear(16, 16)
+                with torch.no_grad():
+                    model.extra.weight.mul_(gain)
                 opt.add_param_group({"params": model.extra.parameters()})
                 if outside:
                     opt.add_param_group({"params": [loose]})
@@ -104,3 +106,13 @@ def test_a_head_swapped_in_under_the_old_heads_name_is_recorded_as_a_layer_of_it
     names = [name for (name,) in query(tmp_path / "run.db", "SELECT name FROM layers ORDER BY id")]
     assert names[4:] == ["2.weight (from step 2)", "2.bias (from step 2)"]
     assert query(tmp_path / "run.db", "SELECT COUNT(*) FROM steps") == [(4,)]
+
+
+def test_modules_added_after_attach_have_their_outputs_watched_from_their_next_call(tmp_path):
+    grow(tmp_path / "run.db", gain=1e6)  # its fp16 output is Inf
+    nonfinite = query(tmp_path / "run.db", "SELECT a.step, m.path FROM act_stats a JOIN modules m ON m.id = a.module_id "
+                      "WHERE a.nan + a.inf > 0 ORDER BY a.step, a.fwd_order")
+    first = {}
+    for step, path in nonfinite:
+        first.setdefault(step, path)
+    assert first == {2: "head", 3: "extra"}  # unwatched in the step it came in, named from the next

@@ -60,3 +60,58 @@ def test_the_same_loop_with_a_tenth_of_the_learning_rate_is_healthy(tmp_path, ve
     assert all(l == l for l in losses)
     code, rep = verdict(tmp_path / "fixed.db")
     assert code == 0, rep["findings"]
+
+
+class Grown(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 128), nn.ReLU())
+        self.head = nn.Linear(128, 10)
+        self.extra = None
+
+    def forward(self, x):
+        h = self.body(x)
+        return self.head(self.extra(h) if self.extra is not None else h)
+
+
+def grow(db, gain, steps=40, at=15):
+    """A block grown into the model at step `at`, its weights times `gain`, given to the
+    optimizer; AdamW at an ordinary learning rate."""
+    torch.manual_seed(0)
+    model = Grown()
+    opt, scaler = torch.optim.AdamW(model.parameters(), lr=1e-3), torch.amp.GradScaler("cpu")
+    g = torch.Generator().manual_seed(1)
+    with ampdiag.attach(model, scaler, db=db):
+        for step in range(steps):
+            if step == at:
+                model.extra = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 128))
+                with torch.no_grad():
+                    model.extra[0].weight.mul_(gain)
+                    model.extra[2].weight.mul_(gain)
+                opt.add_param_group({"params": model.extra.parameters()})
+            x, y = torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g)
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+def test_a_loss_that_rose_when_a_block_was_grown_in_is_put_on_the_block_not_the_learning_rate(tmp_path, verdict):
+    grow(tmp_path / "grown.db", gain=300.0)
+    code, rep = verdict(tmp_path / "grown.db")
+    assert code == 1
+    first = rep["findings"][0]
+    assert (first["rule"], first["severity"]) == ("loss-divergence", "error")
+    assert first["title"].startswith("The loss rose at step 15, the step parameters were added to the model "
+                                     "(extra.0.weight, extra.0.bias, extra.2.weight and 1 more)")
+    assert "learning rate" not in first["suggestions"][0]["summary"]
+    oversized = [f for f in rep["findings"] if f["rule"] == "oversized-weights"]
+    assert oversized and oversized[0]["module"] in ("extra.0", "extra.2")
+
+
+def test_the_same_block_grown_in_at_its_default_initialisation_is_healthy(tmp_path, verdict):
+    grow(tmp_path / "grown.db", gain=1.0)
+    code, rep = verdict(tmp_path / "grown.db")
+    assert code == 0, rep["findings"]

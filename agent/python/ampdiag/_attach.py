@@ -169,10 +169,13 @@ class AttachHandle:
             self._write_meta(scaler, every, context_steps, fused_unscale, histogram, guessed, params)
             if amp_dtype is None and not trains_fp16_parameters(params):
                 self._hooks.append(learn_amp_dtype(self, root, params[0].device.type, guessed, params))
+            self._activations_on = activations
+            self._watched_modules = weakref.WeakSet()  # the modules whose outputs have a hook
             self._layers = Layers(self, root)
             self._layer_id = self._layers.layer_id  # bound once: read for every gradient of every step
             self._weights = WeightSampler(self, self._layers.registered)
             watched = [(path, module) for path, module in root.named_modules() if path and not bounded_by_input(module)]
+            self._watched_modules.update(module for _, module in watched)
             if activations:
                 self._hooks.append(root.register_forward_pre_hook(self._forward_hook_as_run(input_hook(self, root)),
                                                                   with_kwargs=True))
@@ -408,6 +411,18 @@ class AttachHandle:
         if self._begin_forward_cycle():
             return True
         return root.training and not self._in_root_forward and self._begin_cycle()
+
+    def _watch_added_modules(self, root):
+        """Modules added to the model since attach(), found through a parameter of theirs:
+        their outputs are watched from their next call, as attach() watches the others'."""
+        if not self._activations_on:
+            return
+        for path, module in root.named_modules():
+            if not path or module in self._watched_modules or bounded_by_input(module):
+                continue
+            self._watched_modules.add(module)
+            self._hooks.append(module.register_forward_hook(self._forward_hook_as_run(
+                forward_hook(self, path, module, root)), with_kwargs=True))
 
     def _arrival_hook(self, layer):
         arrived = self._session.arrived  # bound once: this runs for every gradient of every step

@@ -98,8 +98,8 @@ class Layers:
     def _added_to_model(self, param):
         """The layer of a parameter the model holds now but did not at attach() (a block grown
         or a head swapped in, then given to the optimizer), registered under its name, its
-        gradients in backward order from the next step; None where the model does not hold it.
-        Its module's outputs are not watched: modules are hooked at attach()."""
+        gradients in backward order from the next step, its modules' outputs watched from
+        their next call; None where the model does not hold it."""
         model = self._model()
         if model is None:
             return None
@@ -120,8 +120,9 @@ class Layers:
                 handle._hooks.append(p.register_hook(handle._arrival_hook(layer)))
                 if handle._weights is not None:
                     handle._weights.add(layer, p)
+                handle._watch_added_modules(model)
                 handle._event("parameters-added", f"{name} was added to the model after attach(): its gradients are "
-                              "recorded from this step, in backward order from the next; its module's outputs are "
-                              "not watched (attach() after adding modules watches them too)", key=("added", name))
+                              "recorded from this step, in backward order and with its module's outputs from the next",
+                              key=("added", name))
             return layer
         return None
