@@ -173,6 +173,19 @@ void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& o
 
 namespace {
 
+// A skip-rate finding for `rate` of the steps: "N% of optimizer steps were skipped" and
+// `rest`, an error from half of them.
+Finding skipped_share(double rate, const std::string& rest) {
+  Finding f;
+  f.rule = "skip-rate";
+  f.severity = rate >= 0.5 ? Severity::kError : Severity::kWarning;
+  f.score = 50.0 + rate * 10.0;
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.0f%%", rate * 100.0);
+  f.title = std::string(pct) + " of optimizer steps were skipped" + rest;
+  return f;
+}
+
 // A growth probe is the scaler asking whether a doubled scale fits; at torch's default of one
 // every 2000 steps its skip costs nothing. A short growth_interval asks so often that the
 // probes themselves throw away a share of the steps, while every one of them is excused
@@ -185,14 +198,7 @@ void probing_too_often(const Run& run, std::int64_t probes, std::int64_t conside
   std::vector<double> taken;
   for (std::size_t i = end; i < run.steps.size(); ++i)
     if (!run.steps[i].row.skipped) taken.push_back(run.steps[i].row.scale_before);
-  Finding f;
-  f.rule = "skip-rate";
-  f.severity = rate >= 0.5 ? Severity::kError : Severity::kWarning;
-  f.score = 50.0 + rate * 10.0;
-  char pct[32];
-  std::snprintf(pct, sizeof pct, "%.0f%%", rate * 100.0);
-  f.title = std::string(pct) + " of optimizer steps were skipped by the scaler's own growth probes: it tries a " +
-            "higher scale too often";
+  Finding f = skipped_share(rate, " by the scaler's own growth probes: it tries a higher scale too often");
   f.evidence = std::to_string(probes) + " of " + plural(considered, "step") +
                " were skipped right after the scale grew, each try at a scale the gradients do not fit";
   if (!interval.empty()) f.evidence += "; growth_interval=" + interval;
@@ -239,13 +245,7 @@ void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
     probing_too_often(run, probes, considered, end, out);
   const double rate = harmful_skip_rate(run);
   if (rate <= t.skip_rate) return;
-  Finding f;
-  f.rule = "skip-rate";
-  f.severity = rate >= 0.5 ? Severity::kError : Severity::kWarning;
-  f.score = 50.0 + rate * 10.0;
-  char pct[32];
-  std::snprintf(pct, sizeof pct, "%.0f%%", rate * 100.0);
-  f.title = std::string(pct) + " of optimizer steps were skipped";
+  Finding f = skipped_share(rate, "");
   f.evidence = std::to_string(skipped) + " of " + plural(considered, "step") + " skipped";
   if (calibration > 0 && considered < std::int64_t(run.steps.size()))
     f.evidence += " (not counting " + std::to_string(calibration) + " skipped at the start while the scale came down from " +

@@ -20,16 +20,20 @@ inline agent::SessionOptions recording_options(std::int64_t max_waiting = 4) {
   return o;
 }
 
+// A float32 layer of 8 elements.
+inline agent::LayerInfo float_layer(const std::string& name, const std::string& module_path) {
+  agent::LayerInfo info;
+  info.name = name;
+  info.module_path = module_path;
+  info.dtype = "float32";
+  info.numel = 8;
+  return info;
+}
+
 // Registers `n` float32 layers of 8 elements (l0.weight, ...; keys 1000, ...) and opens the file.
 inline void open_with_layers(agent::Session& s, const std::string& path, int n) {
-  for (int i = 0; i < n; ++i) {
-    agent::LayerInfo info;
-    info.name = "l" + std::to_string(i) + ".weight";
-    info.module_path = "l" + std::to_string(i);
-    info.dtype = "float32";
-    info.numel = 8;
-    s.add_layer(std::uintptr_t(1000 + i), info);
-  }
+  for (int i = 0; i < n; ++i)
+    s.add_layer(std::uintptr_t(1000 + i), float_layer("l" + std::to_string(i) + ".weight", "l" + std::to_string(i)));
   s.layers_done();
   s.open(path, {}, "test-run");
 }

@@ -13,24 +13,35 @@
 using namespace ampdiag;
 using namespace ampdiag::test;
 
+namespace {
+
+// One step in which layers 0 and 1 have the host gradients `g0` and `g1` (8 values each),
+// layer 1's arriving first; what grads() said (NaN/Inf found).
+bool step_with_two_gradients(agent::Session& s, std::vector<float>& g0, std::vector<float>& g1) {
+  const std::int64_t ids[] = {0, 1};
+  const DeviceTensor t[] = {{{g0.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr},
+                            {{g1.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr}};
+  s.begin_cycle();
+  s.arrived(1);
+  s.arrived(0);
+  agent::GradBatch b;
+  b.layers = ids;
+  b.tensors = t;
+  b.count = 2;
+  const bool found = s.grads(b);
+  s.end_step({}, 0);
+  return found;
+}
+
+}  // namespace
+
 TEST_CASE("CPU gradients are computed at once and recorded with their arrival order", "[session]") {
   TempDir dir;
   {
     agent::Session s(options());
     open_with_layers(s, dir.file("run.db"), 2);
     std::vector<float> g0(8, 2.0f), g1(8, std::numeric_limits<float>::infinity());
-    const std::int64_t ids[] = {0, 1};
-    const DeviceTensor t[] = {{{g0.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr},
-                              {{g1.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr}};
-    s.begin_cycle();
-    s.arrived(1);
-    s.arrived(0);
-    agent::GradBatch b;
-    b.layers = ids;
-    b.tensors = t;
-    b.count = 2;
-    CHECK(s.grads(b));  // found_inf from the host pass, at once
-    s.end_step({}, 0);
+    CHECK(step_with_two_gradients(s, g0, g1));  // found_inf from the host pass, at once
     s.close();
   }
   rundb::RunDbReader r(dir.file("run.db"));
@@ -50,27 +61,11 @@ TEST_CASE("a layer added after the model's layers has its arrival order recorded
   {
     agent::Session s(options());
     open_with_layers(s, dir.file("run.db"), 1);
-    agent::LayerInfo info;
-    info.name = "extra.weight";
-    info.module_path = "extra";
-    info.dtype = "float32";
-    info.numel = 8;
-    const auto added = s.add_layer(std::uintptr_t(2000), info);
+    const auto added = s.add_layer(std::uintptr_t(2000), float_layer("extra.weight", "extra"));
     REQUIRE(added.added);
     REQUIRE(added.id == 1);
     std::vector<float> g0(8, 2.0f), g1(8, 3.0f);
-    const std::int64_t ids[] = {0, 1};
-    const DeviceTensor t[] = {{{g0.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr},
-                              {{g1.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr}};
-    s.begin_cycle();
-    s.arrived(1);
-    s.arrived(0);
-    agent::GradBatch b;
-    b.layers = ids;
-    b.tensors = t;
-    b.count = 2;
-    CHECK_FALSE(s.grads(b));
-    s.end_step({}, 0);
+    CHECK_FALSE(step_with_two_gradients(s, g0, g1));
     s.close();
   }
   rundb::RunDbReader r(dir.file("run.db"));
@@ -85,11 +80,7 @@ TEST_CASE("a layer added under a name already recorded gets the step it came in"
   {
     agent::Session s(options());
     open_with_layers(s, dir.file("run.db"), 1);
-    agent::LayerInfo info;
-    info.name = "l0.weight";  // a new tensor where the old one was (a head swapped in)
-    info.module_path = "l0";
-    info.dtype = "float32";
-    info.numel = 8;
+    const auto info = float_layer("l0.weight", "l0");  // a new tensor where the old one was (a head swapped in)
     CHECK(s.add_layer(std::uintptr_t(2000), info).added);
     CHECK(s.add_layer(std::uintptr_t(2001), info).added);
     s.close();

@@ -24,6 +24,18 @@ class Grown(nn.Module):
         return self.head(h)
 
 
+def amp_step(model, opt, scaler, loose=None):
+    """One fp16 step on a random batch; a `loose` tensor's sum joins the loss."""
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(torch.randn(4, 8)).float().pow(2).mean()
+        if loose is not None:
+            loss = loss + loose.sum()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+
+
 def grow(db, grow_at=2, steps=4, outside=False, gain=1.0):
     torch.manual_seed(0)
     model = Grown()
@@ -38,12 +50,7 @@ def grow(db, grow_at=2, steps=4, outside=False, gain=1.0):
                 opt.add_param_group({"params": model.extra.parameters()})
                 if outside:
                     opt.add_param_group({"params": [loose]})
-            opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = model(torch.randn(4, 8)).float().pow(2).mean() + loose.sum()
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+            amp_step(model, opt, scaler, loose)
 
 
 def query(db, sql):
@@ -96,12 +103,7 @@ def test_a_head_swapped_in_under_the_old_heads_name_is_recorded_as_a_layer_of_it
             if step == 2:
                 model[2] = nn.Linear(16, 3)
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-            opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = model(torch.randn(4, 8)).float().pow(2).mean()
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+            amp_step(model, opt, scaler)
     assert query(tmp_path / "run.db", "SELECT value FROM meta WHERE key = 'write_error'") == []
     names = [name for (name,) in query(tmp_path / "run.db", "SELECT name FROM layers ORDER BY id")]
     assert names[4:] == ["2.weight (from step 2)", "2.bias (from step 2)"]
