@@ -113,6 +113,25 @@ def test_a_mask_drawn_from_numpy_and_python_is_replayed_with_the_same_draws(tmp_
     assert masked and all(c[4] < 1e-2 for c in masked), masked  # other draws would be far away
 
 
+NOISE = torch.Generator().manual_seed(0)  # a generator of the model's code, out of ampdiag's reach
+
+
+class OwnGeneratorNoise(nn.Module):
+    def forward(self, x):
+        return x + torch.randn(x.shape, generator=NOISE).to(x.dtype)
+
+
+def test_a_call_drawing_from_a_generator_of_its_own_is_not_compared_and_says_why(tmp_path):
+    train(tmp_path / "run.db", nn.Sequential(OwnGeneratorNoise(), nn.LayerNorm(64)), steps=8, precision_budget=1.0)
+    # norm.0 draws, and norm (the Sequential holding it) with it: other draws, not fp16's doing
+    assert {c[1] for c in checks(tmp_path / "run.db")} == {"inp", "norm.1", "out"}
+    with sqlite3.connect(tmp_path / "run.db") as c:
+        said = dict(d.split(": ", 1) for (d,) in c.execute(
+            "SELECT detail FROM events WHERE kind = 'precision-check-unreproducible'").fetchall())
+    assert sorted(said) == ["norm", "norm.0"]
+    assert said["norm.0"].startswith("run again as it ran")
+
+
 def test_checks_leave_numpy_and_python_draws_as_they_were(tmp_path):
     def norm():
         return nn.Sequential(HostRandomMask(), nn.LayerNorm(64))

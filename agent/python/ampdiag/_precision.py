@@ -34,6 +34,14 @@ AUTOPIN_ERROR = 0.5  # attach(autopin=...) pins a module whose check found at le
 # it is armed again: in a loop with AMP off, arming and looking cost a step ~2 % (MLP,
 # 7 ms) and find nothing, while a loop that turns autocast on later is checked again soon.
 FP32_WAIT_MAX = 63
+# A host check this far from FP32 is taken only once the call is shown to be reproducible:
+# the copy run again as the call ran (same precision, same draws) must give its output back
+# within REPRODUCED. A forward that draws from a generator ampdiag cannot put back (one of
+# its own, a hardware source) would otherwise be compared with different draws, and the
+# difference called precision lost.
+VERIFY_FROM = 0.02
+REPRODUCED = 1e-3
+UNREPRODUCIBLE = "precision-check-unreproducible"
 
 
 def _reduced_precision(module, args, kwargs) -> bool:
@@ -73,6 +81,13 @@ class _Capture:
         self.rng = rng_state()
         self.twin = twin_of(module)  # before the call: the state it ran with
         self.args, self.kwargs = copy_inputs(args, kwargs)
+        # For running the call again as it ran, where the FP32 copy comes out far from it: a
+        # second copy in the call's own precision (host modules with float32 parameters,
+        # where autocast alone made it reduced: the usual AMP case).
+        self.as_ran = None
+        params = list(module.parameters())
+        if all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params):
+            self.as_ran = twin_of(module, fp32=False)
 
 
 class PrecisionChecker:
@@ -174,6 +189,31 @@ class PrecisionChecker:
         if error >= AUTOPIN_ERROR and handle._autopin is not None:
             handle._autopin.confirmed(path, self._by_path[path], fp32_absmax, lost=error)
 
+    def _reproducible(self, path, capture, output, values) -> bool:
+        """Whether the check can be taken: a device one, a host one close to FP32, or one whose
+        call the copy gives back run as it ran. One that is not leaves the rotation (event
+        precision-check-unreproducible)."""
+        if values.is_cuda or capture.as_ran is None:
+            return True
+        verdict = judged(values.tolist())
+        if verdict is None or verdict[0] < VERIFY_FROM:
+            return True
+        set_rng_state(capture.rng)
+        with torch.no_grad():  # under the call's own autocast: the hook runs inside it
+            again = first_float_tensor(capture.as_ran(*capture.args, **capture.kwargs))
+        if again is not None and again.shape == output.shape:
+            ran = output.detach().double()
+            difference = torch.linalg.vector_norm(again.detach().double() - ran)
+            norm = torch.linalg.vector_norm(ran)
+            if bool(torch.isfinite(difference)) and float(difference) <= REPRODUCED * float(norm):
+                return True
+        self._handle._event(UNREPRODUCIBLE, f"{path}: run again as it ran (same precision, inputs, state and draws "
+                            "of torch's, Python's and numpy's generators), it gave another output; it is not "
+                            "compared with FP32 (a generator of its own, or another source of chance)",
+                            key=(UNREPRODUCIBLE, path))
+        self._modules = [(p, m) for p, m in self._modules if p != path]
+        return False
+
     def _ran_in_fp32(self, path):
         last = self._fp32_waits.get(path, [0, 0])[1]
         turns = min(2 * last + 1, FP32_WAIT_MAX)
@@ -226,7 +266,7 @@ class PrecisionChecker:
                     (torch.autocast("cuda", enabled=False) if torch.cuda.is_available() else contextlib.nullcontext()):
                 fp32 = capture.twin(*_to_fp32(capture.args), **_to_fp32(capture.kwargs))
             measured = measures(output, fp32)
-            if measured is not None:
+            if measured is not None and self._reproducible(path, capture, *measured):
                 self._post_when_read(path, *measured)
         except Exception:  # a check must never break the training
             self._drop(module)
