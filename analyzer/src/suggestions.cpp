@@ -129,8 +129,21 @@ std::vector<Suggestion> confirmed_fixes(const Run& run, const std::string& modul
     if (run.fp16()) fixes.push_back(use_bf16(run));
     return fixes;
   }
+  // The module whose call holds it: its nearest ancestor that ran (LoRA's lora_B.default sits
+  // in a ModuleDict, a block's layers in a ModuleList, neither of which has a forward to
+  // pin). Where none ran: a run of the Python agent, which watches every module, has none
+  // to pin; another's (the C++ agent's probes) names the path above it.
+  std::string parent;
+  for (auto dot = module_path.rfind('.'); dot != std::string::npos && parent.empty();
+       dot = dot == 0 ? std::string::npos : module_path.rfind('.', dot - 1)) {
+    const std::string above = module_path.substr(0, dot);
+    for (const auto& m : run.modules)
+      if (m.info.path == above) parent = above;
+  }
   const auto dot = module_path.rfind('.');
-  if (dot == std::string::npos) {
+  if (parent.empty() && dot != std::string::npos && run.meta_or("source", "") != "ampdiag Python agent")
+    parent = module_path.substr(0, dot);
+  if (parent.empty()) {
     Suggestion alone = pin_fp32(run, module_path);
     alone.summary = "Or run " + module_path + " in FP32 together with the code that uses its output: its FP32 output "
                     "is beyond fp16's range, so pinned alone it moves the overflow to that code where it runs in "
@@ -142,7 +155,6 @@ std::vector<Suggestion> confirmed_fixes(const Run& run, const std::string& modul
     bf16.untried = true;
     return {bf16, alone};
   }
-  const std::string parent = module_path.substr(0, dot);
   Suggestion pin = pin_fp32(run, parent);
   pin.summary = "Run " + parent + " in FP32, " + module_path + " with what uses its output: autocast off around it, its "
                 "floating-point inputs cast to float32 (not replayed). " + module_path + " pinned alone hands its FP32 "

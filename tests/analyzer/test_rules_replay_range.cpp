@@ -87,3 +87,42 @@ TEST_CASE("an overflow beyond fp16's range after a mask's -inf gets its parent p
   CHECK(fw->module == "mlp.fc1");
   CHECK_THAT(fw->suggestions.front().python, Catch::StartsWith("ampdiag.pin_fp32(model.mlp)"));
 }
+
+namespace {
+
+// A Python agent's run where `module` overflows fp16 in forward, its FP32 replay finite
+// beyond fp16's range; the modules in `ran` ran too (after it in forward order).
+Report hot_in(const TempDir& dir, const std::string& module, const std::vector<std::string>& ran) {
+  RunFixture f(dir.file("run.db"), {module + ".weight"});
+  f.meta("source", "ampdiag Python agent");
+  f.finite_replay(module, 235892.0);
+  for (int i = 0; i < 4; ++i) {
+    f.activation(module, true);
+    for (const auto& m : ran) f.activation(m, true);
+    f.step(65536, 32768, 1000, {}, kNaN);
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("the pin goes to the nearest module above that ran, past a ModuleDict that has no forward",
+          "[rules][replay]") {
+  // PEFT's lora_B.default sits in the ModuleDict lora_B; the LoRA Linear v_proj calls it.
+  TempDir dir;
+  const Report r = hot_in(dir, "attn.v_proj.lora_B.default", {"attn.v_proj", "attn"});
+  const Finding& fw = required(r, "forward-nonfinite");
+  CHECK_THAT(fw.suggestions[0].summary,
+             Catch::StartsWith("Run attn.v_proj in FP32, attn.v_proj.lora_B.default with what uses its output"));
+}
+
+TEST_CASE("a module under a ModuleList with nothing above it that ran is not told to pin the list",
+          "[rules][replay]") {
+  TempDir dir;
+  const Report r = hot_in(dir, "layers.3", {});
+  const Finding& fw = required(r, "forward-nonfinite");
+  REQUIRE(fw.suggestions.size() == 2);
+  CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Train in bfloat16"));
+  CHECK_THAT(fw.suggestions[1].summary, Catch::StartsWith("Or run layers.3 in FP32 together with the code"));
+}

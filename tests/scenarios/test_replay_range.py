@@ -106,3 +106,35 @@ def test_that_module_pinned_alone_trains_healthy_when_its_output_goes_to_a_float
     train(tmp_path / "wo_pinned.db", pin="block.mlp.fc2", hot="fc2")
     code, rep = verdict(tmp_path / "wo_pinned.db")
     assert (code, rep["healthy"]) == (0, True), [f["title"] for f in rep["findings"]]
+
+
+class Adapted(nn.Module):
+    """PEFT's LoRA Linear in miniature: its adapters sit in ModuleDicts that it calls into."""
+
+    def __init__(self):
+        super().__init__()
+        self.base = nn.Linear(16, 16)
+        self.lora_A = nn.ModuleDict({"default": nn.Linear(16, 4)})
+        self.lora_B = nn.ModuleDict({"default": nn.Linear(4, 16)})
+
+    def forward(self, x):
+        return self.base(x) + self.lora_B["default"](self.lora_A["default"](x))
+
+
+def test_autopin_pins_the_module_that_calls_into_a_module_dict_not_the_dict(tmp_path, verdict):
+    # lora_B.default's FP32 output is beyond fp16's range; its parent lora_B has no forward
+    # to pin, so the LoRA Linear that calls it is pinned, and the report says the same.
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(embed=nn.Linear(16, 16), adapted=Adapted(), norm=nn.LayerNorm(16),
+                                      head=nn.Linear(16, 4)))
+    with torch.no_grad():
+        model.adapted.lora_B["default"].weight.mul_(1e5)
+    db = tmp_path / "lora.db"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    amp_training(db, model, opt, 12, lambda g: nn.functional.cross_entropy(
+        model(torch.randn(32, 16, generator=g)), torch.randint(0, 4, (32,), generator=g)), autopin=True)
+    assert rows(db, "SELECT step, detail FROM events WHERE kind = 'autopin'") == [(1, "adapted")]
+    _, rep = verdict(db)
+    fw = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
+    assert fw["module"] == "adapted.lora_B.default"
+    assert fw["suggestions"][0]["summary"].startswith("Run adapted in FP32, adapted.lora_B.default with what uses")

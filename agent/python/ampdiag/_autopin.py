@@ -7,7 +7,11 @@ to the code that uses it, which overflows instead where it runs in fp16: its par
 pinned, with what uses that output (event `autopin-parent`, "PARENT: CHILD, FP32 output up
 to X"). A module whose precision check found most of its output lost (finite, but at least
 half of its L2 norm away from the same call in FP32) is pinned too (event
-`autopin-precision`, "PATH: 97 % away from FP32"): the FP32 output is what the pin gives."""
+`autopin-precision`, "PATH: 97 % away from FP32"): the FP32 output is what the pin gives.
+The parent is the nearest module above it with a forward of its own (past a ModuleDict or
+ModuleList); where only the model is above it, nothing is pinned."""
+import torch
+
 from ._pin import pin_fp32
 
 FP16_MAX = 65504.0
@@ -27,8 +31,9 @@ class AutoPinner:
         run, its parent) from the next cycle, within the limit."""
         child = None
         if self._handle._has_scaler and fp32_absmax > FP16_MAX and "." in path:
-            child, path = path, path.rsplit(".", 1)[0]
-            module = self._handle._watched_model.get_submodule(path)
+            child, path, module = path, *self._caller_of(path)
+            if module is None:
+                return  # nothing above it runs a forward of its own: pinned alone, the overflow moves on
         if path in self._done or any(p == path for p, _ in self._waiting):
             return
         if len(self._done) + len(self._waiting) >= self._limit:
@@ -40,6 +45,18 @@ class AutoPinner:
         elif lost is not None:
             self._handle._event("autopin-precision", f"{path}: {lost * 100:.0f} % away from FP32")
         self._waiting.append((path, module))
+
+    def _caller_of(self, path):
+        """(path, module) of the nearest module above `path` with a forward of its own: past a
+        ModuleDict or ModuleList (PEFT's lora_B.default sits in the ModuleDict lora_B, which
+        its LoRA Linear calls into); (None, None) where only the model is above it."""
+        model = self._handle._watched_model
+        while "." in path:
+            path = path.rsplit(".", 1)[0]
+            module = model.get_submodule(path)
+            if type(module).forward is not torch.nn.Module.forward:
+                return path, module
+        return None, None
 
     def pin(self):
         """After a step ended: the modules confirmed in it run in FP32 from the next step."""
