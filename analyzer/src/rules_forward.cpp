@@ -100,12 +100,13 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
   if (const loss_code::NonfiniteInput in = loss_code::nonfinite_input_at(run, steps); in.seen > 0) {
     const std::string what = in.op + "'s " + in.argument;
     // A half-precision one may be fp16's after all: made under autocast outside the model
-    // (advantages normalised by std + 1e-8, whose 1e-8 is 0 in fp16).
+    // (advantages normalised by std + 1e-8, whose 1e-8 is 0 in fp16). A float32 one may be
+    // too: a frozen teacher's fp16 logits overflowed, then cast for the loss.
     const bool half = in.dtype == "float16" || in.dtype == "bfloat16";
     if (in.seen == in.looked)
       f.title = "The loss is NaN/Inf because " + what + " already held NaN/Inf" +
                 (half ? ", a " + in.dtype + " tensor made outside the model: not the model or the loss code"
-                      : ": not the model, the loss code or fp16");
+                      : ": not the model or the loss code");
     f.evidence += "; before backward, the " + in.argument + " given to " + in.op + " held NaN/Inf in " +
                   std::to_string(in.seen) + " of the " + plural(in.looked, "step") + " whose loss code was read (step " +
                   std::to_string(in.step) + ": " + in.counts + (in.dtype.empty() ? "" : ", " + in.dtype) + ")";

@@ -196,7 +196,7 @@ TEST_CASE("a loss code with unreadable items still names what it can", "[rules][
 
 TEST_CASE("a loss whose target held NaN before backward is the data's, with the masking fix alone", "[rules][loss-code]") {
   const Finding f = given_nonfinite_finding("ToCopy:float32, MseLoss:float32", "MseLoss target: 1 NaN, 0 Inf of 32 values");
-  CHECK(f.title == "The loss is NaN/Inf because MseLoss's target already held NaN/Inf: not the model, the loss code or fp16");
+  CHECK(f.title == "The loss is NaN/Inf because MseLoss's target already held NaN/Inf: not the model or the loss code");
   CHECK_THAT(f.evidence, Catch::EndsWith("held NaN/Inf in 1 of the 1 step whose loss code was read (step 1: 1 NaN, 0 "
                                           "Inf of 32 values)"));
   REQUIRE(f.suggestions.size() == 1);
