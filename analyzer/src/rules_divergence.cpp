@@ -112,6 +112,18 @@ void loss_divergence(const Run& run, std::vector<Finding>& out) {
   std::vector<std::string> added;
   for (const auto& e : run.events)
     if (e.kind == "parameters-added" && e.step == d.rise) added.push_back(e.detail.substr(0, e.detail.find(" was added")));
+  // The climb's evidence: where it started, `onward` (what happened at its start), its peak
+  // and the NaN/Inf after it, `nonfinite_loss` with or without, and `what` left the range.
+  const auto climb = [&](const std::string& onward, bool nonfinite_loss, const std::string& what) {
+    return "loss " + fmt(d.baseline) + " at the start (median of its first steps), above " + fmt(kRising) +
+           "x that from step " + std::to_string(d.rise) + onward + ", up to " + fmt(d.peak) + " at step " +
+           std::to_string(d.peak_step) + "; " + plural(troubled_steps, "step") + " with NaN/Inf or a skip from step " +
+           std::to_string(first_troubled) +
+           (nonfinite_loss && d.first_nonfinite_loss >= 0
+                ? ", the loss NaN/Inf from step " + std::to_string(d.first_nonfinite_loss)
+                : std::string()) +
+           ". The overflows that follow are where " + what + " left fp16's range, not why";
+  };
   Finding f;
   f.rule = "loss-divergence";
   f.severity = Severity::kError;
@@ -123,11 +135,7 @@ void loss_divergence(const Run& run, std::vector<Finding>& out) {
     if (added.size() > 3) names += " and " + plural(std::int64_t(added.size() - 3), "more");
     f.title = "The loss rose at step " + std::to_string(d.rise) + ", the step parameters were added to the model (" +
               names + "), and grew " + d.factor() + " before the NaN/Inf";
-    f.evidence = "loss " + fmt(d.baseline) + " at the start (median of its first steps), above " + fmt(kRising) +
-                 "x that from step " + std::to_string(d.rise) + ", the step the model first ran with " + names +
-                 ", up to " + fmt(d.peak) + " at step " + std::to_string(d.peak_step) + "; " +
-                 plural(troubled_steps, "step") + " with NaN/Inf or a skip from step " + std::to_string(first_troubled) +
-                 ". The overflows that follow are where the new modules' outputs left fp16's range, not why";
+    f.evidence = climb(", the step the model first ran with " + names, false, "the new modules' outputs");
     f.suggestions.push_back(
         {"Look at what was added at step " + std::to_string(d.rise) + ": its initialisation (oversized-weights "
          "names a layer whose weights start far too large) and the scale of its output where it enters the model. "
@@ -147,13 +155,7 @@ void loss_divergence(const Run& run, std::vector<Finding>& out) {
     return;
   }
   f.title = "The loss diverged before anything overflowed: it grew " + d.factor() + " while finite, and the NaN/Inf came after";
-  f.evidence = "loss " + fmt(d.baseline) + " at the start (median of its first steps), above " + fmt(kRising) +
-               "x that from step " + std::to_string(d.rise) + ", above " + fmt(kDiverged) + "x from step " +
-               std::to_string(d.onset) + ", up to " + fmt(d.peak) + " at step " + std::to_string(d.peak_step) + "; " +
-               plural(troubled_steps, "step") + " with NaN/Inf or a skip from step " + std::to_string(first_troubled) +
-               (d.first_nonfinite_loss >= 0 ? ", the loss NaN/Inf from step " + std::to_string(d.first_nonfinite_loss)
-                                            : std::string()) +
-               ". The overflows that follow are where the growth left fp16's range, not why";
+  f.evidence = climb(", above " + fmt(kDiverged) + "x from step " + std::to_string(d.onset), true, "the growth");
   const std::string summary =
       "Lower the learning rate (or warm it up) and clip the gradient norm: the weights and activations grow until "
       "the half-precision range ends. Pinning the module that overflows first to FP32 only delays the NaN.";

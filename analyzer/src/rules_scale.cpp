@@ -190,8 +190,8 @@ Finding skipped_share(double rate, const std::string& rest) {
 // every 2000 steps its skip costs nothing. A short growth_interval asks so often that the
 // probes themselves throw away a share of the steps, while every one of them is excused
 // as probing.
-void probing_too_often(const Run& run, std::int64_t probes, std::int64_t considered, std::size_t end,
-                       std::vector<Finding>& out) {
+void probing_too_often(const Run& run, std::int64_t probes, std::int64_t first_probe, std::int64_t considered,
+                       std::size_t end, std::vector<Finding>& out) {
   const double rate = double(probes) / double(considered);
   const std::string interval = run.meta_or("scaler_growth_interval", "");
   // Where it settles between probes: the median scale of the steps that were taken.
@@ -202,11 +202,7 @@ void probing_too_often(const Run& run, std::int64_t probes, std::int64_t conside
   f.evidence = std::to_string(probes) + " of " + plural(considered, "step") +
                " were skipped right after the scale grew, each try at a scale the gradients do not fit";
   if (!interval.empty()) f.evidence += "; growth_interval=" + interval;
-  for (std::size_t i = end; i < run.steps.size(); ++i)
-    if (is_growth_probe(run, i)) {
-      f.steps.push_back(run.steps[i].row.step);
-      break;
-    }
+  f.steps.push_back(first_probe);
   const double settled = taken.empty() ? run.steps.back().row.scale_after : median_of(taken);
   f.suggestions.push_back(suggest::scaler_settings(
       run, settled, 2000,
@@ -221,13 +217,13 @@ void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   if (!run.has_scaler()) return;
   const std::size_t end = calibration_end(run);
   const std::int64_t calibration = calibration_skips(run);
-  std::int64_t skipped = 0, probes = 0, considered = 0, first = -1;
+  std::int64_t skipped = 0, probes = 0, considered = 0, first = -1, first_probe = -1;
   for (std::size_t i = 0; i < run.steps.size(); ++i) {
     if (is_calibration(run, i, end)) continue;
     ++considered;
     if (!run.steps[i].row.skipped) continue;
     if (is_growth_probe(run, i)) {
-      ++probes;
+      if (probes++ == 0) first_probe = run.steps[i].row.step;
       continue;
     }
     ++skipped;
@@ -242,7 +238,7 @@ void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   // Probes are the scaler's planned cost: twice the unplanned skips' share (a growth_interval
   // of 4 or less) before they are a finding; torch's own interval is 2000.
   if (considered > 0 && double(probes) > 2.0 * t.skip_rate * double(considered))
-    probing_too_often(run, probes, considered, end, out);
+    probing_too_often(run, probes, first_probe, considered, end, out);
   const double rate = harmful_skip_rate(run);
   if (rate <= t.skip_rate) return;
   Finding f = skipped_share(rate, "");

@@ -175,15 +175,13 @@ class AttachHandle:
             self._layer_id = self._layers.layer_id  # bound once: read for every gradient of every step
             self._weights = WeightSampler(self, self._layers.registered)
             watched = [(path, module) for path, module in root.named_modules() if path and not bounded_by_input(module)]
-            self._watched_modules.update(module for _, module in watched)
             if activations:
                 self._hooks.append(root.register_forward_pre_hook(self._forward_hook_as_run(input_hook(self, root)),
                                                                   with_kwargs=True))
                 self._hooks.append(root.register_forward_hook(self._forward_hook_as_run(output_hook(self, root)),
                                                               with_kwargs=True))
                 for path, module in watched:
-                    self._hooks.append(module.register_forward_hook(self._forward_hook_as_run(
-                        forward_hook(self, path, module, root)), with_kwargs=True))
+                    self._watch_output(path, module, root)
             self._profile = ProfileRanges(self, watched) if profile else None
             # FP32 comparisons need the replay's copies and a module's call in a training step.
             self._precision = (PrecisionChecker(self, watched, precision_budget)
@@ -418,11 +416,13 @@ class AttachHandle:
         if not self._activations_on:
             return
         for path, module in root.named_modules():
-            if not path or module in self._watched_modules or bounded_by_input(module):
-                continue
-            self._watched_modules.add(module)
-            self._hooks.append(module.register_forward_hook(self._forward_hook_as_run(
-                forward_hook(self, path, module, root)), with_kwargs=True))
+            if path and module not in self._watched_modules and not bounded_by_input(module):
+                self._watch_output(path, module, root)
+
+    def _watch_output(self, path, module, root):
+        self._watched_modules.add(module)
+        self._hooks.append(module.register_forward_hook(self._forward_hook_as_run(
+            forward_hook(self, path, module, root)), with_kwargs=True))
 
     def _arrival_hook(self, layer):
         arrived = self._session.arrived  # bound once: this runs for every gradient of every step

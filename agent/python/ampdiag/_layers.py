@@ -33,14 +33,12 @@ class Layers:
         self._module_paths = {}  # layer -> the path of the module it is registered under
         self.registered = []   # (layer, parameter) of the model, each tensor once
         self._model = weakref.ref(model)
-        self._at_attach = set()  # id() of every parameter the model held at attach()
         session = handle._session
         modules = dict(model.named_modules())
         probe = _stale_gradients.probe_of(list(model.parameters()))
         tied = tied_owners(model)
         held_by_submodules = []  # (layer, name, tensor): the model's own code may use them too
         for name, p in model.named_parameters(remove_duplicate=False):
-            self._at_attach.add(id(p))
             module_path = name.rpartition(".")[0]
             module = modules.get(module_path)
             layer, added = session.add_layer(id(p), name, module_path, type(module).__name__ if module is not None else "",
@@ -85,7 +83,7 @@ class Layers:
             handle._hooks.append(param.register_hook(handle._arrival_hook(layer)))
             handle._event("parameters-unfrozen", f"{name} was frozen at attach() and has a gradient from this step: "
                           "its backward order is recorded from the next step", key=("unfrozen",))
-        if layer is None and id(param) not in self._at_attach:
+        if layer is None and self._handle._session.find_layer(id(param)) < 0:
             layer = self._added_to_model(param)
         if layer is None:
             layer, added = self._handle._session.layer_of(id(param), str(param.dtype).replace("torch.", ""),

@@ -104,6 +104,7 @@ class Session {
     const auto layer = session_.add_layer(key, {name, module_path, module_type, dtype, shape, numel, trainable, source});
     return {layer.id, layer.added};
   }
+  std::int64_t find_layer(std::uintptr_t key) const { return session_.find_layer(key); }
   std::pair<std::int64_t, bool> layer_of(std::uintptr_t key, const std::string& dtype, const std::string& shape, std::int64_t numel) {
     agent::LayerInfo info;
     info.dtype = dtype;
@@ -293,6 +294,7 @@ PYBIND11_MODULE(_ampdiag, m) {
       .def("add_layer", &Session::add_layer)
       .def("layers_done", [](Session& s) { s.core().layers_done(); })
       .def("layer_of", &Session::layer_of)
+      .def("find_layer", &Session::find_layer)
       .def("module_id", [](Session& s, const std::string& path, const std::string& type, const std::string& source,
                            const std::string& inputs) { return s.core().module_id(path, type, source, inputs); })
       .def("event", [](Session& s, const std::string& kind, const std::string& detail) { s.core().event(kind, detail); })
