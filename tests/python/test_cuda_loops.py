@@ -162,3 +162,71 @@ def test_a_validation_pass_between_cuda_steps_makes_no_host_sync(tmp_path, ampdi
     with sqlite3.connect(tmp_path / "run.db") as c:
         assert c.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 6
     assert report_errors(ampdiag_cli, tmp_path / "run.db") == (0, set())
+
+
+def test_a_head_swapped_in_on_cuda_is_a_layer_with_its_output_watched_without_a_host_sync(tmp_path, ampdiag_cli):
+    # Fine-tuning on new labels: the head replaced after attach(), a new optimizer. Its
+    # tensors are found through the model, its output is watched from its next call, and
+    # none of that waits for the device.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4)).cuda()
+    # A fused optimizer: torch's scaler.step() reads found_inf on the host for the others.
+    opt, scaler = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True), torch.amp.GradScaler("cuda")
+    x = torch.randn(64, 16, device="cuda")
+    db = tmp_path / "run.db"
+    with ampdiag.attach(model, scaler, db=db, activation_every=1):
+        with no_host_sync():
+            for step in range(6):
+                if step == 2:
+                    model[2] = nn.Linear(64, 3, device="cuda")  # .cuda() would copy from the host
+                    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+                opt.zero_grad()
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = model(x).float().pow(2).mean()
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+    with sqlite3.connect(db) as c:
+        assert [n for (n,) in c.execute("SELECT name FROM layers WHERE id >= 4 ORDER BY id")] == \
+            ["2.weight (from step 2)", "2.bias (from step 2)"]
+        assert c.execute("SELECT COUNT(*) FROM grad_stats g JOIN layers l ON l.id = g.layer_id "
+                         "WHERE l.name LIKE '2.%(from step 2)'").fetchone()[0] == 8  # steps 2-5, two tensors
+        watched = {s for (s,) in c.execute("SELECT a.step FROM act_stats a JOIN modules m ON m.id = a.module_id "
+                                           "WHERE m.path = '2'")}
+        assert {3, 4, 5} <= watched
+    assert report_errors(ampdiag_cli, db) == (0, set())
+
+
+def test_sharpness_aware_training_on_cuda_is_healthy_without_a_host_sync(tmp_path, ampdiag_cli):
+    # SAM: two scaled backwards a step with zero_grad() between, the weights moved uphill in
+    # between (by nothing where the first gradient overflowed: decided on the device).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).cuda()
+    # Fused Adam: torch's scaler.step() syncs for unfused optimizers, and a fused SGD with
+    # momentum whose first step is skipped is broken by torch itself (fused-sgd-momentum).
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    scaler = torch.amp.GradScaler("cuda")
+    x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 1, device="cuda")
+    db = tmp_path / "run.db"
+    with ampdiag.attach(model, scaler, db=db):
+        with no_host_sync():
+            for _ in range(10):
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = nn.functional.mse_loss(model(x).float(), y)
+                scaler.scale(loss).backward()
+                grads = [p.grad / scaler._get_scale_async() for p in model.parameters()]  # get_scale() syncs
+                norm = torch.stack([g.norm() for g in grads]).norm()
+                rho = torch.where(torch.isfinite(norm), 0.05 / (norm + 1e-12), torch.zeros_like(norm))
+                moved = [torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0) * rho for g in grads]
+                with torch.no_grad():
+                    torch._foreach_add_(list(model.parameters()), moved)
+                opt.zero_grad()
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = nn.functional.mse_loss(model(x).float(), y)
+                scaler.scale(loss).backward()
+                with torch.no_grad():
+                    torch._foreach_sub_(list(model.parameters()), moved)
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+    assert report_errors(ampdiag_cli, db) == (0, set())

@@ -1,9 +1,9 @@
 """Models nobody here wrote, trained on CUDA as their users do (Hugging Face GPT-2 with
-AdamW, a warm-up schedule and clipping after unscale_; a timm ViT; a torchvision ResNet
-in channels_last; a cuDNN LSTM), with ampdiag attached: a healthy run's report holds no
-finding at all, and a planted overflow is named at its module. Skipped without a CUDA
-device, and each model without its library (the GPU machines' image has them; the
-project does not depend on them)."""
+AdamW, a warm-up schedule and clipping after unscale_; a timm ViT, also under timm's
+NativeScaler; a torchvision ResNet in channels_last; a cuDNN LSTM), with ampdiag
+attached: a healthy run's report holds no finding at all, and a planted overflow is named
+at its module. Skipped without a CUDA device, and each model without its library (the GPU
+machines' image has them; the project does not depend on them)."""
 import json
 import subprocess
 
@@ -118,6 +118,27 @@ def timm_vit(db):
     train_images(timm.create_model("vit_tiny_patch16_224", num_classes=10).cuda(), db)
 
 
+def timm_vit_native_scaler(db, steps=20, accumulate=2):
+    """timm's train.py: its NativeScaler (which holds the GradScaler) given to attach(),
+    micro-batches that update on the last one, clipping after unscale_."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", num_classes=10).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
+    loss_scaler = timm.utils.NativeScaler()
+    generator = torch.Generator().manual_seed(2)
+    with ampdiag.attach(model, loss_scaler, db=db):
+        for _ in range(steps):
+            for micro in range(accumulate):
+                x = torch.randn(16, 3, 224, 224, generator=generator).cuda()
+                y = torch.randint(0, 10, (16,), generator=generator).cuda()
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = nn.functional.cross_entropy(model(x), y) / accumulate
+                loss_scaler(loss, optimizer, clip_grad=1.0, parameters=model.parameters(),
+                            need_update=micro == accumulate - 1)
+            optimizer.zero_grad(set_to_none=True)
+
+
 def resnet_channels_last(db):
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
@@ -130,6 +151,7 @@ HEALTHY = {
     "gpt2 fp16, 4 micro-batches a step": lambda db: train_lm(gpt2(), db, 30, accumulate=4),
     "gpt2 bf16 without a scaler": lambda db: train_lm(gpt2(), db, 40, dtype=torch.bfloat16),
     "timm vit_tiny": timm_vit,
+    "timm vit_tiny, timm's NativeScaler, 2 micro-batches": timm_vit_native_scaler,
     "torchvision resnet18, channels_last": resnet_channels_last,
     "cuDNN LSTM language model": train_lstm,
 }

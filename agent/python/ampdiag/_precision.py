@@ -44,6 +44,16 @@ REPRODUCED = 1e-3
 UNREPRODUCIBLE = "precision-check-unreproducible"
 
 
+def drew_on_device(before, after) -> bool:
+    """Whether a call moved a device generator (dropout, a random mask): between rng_state()s
+    taken before and after it. A device's kernels map their draws to elements by the
+    tensor's dtype (vector width), so the FP32 copy, put back to the same state, draws other
+    masks than the float16/bfloat16 call did."""
+    if before[1] is None or after[1] is None:
+        return False
+    return any(not torch.equal(a, b) for a, b in zip(before[1], after[1]))
+
+
 def _reduced_precision(module, args, kwargs) -> bool:
     device = next((t.device.type for t in float_tensors((args, kwargs))), None)
     if device in ("cpu", "cuda") and torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) in _HALF:
@@ -207,12 +217,14 @@ class PrecisionChecker:
             norm = torch.linalg.vector_norm(ran)
             if bool(torch.isfinite(difference)) and float(difference) <= REPRODUCED * float(norm):
                 return True
-        self._handle._event(UNREPRODUCIBLE, f"{path}: run again as it ran (same precision, inputs, state and draws "
-                            "of torch's, Python's and numpy's generators), it gave another output; it is not "
-                            "compared with FP32 (a generator of its own, or another source of chance)",
-                            key=(UNREPRODUCIBLE, path))
-        self._modules = [(p, m) for p, m in self._modules if p != path]
+        self._leave_rotation(path, "run again as it ran (same precision, inputs, state and draws of torch's, "
+                             "Python's and numpy's generators), it gave another output; it is not compared with "
+                             "FP32 (a generator of its own, or another source of chance)")
         return False
+
+    def _leave_rotation(self, path, why):
+        self._handle._event(UNREPRODUCIBLE, f"{path}: {why}", key=(UNREPRODUCIBLE, path))
+        self._modules = [(p, m) for p, m in self._modules if p != path]
 
     def _ran_in_fp32(self, path):
         last = self._fp32_waits.get(path, [0, 0])[1]
@@ -261,6 +273,11 @@ class PrecisionChecker:
         handle._replayer.busy = True  # the agent's hooks stand aside for the copy's forward
         handle._live = False
         try:
+            if drew_on_device(capture.rng, saved):
+                self._leave_rotation(path, "its call drew random numbers on the device (dropout, a random mask), "
+                                     "whose kernels map them to elements differently in float32 than in "
+                                     "float16/bfloat16; it is not compared with FP32")
+                return None
             set_rng_state(capture.rng)
             with torch.no_grad(), torch.autocast("cpu", enabled=False), \
                     (torch.autocast("cuda", enabled=False) if torch.cuda.is_available() else contextlib.nullcontext()):
