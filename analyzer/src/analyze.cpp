@@ -36,7 +36,7 @@ const std::vector<std::string>& rule_ids() {
                                                "nonfinite-parameters", "loss-backward",
                                                "optimizer-outside-scaler", "loss-divergence",
                                                "clip-before-unscale", "unscaled-backward",
-                                               "gradients-not-zeroed", "gradients-cleared", "zero-gradients",
+                                               "gradients-not-zeroed", "gradients-cleared", "zero-gradients", "fused-sgd-momentum",
                                                "accumulated-gradients-cleared", "precision-loss",
                                                "weight-growth", "oversized-weights", "training-raised", "evaluation-overflow"};
   return ids;
@@ -222,6 +222,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::evaluation_overflow(run, found);
     rules::loss_divergence(run, found);
     rules::weight_growth(run, found);
+    rules::fused_sgd_momentum(run, found);
     rules::oversized_weights(run, found);
     rules::gradients_not_zeroed(run, found);  // after the findings it explains
     rules::gradients_cleared(run, by_step, found);

@@ -95,6 +95,11 @@ std::map<std::int64_t, StepGradients> gradients_by_step(const Run& run);
 // zero_grad() forgotten between optimizer steps (Python agent's event); the overflows,
 // divergence and collapse found in `out` from then on point to it. Runs after them.
 void gradients_not_zeroed(const Run& run, std::vector<Finding>& out);
+// torch's fused SGD created its momentum buffers in a step the scaler skipped, leaving them
+// unfilled (Python agent's event fused-momentum-uninitialised).
+bool fused_momentum_uninitialised(const Run& run);
+// That as an error; the overflows from the first applied step on point to it. Runs after them.
+void fused_sgd_momentum(const Run& run, std::vector<Finding>& out);
 // zero_grad(set_to_none=False) between backward and the optimizer step: all-zero gradients.
 void gradients_cleared(const Run& run, const std::map<std::int64_t, StepGradients>& by_step,
                        std::vector<Finding>& out);

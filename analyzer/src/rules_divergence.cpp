@@ -102,8 +102,9 @@ Divergence find_divergence(const Run& run) {
 void loss_divergence(const Run& run, std::vector<Finding>& out) {
   const Divergence d = find_divergence(run);
   if (!d.found) return;
-  // Updates applied still multiplied by the loss scale grow it so: optimizer-outside-scaler says why.
-  if (updates_held_scale(run)) return;
+  // Updates applied still multiplied by the loss scale grow it so: optimizer-outside-scaler says
+  // why; a fused SGD's momentum started from uninitialised memory: fused-sgd-momentum.
+  if (updates_held_scale(run) || fused_momentum_uninitialised(run)) return;
   std::int64_t troubled_steps = 0, first_troubled = -1;
   for (const auto& s : run.steps)
     if (s.row.step >= d.rise && troubled(run, s) && troubled_steps++ == 0) first_troubled = s.row.step;

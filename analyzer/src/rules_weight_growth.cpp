@@ -90,8 +90,8 @@ std::string times(double r) {
 
 void weight_growth(const Run& run, std::vector<Finding>& out) {
   if (run.weight_norms.empty() || find_divergence(run).found || updates_held_scale(run) ||
-      run.first_event("gradients-not-zeroed") != nullptr)
-    return;  // loss-divergence, optimizer-outside-scaler or gradients-not-zeroed says why
+      run.first_event("gradients-not-zeroed") != nullptr || fused_momentum_uninitialised(run))
+    return;  // loss-divergence, optimizer-outside-scaler, gradients-not-zeroed or fused-sgd-momentum says why
   // The last step with NaN/Inf: the weights it ran with are the largest the overflows saw
   // (a skipped step leaves them as they were). Calibration skips count: an optimizer step
   // that grows the weights 8x may overflow from the next step on, while the scale descends.

@@ -230,3 +230,26 @@ def test_sharpness_aware_training_on_cuda_is_healthy_without_a_host_sync(tmp_pat
                 scaler.update()
                 opt.zero_grad()
     assert report_errors(ampdiag_cli, db) == (0, set())
+
+
+def test_fused_sgd_whose_first_step_was_skipped_is_named_without_a_host_sync(tmp_path, ampdiag_cli):
+    # torch's fused SGD leaves the momentum buffers it creates unfilled where the scaler
+    # skips that step: the agent's look at them is reduced on the device and read later.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=True)
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**24)  # the first steps overflow
+    x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 1, device="cuda")
+    db = tmp_path / "run.db"
+    with ampdiag.attach(model, scaler, db=db):
+        with no_host_sync():
+            for _ in range(12):
+                opt.zero_grad()
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = nn.functional.mse_loss(model(x).float(), y)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT step FROM events WHERE kind = 'fused-momentum-uninitialised'").fetchall() == [(0,)]
+    assert report_errors(ampdiag_cli, db)[1] >= {"fused-sgd-momentum"}

@@ -24,6 +24,7 @@ from ._autopin import AutoPinner
 from ._dropped import DroppedForwards
 from ._evaluation import Evaluations
 from ._layers import Layers, source_of
+from ._fused_momentum import FusedMomentumProbe
 from ._forward import (compiled_fullgraph, compiled_in_place, forward_hook, input_hook, output_hook,
                        outside_compiled_graph, watched_root)
 from ._looks import look_at_loss_code, look_at_parameters
@@ -119,6 +120,7 @@ class AttachHandle:
         self._stepped_optimizers = weakref.WeakSet()
         self._stepped_params = set()  # id()s
         self._gradient_probe = None  # _stale_gradients.GradientProbe, set with the layers
+        self._fused_momentum = FusedMomentumProbe(self)
         self._accumulation_probe = None  # _accumulation.AccumulationProbe, set with the layers
         self._own_backward = False  # the backward under way is the loss's (with a scaler: from scale()'s output)
         self._grad_calls = 0
@@ -282,6 +284,7 @@ class AttachHandle:
             self._updates.flush()
         if self._gradient_probe is not None:
             self._gradient_probe.flush()
+        self._fused_momentum.flush()
         self._finalizer()
 
     detach = close

@@ -34,11 +34,15 @@ def wrap_scaler(handle, scaler):
     def step(optimizer, *args, **kwargs):
         if handle._inert:
             return original_step(optimizer, *args, **kwargs)
+        new_momentum = handle._fused_momentum.before_step(optimizer)
         handle._scaler_stepped = handle._in_scaler_step = True
         try:
-            return original_step(optimizer, *args, **kwargs)
+            result = original_step(optimizer, *args, **kwargs)
         finally:
             handle._in_scaler_step = False
+        if new_momentum is not None:
+            handle._fused_momentum.after_step(scaler, optimizer, new_momentum)
+        return result
 
     def update(new_scale=None):
         if scale_on_device(scaler):

@@ -70,6 +70,7 @@ def _before_step_end(handle):
         handle._session.event(kind, detail)
     if handle._gradient_probe is not None:
         handle._gradient_probe.step_ended()
+    handle._fused_momentum.step_ended()
     if handle._accumulation_probe is not None:
         handle._accumulation_probe.step_ended()
     if handle._backward_replayer is not None:
