@@ -129,7 +129,7 @@ Session::Layer Session::add_layer(std::uintptr_t key, const LayerInfo& info) {
   post<rundb::LayerRow>({id, name, info.module_path, info.module_type, info.dtype, info.shape, info.numel,
                          info.trainable, info.source},
                         early_layers_, &WriterThread::post_layer);
-  return {id, true};
+  return {id, true, name};
 }
 
 void Session::reset_arrival() {
@@ -161,7 +161,7 @@ Session::Layer Session::layer_of(std::uintptr_t key, const LayerInfo& foreign) {
                         early_layers_, &WriterThread::post_layer);
   event_once("foreign:" + std::to_string(id), "foreign-parameter",
              name + " is optimized but is not a parameter of the attached model");
-  return {id, true};
+  return {id, true, name};
 }
 
 std::int64_t Session::module_id(const std::string& path, const std::string& type, const std::string& source,

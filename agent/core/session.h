@@ -105,6 +105,7 @@ class Session {
   struct Layer {
     std::int64_t id = -1;
     bool added = false;
+    std::string name = {};  // as recorded, where this call registered it
   };
   // Registers a model parameter; a tensor seen before (shared weights) keeps its first id
   // and gets a one-time event. After layers_done() (a parameter added to the model since),

@@ -109,7 +109,8 @@ class Agent::Impl final : public ScalerObserver {
   void register_layers(torch::nn::Module& model);
   // Registers the model's parameter `name` (its arrival hook, weight norms, stalled-update
   // count); false where it is the same tensor as an earlier name.
-  bool register_parameter(const std::string& name, const at::Tensor& p);
+  // The layer `p` was registered as (not added: the same tensor as an earlier name).
+  agent::Session::Layer register_parameter(const std::string& name, const at::Tensor& p);
   std::int64_t layer_of(const at::Tensor& param);
   // The type of the model's module at `path`; empty for a path the model does not have.
   std::string module_type(const std::string& path) const {
@@ -225,18 +226,18 @@ Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions opt
   scaler.set_observer(this);
 }
 
-bool Agent::Impl::register_parameter(const std::string& name, const at::Tensor& p) {
+agent::Session::Layer Agent::Impl::register_parameter(const std::string& name, const at::Tensor& p) {
   agent::LayerInfo info = agent::layer_info(p);
   info.name = name;
   const auto dot = info.name.rfind('.');
   info.module_path = dot == std::string::npos ? "" : info.name.substr(0, dot);
   info.module_type = module_type(info.module_path);
   const auto layer = session_.add_layer(key_of(p), info);
-  if (!layer.added) return false;  // shared with an earlier name
+  if (!layer.added) return layer;  // shared with an earlier name
   keep_alive_.push_back(p);
   named_params_.emplace_back(info.name, p);
   weight_norms_.add(layer.id, p);
-  if (!p.requires_grad()) return true;
+  if (!p.requires_grad()) return layer;
   if (agent::half_precision(p.scalar_type())) {
     if (p.device().is_cpu())
       half_updates_.add(layer.id, p);
@@ -248,7 +249,7 @@ bool Agent::Impl::register_parameter(const std::string& name, const at::Tensor& 
   agent::Session* session = &session_;
   const std::int64_t id = layer.id;
   hooks_.emplace_back(p, p.register_hook([session, id](const at::Tensor&) { session->arrived(id); }));
-  return true;
+  return layer;
 }
 
 void Agent::Impl::register_layers(torch::nn::Module& model) {
@@ -276,11 +277,12 @@ std::int64_t Agent::Impl::layer_of(const at::Tensor& param) {
       if (!item.value().is_same(param)) continue;
       for (const auto& m : model->named_modules(/*name_prefix=*/"", /*include_self=*/true))
         module_types_.emplace(m.key(), agent::module_type_name(*m.value()));
-      register_parameter(item.key(), param);
-      session_.event_once("added:" + item.key(), "parameters-added",
-                          item.key() + " was added to the model after the Agent was made: its gradients are recorded "
-                                       "from this step, in backward order from the next; probes of its module work as "
-                                       "any other's");
+      const auto layer = register_parameter(item.key(), param);
+      if (layer.added)
+        session_.event_once("added:" + layer.name, "parameters-added",
+                            layer.name + " was added to the model after the Agent was made: its gradients are "
+                                         "recorded from this step, in backward order from the next; probes of its "
+                                         "module work as any other's");
       return session_.find_layer(key_of(param));
     }
   }

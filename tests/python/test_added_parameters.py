@@ -107,6 +107,8 @@ def test_a_head_swapped_in_under_the_old_heads_name_is_recorded_as_a_layer_of_it
     assert query(tmp_path / "run.db", "SELECT value FROM meta WHERE key = 'write_error'") == []
     names = [name for (name,) in query(tmp_path / "run.db", "SELECT name FROM layers ORDER BY id")]
     assert names[4:] == ["2.weight (from step 2)", "2.bias (from step 2)"]
+    added = query(tmp_path / "run.db", "SELECT detail FROM events WHERE kind = 'parameters-added' ORDER BY id")
+    assert [d.partition(" was added")[0] for (d,) in added] == names[4:]
     assert query(tmp_path / "run.db", "SELECT COUNT(*) FROM steps") == [(4,)]
 
 

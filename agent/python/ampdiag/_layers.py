@@ -41,7 +41,7 @@ class Layers:
         for name, p in model.named_parameters(remove_duplicate=False):
             module_path = name.rpartition(".")[0]
             module = modules.get(module_path)
-            layer, added = session.add_layer(id(p), name, module_path, type(module).__name__ if module is not None else "",
+            layer, added, _ = session.add_layer(id(p), name, module_path, type(module).__name__ if module is not None else "",
                                              str(p.dtype).replace("torch.", ""), str(list(p.shape)), p.numel(),
                                              p.requires_grad, source_of(module) if module is not None else "")
             if not added:
@@ -107,7 +107,7 @@ class Layers:
             module_path = name.rpartition(".")[0]
             module = model.get_submodule(module_path) if module_path else model
             handle = self._handle
-            layer, added = handle._session.add_layer(
+            layer, added, recorded = handle._session.add_layer(
                 id(p), name, module_path, type(module).__name__, str(p.dtype).replace("torch.", ""),
                 str(list(p.shape)), p.numel(), p.requires_grad, source_of(module))
             self._layer_ids[id(p)] = layer
@@ -119,8 +119,8 @@ class Layers:
                 if handle._weights is not None:
                     handle._weights.add(layer, p)
                 handle._watch_added_modules(model)
-                handle._event("parameters-added", f"{name} was added to the model after attach(): its gradients are "
-                              "recorded from this step, in backward order and with its module's outputs from the next",
-                              key=("added", name))
+                handle._event("parameters-added", f"{recorded} was added to the model after attach(): its gradients "
+                              "are recorded from this step, in backward order and with its module's outputs from the "
+                              "next", key=("added", recorded))
             return layer
         return None

@@ -97,12 +97,14 @@ class Session {
   }
   void failed(const std::string& why) { session_.failed(why); }
 
-  // (layer id, whether this call registered it)
-  std::pair<std::int64_t, bool> add_layer(std::uintptr_t key, const std::string& name, const std::string& module_path,
-                         const std::string& module_type, const std::string& dtype, const std::string& shape,
-                         std::int64_t numel, bool trainable, const std::string& source) {
-    const auto layer = session_.add_layer(key, {name, module_path, module_type, dtype, shape, numel, trainable, source});
-    return {layer.id, layer.added};
+  // (layer id, whether this call registered it, the name it is recorded under: "2.weight
+  // (from step 20)" where it replaced a parameter of that name)
+  std::tuple<std::int64_t, bool, std::string> add_layer(
+      std::uintptr_t key, const std::string& name, const std::string& module_path, const std::string& module_type,
+      const std::string& dtype, const std::string& shape, std::int64_t numel, bool trainable,
+      const std::string& source) {
+    auto layer = session_.add_layer(key, {name, module_path, module_type, dtype, shape, numel, trainable, source});
+    return {layer.id, layer.added, std::move(layer.name)};
   }
   std::int64_t find_layer(std::uintptr_t key) const { return session_.find_layer(key); }
   std::pair<std::int64_t, bool> layer_of(std::uintptr_t key, const std::string& dtype, const std::string& shape, std::int64_t numel) {
