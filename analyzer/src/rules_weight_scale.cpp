@@ -25,6 +25,9 @@ namespace {
 // RMS times the square root of the fan-in from which a layer's weights count as oversized:
 // 45 times Kaiming-normal's sqrt(2), over 100 times torch's default for Linear and Conv.
 constexpr double kOversized = 64.0;
+// Calibration skips from which the scaler's own descent counts as an overflow the layer
+// explains: a healthy run backs off from 65536 a few times at most, not down to 2^12 or below.
+constexpr std::int64_t kDeepCalibration = 4;
 
 // "[256, 64, 3, 3]" as numbers; empty where it is not such a list.
 std::vector<std::int64_t> dims_of(const std::string& shape) {
@@ -103,15 +106,18 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   // are as large before it: it explains a forward overflow at or after it, and a backward
   // one anywhere. The gravest such finding is named.
   // An information overflow-origin counts only where some skips were not the scaler's own
-  // calibration or probing: those happen in a healthy run of the same model too.
+  // calibration or probing, or the calibration went deeper than a healthy run's: a back-off
+  // or two from 65536 happens in a healthy run of the same model too.
   const Finding* explained = nullptr;
   const std::int64_t position = forward_position(run, module);
+  const std::int64_t calibration = calibration_skips(run);
   const bool harmful = harmful_skips(run) > 0;
+  const bool deep = !harmful && calibration >= kDeepCalibration;
   for (const Severity severity : {Severity::kError, Severity::kWarning, Severity::kInfo})
     for (const auto& f : out) {
       if (explained || f.severity != severity || f.module.empty() ||
           (f.rule != "forward-nonfinite" && f.rule != "overflow-origin") ||
-          (severity == Severity::kInfo && !harmful))
+          (severity == Severity::kInfo && !harmful && !deep))
         continue;
       const std::int64_t culprit = forward_position(run, f.module);
       if (f.rule == "overflow-origin" || position < 0 || culprit < 0 || culprit >= position) explained = &f;
@@ -136,10 +142,13 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   f.score = weighs ? 60.0 : 5.0;
   f.title = top.layer->info.name + " starts at a gain of " + times(top.scale) +
             ", far above any standard initialisation's" +
-            (explained ? ": the " + std::string(occasional ? "occasional " : "") + "overflow at " + explained->module +
-                             " likely follows from it"
-                       : harmful || calibration_skips(run) > 0 ? ", and no overflow follows from it"
-                                                                  : ", and nothing overflowed");
+            (explained && occasional && deep
+                 ? ": the overflows at " + explained->module + " that brought the loss scale down " +
+                       plural(calibration, "halving") + " at the start likely follow from it"
+             : explained ? ": the " + std::string(occasional ? "occasional " : "") + "overflow at " +
+                               explained->module + " likely follows from it"
+             : harmful || calibration > 0 ? ", and no overflow follows from it"
+                                          : ", and nothing overflowed");
   f.evidence = "at step " + std::to_string(top.step) + " its gain, the root-mean-square value times the square root of its fan-in, was " +
                fmt(top.scale) + " (Kaiming, Xavier and torch's default initialisations give 0.6 to 1.4: a layer that "
                "keeps its input's scale), so its outputs are about that many times its inputs";

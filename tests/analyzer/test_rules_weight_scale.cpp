@@ -128,3 +128,23 @@ TEST_CASE("the scaler's calibration skip is not blamed on an oversized layer", "
                    "follows from it");
   CHECK(w.suggestions.empty());
 }
+
+TEST_CASE("a calibration far deeper than a healthy run's is put on the oversized layer before its overflow",
+          "[rules][oversized-weights]") {
+  // Lightning's 16-mixed loop with a weight 3000x its init: nine back-offs from 65536 at the
+  // start, all calibration; the same model at its init has none.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kNet);
+  for (const auto& name : kNet) f.weight_norm(name, name == "a.weight" ? 8000.0 : 2.4);
+  double scale = 65536;
+  for (int i = 0; i < 9; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"});
+  for (int i = 0; i < 60; ++i) f.step(scale, scale);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(r.healthy());
+  const Finding& w = required(r, "oversized-weights");
+  CHECK(w.severity == Severity::kInfo);
+  CHECK(w.title == "a.weight starts at a gain of 1000, far above any standard initialisation's: the overflows at head "
+                   "that brought the loss scale down 9 halvings at the start likely follow from it");
+  CHECK_FALSE(w.suggestions.empty());
+}
