@@ -26,7 +26,7 @@ namespace {
 // 45 times Kaiming-normal's sqrt(2), over 100 times torch's default for Linear and Conv.
 constexpr double kOversized = 64.0;
 // Calibration skips from which the scaler's own descent counts as an overflow the layer
-// explains: a healthy run backs off from 65536 a few times at most, not down to 2^12 or below.
+// explains: a healthy run usually backs off from 65536 once or twice, not down to 2^12 or below.
 constexpr std::int64_t kDeepCalibration = 4;
 
 // "[256, 64, 3, 3]" as numbers; empty where it is not such a list.
