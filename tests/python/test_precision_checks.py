@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import ampdiag
+from ampdiag._precision import VERIFY_FROM
 
 
 class RMSNorm(nn.Module):
@@ -130,6 +131,27 @@ def test_a_call_drawing_from_a_generator_of_its_own_is_not_compared_and_says_why
             "SELECT detail FROM events WHERE kind = 'precision-check-unreproducible'").fetchall())
     assert sorted(said) == ["norm", "norm.0"]
     assert said["norm.0"].startswith("run again as it ran")
+
+
+class HalfDrawnMask(nn.Module):
+    """A mask drawn from a probability tensor in bfloat16 where the call runs in reduced
+    precision: CPU's torch.bernoulli maps a bfloat16 tensor's draws to other elements than a
+    float32 one's, from the same generator state (as a bf16 run's mask drawn in the
+    activation's dtype would be)."""
+
+    def forward(self, x):
+        keep = torch.full_like(x, 0.9, dtype=torch.float32 if x.dtype == torch.float32 else torch.bfloat16)
+        return x * torch.bernoulli(keep).to(x.dtype) / 0.9
+
+
+def test_a_call_whose_draws_depend_on_the_dtype_is_not_compared_and_says_why(tmp_path):
+    train(tmp_path / "run.db", nn.Sequential(HalfDrawnMask(), nn.LayerNorm(64)), steps=8, precision_budget=1.0)
+    found = checks(tmp_path / "run.db")
+    assert "norm.0" not in {c[1] for c in found} and all(c[4] < VERIFY_FROM for c in found), found
+    with sqlite3.connect(tmp_path / "run.db") as c:
+        said = dict(d.split(": ", 1) for (d,) in c.execute(
+            "SELECT detail FROM events WHERE kind = 'precision-check-unreproducible'").fetchall())
+    assert said["norm.0"].startswith("its call draws random numbers, and other draws move its FP32 output")
 
 
 def test_checks_leave_numpy_and_python_draws_as_they_were(tmp_path):
