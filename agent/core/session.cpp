@@ -241,10 +241,13 @@ void Session::precision_check(const std::string& module, const std::string& dtyp
         {at_step.value_or(step()), module, dtype, numel, rel_error, zeroed, fp32_absmax});
 }
 
-void Session::weight_norm(std::int64_t layer, double l2, double absmax) {
+void Session::weight_norm(std::int64_t layer, double l2, double absmax, std::optional<std::int64_t> at_step) {
   if (layer < 0 || std::size_t(layer) >= layer_count_)
     throw std::invalid_argument("weight_norm: no layer " + std::to_string(layer) + " is registered");
-  const rundb::WeightNormRow row{step(), layer, l2, absmax};
+  if (at_step && (*at_step < 0 || *at_step > step()))
+    throw std::invalid_argument("weight_norm: step " + std::to_string(*at_step) + " is not reached (now " +
+                                std::to_string(step()) + ")");
+  const rundb::WeightNormRow row{at_step.value_or(step()), layer, l2, absmax};
   if (!row.values_valid())
     throw std::invalid_argument("weight_norm: L2 " + std::to_string(l2) + " and abs-max " + std::to_string(absmax) +
                                 " are not a parameter's norms");

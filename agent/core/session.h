@@ -141,9 +141,10 @@ class Session {
   // a step not reached.
   void precision_check(const std::string& module, const std::string& dtype, std::int64_t numel, double rel_error,
                        std::int64_t zeroed, double fp32_absmax, std::optional<std::int64_t> at_step = std::nullopt);
-  // One layer's weights as the current step's forward uses them (rundb::WeightNormRow).
-  // Throws std::invalid_argument for an unknown layer or values no norm has.
-  void weight_norm(std::int64_t layer, double l2, double absmax);
+  // One layer's weights as the current step's forward uses them (rundb::WeightNormRow), or
+  // as step `at_step`'s did: device weights read back after their step. Throws
+  // std::invalid_argument for an unknown layer, values no norm has, or a step not reached.
+  void weight_norm(std::int64_t layer, double l2, double absmax, std::optional<std::int64_t> at_step = std::nullopt);
   // weight_norm() of `n` layers' host weights (`refs[i]` is layer `layers[i]`) from one
   // statistics pass: the engine's L2, accumulated in double, and abs-max, where torch's
   // norm and abs().max() read each tensor twice (its inf norm on the CPU: 8 ms of a 19 MB

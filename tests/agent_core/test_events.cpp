@@ -119,6 +119,19 @@ TEST_CASE("a weight norm of a layer the session never registered is refused to t
   CHECK((rows[0].step == 1 && rows[0].layer_id == 0 && rows[0].l2 == 3.0));
 }
 
+TEST_CASE("a weight norm read back after its step is recorded at that step, and one of a step not reached is refused",
+          "[session][weight-norms]") {
+  TempDir dir;
+  agent::Session s(recording_options());
+  open_at_step_one(s, dir.file("run.db"));
+  s.weight_norm(0, 3.0, 1.5, std::int64_t(0));  // a device read of step 0, landed at step 1
+  REQUIRE_THROWS_AS(s.weight_norm(0, 3.0, 1.5, std::int64_t(2)), std::invalid_argument);
+  s.close();
+  const auto rows = rundb::RunDbReader(dir.file("run.db")).weight_norms();
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].step == 0);
+}
+
 TEST_CASE("weight norms of several host tensors come from one pass, and a tensor holding NaN has none",
           "[session][weight-norms]") {
   TempDir dir;

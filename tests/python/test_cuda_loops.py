@@ -253,3 +253,27 @@ def test_fused_sgd_whose_first_step_was_skipped_is_named_without_a_host_sync(tmp
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT step FROM events WHERE kind = 'fused-momentum-uninitialised'").fetchall() == [(0,)]
     assert report_errors(ampdiag_cli, db)[1] >= {"fused-sgd-momentum"}
+
+
+def test_a_learning_rate_far_too_high_is_named_from_weights_read_on_the_device(tmp_path, ampdiag_cli):
+    # The weights' norms of device parameters are reduced there and read back later: the
+    # report puts the overflows on the learning rate, not on the module that overflowed.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.3, fused=True)
+    scaler = torch.amp.GradScaler("cuda")
+    x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 1, device="cuda")
+    db = tmp_path / "run.db"
+    with ampdiag.attach(model, scaler, db=db):
+        with no_host_sync():
+            for _ in range(40):
+                opt.zero_grad()
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = nn.functional.mse_loss(model(x).float(), y)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+    with sqlite3.connect(db) as c:
+        steps = {s for (s,) in c.execute("SELECT step FROM weight_norms")}
+    assert {0, 1, 2, 3, 4} <= steps
+    assert "weight-growth" in report_errors(ampdiag_cli, db)[1]

@@ -51,6 +51,48 @@ def test_each_sampled_step_has_the_norms_its_forward_used(tmp_path):
         assert abs(l2 - want_l2) <= 1e-5 * want_l2 and absmax == want_max
 
 
+@pytest.fixture()
+def weights_as_if_on_a_device(monkeypatch):
+    """The sampler's device path on host tensors: each parameter taken as a device one, its
+    values copied to unpinned memory, and each read 'landing' at the third look at it."""
+    from ampdiag import _weights
+
+    class LandsLate:
+        def __init__(self):
+            self.looks = 0
+
+        def record(self, stream):
+            pass
+
+        def query(self):
+            self.looks += 1
+            return self.looks >= 3
+
+        def synchronize(self):
+            pass
+
+    def as_device(self, layer, p):
+        if p.is_floating_point():
+            self._device_params.setdefault(p.device, []).append((layer, p))
+
+    empty = torch.empty
+    monkeypatch.setattr(_weights.WeightSampler, "add", as_device)
+    monkeypatch.setattr(torch.cuda, "Event", LandsLate)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(torch, "empty", lambda *args, pin_memory=False, **kwargs: empty(*args, **kwargs))
+
+
+def test_device_weights_read_back_later_are_recorded_at_the_step_they_were_read_at(tmp_path,
+                                                                                  weights_as_if_on_a_device):
+    seen = train(tmp_path / "run.db", 10)
+    recorded = rows(tmp_path / "run.db", "SELECT w.step, l.name, w.l2, w.absmax FROM weight_norms w "
+                                         "JOIN layers l ON l.id = w.layer_id ORDER BY w.step, l.id")
+    assert sorted({step for step, *_ in recorded}) == [0, 1, 2, 3, 4, 6, 8]  # step 8's landed at close()
+    for step, name, l2, absmax in recorded:
+        want_l2, want_max = seen[step][name]
+        assert abs(l2 - want_l2) <= 1e-5 * want_l2 and absmax == want_max
+
+
 def test_skipped_steps_are_sampled_off_the_schedule(tmp_path):
     train(tmp_path / "run.db", 16, overflow_at=(11, 13))
     assert {s for (s,) in rows(tmp_path / "run.db", "SELECT DISTINCT step FROM weight_norms")} >= {11, 13}

@@ -285,6 +285,8 @@ class AttachHandle:
         if self._gradient_probe is not None:
             self._gradient_probe.flush()
         self._fused_momentum.flush()
+        if self._weights is not None:
+            self._weights.flush()
         self._finalizer()
 
     detach = close

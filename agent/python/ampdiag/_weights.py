@@ -8,8 +8,11 @@ and the end of the run's first skipped steps) each registered host parameter's L
 abs-max are recorded (rows of weight_norms), and each optimizer's settings (event
 "optimizer-settings"): once, then again on the schedule's steps where a learning-rate
 schedule (a warm-up, OneCycleLR) has moved the first group's lr 2x or more since, so that
-the report quotes the rate the weights grew under, not the warm-up's first. Device and
-sharded parameters are not read: that would wait for the device, or see one shard.
+the report quotes the rate the weights grew under, not the warm-up's first. Device
+parameters are reduced on their device (torch's foreach norms, L2 in float64) and their
+values copied to pinned memory without waiting; they are recorded, at the step they were
+read at, once the copy has landed (a later step's start or end, or close()). Sharded
+parameters are not read: that would see one shard.
 """
 import math
 import weakref
@@ -45,22 +48,39 @@ def _settings(optimizer) -> str:
     return f"{type(optimizer).__name__} {' '.join(said)}" + (f" (first of {groups} groups)" if groups > 1 else "")
 
 
+def _norms(params):
+    """(L2 in float64, abs-max) of each tensor, as an [n, 2] float64 tensor on their device:
+    two foreach launches, whose float64 squares cannot overflow."""
+    with torch.no_grad():
+        l2 = torch.stack(torch._foreach_norm(params, 2, dtype=torch.float64))
+        peak = torch.stack(torch._foreach_norm(params, math.inf)).double()
+        return torch.stack([l2, peak], 1)
+
+
 class WeightSampler:
     def __init__(self, handle, registered):
         self._handle = handle
-        # (layer, parameter): floating-point host tensors of the model, read as they are
-        self._params = [(layer, p) for layer, p in registered
-                        if p.is_floating_point() and p.device.type == "cpu" and not distributed(p)]
+        # (layer, parameter): floating-point tensors of the model, on the host and on devices
+        self._params, self._device_params = [], {}
+        for layer, p in registered:
+            self.add(layer, p)
+        self._landing = []  # (step, layers, pinned [n, 2] float64, CUDA event): device reads on their way
         self._schedule = _ampdiag.WeightSchedule()
         self._described = weakref.WeakKeyDictionary()  # optimizer -> the lr its last settings event said
         self._adds = 0  # the handle's _optimizer_adds when the sets were last looked at
 
     def add(self, layer, p):
-        """A parameter added to the model after attach()."""
-        if p.is_floating_point() and p.device.type == "cpu" and not distributed(p):
+        """A parameter of the model (at attach(), or added to it since)."""
+        if not p.is_floating_point() or distributed(p):
+            return
+        if p.device.type == "cpu":
             self._params.append((layer, p))
+        elif p.is_cuda:
+            self._device_params.setdefault(p.device, []).append((layer, p))
 
     def step_began(self, step: int):
+        if self._landing:
+            self._post_landed()
         if self._schedule.at_start(step):
             self._sample()
             for optimizer, said in list(self._described.items()):
@@ -83,8 +103,22 @@ class WeightSampler:
                     self._handle._session.event("optimizer-settings", _settings(optimizer))
         if skipped and self._schedule.after_skip(step):
             self._sample()
+        if self._landing:
+            self._post_landed()
+
+    def flush(self):
+        """close(): waits for the device reads still landing."""
+        self._post_landed(wait=True)
 
     def _sample(self):
+        if self._device_params:
+            try:
+                self._sample_devices()
+            except Exception as error:  # reading the weights must never break the training
+                self._device_params.clear()
+                self._handle._event("warning", f"the weights on devices are not read: {type(error).__name__}: "
+                                    f"{str(error).splitlines()[0][:200] if str(error) else ''}",
+                                    key=("device-weights",))
         if not self._params:
             return
         # float32, float16 and bfloat16 in one pass of the engine (L2 accumulated in double,
@@ -98,12 +132,35 @@ class WeightSampler:
             ptrs.append(p.data_ptr())
             numels.append(p.numel())
             codes.append(DTYPE_CODE[p.dtype])
+        self._handle._session.weight_norms(layers, ptrs, numels, codes)
+        if others:  # float64, or with gaps
+            self._post(None, [layer for layer, _ in others], _norms([p for _, p in others]).tolist())
+
+    def _sample_devices(self):
+        step = self._handle._session.step
+        for device, params in self._device_params.items():
+            values = _norms([p for _, p in params])
+            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            host.copy_(values, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            self._landing.append((step, [layer for layer, _ in params], host, event))
+
+    def _post_landed(self, wait=False):
+        still = []
+        for entry in self._landing:
+            step, layers, host, event = entry
+            if wait:
+                event.synchronize()
+            elif not event.query():
+                still.append(entry)
+                continue
+            self._post(step, layers, host.tolist())
+        self._landing = still
+
+    def _post(self, step, layers, values):
+        """Rows for `values` ([l2, abs-max] each) of `layers`; a tensor holding NaN/Inf has none."""
         session = self._handle._session
-        session.weight_norms(layers, ptrs, numels, codes)
-        with torch.no_grad():
-            for layer, p in others:  # float64, or with gaps: in float64, whose squares cannot overflow
-                wide = p.detach().double()
-                peak = float(wide.abs().max()) if p.numel() else 0.0
-                l2 = float(torch.linalg.vector_norm(wide))
-                if math.isfinite(l2) and math.isfinite(peak):
-                    session.weight_norm(layer, l2, min(peak, l2))
+        for layer, (l2, peak) in zip(layers, values):
+            if math.isfinite(l2) and math.isfinite(peak):
+                session.weight_norm(layer, l2, min(peak, l2), step=step)

@@ -315,9 +315,12 @@ PYBIND11_MODULE(_ampdiag, m) {
           },
           py::arg("module"), py::arg("dtype"), py::arg("numel"), py::arg("rel_error"), py::arg("zeroed"),
           py::arg("fp32_absmax"), py::arg("step") = py::none())
-      .def("weight_norm", [](Session& s, std::int64_t layer, double l2, double absmax) {
-        s.core().weight_norm(layer, l2, absmax);
-      })
+      .def(
+          "weight_norm",
+          [](Session& s, std::int64_t layer, double l2, double absmax, std::optional<std::int64_t> step) {
+            s.core().weight_norm(layer, l2, absmax, step);
+          },
+          py::arg("layer"), py::arg("l2"), py::arg("absmax"), py::arg("step") = py::none())
       .def("weight_norms", &Session::weight_norms, py::arg("layers"), py::arg("ptrs"), py::arg("numels"),
            py::arg("dtypes"), "weight_norm() of contiguous host float32/float16/bfloat16 weights, in one pass.")
       .def("weight_update", [](Session& s, std::int64_t step, std::int64_t layer, std::int64_t nonzero,
