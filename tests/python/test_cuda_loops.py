@@ -232,6 +232,21 @@ def test_sharpness_aware_training_on_cuda_is_healthy_without_a_host_sync(tmp_pat
     assert report_errors(ampdiag_cli, db) == (0, set())
 
 
+def plain_run(db, model, opt, scaler, steps):
+    """`steps` fp16 MSE steps of `model` on one CUDA batch under attach() and sync debug
+    mode "error"."""
+    x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 1, device="cuda")
+    with ampdiag.attach(model, scaler, db=db):
+        with no_host_sync():
+            for _ in range(steps):
+                opt.zero_grad()
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = nn.functional.mse_loss(model(x).float(), y)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+
+
 def test_fused_sgd_whose_first_step_was_skipped_is_named_without_a_host_sync(tmp_path, ampdiag_cli):
     # torch's fused SGD leaves the momentum buffers it creates unfilled where the scaler
     # skips that step: the agent's look at them is reduced on the device and read later.
@@ -239,17 +254,8 @@ def test_fused_sgd_whose_first_step_was_skipped_is_named_without_a_host_sync(tmp
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=True)
     scaler = torch.amp.GradScaler("cuda", init_scale=2.0**24)  # the first steps overflow
-    x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 1, device="cuda")
     db = tmp_path / "run.db"
-    with ampdiag.attach(model, scaler, db=db):
-        with no_host_sync():
-            for _ in range(12):
-                opt.zero_grad()
-                with torch.autocast("cuda", dtype=torch.float16):
-                    loss = nn.functional.mse_loss(model(x).float(), y)
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
+    plain_run(db, model, opt, scaler, 12)
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT step FROM events WHERE kind = 'fused-momentum-uninitialised'").fetchall() == [(0,)]
     assert report_errors(ampdiag_cli, db)[1] >= {"fused-sgd-momentum"}
@@ -260,19 +266,8 @@ def test_a_learning_rate_far_too_high_is_named_from_weights_read_on_the_device(t
     # report puts the overflows on the learning rate, not on the module that overflowed.
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=0.3, fused=True)
-    scaler = torch.amp.GradScaler("cuda")
-    x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 1, device="cuda")
     db = tmp_path / "run.db"
-    with ampdiag.attach(model, scaler, db=db):
-        with no_host_sync():
-            for _ in range(40):
-                opt.zero_grad()
-                with torch.autocast("cuda", dtype=torch.float16):
-                    loss = nn.functional.mse_loss(model(x).float(), y)
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
+    plain_run(db, model, torch.optim.AdamW(model.parameters(), lr=0.3, fused=True), torch.amp.GradScaler("cuda"), 40)
     with sqlite3.connect(db) as c:
         steps = {s for (s,) in c.execute("SELECT step FROM weight_norms")}
     assert {0, 1, 2, 3, 4} <= steps
