@@ -234,9 +234,9 @@ class PrecisionChecker:
                                  "with FP32 (a generator of its own, or another source of chance)")
             return False
         if drew:
-            # Same generator state, but a kernel may map its draws to elements by dtype (CPU
-            # rand_like in fp16, bernoulli with a bf16 probability tensor): other draws in FP32
-            # show how far the draws alone move the output.
+            # Same generator state, but a kernel may map its draws to elements by dtype (the
+            # CPU's bernoulli for a bfloat16 probability tensor): other draws in FP32 show how
+            # far the draws alone move the output.
             set_rng_state(capture.rng)
             torch.rand(1)
             other = first_float_tensor(self._fp32_call(capture))
