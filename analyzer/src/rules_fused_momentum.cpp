@@ -80,8 +80,18 @@ void fused_sgd_momentum(const Run& run, std::vector<Finding>& out) {
            "Or keep fused=True and give the scaler an init_scale its first step does not overflow at.",
        "optimizer = torch.optim.SGD(model.parameters(), " + args + ")  # not fused=True",
        ""});
+  // The update that wrote NaN/Inf from finite gradients is that momentum's doing, where it is
+  // the first one applied after the skip.
+  const std::string see = "SGD's momentum started from uninitialised memory (see fused-sgd-momentum): ";
+  for (auto& g : out)
+    if (g.rule == "nonfinite-update" && !g.steps.empty() && g.steps.front() == applied) {
+      g.severity = Severity::kWarning;
+      g.evidence += "; it is the first update after step " + std::to_string(e->step) +
+                    "'s skip left fused SGD's new momentum buffers unfilled";
+      g.suggestions = {{see + "fix that; this update's NaN/Inf goes with it.", "", "", ""}};
+    }
   // From the first applied step: the skip that created the buffers is the scale calibrating.
-  point_to_cause(out, applied >= 0 ? applied : e->step, "SGD's momentum started from uninitialised memory (see fused-sgd-momentum): ",
+  point_to_cause(out, applied >= 0 ? applied : e->step, see,
                  "it comes after step " + std::to_string(e->step) +
                      ", whose skip left fused SGD's new momentum buffers unfilled");
   out.push_back(f);

@@ -62,3 +62,30 @@ TEST_CASE("the weights' jump after fused SGD's unfilled momentum is not put on t
   CHECK_THAT(fw->evidence, Catch::EndsWith("it comes after step 0, whose skip left fused SGD's new momentum buffers "
                                            "unfilled"));
 }
+
+TEST_CASE("the update that wrote NaN from finite gradients after fused SGD's unfilled momentum points to it",
+          "[rules][fused-momentum]") {
+  // The buffers' garbage drove the weights past float32's range at step 1's update: the agent
+  // finds NaN/Inf in the parameters at step 2.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"mlp.down.weight", "head.weight"});
+  f.replay("mlp.down", "intrinsic");
+  f.event("fused-momentum-uninitialised", kDetail);
+  f.activation("mlp.down", false).step(65536, 32768, 1000, {"head.weight"});
+  f.activation("mlp.down", false).step(32768, 32768);
+  f.event("parameters-nonfinite", "1 of 2 parameter tensors: mlp.down.weight");
+  double scale = 32768;
+  for (int i = 0; i < 4; ++i, scale /= 2)
+    f.activation("mlp.down", true).step(scale, scale / 2, 1000, {"head.weight", "mlp.down.weight"}, kNaN);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  CHECK(r.findings.front().rule == "fused-sgd-momentum");
+  const Finding* u = find(r, "nonfinite-update");
+  REQUIRE(u != nullptr);
+  CHECK(u->steps == std::vector<std::int64_t>{1});
+  CHECK(u->severity == Severity::kWarning);
+  CHECK_THAT(u->evidence, Catch::EndsWith("it is the first update after step 0's skip left fused SGD's new momentum "
+                                          "buffers unfilled"));
+  REQUIRE(u->suggestions.size() == 1);
+  CHECK_THAT(u->suggestions.front().summary, Catch::StartsWith("SGD's momentum started from uninitialised memory"));
+}
