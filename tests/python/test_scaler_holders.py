@@ -60,3 +60,13 @@ def test_a_holder_whose_scaler_is_none_is_refused_with_what_to_pass(tmp_path):
 def test_an_object_holding_no_scaler_is_refused_by_its_type(tmp_path):
     with pytest.raises(TypeError, match="a wrapper holding one .* not SimpleNamespace"):
         ampdiag.attach(nn.Linear(4, 1), types.SimpleNamespace(optimizer=None), db=tmp_path / "run.db")
+
+
+def test_a_trainer_whose_scaler_is_none_is_refused_with_its_optimizer_to_pass(tmp_path):
+    # Lightning runs precision="16-mixed" on the CPU as bf16: no scaler, and the optimizer
+    # is at hand in the trainer from on_train_start.
+    optimizer = torch.optim.SGD(nn.Linear(4, 1).parameters(), lr=0.1)
+    trainer = types.SimpleNamespace(strategy=types.SimpleNamespace(precision_plugin=types.SimpleNamespace(scaler=None)),
+                                    optimizers=[optimizer])
+    with pytest.raises(ValueError, match=r"pass optimizer=trainer\.optimizers\[0\] instead"):
+        ampdiag.attach(nn.Linear(4, 1), trainer, db=tmp_path / "run.db")

@@ -83,8 +83,11 @@ def torch_scaler(scaler):
         frontier = deeper
     kind = type(given).__name__
     if held_none:
+        # A Lightning Trainer holds its optimizers once fit() has set them up (on_train_start).
+        optimizers = getattr(given, "optimizers", None)
+        which = "optimizer=" + ("trainer.optimizers[0]" if isinstance(optimizers, list) and optimizers else "")
         raise ValueError(f"scaler: this {kind} holds no GradScaler (its scaler is None: bf16, or AMP off); for a run "
-                         "without a scaler pass optimizer= instead")
+                         f"without a scaler pass {which} instead")
     raise TypeError(f"scaler must be a torch.amp.GradScaler, or a wrapper holding one (timm's NativeScaler, "
                     f"Accelerate's Accelerator), not {kind}")
 
