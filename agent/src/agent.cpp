@@ -580,6 +580,12 @@ void Agent::Impl::close() {
   }
   hooks_.clear();
   last_output_ = at::Tensor();
+  try {
+    weight_norms_.flush();
+  } catch (const std::exception& error) {
+    session_.event_once("device-weights-flush", "warning",
+                        std::string("the last device weights read were not recorded: ") + error.what());
+  }
   session_.close();
 }
 

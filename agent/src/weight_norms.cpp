@@ -1,9 +1,11 @@
 #include "weight_norms.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Type.h>
 #include <torch/optim.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -67,10 +69,15 @@ std::string optimizer_settings(const torch::optim::Optimizer& optimizer) {
 }
 
 void WeightNorms::add(std::int64_t layer, const at::Tensor& param) {
-  if (param.is_floating_point() && param.device().is_cpu() && !param.is_sparse()) params_.emplace_back(layer, param);
+  if (!param.is_floating_point() || param.is_sparse()) return;
+  if (param.device().is_cpu())
+    params_.emplace_back(layer, param);
+  else if (param.device().is_cuda())
+    device_params_.emplace_back(layer, param);
 }
 
 void WeightNorms::optimizer_starting(const torch::optim::Optimizer& optimizer) {
+  post_landed(false);
   const auto [said, first] = described_.try_emplace(&optimizer, first_lr(optimizer));
   if (first) session_.event("optimizer-settings", optimizer_settings(optimizer));
   if (!schedule_.at_start(session_.step())) return;
@@ -83,6 +90,7 @@ void WeightNorms::optimizer_starting(const torch::optim::Optimizer& optimizer) {
 }
 
 void WeightNorms::step_skipped() {
+  post_landed(false);
   const std::int64_t step = session_.step();
   // A skipped step on the schedule was not read before an optimizer step: it had none.
   const bool due = schedule_.at_start(step);
@@ -91,6 +99,15 @@ void WeightNorms::step_skipped() {
 
 void WeightNorms::read() {
   at::NoGradGuard no_grad;
+  if (!device_params_.empty()) {
+    try {
+      read_devices();
+    } catch (const std::exception& error) {  // reading the weights must never stop the training
+      device_params_.clear();
+      session_.event_once("device-weights", "warning",
+                          std::string("the weights on devices are not read: ") + error.what());
+    }
+  }
   // float32/float16/bfloat16 blocks in one pass of the engine (Session::weight_norms);
   // the rest (float64, gaps) through torch in float64, whose squares cannot overflow.
   std::vector<std::int64_t> layers;
@@ -111,5 +128,51 @@ void WeightNorms::read() {
   }
   session_.weight_norms(layers.data(), refs.data(), refs.size());
 }
+
+void WeightNorms::read_devices() {
+  // Per device, in the order the parameters came: two foreach launches (L2 in float64, whose
+  // squares cannot overflow; abs-max in the parameter's dtype, exact).
+  std::vector<at::Device> devices;
+  for (const auto& [layer, param] : device_params_)
+    if (std::find(devices.begin(), devices.end(), param.device()) == devices.end()) devices.push_back(param.device());
+  for (const auto& device : devices) {
+    std::vector<std::int64_t> layers;
+    std::vector<at::Tensor> params;
+    for (const auto& [layer, param] : device_params_)
+      if (param.device() == device) {
+        layers.push_back(layer);
+        params.push_back(param.detach());
+      }
+    const at::Tensor values =
+        at::stack({at::stack(at::_foreach_norm(params, 2, at::kDouble)),
+                   at::stack(at::_foreach_norm(params, std::numeric_limits<double>::infinity())).to(at::kDouble)},
+                  1);
+    at::Tensor host = at::empty(values.sizes(), at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+    host.copy_(values, /*non_blocking=*/true);
+    c10::Event event(device.type());
+    event.record(c10::impl::getDeviceGuardImpl(device.type())->getStream(device));
+    landing_.push_back({session_.step(), std::move(layers), std::move(host), std::move(event)});
+  }
+}
+
+void WeightNorms::post_landed(bool wait) {
+  std::vector<Landing> still;
+  for (auto& entry : landing_) {
+    if (wait)
+      entry.event.synchronize();
+    else if (!entry.event.query()) {
+      still.push_back(std::move(entry));
+      continue;
+    }
+    const double* v = entry.host.data_ptr<double>();
+    for (std::size_t i = 0; i < entry.layers.size(); ++i) {
+      const double l2 = v[2 * i], peak = v[2 * i + 1];
+      if (std::isfinite(l2) && std::isfinite(peak)) session_.weight_norm(entry.layers[i], l2, std::min(peak, l2), entry.step);
+    }
+  }
+  landing_ = std::move(still);
+}
+
+void WeightNorms::flush() { post_landed(true); }
 
 }  // namespace ampdiag::agent

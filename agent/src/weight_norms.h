@@ -1,5 +1,5 @@
-// The C++ agent's weight sampler, as the Python agent's _weights.py: the host parameters'
-// L2 norms and abs-max on the session core's schedule (weight_schedule.h), and each
+// The C++ agent's weight sampler, as the Python agent's _weights.py: the parameters' L2
+// norms and abs-max on the session core's schedule (weight_schedule.h), and each
 // optimizer's settings (event "optimizer-settings": once, then again on the schedule's steps
 // where a scheduler moved the first group's lr 2x or more): what rule
 // weight-growth reads to tell "the learning rate grew the weights out of fp16's range" from
@@ -7,6 +7,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
 
 #include <cstdint>
 #include <string>
@@ -31,20 +32,35 @@ class WeightNorms {
  public:
   explicit WeightNorms(Session& session) : session_(session) {}
 
-  // A parameter of layer `layer`; read only when floating-point and on the host (a device
-  // read would wait for the device on the training thread).
+  // A floating-point parameter of layer `layer`. A host one is read on the spot; a CUDA
+  // one is reduced on its device and its values copied to pinned memory on the current
+  // stream, recorded (at the step they were read at) once the copy has landed: the training
+  // thread never waits for the device.
   void add(std::int64_t layer, const at::Tensor& param);
   // Before `optimizer`'s step(): the weights the step's forward used.
   void optimizer_starting(const torch::optim::Optimizer& optimizer);
   // The scaler skipped the step: the weights are still those its forward used.
   void step_skipped();
+  // close(): waits for the device reads still landing, and records them.
+  void flush();
 
  private:
+  // Device values on their way to the host: [n, 2] float64 (L2, abs-max) of `layers`.
+  struct Landing {
+    std::int64_t step;
+    std::vector<std::int64_t> layers;
+    at::Tensor host;
+    c10::Event event;
+  };
   void read();
+  void read_devices();
+  void post_landed(bool wait);
 
   Session& session_;
   WeightSchedule schedule_;
   std::vector<std::pair<std::int64_t, at::Tensor>> params_;
+  std::vector<std::pair<std::int64_t, at::Tensor>> device_params_;
+  std::vector<Landing> landing_;
   std::unordered_map<const torch::optim::Optimizer*, double> described_;  // -> the lr last said
 };
 

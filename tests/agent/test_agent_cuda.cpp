@@ -10,6 +10,7 @@
 #include <torch/cuda.h>
 
 #include <cstdio>
+#include <set>
 
 #include "../rundb/temp_dir.h"
 #include "ampdiag/rundb/reader.h"
@@ -60,6 +61,21 @@ TEST_CASE("CUDA training with the agent gives bit-identical parameters", "[cuda]
 TEST_CASE("forward, scale, unscale_ and update make no host sync on CUDA with the agent attached", "[cuda]") {
   TempDir dir;
   CHECK_NOTHROW(train_tiny(12, attach(dir.file("run.db")), kCuda, without_syncs));
+}
+
+TEST_CASE("CUDA weights' norms are read on the device and recorded at the steps their forwards used", "[cuda]") {
+  // Reduced there, copied to pinned memory without a sync (update() of a skipped step reads
+  // them too), recorded once landed, the last at close().
+  TempDir dir;
+  CHECK_NOTHROW(train_tiny(12, attach(dir.file("run.db")), kCuda, without_syncs));
+  std::set<std::int64_t> steps;
+  for (const auto& w : rundb::RunDbReader(dir.file("run.db")).weight_norms()) {
+    CHECK(w.l2 > 0.0);
+    steps.insert(w.step);
+  }
+  CHECK(steps.count(0) == 1);
+  CHECK(steps.count(4) == 1);
+  CHECK(steps.count(8) == 1);
 }
 
 TEST_CASE("a CUDA run.db holds each step's loss and scales, read back from the device", "[cuda]") {
