@@ -77,3 +77,29 @@ def train(steps: int, attach=None, init_scale=1e9, model_factory=Tiny, dtype=tor
     if handle:
         handle.close()
     return [p.detach().clone() for p in model.parameters()], skipped, handle
+
+
+@pytest.fixture()
+def device_copies_on_the_host(monkeypatch):
+    """What the agent's device reads use, on the host: copies to unpinned memory, and CUDA
+    events that 'land' at the third look at them (a test then routes its tensors down the
+    device path)."""
+
+    class LandsLate:
+        def __init__(self):
+            self.looks = 0
+
+        def record(self, stream=None):
+            pass
+
+        def query(self):
+            self.looks += 1
+            return self.looks >= 3
+
+        def synchronize(self):
+            pass
+
+    empty = torch.empty
+    monkeypatch.setattr(torch.cuda, "Event", LandsLate)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(torch, "empty", lambda *args, pin_memory=False, **kwargs: empty(*args, **kwargs))

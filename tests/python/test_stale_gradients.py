@@ -5,6 +5,7 @@ trainable one) still held the previous step's gradient; the zeroing loops torch 
 trainable parameter that no optimizer holds."""
 import sqlite3
 
+import pytest
 import torch
 from torch import nn
 
@@ -117,3 +118,26 @@ def test_a_discriminators_gradients_from_the_generators_backward_zeroed_before_i
 
 def test_a_discriminator_never_zeroed_is_recorded_at_its_second_step(tmp_path):
     assert [step for step, _ in gan_run(tmp_path / "run.db", lambda opt: None)] == [1]
+
+
+@pytest.fixture()
+def grads_as_if_on_a_device(monkeypatch, device_copies_on_the_host):
+    """The probe's device path on host tensors: each .grad read as a device one would be."""
+    from ampdiag import _stale_gradients
+
+    monkeypatch.setattr(_stale_gradients, "_on_device", lambda t: True)
+
+
+def test_on_a_device_a_discriminator_zeroed_before_its_step_records_nothing(tmp_path, grads_as_if_on_a_device):
+    # The device answer is settled against the cycle's later looks, as the host one is: the
+    # generator's backward through the discriminator, then its zero_grad(), then its step.
+    assert gan_run(tmp_path / "none.db", lambda opt: opt.zero_grad()) == []
+    assert gan_run(tmp_path / "zeros.db", lambda opt: opt.zero_grad(set_to_none=False)) == []
+
+
+def test_on_a_device_a_discriminator_never_zeroed_is_recorded_at_its_second_step(tmp_path, grads_as_if_on_a_device):
+    assert [step for step, _ in gan_run(tmp_path / "run.db", lambda opt: None)] == [1]
+
+
+def test_on_a_device_a_loop_that_never_zeroes_is_recorded_at_its_second_step(tmp_path, grads_as_if_on_a_device):
+    assert [step for step, _ in fp16_run(tmp_path / "run.db", model(), never)] == [1]

@@ -52,34 +52,15 @@ def test_each_sampled_step_has_the_norms_its_forward_used(tmp_path):
 
 
 @pytest.fixture()
-def weights_as_if_on_a_device(monkeypatch):
-    """The sampler's device path on host tensors: each parameter taken as a device one, its
-    values copied to unpinned memory, and each read 'landing' at the third look at it."""
+def weights_as_if_on_a_device(monkeypatch, device_copies_on_the_host):
+    """The sampler's device path on host tensors: each parameter taken as a device one."""
     from ampdiag import _weights
-
-    class LandsLate:
-        def __init__(self):
-            self.looks = 0
-
-        def record(self, stream):
-            pass
-
-        def query(self):
-            self.looks += 1
-            return self.looks >= 3
-
-        def synchronize(self):
-            pass
 
     def as_device(self, layer, p):
         if p.is_floating_point():
             self._device_params.setdefault(p.device, []).append((layer, p))
 
-    empty = torch.empty
     monkeypatch.setattr(_weights.WeightSampler, "add", as_device)
-    monkeypatch.setattr(torch.cuda, "Event", LandsLate)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
-    monkeypatch.setattr(torch, "empty", lambda *args, pin_memory=False, **kwargs: empty(*args, **kwargs))
 
 
 def test_device_weights_read_back_later_are_recorded_at_the_step_they_were_read_at(tmp_path,

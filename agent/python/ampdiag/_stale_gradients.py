@@ -13,10 +13,12 @@ clears it); else event "gradients-not-zeroed", once, at the step of the first lo
 parameter that no optimizer the agent saw holds keeps its gradient by design (nothing
 zeroes or applies it) and is not judged.
 
-A CUDA .grad is reduced on its device and its answer copied to pinned memory without
-waiting; it is read when the copy has landed (at a later step's look, or at close()), and
-the event carries the step it was looked at. Reading it at once would make the training
-thread wait for the device on every step of a loop that zeroes with set_to_none=False.
+A CUDA .grad is reduced on its device, and so is each later look of the cycle (a .grad
+of zeros clears the suspicion there, None on the host), so that the device answer is
+settled as the host one is; at the step's end it is copied to pinned memory without
+waiting, read when the copy has landed (at a later step, or at close()), and the event
+carries the step it was looked at. Reading it at once would make the training thread wait
+for the device on every step of a loop that zeroes with set_to_none=False.
 
 Every ZERO_LOOK_EVERY steps the probe also looks at what its host gradients arrive
 holding and, at the step's end, says once whether backward itself delivered nothing but zeros
@@ -33,6 +35,12 @@ ARRIVED_ZERO = "gradients-arrived-zero"
 ZERO_LOOK_EVERY = 16  # a look is a reduction of the smallest parameter's gradient: not every step
 
 
+def _on_device(t) -> bool:
+    """Whether reading `t` would wait for a device (a module function: the tests take the
+    device path on host tensors through it)."""
+    return t.is_cuda
+
+
 def probe_of(params: list) -> "torch.Tensor | None":
     """The smallest dense trainable parameter, or None."""
     candidates = [p for p in params if p.requires_grad and p.layout is torch.strided]
@@ -47,6 +55,7 @@ class GradientProbe:
         self._reported = False
         self._suspect = None  # the step whose first gradient found .grad holding the last step's
         self._host = None     # pinned bool: whether a device .grad held anything
+        self._device_look = None  # [device bool, step]: a device suspicion of this cycle, unsettled
         self._landing = None  # (CUDA event, step): a device look whose answer is on its way
         self._look_step = None  # the step whose host gradients are being looked at as they arrive
         self._arrived_nonzero = False  # whether one of them held anything but zeros
@@ -76,16 +85,28 @@ class GradientProbe:
                 self._suspect = None
                 if p.grad is not None:
                     self._look(p)
-            elif self._suspect is not None and (p.grad is None or (not p.grad.is_cuda and not bool(p.grad.any()))):
+            elif self._suspect is not None and (p.grad is None or (not _on_device(p.grad) and not bool(p.grad.any()))):
                 self._suspect = None  # zeroed since the first look: what it held was never applied
+            elif self._device_look is not None:
+                if p.grad is None:
+                    self._device_look = None
+                elif _on_device(p.grad):
+                    with torch.no_grad():  # zeros now: zeroed since the first look
+                        self._device_look[0] = self._device_look[0] & p.grad.any()
 
         return hook
 
     def step_ended(self):
-        """The step is ending: a suspicion its later gradients did not clear is the event."""
+        """The step is ending: a suspicion its later gradients did not clear is the event (a
+        device one once its answer has landed)."""
         if self._suspect is not None and not self._reported:
             self._report(self._suspect)
         self._suspect = None
+        if self._device_look is not None:
+            self._send(*self._device_look)
+            self._device_look = None
+        if self._landing is not None:
+            self._settle(wait=False)
         if self._look_step is not None:
             self._look_at_arrivals()
         elif self._until_zero_look > 0:
@@ -111,7 +132,7 @@ class GradientProbe:
         if grad.is_sparse:
             return
         step = self._handle._session.step
-        if grad.is_cuda:
+        if _on_device(grad):
             self._look_on_device(grad, step)
         elif bool(grad.any()) and self.optimized(param):
             self._suspect = step
@@ -121,12 +142,16 @@ class GradientProbe:
             return  # the last look's answer is still on its way: this step goes unread
         if self._reported or not self.optimized(self._param()):
             return
+        with torch.no_grad():
+            self._device_look = [grad.any(), step]
+
+    def _send(self, held, step):
+        """The cycle's device answer, to pinned memory on the current stream."""
         if self._host is None:
             self._host = torch.empty((), dtype=torch.bool, pin_memory=True)
-        with torch.no_grad():
-            self._host.copy_(grad.any(), non_blocking=True)
+        self._host.copy_(held, non_blocking=True)
         event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(grad.device))
+        event.record(torch.cuda.current_stream(held.device))
         self._landing = (event, step)
 
     def _settle(self, wait):
