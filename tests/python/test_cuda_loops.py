@@ -272,3 +272,37 @@ def test_a_learning_rate_far_too_high_is_named_from_weights_read_on_the_device(t
         steps = {s for (s,) in c.execute("SELECT step FROM weight_norms")}
     assert {0, 1, 2, 3, 4} <= steps
     assert "weight-growth" in report_errors(ampdiag_cli, db)[1]
+
+
+def test_a_cuda_dcgan_whose_discriminator_is_zeroed_at_its_own_step_is_not_told_otherwise(tmp_path, ampdiag_cli):
+    # PyTorch's DCGAN order: the generator's backward runs through the attached discriminator
+    # after its step, and its zero_grad() at the start of its next step clears that: the
+    # device answer is settled against the cycle's later looks.
+    torch.manual_seed(0)
+    gen = nn.Sequential(nn.Linear(4, 8)).cuda()
+    disc = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)).cuda()
+    opt_g, opt_d = torch.optim.Adam(gen.parameters(), fused=True), torch.optim.Adam(disc.parameters(), fused=True)
+    scaler_g, scaler_d = torch.amp.GradScaler("cuda"), torch.amp.GradScaler("cuda")
+    bce = nn.BCEWithLogitsLoss()
+    ones, zeros = torch.ones(16, 1, device="cuda"), torch.zeros(16, 1, device="cuda")
+    db = tmp_path / "run.db"
+    for set_to_none in (True, False):
+        with ampdiag.attach(disc, scaler_d, optimizer=opt_d, db=db, overwrite=True):
+            with no_host_sync():
+                for _ in range(6):
+                    real, z = torch.randn(16, 8, device="cuda"), torch.randn(16, 4, device="cuda")
+                    opt_d.zero_grad(set_to_none=set_to_none)
+                    with torch.autocast("cuda", dtype=torch.float16):
+                        fake = gen(z)
+                        loss_d = bce(disc(real).float(), ones) + bce(disc(fake.detach()).float(), zeros)
+                    scaler_d.scale(loss_d).backward()
+                    scaler_d.step(opt_d)
+                    scaler_d.update()
+                    opt_g.zero_grad()
+                    with torch.autocast("cuda", dtype=torch.float16):
+                        loss_g = bce(disc(fake).float(), ones)
+                    scaler_g.scale(loss_g).backward()
+                    scaler_g.step(opt_g)
+                    scaler_g.update()
+        with sqlite3.connect(db) as c:
+            assert c.execute("SELECT COUNT(*) FROM events WHERE kind = 'gradients-not-zeroed'").fetchone() == (0,)
