@@ -4,7 +4,7 @@ A learning rate far too high (AdamW at 0.3) grows the weights step by step until
 overflows fp16. The report names the module where that happened, which is true, and
 without the weights it cannot say why: the loss may grow less than 2x on the way. So on the
 session core's schedule (WeightSchedule: the start of steps 0, 1, 2, 3, 4, 6, 8, 12, ...,
-and the end of the run's first skipped steps) each registered host parameter's L2 norm and
+and the end of the run's first skipped steps) each registered parameter's L2 norm and
 abs-max are recorded (rows of weight_norms), and each optimizer's settings (event
 "optimizer-settings"): once, then again on the schedule's steps where a learning-rate
 schedule (a warm-up, OneCycleLR) has moved the first group's lr 2x or more since, so that
