@@ -108,8 +108,8 @@ class Agent::Impl final : public ScalerObserver {
   bool record(const std::string& path, const at::Tensor& x, const at::Tensor* module_input = nullptr);
   void register_layers(torch::nn::Module& model);
   // Registers the model's parameter `name` (its arrival hook, weight norms, stalled-update
-  // count); false where it is the same tensor as an earlier name.
-  // The layer `p` was registered as (not added: the same tensor as an earlier name).
+  // count): the layer it was registered as, not added where it is the same tensor as an
+  // earlier name.
   agent::Session::Layer register_parameter(const std::string& name, const at::Tensor& p);
   std::int64_t layer_of(const at::Tensor& param);
   // The type of the model's module at `path`; empty for a path the model does not have.
