@@ -81,9 +81,10 @@ def train(steps: int, attach=None, init_scale=1e9, model_factory=Tiny, dtype=tor
 
 @pytest.fixture()
 def device_copies_on_the_host(monkeypatch):
-    """What the agent's device reads use, on the host: copies to unpinned memory, and CUDA
-    events that 'land' at the third look at them (a test then routes its tensors down the
-    device path)."""
+    """The agent's device reads (_device_reads.py) on host tensors: every tensor read as a
+    device one would be, copied to unpinned memory, under CUDA events that 'land' at the
+    third look at them."""
+    from ampdiag import _device_reads
 
     class LandsLate:
         def __init__(self):
@@ -100,6 +101,7 @@ def device_copies_on_the_host(monkeypatch):
             pass
 
     empty = torch.empty
+    monkeypatch.setattr(_device_reads, "on_device", lambda t: True)
     monkeypatch.setattr(torch.cuda, "Event", LandsLate)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     monkeypatch.setattr(torch, "empty", lambda *args, pin_memory=False, **kwargs: empty(*args, **kwargs))

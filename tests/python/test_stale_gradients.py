@@ -121,11 +121,8 @@ def test_a_discriminator_never_zeroed_is_recorded_at_its_second_step(tmp_path):
 
 
 @pytest.fixture()
-def grads_as_if_on_a_device(monkeypatch, device_copies_on_the_host):
+def grads_as_if_on_a_device(device_copies_on_the_host):
     """The probe's device path on host tensors: each .grad read as a device one would be."""
-    from ampdiag import _stale_gradients
-
-    monkeypatch.setattr(_stale_gradients, "_on_device", lambda t: True)
 
 
 def test_on_a_device_a_discriminator_zeroed_before_its_step_records_nothing(tmp_path, grads_as_if_on_a_device):

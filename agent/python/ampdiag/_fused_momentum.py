@@ -18,6 +18,8 @@ import weakref
 
 import torch
 
+from ._device_reads import DeviceReads
+
 EVENT = "fused-momentum-uninitialised"
 
 
@@ -40,7 +42,7 @@ class FusedMomentumProbe:
     def __init__(self, handle):
         self._handle = handle
         self._looked = weakref.WeakSet()  # optimizers whose buffers were created while watched
-        self._landing = []  # (CUDA event, pinned bool, step, detail)
+        self._reads = DeviceReads(self._landed)  # damaged?: (step, detail, optimizer id)
 
     def before_step(self, optimizer):
         """What to look at after this scaler.step(optimizer): its fused-momentum parameters
@@ -68,32 +70,16 @@ class FusedMomentumProbe:
             # inf-norm per buffer in one launch; NaN is not 0 either.
             held = torch.stack(torch._foreach_norm(buffers, float("inf"))).ne(0).any()
             damaged = held & (torch.stack(found).sum() > 0)
-        if not damaged.is_cuda:
-            if bool(damaged):
-                self._handle._event(EVENT, detail, key=(EVENT, id(optimizer)), step=step)
-            return
-        host = torch.empty((), dtype=torch.bool, pin_memory=True)
-        host.copy_(damaged, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(damaged.device))
-        self._landing.append((event, host, step, detail, id(optimizer)))
+        self._reads.send(damaged, (step, detail, id(optimizer)))
+
+    def _landed(self, damaged, what):
+        step, detail, key = what
+        if damaged:
+            self._handle._event(EVENT, detail, key=(EVENT, key), step=step)
 
     def step_ended(self):
-        if self._landing:
-            self._settle(wait=False)
+        if self._reads.pending:
+            self._reads.poll()
 
     def flush(self):
-        self._settle(wait=True)
-
-    def _settle(self, wait):
-        still = []
-        for entry in self._landing:
-            event, host, step, detail, key = entry
-            if wait:
-                event.synchronize()
-            elif not event.query():
-                still.append(entry)
-                continue
-            if bool(host):
-                self._handle._event(EVENT, detail, key=(EVENT, key), step=step)
-        self._landing = still
+        self._reads.poll(wait=True)

@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from ._device_reads import DeviceReads
 from ._pin import _to_fp32
 from ._replay import copy_inputs, foreign_hooks, rng_state, set_rng_state, twin_of
 from ._tensors import first_float_tensor, float_tensors
@@ -131,7 +132,7 @@ class PrecisionChecker:
         self._armed = None    # (path, module, hook handles)
         self._fp32_waits = {}  # path: [turns left to sit out, turns sat out last time]
         self._capture = None
-        self._landing = []    # device checks on their way to pinned memory
+        self._reads = DeviceReads(lambda values, what: self._post(*what, values))  # (step, path, dtype, numel)
 
     def step_began(self):
         """A cycle opened: arm the next module if the checks are within their budget."""
@@ -165,7 +166,7 @@ class PrecisionChecker:
 
     def step_ended(self):
         """A module that did not run this step waits for its turn in the rotation again."""
-        if self._armed is None and not self._landing:  # most steps: nothing to undo or read
+        if self._armed is None and not self._reads.pending:  # most steps: nothing to undo or read
             return
         t0 = time.perf_counter_ns()
         self._disarm()
@@ -177,33 +178,15 @@ class PrecisionChecker:
         self._post_landed(wait=True)
 
     def _post_when_read(self, path, output, values):
-        """Posts the check now for a host output; for a device output, copies the values to
-        pinned memory on the current stream and posts them once they have landed (at a later
-        step's start or end, with the step they belong to): the training thread never waits."""
+        """Posts the check now for a host output; a device output's values are posted once
+        their copy to pinned memory has landed (at a later step's start or end, with the
+        step they belong to): the training thread never waits."""
         dtype, numel = str(output.dtype).replace("torch.", ""), output.numel()
-        step = self._handle._session.step
-        if not values.is_cuda:
-            self._post(step, path, dtype, numel, values.tolist())
-            return
-        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-        host.copy_(values, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(values.device))
-        self._landing.append((step, path, dtype, numel, host, event))
+        self._reads.send(values, (self._handle._session.step, path, dtype, numel))
 
     def _post_landed(self, wait=False):
-        if not self._landing:
-            return
-        still = []
-        for entry in self._landing:
-            step, path, dtype, numel, host, event = entry
-            if wait:
-                event.synchronize()
-            elif not event.query():
-                still.append(entry)
-                continue
-            self._post(step, path, dtype, numel, host.tolist())
-        self._landing = still
+        if self._reads.pending:
+            self._reads.poll(wait)
 
     def _post(self, step, path, dtype, numel, values):
         verdict = judged(values)

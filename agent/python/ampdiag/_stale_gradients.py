@@ -30,15 +30,11 @@ import weakref
 
 import torch
 
+from . import _device_reads
+
 EVENT = "gradients-not-zeroed"
 ARRIVED_ZERO = "gradients-arrived-zero"
 ZERO_LOOK_EVERY = 16  # a look is a reduction of the smallest parameter's gradient: not every step
-
-
-def _on_device(t) -> bool:
-    """Whether reading `t` would wait for a device (a module function: the tests take the
-    device path on host tensors through it)."""
-    return t.is_cuda
 
 
 def probe_of(params: list) -> "torch.Tensor | None":
@@ -54,9 +50,8 @@ class GradientProbe:
         self._name = name
         self._reported = False
         self._suspect = None  # the step whose first gradient found .grad holding the last step's
-        self._host = None     # pinned bool: whether a device .grad held anything
         self._device_look = None  # [device bool, step]: a device suspicion of this cycle, unsettled
-        self._landing = None  # (CUDA event, step): a device look whose answer is on its way
+        self._reads = _device_reads.DeviceReads(self._landed)  # its answer, on its way: step
         self._look_step = None  # the step whose host gradients are being looked at as they arrive
         self._arrived_nonzero = False  # whether one of them held anything but zeros
         self._until_zero_look = 0  # steps until the next look at them (ZERO_LOOK_EVERY)
@@ -85,12 +80,12 @@ class GradientProbe:
                 self._suspect = None
                 if p.grad is not None:
                     self._look(p)
-            elif self._suspect is not None and (p.grad is None or (not _on_device(p.grad) and not bool(p.grad.any()))):
+            elif self._suspect is not None and (p.grad is None or (not _device_reads.on_device(p.grad) and not bool(p.grad.any()))):
                 self._suspect = None  # zeroed since the first look: what it held was never applied
             elif self._device_look is not None:
                 if p.grad is None:
                     self._device_look = None
-                elif _on_device(p.grad):
+                elif _device_reads.on_device(p.grad):
                     with torch.no_grad():  # zeros now: zeroed since the first look
                         self._device_look[0] = self._device_look[0] & p.grad.any()
 
@@ -103,10 +98,10 @@ class GradientProbe:
             self._report(self._suspect)
         self._suspect = None
         if self._device_look is not None:
-            self._send(*self._device_look)
+            self._reads.send(*self._device_look)
             self._device_look = None
-        if self._landing is not None:
-            self._settle(wait=False)
+        if self._reads.pending:
+            self._reads.poll()
         if self._look_step is not None:
             self._look_at_arrivals()
         elif self._until_zero_look > 0:
@@ -124,46 +119,29 @@ class GradientProbe:
 
     def flush(self):
         """Reads a device look still landing (close(): waits for its copy)."""
-        if self._landing is not None:
-            self._settle(wait=True)
+        self._reads.poll(wait=True)
 
     def _look(self, param):
         grad = param.grad
         if grad.is_sparse:
             return
         step = self._handle._session.step
-        if _on_device(grad):
+        if _device_reads.on_device(grad):
             self._look_on_device(grad, step)
         elif bool(grad.any()) and self.optimized(param):
             self._suspect = step
 
     def _look_on_device(self, grad, step):
-        if self._landing is not None and not self._settle(wait=False):
+        if self._reads.pending and not self._reads.poll():
             return  # the last look's answer is still on its way: this step goes unread
         if self._reported or not self.optimized(self._param()):
             return
         with torch.no_grad():
             self._device_look = [grad.any(), step]
 
-    def _send(self, held, step):
-        """The cycle's device answer, to pinned memory on the current stream."""
-        if self._host is None:
-            self._host = torch.empty((), dtype=torch.bool, pin_memory=True)
-        self._host.copy_(held, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(held.device))
-        self._landing = (event, step)
-
-    def _settle(self, wait):
-        event, step = self._landing
-        if wait:
-            event.synchronize()
-        elif not event.query():
-            return False
-        self._landing = None
-        if bool(self._host):
+    def _landed(self, held, step):
+        if held:
             self._report(step)
-        return True
 
     def optimized(self, param):
         return param is not None and any(q is param for opt in list(self._handle._optimizers)

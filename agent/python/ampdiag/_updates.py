@@ -12,6 +12,8 @@ device; a CUDA step's counts are read back without waiting, when the copy has la
 """
 import torch
 
+from ._device_reads import DeviceReads
+
 HALF = (torch.float16, torch.bfloat16)
 
 
@@ -25,7 +27,7 @@ class UpdateProbe:
         self._every = every
         self._watched = set()  # id() of optimizers whose step() carries the probe's hooks
         self._before = None    # (step, [(layer, parameter, its copy, gradient mask)])
-        self._landing = []     # (step, layers, pinned host counts, CUDA event): copies under way
+        self._reads = DeviceReads(lambda counts, what: self._post(*what, counts))  # (step, layers)
 
     def watch(self, optimizer):
         """Measures around `optimizer`'s step() from now on (once per optimizer)."""
@@ -38,17 +40,15 @@ class UpdateProbe:
 
     def flush(self):
         """Posts every count still landing (close(): waits for their copies)."""
-        for step, layers, host, event in self._landing:
-            event.synchronize()
-            self._post(step, layers, host.tolist())
-        self._landing.clear()
+        self._reads.poll(wait=True)
 
     def _before_step(self, optimizer, args, kwargs):
         handle = self._handle
         self._before = None
         if handle._standing_aside or not handle._begin_cycle():
             return
-        self._post_landed()
+        if self._reads.pending:
+            self._reads.poll()
         step = handle._session.step
         if step % self._every:
             return
@@ -76,26 +76,8 @@ class UpdateProbe:
                 layers.append(layer)
                 counts.append(mask.sum())
                 counts.append(mask.logical_and_(p.detach() == old).sum())
-        for device, (layers, counts) in by_device.items():
-            stacked = torch.stack(counts)
-            if device.type == "cuda":
-                host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
-                host.copy_(stacked, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record()
-                self._landing.append((step, layers, host, event))
-            else:
-                self._post(step, layers, stacked.tolist())
-
-    def _post_landed(self):
-        still = []
-        for entry in self._landing:
-            step, layers, host, event = entry
-            if event.query():
-                self._post(step, layers, host.tolist())
-            else:
-                still.append(entry)
-        self._landing = still
+        for layers, counts in by_device.values():
+            self._reads.send(torch.stack(counts), (step, layers))
 
     def _post(self, step, layers, counts):
         totals = {}

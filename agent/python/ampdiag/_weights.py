@@ -20,6 +20,7 @@ import weakref
 import torch
 
 from . import _ampdiag
+from ._device_reads import DeviceReads
 from ._tensors import DTYPE_CODE, directly_readable, distributed
 
 
@@ -64,7 +65,7 @@ class WeightSampler:
         self._params, self._device_params = [], {}
         for layer, p in registered:
             self.add(layer, p)
-        self._landing = []  # (step, layers, pinned [n, 2] float64, CUDA event): device reads on their way
+        self._reads = DeviceReads(lambda values, what: self._post(*what, values))  # (step, layers)
         self._schedule = _ampdiag.WeightSchedule()
         self._described = weakref.WeakKeyDictionary()  # optimizer -> the lr its last settings event said
         self._adds = 0  # the handle's _optimizer_adds when the sets were last looked at
@@ -79,8 +80,8 @@ class WeightSampler:
             self._device_params.setdefault(p.device, []).append((layer, p))
 
     def step_began(self, step: int):
-        if self._landing:
-            self._post_landed()
+        if self._reads.pending:
+            self._reads.poll()
         if self._schedule.at_start(step):
             self._sample()
             for optimizer, said in list(self._described.items()):
@@ -103,12 +104,12 @@ class WeightSampler:
                     self._handle._session.event("optimizer-settings", _settings(optimizer))
         if skipped and self._schedule.after_skip(step):
             self._sample()
-        if self._landing:
-            self._post_landed()
+        if self._reads.pending:
+            self._reads.poll()
 
     def flush(self):
         """close(): waits for the device reads still landing."""
-        self._post_landed(wait=True)
+        self._reads.poll(wait=True)
 
     def _sample(self):
         if self._device_params:
@@ -138,25 +139,8 @@ class WeightSampler:
 
     def _sample_devices(self):
         step = self._handle._session.step
-        for device, params in self._device_params.items():
-            values = _norms([p for _, p in params])
-            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-            host.copy_(values, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(device))
-            self._landing.append((step, [layer for layer, _ in params], host, event))
-
-    def _post_landed(self, wait=False):
-        still = []
-        for entry in self._landing:
-            step, layers, host, event = entry
-            if wait:
-                event.synchronize()
-            elif not event.query():
-                still.append(entry)
-                continue
-            self._post(step, layers, host.tolist())
-        self._landing = still
+        for params in self._device_params.values():
+            self._reads.send(_norms([p for _, p in params]), (step, [layer for layer, _ in params]))
 
     def _post(self, step, layers, values):
         """Rows for `values` ([l2, abs-max] each) of `layers`; a tensor holding NaN/Inf has none."""
