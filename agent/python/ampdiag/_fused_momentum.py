@@ -23,18 +23,21 @@ from ._device_reads import DeviceReads
 EVENT = "fused-momentum-uninitialised"
 
 
+def _fused_momentum_groups(optimizer):
+    return [group for group in optimizer.param_groups if group.get("fused") and group.get("momentum", 0)]
+
+
 def _new_momentum_params(optimizer):
     """The parameters with gradients of an SGD's fused momentum groups, where none has a
     momentum buffer yet (this step() creates them all); else None."""
-    params = [p for group in optimizer.param_groups if group.get("fused") and group.get("momentum", 0)
-              for p in group["params"] if p.grad is not None]
+    params = [p for group in _fused_momentum_groups(optimizer) for p in group["params"] if p.grad is not None]
     if not params or any(optimizer.state.get(p, {}).get("momentum_buffer") is not None for p in params):
         return None
     return params
 
 
 def _settings(optimizer):
-    group = next(g for g in optimizer.param_groups if g.get("fused") and g.get("momentum", 0))
+    group = _fused_momentum_groups(optimizer)[0]
     return f"{type(optimizer).__name__}(fused=True, momentum={group['momentum']:g})"
 
 
