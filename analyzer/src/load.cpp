@@ -116,6 +116,21 @@ const ModuleSummary* Run::module_named(const std::string& path) const {
   return nullptr;
 }
 
+const ModuleSummary* Run::last_module() const {
+  const ModuleSummary* last = nullptr;
+  std::int64_t most = -1;
+  for (const ModuleSummary& m : modules) {
+    if (m.info.path.empty() || !(m.max_absmax > 0.0f)) continue;
+    // The step the cursor is in has not ended yet: its last module so far counts too.
+    const std::int64_t steps = m.last_steps + (m.info.id == cursor.act_step_last ? 1 : 0);
+    if (steps >= most) {  // among equals, the latest to first finish
+      most = steps;
+      last = &m;
+    }
+  }
+  return last;
+}
+
 double headroom_bits(double absmax, double fp_max) {
   if (!(absmax > 0.0)) return INFINITY;
   return std::log2(fp_max / absmax);

@@ -225,11 +225,15 @@ Suggestion scale_the_input() {
 // made: "between A and first_seen", A the module inside `owner` that finished just before
 // it in forward order (its output was finite, or it would have been first); "before
 // first_seen" where none inside `owner` did.
-// The module that first finished just before `path` (module ids are given in that order):
-// null where `path` is no module or the first.
+// The module that finished just before `path` in the forward where `path` was first the first
+// NaN/Inf module; without such a step, the one that first finished just before it (module
+// ids are given in that order, which a module first called in a later step breaks). Null
+// where `path` is no module or nothing finished before it.
 const ModuleSummary* finished_before(const Run& run, const std::string& path) {
   const ModuleSummary* m = run.module_named(path);
-  return m && m->info.id > 0 ? &run.modules[std::size_t(m->info.id - 1)] : nullptr;
+  if (!m) return nullptr;
+  const std::int64_t before = m->first_step >= 0 ? m->before_first : m->info.id - 1;
+  return before >= 0 && std::size_t(before) < run.modules.size() ? &run.modules[std::size_t(before)] : nullptr;
 }
 
 std::string own_code_place(const Run& run, const std::string& owner, const std::string& first_seen) {
@@ -267,7 +271,7 @@ Suggestion buffers_fix(const Run&, const std::string& path, const std::string& b
 // after its last module, as logits computed with F.linear(h, self.emb.weight). Names that
 // module and the operations after it (event "model-code") and tells to run them in FP32.
 void model_code_after_modules(const Run& run, const std::vector<std::int64_t>& steps, Finding& f) {
-  const ModuleSummary* before = finished_before(run, "");  // the model's row comes after its modules'
+  const ModuleSummary* before = run.last_module();
   const std::string last = before ? before->info.path : "";
   const std::string after = last.empty() ? "after its last submodule" : "after " + last + ", its last submodule";
   const loss_code::Code code = loss_code::at_steps(run, steps, "model-code");

@@ -43,14 +43,6 @@ double median_loss(const Run& run) {
   return median_of(losses);
 }
 
-// The probed module that finished its forward last (module ids follow the order modules
-// first finish), with recorded outputs: nearest the model's output. Null where none.
-const ModuleSummary* last_module(const Run& run) {
-  for (auto it = run.modules.rbegin(); it != run.modules.rend(); ++it)
-    if (!it->info.path.empty() && it->max_absmax > 0.0f) return &*it;
-  return nullptr;
-}
-
 // The first module, in forward order (the modules table's), whose outputs reached 100 times
 // the largest of every module before it, and at least 256: where a model's values jump (a
 // projection whose weights are 1e4 times too large, a frozen encoder's included), not
@@ -373,7 +365,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       // Outputs near the loss's root are the model's: large targets learnt, or a model that
       // makes large values (a head initialised 1e4 times too large), which no target
       // normalisation fixes. Small ones leave the targets, or a sum.
-      const ModuleSummary* last = last_module(run);
+      const ModuleSummary* last = run.last_module();
       const OutputJump jump = output_jump(run);
       const bool large_outputs =
           last && std::isfinite(loss) && loss > 0 && double(last->max_absmax) >= std::sqrt(loss) / 10.0;

@@ -162,7 +162,7 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   run.fp_max = amp_dtype == "bfloat16" ? 3.3895313892515355e38 : amp_dtype == "float32" ? 3.4028234663852886e38 : 65504.0;
   const std::size_t first_new_layer = run.layers.size();
   for (auto& row : d.layers) run.layers.push_back({std::move(row), {}, 0, 0, 0.0, -1, {}});
-  for (auto& row : d.modules) run.modules.push_back({std::move(row), 0, 0, -1, 0.0f});
+  for (auto& row : d.modules) run.modules.push_back(ModuleSummary{std::move(row)});
   parametrized_to_their_module(run, first_new_layer);
   run.events = std::move(d.events);
   run.input_nan_steps = event_steps(run.events, "input-nan");
@@ -189,8 +189,12 @@ void apply_run_delta(Run& run, RunDelta&& d) {
     ModuleSummary& module = run.modules[std::size_t(id)];
     module.nonfinite_steps += m.nonfinite_steps;
     module.first_nonfinite += m.first_nonfinite;
-    if (module.first_step < 0) module.first_step = m.first_step;
+    if (module.first_step < 0) {
+      module.first_step = m.first_step;
+      module.before_first = m.before_first;
+    }
     module.max_absmax = std::max(module.max_absmax, m.max_absmax);
+    module.last_steps += m.last_steps;
   }
   run.act_rows += d.act_rows;
 

@@ -308,10 +308,12 @@ bool read_new_grads(RunDbReader& reader, const RunCursor& from, std::size_t laye
   return true;
 }
 
-// Activation rows after the cursor: per step, the first module (forward order) with NaN/Inf.
-// Returns the first step they hold (INT64_MAX: none).
+// Activation rows after the cursor: per step, the first module (forward order) with NaN/Inf,
+// and the one that finished last. Returns the first step they hold (INT64_MAX: none).
 std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t module_count, RunDelta& d) {
-  std::int64_t current = from.act_key.first, least_step = INT64_MAX;
+  std::int64_t current = from.act_key.first, least_step = INT64_MAX, last_in_step = from.act_step_last;
+  std::int64_t micro_batch = from.act_micro_batch;
+  const std::int64_t root = d.next.root_module;
   bool found_in_step = from.act_step_found;
   const std::string& path = reader.path();
   reader.for_each_act_stat(
@@ -323,20 +325,31 @@ std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t m
         d.next.act_key = {a.step, a.fwd_order};
         RunDelta::ModuleDelta& m = d.module_stats[a.module_id];
         if (a.step != current) {
+          if (last_in_step >= 0) ++d.module_stats[last_in_step].last_steps;
           current = a.step;
           found_in_step = false;
+          last_in_step = -1;
         }
+        // The module that finished just before this one in the same forward.
+        const std::int64_t before = a.micro_batch == micro_batch ? last_in_step : -1;
+        micro_batch = a.micro_batch;
+        if (a.module_id != root) last_in_step = a.module_id;
         if (std::isfinite(a.stats.absmax)) m.max_absmax = std::max(m.max_absmax, float(a.stats.absmax));
         if (a.stats.nan + a.stats.inf == 0) return;
         ++m.nonfinite_steps;
         if (found_in_step) return;
         found_in_step = true;
         ++m.first_nonfinite;
-        if (m.first_step < 0) m.first_step = a.step;
+        if (m.first_step < 0) {
+          m.first_step = a.step;
+          m.before_first = before;
+        }
         d.first_nonfinite_module[a.step] = a.module_id;
       },
       from.act_key, false);
   d.next.act_step_found = found_in_step;
+  d.next.act_step_last = last_in_step;
+  d.next.act_micro_batch = micro_batch;
   return least_step;
 }
 
@@ -370,6 +383,8 @@ RunDelta read_run_delta(const std::string& path, const RunCursor& from, const Lo
   const std::size_t layer_count = from.layers + d.layers.size(), module_count = from.modules + d.modules.size();
   d.next.layers = layer_count;
   d.next.modules = module_count;
+  for (std::size_t i = 0; i < d.modules.size() && d.next.root_module < 0; ++i)
+    if (d.modules[i].path.empty()) d.next.root_module = std::int64_t(from.modules + i);
 
   const bool histograms = meta_or(d.meta, "histogram", "0") == "1";
   // Rows written late (the agent's context of steps before an overflow) can touch steps

@@ -37,6 +37,24 @@ TEST_CASE("the model's own code that made NaN/Inf is placed after the module tha
   CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Look at the model's own forward() between logvar and dec.0:"));
 }
 
+TEST_CASE("the model's own code is placed after the module that finished just before, in a branch first taken later", "[rules][replay]") {
+  // The decoder runs from step 2 on only: its modules' ids come after head's, which finished
+  // after logvar in the first steps.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"mu.weight", "logvar.weight", "head.weight", "dec.0.weight"});
+  f.replay("dec.0", "nonfinite").replay("dec", "nonfinite");
+  for (int i = 0; i < 6; ++i) {
+    f.activation("mu", false).activation("logvar", false);
+    if (i < 2) f.activation("head", false).step(65536, 65536, 1000, {}, 1.0);
+    else f.activation("dec.0", true).activation("dec", true).step(65536, 32768, 1000, {"dec.0.weight"}, kNaN);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->title, Catch::EndsWith("outside its submodules, between logvar and dec.0"));
+}
+
 TEST_CASE("the model's output NaN/Inf after finite modules names its own code after the last one, with its operations", "[rules][replay]") {
   // A log-sum-exp written by hand after the last module: the Python agent records the
   // model's output as module "" with its FP32 replay, and the operations (model-code).
@@ -72,6 +90,26 @@ TEST_CASE("the model's output NaN/Inf without its operations recorded still name
   REQUIRE(fw != nullptr);
   CHECK_THAT(fw->title, Catch::EndsWith("after norm, its last submodule"));
   CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Run the model's own code after norm, its last submodule in FP32"));
+}
+
+TEST_CASE("the model's own code is placed after the module that finishes last, not after one first called later", "[rules][replay]") {
+  // A mixture of experts: experts.3, first routed to at step 2, gets a module id after norm's,
+  // though norm finishes after it in every forward.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"body.weight", "norm.weight"});
+  f.replay("", "finite");
+  for (int i = 0; i < 6; ++i) {
+    f.activation("body", false);
+    if (i >= 2) f.activation("experts.3", false);
+    f.activation("norm", false);
+    if (i >= 3) f.activation("", true).step(65536, 32768, 1000, {"norm.weight"}, kNaN);
+    else f.step(65536, 65536, 1000, {}, 1.0);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->title, Catch::EndsWith("after norm, its last submodule"));
 }
 
 TEST_CASE("a module's own code that made NaN/Inf before its first child is placed before that child", "[rules][replay]") {

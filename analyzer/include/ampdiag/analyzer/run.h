@@ -47,7 +47,12 @@ struct ModuleSummary {
   std::int64_t nonfinite_steps = 0;   // steps whose output held NaN/Inf
   std::int64_t first_nonfinite = 0;   // steps where it was the first such module in forward order
   std::int64_t first_step = -1;       // the first step it was first
+  std::int64_t before_first = -1;     // the module that finished just before it then (-1: none)
   float max_absmax = 0.0f;            // largest finite |output|
+  // Recorded steps whose forward it finished last, the model's own output aside: nearest
+  // the model's output. Ids follow the order modules *first* finish, which a module first
+  // called in a later step (a mixture-of-experts' expert) leaves behind the model's head.
+  std::int64_t last_steps = 0;
 };
 
 struct StepSummary {
@@ -103,6 +108,10 @@ struct RunCursor {
   std::int64_t last_sample_id = 0;             // the last grad_samples row read
   std::pair<std::int64_t, std::int64_t> act_key{INT64_MIN, INT64_MIN};  // the last act_stats row read
   bool act_step_found = false;  // act_key's step already had its first non-finite module
+  // act_key's step's module that finished last so far (-1: none), counted in last_steps
+  // once a later step's rows are read, and its micro-batch; the model's own module (path
+  // ""), -1: none.
+  std::int64_t act_step_last = -1, act_micro_batch = -1, root_module = -1;
   std::size_t layers = 0, modules = 0;
   // What gradient and activation rows said about steps whose steps row was not in the file
   // yet: the step gets it once its row is read.
@@ -194,6 +203,9 @@ struct Run {
   const rundb::ReplayRow* replay_of(const std::string& module) const;
   // The row of a probed module, or null.
   const ModuleSummary* module_named(const std::string& path) const;
+  // The probed module with recorded outputs, the model's own ("") aside, that finished its
+  // forward last in the most recorded steps: nearest the model's output. Null where none.
+  const ModuleSummary* last_module() const;
 };
 
 struct LoadOptions {

@@ -42,10 +42,11 @@ struct RunDelta {
   // them to the layer's); empty: none.
   std::vector<std::vector<std::uint64_t>> histograms;
   // Activation rows: per module, steps with NaN/Inf output, steps it was the first such
-  // module (forward order), the first such step, its largest finite |output|; and per step
-  // the first such module.
+  // module (forward order), the first such step and the module that finished just before
+  // it there, its largest finite |output|, steps it finished last; and per step the first
+  // such module.
   struct ModuleDelta {
-    std::int64_t nonfinite_steps = 0, first_nonfinite = 0, first_step = -1;
+    std::int64_t nonfinite_steps = 0, first_nonfinite = 0, first_step = -1, before_first = -1, last_steps = 0;
     float max_absmax = 0.0f;
   };
   std::map<std::int64_t, ModuleDelta> module_stats;  // by module id
