@@ -38,10 +38,16 @@ class RandomRun {
   // A sampled step with its statistics (its row replaces an unsampled one of that step).
   void step(std::int64_t s) {
     const bool overflow = rng_() % 23 == 0;
-    for (int m = 0; m < modules_; ++m) {
+    // Modules in another order every step, some not called (a router's experts).
+    std::vector<int> called;
+    for (int m = 0; m < modules_; ++m)
+      if (rng_() % 4 != 0) called.push_back(m);
+    std::shuffle(called.begin(), called.end(), rng_);
+    for (std::size_t i = 0; i < called.size(); ++i) {
+      const int m = called[i];
       rundb::ActStatRow a;
       a.step = s;
-      a.fwd_order = m;
+      a.fwd_order = std::int64_t(i);
       a.module_id = m;
       const bool bad = overflow && rng_() % 3 == 0;
       a.stats = {4096, bad ? 2 : 0, 0, 0, 0, double(rng_() % 60000), 0.01, 100.0};
@@ -144,8 +150,12 @@ inline void require_same_run(const analyzer::Run& a, const analyzer::Run& b) {
     CHECK(a.modules[m].nonfinite_steps == b.modules[m].nonfinite_steps);
     CHECK(a.modules[m].first_nonfinite == b.modules[m].first_nonfinite);
     CHECK(a.modules[m].first_step == b.modules[m].first_step);
+    CHECK(a.modules[m].before_first == b.modules[m].before_first);
+    CHECK(a.modules[m].last_steps + (a.cursor.act_step_last == std::int64_t(m)) ==
+          b.modules[m].last_steps + (b.cursor.act_step_last == std::int64_t(m)));
     CHECK(a.modules[m].max_absmax == b.modules[m].max_absmax);
   }
+  CHECK((a.last_module() ? a.last_module()->info.path : "") == (b.last_module() ? b.last_module()->info.path : ""));
   REQUIRE(a.steps.size() == b.steps.size());
   for (std::size_t i = 0; i < b.steps.size(); ++i) {
     INFO("step " << b.steps[i].row.step);
