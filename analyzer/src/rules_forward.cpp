@@ -225,14 +225,14 @@ Suggestion scale_the_input() {
 // made: "between A and first_seen", A the module inside `owner` that finished just before
 // it in forward order (its output was finite, or it would have been first); "before
 // first_seen" where none inside `owner` did.
-// The module that finished just before `path` in the forward where `path` was first the first
-// NaN/Inf module; without such a step, the one that first finished just before it (module
-// ids are given in that order, which a module first called in a later step breaks). Null
-// where `path` is no module or nothing finished before it.
+// The module that finished just before `path` in the first forward with a row for every call
+// where `path` was the first NaN/Inf module; without such a forward, the one that first
+// finished just before it (module ids are given in that order, which a module first called
+// in a later step breaks). Null where `path` is no module or nothing finished before it.
 const ModuleSummary* finished_before(const Run& run, const std::string& path) {
   const ModuleSummary* m = run.module_named(path);
   if (!m) return nullptr;
-  const std::int64_t before = m->first_step >= 0 ? m->before_first : m->info.id - 1;
+  const std::int64_t before = m->before_known ? m->before_first : m->info.id - 1;
   return before >= 0 && std::size_t(before) < run.modules.size() ? &run.modules[std::size_t(before)] : nullptr;
 }
 

@@ -43,24 +43,24 @@ double median_loss(const Run& run) {
   return median_of(losses);
 }
 
-// The first module, in forward order (the modules table's), whose outputs reached 100 times
-// the largest of every module before it, and at least 256: where a model's values jump (a
-// projection whose weights are 1e4 times too large, a frozen encoder's included), not
-// where they grew a few times a block as a residual stream does. `module` null where none
-// did; `before`: that largest output before it.
+// The module whose output, in some forward, reached 100 times the largest output of every
+// module that finished before it there, and at least 256 (the largest such jump): where a
+// model's values jump (a projection whose weights are 1e4 times too large, a frozen
+// encoder's included), not where they grew a few times a block as a residual stream does.
+// `module` null where none did; `absmax` and `before`: its output then, and that largest.
 struct OutputJump {
   const ModuleSummary* module = nullptr;
-  float before = 0.0f;
+  float absmax = 0.0f, before = 0.0f;
 };
 
 OutputJump output_jump(const Run& run) {
-  float before = 0.0f;
+  OutputJump jump;
   for (const auto& m : run.modules) {
-    if (m.info.path.empty() || !(m.max_absmax > 0.0f)) continue;
-    if (before > 0.0f && m.max_absmax >= 256.0f && m.max_absmax >= 100.0f * before) return {&m, before};
-    before = std::max(before, m.max_absmax);
+    if (m.info.path.empty() || !(m.jump_before > 0.0f) || m.jump_absmax < 256.0f || m.jump_absmax < 100.0f * m.jump_before)
+      continue;
+    if (!jump.module || m.jump_absmax / m.jump_before > jump.absmax / jump.before) jump = {&m, m.jump_absmax, m.jump_before};
   }
-  return {};
+  return jump;
 }
 
 // A step whose forward already went non-finite is a forward problem: every gradient is
@@ -374,8 +374,8 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                               fmt(last->max_absmax) + "): where the targets are that large, normalise them to unit "
                               "spread, and where they are not, find what makes the outputs so large" +
                               (jump.module != nullptr && jump.module != last
-                                   ? ": " + jump.module->info.path + "'s reach " + fmt(jump.module->max_absmax) + ", " +
-                                         fmt(std::floor(double(jump.module->max_absmax) / double(jump.before))) +
+                                   ? ": " + jump.module->info.path + "'s reach " + fmt(jump.absmax) + ", " +
+                                         fmt(std::floor(double(jump.absmax) / double(jump.before))) +
                                          " times the largest output of any module before it in forward order (its "
                                          "weights, its input's scale)"
                                    : std::string(" (its weights, its input's scale)")) +

@@ -189,12 +189,18 @@ void apply_run_delta(Run& run, RunDelta&& d) {
     ModuleSummary& module = run.modules[std::size_t(id)];
     module.nonfinite_steps += m.nonfinite_steps;
     module.first_nonfinite += m.first_nonfinite;
-    if (module.first_step < 0) {
-      module.first_step = m.first_step;
+    if (module.first_step < 0) module.first_step = m.first_step;
+    if (!module.before_known && m.before_known) {
+      module.before_known = true;
       module.before_first = m.before_first;
     }
     module.max_absmax = std::max(module.max_absmax, m.max_absmax);
     module.last_steps += m.last_steps;
+    if (m.jump_before > 0.0f &&
+        (module.jump_before == 0.0f || m.jump_absmax / m.jump_before > module.jump_absmax / module.jump_before)) {
+      module.jump_absmax = m.jump_absmax;
+      module.jump_before = m.jump_before;
+    }
   }
   run.act_rows += d.act_rows;
 

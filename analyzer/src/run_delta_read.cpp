@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <thread>
@@ -308,11 +309,31 @@ bool read_new_grads(RunDbReader& reader, const RunCursor& from, std::size_t laye
   return true;
 }
 
-// Activation rows after the cursor: per step, the first module (forward order) with NaN/Inf,
-// and the one that finished last. Returns the first step they hold (INT64_MAX: none).
+// Steps whose forwards have a row for every call are the multiples of this: on the CPU an
+// agent that samples activations writes the other steps' rows only for outputs that held
+// NaN/Inf (FORMAT.md, act_stats). 1: every step (files without meta activation_every,
+// device outputs).
+std::int64_t full_forward_every(const std::map<std::string, std::string>& meta) {
+  const auto number = [&](const char* key) -> std::int64_t {
+    const std::string text = meta_or(meta, key, "");
+    char* end = nullptr;
+    const long long n = text.empty() ? 0 : std::strtoll(text.c_str(), &end, 10);
+    return end != nullptr && *end == '\0' && n > 0 && n < (1LL << 31) ? n : 0;
+  };
+  const std::int64_t activation = number("activation_every");
+  if (activation == 0 || meta_or(meta, "device", "cpu") != "cpu") return 1;
+  return std::max<std::int64_t>(1, number("every")) * activation;
+}
+
+// Activation rows after the cursor: per step, the first module (forward order) with NaN/Inf;
+// and in forwards with a row for every call, the module that finished last, the one before
+// each step's first NaN/Inf, and jumps over the modules before. Returns the first step they
+// hold (INT64_MAX: none).
 std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t module_count, RunDelta& d) {
+  const std::int64_t full_every = full_forward_every(d.meta);
   std::int64_t current = from.act_key.first, least_step = INT64_MAX, last_in_step = from.act_step_last;
   std::int64_t micro_batch = from.act_micro_batch;
+  float forward_max = from.act_forward_max;
   const std::int64_t root = d.next.root_module;
   bool found_in_step = from.act_step_found;
   const std::string& path = reader.path();
@@ -329,19 +350,33 @@ std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t m
           current = a.step;
           found_in_step = false;
           last_in_step = -1;
+          forward_max = 0.0f;
         }
         // The module that finished just before this one in the same forward.
+        const bool full = a.step % full_every == 0;
         const std::int64_t before = a.micro_batch == micro_batch ? last_in_step : -1;
+        if (a.micro_batch != micro_batch) forward_max = 0.0f;
         micro_batch = a.micro_batch;
-        if (a.module_id != root) last_in_step = a.module_id;
-        if (std::isfinite(a.stats.absmax)) m.max_absmax = std::max(m.max_absmax, float(a.stats.absmax));
+        if (a.module_id != root && full) last_in_step = a.module_id;
+        if (std::isfinite(a.stats.absmax)) {
+          const float out = float(a.stats.absmax);
+          m.max_absmax = std::max(m.max_absmax, out);
+          if (a.module_id != root && full) {
+            if (forward_max > 0.0f && (m.jump_before == 0.0f || out / forward_max > m.jump_absmax / m.jump_before)) {
+              m.jump_absmax = out;
+              m.jump_before = forward_max;
+            }
+            forward_max = std::max(forward_max, out);
+          }
+        }
         if (a.stats.nan + a.stats.inf == 0) return;
         ++m.nonfinite_steps;
         if (found_in_step) return;
         found_in_step = true;
         ++m.first_nonfinite;
-        if (m.first_step < 0) {
-          m.first_step = a.step;
+        if (m.first_step < 0) m.first_step = a.step;
+        if (full && !m.before_known) {
+          m.before_known = true;
           m.before_first = before;
         }
         d.first_nonfinite_module[a.step] = a.module_id;
@@ -350,6 +385,7 @@ std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t m
   d.next.act_step_found = found_in_step;
   d.next.act_step_last = last_in_step;
   d.next.act_micro_batch = micro_batch;
+  d.next.act_forward_max = forward_max;
   return least_step;
 }
 

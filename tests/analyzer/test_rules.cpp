@@ -164,16 +164,17 @@ namespace {
 
 // The run above with enc and head probed, head's outputs reaching `head_output`; with a
 // module "mid" between them whose outputs reach `mid_output`, where given; and with an
-// expert between them first called at step 5 (its outputs 0.5), where `late_expert`.
-Report loss_too_large_run(double head_output, double mid_output = 0.0, bool late_expert = false) {
+// expert between them first called at step 5 (its outputs `late_expert`, head's 10 before it),
+// where given.
+Report loss_too_large_run(double head_output, double mid_output = 0.0, double late_expert = 0.0) {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
   double scale = 65536;
   for (int i = 0; i < 30; ++i) {
     f.activation("enc", false, 3.0);
     if (mid_output > 0.0) f.activation("mid", false, mid_output);
-    if (late_expert && i >= 5) f.activation("experts.3", false, 0.5);
-    f.activation("head", false, head_output);
+    if (late_expert > 0.0 && i >= 5) f.activation("experts.3", false, late_expert);
+    f.activation("head", false, late_expert > 0.0 && i < 5 ? 10.0 : head_output);
     if (i < 20) {
       f.step(scale, scale / 2, 1000, {"head.weight"}, 9e10);
       scale /= 2;
@@ -209,9 +210,18 @@ TEST_CASE("a loss too large for fp16 with large model outputs names them beside 
 TEST_CASE("the model's outputs are its head's even where an expert was first called after it", "[rules]") {
   // A mixture of experts: an expert first routed to at step 5 gets a module id after the
   // head's, though it finishes before the head in every forward.
-  const Report r = loss_too_large_run(2e5, 0.0, true);
+  const Report r = loss_too_large_run(2e5, 0.0, 0.5);  // head's outputs 10 before step 5: still the largest
   CHECK_THAT(required(r, "overflow-origin").suggestions[0].summary,
              Catch::Contains("the model's outputs are large too (head's, the last module's, reach 200000)"));
+}
+
+TEST_CASE("a loss too large for fp16 names an expert first called after the head where the outputs jump", "[rules]") {
+  // The jump is read in each forward: by module ids, the expert would come after the head,
+  // whose outputs are larger than its own.
+  const Report r = loss_too_large_run(2e5, 0.0, 30000.0);
+  CHECK_THAT(required(r, "overflow-origin").suggestions[0].summary,
+             Catch::Contains("find what makes the outputs so large: experts.3's reach 30000, 10000 times the largest "
+                             "output of any module before it in forward order"));
 }
 
 TEST_CASE("a loss too large for fp16 names the module where the outputs jump", "[rules]") {

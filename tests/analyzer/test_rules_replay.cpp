@@ -55,6 +55,25 @@ TEST_CASE("the model's own code is placed after the module that finished just be
   CHECK_THAT(fw->title, Catch::EndsWith("outside its submodules, between logvar and dec.0"));
 }
 
+TEST_CASE("the model's own code is placed from a forward with every call's row, not from one with NaN/Inf rows only", "[rules][replay]") {
+  // Activations sampled every other step: the odd steps have rows only for NaN/Inf outputs,
+  // so at step 1, where dec.0 is first NaN/Inf, no row finished before it.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"mu.weight", "logvar.weight", "dec.0.weight"});
+  f.meta("every", "1").meta("activation_every", "2");
+  f.replay("dec.0", "nonfinite").replay("dec", "nonfinite");
+  for (int i = 0; i < 6; ++i) {
+    if (i % 2 == 0) f.activation("mu", false).activation("logvar", false);
+    if (i == 0) f.activation("dec.0", false).activation("dec", false).step(65536, 65536, 1000, {}, 1.0);
+    else f.activation("dec.0", true).activation("dec", true).step(65536, 32768, 1000, {"dec.0.weight"}, kNaN);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->title, Catch::EndsWith("outside its submodules, between logvar and dec.0"));
+}
+
 TEST_CASE("the model's output NaN/Inf after finite modules names its own code after the last one, with its operations", "[rules][replay]") {
   // A log-sum-exp written by hand after the last module: the Python agent records the
   // model's output as module "" with its FP32 replay, and the operations (model-code).

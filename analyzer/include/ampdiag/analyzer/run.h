@@ -47,12 +47,18 @@ struct ModuleSummary {
   std::int64_t nonfinite_steps = 0;   // steps whose output held NaN/Inf
   std::int64_t first_nonfinite = 0;   // steps where it was the first such module in forward order
   std::int64_t first_step = -1;       // the first step it was first
-  std::int64_t before_first = -1;     // the module that finished just before it then (-1: none)
+  // The module that finished just before it in the first forward with a row for every call
+  // where it was first (-1: none); known: there was such a forward.
+  std::int64_t before_first = -1;
+  bool before_known = false;
   float max_absmax = 0.0f;            // largest finite |output|
   // Recorded steps whose forward it finished last, the model's own output aside: nearest
   // the model's output. Ids follow the order modules *first* finish, which a module first
   // called in a later step (a mixture-of-experts' expert) leaves behind the model's head.
   std::int64_t last_steps = 0;
+  // The forward where its output was the most times the largest output of every module
+  // that finished before it in that forward: its output then, and that largest. 0: none.
+  float jump_absmax = 0.0f, jump_before = 0.0f;
 };
 
 struct StepSummary {
@@ -112,6 +118,7 @@ struct RunCursor {
   // once a later step's rows are read, and its micro-batch; the model's own module (path
   // ""), -1: none.
   std::int64_t act_step_last = -1, act_micro_batch = -1, root_module = -1;
+  float act_forward_max = 0.0f;  // the largest output so far in act_key's forward
   std::size_t layers = 0, modules = 0;
   // What gradient and activation rows said about steps whose steps row was not in the file
   // yet: the step gets it once its row is read.

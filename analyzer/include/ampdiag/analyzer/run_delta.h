@@ -43,11 +43,12 @@ struct RunDelta {
   std::vector<std::vector<std::uint64_t>> histograms;
   // Activation rows: per module, steps with NaN/Inf output, steps it was the first such
   // module (forward order), the first such step and the module that finished just before
-  // it there, its largest finite |output|, steps it finished last; and per step the first
-  // such module.
+  // it there, its largest finite |output|, steps it finished last, its largest jump over
+  // the modules before it (ModuleSummary); and per step the first such module.
   struct ModuleDelta {
     std::int64_t nonfinite_steps = 0, first_nonfinite = 0, first_step = -1, before_first = -1, last_steps = 0;
-    float max_absmax = 0.0f;
+    bool before_known = false;
+    float max_absmax = 0.0f, jump_absmax = 0.0f, jump_before = 0.0f;
   };
   std::map<std::int64_t, ModuleDelta> module_stats;  // by module id
   std::map<std::int64_t, std::int64_t> first_nonfinite_module;  // by step
