@@ -37,6 +37,18 @@ TEST_CASE("the model's own code that made NaN/Inf is placed after the module tha
   CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Look at the model's own forward() between logvar and dec.0:"));
 }
 
+namespace {
+
+// The title of the run's forward-nonfinite finding; the test fails where there is none.
+std::string forward_nonfinite_title(const std::string& db) {
+  const auto r = report_of(db);
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  return fw->title;
+}
+
+}  // namespace
+
 TEST_CASE("the model's own code is placed after the module that finished just before, in a branch first taken later", "[rules][replay]") {
   // The decoder runs from step 2 on only: its modules' ids come after head's, which finished
   // after logvar in the first steps.
@@ -49,10 +61,7 @@ TEST_CASE("the model's own code is placed after the module that finished just be
     else f.activation("dec.0", true).activation("dec", true).step(65536, 32768, 1000, {"dec.0.weight"}, kNaN);
   }
   f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK_THAT(fw->title, Catch::EndsWith("outside its submodules, between logvar and dec.0"));
+  CHECK_THAT(forward_nonfinite_title(dir.file("run.db")), Catch::EndsWith("outside its submodules, between logvar and dec.0"));
 }
 
 TEST_CASE("the model's own code is placed from a forward with every call's row, not from one with NaN/Inf rows only", "[rules][replay]") {
@@ -68,10 +77,7 @@ TEST_CASE("the model's own code is placed from a forward with every call's row, 
     else f.activation("dec.0", true).activation("dec", true).step(65536, 32768, 1000, {"dec.0.weight"}, kNaN);
   }
   f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK_THAT(fw->title, Catch::EndsWith("outside its submodules, between logvar and dec.0"));
+  CHECK_THAT(forward_nonfinite_title(dir.file("run.db")), Catch::EndsWith("outside its submodules, between logvar and dec.0"));
 }
 
 TEST_CASE("the model's output NaN/Inf after finite modules names its own code after the last one, with its operations", "[rules][replay]") {
