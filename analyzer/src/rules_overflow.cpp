@@ -43,6 +43,15 @@ double median_loss(const Run& run) {
   return median_of(losses);
 }
 
+// The same over the steps not in `steps` (ascending), NaN where none.
+double median_loss_outside(const Run& run, const std::vector<std::int64_t>& steps) {
+  std::vector<double> losses;
+  for (const auto& s : run.steps)
+    if (run.loss_known(s.row) && std::isfinite(s.row.loss) && !std::binary_search(steps.begin(), steps.end(), s.row.step))
+      losses.push_back(s.row.loss);
+  return median_of(losses);
+}
+
 // The module whose output, in some forward, reached 100 times the largest output of every
 // module that finished before it there, and at least 256 (the largest such jump): where a
 // model's values jump (a projection whose weights are 1e4 times too large, a frozen
@@ -219,6 +228,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     std::int64_t first = 0, harmful = 0;
     std::map<std::int64_t, std::int64_t> layers;  // layer id -> times first
     std::vector<std::int64_t> steps;
+    std::vector<double> losses;      // the finite recorded losses of those steps
     double lowest_scale = INFINITY;  // the lowest loss scale it went NaN/Inf at
     std::int64_t below_floor = 0;    // steps it was first in at a scale below the floor
     std::set<std::string> between;   // parameterless modules the gradient passed on its way
@@ -276,6 +286,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       }
     }
     m.steps.push_back(s.row.step);
+    if (run.loss_known(s.row) && std::isfinite(s.row.loss)) m.losses.push_back(s.row.loss);
   }
   std::vector<std::pair<std::string, PerModule>> ranked(modules.begin(), modules.end());
   // Under a collapsed scale (its skips may all count as calibration) the module that went
@@ -361,35 +372,55 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                                   : ", above 65504 / " + fmt(t.scale_floor) + ": the scale has to stay below the floor "
                                     "to fit them (they overflowed down to " + fmt(m.lowest_scale) + "), where small "
                                     "gradients flush to zero");
-      const double loss = median_loss(run);
+      // The loss of the steps it overflowed in: the one that made its gradients this large,
+      // not the smaller one the run trains down to once they fit (a loss of ~1000 while an
+      // oversized layer's outputs overflowed, 0.08 later).
+      std::vector<double> overflowed = m.losses;
+      const double loss = overflowed.empty() ? median_loss(run) : median_of(overflowed);
+      // Where it is 100 times the loss of the other steps, what those steps do differently
+      // makes it: the targets are the same every step, and the sampled outputs may not be
+      // of those steps at all (an expert the router picks only then).
+      const double calm = median_loss_outside(run, m.steps);
+      const bool intermittent = !overflowed.empty() && std::isfinite(calm) && calm > 0.0 && loss >= 100.0 * calm;
       // Outputs near the loss's root are the model's: large targets learnt, or a model that
       // makes large values (a head initialised 1e4 times too large), which no target
       // normalisation fixes. Small ones leave the targets, or a sum.
       const ModuleSummary* last = run.last_module();
       const OutputJump jump = output_jump(run);
+      const std::string jumped = jump.module != nullptr && jump.module != last
+                                     ? jump.module->info.path + "'s reach " + fmt(jump.absmax) + ", " +
+                                           fmt(std::floor(double(jump.absmax) / double(jump.before))) +
+                                           " times the largest output of any module before it in forward order (its "
+                                           "weights, its input's scale)"
+                                     : "";
       const bool large_outputs =
           last && std::isfinite(loss) && loss > 0 && double(last->max_absmax) >= std::sqrt(loss) / 10.0;
-      const std::string targets =
-          large_outputs ? "; the model's outputs are large too (" + last->info.path + "'s, the last module's, reach " +
-                              fmt(last->max_absmax) + "): where the targets are that large, normalise them to unit "
-                              "spread, and where they are not, find what makes the outputs so large" +
-                              (jump.module != nullptr && jump.module != last
-                                   ? ": " + jump.module->info.path + "'s reach " + fmt(jump.absmax) + ", " +
-                                         fmt(std::floor(double(jump.absmax) / double(jump.before))) +
-                                         " times the largest output of any module before it in forward order (its "
-                                         "weights, its input's scale)"
-                                   : std::string(" (its weights, its input's scale)")) +
-                              "; or average"
-                        : ": normalise the regression targets to unit spread, average";
-      f.suggestions.push_back(
-          {"Shrink the loss where it is made" +
-               (std::isfinite(loss) ? " (it is around " + fmt(loss) + ", and its gradients are as large)" : std::string()) +
-               targets + " over the batch instead of summing, or divide the loss by a constant.",
-           "y = (y - y_mean) / y_std  # targets in units of their spread (predictions: * y_std + y_mean)\n"
-           "loss = loss_fn(model(x).float(), y)",
-           "auto y_n = (y - y_mean) / y_std;  // predictions: * y_std + y_mean\n"
-           "auto loss = loss_fn(model->forward(x).to(torch::kFloat), y_n);",
-           ""});
+      std::string summary = "Shrink the loss where it is made";
+      if (intermittent) {
+        summary += " (it is around " + fmt(loss) + " in the steps where its gradients overflowed, against " + fmt(calm) +
+                   " in the others, and its gradients are as large): what those steps do differently makes it so "
+                   "large (a batch with outliers, a branch or an expert only they take)" +
+                   (jumped.empty() ? std::string() : "; where the outputs jump: " + jumped) +
+                   "; or average over the batch instead of summing, or divide the loss by a constant.";
+        f.suggestions.push_back({summary, "", "", ""});
+      } else {
+        const std::string targets =
+            large_outputs ? "; the model's outputs are large too (" + last->info.path + "'s, the last module's, reach " +
+                                fmt(last->max_absmax) + "): where the targets are that large, normalise them to unit "
+                                "spread, and where they are not, find what makes the outputs so large" +
+                                (jumped.empty() ? std::string(" (its weights, its input's scale)") : ": " + jumped) +
+                                "; or average"
+                          : ": normalise the regression targets to unit spread, average";
+        summary += (std::isfinite(loss) ? " (it is around " + fmt(loss) + ", and its gradients are as large)" : std::string()) +
+                   targets + " over the batch instead of summing, or divide the loss by a constant.";
+        f.suggestions.push_back(
+            {summary,
+             "y = (y - y_mean) / y_std  # targets in units of their spread (predictions: * y_std + y_mean)\n"
+             "loss = loss_fn(model(x).float(), y)",
+             "auto y_n = (y - y_mean) / y_std;  // predictions: * y_std + y_mean\n"
+             "auto loss = loss_fn(model->forward(x).to(torch::kFloat), y_n);",
+             ""});
+      }
     }
     const BackwardReplay replay = at_any_scale && !too_large ? backward_replay(run, module) : BackwardReplay{};
     if (at_any_scale && !too_large) {

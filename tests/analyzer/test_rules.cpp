@@ -123,11 +123,11 @@ namespace {
 
 // head's gradients overflow at every step from a scale of 65536 down, `backoffs` times (the
 // loss at `loss`), then the scale stays where they fit, at a scaled abs-max of 37000.
-Report settled_where_head_fits(const TempDir& dir, int backoffs, int settled, double loss) {
+Report settled_where_head_fits(const TempDir& dir, int backoffs, int settled, double loss, double settled_loss = -1.0) {
   RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
   double scale = 65536;
   for (int i = 0; i < backoffs; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"}, loss);
-  for (int i = 0; i < settled; ++i) f.step(scale, scale, 37000, {}, loss);
+  for (int i = 0; i < settled; ++i) f.step(scale, scale, 37000, {}, settled_loss >= 0.0 ? settled_loss : loss);
   f.finish();
   return report_of(dir.file("run.db"));
 }
@@ -158,6 +158,21 @@ TEST_CASE("a layer whose gradients fit only below the floor scale is told to shr
   CHECK(o.title == "head's gradients are too large for a loss scale above the floor of 128 (up to 2312.5 unscaled)");
   CHECK_THAT(o.evidence, Catch::Contains("above 65504 / 128: the scale has to stay below the floor to fit them"));
   CHECK_THAT(o.suggestions.front().summary, Catch::StartsWith("Shrink the loss where it is made (it is around 9000"));
+}
+
+TEST_CASE("a loss large only in the steps that overflowed points at what those steps do differently", "[rules]") {
+  // A loss around 9000 while head's gradients overflowed, 0.5 in the other steps (the run's
+  // median): not the targets, which are the same every step, but those steps' batches, or a
+  // branch or an expert only they take.
+  TempDir dir;
+  const auto r = settled_where_head_fits(dir, 12, 20, 9000, 0.5);
+  const Suggestion& shrink = required(r, "overflow-origin").suggestions.front();
+  CHECK_THAT(shrink.summary,
+             Catch::StartsWith("Shrink the loss where it is made (it is around 9000 in the steps where its gradients "
+                               "overflowed, against 0.5 in the others") &&
+                 Catch::Contains("what those steps do differently makes it so large") &&
+                 !Catch::Contains("normalise the regression targets"));
+  CHECK(shrink.python.empty());
 }
 
 namespace {
