@@ -52,6 +52,17 @@ double first_lr(const torch::optim::Optimizer& optimizer) {
 }
 
 // Whether it moved kLrMoved times or more since `said` (from 0, any rise).
+// (L2 in float64, whose squares cannot overflow; abs-max, exact in the tensor's dtype) of each
+// tensor, as [n, 2] float64 on their device: two foreach launches. An empty tensor's are 0
+// (torch's foreach infinity norm raises for one: it has no identity).
+at::Tensor norms_of(std::vector<at::Tensor> params) {
+  for (auto& p : params)
+    if (p.numel() == 0) p = at::zeros({1}, p.options());
+  return at::stack({at::stack(at::_foreach_norm(params, 2, at::kDouble)),
+                    at::stack(at::_foreach_norm(params, std::numeric_limits<double>::infinity())).to(at::kDouble)},
+                   1);
+}
+
 bool lr_moved(double said, double now) {
   if (!std::isfinite(said) || !std::isfinite(now)) return false;
   return said > 0.0 ? now >= said * kLrMoved || now * kLrMoved <= said : now > 0.0;
@@ -109,9 +120,10 @@ void WeightNorms::read() {
     }
   }
   // float32/float16/bfloat16 blocks in one pass of the engine (Session::weight_norms);
-  // the rest (float64, gaps) through torch in float64, whose squares cannot overflow.
-  std::vector<std::int64_t> layers;
+  // the rest (float64, gaps) through torch's foreach norms, as device weights are.
+  std::vector<std::int64_t> layers, other_layers;
   std::vector<kernels::TensorRef> refs;
+  std::vector<at::Tensor> others;
   for (const auto& [layer, param] : params_) {
     const at::Tensor w = param.detach();
     DeviceTensor view;
@@ -121,17 +133,15 @@ void WeightNorms::read() {
       refs.push_back(view.ref);
       continue;
     }
-    const at::Tensor wide = w.to(at::kDouble);
-    const double l2 = at::linalg_vector_norm(wide, 2).item<double>();
-    const double peak = w.numel() ? wide.abs().max().item<double>() : 0.0;
-    if (std::isfinite(l2) && std::isfinite(peak)) session_.weight_norm(layer, l2, std::min(peak, l2));
+    other_layers.push_back(layer);
+    others.push_back(w);
   }
   session_.weight_norms(layers.data(), refs.data(), refs.size());
+  if (!others.empty()) post(session_.step(), other_layers, norms_of(others));
 }
 
 void WeightNorms::read_devices() {
-  // Per device, in the order the parameters came: two foreach launches (L2 in float64, whose
-  // squares cannot overflow; abs-max in the parameter's dtype, exact).
+  // Per device, in the order the parameters came.
   std::vector<at::Device> devices;
   for (const auto& [layer, param] : device_params_)
     if (std::find(devices.begin(), devices.end(), param.device()) == devices.end()) devices.push_back(param.device());
@@ -143,10 +153,7 @@ void WeightNorms::read_devices() {
         layers.push_back(layer);
         params.push_back(param.detach());
       }
-    const at::Tensor values =
-        at::stack({at::stack(at::_foreach_norm(params, 2, at::kDouble)),
-                   at::stack(at::_foreach_norm(params, std::numeric_limits<double>::infinity())).to(at::kDouble)},
-                  1);
+    const at::Tensor values = norms_of(params);
     at::Tensor host = at::empty(values.sizes(), at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
     host.copy_(values, /*non_blocking=*/true);
     c10::Event event(device.type());
@@ -164,13 +171,17 @@ void WeightNorms::post_landed(bool wait) {
       still.push_back(std::move(entry));
       continue;
     }
-    const double* v = entry.host.data_ptr<double>();
-    for (std::size_t i = 0; i < entry.layers.size(); ++i) {
-      const double l2 = v[2 * i], peak = v[2 * i + 1];
-      if (std::isfinite(l2) && std::isfinite(peak)) session_.weight_norm(entry.layers[i], l2, std::min(peak, l2), entry.step);
-    }
+    post(entry.step, entry.layers, entry.host);
   }
   landing_ = std::move(still);
+}
+
+void WeightNorms::post(std::int64_t step, const std::vector<std::int64_t>& layers, const at::Tensor& values) {
+  const double* v = values.data_ptr<double>();
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const double l2 = v[2 * i], peak = v[2 * i + 1];  // a tensor holding NaN/Inf has no row
+    if (std::isfinite(l2) && std::isfinite(peak)) session_.weight_norm(layers[i], l2, std::min(peak, l2), step);
+  }
 }
 
 void WeightNorms::flush() { post_landed(true); }

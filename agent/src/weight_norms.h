@@ -55,6 +55,8 @@ class WeightNorms {
   void read();
   void read_devices();
   void post_landed(bool wait);
+  // Rows for `values` ([n, 2] float64 on the host: L2, abs-max) of `layers`, at `step`.
+  void post(std::int64_t step, const std::vector<std::int64_t>& layers, const at::Tensor& values);
 
   Session& session_;
   WeightSchedule schedule_;

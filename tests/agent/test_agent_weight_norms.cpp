@@ -79,6 +79,40 @@ TEST_CASE("the C++ agent records the weights each sampled step's forward used", 
   CHECK(steps == std::set<std::int64_t>{0, 1, 2, 3, 4, 6, 8});
 }
 
+TEST_CASE("the C++ agent records a float64 weight beyond float32 and an empty one as zeros", "[agent][weights]") {
+  // Both through torch's foreach norms; its infinity norm raises for an empty tensor.
+  TempDir dir;
+  torch::manual_seed(0);
+  test::TinyNet net;
+  net->register_parameter("wide", torch::full({16}, 1e100, torch::kDouble), /*requires_grad=*/false);
+  net->register_parameter("none", torch::empty({0}, torch::kDouble), /*requires_grad=*/false);
+  torch::optim::SGD opt(net->a->parameters(), torch::optim::SGDOptions(0.05));
+  GradScaler scaler;
+  AgentOptions o;
+  o.db_path = dir.file("run.db");
+  {
+    Agent agent(*net, scaler, o);
+    torch::Tensor loss;
+    {
+      test::HalfAutocast autocast;
+      loss = net->a(torch::randn({4, 16})).to(torch::kFloat).pow(2).mean();
+    }
+    scaler.scale(loss).backward();
+    scaler.step(opt);
+    scaler.update();
+  }
+  rundb::RunDbReader reader(dir.file("run.db"));
+  std::map<std::string, std::pair<double, double>> at_start;
+  const auto layers = reader.layers();
+  for (const auto& r : reader.weight_norms())
+    if (r.step == 0) at_start[layers.at(std::size_t(r.layer_id)).name] = {r.l2, r.absmax};
+  REQUIRE(at_start.count("wide") == 1);
+  CHECK(at_start["wide"].first == Approx(4e100).epsilon(1e-9));
+  CHECK(at_start["wide"].second == Approx(1e100).epsilon(1e-9));
+  CHECK(at_start["none"] == std::pair<double, double>{0.0, 0.0});
+  CHECK(at_start.count("a.weight") == 1);
+}
+
 TEST_CASE("the C++ agent reads skipped steps' weights off the schedule", "[agent][weights]") {
   TempDir dir;
   train(dir.file("run.db"), 16, {11, 13});

@@ -138,3 +138,17 @@ def test_float16_and_float64_weights_have_their_norms_read_without_overflowing_t
     recorded = sampled_at_start(tmp_path / "run.db", model)
     assert recorded["halves"] == (pytest.approx(60000.0 * 8, rel=1e-9), 60000.0)  # its squares pass fp16's range
     assert recorded["wide"] == (pytest.approx(1e100 * 4, rel=1e-9), pytest.approx(1e100, rel=1e-9))
+
+
+def test_an_empty_float64_weight_has_zero_norms_and_the_training_goes_on(tmp_path):
+    # torch's foreach infinity norm has no value for an empty tensor: it raises.
+    model = nn.Sequential(nn.Linear(8, 4))
+    model.register_parameter("none", nn.Parameter(torch.empty(0, dtype=torch.float64)))
+    assert sampled_at_start(tmp_path / "run.db", model)["none"] == (0.0, 0.0)
+
+
+def test_an_empty_device_weight_has_zero_norms_beside_the_others(tmp_path, weights_as_if_on_a_device):
+    model = nn.Sequential(nn.Linear(8, 4))
+    model.register_parameter("none", nn.Parameter(torch.empty(0)))
+    recorded = sampled_at_start(tmp_path / "run.db", model)
+    assert recorded["none"] == (0.0, 0.0) and set(recorded) == {"0.weight", "0.bias", "none"}

@@ -51,8 +51,10 @@ def _settings(optimizer) -> str:
 
 def _norms(params):
     """(L2 in float64, abs-max) of each tensor, as an [n, 2] float64 tensor on their device:
-    two foreach launches, whose float64 squares cannot overflow."""
+    two foreach launches, whose float64 squares cannot overflow. An empty tensor's are 0
+    (torch's foreach infinity norm raises for one: it has no identity)."""
     with torch.no_grad():
+        params = [p if p.numel() else p.new_zeros(1) for p in params]
         l2 = torch.stack(torch._foreach_norm(params, 2, dtype=torch.float64))
         peak = torch.stack(torch._foreach_norm(params, math.inf)).double()
         return torch.stack([l2, peak], 1)
