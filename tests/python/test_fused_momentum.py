@@ -12,11 +12,14 @@ from torch import nn
 import ampdiag
 
 
-def train(db, fused=True, init_scale=65536.0, inf_at=None, steps=8):
+def train(db, fused=True, init_scale=65536.0, inf_at=None, steps=8, empty=False):
     """fp16 SGD(momentum=0.9) steps with a real GradScaler, attached where `db` is given; the
-    loss made Inf at step `inf_at`. Returns the parameters after training."""
+    loss made Inf at step `inf_at`; with `empty`, the model also holds an empty parameter.
+    Returns the parameters after training."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
+    if empty:
+        model.register_parameter("none", nn.Parameter(torch.empty(0)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=fused)
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
     x, y = torch.randn(64, 16), torch.randn(64, 1)
@@ -24,7 +27,7 @@ def train(db, fused=True, init_scale=65536.0, inf_at=None, steps=8):
     for step in range(steps):
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.float16):
-            loss = nn.functional.mse_loss(model(x).float(), y)
+            loss = nn.functional.mse_loss(model(x).float(), y) + (model.none.sum() if empty else 0.0)
         if step == inf_at:
             loss = loss * float("inf")
         scaler.scale(loss).backward()
@@ -72,3 +75,9 @@ def test_the_look_at_the_buffers_leaves_the_training_bit_identical(tmp_path):
     with_agent = train(tmp_path / "run.db", init_scale=1024.0)
     without = train(None, init_scale=1024.0)
     assert all(torch.equal(a, b) for a, b in zip(with_agent, without))
+
+
+def test_an_empty_parameters_buffer_is_passed_over_and_the_others_are_looked_at(tmp_path):
+    # torch's foreach infinity norm raises for an empty tensor: it has no identity.
+    train(tmp_path / "run.db", init_scale=2.0**18, empty=True)
+    assert events(tmp_path / "run.db") == [(0,)]

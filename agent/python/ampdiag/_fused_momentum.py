@@ -60,8 +60,9 @@ class FusedMomentumProbe:
     def after_step(self, scaler, optimizer, params):
         state = scaler._per_optimizer_states.get(id(optimizer), {})
         found = list(state.get("found_inf_per_device", {}).values())
+        # An empty buffer holds nothing (and torch's foreach infinity norm raises for it).
         buffers = [optimizer.state[p]["momentum_buffer"] for p in params
-                   if optimizer.state.get(p, {}).get("momentum_buffer") is not None]
+                   if optimizer.state.get(p, {}).get("momentum_buffer") is not None and p.numel()]
         devices = {t.device for t in found + buffers}
         if not found or not buffers or len(devices) != 1:
             return  # nothing checked, or spread over devices: not looked at
