@@ -81,3 +81,17 @@ def test_an_empty_parameters_buffer_is_passed_over_and_the_others_are_looked_at(
     # torch's foreach infinity norm raises for an empty tensor: it has no identity.
     train(tmp_path / "run.db", init_scale=2.0**18, empty=True)
     assert events(tmp_path / "run.db") == [(0,)]
+
+
+def test_a_look_that_raises_is_a_warning_and_the_training_goes_on(tmp_path, monkeypatch):
+    from ampdiag import _fused_momentum
+
+    def broken(self, scaler, optimizer, params):
+        raise RuntimeError("a tensor type the look cannot read")
+
+    monkeypatch.setattr(_fused_momentum.FusedMomentumProbe, "_look", broken)
+    with_agent = train(tmp_path / "run.db", init_scale=1024.0)
+    assert all(torch.equal(a, b) for a, b in zip(with_agent, train(None, init_scale=1024.0)))
+    with sqlite3.connect(tmp_path / "run.db") as c:
+        assert c.execute("SELECT detail FROM events WHERE kind = 'warning'").fetchall() == [
+            ("fused SGD's new momentum buffers were not looked at: RuntimeError: a tensor type the look cannot read",)]

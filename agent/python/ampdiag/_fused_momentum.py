@@ -58,6 +58,14 @@ class FusedMomentumProbe:
         return params
 
     def after_step(self, scaler, optimizer, params):
+        try:
+            self._look(scaler, optimizer, params)
+        except Exception as error:  # a look must never break the training
+            self._handle._event("warning", f"fused SGD's new momentum buffers were not looked at: "
+                                f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}",
+                                key=("fused-momentum-look",))
+
+    def _look(self, scaler, optimizer, params):
         state = scaler._per_optimizer_states.get(id(optimizer), {})
         found = list(state.get("found_inf_per_device", {}).values())
         # An empty buffer holds nothing (and torch's foreach infinity norm raises for it).
