@@ -238,14 +238,7 @@ agent::Session::Layer Agent::Impl::register_parameter(const std::string& name, c
   named_params_.emplace_back(info.name, p);
   weight_norms_.add(layer.id, p);
   if (!p.requires_grad()) return layer;
-  if (agent::half_precision(p.scalar_type())) {
-    if (p.device().is_cpu())
-      half_updates_.add(layer.id, p);
-    else  // counting there would read the device back on the training thread
-      session_.event_once("half-params-device", "warning",
-                          "the C++ agent counts stalled updates of half-precision parameters on the CPU only; " +
-                              info.name + " is on " + p.device().str());
-  }
+  if (agent::half_precision(p.scalar_type())) half_updates_.add(layer.id, p);
   agent::Session* session = &session_;
   const std::int64_t id = layer.id;
   hooks_.emplace_back(p, p.register_hook([session, id](const at::Tensor&) { session->arrived(id); }));
@@ -586,6 +579,7 @@ void Agent::Impl::close() {
     session_.event_once("device-weights-flush", "warning",
                         std::string("the last device weights read were not recorded: ") + error.what());
   }
+  half_updates_.flush();
   session_.close();
 }
 

@@ -1,7 +1,6 @@
 #include "weight_norms.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Type.h>
 #include <torch/optim.h>
 
@@ -52,20 +51,20 @@ double first_lr(const torch::optim::Optimizer& optimizer) {
 }
 
 // Whether it moved kLrMoved times or more since `said` (from 0, any rise).
-// (L2 in float64, whose squares cannot overflow; abs-max, exact in the tensor's dtype) of each
-// tensor, as [n, 2] float64 on their device: two foreach launches. An empty tensor's are 0
-// (torch's foreach infinity norm raises for one: it has no identity).
+bool lr_moved(double said, double now) {
+  if (!std::isfinite(said) || !std::isfinite(now)) return false;
+  return said > 0.0 ? now >= said * kLrMoved || now * kLrMoved <= said : now > 0.0;
+}
+
+// The L2 norm (in float64, whose squares cannot overflow) and abs-max (exact in the tensor's
+// dtype) of each tensor, as [n, 2] float64 on their device: two foreach launches. An empty
+// tensor's are 0 (torch's foreach infinity norm raises for one: it has no identity).
 at::Tensor norms_of(std::vector<at::Tensor> params) {
   for (auto& p : params)
     if (p.numel() == 0) p = at::zeros({1}, p.options());
   return at::stack({at::stack(at::_foreach_norm(params, 2, at::kDouble)),
                     at::stack(at::_foreach_norm(params, std::numeric_limits<double>::infinity())).to(at::kDouble)},
                    1);
-}
-
-bool lr_moved(double said, double now) {
-  if (!std::isfinite(said) || !std::isfinite(now)) return false;
-  return said > 0.0 ? now >= said * kLrMoved || now * kLrMoved <= said : now > 0.0;
 }
 
 }  // namespace
@@ -88,7 +87,7 @@ void WeightNorms::add(std::int64_t layer, const at::Tensor& param) {
 }
 
 void WeightNorms::optimizer_starting(const torch::optim::Optimizer& optimizer) {
-  post_landed(false);
+  reads_.poll(false);
   const auto [said, first] = described_.try_emplace(&optimizer, first_lr(optimizer));
   if (first) session_.event("optimizer-settings", optimizer_settings(optimizer));
   if (!schedule_.at_start(session_.step())) return;
@@ -101,7 +100,7 @@ void WeightNorms::optimizer_starting(const torch::optim::Optimizer& optimizer) {
 }
 
 void WeightNorms::step_skipped() {
-  post_landed(false);
+  reads_.poll(false);
   const std::int64_t step = session_.step();
   // A skipped step on the schedule was not read before an optimizer step: it had none.
   const bool due = schedule_.at_start(step);
@@ -137,7 +136,7 @@ void WeightNorms::read() {
     others.push_back(w);
   }
   session_.weight_norms(layers.data(), refs.data(), refs.size());
-  if (!others.empty()) post(session_.step(), other_layers, norms_of(others));
+  if (!others.empty()) reads_.send(session_.step(), std::move(other_layers), norms_of(others));
 }
 
 void WeightNorms::read_devices() {
@@ -153,27 +152,8 @@ void WeightNorms::read_devices() {
         layers.push_back(layer);
         params.push_back(param.detach());
       }
-    const at::Tensor values = norms_of(params);
-    at::Tensor host = at::empty(values.sizes(), at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
-    host.copy_(values, /*non_blocking=*/true);
-    c10::Event event(device.type());
-    event.record(c10::impl::getDeviceGuardImpl(device.type())->getStream(device));
-    landing_.push_back({session_.step(), std::move(layers), std::move(host), std::move(event)});
+    reads_.send(session_.step(), std::move(layers), norms_of(params));
   }
-}
-
-void WeightNorms::post_landed(bool wait) {
-  std::vector<Landing> still;
-  for (auto& entry : landing_) {
-    if (wait)
-      entry.event.synchronize();
-    else if (!entry.event.query()) {
-      still.push_back(std::move(entry));
-      continue;
-    }
-    post(entry.step, entry.layers, entry.host);
-  }
-  landing_ = std::move(still);
 }
 
 void WeightNorms::post(std::int64_t step, const std::vector<std::int64_t>& layers, const at::Tensor& values) {
@@ -184,6 +164,6 @@ void WeightNorms::post(std::int64_t step, const std::vector<std::int64_t>& layer
   }
 }
 
-void WeightNorms::flush() { post_landed(true); }
+void WeightNorms::flush() { reads_.poll(true); }
 
 }  // namespace ampdiag::agent

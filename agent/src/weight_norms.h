@@ -7,7 +7,6 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/Event.h>
 
 #include <cstdint>
 #include <string>
@@ -15,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "device_reads.h"
 #include "weight_schedule.h"
 
 namespace torch::optim {
@@ -30,7 +30,10 @@ std::string optimizer_settings(const torch::optim::Optimizer& optimizer);
 
 class WeightNorms {
  public:
-  explicit WeightNorms(Session& session) : session_(session) {}
+  explicit WeightNorms(Session& session)
+      : session_(session), reads_([this](std::int64_t step, const std::vector<std::int64_t>& layers, const at::Tensor& host) {
+          post(step, layers, host);
+        }) {}
 
   // A floating-point parameter of layer `layer`. A host one is read on the spot; a CUDA
   // one is reduced on its device and its values copied to pinned memory on the current
@@ -45,16 +48,8 @@ class WeightNorms {
   void flush();
 
  private:
-  // Device values on their way to the host: [n, 2] float64 (L2, abs-max) of `layers`.
-  struct Landing {
-    std::int64_t step;
-    std::vector<std::int64_t> layers;
-    at::Tensor host;
-    c10::Event event;
-  };
   void read();
   void read_devices();
-  void post_landed(bool wait);
   // Rows for `values` ([n, 2] float64 on the host: L2, abs-max) of `layers`, at `step`.
   void post(std::int64_t step, const std::vector<std::int64_t>& layers, const at::Tensor& values);
 
@@ -62,7 +57,7 @@ class WeightNorms {
   WeightSchedule schedule_;
   std::vector<std::pair<std::int64_t, at::Tensor>> params_;
   std::vector<std::pair<std::int64_t, at::Tensor>> device_params_;
-  std::vector<Landing> landing_;
+  DeviceReads reads_;  // [n, 2] float64 (L2, abs-max) of each device's parameters
   std::unordered_map<const torch::optim::Optimizer*, double> described_;  // -> the lr last said
 };
 

@@ -14,6 +14,7 @@
 
 #include "../rundb/temp_dir.h"
 #include "ampdiag/rundb/reader.h"
+#include "half_training.h"
 #include "tiny_training.h"
 
 using namespace ampdiag;
@@ -113,6 +114,20 @@ TEST_CASE("with histograms on, CUDA gradients and probes carry histograms of the
   REQUIRE(acts.size() == 6 * 2);
   for (const auto& a : acts) REQUIRE(counts_finite_nonzero(a.histogram, a.stats));
   for (const auto& g : r.grad_stats()) REQUIRE(counts_finite_nonzero(g.histogram, g.stats));
+}
+
+TEST_CASE("stalled updates of bf16 CUDA parameters are counted on the device as a direct comparison counts them", "[cuda]") {
+  // Reduced there and read back through pinned memory once landed, the last at close().
+  TempDir dir;
+  std::vector<UpdateRow> direct;
+  const auto plain = train_half("", &direct, kCuda);
+  const auto watched = train_half(dir.file("half.db"), nullptr, kCuda);
+  REQUIRE(plain.size() == watched.size());
+  for (std::size_t i = 0; i < plain.size(); ++i) CHECK(bitwise_equal(plain[i], watched[i]));
+  const auto recorded = recorded_updates(dir.file("half.db"));
+  CHECK(recorded == sampled(direct));
+  CHECK(mostly_stalled(recorded));
+  for (const auto& e : rundb::RunDbReader(dir.file("half.db")).events()) CHECK(e.kind != "warning");
 }
 
 int main(int argc, char** argv) {

@@ -306,3 +306,39 @@ def test_a_cuda_dcgan_whose_discriminator_is_zeroed_at_its_own_step_is_not_told_
                     scaler_g.update()
         with sqlite3.connect(db) as c:
             assert c.execute("SELECT COUNT(*) FROM events WHERE kind = 'gradients-not-zeroed'").fetchone() == (0,)
+
+
+def train_half(steps, db=None):
+    """Pure fp16 SGD on CUDA (`model.half()`, no master weights): with attach() sampling every
+    4th step under sync debug mode "error", or, without `db`, comparing each step's weights
+    directly. Returns the parameters and the direct rows (step, layer, elements with a finite
+    non-zero gradient, of those the ones the step left unchanged)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 1)).cuda().half()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    x, y = torch.randn(128, 32, device="cuda").half(), torch.randn(128, 1, device="cuda")
+    direct = []
+    watched = db is not None
+    with ampdiag.attach(model, optimizer=opt, db=db, every=4) if watched else contextlib.nullcontext():
+        with no_host_sync() if watched else contextlib.nullcontext():
+            for step in range(steps):
+                opt.zero_grad()
+                nn.functional.mse_loss(model(x).float(), y).backward()
+                before = [] if watched else [(p.detach().clone(), p.grad.clone()) for p in model.parameters()]
+                opt.step()
+                for layer, (p, (old, grad)) in enumerate(zip(model.parameters(), before)):
+                    moved = torch.isfinite(grad) & (grad != 0)
+                    direct.append((step, layer, int(moved.sum()), int((moved & (p.detach() == old)).sum())))
+    return [p.detach().cpu() for p in model.parameters()], direct
+
+
+def test_stalled_updates_of_fp16_weights_are_counted_on_the_device_without_a_host_sync(tmp_path):
+    # The counts are reduced on the device and read back once their copy has landed.
+    db = tmp_path / "run.db"
+    watched, _ = train_half(9, db)
+    plain, direct = train_half(9)
+    assert all(torch.equal(a, b) for a, b in zip(watched, plain))
+    with sqlite3.connect(db) as c:
+        recorded = c.execute("SELECT step, layer_id, nonzero, stalled FROM weight_updates ORDER BY step, layer_id").fetchall()
+    assert recorded == [r for r in direct if r[0] % 4 == 0]
+    assert any(stalled > nonzero // 2 for _, _, nonzero, stalled in recorded)  # the case is a real one
