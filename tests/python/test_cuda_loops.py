@@ -342,3 +342,16 @@ def test_stalled_updates_of_fp16_weights_are_counted_on_the_device_without_a_hos
         recorded = c.execute("SELECT step, layer_id, nonzero, stalled FROM weight_updates ORDER BY step, layer_id").fetchall()
     assert recorded == [r for r in direct if r[0] % 4 == 0]
     assert any(stalled > nonzero // 2 for _, _, nonzero, stalled in recorded)  # the case is a real one
+
+
+def test_an_empty_cuda_parameter_has_zero_norms_beside_the_others_without_a_host_sync(tmp_path):
+    # torch's foreach infinity norm raises for an empty tensor: the device read must not.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).cuda()
+    model.register_parameter("none", nn.Parameter(torch.empty(0, device="cuda")))
+    db = tmp_path / "run.db"
+    plain_run(db, model, torch.optim.Adam(model.parameters(), fused=True), torch.amp.GradScaler("cuda"), 3)
+    with sqlite3.connect(db) as c:
+        recorded = dict(c.execute("SELECT l.name, w.l2 FROM weight_norms w JOIN layers l ON l.id = w.layer_id "
+                                  "WHERE w.step = 0").fetchall())
+    assert recorded["none"] == 0.0 and len(recorded) == 5
