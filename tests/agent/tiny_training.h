@@ -102,8 +102,12 @@ inline TrainResult train_tiny(std::int64_t steps,
   return result;
 }
 
+// Same dtype, shape and bits: compared as integers of the element's width (a view as
+// int32 of a bf16 tensor of odd length would raise).
 inline bool bitwise_equal(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.sizes() == b.sizes() && a.view(torch::kInt).equal(b.view(torch::kInt));
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const auto bits = a.element_size() == 2 ? torch::kShort : a.element_size() == 8 ? torch::kLong : torch::kInt;
+  return a.view(bits).equal(b.view(bits));
 }
 
 }  // namespace ampdiag::test
