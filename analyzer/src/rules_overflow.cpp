@@ -87,18 +87,37 @@ bool holds_parameters(const Run& run, const std::string& path) {
 }
 
 // Probed modules holding no parameter that finished their forward after `first`'s module
-// and before `last_finite`'s (module ids are given as modules first finish, in forward
-// order): a gradient going from one layer to the other in backward passes through their
-// backward too. At most a few, by path.
+// and before `last_finite`'s: a gradient going from one layer to the other in backward
+// passes through their backward too. Read back from `last_finite`'s module through the
+// module that finished just before each in the last forward with every call's row, which
+// must reach `first`'s (else none: they ran in different forwards, or too far apart to
+// say). Without such forwards, by module ids, which follow the order modules first
+// finished: a module first called later (an expert, a branch) comes after them all. At
+// most a few, by path.
 void parameterless_between(const Run& run, const rundb::LayerRow& first, const rundb::LayerRow& last_finite,
                            std::set<std::string>& out) {
   const ModuleSummary* from = run.module_named(first.module_path);
   const ModuleSummary* to = run.module_named(last_finite.module_path);
   if (!from || !to) return;
-  for (std::int64_t id = from->info.id + 1; id < to->info.id && out.size() < 3; ++id) {
-    const std::string& path = run.modules[std::size_t(id)].info.path;
-    if (!holds_parameters(run, path)) out.insert(path);
+  std::vector<std::string> found;
+  if (to->position >= 0) {
+    constexpr int kHops = 64;
+    std::int64_t id = to->before_last;
+    for (int hop = 0; id != from->info.id; ++hop) {
+      if (id < 0 || hop == kHops) return;
+      const ModuleSummary& m = run.modules[std::size_t(id)];
+      if (!holds_parameters(run, m.info.path)) found.push_back(m.info.path);
+      id = m.before_last;
+    }
+    std::reverse(found.begin(), found.end());  // nearest `first`'s first, as by ids
+  } else {
+    for (std::int64_t id = from->info.id + 1; id < to->info.id; ++id) {
+      const std::string& path = run.modules[std::size_t(id)].info.path;
+      if (!holds_parameters(run, path)) found.push_back(path);
+    }
   }
+  for (const auto& path : found)
+    if (out.size() < 3) out.insert(path);
 }
 
 // The modules the run already ran in FP32 (the Python agent's event "pinned-fp32": pinned by

@@ -65,12 +65,17 @@ std::string times(double v) {
   return b;
 }
 
-// The module's position in forward order (the modules table lists them as they first ran);
-// -1 where it was not probed.
-std::int64_t forward_position(const Run& run, const std::string& path) {
-  for (const auto& m : run.modules)
-    if (m.info.path == path) return m.info.id;
-  return -1;
+// Whether module `later` finishes at or after `earlier` in forward: by their places in the
+// last forwards with every call's row that ran them, where both have one; else by module
+// ids, which follow the order modules first finished (a module first called in a later
+// step, a mixture-of-experts' expert, gets an id after the head's). Unknown (false) where
+// either was not probed.
+bool at_or_after(const Run& run, const std::string& later, const std::string& earlier) {
+  const ModuleSummary* a = run.module_named(later);
+  const ModuleSummary* b = run.module_named(earlier);
+  if (!a || !b) return false;
+  if (a->position >= 0 && b->position >= 0) return a->position >= b->position;
+  return a->info.id >= b->info.id;
 }
 
 }  // namespace
@@ -109,7 +114,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   // calibration or probing, or the calibration went deeper than a healthy run's: a back-off
   // or two from 65536 happens in a healthy run of the same model too.
   const Finding* explained = nullptr;
-  const std::int64_t position = forward_position(run, module);
+  const bool probed = run.module_named(module) != nullptr;
   const std::int64_t calibration = calibration_skips(run);
   const bool harmful = harmful_skips(run) > 0;
   const bool deep = !harmful && calibration >= kDeepCalibration;
@@ -119,8 +124,8 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
           (f.rule != "forward-nonfinite" && f.rule != "overflow-origin") ||
           (severity == Severity::kInfo && !harmful && !deep))
         continue;
-      const std::int64_t culprit = forward_position(run, f.module);
-      if (f.rule == "overflow-origin" || position < 0 || culprit < 0 || culprit >= position) explained = &f;
+      if (f.rule == "overflow-origin" || !probed || !run.module_named(f.module) || at_or_after(run, f.module, module))
+        explained = &f;
     }
 
   // An occasional overflow the scaler copes with (information) still weighs where it holds

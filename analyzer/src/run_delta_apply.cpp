@@ -196,6 +196,10 @@ void apply_run_delta(Run& run, RunDelta&& d) {
     }
     module.max_absmax = std::max(module.max_absmax, m.max_absmax);
     module.last_steps += m.last_steps;
+    if (m.position >= 0) {
+      module.before_last = m.before_last;
+      module.position = m.position;
+    }
     if (m.jump_before > 0.0f &&
         (module.jump_before == 0.0f || m.jump_absmax / m.jump_before > module.jump_absmax / module.jump_before)) {
       module.jump_absmax = m.jump_absmax;

@@ -334,6 +334,7 @@ std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t m
   std::int64_t current = from.act_key.first, least_step = INT64_MAX, last_in_step = from.act_step_last;
   std::int64_t micro_batch = from.act_micro_batch;
   float forward_max = from.act_forward_max;
+  std::int64_t calls = from.act_forward_calls;
   const std::int64_t root = d.next.root_module;
   bool found_in_step = from.act_step_found;
   const std::string& path = reader.path();
@@ -351,13 +352,21 @@ std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t m
           found_in_step = false;
           last_in_step = -1;
           forward_max = 0.0f;
+          calls = 0;
         }
         // The module that finished just before this one in the same forward.
         const bool full = a.step % full_every == 0;
         const std::int64_t before = a.micro_batch == micro_batch ? last_in_step : -1;
-        if (a.micro_batch != micro_batch) forward_max = 0.0f;
+        if (a.micro_batch != micro_batch) {
+          forward_max = 0.0f;
+          calls = 0;
+        }
         micro_batch = a.micro_batch;
-        if (a.module_id != root && full) last_in_step = a.module_id;
+        if (a.module_id != root && full) {
+          last_in_step = a.module_id;
+          m.before_last = before;
+          m.position = calls++;
+        }
         if (std::isfinite(a.stats.absmax)) {
           const float out = float(a.stats.absmax);
           m.max_absmax = std::max(m.max_absmax, out);
@@ -386,6 +395,7 @@ std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t m
   d.next.act_step_last = last_in_step;
   d.next.act_micro_batch = micro_batch;
   d.next.act_forward_max = forward_max;
+  d.next.act_forward_calls = calls;
   return least_step;
 }
 

@@ -154,6 +154,8 @@ inline void require_same_run(const analyzer::Run& a, const analyzer::Run& b) {
     CHECK(a.modules[m].before_first == b.modules[m].before_first);
     CHECK(a.modules[m].jump_absmax == b.modules[m].jump_absmax);
     CHECK(a.modules[m].jump_before == b.modules[m].jump_before);
+    CHECK(a.modules[m].before_last == b.modules[m].before_last);
+    CHECK(a.modules[m].position == b.modules[m].position);
     CHECK(a.modules[m].last_steps + (a.cursor.act_step_last == std::int64_t(m)) ==
           b.modules[m].last_steps + (b.cursor.act_step_last == std::int64_t(m)));
     CHECK(a.modules[m].max_absmax == b.modules[m].max_absmax);

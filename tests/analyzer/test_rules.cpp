@@ -121,6 +121,39 @@ TEST_CASE("a layer going NaN first at scales below 1 gets its backward looked at
 
 namespace {
 
+// enc's gradients go NaN first at every scale, head's the last finite before them; the
+// forward calls enc, head from step 0 and `from_step_2` between them from step 2 on.
+Report between_run(const std::vector<std::string>& first_steps, const std::vector<std::string>& from_step_2) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  double scale = 65536;
+  for (int i = 0; i < 24; ++i, scale /= 2) {
+    f.activation("enc", false);
+    for (const auto& m : i < 2 ? first_steps : from_step_2) f.activation(m, false);
+    f.activation("head", false).finite_first({"head.weight"}).step(scale, scale / 2, 1000, {"enc.weight"});
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a module without parameters first called after both layers is named where the gradient passed", "[rules]") {
+  // dist's module id comes after head's: by ids it would not lie between enc and head.
+  const Report r = between_run({}, {"dist"});
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.evidence, Catch::Contains("the backward also ran through dist, which holds no parameters"));
+}
+
+TEST_CASE("a module without parameters no longer called between the layers is not named", "[rules]") {
+  // pool's id lies between enc's and head's, but the forwards since step 2 skip it.
+  const Report r = between_run({"pool"}, {});
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.evidence, !Catch::Contains("pool"));
+}
+
+namespace {
+
 // head's gradients overflow at every step from a scale of 65536 down, `backoffs` times (the
 // loss at `loss`), then the scale stays where they fit, at a scaled abs-max of 37000.
 Report settled_where_head_fits(const TempDir& dir, int backoffs, int settled, double loss, double settled_loss = -1.0) {

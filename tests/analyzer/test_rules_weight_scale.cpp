@@ -148,3 +148,22 @@ TEST_CASE("a calibration far deeper than a healthy run's is put on the oversized
                    "that brought the loss scale down 9 halvings at the start likely follow from it");
   CHECK_FALSE(w.suggestions.empty());
 }
+
+TEST_CASE("an overflow after an oversized expert first called after the head is blamed on it",
+          "[rules][oversized-weights]") {
+  // A mixture of experts: experts.3, first routed to at step 2, gets a module id after the
+  // head's, though it runs before the head in every forward that takes it.
+  TempDir dir;
+  const std::vector<std::string> net = {"a.weight", "experts.3.weight", "head.weight"};
+  RunFixture f(dir.file("run.db"), net);
+  for (const auto& name : net) f.weight_norm(name, name == "experts.3.weight" ? 8000.0 : 2.4);
+  double scale = 65536;
+  for (int i = 0; i < 2; ++i) f.activation("a", false).activation("head", false).step(scale, scale);
+  for (int i = 0; i < 6; ++i, scale /= 2)
+    f.activation("a", false).activation("experts.3", false).activation("head", true).step(scale, scale / 2, 1000, {}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding& w = required(r, "oversized-weights");
+  CHECK(w.severity == Severity::kWarning);
+  CHECK_THAT(w.title, Catch::EndsWith(": the overflow at head likely follows from it"));
+}

@@ -126,3 +126,34 @@ TEST_CASE("a delta that asks for a whole read is refused by the merge", "[load][
   d.reload = true;
   CHECK_THROWS_AS(analyzer::apply_run_delta(run, std::move(d)), std::invalid_argument);
 }
+
+TEST_CASE("a forward split between two reads keeps each module's place in it", "[load][delta]") {
+  // Modules 3, 0, 1, 2 in that order at step 3, its rows committed in two parts.
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  RandomRun run(path, 2, 4);
+  run.steps(0, 3);
+  run.writer().commit();
+  auto followed = load_partial(path);
+  const auto forward = [&](std::int64_t from, std::int64_t to) {
+    for (std::int64_t i = from; i < to; ++i) {
+      rundb::ActStatRow a;
+      a.step = 3;
+      a.fwd_order = i;
+      a.module_id = (i + 3) % 4;
+      a.stats = {4096, 0, 0, 0, 0, 1.0, 0.01, 10.0};
+      run.writer().add_act_stat(a);
+    }
+    run.writer().commit();
+  };
+  forward(0, 2);
+  REQUIRE(follow(followed));
+  forward(2, 4);
+  run.unsampled_step(3);
+  run.writer().commit();
+  REQUIRE(follow(followed));
+  const auto whole = load_partial(path);
+  CHECK(whole.modules[2].position == 3);
+  CHECK(whole.modules[2].before_last == 1);
+  require_same_run(followed, whole);
+}

@@ -59,6 +59,10 @@ struct ModuleSummary {
   // The forward where its output was the most times the largest output of every module
   // that finished before it in that forward: its output then, and that largest. 0: none.
   float jump_absmax = 0.0f, jump_before = 0.0f;
+  // In the last forward with a row for every call that ran it: the module that finished just
+  // before it (-1: none, it was first), and how many modules finished before it (-1: no
+  // such forward). Forward order, which module ids are not (last_steps).
+  std::int64_t before_last = -1, position = -1;
 };
 
 struct StepSummary {
@@ -119,6 +123,7 @@ struct RunCursor {
   // ""), -1: none.
   std::int64_t act_step_last = -1, act_micro_batch = -1, root_module = -1;
   float act_forward_max = 0.0f;  // the largest output so far in act_key's forward
+  std::int64_t act_forward_calls = 0;  // modules finished so far in act_key's forward
   std::size_t layers = 0, modules = 0;
   // What gradient and activation rows said about steps whose steps row was not in the file
   // yet: the step gets it once its row is read.
