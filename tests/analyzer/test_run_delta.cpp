@@ -24,15 +24,24 @@ bool follow(analyzer::Run& run) {
   return true;
 }
 
+// A random run's first three steps committed, and a Run read from them to follow it.
+struct Followed {
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  RandomRun run;
+  analyzer::Run followed;
+  Followed(int layers, int modules) : run(path, layers, modules) {
+    run.steps(0, 3);
+    run.writer().commit();
+    followed = load_partial(path);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("a run followed commit by commit holds what a whole load reads", "[load][delta]") {
-  TempDir dir;
-  const std::string path = dir.file("run.db");
-  RandomRun run(path, 60, 12);
-  run.steps(0, 3);
-  run.writer().commit();
-  auto followed = load_partial(path);
+  Followed f(60, 12);
+  auto& [dir, path, run, followed] = f;
   // Read on after every step: some reads see a step half committed (RandomRun commits in
   // the middle of steps), and over 1,200 x 60 rows the writer sums histograms more than once.
   for (std::int64_t s = 3; s < 1200; ++s) {
@@ -129,12 +138,8 @@ TEST_CASE("a delta that asks for a whole read is refused by the merge", "[load][
 
 TEST_CASE("a forward split between two reads keeps each module's place in it", "[load][delta]") {
   // Modules 3, 0, 1, 2 in that order at step 3, its rows committed in two parts.
-  TempDir dir;
-  const std::string path = dir.file("run.db");
-  RandomRun run(path, 2, 4);
-  run.steps(0, 3);
-  run.writer().commit();
-  auto followed = load_partial(path);
+  Followed f(2, 4);
+  auto& [dir, path, run, followed] = f;
   const auto forward = [&](std::int64_t from, std::int64_t to) {
     for (std::int64_t i = from; i < to; ++i) {
       rundb::ActStatRow a;
