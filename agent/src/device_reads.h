@@ -23,7 +23,6 @@ class DeviceReads {
   void send(std::int64_t step, std::vector<std::int64_t> layers, const at::Tensor& values);
   // Hands on what has landed; with `wait`, everything, waiting for its copies.
   void poll(bool wait);
-  bool pending() const { return !landing_.empty(); }
 
  private:
   struct Landing {
