@@ -60,3 +60,45 @@ def test_a_finite_loss_gradient_is_no_event(tmp_path):
     db = tmp_path / "run.db"
     train(db, lambda out: out.float().pow(2).mean(), autocast_dtype=torch.float16)
     assert events(db) == []
+
+
+class FeaturesAndLogits(nn.Module):
+    """Returns the features its head takes, first, beside the logits times `gain`."""
+
+    def __init__(self, gain):
+        super().__init__()
+        self.body, self.head, self.gain = nn.Linear(8, 16), nn.Linear(16, 4), gain
+
+    def forward(self, x):
+        features = self.body(x)
+        return features, self.head(features) * self.gain
+
+
+def train_two_outputs(db, gain, loss_of):
+    torch.manual_seed(0)
+    model = FeaturesAndLogits(gain)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            _, logits = model(torch.randn(6, 8))
+        scaler.scale(loss_of(logits)).backward()
+        scaler.step(opt)
+        scaler.update()
+
+
+def test_features_returned_beside_the_logits_are_not_where_backward_starts(tmp_path):
+    # The gain's fp16 backward overflows inside the model, then the head's backward hands the
+    # features NaN/Inf: the loss made none of it.
+    db = tmp_path / "run.db"
+    train_two_outputs(db, 3000.0, lambda logits: nn.functional.cross_entropy(logits.float(), torch.arange(6) % 4))
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT skipped FROM steps").fetchall() == [(1,)]
+    assert events(db) == []
+
+
+def test_the_losss_nan_is_seen_at_the_logits_returned_after_the_features(tmp_path):
+    db = tmp_path / "run.db"
+    train_two_outputs(db, 1.0, self_distance)
+    assert events(db) == [(0, "float16 [6, 4]: 24 NaN, 0 Inf of 24 values")]

@@ -158,3 +158,41 @@ def test_a_module_whose_own_backward_overflows_is_confirmed_by_a_finite_output_g
     origin = next(f for f in rep["findings"] if f["rule"] == "overflow-origin")
     assert origin["module"] == "2"
     assert "the gradient reaching its output was finite: its own backward made them" in origin["evidence"]
+
+
+class FeaturesAndLogits(nn.Module):
+    """A classifier returning its features first, beside its logits times a gain (metric
+    learning, distillation): the features are the head's input, not where backward starts."""
+
+    def __init__(self, gain):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128))
+        self.head = nn.Linear(128, 10)
+        self.gain = gain
+
+    def forward(self, x):
+        features = self.body(x)
+        return features, self.head(features) * self.gain
+
+
+def test_a_gain_after_the_head_is_blamed_where_the_features_are_returned_first(tmp_path, verdict):
+    # The gain's fp16 backward overflows inside the model: the features returned first then
+    # receive NaN/Inf from the head's backward, which the loss's backward did not make.
+    torch.manual_seed(0)
+    model = FeaturesAndLogits(3000.0)
+    opt, scaler = torch.optim.AdamW(model.parameters(), 1e-3), torch.amp.GradScaler("cpu")
+    db = tmp_path / "features.db"
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(30):
+            x, y = torch.randn(64, 32), torch.randint(0, 10, (64,))
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                _, logits = model(x)
+            scaler.scale(F.cross_entropy(logits.float(), y)).backward()
+            scaler.step(opt)
+            scaler.update()
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["rule"], first["module"]) == (1, "overflow-origin", "head")
+    assert first["title"].endswith("they reach it through its output: the code that uses head's output makes them")
+    assert "loss-backward" not in {f["rule"] for f in rep["findings"]}

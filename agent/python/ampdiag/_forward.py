@@ -86,9 +86,36 @@ def input_hook(handle, owner):
     return hook
 
 
+_ENTRY_WALK = 20000  # graph nodes walked, once a run, to find the output the loss starts from
+
+
+def entry_output(floats) -> int:
+    """The index in `floats` (the model's floating-point outputs) of the first one that no
+    other output is computed from. Features returned beside the logits that a head made
+    from them receive the head's backward too: NaN/Inf the model's own backward makes
+    there is no look at where backward starts. A graph too large to walk whole counts what
+    was walked."""
+    starts = [t.grad_fn for t in floats]
+    below = set()  # id() of the nodes one edge or more under an output
+    held = []      # every node seen, so that no id() is handed to another (see path_nodes)
+    todo = [n for n in starts if n is not None]
+    while todo and len(held) < _ENTRY_WALK:
+        node = todo.pop()
+        for child, _ in node.next_functions:
+            if child is not None and id(child) not in below:
+                below.add(id(child))
+                held.append(child)
+                todo.append(child)
+    for i, node in enumerate(starts):
+        if node is None or id(node) not in below:
+            return i
+    return 0
+
+
 def output_hook(handle, owner):
     """The model's forward hook: on a training step, watches the gradient that reaches the
-    model's first floating-point output in backward. NaN/Inf there was made between the
+    model's first floating-point output in backward that no other output is computed from
+    (entry_output). NaN/Inf there was made between the
     output and the loss (the loss code's backward: the gradient of sqrt(0), of a division
     by 0), before any module: event "output-gradient-nonfinite", which the analyzer names
     instead of the first layer the NaN/Inf reached. Not for a float16 gradient holding Inf
@@ -128,7 +155,12 @@ def output_hook(handle, owner):
             return None
         if not handle._live or not torch.is_grad_enabled() or (module is not owner and foreign_copy(module)):
             return None
-        tensor = floats[0] if floats else None
+        tensor = floats[0] if len(floats) == 1 else None
+        if len(floats) > 1:  # which one: walked once for each number of outputs
+            entry = handle._output_entry
+            if entry is None or entry[0] != len(floats):
+                entry = handle._output_entry = (len(floats), entry_output(floats))
+            tensor = floats[entry[1]]
         if tensor is not None and tensor.requires_grad and tensor.is_cpu:
             watch_gradient(tensor)
         # Where the loss code begins, should it go NaN/Inf (one forward's: an evaluation
