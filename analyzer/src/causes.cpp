@@ -111,6 +111,9 @@ StepCause step_cause(const Run& run, const StepSummary& step) {
   // the loss code's. Below that it is the loss code's again.
   if ((c.forward == ForwardSource::kLoss || c.forward == ForwardSource::kLossBackward) && run.loss_holds_scale(step.row))
     c.forward = ForwardSource::kNone;
+  // The loss code's fp16 backward overflowing with the scale: the scaler's to answer, and the
+  // first layer it reached names it (overflow-origin, with the gradient at its output).
+  if (c.forward == ForwardSource::kLossBackward && run.loss_backward_overflows(step.row)) c.forward = ForwardSource::kNone;
   if (step.nonfinite_ordered) c.first_gradient = run.layers[std::size_t(step.nonfinite_layers.front())].info.name;
   return c;
 }

@@ -1,12 +1,15 @@
 // apply_run_delta: merges what read_run_delta read into a Run. The cost is the delta's
 // size (and a sort where rows arrived out of step order), not the Run's.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <stdexcept>
 
 #include "ampdiag/analyzer/run_delta.h"
 #include "histogram_counts.h"
+#include "loss_code.h"
 #include "suggestions.h"
 
 namespace ampdiag::analyzer {
@@ -148,6 +151,31 @@ void parametrized_to_their_module(Run& run, std::size_t first_new) {
   }
 }
 
+// Run::loss_backward_overflow_from: the output-gradient steps' lowest scale, where the rate
+// they came at above it would have put kChance or more among the steps below it, which had
+// none, and the loss code computes in half.
+void find_loss_backward_overflow(Run& run) {
+  constexpr double kChance = 4.0;  // none where 4 were expected: a 2 % chance
+  run.loss_backward_overflow_from = std::numeric_limits<double>::infinity();
+  if (run.output_gradient_steps.empty() || !run.has_scaler()) return;
+  double lowest = INFINITY;
+  for (const auto& s : run.steps)
+    if (run.output_gradient_nonfinite(s.row.step)) lowest = std::min(lowest, s.row.scale_before);
+  if (!(lowest > 1.0) || std::isinf(lowest)) return;
+  std::int64_t above = 0, below = 0, found = 0;
+  for (const auto& s : run.steps) {
+    if (s.row.scale_before < lowest) {
+      ++below;
+    } else {
+      ++above;
+      found += run.output_gradient_nonfinite(s.row.step);
+    }
+  }
+  const loss_code::Code code = loss_code::at_steps(run, run.output_gradient_steps);
+  if (!code.empty() && !code.all_full_precision() && double(found) / double(above) * double(below) >= kChance)
+    run.loss_backward_overflow_from = lowest;
+}
+
 }  // namespace
 
 void apply_run_delta(Run& run, RunDelta&& d) {
@@ -220,6 +248,7 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   d.next.pending_module = std::move(pending_module);
   run.cursor = std::move(d.next);
   find_nonfinite_update(run);
+  find_loss_backward_overflow(run);
 }
 
 }  // namespace ampdiag::analyzer

@@ -33,6 +33,25 @@ Report nan_loss_gradient_run(const TempDir& dir, const std::string& code) {
   return report_of(dir.file("run.db"));
 }
 
+// A run whose gradient reaching the model's output held NaN in its first `overflows` steps,
+// each halving the scale from 65536, with `code` read in each, then `clean` steps at the
+// scale it came down to.
+Report output_gradient_at_the_start(const TempDir& dir, const std::string& code, int overflows, int clean) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < overflows; ++i, scale /= 2)
+    f.event("output-gradient-nonfinite", "float16 [16, 32]: 512 NaN, 0 Inf of 512 values")
+        .event("loss-code", code)
+        .activation("enc", false)
+        .step(scale, scale / 2, 1000, {"head.weight", "b.weight"});
+  for (int i = 0; i < clean; ++i) f.activation("enc", false).step(scale, scale);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+// SimCLR's NT-Xent under autocast: float16 similarities divided by the temperature.
+const std::string kContrastive = "Cat:float16, Mm:float16, Div:float16, ToCopy:float32, LogSoftmax:float32, NllLoss(mean):float32";
+
 // Whether a suggestion's Python holds `code`.
 bool offers(const Finding& f, const std::string& code) {
   for (const auto& s : f.suggestions)
@@ -284,4 +303,28 @@ TEST_CASE("a float16 view of the model's output before .float() does not make th
 
 TEST_CASE("a cast of the model's output down to float16 keeps the FP32 loss on offer", "[rules][loss-code]") {
   CHECK(offers_fp32_loss(nan_loss_finding("ToCopy:float16, LogSoftmax:float32, NllLoss:float32")));
+}
+
+TEST_CASE("NaN reaching the output only at the first scales of a float16 loss code is the scaler's overflow",
+          "[rules][loss-code]") {
+  // A temperature of 0.01 multiplies the scaled gradient by 100 in the loss's fp16 backward:
+  // it overflows at 65536 to 16384, and never in the 40 steps at 8192.
+  TempDir dir;
+  const Report r = output_gradient_at_the_start(dir, kContrastive, 3, 40);
+  CHECK(find(r, "loss-backward") == nullptr);
+  CHECK(r.healthy());
+}
+
+TEST_CASE("the same NaN in a float32 loss code is its backward's at any scale", "[rules][loss-code]") {
+  // No float16 operation to overflow: the scale falling below it does not explain it going.
+  TempDir dir;
+  const Report r = output_gradient_at_the_start(dir, "Sub:float32, Sqrt:float32, Mean:float32", 3, 40);
+  CHECK(required(r, "loss-backward").severity == Severity::kError);
+}
+
+TEST_CASE("too few steps below the scale a float16 loss code's NaN stopped at to tell keep it the loss's backward",
+          "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = output_gradient_at_the_start(dir, kContrastive, 3, 2);
+  CHECK(required(r, "loss-backward").severity == Severity::kError);
 }

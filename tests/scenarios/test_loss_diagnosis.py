@@ -524,6 +524,28 @@ def test_a_contrastive_losss_float16_similarities_get_the_fp32_loss_with_autocas
     assert "enabled=False" in top["suggestions"][0]["python"]
 
 
+def test_a_contrastive_loss_whose_fp16_backward_overflows_only_at_the_first_scales_is_healthy(tmp_path, verdict):
+    # SimCLR's NT-Xent at a temperature of 0.01 (CLIP's learnt one ends near it), under
+    # autocast: the scaled gradient times 100 overflows the float16 similarities' backward at
+    # 65536, NaN at the model's output, and no more once the scaler has come down.
+    db = tmp_path / "ntxent.db"
+    torch.manual_seed(0)
+    encoder = nn.Sequential(nn.Flatten(), nn.Linear(768, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                            nn.Linear(256, 64))
+
+    def loss_of(step, model):
+        x = torch.randn(64, 3, 16, 16)
+        with torch.autocast("cpu", dtype=torch.float16):
+            z = nn.functional.normalize(torch.cat([model(x + 0.1 * torch.randn_like(x)), model(x.flip(-1))]), dim=1)
+            sim = (z @ z.t() / 0.01).masked_fill(torch.eye(128, dtype=torch.bool), float("-inf"))
+            return nn.functional.cross_entropy(sim.float(), torch.cat([torch.arange(64, 128), torch.arange(64)]))
+
+    train(db, encoder, 40, loss_of)
+    assert rows(db, "SELECT COUNT(*) FROM events WHERE kind = 'output-gradient-nonfinite'")[0][0] >= 1  # the case
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rules(rep)
+
+
 def regression_with_missing_targets(db, mask_them):
     """Every fifth batch holds a missing target (NaN); the report's fix masks it out."""
     torch.manual_seed(0)

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -149,6 +150,13 @@ struct Run {
   // "scaled-gradients-in-loss": a gradient penalty through torch.autograd.grad with
   // create_graph=True), so it goes NaN/Inf where they overflow; -1: never.
   std::int64_t scaled_gradients_in_loss_from = -1;
+  // The gradient reaching the model's output went NaN/Inf only in steps at loss scales of
+  // this and above, in loss code that computes in half precision, while the steps at lower
+  // scales stayed clear of it, more of them than chance allows: the loss code's fp16
+  // backward overflowing with the scale (a similarity divided by a small temperature),
+  // which the scaler answers, not a function whose gradient is NaN/Inf at any scale.
+  // Infinity: none such.
+  double loss_backward_overflow_from = std::numeric_limits<double>::infinity();
   // The first optimizer step whose update wrote NaN/Inf into the parameters, and every
   // NaN/Inf after it follows from that; -1: none known. Either the first step taken with
   // NaN/Inf gradients (no scaler skipped it), or, where the agent found NaN/Inf in the
@@ -189,6 +197,9 @@ struct Run {
   bool loss_holds_scale(const rundb::StepRow& row) const {
     return scaled_gradients_in_loss_from >= 0 && row.step >= scaled_gradients_in_loss_from && row.scale_before > 1.0;
   }
+  // Whether NaN/Inf in the gradient reaching the model's output at this step's scale is the
+  // loss code's fp16 backward overflowing (loss_backward_overflow_from).
+  bool loss_backward_overflows(const rundb::StepRow& row) const { return row.scale_before >= loss_backward_overflow_from; }
   // The first event of that kind, nullptr if none.
   const rundb::EventRow* first_event(const std::string& kind) const;
   // The first event of that kind about `module` (detail "MODULE: ..."), and the detail past
