@@ -102,3 +102,29 @@ def test_the_losss_nan_is_seen_at_the_logits_returned_after_the_features(tmp_pat
     db = tmp_path / "run.db"
     train_two_outputs(db, 1.0, self_distance)
     assert events(db) == [(0, "float16 [6, 4]: 24 NaN, 0 Inf of 24 values")]
+
+
+class MaskAndLogits(nn.Module):
+    """Returns a float mask that no gradient reaches, first, beside the logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return torch.ones(x.shape[0], 1), self.head(x)
+
+
+def test_the_losss_nan_is_seen_past_an_output_no_gradient_reaches(tmp_path):
+    db = tmp_path / "run.db"
+    torch.manual_seed(0)
+    model = MaskAndLogits()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        opt.zero_grad()
+        _, logits = model(torch.randn(6, 8))
+        scaler.scale(self_distance(logits)).backward()
+        scaler.step(opt)
+        scaler.update()
+    assert events(db) == [(0, "float32 [6, 4]: 24 NaN, 0 Inf of 24 values")]

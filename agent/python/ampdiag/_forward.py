@@ -90,11 +90,11 @@ _ENTRY_WALK = 20000  # graph nodes walked, once a run, to find the output the lo
 
 
 def entry_output(floats) -> int:
-    """The index in `floats` (the model's floating-point outputs) of the first one that no
-    other output is computed from. Features returned beside the logits that a head made
-    from them receive the head's backward too: NaN/Inf the model's own backward makes
-    there is no look at where backward starts. A graph too large to walk whole counts what
-    was walked."""
+    """The index in `floats` (the model's floating-point outputs) of the first one that
+    requires grad and that no other output is computed from. Features returned beside the
+    logits that a head made from them receive the head's backward too: NaN/Inf the model's
+    own backward makes there is no look at where backward starts. A graph too large to walk
+    whole counts what was walked."""
     starts = [t.grad_fn for t in floats]
     below = set()  # id() of the nodes one edge or more under an output
     held = []      # every node seen, so that no id() is handed to another (see path_nodes)
@@ -107,7 +107,7 @@ def entry_output(floats) -> int:
                 held.append(child)
                 todo.append(child)
     for i, node in enumerate(starts):
-        if node is None or id(node) not in below:
+        if floats[i].requires_grad and (node is None or id(node) not in below):
             return i
     return 0
 
