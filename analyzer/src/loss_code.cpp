@@ -211,10 +211,16 @@ NonfiniteInput nonfinite_input_at(const Run& run, const std::vector<std::int64_t
     in.argument = space < colon && colon != std::string::npos ? e.detail.substr(space + 1, colon - space - 1) : "input";
     in.counts = colon == std::string::npos ? "" : e.detail.substr(colon + 2);
     in.dtype.clear();
-    if (const std::size_t comma = in.counts.rfind(", "); comma != std::string::npos && in.counts.rfind(" values") < comma) {
+    if (const std::size_t comma = in.counts.rfind(", "); comma != std::string::npos && in.counts.find(" values") < comma) {
       in.dtype = in.counts.substr(comma + 2);
       in.counts.erase(comma);
     }
+    in.made_in.clear();
+    for (const char* half : {"float16", "bfloat16"})
+      if (in.dtype == std::string("float32 (") + half + " values)") {
+        in.made_in = half;
+        in.dtype = "float32";
+      }
   }
   return in;
 }

@@ -53,6 +53,9 @@ struct NonfiniteInput {
   std::string op, argument; // "MseLoss", "target"
   std::string counts;       // "1 NaN, 0 Inf of 32 values"
   std::string dtype;        // "float16"; empty where the run did not say
+  // "float16" or "bfloat16" where it was float32 holding only that type's values (dtype
+  // "float32 (float16 values)"): made in half precision, then cast up; else empty.
+  std::string made_in;
   std::int64_t seen = 0;    // steps of `steps` it was seen in
   std::int64_t looked = 0;  // steps of `steps` whose loss code was read
 };

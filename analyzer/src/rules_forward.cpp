@@ -102,14 +102,19 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
     // A half-precision one may be fp16's after all: made under autocast outside the model
     // (advantages normalised by std + 1e-8, whose 1e-8 is 0 in fp16). A float32 one may be
     // too: a frozen teacher's fp16 logits overflowed, then cast for the loss.
-    const bool half = in.dtype == "float16" || in.dtype == "bfloat16";
+    const bool half = in.dtype == "float16" || in.dtype == "bfloat16" || !in.made_in.empty();
+    // Where it was made: its own dtype, or the half type whose values alone it held.
+    const std::string made = in.made_in.empty() ? in.dtype : in.made_in;
     if (in.seen == in.looked)
       f.title = "The loss is NaN/Inf because " + what + " already held NaN/Inf" +
-                (half ? ", a " + in.dtype + " tensor made outside the model: not the model or the loss code"
-                      : ": not the model or the loss code");
+                (!in.made_in.empty() ? ", a tensor made in " + made + " outside the model: not the model or the loss code"
+                 : half              ? ", a " + in.dtype + " tensor made outside the model: not the model or the loss code"
+                                     : ": not the model or the loss code");
     f.evidence += "; before backward, the " + in.argument + " given to " + in.op + " held NaN/Inf in " +
                   std::to_string(in.seen) + " of the " + plural(in.looked, "step") + " whose loss code was read (step " +
-                  std::to_string(in.step) + ": " + in.counts + (in.dtype.empty() ? "" : ", " + in.dtype) + ")";
+                  std::to_string(in.step) + ": " + in.counts + (in.dtype.empty() ? "" : ", " + in.dtype) +
+                  (in.made_in.empty() ? "" : ", every finite value a " + in.made_in + " one: made in " + in.made_in + ", then cast up") +
+                  ")";
     f.blame = what;
     f.suggestions.insert(
         f.suggestions.begin(),
@@ -125,9 +130,10 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
       const std::string at_device = device == "cuda" ? "at::kCUDA" : "at::kCPU";
       f.suggestions.insert(
           f.suggestions.begin(),
-          {what + " was " + in.dtype + ": where the loop computes it under autocast, compute it in FP32 (.float() "
-               "first, autocast off around it). In " + in.dtype + " an epsilon such as 1e-8 is 0, so (x - mean) / "
-               "(std + 1e-8) is 0/0 = NaN when every value is equal, and a sum or square above 65504 is Inf.",
+          {what + (in.made_in.empty() ? " was " + in.dtype : " was made in " + made) +
+               ": where the loop computes it under autocast, compute it in FP32 (.float() first, autocast off around "
+               "it). In " + made + " an epsilon such as 1e-8 is 0, so (x - mean) / (std + 1e-8) is 0/0 = NaN when "
+               "every value is equal, and a sum or square above 65504 is Inf.",
            "with torch.autocast(device_type=\"" + device + "\", enabled=False):\n"
            "    adv = adv.float()\n"
            "    adv = (adv - adv.mean()) / (adv.std() + 1e-8)  # e.g. advantages: 1e-8 is 0 in float16",

@@ -201,6 +201,26 @@ def test_a_nan_target_the_loss_saved_is_named_with_its_counts_and_dtype():
     assert nonfinite_constants(path_nodes([loss.grad_fn], [out.grad_fn])) == "MseLoss target: 1 NaN, 0 Inf of 4 values, float32"
 
 
+def test_a_float32_target_holding_only_float16_values_is_said_to_hold_them():
+    # A Gram matrix overflowed in float16, then cast to float32 as autocast does for mse_loss.
+    out = torch.randn(64, 1, requires_grad=True) * 1
+    target = (torch.randn(64, 1) * 3).half().float()
+    target[5] = float("inf")
+    loss = nn.functional.mse_loss(out, target)
+    assert nonfinite_constants(path_nodes([loss.grad_fn], [out.grad_fn])) == \
+        "MseLoss target: 0 NaN, 1 Inf of 64 values, float32 (float16 values)"
+
+
+def test_a_float32_target_of_whole_numbers_is_not_said_to_hold_half_values():
+    # Class indices or counts fit float16 exactly without ever having been float16.
+    out = torch.randn(64, 1, requires_grad=True) * 1
+    target = torch.randint(0, 5, (64, 1)).float()
+    target[5] = float("nan")
+    loss = nn.functional.mse_loss(out, target)
+    assert nonfinite_constants(path_nodes([loss.grad_fn], [out.grad_fn])) == \
+        "MseLoss target: 1 NaN, 0 Inf of 64 values, float32"
+
+
 def test_nan_the_model_made_is_no_constant_of_the_loss_code():
     out = torch.tensor([[1.0], [float("nan")]], requires_grad=True) * 1
     loss = (out * 2).sum()

@@ -133,5 +133,25 @@ def nonfinite_constants(nodes) -> "str | None":
                 if nan or inf:
                     # Its dtype: a float16 one may have been made so under autocast (an epsilon fp16 cannot hold).
                     dtype = str(value.dtype).replace("torch.", "")
+                    made = made_in_half(value) if value.dtype == torch.float32 else None
+                    if made is not None:
+                        dtype += f" ({made} values)"
                     return f"{_name(node)} {attr[len('_saved_'):]}: {nan} NaN, {inf} Inf of {value.numel()} values, {dtype}"
+    return None
+
+
+_CAST_UP_EVIDENCE = 16  # finite non-integer values that all fit a half type exactly
+
+
+def made_in_half(value) -> "str | None":
+    """'float16' or 'bfloat16' where every finite value of a float32 tensor is exactly one of
+    that type's and enough of them are not whole numbers to tell: it was made in half
+    precision and cast up (autocast casts a loss's float16 inputs to float32, so a Gram
+    matrix or a teacher's logits that overflowed in float16 arrive as float32 with Inf)."""
+    finite = value[torch.isfinite(value)]
+    if int((finite != finite.round()).sum()) < _CAST_UP_EVIDENCE:
+        return None
+    for half in (torch.bfloat16, torch.float16):  # bfloat16's values fit float16's mantissa, not the reverse
+        if torch.equal(finite.to(half).float(), finite):
+            return str(half).replace("torch.", "")
     return None
