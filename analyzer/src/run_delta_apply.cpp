@@ -158,19 +158,16 @@ void find_loss_backward_overflow(Run& run) {
   constexpr double kChance = 4.0;  // none where 4 were expected: a 2 % chance
   run.loss_backward_overflow_from = std::numeric_limits<double>::infinity();
   if (run.output_gradient_steps.empty() || !run.has_scaler()) return;
-  double lowest = INFINITY;
+  double lowest = std::numeric_limits<double>::infinity();
+  std::int64_t found = 0;  // its steps with a steps row, all at `lowest` or above
   for (const auto& s : run.steps)
-    if (run.output_gradient_nonfinite(s.row.step)) lowest = std::min(lowest, s.row.scale_before);
-  if (!(lowest > 1.0) || std::isinf(lowest)) return;
-  std::int64_t above = 0, below = 0, found = 0;
-  for (const auto& s : run.steps) {
-    if (s.row.scale_before < lowest) {
-      ++below;
-    } else {
-      ++above;
-      found += run.output_gradient_nonfinite(s.row.step);
+    if (run.output_gradient_nonfinite(s.row.step)) {
+      lowest = std::min(lowest, s.row.scale_before);
+      ++found;
     }
-  }
+  if (!(lowest > 1.0) || std::isinf(lowest)) return;
+  std::int64_t above = 0, below = 0;
+  for (const auto& s : run.steps) (s.row.scale_before < lowest ? below : above) += 1;
   const loss_code::Code code = loss_code::at_steps(run, run.output_gradient_steps);
   if (!code.empty() && !code.all_full_precision() && double(found) / double(above) * double(below) >= kChance)
     run.loss_backward_overflow_from = lowest;
