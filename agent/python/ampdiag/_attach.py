@@ -141,7 +141,6 @@ class AttachHandle:
         self._loss_code_looks = 0  # loss-code events written (see _looks.look_at_loss_code)
         self._model_code_looks = 0  # model-code events written (see _forward.look_at_model_output)
         self._output_nodes = []  # the grad_fn of the last training forward's outputs
-        self._output_entry = None  # (how many float outputs, the one whose gradient is watched)
         self._dropped = DroppedForwards()
         self._evaluations = Evaluations(self)
         self._loss_nodes = []    # the grad_fn of this cycle's losses

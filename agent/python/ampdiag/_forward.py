@@ -115,13 +115,15 @@ def entry_output(floats) -> int:
 def output_hook(handle, owner):
     """The model's forward hook: on a training step, watches the gradient that reaches the
     model's first floating-point output in backward that no other output is computed from
-    (entry_output). NaN/Inf there was made between the
-    output and the loss (the loss code's backward: the gradient of sqrt(0), of a division
-    by 0), before any module: event "output-gradient-nonfinite", which the analyzer names
-    instead of the first layer the NaN/Inf reached. Not for a float16 gradient holding Inf
-    and no NaN: that may be the scaled gradient overflowing fp16 where it enters the output
-    (`.float()`'s backward casts it), which is fp16's. Host outputs only: a device check
-    would wait for the device."""
+    (entry_output). NaN/Inf there was made between the output and the loss (the loss
+    code's backward: the gradient of sqrt(0), of a division by 0), before any module: event
+    "output-gradient-nonfinite", which the analyzer names instead of the first layer the
+    NaN/Inf reached. Not for a float16 gradient holding Inf and no NaN: that may be the
+    scaled gradient overflowing fp16 where it enters the output (`.float()`'s backward
+    casts it), which is fp16's. Host outputs only: a device check would wait for the
+    device."""
+
+    entry = None  # (how many float outputs, the index of the one whose gradient is watched)
 
     def on_gradient(grad):
         return output_gradient(handle, grad)
@@ -137,6 +139,7 @@ def output_hook(handle, owner):
         node.register_prehook(lambda grads: None if grads[nr] is None else output_gradient(handle, grads[nr]))
 
     def hook(module, args, kwargs, output):
+        nonlocal entry
         if compiling():
             handle._traced_by_compile = True
             return None
@@ -157,9 +160,8 @@ def output_hook(handle, owner):
             return None
         tensor = floats[0] if len(floats) == 1 else None
         if len(floats) > 1:  # which one: walked once for each number of outputs
-            entry = handle._output_entry
             if entry is None or entry[0] != len(floats):
-                entry = handle._output_entry = (len(floats), entry_output(floats))
+                entry = (len(floats), entry_output(floats))
             tensor = floats[entry[1]]
         if tensor is not None and tensor.requires_grad and tensor.is_cpu:
             watch_gradient(tensor)
