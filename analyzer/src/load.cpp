@@ -64,6 +64,20 @@ std::string Run::meta_or(const std::string& key, const std::string& fallback) co
   return analyzer::meta_or(meta, key, fallback);
 }
 
+// Five or more calls with a finite |output| from the first to the one just before the NaN/Inf
+// call, three in four of them above the one before, a hundredfold in all: a state amplified
+// call after call, not one call's overflow after outputs that wandered.
+bool CallGrowth::grows() const {
+  const std::int64_t span = to_call - from_call;
+  return from_call >= 0 && nonfinite_call == to_call + 1 && span >= 4 && rises * 4 >= span * 3 &&
+         double(to) >= 100.0 * double(from) && rate() >= 1.05;
+}
+
+double CallGrowth::rate() const {
+  const std::int64_t span = to_call - from_call;
+  return span > 0 && from > 0.0f ? std::pow(double(to) / double(from), 1.0 / double(span)) : 1.0;
+}
+
 double Run::init_scale() const { return std::atof(meta_or("scaler_init_scale", "65536").c_str()); }
 
 bool Run::input_nan(std::int64_t step) const {

@@ -187,7 +187,10 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   run.fp_max = amp_dtype == "bfloat16" ? 3.3895313892515355e38 : amp_dtype == "float32" ? 3.4028234663852886e38 : 65504.0;
   const std::size_t first_new_layer = run.layers.size();
   for (auto& row : d.layers) run.layers.push_back({std::move(row), {}, 0, 0, 0.0, -1, {}});
-  for (auto& row : d.modules) run.modules.push_back(ModuleSummary{std::move(row)});
+  for (auto& row : d.modules) {
+    run.modules.emplace_back();
+    run.modules.back().info = std::move(row);
+  }
   parametrized_to_their_module(run, first_new_layer);
   run.events = std::move(d.events);
   run.input_nan_steps = event_steps(run.events, "input-nan");
@@ -221,6 +224,10 @@ void apply_run_delta(Run& run, RunDelta&& d) {
     }
     module.max_absmax = std::max(module.max_absmax, m.max_absmax);
     module.last_steps += m.last_steps;
+    // The forward its calls were first counted in, or more of that same forward's calls.
+    if (m.growth.calls > 0 && (module.growth.calls == 0 || (module.growth.step == m.growth.step &&
+                                                            module.growth.micro_batch == m.growth.micro_batch)))
+      module.growth = m.growth;
     if (m.position >= 0) {
       module.before_last = m.before_last;
       module.position = m.position;

@@ -325,10 +325,30 @@ std::int64_t full_forward_every(const std::map<std::string, std::string>& meta) 
   return std::max<std::int64_t>(1, number("every")) * activation;
 }
 
+// Counts one more call of a module in a forward, whose output's statistics are `st`.
+void count_call(CallGrowth& g, const rundb::StatValues& st) {
+  const std::int64_t call = g.calls++;
+  if (g.nonfinite_call >= 0) return;
+  if (st.nan + st.inf > 0) {
+    g.nonfinite_call = call;
+    return;
+  }
+  if (!std::isfinite(st.absmax) || !(st.absmax > 0.0)) return;
+  const float out = float(st.absmax);
+  if (g.from_call < 0) {
+    g.from_call = call;
+    g.from = out;
+  } else if (out > g.to) {
+    ++g.rises;
+  }
+  g.to_call = call;
+  g.to = out;
+}
+
 // Activation rows after the cursor: per step, the first module (forward order) with NaN/Inf;
 // and in forwards with a row for every call, the module that finished last, the one before
-// each step's first NaN/Inf, and jumps over the modules before. Returns the first step they
-// hold (INT64_MAX: none).
+// each step's first NaN/Inf, jumps over the modules before, and each module's calls in the
+// forward where it was first. Returns the first step they hold (INT64_MAX: none).
 std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t module_count, RunDelta& d) {
   const std::int64_t full_every = full_forward_every(d.meta);
   std::int64_t current = from.act_key.first, least_step = INT64_MAX, last_in_step = from.act_step_last;
@@ -337,6 +357,9 @@ std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t m
   std::int64_t calls = from.act_forward_calls;
   const std::int64_t root = d.next.root_module;
   bool found_in_step = from.act_step_found;
+  std::vector<RunCursor::Calls> calls_of(module_count);  // in the current full forward
+  for (const auto& [id, c] : from.act_calls)
+    if (id >= 0 && std::size_t(id) < module_count) calls_of[std::size_t(id)] = c;
   const std::string& path = reader.path();
   reader.for_each_act_stat(
       [&](const rundb::ActStatRow& a) {
@@ -362,6 +385,14 @@ std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t m
           calls = 0;
         }
         micro_batch = a.micro_batch;
+        RunCursor::Calls* own_calls = nullptr;
+        if (full) {
+          own_calls = &calls_of[std::size_t(a.module_id)];
+          if (own_calls->growth.step != a.step || own_calls->growth.micro_batch != a.micro_batch)
+            *own_calls = {CallGrowth{a.step, a.micro_batch}, false};
+          count_call(own_calls->growth, a.stats);
+          if (own_calls->kept) m.growth = own_calls->growth;  // that forward began in an earlier read
+        }
         if (a.module_id != root && full) {
           last_in_step = a.module_id;
           m.before_last = before;
@@ -388,6 +419,10 @@ std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t m
           m.before_known = true;
           m.before_first = before;
         }
+        if (full && m.growth.calls == 0) {
+          own_calls->kept = true;
+          m.growth = own_calls->growth;
+        }
         d.first_nonfinite_module[a.step] = a.module_id;
       },
       from.act_key, false);
@@ -396,6 +431,10 @@ std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t m
   d.next.act_micro_batch = micro_batch;
   d.next.act_forward_max = forward_max;
   d.next.act_forward_calls = calls;
+  d.next.act_calls.clear();
+  for (std::size_t id = 0; id < calls_of.size(); ++id)
+    if (calls_of[id].growth.calls > 0 && calls_of[id].growth.step == current && calls_of[id].growth.micro_batch == micro_batch)
+      d.next.act_calls[std::int64_t(id)] = calls_of[id];
   return least_step;
 }
 

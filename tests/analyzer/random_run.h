@@ -156,6 +156,16 @@ inline void require_same_run(const analyzer::Run& a, const analyzer::Run& b) {
     CHECK(a.modules[m].jump_before == b.modules[m].jump_before);
     CHECK(a.modules[m].before_last == b.modules[m].before_last);
     CHECK(a.modules[m].position == b.modules[m].position);
+    const analyzer::CallGrowth &ga = a.modules[m].growth, &gb = b.modules[m].growth;
+    CHECK(ga.step == gb.step);
+    CHECK(ga.micro_batch == gb.micro_batch);
+    CHECK(ga.calls == gb.calls);
+    CHECK(ga.nonfinite_call == gb.nonfinite_call);
+    CHECK(ga.from_call == gb.from_call);
+    CHECK(ga.to_call == gb.to_call);
+    CHECK(ga.rises == gb.rises);
+    CHECK(ga.from == gb.from);
+    CHECK(ga.to == gb.to);
     CHECK(a.modules[m].last_steps + (a.cursor.act_step_last == std::int64_t(m)) ==
           b.modules[m].last_steps + (b.cursor.act_step_last == std::int64_t(m)));
     CHECK(a.modules[m].max_absmax == b.modules[m].max_absmax);

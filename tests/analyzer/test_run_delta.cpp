@@ -1,6 +1,8 @@
 // Following a run.db while it is written: a Run that reads on from its cursor after each
 // commit holds what load_run reads from the file at that point, and a file that cannot be
 // read on from the cursor says so instead of giving a wrong Run.
+#include <cmath>
+
 #include <catch2/catch.hpp>
 
 #include "../rundb/temp_dir.h"
@@ -160,5 +162,34 @@ TEST_CASE("a forward split between two reads keeps each module's place in it", "
   const auto whole = load_partial(path);
   CHECK(whole.modules[2].position == 3);
   CHECK(whole.modules[2].before_last == 1);
+  require_same_run(followed, whole);
+}
+
+TEST_CASE("a forward split between two reads keeps a module's calls in it", "[load][delta]") {
+  // Module 1 called ten times at step 3, its |output| doubling, NaN/Inf at the ninth call;
+  // the rows committed in two parts, the second also ending the step.
+  Followed f(2, 4);
+  auto& [dir, path, run, followed] = f;
+  const auto forward = [&](std::int64_t from, std::int64_t to) {
+    for (std::int64_t i = from; i < to; ++i) {
+      rundb::ActStatRow a;
+      a.step = 3;
+      a.fwd_order = i;
+      a.module_id = 1;
+      a.stats = {4096, i >= 8 ? 2 : 0, 0, 0, 0, std::ldexp(1.0, int(i)), 0.01, 10.0};
+      run.writer().add_act_stat(a);
+    }
+    run.writer().commit();
+  };
+  forward(0, 9);
+  REQUIRE(follow(followed));
+  forward(9, 10);
+  run.unsampled_step(3);
+  run.writer().commit();
+  REQUIRE(follow(followed));
+  const auto whole = load_partial(path);
+  CHECK(whole.modules[1].growth.calls == 10);
+  CHECK(whole.modules[1].growth.nonfinite_call == 8);
+  CHECK(whole.modules[1].growth.grows());
   require_same_run(followed, whole);
 }

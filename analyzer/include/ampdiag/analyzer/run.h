@@ -43,6 +43,20 @@ struct LayerSummary {
   std::int64_t first_update_step = -1;
 };
 
+// One module's calls in one forward (a step's micro-batch), 0-based: how many so far, the
+// first that went NaN/Inf, and, of the calls before it whose |output| was finite and not 0,
+// the first and the last, their |output|, and how many rose over the one before.
+// nonfinite_call -1: none went NaN/Inf (yet).
+struct CallGrowth {
+  std::int64_t step = -1, micro_batch = -1;
+  std::int64_t calls = 0, nonfinite_call = -1, from_call = -1, to_call = -1, rises = 0;
+  float from = 0.0f, to = 0.0f;
+  // Its |output| rose by a steady factor call after call up to the NaN/Inf one (a recurrence
+  // that amplifies its state): rate() is that factor.
+  bool grows() const;
+  double rate() const;
+};
+
 struct ModuleSummary {
   rundb::ModuleRow info;
   std::int64_t nonfinite_steps = 0;   // steps whose output held NaN/Inf
@@ -64,6 +78,9 @@ struct ModuleSummary {
   // before it (-1: none, it was first), and how many modules finished before it (-1: no
   // such forward). Forward order, which module ids are not (last_steps).
   std::int64_t before_last = -1, position = -1;
+  // Its calls in that same first forward where it was first to go NaN/Inf (calls 0: no
+  // such forward had a row for every call).
+  CallGrowth growth;
 };
 
 struct StepSummary {
@@ -125,6 +142,13 @@ struct RunCursor {
   std::int64_t act_step_last = -1, act_micro_batch = -1, root_module = -1;
   float act_forward_max = 0.0f;  // the largest output so far in act_key's forward
   std::int64_t act_forward_calls = 0;  // modules finished so far in act_key's forward
+  // Each module's calls so far in act_key's forward, by module id (a forward with a row for
+  // every call), and whether it is the forward its growth was kept from.
+  struct Calls {
+    CallGrowth growth;
+    bool kept = false;
+  };
+  std::map<std::int64_t, Calls> act_calls;
   std::size_t layers = 0, modules = 0;
   // What gradient and activation rows said about steps whose steps row was not in the file
   // yet: the step gets it once its row is read.

@@ -44,13 +44,17 @@ struct RunDelta {
   // Activation rows: per module, steps with NaN/Inf output, steps it was the first such
   // module (forward order), the first such step and the module that finished just before
   // it there, its largest finite |output|, steps it finished last, its largest jump over
-  // the modules before it, its place in the last full forward that ran it (ModuleSummary);
+  // the modules before it, its place in the last full forward that ran it, its calls in the
+  // forward where it was first (ModuleSummary);
   // and per step the first such module.
   struct ModuleDelta {
     std::int64_t nonfinite_steps = 0, first_nonfinite = 0, first_step = -1, before_first = -1, last_steps = 0;
     std::int64_t before_last = -1, position = -1;  // position -1: no full forward read ran it
     bool before_known = false;
     float max_absmax = 0.0f, jump_absmax = 0.0f, jump_before = 0.0f;
+    // Its calls in the first full forward read where it was first to go NaN/Inf, or more of
+    // them where that forward began in an earlier read (calls 0: none).
+    CallGrowth growth;
   };
   std::map<std::int64_t, ModuleDelta> module_stats;  // by module id
   std::map<std::int64_t, std::int64_t> first_nonfinite_module;  // by step
