@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <string>
 
 #include "ampdiag/analyzer/run.h"
 #include "ampdiag/analyzer/run_delta.h"
@@ -16,9 +18,19 @@ namespace ampdiag::analyzer {
 
 namespace {
 
+// A process that was killed stays a zombie until its parent reaps it (a container whose init
+// does not reap: seconds or more), and kill() still finds it; it writes nothing more.
+bool zombie(long pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return false;
+  const auto paren = text.rfind(')');  // the name before it may hold spaces and parentheses
+  return paren != std::string::npos && paren + 2 < text.size() && (text[paren + 2] == 'Z' || text[paren + 2] == 'X');
+}
+
 bool process_alive(const std::string& pid_text) {
   const long pid = std::atol(pid_text.c_str());
-  return pid > 0 && (::kill(pid_t(pid), 0) == 0 || errno == EPERM);
+  return pid > 0 && (::kill(pid_t(pid), 0) == 0 || errno == EPERM) && !zombie(pid);
 }
 
 void read_gpu_profile(rundb::RunDbReader& reader, Run& run) {

@@ -2,6 +2,7 @@
 import os
 import shutil
 import sqlite3
+import time
 
 import pytest
 
@@ -113,3 +114,25 @@ def test_unwritable_output(run, sample_dbs, tmp_path):
 ])
 def test_usage_errors(run, args, words):
     assert_one_line_error(run(*args), *words)
+
+
+def test_run_whose_killed_process_is_not_reaped_yet(run, sample_dbs, tmp_path):
+    # A zombie: exited, its parent (this test) not waiting for it yet, as when a container's
+    # init is slow to reap a killed trainer. kill(pid, 0) still finds it; it writes nothing.
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while _state(child) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _state(child) == "Z"
+        path = _unfinished_copy(sample_dbs, tmp_path, child)
+        assert_one_line_error(run("report", path), "was not closed", "--allow-partial")
+    finally:
+        os.waitpid(child, 0)
+
+
+def _state(pid):
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
