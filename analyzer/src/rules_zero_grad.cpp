@@ -105,6 +105,27 @@ void gradients_cleared(const Run& run, const std::map<std::int64_t, StepGradient
       zero_loss += s.row.loss == 0.0;
     }
     if (known > 0 && zero_loss == known) f.evidence += ", and the loss was exactly 0 in every one of those steps";
+    // Steps before the first all-zero one whose finite gradients were not all zero: the model
+    // trained, then its loss reached 0 (a triplet loss once every triplet meets its margin).
+    std::int64_t trained = 0;
+    for (const auto& [step, g] : by_step) {
+      if (step >= first) break;
+      trained += g.finite && !g.all_zero;
+    }
+    if (known > 0 && zero_loss == known && trained >= kMinSteps) {
+      f.severity = Severity::kInfo;
+      f.score = 4.0;
+      f.title = "The loss reached exactly 0 at step " + std::to_string(first) + ", after " +
+                plural(trained, "step") + " that trained, and was 0 in " + plural(zero, "step") +
+                ": those steps train nothing, and nothing overflowed or underflowed";
+      f.suggestions.push_back({"No precision problem: backward made the gradients zero because the loss is exactly 0, "
+                               "satisfied by every sample (a margin every triplet or pair meets, a hinge or a clamp at "
+                               "0). If the model should go on learning, make the loss harder where it saturates (hard "
+                               "negatives, a larger margin), or stop the training where it reaches 0.",
+                               "", ""});
+      out.push_back(f);
+      return;
+    }
     f.suggestions.push_back({"Look at the loss, not at zero_grad(): its gradient is zero. It is exactly 0 or "
                              "saturated (a softmax temperature so small that every pair is already separated, a margin "
                              "every sample meets, a clamp or a threshold before it), or the model's output reaches it "

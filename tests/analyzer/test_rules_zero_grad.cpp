@@ -114,6 +114,48 @@ TEST_CASE("all-zero gradients that arrived zero from backward are the loss's, no
   CHECK(z->suggestions.front().python.empty());
 }
 
+namespace {
+
+// `trained` steps with gradients and a loss of 0.4, then 10 whose gradients arrived zero from
+// backward (event at the first of them) with a loss of `then`.
+Report trained_then_zero(const TempDir& dir, int trained, double then) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < trained; ++i) f.step(65536, 65536, 1000.0, {}, 0.4);
+  f.event("gradients-arrived-zero", "head.bias's gradient arrived from backward all zeros");
+  for (int i = 0; i < 10; ++i) f.step(65536, 65536, 0.0, {}, then);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a loss that reached exactly 0 after steps that trained is information, not an error", "[rules][zero-grad]") {
+  // A triplet loss once every triplet meets its margin: the model learnt, then nothing is left.
+  TempDir dir;
+  const Report r = trained_then_zero(dir, 6, 0.0);
+  const Finding& z = required(r, "zero-gradients");
+  CHECK(z.severity == Severity::kInfo);
+  CHECK(z.title == "The loss reached exactly 0 at step 6, after 6 steps that trained, and was 0 in 10 steps: those "
+                   "steps train nothing, and nothing overflowed or underflowed");
+  CHECK_THAT(z.suggestions.front().summary, Catch::StartsWith("No precision problem"));
+  CHECK_FALSE(Gate("error").fails(r));
+}
+
+TEST_CASE("a loss exactly 0 after too few steps that trained is still an error", "[rules][zero-grad]") {
+  TempDir dir;
+  const Report r = trained_then_zero(dir, 2, 0.0);
+  CHECK(required(r, "zero-gradients").severity == Severity::kError);
+}
+
+TEST_CASE("zero gradients under a loss that is not 0 after steps that trained are still an error", "[rules][zero-grad]") {
+  // A path detached midway: the loss is there, its gradient is not.
+  TempDir dir;
+  const Report r = trained_then_zero(dir, 6, 0.3);
+  const Finding& z = required(r, "zero-gradients");
+  CHECK(z.severity == Severity::kError);
+  CHECK_THAT(z.title, Catch::StartsWith("Every gradient was exactly zero"));
+}
+
 TEST_CASE("a gradient that arrived zero in a step with other gradients does not clear the loop of blame",
           "[rules][zero-grad]") {
   TempDir dir;

@@ -5,7 +5,9 @@ pin the layer to FP32; it names the missing zero_grad() first, and the loop with
 healthy. And its twin: zero_grad(set_to_none=False) between backward and scaler.step(),
 where nothing trains and nothing overflows (with set_to_none=True torch raises). And the
 one inside gradient accumulation, zero_grad() before every micro-batch, where each step
-applies its last micro-batch alone: nothing overflows, the loss still falls."""
+applies its last micro-batch alone: nothing overflows, the loss still falls. And a loss that
+training brought to exactly 0 (a triplet margin every triplet meets), whose zero gradients
+are no fault: the report used to fail that healthy run as 'nothing trains'."""
 import torch
 from torch import nn
 
@@ -179,3 +181,32 @@ def test_sharpness_aware_training_is_healthy(tmp_path, verdict):
     sharpness_aware(tmp_path / "sam.db", gain=1.0)
     code, rep = verdict(tmp_path / "sam.db")
     assert code == 0, rep["findings"]
+
+
+def converging_triplets(db, steps=60):
+    """A metric-learning loop whose triplet margin loss every triplet meets after a few steps
+    of training: from then on the loss is exactly 0 and backward delivers only zeros."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 16))
+    opt, scaler = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), torch.amp.GradScaler("cpu")
+    g = torch.Generator().manual_seed(1)
+    centers = torch.randn(4, 32, generator=g) * 0.3
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(steps):
+            c = torch.randint(0, 4, (32,), generator=g)
+            o = (c + 1 + torch.randint(0, 3, (32,), generator=g)) % 4
+            a, p, n = (centers[k] + 0.3 * torch.randn(32, 32, generator=g) for k in (c, c, o))
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.triplet_margin_loss(model(a), model(p), model(n), margin=0.5)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+def test_a_loss_that_training_brought_to_exactly_0_is_information_and_the_run_healthy(tmp_path, verdict):
+    converging_triplets(tmp_path / "triplets.db")
+    code, rep = verdict(tmp_path / "triplets.db")
+    assert code == 0, rep["findings"]
+    assert [(f["rule"], f["severity"]) for f in rep["findings"]] == [("zero-gradients", "info")]
+    assert rep["findings"][0]["title"].startswith("The loss reached exactly 0 at step")
