@@ -85,26 +85,29 @@ void gradients_cleared(const Run& run, const std::map<std::int64_t, StepGradient
                ", from step " + std::to_string(first) + ", each of the " + plural(std::int64_t(run.layers.size()), "gradient") +
                " was all zeros where " + (run.has_scaler() ? "scaler.step() unscaled them" : "the optimizer stepped");
   // The Python agent looks now and then at what a gradient arrived holding: zeros from
-  // backward itself are the loss's, and no zero_grad() is to blame.
+  // backward itself are the loss's, and no zero_grad() is to blame. So is a loss exactly 0
+  // in every such step: a loop that clears the gradients still has a loss.
   const rundb::EventRow* arrived = nullptr;
   for (const auto& e : run.events)
     if (e.kind == "gradients-arrived-zero" && !arrived) {
       const auto g = by_step.find(e.step);
       if (g != by_step.end() && g->second.all_zero) arrived = &e;
     }
-  if (arrived) {
+  std::int64_t zero_loss = 0, known = 0;
+  for (const auto& s : run.steps) {
+    const auto g = by_step.find(s.row.step);
+    if (g == by_step.end() || !g->second.all_zero || !run.loss_known(s.row)) continue;
+    ++known;
+    zero_loss += s.row.loss == 0.0;
+  }
+  const bool loss_zero = known > 0 && zero_loss == known;
+  if (arrived || loss_zero) {
     f.rule = "zero-gradients";
     f.title = "Every gradient was exactly zero when the optimizer stepped: backward made them zero, and nothing trains";
-    f.evidence += "; in step " + std::to_string(arrived->step) + ", " + arrived->detail +
-                  ", before anything could clear it: the loss's gradient is zero";
-    std::int64_t zero_loss = 0, known = 0;
-    for (const auto& s : run.steps) {
-      const auto g = by_step.find(s.row.step);
-      if (g == by_step.end() || !g->second.all_zero || !run.loss_known(s.row)) continue;
-      ++known;
-      zero_loss += s.row.loss == 0.0;
-    }
-    if (known > 0 && zero_loss == known) f.evidence += ", and the loss was exactly 0 in every one of those steps";
+    if (arrived)
+      f.evidence += "; in step " + std::to_string(arrived->step) + ", " + arrived->detail +
+                    ", before anything could clear it: the loss's gradient is zero";
+    if (loss_zero) f.evidence += std::string(arrived ? ", and" : ";") + " the loss was exactly 0 in every one of those steps";
     // Steps before the first all-zero one whose finite gradients were not all zero: the model
     // trained, then its loss reached 0 (a triplet loss once every triplet meets its margin).
     std::int64_t trained = 0;
@@ -112,7 +115,7 @@ void gradients_cleared(const Run& run, const std::map<std::int64_t, StepGradient
       if (step >= first) break;
       trained += g.finite && !g.all_zero;
     }
-    if (known > 0 && zero_loss == known && trained >= kMinSteps) {
+    if (loss_zero && trained >= kMinSteps) {
       f.severity = Severity::kInfo;
       f.score = 4.0;
       f.title = "The loss reached exactly 0 at step " + std::to_string(first) + ", after " +

@@ -116,12 +116,12 @@ TEST_CASE("all-zero gradients that arrived zero from backward are the loss's, no
 
 namespace {
 
-// `trained` steps with gradients and a loss of 0.4, then 10 whose gradients arrived zero from
-// backward (event at the first of them) with a loss of `then`.
-Report trained_then_zero(const TempDir& dir, int trained, double then) {
+// `trained` steps with gradients and a loss of 0.4, then 10 whose gradients were all zero
+// with a loss of `then`, seen arriving zero from backward at the first of them (`seen`).
+Report trained_then_zero(const TempDir& dir, int trained, double then, bool seen = true) {
   RunFixture f(dir.file("run.db"), kLayers);
   for (int i = 0; i < trained; ++i) f.step(65536, 65536, 1000.0, {}, 0.4);
-  f.event("gradients-arrived-zero", "head.bias's gradient arrived from backward all zeros");
+  if (seen) f.event("gradients-arrived-zero", "head.bias's gradient arrived from backward all zeros");
   for (int i = 0; i < 10; ++i) f.step(65536, 65536, 0.0, {}, then);
   f.finish();
   return report_of(dir.file("run.db"));
@@ -139,6 +139,26 @@ TEST_CASE("a loss that reached exactly 0 after steps that trained is information
                    "steps train nothing, and nothing overflowed or underflowed");
   CHECK_THAT(z.suggestions.front().summary, Catch::StartsWith("No precision problem"));
   CHECK_FALSE(Gate("error").fails(r));
+}
+
+TEST_CASE("a loss that reached exactly 0 with no gradient seen arriving zero is not a cleared loop", "[rules][zero-grad]") {
+  // The agent looks at arrivals every 16th step (the C++ agent not at all): the zero loss
+  // alone says the gradients are the loss's, since a loop that clears them still has a loss.
+  TempDir dir;
+  const Report r = trained_then_zero(dir, 6, 0.0, false);
+  CHECK(find(r, "gradients-cleared") == nullptr);
+  const Finding& z = required(r, "zero-gradients");
+  CHECK(z.severity == Severity::kInfo);
+  CHECK_THAT(z.evidence, Catch::EndsWith("where scaler.step() unscaled them; the loss was exactly 0 in every one of "
+                                         "those steps"));
+}
+
+TEST_CASE("gradients all zero from the start under a loss exactly 0 are the loss's, not a cleared loop",
+          "[rules][zero-grad]") {
+  TempDir dir;
+  const Report r = trained_then_zero(dir, 0, 0.0, false);
+  CHECK(find(r, "gradients-cleared") == nullptr);
+  CHECK(required(r, "zero-gradients").severity == Severity::kError);
 }
 
 TEST_CASE("a loss exactly 0 after too few steps that trained is still an error", "[rules][zero-grad]") {
