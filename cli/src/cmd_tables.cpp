@@ -56,6 +56,14 @@ std::string num(double v, const char* f = "%.2f") {
   return b;
 }
 
+// A step's recorded loss: NaN/Inf spelt out, since "-" reads as "not recorded" (the file
+// keeps a NaN loss as NULL, read back as NaN).
+std::string loss_text(double loss) {
+  if (std::isnan(loss)) return "nan";
+  if (std::isinf(loss)) return loss < 0 ? "-inf" : "inf";
+  return num(loss, "%.6g");
+}
+
 }  // namespace
 
 int cmd_layers(int argc, char** argv) {
@@ -121,7 +129,7 @@ int cmd_timeline(int argc, char** argv) {
   for (const auto& s : run.steps) {
     if (s.row.step % every != 0 && !s.row.skipped) continue;
     const analyzer::StepCause cause = analyzer::step_cause(run, s);
-    table.push_back({std::to_string(s.row.step), run.loss_known(s.row) ? num(s.row.loss, "%.6g") : "", num(s.row.scale_before, "%g"),
+    table.push_back({std::to_string(s.row.step), run.loss_known(s.row) ? loss_text(s.row.loss) : "", num(s.row.scale_before, "%g"),
                      num(s.row.scale_after, "%g"), s.row.skipped ? "1" : "0", cause.first_gradient,
                      analyzer::forward_label(cause.forward, cause.forward_module)});
   }

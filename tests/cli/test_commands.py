@@ -2,6 +2,8 @@
 import csv
 import io
 import json
+import shutil
+import sqlite3
 
 import pytest
 
@@ -45,6 +47,18 @@ def test_timeline_has_a_row_per_step(run, sample_dbs):
 def test_timeline_every_keeps_skipped_steps(run, sample_dbs):
     rows = list(csv.DictReader(io.StringIO(run("timeline", sample_dbs[("vit", False)], "--csv", "--every", "1000").stdout)))
     assert {r["step"] for r in rows} >= {"0", "20", "41"}
+
+
+def test_timeline_spells_out_a_nan_or_inf_loss(run, sample_dbs, tmp_path):
+    # A NaN loss is kept as NULL: it read "-", as if no loss had been recorded.
+    path = tmp_path / "nan_loss.db"
+    shutil.copy(sample_dbs[("vit", False)], path)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE steps SET loss = NULL WHERE step = 0")
+        db.execute("UPDATE steps SET loss = ? WHERE step = 1", (float("inf"),))
+    rows = list(csv.DictReader(io.StringIO(run("timeline", path, "--csv").stdout)))
+    assert (rows[0]["loss"], rows[1]["loss"]) == ("nan", "inf")
+    assert float(rows[2]["loss"]) > 0
 
 
 def test_diff_flags_a_regression(run, sample_dbs):
