@@ -1,5 +1,6 @@
 // Agent: attaches to a model and a GradScaler, stages each step's statistics, decides
-// what to record at update() and hands fixed-size records to the writer thread.
+// what to record at update() and hands fixed-size records to the writer thread (the
+// Impl's class: agent_impl.h; without a scaler: agent_without_scaler.cpp).
 #include "ampdiag/agent.h"
 
 #include <ATen/ATen.h>
@@ -13,168 +14,17 @@
 #include <memory>
 #include <set>
 #include <stdexcept>
-#include <unordered_map>
-#include <unordered_set>
 
 #include "ampdiag/grad_scaler.h"
 #include "ampdiag/pin_fp32.h"
+#include "agent_impl.h"
 #include "agent_setup.h"
-#include "batch_looks.h"
-#include "half_updates.h"
-#include "precision_checks.h"
-#include "replay_pins.h"
 #include "run_paths.h"
-#include "session.h"
-#include "stale_gradients.h"
-#include "elapsed.h"
-#include "tensor_views.h"
-#include "weight_norms.h"
 
 namespace ampdiag {
 
-namespace {
-
 using agent::Clock;
 using agent::ns_since;
-
-struct AddToAgentNs {
-  agent::Session* session;
-  void operator()(std::int64_t ns) const { session->add_agent_ns(ns); }
-};
-// The adapter's time on the training thread, added to the step's agent_ns when it goes.
-using AgentTime = agent::AddsElapsed<AddToAgentNs>;
-
-}  // namespace
-
-class Agent::Impl final : public ScalerObserver {
- public:
-  Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions options);
-  ~Impl() override {
-    // Destroyed by an exception that unwinds the training (a loop's Agent is one of its
-    // locals): the run stopped at this step, and the report must not read it as a whole
-    // healthy run. The exception itself is out of reach here (it is not being handled yet).
-    if (!closed_ && !raised_ && std::uncaught_exceptions() > exceptions_at_start_) {
-      try {
-        session_.event("training-raised", std::string(kUnwound));
-      } catch (...) {
-        // Nothing may leave a destructor during unwinding; the run.db is finished below.
-      }
-    }
-    close();
-  }
-
-  at::Tensor probe(const std::string& path, const at::Tensor& x) {
-    record(path, x);
-    return x;
-  }
-  at::Tensor input(const std::string& name, const at::Tensor& x);
-  at::Tensor forward_as(const std::string& path, const Forward& run, const Forward& replay, const at::Tensor& x);
-  bool begin_module_range(const std::string& path);
-  void end_range() { session_.end_range(); }
-  void training_raised(const std::exception& error);
-  void close();
-  AgentStatus status() const;
-
-  AgentTime agent_time() { return AgentTime(AddToAgentNs{&session_}); }
-
-  void on_scale(const at::Tensor& outputs) override;
-  bool on_unscale(UnscaleBatch& batch) override;
-  void on_step(bool skipped) override {
-    skipped_ = skipped;
-    if (skipped) {
-      const auto timed = agent_time();
-      weight_norms_.step_skipped();
-    }
-  }
-  void on_optimizer(const torch::optim::Optimizer& optimizer, bool starting) override {
-    if (starting) {
-      {
-        const auto timed = agent_time();
-        weight_norms_.optimizer_starting(optimizer);
-      }
-      optimizer_range_ = session_.begin_range(-1, rundb::GpuPhase::kOptimizer, rundb::GpuKind::kOtherKernel);
-      if (!closed_) half_updates_.before_step(options_.every);
-    } else {
-      if (optimizer_range_) session_.end_range();
-      half_updates_.after_step();
-    }
-  }
-  void on_update(const ScaleUpdate& update) override;
-
- private:
-  // Probes x as module `path`'s output; returns whether it was the step's first NaN/Inf
-  // and an FP32 replay could explain it (the input held no NaN, the parameters no NaN/Inf).
-  // `module_input`: what the module computed it from, where forward() ran it.
-  bool record(const std::string& path, const at::Tensor& x, const at::Tensor* module_input = nullptr);
-  void register_layers(torch::nn::Module& model);
-  // Registers the model's parameter `name` (its arrival hook, weight norms, stalled-update
-  // count): the layer it was registered as, not added where it is the same tensor as an
-  // earlier name.
-  agent::Session::Layer register_parameter(const std::string& name, const at::Tensor& p);
-  std::int64_t layer_of(const at::Tensor& param);
-  // The type of the model's module at `path`; empty for a path the model does not have.
-  std::string module_type(const std::string& path) const {
-    const auto type = module_types_.find(path);
-    return type == module_types_.end() ? "" : type->second;
-  }
-  void begin_cycle();
-
-  AgentOptions options_;
-  GradScaler* scaler_;
-  std::string db_path_;
-  agent::Session session_;
-  agent::ReplayPins replay_pins_;
-  agent::WeightNorms weight_norms_{session_};
-  agent::PrecisionChecks checks_;
-
-  std::unordered_map<std::string, std::string> module_types_;  // path -> type, from the model
-  // The model, where a shared_ptr owns it (a ModuleHolder's): looked in again for a tensor
-  // the optimizer hands over that it did not hold at attach (a block grown, a head swapped in).
-  std::weak_ptr<torch::nn::Module> model_;
-  std::vector<at::Tensor> keep_alive_;  // every registered tensor: its address is its key
-  std::vector<std::pair<at::Tensor, unsigned>> hooks_;
-  agent::HalfUpdates half_updates_{session_};
-  std::unique_ptr<agent::StaleGradients> stale_;  // see stale_gradients.h; none without a host probe
-
-  // Per cycle: the losses given to scale() (micro-batches, several losses), summed: on the
-  // host for host losses, on the device for device ones (read back with the outcome).
-  bool optimizer_range_ = false;
-  double loss_sum_ = 0.0;
-  at::Tensor device_loss_sum_;
-  std::int64_t losses_ = 0;
-  bool skipped_ = false;
-  bool nonfinite_seen_ = false;  // a probe of this cycle held NaN/Inf
-  // The last output recorded this cycle, and whose: a module run through forward() on it,
-  // unchanged or viewed, is given that module's output (event "module-input-from", once per
-  // module).
-  at::Tensor last_output_;
-  std::string last_output_path_;
-  std::unordered_set<std::string> inputs_seen_;
-  // AgentOptions::amp_dtype was left empty and no training probe has run yet.
-  bool learn_amp_dtype_ = false;
-  void learn_amp_dtype(c10::DeviceType device, at::ScalarType output);
-  // The cycle's inputs (input()), looked at once a probe holds NaN/Inf.
-  agent::BatchLooks batch_;
-  // The model's parameters by name, looked at for NaN/Inf in a step whose probe first holds
-  // NaN/Inf with no NaN input, until found: an earlier update wrote them, or the model came
-  // with them (event parameters-nonfinite). Their modules are not replayed from then on.
-  std::vector<std::pair<std::string, at::Tensor>> named_params_;
-  bool parameters_nonfinite_ = false;
-  void look_at_parameters();
-  bool closed_ = false;
-  bool raised_ = false;  // training_raised() recorded the exception
-  // Exceptions in flight when the Agent was made: one made by a destructor that runs during
-  // unwinding is not destroyed by that exception.
-  const int exceptions_at_start_ = std::uncaught_exceptions();
-  static constexpr const char* kUnwound =
-      "an exception: the Agent was destroyed while it unwound the training loop (its type and message are the "
-      "program's to print)";
-
-  // Per-call scratch, kept to avoid allocating on the training thread.
-  std::vector<agent::DeviceTensor> views_;
-  std::vector<at::Tensor> copies_;
-  std::vector<std::int64_t> ids_;
-};
 
 namespace {
 
@@ -182,9 +32,9 @@ std::uintptr_t key_of(const at::Tensor& t) { return reinterpret_cast<std::uintpt
 
 }  // namespace
 
-Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions options)
+Agent::Impl::Impl(torch::nn::Module& model, GradScaler* scaler, AgentOptions options)
     : options_(std::move(options)),
-      scaler_(&scaler),
+      scaler_(scaler),
       session_(agent::session_options(options_)),
       replay_pins_(session_, options_.replay, options_.autopin),
       checks_(session_, options_.precision_budget),
@@ -192,11 +42,12 @@ Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions opt
   if (options_.autopin < 0) throw std::invalid_argument("AgentOptions.autopin must be >= 0 (0: never pin)");
   if (options_.autopin > 0 && !options_.replay)
     throw std::invalid_argument("AgentOptions.autopin needs replay: it pins only what an FP32 replay confirmed");
-  if (!scaler.is_enabled())
+  if (scaler && !scaler->is_enabled())
     throw std::invalid_argument(
-        "ampdiag::Agent: the GradScaler is disabled, so there is no loss scale to watch; enable it "
-        "(fp16) or train without a scaler (bf16)");
-  if (scaler.observer())
+        "ampdiag::Agent: the GradScaler is disabled, so there is no loss scale to watch; enable it (fp16), or "
+        "make the Agent without it (bf16, or AMP off): ampdiag::Agent agent(model, options), then "
+        "agent.loss(loss) before each backward and agent.step(optimizer) instead of optimizer.step()");
+  if (scaler && scaler->observer())
     throw std::invalid_argument("ampdiag::Agent: this GradScaler already has an agent attached; close() it first");
   if (model.parameters(/*recurse=*/true).empty())
     throw std::invalid_argument("ampdiag::Agent: the model has no parameters: nothing to watch");
@@ -211,19 +62,23 @@ Agent::Impl::Impl(torch::nn::Module& model, GradScaler& scaler, AgentOptions opt
   meta.source = "ampdiag C++ agent";
   meta.torch_version = TORCH_VERSION;
   meta.device = keep_alive_.empty() ? "cpu" : keep_alive_.front().device().str();
-  meta.amp_dtype = options_.amp_dtype.empty() ? "float16" : options_.amp_dtype;
+  // Without a scaler the guess is bf16 (fp16 needs one); the first training probe corrects it.
+  meta.amp_dtype = !options_.amp_dtype.empty() ? options_.amp_dtype : scaler ? "float16" : "bfloat16";
   learn_amp_dtype_ = options_.amp_dtype.empty();
   meta.command_line = agent::command_line();
   meta.fused_unscale = options_.fused_unscale;
-  meta.scaler_init_scale = scaler.get_scale();
-  meta.scaler_growth_factor = scaler.get_growth_factor();
-  meta.scaler_backoff_factor = scaler.get_backoff_factor();
-  meta.scaler_growth_interval = scaler.get_growth_interval();
+  meta.has_scaler = scaler != nullptr;
+  if (scaler) {
+    meta.scaler_init_scale = scaler->get_scale();
+    meta.scaler_growth_factor = scaler->get_growth_factor();
+    meta.scaler_backoff_factor = scaler->get_backoff_factor();
+    meta.scaler_growth_interval = scaler->get_growth_interval();
+  }
   session_.write_meta(meta);
   // The analyzer offers no pin that the run already had (set: each path once).
   for (const auto& path : std::set<std::string>(options_.pinned_fp32.begin(), options_.pinned_fp32.end()))
     session_.event("pinned-fp32", path);
-  scaler.set_observer(this);
+  if (scaler) scaler->set_observer(this);
 }
 
 agent::Session::Layer Agent::Impl::register_parameter(const std::string& name, const at::Tensor& p) {
@@ -325,23 +180,25 @@ at::Tensor Agent::Impl::input(const std::string& name, const at::Tensor& x) {
 
 // The first training probe's autocast dtype, where the options left the run's to it. With
 // autocast off, the probed output's own dtype: a float32 one is a run with AMP off, which
-// was judged by fp16's range (an fp16 model's stays float16).
+// was judged by the guess's range (float16 with a scaler, bfloat16 without one).
 void Agent::Impl::learn_amp_dtype(c10::DeviceType device, at::ScalarType output) {
   if (!at::GradMode::is_enabled()) return;  // an evaluation: wait for a training forward
   learn_amp_dtype_ = false;
-  if (!at::autocast::is_autocast_enabled(device)) {
-    if (output != at::kFloat && output != at::kBFloat16) return;
-    const std::string seen = output == at::kFloat ? "float32" : "bfloat16";
-    session_.set_meta("amp_dtype", seen);
+  const bool autocast = at::autocast::is_autocast_enabled(device);
+  const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(device) : output;
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return;
+  const std::string seen = agent::dtype_name(dtype);
+  const std::string guessed = scaler_ ? "float16" : "bfloat16";
+  if (seen == guessed) return;
+  const std::string assumed = "the " + guessed + (scaler_ ? " AgentOptions::amp_dtype left empty assumed"
+                                                          : " assumed for an Agent without a GradScaler");
+  session_.set_meta("amp_dtype", seen);
+  if (!autocast)
     session_.event("amp-dtype", "autocast was off at the first training probe, whose output was " + seen +
-                                    ": the run is judged in " + seen +
-                                    ", not the float16 AgentOptions::amp_dtype left empty assumed");
-    return;
-  }
-  if (at::autocast::get_autocast_dtype(device) != at::kBFloat16) return;
-  session_.set_meta("amp_dtype", "bfloat16");
-  session_.event("amp-dtype", "autocast ran in bfloat16, not the float16 AgentOptions::amp_dtype left empty assumed: "
-                              "the run is judged in bfloat16 (bfloat16 needs no GradScaler)");
+                                    ": the run is judged in " + seen + ", not " + assumed);
+  else
+    session_.event("amp-dtype", "autocast ran in " + seen + ", not " + assumed + ": the run is judged in " + seen +
+                                    (dtype == at::kBFloat16 ? " (bfloat16 needs no GradScaler)" : ""));
 }
 
 // As the Python agent words it. Host parameters only, for the reason input() gives.
@@ -437,24 +294,21 @@ void Agent::Impl::on_scale(const at::Tensor& outputs) {
   }
 }
 
-bool Agent::Impl::on_unscale(UnscaleBatch& batch) {
-  const auto timed = agent_time();
-  begin_cycle();
-  const std::size_t n = batch.grads.size();
-  if (stale_) stale_->unscaled(batch.params);
+bool Agent::Impl::gradient_views(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                                 const at::Device* scale_device) {
+  const std::size_t n = grads.size();
   views_.clear();
   ids_.clear();
   copies_.assign(n, at::Tensor());
-  const at::Device scale_device = batch.found_inf.device();
   // Fused: every gradient read in place on the scale's device (torch then has nothing to do).
-  bool fusable = options_.fused_unscale;
+  bool fusable = scale_device != nullptr && options_.fused_unscale;
   for (std::size_t i = 0; i < n; ++i) {
-    const at::Tensor& g = batch.grads[i];
-    const std::int64_t id = layer_of(batch.params[i]);
-    if (batch.params[i].grad().is_sparse())
+    const at::Tensor& g = grads[i];
+    const std::int64_t id = layer_of(params[i]);
+    if (params[i].grad().is_sparse())
       session_.event_once("sparse:" + std::to_string(id), "sparse-gradient",
                           "layer " + std::to_string(id) + " has sparse gradients: statistics cover their stored values");
-    if (!agent::directly_readable(g) || g.device() != scale_device) {
+    if (scale_device && (!agent::directly_readable(g) || g.device() != *scale_device)) {
       fusable = false;
       session_.event_once("copied:" + std::to_string(id), "slow-path",
                           "layer " + std::to_string(id) + " has a " + agent::dtype_name(g.scalar_type()) + " " +
@@ -469,6 +323,15 @@ bool Agent::Impl::on_unscale(UnscaleBatch& batch) {
     ids_.push_back(id);
     views_.push_back(view);
   }
+  return fusable;
+}
+
+bool Agent::Impl::on_unscale(UnscaleBatch& batch) {
+  const auto timed = agent_time();
+  begin_cycle();
+  if (stale_) stale_->unscaled(batch.params);
+  const at::Device scale_device = batch.found_inf.device();
+  const bool fusable = gradient_views(batch.params, batch.grads, &scale_device);
   agent::GradBatch b;
   b.layers = ids_.data();
   b.tensors = views_.data();
@@ -589,7 +452,10 @@ AgentStatus Agent::Impl::status() const {
 }
 
 Agent::Agent(torch::nn::Module& model, GradScaler& scaler, AgentOptions options)
-    : impl_(std::make_unique<Impl>(model, scaler, std::move(options))) {}
+    : impl_(std::make_unique<Impl>(model, &scaler, std::move(options))) {}
+
+Agent::Agent(torch::nn::Module& model, AgentOptions options)
+    : impl_(std::make_unique<Impl>(model, nullptr, std::move(options))) {}
 
 Agent::~Agent() = default;
 
@@ -611,6 +477,10 @@ ModuleRange::~ModuleRange() {
 }
 
 void Agent::training_raised(const std::exception& error) { impl_->training_raised(error); }
+
+at::Tensor Agent::loss(const at::Tensor& loss) { return impl_->loss(loss); }
+
+void Agent::step(torch::optim::Optimizer& optimizer) { impl_->step(optimizer); }
 
 void Agent::close() { impl_->close(); }
 

@@ -8,6 +8,9 @@
 //   ... x = agent.probe("blocks.0.attn", x); ...   // in forward, optional
 //   scaler.scale(loss).backward(); scaler.step(opt); scaler.update();
 //
+// Without a scaler (bf16): ampdiag::Agent agent(*model, options); then
+// agent.loss(loss).backward(); agent.step(opt);
+//
 // It never changes the training: parameters after N steps are bit-identical to a run
 // without it. The training thread never waits on the disk: when the writer falls behind
 // the agent drops samples and counts them.
@@ -24,6 +27,9 @@
 
 namespace torch::nn {
 class Module;
+}
+namespace torch::optim {
+class Optimizer;
 }
 
 namespace ampdiag {
@@ -109,6 +115,13 @@ class Agent {
   // model without parameters, malformed RANK/WORLD_SIZE) or rundb::RunDbError (the db
   // cannot be created) before anything is attached.
   Agent(torch::nn::Module& model, GradScaler& scaler, AgentOptions options = {});
+  // Without a loss scaler (bf16 autocast, or AMP off): the loop hands each loss to loss()
+  // and steps the optimizer through step(), which mark the step as the scaler's scale() and
+  // update() do. The run's precision is bf16 until the first training probe says otherwise.
+  //   auto loss = agent.loss(criterion(model->forward(x), y));
+  //   loss.backward();
+  //   agent.step(optimizer);
+  explicit Agent(torch::nn::Module& model, AgentOptions options = {});
   ~Agent();  // detaches, then drains the queue and finishes the run.db
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
@@ -154,6 +167,16 @@ class Agent {
   // while the same exception unwinds.
   //   catch (const std::exception& e) { agent.training_raised(e); throw; }
   void training_raised(const std::exception& error);
+
+  // Without a scaler: `loss`, a loss this step's backward starts from (each micro-batch's
+  // with gradient accumulation), recorded and returned as is. Throws std::logic_error on an
+  // Agent that watches a GradScaler (scaler.scale() records its losses).
+  at::Tensor loss(const at::Tensor& loss);
+  // Without a scaler: the gradients' statistics, then optimizer.step(), which runs whatever
+  // they hold (nothing skips a step without a scaler: the report names the first NaN/Inf
+  // update), then the step is recorded. Throws std::logic_error on an Agent that watches a
+  // GradScaler (scaler.step() and scaler.update() do this).
+  void step(torch::optim::Optimizer& optimizer);
 
   // Detaches from the model and scaler and finishes the run.db. Idempotent.
   void close();

@@ -1,0 +1,188 @@
+// Agent::Impl, the adapter behind ampdiag::Agent: attaches to a model and, where there is
+// one, a GradScaler (as its observer), stages each step's statistics in the session core
+// and ends the step at update(), or at the Agent's own step() without a scaler.
+// agent.cpp holds the scaler's side, agent_without_scaler.cpp the other.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <exception>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "ampdiag/agent.h"
+#include "ampdiag/grad_scaler.h"
+#include "batch_looks.h"
+#include "elapsed.h"
+#include "half_updates.h"
+#include "precision_checks.h"
+#include "replay_pins.h"
+#include "session.h"
+#include "stale_gradients.h"
+#include "tensor_views.h"
+#include "weight_norms.h"
+
+namespace ampdiag {
+
+namespace agent_impl {
+
+using agent::Clock;
+using agent::ns_since;
+
+struct AddToAgentNs {
+  agent::Session* session;
+  void operator()(std::int64_t ns) const { session->add_agent_ns(ns); }
+};
+// The adapter's time on the training thread, added to the step's agent_ns when it goes.
+using AgentTime = agent::AddsElapsed<AddToAgentNs>;
+
+}  // namespace agent_impl
+
+class Agent::Impl final : public ScalerObserver {
+ public:
+  // `scaler` null: a run without one (bf16, or AMP off), whose steps loss() and step() mark.
+  Impl(torch::nn::Module& model, GradScaler* scaler, AgentOptions options);
+  ~Impl() override {
+    // Destroyed by an exception that unwinds the training (a loop's Agent is one of its
+    // locals): the run stopped at this step, and the report must not read it as a whole
+    // healthy run. The exception itself is out of reach here (it is not being handled yet).
+    if (!closed_ && !raised_ && std::uncaught_exceptions() > exceptions_at_start_) {
+      try {
+        session_.event("training-raised", std::string(kUnwound));
+      } catch (...) {
+        // Nothing may leave a destructor during unwinding; the run.db is finished below.
+      }
+    }
+    close();
+  }
+
+  at::Tensor probe(const std::string& path, const at::Tensor& x) {
+    record(path, x);
+    return x;
+  }
+  at::Tensor input(const std::string& name, const at::Tensor& x);
+  at::Tensor forward_as(const std::string& path, const Forward& run, const Forward& replay, const at::Tensor& x);
+  bool begin_module_range(const std::string& path);
+  void end_range() { session_.end_range(); }
+  void training_raised(const std::exception& error);
+  void close();
+  AgentStatus status() const;
+
+  agent_impl::AgentTime agent_time() { return agent_impl::AgentTime(agent_impl::AddToAgentNs{&session_}); }
+
+  void on_scale(const at::Tensor& outputs) override;
+  bool on_unscale(UnscaleBatch& batch) override;
+  void on_step(bool skipped) override {
+    skipped_ = skipped;
+    if (skipped) {
+      const auto timed = agent_time();
+      weight_norms_.step_skipped();
+    }
+  }
+  void on_optimizer(const torch::optim::Optimizer& optimizer, bool starting) override {
+    if (starting) {
+      {
+        const auto timed = agent_time();
+        weight_norms_.optimizer_starting(optimizer);
+      }
+      optimizer_range_ = session_.begin_range(-1, rundb::GpuPhase::kOptimizer, rundb::GpuKind::kOtherKernel);
+      if (!closed_) half_updates_.before_step(options_.every);
+    } else {
+      if (optimizer_range_) session_.end_range();
+      half_updates_.after_step();
+    }
+  }
+  void on_update(const ScaleUpdate& update) override;
+
+  // Without a scaler (agent_without_scaler.cpp): a loss of this step, and the optimizer's step
+  // with the gradients' statistics before it.
+  at::Tensor loss(const at::Tensor& loss);
+  void step(torch::optim::Optimizer& optimizer);
+
+ private:
+  // Probes x as module `path`'s output; returns whether it was the step's first NaN/Inf
+  // and an FP32 replay could explain it (the input held no NaN, the parameters no NaN/Inf).
+  // `module_input`: what the module computed it from, where forward() ran it.
+  bool record(const std::string& path, const at::Tensor& x, const at::Tensor* module_input = nullptr);
+  void register_layers(torch::nn::Module& model);
+  // Registers the model's parameter `name` (its arrival hook, weight norms, stalled-update
+  // count): the layer it was registered as, not added where it is the same tensor as an
+  // earlier name.
+  agent::Session::Layer register_parameter(const std::string& name, const at::Tensor& p);
+  std::int64_t layer_of(const at::Tensor& param);
+  // The type of the model's module at `path`; empty for a path the model does not have.
+  std::string module_type(const std::string& path) const {
+    const auto type = module_types_.find(path);
+    return type == module_types_.end() ? "" : type->second;
+  }
+  void begin_cycle();
+  // Views of the gradients for the statistics pass in views_ and ids_ (copies in copies_
+  // where one cannot be read in place). Returns whether every one can be unscaled in place
+  // on `scale_device` (null: none is to be unscaled, as without a scaler).
+  bool gradient_views(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                      const at::Device* scale_device);
+
+  AgentOptions options_;
+  GradScaler* scaler_;
+  std::string db_path_;
+  agent::Session session_;
+  agent::ReplayPins replay_pins_;
+  agent::WeightNorms weight_norms_{session_};
+  agent::PrecisionChecks checks_;
+
+  std::unordered_map<std::string, std::string> module_types_;  // path -> type, from the model
+  // The model, where a shared_ptr owns it (a ModuleHolder's): looked in again for a tensor
+  // the optimizer hands over that it did not hold at attach (a block grown, a head swapped in).
+  std::weak_ptr<torch::nn::Module> model_;
+  std::vector<at::Tensor> keep_alive_;  // every registered tensor: its address is its key
+  std::vector<std::pair<at::Tensor, unsigned>> hooks_;
+  agent::HalfUpdates half_updates_{session_};
+  std::unique_ptr<agent::StaleGradients> stale_;  // see stale_gradients.h; none without a host probe
+
+  // Per cycle: the losses given to scale() (micro-batches, several losses), summed: on the
+  // host for host losses, on the device for device ones (read back with the outcome).
+  bool optimizer_range_ = false;
+  double loss_sum_ = 0.0;
+  at::Tensor device_loss_sum_;
+  std::int64_t losses_ = 0;
+  bool skipped_ = false;
+  bool nonfinite_seen_ = false;  // a probe of this cycle held NaN/Inf
+  // The last output recorded this cycle, and whose: a module run through forward() on it,
+  // unchanged or viewed, is given that module's output (event "module-input-from", once per
+  // module).
+  at::Tensor last_output_;
+  std::string last_output_path_;
+  std::unordered_set<std::string> inputs_seen_;
+  // AgentOptions::amp_dtype was left empty and no training probe has run yet.
+  bool learn_amp_dtype_ = false;
+  void learn_amp_dtype(c10::DeviceType device, at::ScalarType output);
+  // The cycle's inputs (input()), looked at once a probe holds NaN/Inf.
+  agent::BatchLooks batch_;
+  // The model's parameters by name, looked at for NaN/Inf in a step whose probe first holds
+  // NaN/Inf with no NaN input, until found: an earlier update wrote them, or the model came
+  // with them (event parameters-nonfinite). Their modules are not replayed from then on.
+  std::vector<std::pair<std::string, at::Tensor>> named_params_;
+  bool parameters_nonfinite_ = false;
+  void look_at_parameters();
+  bool closed_ = false;
+  bool raised_ = false;  // training_raised() recorded the exception
+  // Exceptions in flight when the Agent was made: one made by a destructor that runs during
+  // unwinding is not destroyed by that exception.
+  const int exceptions_at_start_ = std::uncaught_exceptions();
+  static constexpr const char* kUnwound =
+      "an exception: the Agent was destroyed while it unwound the training loop (its type and message are the "
+      "program's to print)";
+
+  // Per-call scratch, kept to avoid allocating on the training thread.
+  std::vector<agent::DeviceTensor> views_;
+  std::vector<at::Tensor> copies_;
+  std::vector<std::int64_t> ids_;
+};
+
+}  // namespace ampdiag
