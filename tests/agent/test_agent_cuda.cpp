@@ -9,8 +9,13 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/cuda.h>
 
+#include <cmath>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "../rundb/temp_dir.h"
 #include "ampdiag/rundb/reader.h"
@@ -129,6 +134,64 @@ TEST_CASE("stalled updates of bf16 CUDA parameters are counted on the device as 
   CHECK(recorded == sampled(direct));
   CHECK(mostly_stalled(recorded));
   for (const auto& e : rundb::RunDbReader(dir.file("half.db")).events()) CHECK(e.kind != "warning");
+}
+
+namespace {
+
+// `steps` steps of bf16 autocast training on CUDA with SGD and no scaler; with an agent made
+// without one where `db` is not empty, its loss() and step() (and the forward) run under
+// `around` (may be empty). Returns the parameters, on the host.
+std::vector<torch::Tensor> train_bf16_cuda(int steps, const std::string& db,
+                                           const std::function<void(const std::function<void()>&)>& around = nullptr) {
+  torch::manual_seed(0);
+  TinyNet net;
+  net->to(kCuda);
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  AgentOptions o;
+  o.db_path = db;
+  std::unique_ptr<Agent> agent = db.empty() ? nullptr : std::make_unique<Agent>(*net, o);
+  const auto x = torch::randn({64, 16}).to(kCuda), y = torch::randn({64, 1}).to(kCuda);
+  const auto run = [&](const std::function<void()>& f) { around ? around(f) : f(); };
+  for (int step = 0; step < steps; ++step) {
+    run([&] {
+      optimizer.zero_grad();
+      torch::Tensor loss;
+      {
+        HalfAutocast autocast(c10::DeviceType::CUDA, at::kBFloat16);
+        auto h = torch::relu(net->a(x));
+        if (agent) h = agent->probe("a", h);
+        loss = torch::mse_loss(net->c(torch::relu(net->b(h))).to(torch::kFloat), y);
+      }
+      (agent ? agent->loss(loss) : loss).backward();
+      if (agent) agent->step(optimizer);
+      else optimizer.step();
+    });
+  }
+  if (agent) agent->close();
+  std::vector<torch::Tensor> params;
+  for (const auto& p : net->parameters()) params.push_back(p.detach().cpu().clone());
+  return params;
+}
+
+}  // namespace
+
+TEST_CASE("without a scaler, CUDA training with the agent is bit-identical and records every step", "[cuda]") {
+  TempDir dir;
+  const auto plain = train_bf16_cuda(8, "");
+  const auto watched = train_bf16_cuda(8, dir.file("run.db"));
+  REQUIRE(plain.size() == watched.size());
+  for (std::size_t i = 0; i < plain.size(); ++i) CHECK(bitwise_equal(plain[i], watched[i]));
+  const auto steps = rundb::RunDbReader(dir.file("run.db")).steps();
+  REQUIRE(steps.size() == 8);
+  for (const auto& s : steps) {
+    CHECK(s.scale_after == 1.0);
+    CHECK(std::isfinite(s.loss));  // summed on the device, read back with the step's outcome
+  }
+}
+
+TEST_CASE("without a scaler, the forward, loss() and step() make no host sync on CUDA", "[cuda]") {
+  TempDir dir;
+  CHECK_NOTHROW(train_bf16_cuda(8, dir.file("run.db"), without_syncs));
 }
 
 int main(int argc, char** argv) {
