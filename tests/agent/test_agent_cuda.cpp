@@ -20,6 +20,7 @@
 #include "../rundb/temp_dir.h"
 #include "ampdiag/rundb/reader.h"
 #include "half_training.h"
+#include "no_scaler_training.h"
 #include "tiny_training.h"
 
 using namespace ampdiag;
@@ -138,47 +139,20 @@ TEST_CASE("stalled updates of bf16 CUDA parameters are counted on the device as 
 
 namespace {
 
-// `steps` steps of bf16 autocast training on CUDA with SGD and no scaler; with an agent made
-// without one where `db` is not empty, its loss() and step() (and the forward) run under
-// `around` (may be empty). Returns the parameters, on the host.
-std::vector<torch::Tensor> train_bf16_cuda(int steps, const std::string& db,
-                                           const std::function<void(const std::function<void()>&)>& around = nullptr) {
-  torch::manual_seed(0);
-  TinyNet net;
-  net->to(kCuda);
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  AgentOptions o;
-  o.db_path = db;
-  std::unique_ptr<Agent> agent = db.empty() ? nullptr : std::make_unique<Agent>(*net, o);
-  const auto x = torch::randn({64, 16}).to(kCuda), y = torch::randn({64, 1}).to(kCuda);
-  const auto run = [&](const std::function<void()>& f) { around ? around(f) : f(); };
-  for (int step = 0; step < steps; ++step) {
-    run([&] {
-      optimizer.zero_grad();
-      torch::Tensor loss;
-      {
-        HalfAutocast autocast(c10::DeviceType::CUDA, at::kBFloat16);
-        auto h = torch::relu(net->a(x));
-        if (agent) h = agent->probe("a", h);
-        loss = torch::mse_loss(net->c(torch::relu(net->b(h))).to(torch::kFloat), y);
-      }
-      (agent ? agent->loss(loss) : loss).backward();
-      if (agent) agent->step(optimizer);
-      else optimizer.step();
-    });
-  }
-  if (agent) agent->close();
-  std::vector<torch::Tensor> params;
-  for (const auto& p : net->parameters()) params.push_back(p.detach().cpu().clone());
-  return params;
+NoScalerLoop on_cuda(const std::string& db) {
+  NoScalerLoop loop;
+  loop.steps = 8;
+  loop.db = db;
+  loop.device = kCuda;
+  return loop;
 }
 
 }  // namespace
 
 TEST_CASE("without a scaler, CUDA training with the agent is bit-identical and records every step", "[cuda]") {
   TempDir dir;
-  const auto plain = train_bf16_cuda(8, "");
-  const auto watched = train_bf16_cuda(8, dir.file("run.db"));
+  const auto plain = train_without_scaler(on_cuda(""));
+  const auto watched = train_without_scaler(on_cuda(dir.file("run.db")));
   REQUIRE(plain.size() == watched.size());
   for (std::size_t i = 0; i < plain.size(); ++i) CHECK(bitwise_equal(plain[i], watched[i]));
   const auto steps = rundb::RunDbReader(dir.file("run.db")).steps();
@@ -191,7 +165,9 @@ TEST_CASE("without a scaler, CUDA training with the agent is bit-identical and r
 
 TEST_CASE("without a scaler, the forward, loss() and step() make no host sync on CUDA", "[cuda]") {
   TempDir dir;
-  CHECK_NOTHROW(train_bf16_cuda(8, dir.file("run.db"), without_syncs));
+  NoScalerLoop loop = on_cuda(dir.file("run.db"));
+  loop.around = without_syncs;
+  CHECK_NOTHROW(train_without_scaler(loop));
 }
 
 int main(int argc, char** argv) {

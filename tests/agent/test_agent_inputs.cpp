@@ -13,11 +13,6 @@ using namespace ampdiag::test;
 
 namespace {
 
-AgentOptions options_for(const std::string& db) {
-  AgentOptions o;
-  o.db_path = db;
-  return o;
-}
 
 // One fp16-autocast training step with an already-attached agent.
 void one_step(torch::nn::Module& model, const std::function<torch::Tensor()>& forward, GradScaler& scaler,

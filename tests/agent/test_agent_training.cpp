@@ -37,13 +37,7 @@ struct TinySetup {
   TinyNet net = (torch::manual_seed(0), TinyNet());
   torch::optim::SGD optimizer{net->parameters(), torch::optim::SGDOptions(0.01)};
   GradScaler scaler;
-  AgentOptions options = db_options(dir.file("run.db"));
-
-  static AgentOptions db_options(const std::string& db) {
-    AgentOptions o;
-    o.db_path = db;
-    return o;
-  }
+  AgentOptions options = options_for(dir.file("run.db"));
 };
 
 // `steps` steps of a loop with an agent on `t`: forward(agent, step) runs under autocast in

@@ -7,6 +7,7 @@
 #include <ATen/autocast_mode.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "ampdiag/agent.h"
@@ -38,6 +39,13 @@ struct HalfAutocast {
   }
   c10::DeviceType type;
 };
+
+// Agent options that write `db`, the rest as they come.
+inline AgentOptions options_for(const std::string& db) {
+  AgentOptions o;
+  o.db_path = db;
+  return o;
+}
 
 // A recorded histogram has run.db's bins and counts exactly the row's finite non-zero values.
 inline bool counts_finite_nonzero(const std::vector<std::uint32_t>& histogram, const rundb::StatValues& s) {

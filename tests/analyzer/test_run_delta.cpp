@@ -2,6 +2,7 @@
 // commit holds what load_run reads from the file at that point, and a file that cannot be
 // read on from the cursor says so instead of giving a wrong Run.
 #include <cmath>
+#include <functional>
 
 #include <catch2/catch.hpp>
 
@@ -38,6 +39,30 @@ struct Followed {
     followed = load_partial(path);
   }
 };
+
+// Step 3's forward: act_stats rows 0 to `total` - 1, each `fill`ed, committed in two parts
+// split at `split` (the second also ending the step), `f.followed` reading on after each.
+// Returns what a whole load reads then.
+analyzer::Run split_forward(Followed& f, std::int64_t split, std::int64_t total,
+                            const std::function<void(rundb::ActStatRow&)>& fill) {
+  const auto forward = [&](std::int64_t from, std::int64_t to) {
+    for (std::int64_t i = from; i < to; ++i) {
+      rundb::ActStatRow a;
+      a.step = 3;
+      a.fwd_order = i;
+      fill(a);
+      f.run.writer().add_act_stat(a);
+    }
+    f.run.writer().commit();
+  };
+  forward(0, split);
+  REQUIRE(follow(f.followed));
+  forward(split, total);
+  f.run.unsampled_step(3);
+  f.run.writer().commit();
+  REQUIRE(follow(f.followed));
+  return load_partial(f.path);
+}
 
 }  // namespace
 
@@ -139,57 +164,26 @@ TEST_CASE("a delta that asks for a whole read is refused by the merge", "[load][
 }
 
 TEST_CASE("a forward split between two reads keeps each module's place in it", "[load][delta]") {
-  // Modules 3, 0, 1, 2 in that order at step 3, its rows committed in two parts.
+  // Modules 3, 0, 1, 2 in that order at step 3.
   Followed f(2, 4);
-  auto& [dir, path, run, followed] = f;
-  const auto forward = [&](std::int64_t from, std::int64_t to) {
-    for (std::int64_t i = from; i < to; ++i) {
-      rundb::ActStatRow a;
-      a.step = 3;
-      a.fwd_order = i;
-      a.module_id = (i + 3) % 4;
-      a.stats = {4096, 0, 0, 0, 0, 1.0, 0.01, 10.0};
-      run.writer().add_act_stat(a);
-    }
-    run.writer().commit();
-  };
-  forward(0, 2);
-  REQUIRE(follow(followed));
-  forward(2, 4);
-  run.unsampled_step(3);
-  run.writer().commit();
-  REQUIRE(follow(followed));
-  const auto whole = load_partial(path);
+  const auto whole = split_forward(f, 2, 4, [](rundb::ActStatRow& a) {
+    a.module_id = (a.fwd_order + 3) % 4;
+    a.stats = {4096, 0, 0, 0, 0, 1.0, 0.01, 10.0};
+  });
   CHECK(whole.modules[2].position == 3);
   CHECK(whole.modules[2].before_last == 1);
-  require_same_run(followed, whole);
+  require_same_run(f.followed, whole);
 }
 
 TEST_CASE("a forward split between two reads keeps a module's calls in it", "[load][delta]") {
-  // Module 1 called ten times at step 3, its |output| doubling, NaN/Inf at the ninth call;
-  // the rows committed in two parts, the second also ending the step.
+  // Module 1 called ten times at step 3, its |output| doubling, NaN/Inf at the ninth call.
   Followed f(2, 4);
-  auto& [dir, path, run, followed] = f;
-  const auto forward = [&](std::int64_t from, std::int64_t to) {
-    for (std::int64_t i = from; i < to; ++i) {
-      rundb::ActStatRow a;
-      a.step = 3;
-      a.fwd_order = i;
-      a.module_id = 1;
-      a.stats = {4096, i >= 8 ? 2 : 0, 0, 0, 0, std::ldexp(1.0, int(i)), 0.01, 10.0};
-      run.writer().add_act_stat(a);
-    }
-    run.writer().commit();
-  };
-  forward(0, 9);
-  REQUIRE(follow(followed));
-  forward(9, 10);
-  run.unsampled_step(3);
-  run.writer().commit();
-  REQUIRE(follow(followed));
-  const auto whole = load_partial(path);
+  const auto whole = split_forward(f, 9, 10, [](rundb::ActStatRow& a) {
+    a.module_id = 1;
+    a.stats = {4096, a.fwd_order >= 8 ? 2 : 0, 0, 0, 0, std::ldexp(1.0, int(a.fwd_order)), 0.01, 10.0};
+  });
   CHECK(whole.modules[1].growth.calls == 10);
   CHECK(whole.modules[1].growth.nonfinite_call == 8);
   CHECK(whole.modules[1].growth.grows());
-  require_same_run(followed, whole);
+  require_same_run(f.followed, whole);
 }
