@@ -297,12 +297,6 @@ const CallGrowth* recurrence(const Run& run, const ForwardCause& cause) {
   return m && m->growth.grows() ? &m->growth : nullptr;
 }
 
-std::string number(double x) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.3g", x);
-  return text;
-}
-
 // Its |output| at its last call in that forward had it kept growing at that rate, as FP32 would let it.
 double projected_last(const CallGrowth& g) {
   return double(g.to) * std::pow(g.rate(), double(g.calls - 1 - g.to_call));
@@ -311,12 +305,12 @@ double projected_last(const CallGrowth& g) {
 // Says how `name`'s output grew (evidence), retitles the finding, and puts bounding the
 // recurrence before the pins, which only postpone the overflow.
 void recurrence_fixes(const Run& run, const std::string& name, const CallGrowth& g, Finding& f) {
-  const std::string rate = number(g.rate());
+  const std::string rate = three_digits(g.rate());
   f.title = name + "'s output grows about " + rate + "x with each of its calls in a forward, and overflows fp16 at call " +
             std::to_string(g.nonfinite_call + 1) + " of " + std::to_string(g.calls);
   f.evidence += "; in step " + std::to_string(g.step) + "'s forward it ran " + std::to_string(g.calls) +
-                " times: its |output| rose from " + number(g.from) + " at call " + std::to_string(g.from_call + 1) +
-                " to " + number(g.to) + " at call " + std::to_string(g.to_call + 1) + " (above the call before in " +
+                " times: its |output| rose from " + three_digits(g.from) + " at call " + std::to_string(g.from_call + 1) +
+                " to " + three_digits(g.to) + " at call " + std::to_string(g.to_call + 1) + " (above the call before in " +
                 std::to_string(g.rises) + " of " + std::to_string(g.to_call - g.from_call) + "), about " + rate +
                 "x a call, then went NaN/Inf at call " + std::to_string(g.nonfinite_call + 1);
   const std::int64_t after = g.calls - 1 - g.nonfinite_call;
@@ -325,7 +319,7 @@ void recurrence_fixes(const Run& run, const std::string& name, const CallGrowth&
   std::string pinned;
   if (beyond)
     pinned = " Pinned to FP32, it would go on growing for " + plural(after, "more call") + " in that forward, to about " +
-             number(last) + " by its last: beyond fp16's range again, for whatever uses it in fp16.";
+             three_digits(last) + " by its last: beyond fp16's range again, for whatever uses it in fp16.";
   Suggestion bound;
   bound.summary = "Keep the state that " + name + " is called on from growing: its output grows about " + rate +
                   "x a call, so it overflows wherever its calls run long enough, and FP32 only postpones it." + pinned +

@@ -208,12 +208,6 @@ ScaleRoom room_beside(const std::vector<ScaleRoom>& rooms, const LayerSummary& e
   return least;
 }
 
-std::string three_digits(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.3g", v);
-  return b;
-}
-
 // A power of two as Python writes it: "2**19".
 std::string power_of_two(double scale) { return "2**" + std::to_string(int(std::floor(std::log2(scale)))); }
 

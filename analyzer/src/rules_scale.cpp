@@ -9,6 +9,12 @@
 
 namespace ampdiag::analyzer::rules {
 
+std::string three_digits(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g", v);
+  return b;
+}
+
 std::string fmt(double v) {
   char b[32];
   // A loss scale is a power of two, set as one (init_scale=2**24): "%g" would print

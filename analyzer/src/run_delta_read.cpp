@@ -391,7 +391,9 @@ std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t m
           if (own_calls->growth.step != a.step || own_calls->growth.micro_batch != a.micro_batch)
             *own_calls = {CallGrowth{a.step, a.micro_batch}, false};
           count_call(own_calls->growth, a.stats);
-          if (own_calls->kept) m.growth = own_calls->growth;  // that forward began in an earlier read
+          // The forward its growth was kept from: the record follows its later calls there (read
+          // now, or where that forward began in an earlier read, carried by the cursor).
+          if (own_calls->kept) m.growth = own_calls->growth;
         }
         if (a.module_id != root && full) {
           last_in_step = a.module_id;
