@@ -280,7 +280,7 @@ void Agent::Impl::on_scale(const at::Tensor& outputs) {
   // NaN would report a NaN loss that never was. A device loss is summed on its device
   // (reading it here would wait for the device) and read back with the step's outcome.
   // Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
-  if (outputs.scalar_type() == at::kHalf)
+  if (scaler_ && outputs.scalar_type() == at::kHalf)  // without a scaler no scale is multiplied in
     session_.event_once("half-loss", "half-loss", "scaler.scale() received a float16 loss");
   if (outputs.numel() == 1 && at::isFloatingType(outputs.scalar_type())) {
     const at::Tensor loss = outputs.detach().reshape({}).to(at::kDouble);

@@ -109,3 +109,17 @@ TEST_CASE("a disabled GradScaler's refusal says how to make the Agent without on
   const auto make = [&] { Agent agent(*net, disabled, options_for(dir.file("run.db"))); };
   CHECK_THROWS_WITH(make(), Catch::Contains("ampdiag::Agent agent(model, options)") && Catch::Contains("agent.step(optimizer)"));
 }
+
+TEST_CASE("without a scaler, a float16 loss is no half-loss: no scale multiplies its gradient", "[agent][no-scaler]") {
+  TempDir dir;
+  TinyNet net;
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
+  {
+    Agent agent(*net, options_for(dir.file("run.db")));
+    agent.loss(net->c(net->b(net->a(torch::randn({4, 16})))).mean().to(torch::kHalf)).backward();
+    agent.step(optimizer);
+  }
+  rundb::RunDbReader reader(dir.file("run.db"));
+  REQUIRE(reader.steps().size() == 1);
+  for (const auto& e : reader.events()) CHECK(e.kind != "half-loss");
+}
