@@ -175,6 +175,16 @@ std::pair<double, const LayerSummary*> below_siblings(const Run& run, const Laye
   return lowest;
 }
 
+// A bias, or a vector of one value per feature (its name's last part says "bias", or its
+// shape is one dimension): what can cancel to rounding. A weight's gradient far below its
+// bias's is one taken on tiny inputs (a deep network's vanishing activations), which the
+// scale does flush.
+bool bias_like(const rundb::LayerRow& info) {
+  const std::string last = info.name.substr(info.name.rfind('.') + 1);
+  if (last.find("bias") != std::string::npos) return true;
+  return !info.shape.empty() && info.shape.front() == '[' && info.shape.find(',') == std::string::npos;
+}
+
 // The largest loss scale at which none of a layer's recorded finite gradients would have
 // passed fp16's top, and that layer; infinite where there is none.
 struct ScaleRoom {
@@ -213,12 +223,35 @@ std::string power_of_two(double scale) { return "2**" + std::to_string(int(std::
 
 }  // namespace
 
+// The underflows that no loss scale lifts without the same layer overflowing, `limit`: one
+// finding per layer up to two; from three on (a deep plain network whose first layers'
+// gradients vanish, 17 findings alike), one for them all, led by the layer most below.
+void add_unliftable(const std::string& limit, std::vector<Finding> found, std::vector<Finding>& out) {
+  if (found.size() < 3) {
+    for (auto& f : found) out.push_back(std::move(f));
+    return;
+  }
+  std::stable_sort(found.begin(), found.end(), [](const Finding& a, const Finding& b) { return a.score > b.score; });
+  Finding f = found.front();
+  std::string others;
+  constexpr std::size_t kNamed = 8;
+  for (std::size_t i = 1; i < found.size() && i <= kNamed; ++i) others += (i > 1 ? ", " : "") + found[i].layer;
+  if (found.size() > kNamed + 1) others += " and " + plural(std::int64_t(found.size() - kNamed - 1), "more layer");
+  for (const auto& other : found) f.steps.front() = std::min(f.steps.front(), other.steps.front());
+  f.title = f.layer + " and " + plural(std::int64_t(found.size() - 1), "more layer") +
+            ": most of their gradients are below fp16's normal range, and no loss scale lifts them without " + limit +
+            " overflowing";
+  f.evidence += "; the same holds for " + others;
+  out.push_back(std::move(f));
+}
+
 void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   // bf16 has fp32's exponent range: its zeros are not the loss scale's to fix.
   if (!run.fp16()) return;
   const std::map<std::int64_t, double> scale_at = scales_before(run);
   std::vector<ScaleRoom> rooms;  // read once a layer underflows at all
   bool rooms_read = false;
+  std::map<std::string, std::vector<Finding>> unliftable;  // by the layer that would overflow
   for (const auto& layer : run.layers) {
     if (layer.info.numel < 16) continue;  // a handful of values says nothing about a distribution
     const bool embedding = embedding_like(layer.info);
@@ -272,7 +305,9 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
     // ~1 / |x| of its weight's. Below 1/512 separates the two for inputs of RMS 0.14 to 512:
     // ELECTRA's first key bias, after its unnormalised embedding projection, is at 1/725
     // (1/1024 called it an underflow); raw pixel values of up to 255 stay on the other side.
-    if (const auto [ratio, sibling] = below_siblings(run, layer, t.underflow_fraction); sibling && ratio < 1.0 / 512.0) {
+    if (const auto [ratio, sibling] = bias_like(layer.info) ? below_siblings(run, layer, t.underflow_fraction)
+                                                            : std::pair<double, const LayerSummary*>{1.0, nullptr};
+        sibling && ratio < 1.0 / 512.0) {
       f.severity = Severity::kInfo;
       f.score = 5.0;
       f.title = layer.info.name + "'s gradient cancels to rounding, far below " + sibling->info.name +
@@ -323,6 +358,12 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
                                     room.layer->info.name + "'s recorded gradients stay within " + top +
                                     ", its typical RMS (" + fmt(typical) + " unscaled) leaves at most " +
                                     pct(reach * reach) + " of its values in fp16's normal range";
+        Suggestion bf16 = suggest::use_bf16(run);
+        bf16.summary = "Train in bfloat16 (fp32's range, no loss scaler needed) if the hardware supports it: no loss "
+                       "scale keeps these gradients and " + room.layer->info.name + "'s in fp16's range at once.";
+        f.suggestions.push_back(bf16);
+        unliftable[room.layer->info.name].push_back(std::move(f));
+        continue;
       } else {
         // analyze() replaces this when an overflow holds the scale down (the findings must agree).
         const double wanted = std::max(scale * 256.0, 65536.0);
@@ -340,6 +381,7 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
     f.suggestions.push_back(suggest::use_bf16(run));
     out.push_back(f);
   }
+  for (auto& [limit, found] : unliftable) add_unliftable(limit, std::move(found), out);
 }
 
 }  // namespace ampdiag::analyzer::rules

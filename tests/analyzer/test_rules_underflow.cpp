@@ -1,6 +1,8 @@
 // underflow on hand-built run.db fixtures: zeros and fp16 subnormals that a low loss scale
 // makes, told apart from those no scale makes or lifts (a cancelled bias, exact zeros, a
 // gradient the other layers leave no room to raise), and the fix each gets.
+#include <algorithm>
+
 #include "rule_test.h"
 
 namespace {
@@ -172,4 +174,55 @@ TEST_CASE("underflow while an overflow holds the scale down says to fix the over
   const Finding* c = find(r, "scale-collapse");
   REQUIRE(c != nullptr);
   CHECK_THAT(c->suggestions.front().summary, Catch::Contains("Fix the overflow in a "));
+}
+
+namespace {
+
+// A deep network's first layers: `n` weights whose gradients are 60 % zero and 20 %
+// fp16-subnormal beside head.weight's, already within a factor of 1.31 of 65504.
+Report vanishing(const TempDir& dir, int n) {
+  std::vector<std::string> layers{"head.weight"};
+  for (int i = 0; i < n; ++i) layers.push_back("blocks." + std::to_string(i) + ".weight");
+  RunFixture f(dir.file("run.db"), layers);
+  for (int i = 0; i < n; ++i) f.zeros_fraction("blocks." + std::to_string(i) + ".weight", 0.6, 0.2);
+  for (int i = 0; i < 10; ++i) f.step(65536, 65536, 50000);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+std::int64_t count_of(const Report& r, const std::string& rule) {
+  return std::count_if(r.findings.begin(), r.findings.end(), [&](const Finding& f) { return f.rule == rule; });
+}
+
+}  // namespace
+
+TEST_CASE("three or more underflows that the same layer leaves no scale to lift are one finding", "[rules]") {
+  // A deep plain network's vanishing gradients gave 17 findings alike.
+  TempDir dir;
+  const Report r = vanishing(dir, 12);
+  REQUIRE(count_of(r, "underflow") == 1);
+  const Finding& u = required(r, "underflow");
+  CHECK(u.title == u.layer + " and 11 more layers: most of their gradients are below fp16's normal range, and no loss "
+                             "scale lifts them without head.weight overflowing");
+  CHECK_THAT(u.evidence, Catch::EndsWith("and 3 more layers"));
+  REQUIRE(u.suggestions.size() == 1);
+  CHECK_THAT(u.suggestions.front().summary, Catch::StartsWith("Train in bfloat16"));
+}
+
+TEST_CASE("two underflows that the same layer leaves no scale to lift stay two findings", "[rules]") {
+  TempDir dir;
+  CHECK(count_of(vanishing(dir, 2), "underflow") == 2);
+}
+
+TEST_CASE("a weight's gradient far below its bias's is an underflow, not a bias cancelled to rounding", "[rules]") {
+  // Taken on tiny inputs (a deep network's vanishing activations): the scale does flush it.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"head.weight", "fc.weight", "fc.bias"});
+  f.zeros_fraction("fc.weight", 0.6, 0.2);
+  for (int i = 0; i < 10; ++i) f.clipped(1e-4, {"fc.weight"}).step(65536, 65536);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& u = required(r, "underflow");
+  CHECK(u.layer == "fc.weight");
+  CHECK_THAT(u.title, !Catch::Contains("cancels to rounding"));
 }
