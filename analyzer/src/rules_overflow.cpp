@@ -1,5 +1,6 @@
 // overflow-origin: where NaN/Inf first appear in backward (forward-nonfinite: rules_forward.cpp).
 #include <algorithm>
+#include <iterator>
 #include <cmath>
 #include <map>
 #include <set>
@@ -476,6 +477,21 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                  "argument off that point (sqrt(x + 1e-12)).",
              "d = (x.pow(2).sum(-1) + 1e-12).sqrt()  # sqrt(0)'s gradient is infinite",
              "auto d = (x.pow(2).sum(-1) + 1e-12).sqrt();  // sqrt(0)'s gradient is infinite", ""});
+      // The modules without parameters it passed get no replay of their own; the other kind
+      // of NaN, an fp16 value inside their backward beyond 65504, is theirs to pin (a custom
+      // activation whose backward takes exp() of its fp16 input: pinned, it trains).
+      if (replay.outcome != "finite" && replay.outcome != "intrinsic" && !m.between.empty()) {
+        const std::string& first = *m.between.begin();
+        const std::string second = m.between.size() > 1 ? *std::next(m.between.begin()) : std::string();
+        Suggestion pin = second.empty() ? suggest::pin_fp32(run, first) : suggest::pin_fp32_both(run, first, second, "(untried)");
+        const std::string names = second.empty() ? first : first + " and " + second;
+        pin.summary = "If instead a value inside " + names + "'s backward passes fp16's range (an exp() above 11, a cube above "
+                      "40: at a scale this low the scale no longer matters, an fp16 intermediate does): run " + names +
+                      " in FP32. " + (m.between.size() == 1 ? "It holds" : "They hold") +
+                      " no parameters, so no replay of its backward was made.";
+        pin.untried = true;
+        f.suggestions.push_back(pin);
+      }
     }
     // A replay that ran on a finite output gradient already says where they were made.
     const OutputGradient entry =

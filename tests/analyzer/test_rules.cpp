@@ -114,9 +114,27 @@ TEST_CASE("a layer going NaN first at scales below 1 gets its backward looked at
   CHECK(o->module == "enc");
   CHECK_THAT(o->title, Catch::Contains("at every loss scale, down to 0.0078125"));
   CHECK_THAT(o->evidence, Catch::Contains("the backward also ran through dist, which holds no parameters"));
-  REQUIRE(o->suggestions.size() == 3);
+  REQUIRE(o->suggestions.size() == 4);
   CHECK_THAT(o->suggestions[0].summary, Catch::StartsWith("Look first at the backward of dist, enc"));
-  CHECK_THAT(o->suggestions[1].summary, Catch::StartsWith("If its true gradients are the ones beyond fp16: Run enc in FP32"));
+  CHECK_THAT(o->suggestions[2].summary, Catch::StartsWith("If its true gradients are the ones beyond fp16: Run enc in FP32"));
+}
+
+TEST_CASE("a module without parameters that the NaN gradient passed gets its own pin, untried", "[rules]") {
+  // A custom activation whose backward takes exp() of its fp16 input: pinned, it trains. No
+  // replay of its backward is made (it holds no parameters), so sqrt(0)'s kind is not ruled out.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  double scale = 65536;
+  for (int i = 0; i < 24; ++i, scale /= 2)
+    f.activation("enc", false).activation("act", false).activation("head", false).finite_first({"head.weight"}).step(
+        scale, scale / 2, 1000, {"enc.weight"});
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE(o.suggestions.size() >= 2);
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("If instead a value inside act's backward passes fp16's range"));
+  CHECK_THAT(o.suggestions[1].python, Catch::StartsWith("ampdiag.pin_fp32(model.act)"));
+  CHECK(o.suggestions[1].untried);
 }
 
 namespace {

@@ -1,7 +1,9 @@
 """A module whose backward goes NaN at every loss scale while its forward stays finite: the
 agent replays its backward in FP32, and the report pins it only where that replay was
 finite (an fp16 intermediate overflowing inside it), and points at its backward, without a
-pin, where FP32 made NaN too (a gradient that is infinite in any precision)."""
+pin, where FP32 made NaN too (a gradient that is infinite in any precision). And a module
+without parameters, which gets no replay, whose custom backward takes exp() of its fp16
+input: the NaN shows first in the layer before it, and the report pins the module too."""
 from collections import OrderedDict
 
 import torch
@@ -80,3 +82,61 @@ def test_a_nan_made_in_any_precision_inside_a_module_gets_no_pin(tmp_path, verdi
     assert origin["title"].endswith("its backward makes NaN/Inf in FP32 too (replayed)")
     assert origin["suggestions"][0]["summary"].startswith("Look first at the backward of block")
     assert not any("pin_fp32" in s["python"] for f in rep["findings"] for s in f["suggestions"])
+
+
+class SoftplusByHand(torch.autograd.Function):
+    """A custom activation whose backward takes exp() of its input as it came: in fp16 that
+    is Inf above 11, and Inf / Inf is NaN."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.log1p(torch.exp(-x.abs())) + x.clamp(min=0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        e = torch.exp(x)
+        return grad * e / (1 + e)
+
+
+class Act(nn.Module):
+    def forward(self, x):
+        return SoftplusByHand.apply(x)
+
+
+def custom_backward(db, pin=False):
+    """fc1 (its bias at 12), act, fc2: SGD, fp16 autocast, a real GradScaler, 24 steps."""
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(fc1=nn.Linear(32, 64), act=Act(), fc2=nn.Linear(64, 1)))
+    with torch.no_grad():
+        model.fc1.bias.fill_(12.0)
+        model.fc1.weight.mul_(0.1)
+        model.fc2.weight.mul_(0.01)
+    if pin:
+        ampdiag.pin_fp32(model.act)  # the report's fix
+    opt, scaler = torch.optim.SGD(model.parameters(), lr=1e-5), torch.amp.GradScaler("cpu")
+    g = torch.Generator().manual_seed(1)
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(24):
+            x, y = torch.randn(32, 32, generator=g), torch.randn(32, 1, generator=g)
+            amp_step(opt, scaler, lambda: nn.functional.mse_loss(model(x), y))
+
+
+def test_a_module_without_parameters_whose_backward_overflows_fp16_is_offered_its_pin(tmp_path, verdict):
+    db = tmp_path / "custom.db"
+    custom_backward(db)
+    code, rep = verdict(db)
+    assert code == 1
+    origin = next(f for f in rep["findings"] if f["rule"] == "overflow-origin")
+    assert origin["module"] == "fc1" and origin["severity"] == "error"
+    assert "the backward also ran through act, which holds no parameters" in origin["evidence"]
+    pins = [s for s in origin["suggestions"] if "ampdiag.pin_fp32(model.act)" in s["python"]]
+    assert len(pins) == 1 and pins[0]["summary"].startswith("If instead a value inside act's backward passes fp16")
+
+
+def test_that_module_pinned_as_the_report_says_trains_the_same_loop_healthy(tmp_path, verdict):
+    db = tmp_path / "custom_pinned.db"
+    custom_backward(db, pin=True)
+    code, rep = verdict(db)
+    assert code == 0, [f["title"] for f in rep["findings"]]
