@@ -99,16 +99,26 @@ TEST_CASE("a parameter outside the attached model is named as such, and the fix 
   CHECK_THAT(o.suggestions.front().python, Catch::Contains("torch.nn.ModuleDict"));
 }
 
-TEST_CASE("a layer going NaN first at scales below 1 gets its backward looked at before any pin", "[rules]") {
-  // A pairwise distance module between enc and head: sqrt(0)'s gradient is NaN at any scale.
-  TempDir dir;
+namespace {
+
+// enc's gradients go NaN/Inf first in 24 skips halving the scale from 65536, head's the last
+// finite before them, with `between`, a module without parameters, run between the two.
+Report nan_through(const TempDir& dir, const std::string& between) {
   RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
   double scale = 65536;
   for (int i = 0; i < 24; ++i, scale /= 2)
-    f.activation("enc", false).activation("dist", false).activation("head", false).finite_first({"head.weight"}).step(
+    f.activation("enc", false).activation(between, false).activation("head", false).finite_first({"head.weight"}).step(
         scale, scale / 2, 1000, {"enc.weight"});
   f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a layer going NaN first at scales below 1 gets its backward looked at before any pin", "[rules]") {
+  // A pairwise distance module between enc and head: sqrt(0)'s gradient is NaN at any scale.
+  TempDir dir;
+  const auto r = nan_through(dir, "dist");
   const Finding* o = find(r, "overflow-origin");
   REQUIRE(o != nullptr);
   CHECK(o->module == "enc");
@@ -123,13 +133,7 @@ TEST_CASE("a module without parameters that the NaN gradient passed gets its own
   // A custom activation whose backward takes exp() of its fp16 input: pinned, it trains. No
   // replay of its backward is made (it holds no parameters), so sqrt(0)'s kind is not ruled out.
   TempDir dir;
-  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
-  double scale = 65536;
-  for (int i = 0; i < 24; ++i, scale /= 2)
-    f.activation("enc", false).activation("act", false).activation("head", false).finite_first({"head.weight"}).step(
-        scale, scale / 2, 1000, {"enc.weight"});
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  const auto r = nan_through(dir, "act");
   const Finding& o = required(r, "overflow-origin");
   REQUIRE(o.suggestions.size() >= 2);
   CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("If instead a value inside act's backward passes fp16's range"));
