@@ -37,6 +37,9 @@ std::map<std::int64_t, double> scales_before(const Run& run);
 std::string plural(std::int64_t n, const std::string& noun);
 // "3, 7, 11, ..." : the first `limit` steps, and "..." for more.
 std::string step_list(const std::vector<std::int64_t>& steps, std::size_t limit = 6);
+// A parameter's shape as run.db writes it ("[256, 64, 3, 3]") as numbers; empty where it is
+// not such a list.
+std::vector<std::int64_t> dims_of(const std::string& shape);
 // v with three significant digits ("1.32", "6.55e+04").
 std::string three_digits(double v);
 // A scale or a count as the report prints it ("%g", a power of two from 1 up whole).

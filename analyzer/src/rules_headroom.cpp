@@ -144,6 +144,14 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
 
 namespace {
 
+// A bias, or a vector of one value per feature (its name's last part says "bias", or its
+// shape has one dimension): what can cancel to rounding. A weight's gradient far below its
+// bias's is one taken on tiny inputs (a deep network's vanishing activations), which the
+// scale does flush.
+bool bias_like(const rundb::LayerRow& info) {
+  return info.name.find("bias", info.name.rfind('.') + 1) != std::string::npos || dims_of(info.shape).size() == 1;
+}
+
 // How far `layer`'s gradient sits below the other gradients of its module at the same
 // steps, per element (RMS): {ratio to the smallest of them, that layer}; {1, null} where
 // it has none. A bias whose sum over a softmax's shifted dimension (an attention key's) or
@@ -153,7 +161,7 @@ namespace {
 std::pair<double, const LayerSummary*> below_siblings(const Run& run, const LayerSummary& layer,
                                                      double underflow_fraction) {
   std::pair<double, const LayerSummary*> lowest{1.0, nullptr};
-  if (layer.info.module_path.empty()) return lowest;
+  if (layer.info.module_path.empty() || !bias_like(layer.info)) return lowest;
   for (const auto& other : run.layers) {
     if (&other == &layer || other.info.module_path != layer.info.module_path || other.info.numel < 16) continue;
     double mine = 0.0, theirs = 0.0, their_low = 0.0;
@@ -173,16 +181,6 @@ std::pair<double, const LayerSummary*> below_siblings(const Run& run, const Laye
       lowest = {mine / theirs, &other};
   }
   return lowest;
-}
-
-// A bias, or a vector of one value per feature (its name's last part says "bias", or its
-// shape is one dimension): what can cancel to rounding. A weight's gradient far below its
-// bias's is one taken on tiny inputs (a deep network's vanishing activations), which the
-// scale does flush.
-bool bias_like(const rundb::LayerRow& info) {
-  const std::string last = info.name.substr(info.name.rfind('.') + 1);
-  if (last.find("bias") != std::string::npos) return true;
-  return !info.shape.empty() && info.shape.front() == '[' && info.shape.find(',') == std::string::npos;
 }
 
 // The largest loss scale at which none of a layer's recorded finite gradients would have
@@ -221,8 +219,6 @@ ScaleRoom room_beside(const std::vector<ScaleRoom>& rooms, const LayerSummary& e
 // A power of two as Python writes it: "2**19".
 std::string power_of_two(double scale) { return "2**" + std::to_string(int(std::floor(std::log2(scale)))); }
 
-}  // namespace
-
 // The underflows that no loss scale lifts without the same layer overflowing, `limit`: one
 // finding per layer up to two; from three on (a deep plain network whose first layers'
 // gradients vanish, 17 findings alike), one for them all, led by the layer most below.
@@ -244,6 +240,8 @@ void add_unliftable(const std::string& limit, std::vector<Finding> found, std::v
   f.evidence += "; the same holds for " + others;
   out.push_back(std::move(f));
 }
+
+}  // namespace
 
 void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   // bf16 has fp32's exponent range: its zeros are not the loss scale's to fix.
@@ -305,9 +303,7 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
     // ~1 / |x| of its weight's. Below 1/512 separates the two for inputs of RMS 0.14 to 512:
     // ELECTRA's first key bias, after its unnormalised embedding projection, is at 1/725
     // (1/1024 called it an underflow); raw pixel values of up to 255 stay on the other side.
-    if (const auto [ratio, sibling] = bias_like(layer.info) ? below_siblings(run, layer, t.underflow_fraction)
-                                                            : std::pair<double, const LayerSummary*>{1.0, nullptr};
-        sibling && ratio < 1.0 / 512.0) {
+    if (const auto [ratio, sibling] = below_siblings(run, layer, t.underflow_fraction); sibling && ratio < 1.0 / 512.0) {
       f.severity = Severity::kInfo;
       f.score = 5.0;
       f.title = layer.info.name + "'s gradient cancels to rounding, far below " + sibling->info.name +

@@ -483,7 +483,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       if (replay.outcome != "finite" && replay.outcome != "intrinsic" && !m.between.empty()) {
         const std::string& first = *m.between.begin();
         const std::string second = m.between.size() > 1 ? *std::next(m.between.begin()) : std::string();
-        Suggestion pin = second.empty() ? suggest::pin_fp32(run, first) : suggest::pin_fp32_both(run, first, second, "(untried)");
+        Suggestion pin = second.empty() ? suggest::pin_fp32(run, first) : suggest::pin_fp32_both(run, first, second, "");
         const std::string names = second.empty() ? first : first + " and " + second;
         pin.summary = "If instead a value inside " + names + "'s backward passes fp16's range (an exp() above 11, a cube above "
                       "40: at a scale this low the scale no longer matters, an fp16 intermediate does): run " + names +

@@ -20,15 +20,6 @@
 
 namespace ampdiag::analyzer::rules {
 
-namespace {
-
-// RMS times the square root of the fan-in from which a layer's weights count as oversized:
-// 45 times Kaiming-normal's sqrt(2), over 100 times torch's default for Linear and Conv.
-constexpr double kOversized = 64.0;
-// Calibration skips from which the scaler's own descent counts as an overflow the layer
-// explains: a healthy run usually backs off from 65536 once or twice, not down to 2^12 or below.
-constexpr std::int64_t kDeepCalibration = 4;
-
 // "[256, 64, 3, 3]" as numbers; empty where it is not such a list.
 std::vector<std::int64_t> dims_of(const std::string& shape) {
   std::vector<std::int64_t> dims;
@@ -44,6 +35,15 @@ std::vector<std::int64_t> dims_of(const std::string& shape) {
   }
   return dims;
 }
+
+namespace {
+
+// RMS times the square root of the fan-in from which a layer's weights count as oversized:
+// 45 times Kaiming-normal's sqrt(2), over 100 times torch's default for Linear and Conv.
+constexpr double kOversized = 64.0;
+// Calibration skips from which the scaler's own descent counts as an overflow the layer
+// explains: a healthy run usually backs off from 65536 once or twice, not down to 2^12 or below.
+constexpr std::int64_t kDeepCalibration = 4;
 
 // Whether a parameter's name is a weight's: its last part holds "weight", or it is a
 // parametrized weight's original (M.parametrizations.weight.original).

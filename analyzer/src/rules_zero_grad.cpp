@@ -126,14 +126,14 @@ void gradients_cleared(const Run& run, const std::map<std::int64_t, StepGradient
                                "0). If the model should go on learning, make the loss harder where it saturates (hard "
                                "negatives, a larger margin), or stop the training where it reaches 0.",
                                "", ""});
-      out.push_back(f);
-      return;
+    } else {
+      f.suggestions.push_back({"Look at the loss, not at zero_grad(): its gradient is zero. It is exactly 0 or "
+                               "saturated (a softmax temperature so small that every pair is already separated, a "
+                               "margin every sample meets, a clamp or a threshold before it), or the model's output "
+                               "reaches it only through a detached path (.detach(), .item(), a tensor rebuilt from "
+                               "numpy).",
+                               "", ""});
     }
-    f.suggestions.push_back({"Look at the loss, not at zero_grad(): its gradient is zero. It is exactly 0 or "
-                             "saturated (a softmax temperature so small that every pair is already separated, a margin "
-                             "every sample meets, a clamp or a threshold before it), or the model's output reaches it "
-                             "only through a detached path (.detach(), .item(), a tensor rebuilt from numpy).",
-                             "", ""});
     out.push_back(f);
     return;
   }
