@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <cstdio>
 
@@ -20,20 +21,45 @@ namespace {
 
 // The largest unscaled gradient of these layers in the steps where they stayed finite, and
 // its step (-1: none): above the dtype's maximum, the true gradients do not fit at any scale >= 1.
-std::pair<double, std::int64_t> largest_true_gradient(const Run& run, const std::map<std::int64_t, std::int64_t>& layers) {
-  const std::map<std::int64_t, double> scale_of = scales_before(run);
+std::pair<double, std::int64_t> largest_true_gradient(const LayerSummary& layer, const std::map<std::int64_t, double>& scale_of) {
   double largest = 0.0;
   std::int64_t at = -1;
-  for (const auto& [id, _] : layers)
-    for (const auto& g : run.layers[std::size_t(id)].samples) {
-      const auto it = scale_of.find(g.step);
-      if (g.nonfinite || it == scale_of.end() || it->second <= 0.0) continue;
-      if (const double v = double(g.absmax) / it->second; v > largest) {
-        largest = v;
-        at = g.step;
-      }
+  for (const auto& g : layer.samples) {
+    const auto it = scale_of.find(g.step);
+    if (g.nonfinite || it == scale_of.end() || it->second <= 0.0) continue;
+    if (const double v = double(g.absmax) / it->second; v > largest) {
+      largest = v;
+      at = g.step;
     }
+  }
   return {largest, at};
+}
+
+std::pair<double, std::int64_t> largest_true_gradient(const Run& run, const std::map<std::int64_t, std::int64_t>& layers) {
+  const std::map<std::int64_t, double> scale_of = scales_before(run);
+  std::pair<double, std::int64_t> largest{0.0, -1};
+  for (const auto& [id, _] : layers)
+    largest = std::max(largest, largest_true_gradient(run.layers[std::size_t(id)], scale_of),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+  return largest;
+}
+
+// The layers outside `module` whose unscaled gradients, in the steps where they stayed
+// finite, were above `limit` too, largest first: with them beyond it, pinning `module` alone
+// leaves the scale where it is (a loss too large for every layer's gradients, not one
+// layer's). Normalisation layers are left out: autocast runs them in FP32, so their
+// gradients can pass 65504 without an fp16 backward.
+std::vector<std::pair<std::string, double>> also_beyond(const Run& run, const std::string& module, double limit) {
+  const std::map<std::int64_t, double> scale_of = scales_before(run);
+  std::vector<std::pair<std::string, double>> beyond;
+  for (const LayerSummary& layer : run.layers) {
+    const std::string& path = layer.info.module_path;
+    const bool inside = path == module || (!module.empty() && path.rfind(module + ".", 0) == 0);
+    if (inside || layer.info.module_type.find("Norm") != std::string::npos) continue;
+    if (const double v = largest_true_gradient(layer, scale_of).first; v > limit) beyond.emplace_back(layer.info.name, v);
+  }
+  std::stable_sort(beyond.begin(), beyond.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  return beyond;
 }
 
 // The median of the finite recorded losses, NaN where none.
@@ -379,7 +405,10 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     const auto [true_max, true_max_step] = (at_any_scale || below_floor) && run.fp16()
                                                ? largest_true_gradient(run, m.layers)
                                                : std::pair<double, std::int64_t>{0.0, -1};
-    const bool too_large = true_max > (at_any_scale ? run.fp_max : run.fp_max / t.scale_floor);
+    const double limit = at_any_scale ? run.fp_max : run.fp_max / t.scale_floor;
+    const bool too_large = true_max > limit;
+    const std::vector<std::pair<std::string, double>> others =
+        too_large ? also_beyond(run, module, limit) : std::vector<std::pair<std::string, double>>{};
     if (too_large) {
       f.title = at_any_scale ? place + "'s gradients exceed fp16's range even unscaled (up to " + fmt(true_max) + ")"
                              : place + "'s gradients are too large for a loss scale above the floor of " +
@@ -565,6 +594,15 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         also[0] = 'r';  // "Run ..." continues the sentence
         also = "Where that code runs a matmul or another operation that autocast puts in fp16 whatever its inputs, " +
                std::string(after_a_pin ? "also " : "") + also;
+      } else if (!entered && !was_pinned && !others.empty()) {
+        std::string named;
+        for (std::size_t k = 0; k < others.size() && k < 3; ++k)
+          named += (k ? ", " : "") + others[k].first + " up to " + fmt(others[k].second);
+        if (others.size() > 3) named += ", and " + plural(std::int64_t(others.size() - 3), "more layer");
+        f.evidence += "; other layers' unscaled gradients were beyond " +
+                      (at_any_scale ? std::string("65504") : "65504 / " + fmt(t.scale_floor)) + " too (" + named +
+                      "), so pinning " + (module.empty() ? row.name : module) + " alone would leave " +
+                      (at_any_scale ? "theirs overflowing" : "the scale below the floor");
       } else if (!entered && !was_pinned) {
         f.suggestions.push_back(suggest::fp32_at(run, module, row));
         if (at_any_scale && !too_large && replay.outcome != "finite")

@@ -177,9 +177,12 @@ TEST_CASE("a module without parameters no longer called between the layers is no
 namespace {
 
 // head's gradients overflow at every step from a scale of 65536 down, `backoffs` times (the
-// loss at `loss`), then the scale stays where they fit, at a scaled abs-max of 37000.
-Report settled_where_head_fits(const TempDir& dir, int backoffs, int settled, double loss, double settled_loss = -1.0) {
+// loss at `loss`), then the scale stays where they fit, at a scaled abs-max of 37000; enc's
+// are `enc_share` of head's.
+Report settled_where_head_fits(const TempDir& dir, int backoffs, int settled, double loss, double settled_loss = -1.0,
+                               double enc_share = 1.0) {
   RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  f.absmax_times("enc.weight", enc_share);
   double scale = 65536;
   for (int i = 0; i < backoffs; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"}, loss);
   for (int i = 0; i < settled; ++i) f.step(scale, scale, 37000, {}, settled_loss >= 0.0 ? settled_loss : loss);
@@ -193,8 +196,9 @@ TEST_CASE("a layer whose finite steps show gradients beyond fp16's range unscale
           "[rules]") {
   // Unnormalised regression targets (a loss around 9e10): the scaler settles at 1/16, where
   // the last layer's gradients fit, and their unscaled size is ~6e5. No sqrt is to blame.
+  // enc's are a thousandth of them, within range: pinning head alone keeps them all in range.
   TempDir dir;
-  const auto r = settled_where_head_fits(dir, 20, 10, 9e10);
+  const auto r = settled_where_head_fits(dir, 20, 10, 9e10, -1.0, 0.001);
   const Finding* o = find(r, "overflow-origin");
   REQUIRE(o != nullptr);
   CHECK(o->module == "head");
@@ -202,6 +206,46 @@ TEST_CASE("a layer whose finite steps show gradients beyond fp16's range unscale
   REQUIRE(o->suggestions.size() == 3);
   CHECK_THAT(o->suggestions[0].summary, Catch::StartsWith("Shrink the loss where it is made (it is around 9e+10"));
   CHECK_THAT(o->suggestions[1].summary, Catch::StartsWith("Run head in FP32"));
+}
+
+TEST_CASE("gradients beyond fp16's range in every layer are not offered the first one's pin", "[rules]") {
+  // The same run with enc's gradients as large as head's: pinned, head would keep its own in
+  // FP32 and enc's would still overflow.
+  TempDir dir;
+  const auto r = settled_where_head_fits(dir, 20, 10, 9e10);
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.evidence, Catch::EndsWith("; other layers' unscaled gradients were beyond 65504 too (enc.weight up to "
+                                         "592000), so pinning head alone would leave theirs overflowing"));
+  REQUIRE(o.suggestions.size() == 2);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Shrink the loss where it is made"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Or train in bfloat16"));
+}
+
+TEST_CASE("gradients too large for the floor in another layer too leave the first one unpinned", "[rules]") {
+  // A UNet whose middle convolution starts 3000 times too large: the loss is around 3500 and
+  // the scale settles below the floor. out, the last convolution, overflows first; pinned, the
+  // overflow moved to the skip convolution before it, whose gradients were as large.
+  TempDir dir;
+  const auto r = settled_where_head_fits(dir, 12, 20, 3500, -1.0, 0.5);
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.evidence, Catch::Contains("; other layers' unscaled gradients were beyond 65504 / 128 too (enc.weight up "
+                                         "to 1156.25), so pinning head alone would leave the scale below the floor"));
+  for (const auto& s : o.suggestions) CHECK_THAT(s.summary, !Catch::Contains("Run head in FP32"));
+}
+
+TEST_CASE("a normalisation layer's large gradients do not keep the pin from the layer that overflows", "[rules]") {
+  // Autocast runs LayerNorm in FP32: its gradients pass 65504 without an fp16 backward.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"norm.weight", "head.weight"}, 0, 1, "float32", {{"norm.weight", "LayerNorm"}});
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"}, 3500);
+  for (int i = 0; i < 20; ++i) f.step(scale, scale, 37000, {}, 3500);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.evidence, !Catch::Contains("other layers' unscaled gradients"));
+  CHECK(std::any_of(o.suggestions.begin(), o.suggestions.end(),
+                    [](const Suggestion& s) { return s.summary.rfind("Run head in FP32", 0) == 0; }));
 }
 
 TEST_CASE("a layer whose gradients fit only below the floor scale is told to shrink the loss", "[rules]") {

@@ -642,3 +642,40 @@ def test_advantages_normalised_in_float16_outside_the_model_are_named_with_the_f
     assert first["title"].endswith("a float16 tensor made outside the model: not the model or the loss code")
     assert first["suggestions"][0]["summary"].startswith("Mul's other was float16: where the loop computes it under "
                                                          "autocast, compute it in FP32")
+
+
+def summed_regression(db, pin_head):
+    """A regression summed over a batch of 2048 and 256 outputs (reduction="sum"): a loss around
+    5e5, every layer's weight gradient a sum over the batch of about 2000."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256))
+    if pin_head:
+        ampdiag.pin_fp32(model[2])
+
+    def loss_of(step, model):
+        with torch.autocast("cpu", dtype=torch.float16):
+            return nn.functional.mse_loss(model(torch.randn(2048, 64)).float(), torch.randn(2048, 256), reduction="sum")
+
+    train(db, model, 24, loss_of)
+
+
+def test_a_loss_summed_over_the_batch_is_told_to_average_and_not_to_pin_its_last_layer(tmp_path, verdict):
+    db = tmp_path / "run.db"
+    summed_regression(db, pin_head=False)
+    code, rep = verdict(db)
+    assert code == 1
+    origin = next(f for f in rep["findings"] if f["rule"] == "overflow-origin")
+    assert origin["module"] == "2"
+    assert "so pinning 2 alone would leave the scale below the floor" in origin["evidence"]
+    fixes = [s["summary"] for s in origin["suggestions"]]
+    assert "average over the batch instead of summing" in fixes[0]
+    assert not any(s.startswith("Run 2 in FP32") for s in fixes), fixes
+
+
+def test_the_last_layer_of_a_summed_loss_pinned_still_leaves_the_scale_below_the_floor(tmp_path, verdict):
+    # What the pin that is no longer offered does: the overflow moves to the layer before it.
+    db = tmp_path / "run.db"
+    summed_regression(db, pin_head=True)
+    code, rep = verdict(db)
+    assert code == 1
+    assert ("scale-collapse", "") in rules(rep, "error")
