@@ -124,6 +124,37 @@ def test_the_same_two_backwards_cleared_in_between_and_stepped_as_left_are_recor
     assert [step for step, _ in two_backward_run(tmp_path / "run.db", lambda net, opt: opt.zero_grad())] == [0, 1, 2]
 
 
+def input_gradient_run(db, make_input):
+    """Two backwards a step, zero_grad() between them: the first on a batch `make_input(x)`
+    gives the model, the second on that batch perturbed by the sign of its gradient (FGSM
+    adversarial training)."""
+    net, opt, scaler, x, y = fp16_training()
+    with ampdiag.attach(net, scaler, db=db):
+        for _ in range(3):
+            given = make_input(x)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(net(given).float(), y)
+            scaler.scale(loss).backward()
+            perturbed = (given + 0.01 * given.grad.sign()).detach()
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(net(perturbed).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    return cleared(db)
+
+
+def test_a_backward_for_the_inputs_gradient_cleared_before_the_adversarial_step_records_nothing(tmp_path):
+    assert input_gradient_run(tmp_path / "run.db", lambda x: x.clone().requires_grad_()) == []
+
+
+def test_a_parameter_given_as_the_input_and_cleared_between_backwards_is_recorded(tmp_path):
+    # A soft prompt passed to the model is trained as its own parameters are: its backward
+    # is a micro-batch's, not a look at an input's gradient.
+    assert [step for step, _ in input_gradient_run(tmp_path / "run.db", nn.Parameter)] == [0, 1, 2]
+
+
 def bf16_accumulation_run(db, zero_every_micro_batch, steps=3, micro=4):
     """The accumulation loop in bf16 without a scaler, the optimizer given to attach()."""
     net, opt, _, x, y = fp16_training()

@@ -685,3 +685,24 @@ def test_an_attention_key_bias_whose_gradient_softmax_cancels_is_not_an_underflo
     cancelled = {f["layer"]: f["severity"] for f in rep["findings"] if f["rule"] == "underflow"}
     assert set(cancelled) <= {"0.key.bias", "1.key.bias"}  # subnormal: once a warning
     assert set(cancelled.values()) <= {"info"}
+
+
+def test_fgsm_adversarial_training_that_clears_the_inputs_backward_before_its_step_is_healthy(tmp_path, verdict):
+    # A first backward for the batch's own gradient, zero_grad(), then the step's backward
+    # on the batch moved along its sign: the first backward's parameter gradients are thrown
+    # away by design, not by a zero_grad() misplaced in gradient accumulation.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu")
+    db = tmp_path / "run.db"
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(12):
+            x, y = torch.randn(64, 64).requires_grad_(), torch.randint(0, 10, (64,))
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            x_adv = (x + 0.03 * x.grad.sign()).detach()
+            amp_step(opt, scaler, lambda: nn.functional.cross_entropy(model(x_adv), y))
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rep["findings"]

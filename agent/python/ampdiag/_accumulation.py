@@ -15,7 +15,10 @@ Two loops clear between backwards on purpose and are not counted either: a two-s
 optimizer (SAM moves the weights with the first gradient, clears it, and steps with the
 second: the parameter's version counter moved in between), and gradients combined by hand
 (per-task gradients each after its own zero_grad(), their combination set as .grad: where
-the gradients are read, the .grad is not the one the last backward left).
+the gradients are read, the .grad is not the one the last backward left). Nor is a backward
+whose forward took a tensor made to receive its own gradient (adversarial training: FGSM's
+`x.requires_grad_()`, a backward for `x.grad`, zero_grad(), then the step's own backward
+on the perturbed batch): clearing after it is the loop's design.
 
 Event "accumulated-gradients-cleared" at each step where it happened, the first
 MAX_EVENTS: the analyzer tells a loop that does it every step from a batch dropped on
@@ -25,6 +28,8 @@ device); set to None, it is seen on any device.
 import weakref
 
 import torch
+
+from ._tensors import float_tensors
 
 EVENT = "accumulated-gradients-cleared"
 MAX_EVENTS = 64
@@ -50,6 +55,7 @@ class AccumulationProbe:
         self._as_accumulated = None  # whether that .grad was in place where the gradients were read
         self._in_backward = False    # a backward under way accumulated into .grad
         self._cleared = []       # (micro-batch, how): after which of this step's micro-batches .grad was cleared
+        self._for_input = set()  # this step's micro-batches whose forward took an input that receives its gradient
         self._step = None
 
     def hook(self, arrival):
@@ -67,6 +73,8 @@ class AccumulationProbe:
             p = self._param()
             if p is None or p._version != self._version:
                 return  # the parameters moved in between: a two-step optimizer (SAM), not accumulation
+            if self._micro_batches in self._for_input:
+                return  # that backward was for its input's gradient (an adversarial example's)
             grad = p.grad
             if grad is None:
                 how = "set to None"
@@ -88,6 +96,8 @@ class AccumulationProbe:
         if task != self._task:
             self._task = task
             self._micro_batches += 1
+            if _input_receives_gradient(handle._root_inputs):
+                self._for_input.add(self._micro_batches)
         self._version = param._version
         self._left(param.grad)
         self._in_backward = True
@@ -147,6 +157,15 @@ class AccumulationProbe:
         if self._as_accumulated is None:
             p = self._param()
             self._as_accumulated = p is not None and self._grad is not None and self._grad() is p.grad
+
+
+def _input_receives_gradient(inputs) -> bool:
+    """Whether the model's forward took, among `inputs` (args, kwargs), a tensor the user made
+    to receive its own gradient: a leaf that requires grad and is not a parameter (a soft
+    prompt passed as an input is a Parameter, trained as the model's are)."""
+    if inputs is None:
+        return False
+    return any(t.requires_grad and t.is_leaf and not isinstance(t, torch.nn.Parameter) for t in float_tensors(inputs))
 
 
 def _batches(numbers) -> str:
