@@ -124,10 +124,10 @@ def test_the_same_two_backwards_cleared_in_between_and_stepped_as_left_are_recor
     assert [step for step, _ in two_backward_run(tmp_path / "run.db", lambda net, opt: opt.zero_grad())] == [0, 1, 2]
 
 
-def input_gradient_run(db, make_input):
+def input_gradient_run(db, make_input, receives=None):
     """Two backwards a step, zero_grad() between them: the first on a batch `make_input(x)`
-    gives the model, the second on that batch perturbed by the sign of its gradient (FGSM
-    adversarial training)."""
+    gives the model, the second on that batch perturbed by the sign of the gradient it gave
+    `receives` (the batch given where None: FGSM adversarial training)."""
     net, opt, scaler, x, y = fp16_training()
     with ampdiag.attach(net, scaler, db=db):
         for _ in range(3):
@@ -135,7 +135,8 @@ def input_gradient_run(db, make_input):
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = nn.functional.mse_loss(net(given).float(), y)
             scaler.scale(loss).backward()
-            perturbed = (given + 0.01 * given.grad.sign()).detach()
+            leaf = given if receives is None else receives
+            perturbed = (given + 0.01 * leaf.grad.sign()).detach()
             opt.zero_grad()
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = nn.functional.mse_loss(net(perturbed).float(), y)
@@ -147,6 +148,12 @@ def input_gradient_run(db, make_input):
 
 def test_a_backward_for_the_inputs_gradient_cleared_before_the_adversarial_step_records_nothing(tmp_path):
     assert input_gradient_run(tmp_path / "run.db", lambda x: x.clone().requires_grad_()) == []
+
+
+def test_a_backward_for_a_perturbations_gradient_given_as_input_plus_perturbation_records_nothing(tmp_path):
+    # PGD writes the model's input as x + delta, delta the leaf that receives the gradient.
+    delta = torch.zeros(16, 8, requires_grad=True)
+    assert input_gradient_run(tmp_path / "run.db", lambda x: x + delta, receives=delta) == []
 
 
 def test_a_parameter_given_as_the_input_and_cleared_between_backwards_is_recorded(tmp_path):

@@ -16,9 +16,10 @@ optimizer (SAM moves the weights with the first gradient, clears it, and steps w
 second: the parameter's version counter moved in between), and gradients combined by hand
 (per-task gradients each after its own zero_grad(), their combination set as .grad: where
 the gradients are read, the .grad is not the one the last backward left). Nor is a backward
-whose forward took a tensor made to receive its own gradient (adversarial training: FGSM's
-`x.requires_grad_()`, a backward for `x.grad`, zero_grad(), then the step's own backward
-on the perturbed batch): clearing after it is the loop's design.
+whose forward took a tensor made to receive its own gradient, or made from one (adversarial
+training: FGSM's `x.requires_grad_()` or PGD's `x + delta`, backwards for that gradient,
+zero_grad(), then the step's own backward on the perturbed batch): clearing after it is the
+loop's design.
 
 Event "accumulated-gradients-cleared" at each step where it happened, the first
 MAX_EVENTS: the analyzer tells a loop that does it every step from a batch dropped on
@@ -96,7 +97,7 @@ class AccumulationProbe:
         if task != self._task:
             self._task = task
             self._micro_batches += 1
-            if _input_receives_gradient(handle._root_inputs):
+            if _input_receives_gradient(handle._root_inputs, self._optimized):
                 self._for_input.add(self._micro_batches)
         self._version = param._version
         self._left(param.grad)
@@ -159,13 +160,39 @@ class AccumulationProbe:
             self._as_accumulated = p is not None and self._grad is not None and self._grad() is p.grad
 
 
-def _input_receives_gradient(inputs) -> bool:
-    """Whether the model's forward took, among `inputs` (args, kwargs), a tensor the user made
-    to receive its own gradient: a leaf that requires grad and is not a parameter (a soft
-    prompt passed as an input is a Parameter, trained as the model's are)."""
+_INPUT_WALK = 64  # autograd nodes walked back from an input that requires grad, looking for its leaves
+
+
+def _input_receives_gradient(inputs, optimized) -> bool:
+    """Whether the model's forward took, among `inputs` (args, kwargs), a tensor made from one
+    the user made to receive its own gradient: a leaf that requires grad, is not a parameter
+    and no optimizer holds (FGSM's `x.requires_grad_()`; PGD's perturbation, given as
+    `x + delta`). Not a soft prompt (a Parameter, trained as the model's are), nor a
+    generator's output given to its discriminator (made from the generator's parameters)."""
     if inputs is None:
         return False
-    return any(t.requires_grad and t.is_leaf and not isinstance(t, torch.nn.Parameter) for t in float_tensors(inputs))
+    for tensor in float_tensors(inputs):
+        if not tensor.requires_grad:
+            continue
+        if tensor.is_leaf:
+            if _made_to_receive(tensor, optimized):
+                return True
+            continue
+        todo, walked = [tensor.grad_fn], 0
+        while todo and walked < _INPUT_WALK:
+            node = todo.pop()
+            walked += 1
+            leaf = getattr(node, "variable", None)  # an AccumulateGrad node's
+            if leaf is not None:
+                if _made_to_receive(leaf, optimized):
+                    return True
+                continue
+            todo.extend(child for child, _ in node.next_functions if child is not None)
+    return False
+
+
+def _made_to_receive(leaf, optimized) -> bool:
+    return not isinstance(leaf, torch.nn.Parameter) and not optimized(leaf)
 
 
 def _batches(numbers) -> str:
