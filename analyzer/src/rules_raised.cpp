@@ -61,6 +61,14 @@ bool unscale_refused_fp16(const std::string& raised) {
   return raised.find("Attempting to unscale FP16 gradients") != std::string::npos;
 }
 
+// torch refusing a constant that float16 cannot hold ("value cannot be converted to type
+// c10::Half without overflow"; "at::Half" in older torch): code written for float32 that
+// masks with -1e9 or 1e4 squared, given a tensor autocast made in float16.
+bool half_fill_overflow(const std::string& raised) {
+  return raised.find("cannot be converted to type") != std::string::npos &&
+         raised.find("Half without overflow") != std::string::npos;
+}
+
 // torch.amp.GradScaler's own refusals of a loop that calls it out of order, by their text
 // (torch/amp/grad_scaler.py), with what the loop should do instead.
 struct ScalerRefusal {
@@ -103,6 +111,11 @@ std::string raised_fix(const Run& run, const std::string& raised) {
     return "A GradScaler unscales FP32 gradients only: keep the parameters in float32 (no model.half()) and run the "
            "forward under torch.autocast(device_type=..., dtype=torch.float16); the optimizer then updates FP32 master "
            "weights, and the scaler protects the fp16 activations' gradients.";
+  if (half_fill_overflow(raised))
+    return "A constant beyond float16's range (65504) was written into a float16 tensor: code written for float32, "
+           "such as scores.masked_fill(mask, -1e9), given scores that autocast made in float16. Use the tensor's own "
+           "limit, masked_fill(mask, torch.finfo(scores.dtype).min), or float('-inf') where no row is masked whole; or "
+           "compute those scores in float32 (scores.float()).";
   if (raised.find(kScalerRefusals[0].text) != std::string::npos && run.first_event("gradients-set-to-none"))
     // The agent saw the step's backward reach the optimizer's parameters and their .grad
     // gone at the unscale: the usual cause, said instead of every possible one.

@@ -178,3 +178,22 @@ TEST_CASE("a 'No inf checks' refusal after the agent saw the step's gradients se
                                     "optimizer. The step's backward reached the optimizer's parameters") &&
                         Catch::Contains("never between backward and scaler.step()"));
 }
+
+TEST_CASE("a constant float16 cannot hold, refused before the first step, is told to use the dtype's own limit",
+          "[rules][raised]") {
+  // SimCLR's similarities masked with -1e9 on their diagonal, as float32 code does, under
+  // fp16 autocast: torch refuses the fill.
+  TempDir dir;
+  raised_before_step_0(dir.file("run.db"), "RuntimeError: value cannot be converted to type c10::Half without overflow");
+  CHECK_THROWS_WITH(load_run(dir.file("run.db")),
+                    Catch::Contains("without overflow. A constant beyond float16's range (65504) was written into a "
+                                    "float16 tensor") &&
+                        Catch::Contains("masked_fill(mask, torch.finfo(scores.dtype).min)"));
+}
+
+TEST_CASE("the same refusal after recorded steps, in older torch's words, gets the same fix", "[rules][raised]") {
+  const Report r = report_raised_at_step_3("RuntimeError: value cannot be converted to type at::Half without overflow");
+  const Finding& f = required(r, "training-raised");
+  REQUIRE(f.suggestions.size() == 1);
+  CHECK_THAT(f.suggestions.front().summary, Catch::StartsWith("A constant beyond float16's range (65504)"));
+}

@@ -679,3 +679,39 @@ def test_the_last_layer_of_a_summed_loss_pinned_still_leaves_the_scale_below_the
     code, rep = verdict(db)
     assert code == 1
     assert ("scale-collapse", "") in rules(rep, "error")
+
+
+def contrastive_with_masked_diagonal(db, fill):
+    """SimCLR's NT-Xent under fp16 autocast: each view's similarity with itself masked by
+    `fill(sim)` before the cross-entropy."""
+    torch.manual_seed(0)
+    enc = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 64))
+    target = torch.cat([torch.arange(16, 32), torch.arange(16)])
+
+    def loss_of(step, model):
+        x = torch.randn(16, 32)
+        with torch.autocast("cpu", dtype=torch.float16):
+            z = nn.functional.normalize(model(torch.cat([x + 0.1 * torch.randn_like(x), x + 0.1 * torch.randn_like(x)])),
+                                        dim=-1)
+            sim = z @ z.t() / 0.07
+            return nn.functional.cross_entropy(sim.masked_fill(torch.eye(32, dtype=torch.bool), fill(sim)), target)
+
+    train(db, enc, 6, loss_of)
+
+
+def test_a_mask_of_minus_1e9_on_float16_similarities_stops_the_run_and_the_report_gives_the_dtypes_limit(tmp_path,
+                                                                                                          ampdiag):
+    db = tmp_path / "run.db"
+    with pytest.raises(RuntimeError, match="Half without overflow"):
+        contrastive_with_masked_diagonal(db, lambda sim: -1e9)
+    result = ampdiag("report", db)
+    assert result.returncode == 2
+    assert "A constant beyond float16's range (65504) was written into a float16 tensor" in result.stderr
+    assert "masked_fill(mask, torch.finfo(scores.dtype).min)" in result.stderr
+
+
+def test_the_dtypes_own_limit_as_the_report_gives_it_trains_the_contrastive_loop_healthy(tmp_path, verdict):
+    db = tmp_path / "run.db"
+    contrastive_with_masked_diagonal(db, lambda sim: torch.finfo(sim.dtype).min)
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rep["findings"]
