@@ -129,6 +129,19 @@ TEST_CASE("a layer going NaN first at scales below 1 gets its backward looked at
   CHECK_THAT(o->suggestions[2].summary, Catch::StartsWith("If its true gradients are the ones beyond fp16: Run enc in FP32"));
 }
 
+TEST_CASE("the look at a backward that makes NaN at every scale names the torch.where mask that hides it",
+          "[rules]") {
+  // A "safe" square root, where(x > 0, x.sqrt(), 0): the forward is finite, and the masked
+  // values' gradient is 0 times NaN. sqrt(x + 1e-12) does not help a negative x; a clamp does.
+  TempDir dir;
+  const auto r = nan_through(dir, "act");
+  const Suggestion& look = required(r, "overflow-origin").suggestions.front();
+  CHECK_THAT(look.summary, Catch::Contains("Behind a torch.where that masks such values (where(x > 0, x.sqrt(), 0)) it "
+                                           "still runs on them, and their gradient comes back as 0 times NaN: clamp the "
+                                           "argument before the operation, then select."));
+  CHECK_THAT(look.python, Catch::Contains("torch.where(x > 0, x.clamp_min(1e-12).sqrt(), 0.0)"));
+}
+
 TEST_CASE("a module without parameters that the NaN gradient passed gets its own pin, untried", "[rules]") {
   // A custom activation whose backward takes exp() of its fp16 input: pinned, it trains. No
   // replay of its backward is made (it holds no parameters), so sqrt(0)'s kind is not ruled out.

@@ -140,3 +140,46 @@ def test_that_module_pinned_as_the_report_says_trains_the_same_loop_healthy(tmp_
     custom_backward(db, pin=True)
     code, rep = verdict(db)
     assert code == 0, [f["title"] for f in rep["findings"]]
+
+
+class MaskedSqrt(nn.Module):
+    """A square root made "safe" with torch.where, as the report's first fix writes it when
+    `clamped`: else its gradient at the masked (negative) values is 0 times NaN."""
+
+    def __init__(self, clamped):
+        super().__init__()
+        self.clamped = clamped
+
+    def forward(self, x):
+        return torch.where(x > 0, (x.clamp_min(1e-12) if self.clamped else x).sqrt(), 0.0)
+
+
+def masked_sqrt(db, clamped):
+    """fc1, a masked square root, fc2: SGD, fp16 autocast, a real GradScaler, 24 steps."""
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(fc1=nn.Linear(16, 64), act=MaskedSqrt(clamped), fc2=nn.Linear(64, 1)))
+    opt, scaler = torch.optim.SGD(model.parameters(), lr=1e-3), torch.amp.GradScaler("cpu")
+    g = torch.Generator().manual_seed(1)
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(24):
+            x, y = torch.randn(32, 16, generator=g), torch.rand(32, 1, generator=g)
+            amp_step(opt, scaler, lambda: nn.functional.mse_loss(model(x).float(), y))
+
+
+def test_a_square_root_masked_with_where_is_looked_at_first_with_the_clamp_before_the_select(tmp_path, verdict):
+    db = tmp_path / "masked.db"
+    masked_sqrt(db, clamped=False)
+    code, rep = verdict(db)
+    assert code == 1
+    origin = next(f for f in rep["findings"] if f["rule"] == "overflow-origin")
+    assert origin["module"] == "fc1" and "act, which holds no parameters" in origin["evidence"]
+    look = origin["suggestions"][0]
+    assert look["summary"].startswith("Look first at the backward of act, fc1")
+    assert "Behind a torch.where that masks such values" in look["summary"]
+
+
+def test_the_clamp_before_the_select_as_the_report_writes_it_trains_the_same_loop_healthy(tmp_path, verdict):
+    db = tmp_path / "clamped.db"
+    masked_sqrt(db, clamped=True)
+    code, rep = verdict(db)
+    assert code == 0, [f["title"] for f in rep["findings"]]
