@@ -598,6 +598,29 @@ def test_pytorchs_amp_recipe_with_amp_off_is_reported_as_a_float32_run(tmp_path,
     assert "float32 on cpu" in ampdiag("report", db).stdout
 
 
+def test_autocast_turned_on_after_a_float32_warm_up_is_judged_in_float16_from_then(tmp_path, verdict):
+    # It stayed "float32 on cpu" from the first forward, so the fp16 steps after the warm-up
+    # were judged by float32's range.
+    torch.manual_seed(0)
+    model = Mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    db = tmp_path / "run.db"
+    with ampdiag.attach(model, scaler, db=db):
+        for step, (x, y) in enumerate(batches(6)):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16, enabled=step >= 3):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert rows(db, "SELECT value FROM meta WHERE key = 'amp_dtype'") == [("float16",)]
+    assert rows(db, "SELECT step, detail FROM events WHERE kind = 'amp-dtype' ORDER BY step")[-1] == (
+        3, "autocast turned on in float16 at step 3, after a start in float32: the run is judged in float16")
+    code, rep = verdict(db)
+    assert (code, rep["runs"][0]["amp_dtype"]) == (0, "float16")
+
+
 class AutocastInside(Mlp):
     """A model that enters autocast in its own forward: the loop around it shows none."""
 

@@ -4,7 +4,8 @@ guess float16, and the report then judged bf16 values by fp16's range (underflow
 that told to train in bf16, which the run already did). A run with AMP switched off
 (torch's recipe: autocast(enabled=use_amp) with GradScaler(enabled=use_amp)) kept the
 no-scaler guess, and its report was headed "bfloat16 on cpu" for a run that is float32
-throughout."""
+throughout. A run with a GradScaler whose first forward ran in float32 may turn autocast on
+later (a float32 warm-up): it is watched until it does, and then judged in that dtype."""
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
@@ -36,6 +37,23 @@ def learn_amp_dtype(handle, model, device_type, guessed, params):
                 text = f"autocast ran in {seen}, not the {guessed} attach() assumed: the run is judged in {seen}" + \
                        (" (bfloat16 needs no GradScaler)" if unneeded else "")
             handle._event("amp-dtype", text)
+        if seen == "float32" and handle.scaler is not None:
+            registered.append(model.register_forward_pre_hook(handle._forward_hook_as_run(turned_on)))
+
+    def turned_on(module, args):
+        """After a float32 first forward under a scaler: the first training forward that
+        begins under autocast (one call a forward until then)."""
+        if compiling() or not torch.is_grad_enabled():
+            return None
+        seen = autocast_dtype()
+        if seen is not None:
+            for hook in registered:
+                hook.remove()
+            registered.clear()
+            handle._session.set_meta("amp_dtype", seen)
+            handle._event("amp-dtype", f"autocast turned on in {seen} at step {handle._session.step}, after a start "
+                                       f"in float32: the run is judged in {seen}")
+        return None
 
     def autocast_dtype():
         return _NAMES.get(torch.get_autocast_dtype(device_type)) if torch.is_autocast_enabled(device_type) else None
