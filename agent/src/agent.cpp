@@ -183,8 +183,18 @@ at::Tensor Agent::Impl::input(const std::string& name, const at::Tensor& x) {
 // was judged by the guess's range (float16 with a scaler, bfloat16 without one).
 void Agent::Impl::learn_amp_dtype(c10::DeviceType device, at::ScalarType output) {
   if (!at::GradMode::is_enabled()) return;  // an evaluation: wait for a training forward
-  learn_amp_dtype_ = false;
   const bool autocast = at::autocast::is_autocast_enabled(device);
+  if (awaiting_autocast_) {
+    const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(device) : at::kFloat;
+    if (dtype != at::kBFloat16 && dtype != at::kHalf) return;
+    learn_amp_dtype_ = awaiting_autocast_ = false;
+    const std::string seen = agent::dtype_name(dtype);
+    session_.set_meta("amp_dtype", seen);
+    session_.event("amp-dtype", "autocast turned on in " + seen + " at step " + std::to_string(session_.step()) +
+                                    ", after a start in float32: the run is judged in " + seen);
+    return;
+  }
+  learn_amp_dtype_ = false;
   const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(device) : output;
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return;
   const std::string seen = agent::dtype_name(dtype);
@@ -193,9 +203,12 @@ void Agent::Impl::learn_amp_dtype(c10::DeviceType device, at::ScalarType output)
   const std::string assumed = "the " + guessed + (scaler_ ? " AgentOptions::amp_dtype left empty assumed"
                                                           : " assumed for an Agent without a GradScaler");
   session_.set_meta("amp_dtype", seen);
-  if (!autocast)
+  if (!autocast) {
     session_.event("amp-dtype", "autocast was off at the first training probe, whose output was " + seen +
                                     ": the run is judged in " + seen + ", not " + assumed);
+    // With a scaler, a float32 warm-up may come first: the probes watch for autocast after it.
+    learn_amp_dtype_ = awaiting_autocast_ = dtype == at::kFloat && scaler_ != nullptr;
+  }
   else
     session_.event("amp-dtype", "autocast ran in " + seen + ", not " + assumed + ": the run is judged in " + seen +
                                     (dtype == at::kBFloat16 ? " (bfloat16 needs no GradScaler)" : ""));

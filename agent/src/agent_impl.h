@@ -159,8 +159,10 @@ class Agent::Impl final : public ScalerObserver {
   at::Tensor last_output_;
   std::string last_output_path_;
   std::unordered_set<std::string> inputs_seen_;
-  // AgentOptions::amp_dtype was left empty and no training probe has run yet.
+  // AgentOptions::amp_dtype was left empty and no training probe has run yet, or the first
+  // ran in float32 under a scaler (a warm-up) and autocast has not turned on since.
   bool learn_amp_dtype_ = false;
+  bool awaiting_autocast_ = false;
   void learn_amp_dtype(c10::DeviceType device, at::ScalarType output);
   // The cycle's inputs (input()), looked at once a probe holds NaN/Inf.
   agent::BatchLooks batch_;
