@@ -154,6 +154,34 @@ def test_a_call_whose_draws_depend_on_the_dtype_is_not_compared_and_says_why(tmp
     assert said["norm.0"].startswith("its call draws random numbers, and other draws move its FP32 output")
 
 
+class NearTiedSwitch(nn.Module):
+    """A top-1 switch between two paths whose router rows differ by 1e-4: float16 rounds their
+    logits to ties (argmax then takes the first), float32 tells them apart, so whole rows
+    take the other path in FP32, with nothing lost to rounding in either."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.router = nn.Linear(d, 2, bias=False)
+        with torch.no_grad():
+            self.router.weight[1] = self.router.weight[0] + 1e-4 * torch.randn(d)
+
+    def forward(self, x):
+        return torch.where(self.router(x).argmax(-1, keepdim=True) == 0, x, -x)
+
+
+def test_a_decision_that_flips_between_the_precisions_is_not_compared_and_says_why(tmp_path):
+    # A top-1 mixture of experts routed a near-tied token to another expert in FP32: the
+    # check called its output "29 % away from FP32", a precision-loss warning on a healthy run.
+    train(tmp_path / "run.db", nn.Sequential(NearTiedSwitch(64), nn.LayerNorm(64)), steps=6, precision_budget=1.0)
+    assert all(c[4] < VERIFY_FROM for c in checks(tmp_path / "run.db")), checks(tmp_path / "run.db")
+    with sqlite3.connect(tmp_path / "run.db") as c:
+        said = dict(d.split(": ", 1) for (d,) in c.execute(
+            "SELECT detail FROM events WHERE kind = 'precision-check-unreproducible'").fetchall())
+    # norm, the Sequential holding the switch, comes first in the rotation
+    assert said["norm"].startswith("a decision inside its call (an argmax or top-k index, a comparison) came out "
+                                   "otherwise in FP32")
+
+
 def test_checks_leave_numpy_and_python_draws_as_they_were(tmp_path):
     def norm():
         return nn.Sequential(HostRandomMask(), nn.LayerNorm(64))

@@ -23,6 +23,7 @@ import math
 import time
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ._device_reads import DeviceReads
 from ._pin import _to_fp32
@@ -46,6 +47,28 @@ UNREPRODUCIBLE = "precision-check-unreproducible"
 # A host check of a call that drew random numbers is not taken where other draws move the
 # FP32 output at least this share of its distance from FP32.
 DRAWS_EXPLAIN = 0.5
+
+
+class _Decisions(TorchFunctionMode):
+    """The integer and boolean tensors a call makes (argmax and top-k indices, comparisons,
+    the rows a mask selects), in order: where the FP32 run makes other ones than the call in
+    its own precision, a decision inside it (a top-1 router's expert for a near-tied token)
+    came out otherwise, and the two outputs differ by that decision, not by values lost."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and not (t.is_floating_point() or t.is_complex()):
+                self.made.append(t.detach().clone())
+        return out
+
+    def same_as(self, other) -> bool:
+        return len(self.made) == len(other.made) and all(
+            a.shape == b.shape and torch.equal(a, b) for a, b in zip(self.made, other.made))
 
 
 def _relative(a, b) -> float:
@@ -209,12 +232,21 @@ class PrecisionChecker:
         if verdict is None or verdict[0] < VERIFY_FROM:
             return True
         set_rng_state(capture.rng)
-        with torch.no_grad():  # under the call's own autocast: the hook runs inside it
+        with torch.no_grad(), _Decisions() as as_ran:  # under the call's own autocast: the hook runs inside it
             again = first_float_tensor(capture.as_ran(*capture.args, **capture.kwargs))
         if _relative(again, output) > REPRODUCED:
             self._leave_rotation(path, "run again as it ran (same precision, inputs, state and draws of torch's, "
                                  "Python's and numpy's generators), it gave another output; it is not compared "
                                  "with FP32 (a generator of its own, or another source of chance)")
+            return False
+        set_rng_state(capture.rng)
+        with _Decisions() as in_fp32:
+            self._fp32_call(capture)
+        if not as_ran.same_as(in_fp32):
+            self._leave_rotation(path, f"a decision inside its call (an argmax or top-k index, a comparison) came out "
+                                 f"otherwise in FP32, and its output with it ({100 * verdict[0]:.0f} % away): a "
+                                 "near-tie that either precision may break, as a top-1 router's for one token; it is "
+                                 "not compared with FP32")
             return False
         if drew:
             # Same generator state, but a kernel may map its draws to elements by dtype (the
