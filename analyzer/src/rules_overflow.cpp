@@ -35,8 +35,8 @@ std::pair<double, std::int64_t> largest_true_gradient(const LayerSummary& layer,
   return {largest, at};
 }
 
-std::pair<double, std::int64_t> largest_true_gradient(const Run& run, const std::map<std::int64_t, std::int64_t>& layers) {
-  const std::map<std::int64_t, double> scale_of = scales_before(run);
+std::pair<double, std::int64_t> largest_true_gradient(const Run& run, const std::map<std::int64_t, std::int64_t>& layers,
+                                                      const std::map<std::int64_t, double>& scale_of) {
   std::pair<double, std::int64_t> largest{0.0, -1};
   for (const auto& [id, _] : layers)
     largest = std::max(largest, largest_true_gradient(run.layers[std::size_t(id)], scale_of),
@@ -49,8 +49,8 @@ std::pair<double, std::int64_t> largest_true_gradient(const Run& run, const std:
 // leaves the scale where it is (a loss too large for every layer's gradients, not one
 // layer's). Normalisation layers are left out: autocast runs them in FP32, so their
 // gradients can pass 65504 without an fp16 backward.
-std::vector<std::pair<std::string, double>> also_beyond(const Run& run, const std::string& module, double limit) {
-  const std::map<std::int64_t, double> scale_of = scales_before(run);
+std::vector<std::pair<std::string, double>> also_beyond(const Run& run, const std::string& module, double limit,
+                                                        const std::map<std::int64_t, double>& scale_of) {
   std::vector<std::pair<std::string, double>> beyond;
   for (const LayerSummary& layer : run.layers) {
     const std::string& path = layer.info.module_path;
@@ -270,6 +270,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
   // forward NaN's) push the run's skip rate up, unless the scale collapsed.
   const bool hurts = overflow_hurts(run, t), collapsed = scale_collapsed(run, t);
   const std::vector<bool> harmful = harmful_skip_mask(run);
+  const std::map<std::int64_t, double> scale_of = scales_before(run);  // for the true gradients' sizes
   struct PerModule {
     std::int64_t first = 0, harmful = 0;
     std::map<std::int64_t, std::int64_t> layers;  // layer id -> times first
@@ -403,12 +404,12 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     const bool below_floor = harms && run.has_scaler() && !at_any_scale && m.lowest_scale < t.scale_floor &&
                              reaching.seen != "nonfinite";
     const auto [true_max, true_max_step] = (at_any_scale || below_floor) && run.fp16()
-                                               ? largest_true_gradient(run, m.layers)
+                                               ? largest_true_gradient(run, m.layers, scale_of)
                                                : std::pair<double, std::int64_t>{0.0, -1};
     const double limit = at_any_scale ? run.fp_max : run.fp_max / t.scale_floor;
     const bool too_large = true_max > limit;
     const std::vector<std::pair<std::string, double>> others =
-        too_large ? also_beyond(run, module, limit) : std::vector<std::pair<std::string, double>>{};
+        too_large ? also_beyond(run, module, limit, scale_of) : std::vector<std::pair<std::string, double>>{};
     if (too_large) {
       f.title = at_any_scale ? place + "'s gradients exceed fp16's range even unscaled (up to " + fmt(true_max) + ")"
                              : place + "'s gradients are too large for a loss scale above the floor of " +

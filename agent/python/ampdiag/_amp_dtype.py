@@ -23,10 +23,13 @@ def learn_amp_dtype(handle, model, device_type, guessed, params):
     model without bfloat16 parameters (`params`, those it trains), is a float32 run."""
     registered = []
 
-    def settle(seen):
+    def remove_hooks():
         for hook in registered:
             hook.remove()
         registered.clear()
+
+    def settle(seen):
+        remove_hooks()
         if seen is not None and seen != guessed:
             handle._session.set_meta("amp_dtype", seen)
             if seen == "float32":
@@ -47,9 +50,7 @@ def learn_amp_dtype(handle, model, device_type, guessed, params):
             return None
         seen = autocast_dtype()
         if seen is not None:
-            for hook in registered:
-                hook.remove()
-            registered.clear()
+            remove_hooks()
             handle._session.set_meta("amp_dtype", seen)
             handle._event("amp-dtype", f"autocast turned on in {seen} at step {handle._session.step}, after a start "
                                        f"in float32: the run is judged in {seen}")
