@@ -241,6 +241,30 @@ OutputGradient output_gradient(const Run& run, const std::string& module) {
   return {seen, e->step};
 }
 
+// The agent's look at which module given a module's output sent the NaN/Inf that reached
+// it (event "module-gradient-sender", "PATH: USER[, USER]", the Python agent's
+// _gradient_sender.py): each received a finite gradient at its own output and sent NaN/Inf
+// back to the argument made from PATH's output, in backward order. Where several modules
+// take that output (two heads on one backbone), the one whose backward ran just before is
+// not necessarily the one.
+struct GradientSenders {
+  std::vector<std::string> paths;
+  std::int64_t step = -1;
+};
+
+GradientSenders gradient_senders(const Run& run, const std::string& module) {
+  if (module.empty()) return {};
+  const auto [e, rest] = run.module_event("module-gradient-sender", module);
+  if (!e) return {};
+  GradientSenders senders{{}, e->step};
+  for (std::size_t at = 0; at <= rest.size();) {
+    const std::size_t comma = std::min(rest.find(", ", at), rest.size());
+    if (comma > at) senders.paths.push_back(rest.substr(at, comma - at));
+    at = comma + 2;
+  }
+  return senders;
+}
+
 // Skipped steps whose NaN/Inf gradients no hook saw arrive: naming a first one would be a
 // guess, so none is named and no pin suggested.
 Finding unordered_overflow(const Run& run, const std::vector<std::int64_t>& steps, bool hurts) {
@@ -531,29 +555,46 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     const OutputGradient entry =
         replay.outcome.empty() || replay.outcome == "unconfirmed" ? reaching : OutputGradient{};
     const bool entered = entry.seen == "nonfinite";
-    const std::string code_after = "the code that uses " + module + "'s output";
+    const GradientSenders senders = entry.seen == "nonfinite" ? gradient_senders(run, module) : GradientSenders{};
+    const bool sent = !senders.paths.empty();
+    const std::string code_after = sent ? senders.paths.front() + "'s backward" : "the code that uses " + module + "'s output";
     const auto most = std::max_element(m.after.begin(), m.after.end(),
                                        [](const auto& a, const auto& b) { return a.second < b.second; });
-    const std::string user = most == m.after.end() ? std::string() : most->first;
+    const std::string user = sent ? senders.paths.front() : most == m.after.end() ? std::string() : most->first;
     if (entered) {
       if (harms && !at_any_scale)
         f.title = place + " holds the first NaN/Inf gradients, but they reach it through its output: " + code_after +
                   " makes them";
-      std::string where, via;
-      const std::vector<std::string> none;
-      const std::vector<std::string>& through = user.empty() ? none : m.through.at(user);
-      for (const auto& path : through) via += (via.empty() ? " through " : " and ") + path;
-      if (!user.empty())
-        where = user + ", which is given " + module + "'s output" + via + " and whose backward ran just before " +
-                module + "'s, its own gradients finite; ";
-      for (const auto& path : m.between)
-        if (std::find(through.begin(), through.end(), path) == through.end()) where += path + ", ";
       f.evidence += "; at step " + std::to_string(entry.step) + " the gradient reaching " + module +
-                    "'s output already held NaN/Inf, so its own backward received them: " + code_after + " (" + where +
-                    "the model's own forward() after it, or the loss) made them" +
-                    (at_any_scale ? std::string()
-                                  : " in its fp16 backward, where a factor such as a gain, a temperature or an exp() "
-                                    "enlarges the gradient it sends back");
+                    "'s output already held NaN/Inf, so its own backward received them" + (sent ? "; " : ": ");
+      if (sent) {
+        std::string others, via;
+        for (std::size_t k = 1; k < senders.paths.size(); ++k) others += (k > 1 ? ", " : "") + senders.paths[k];
+        const auto through = m.through.find(user);
+        if (others.empty() && through != m.through.end())
+          for (const auto& path : through->second) via += (via.empty() ? " through " : " and ") + path;
+        f.evidence += "at step " + std::to_string(senders.step) + " " + user +
+                      (others.empty() ? std::string() : " (then " + others + ")") +
+                      ", given " + module + "'s output" + via + ", received a finite gradient at its own output and sent NaN/Inf "
+                      "back to it: " + (others.empty() ? "its" : "their") + " backward made them" +
+                      (at_any_scale ? std::string()
+                                    : " in fp16, where a factor such as large weights, a gain or an exp() enlarges "
+                                      "the gradient sent back");
+      } else {
+        std::string where, via;
+        const std::vector<std::string> none;
+        const std::vector<std::string>& through = user.empty() ? none : m.through.at(user);
+        for (const auto& path : through) via += (via.empty() ? " through " : " and ") + path;
+        if (!user.empty())
+          where = user + ", which is given " + module + "'s output" + via + " and whose backward ran just before " +
+                  module + "'s, its own gradients finite; ";
+        for (const auto& path : m.between)
+          if (std::find(through.begin(), through.end(), path) == through.end()) where += path + ", ";
+        f.evidence += code_after + " (" + where + "the model's own forward() after it, or the loss) made them" +
+                      (at_any_scale ? std::string()
+                                    : " in its fp16 backward, where a factor such as a gain, a temperature or an exp() "
+                                      "enlarges the gradient it sends back");
+      }
       if (harms) f.blame = code_after;  // what the symptoms' fixes point to
     } else if (entry.seen == "finite") {
       f.evidence += "; at step " + std::to_string(entry.step) + " the gradient reaching its output was finite: its own "
@@ -594,11 +635,15 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                                          " sends back stays in FP32 on its way into it.";
         }
         const bool after_a_pin = f.suggestions.size() > before_pins;
-        f.suggestions.push_back(suggest::fp32_model_code(run, "that uses " + module + "'s output", ""));
-        std::string& also = f.suggestions.back().summary;
-        also[0] = 'r';  // "Run ..." continues the sentence
-        also = "Where that code runs a matmul or another operation that autocast puts in fp16 whatever its inputs, " +
-               std::string(after_a_pin ? "also " : "") + also;
+        for (std::size_t k = 1; after_a_pin && k < senders.paths.size(); ++k)
+          f.suggestions.back().summary += " " + senders.paths[k] + " sent them too: pin it the same way.";
+        if (!sent) {  // a module that sent them is the code after it, and its pin covers that code
+          f.suggestions.push_back(suggest::fp32_model_code(run, "that uses " + module + "'s output", ""));
+          std::string& also = f.suggestions.back().summary;
+          also[0] = 'r';  // "Run ..." continues the sentence
+          also = "Where that code runs a matmul or another operation that autocast puts in fp16 whatever its inputs, " +
+                 std::string(after_a_pin ? "also " : "") + also;
+        }
       } else if (!entered && !was_pinned && !others.empty()) {
         std::string named;
         for (std::size_t k = 0; k < others.size() && k < 3; ++k)

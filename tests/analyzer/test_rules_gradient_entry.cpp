@@ -8,9 +8,10 @@ namespace {
 // `skips` skipped steps halving the scale from 65536, dec's gradients finite and enc's the
 // first NaN/Inf ones each time; the event `seen` for enc at the third. Then `finite` steps.
 // `input_from`: events "module-input-from" ("dec: enc": dec's first argument was enc's output).
-// `pinned`: modules the run already ran in FP32 (events "pinned-fp32").
+// `pinned`: modules the run already ran in FP32 (events "pinned-fp32"). `sender`: the
+// event "module-gradient-sender" for enc at the fourth ("enc: head": head's backward sent them).
 Report entry_run(const std::string& seen, int skips, int finite = 0, const std::vector<std::string>& input_from = {},
-                 const std::vector<std::string>& pinned = {}) {
+                 const std::vector<std::string>& pinned = {}, const std::string& sender = "") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"dec.weight", "enc.weight"});
   for (const auto& from : input_from) f.event("module-input-from", from);
@@ -18,6 +19,7 @@ Report entry_run(const std::string& seen, int skips, int finite = 0, const std::
   double scale = 65536;
   for (int i = 0; i < skips; ++i, scale /= 2) {
     if (i == 2) f.event("module-output-gradient", "enc: " + seen);
+    if (i == 3 && !sender.empty()) f.event("module-gradient-sender", "enc: " + sender);
     f.finite_first({"dec.weight"}).step(scale, scale / 2, 1000, {"enc.weight"});
   }
   for (int i = 0; i < finite; ++i) f.step(scale, scale, 1000);
@@ -97,6 +99,42 @@ TEST_CASE("a module already pinned with no module after it to pin is left the mo
                                                          "autocast puts in fp16 whatever its inputs, run the model's "
                                                          "own code that uses enc's output in FP32"));
   CHECK_THAT(o.suggestions[1].summary, Catch::Contains("bfloat16"));
+}
+
+TEST_CASE("the module that sent the NaN/Inf back is named and pinned, not the one whose backward ran just before",
+          "[rules][gradient-entry]") {
+  // Two heads on one backbone: dec's backward ran just before enc's, but the agent saw head,
+  // given enc's output too, receive a finite gradient and send NaN/Inf back.
+  const Report r = entry_run("nonfinite", 12, 0, {"dec: enc"}, {}, "head");
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.title, Catch::EndsWith("they reach it through its output: head's backward makes them"));
+  CHECK_THAT(o.evidence, Catch::Contains("at step 3 head, given enc's output, received a finite gradient at its own "
+                                         "output and sent NaN/Inf back to it: its backward made them in fp16") &&
+                             !Catch::Contains("dec, which"));
+  REQUIRE(o.suggestions.size() == 2);  // the pin of both covers the code after enc: no autocast-off block
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run enc and head in FP32"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::Contains("bfloat16"));
+  const Finding& c = required(r, "scale-collapse");
+  CHECK_THAT(c.suggestions.front().summary, Catch::StartsWith("Fix the NaN/Inf made in head's backward"));
+}
+
+TEST_CASE("several modules that sent the NaN/Inf back are all named, the first pinned with the module",
+          "[rules][gradient-entry]") {
+  const Report r = entry_run("nonfinite", 12, 0, {}, {}, "head, aux");
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.evidence, Catch::Contains("head (then aux), given enc's output, received a finite gradient") &&
+                             Catch::Contains("their backward made them"));
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary,
+             Catch::StartsWith("Run enc and head in FP32") && Catch::EndsWith(" aux sent them too: pin it the same way."));
+}
+
+TEST_CASE("a module already pinned is offered the pin of the module that sent the NaN/Inf back",
+          "[rules][gradient-entry]") {
+  const Report r = entry_run("nonfinite", 12, 0, {"dec: enc"}, {"enc"}, "head");
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run head in FP32 too: enc is pinned"));
 }
 
 TEST_CASE("a module whose backward ran just before but was given another module's output is not named",

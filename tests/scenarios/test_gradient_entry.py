@@ -83,10 +83,15 @@ def entries(db):
     return rows(db, "SELECT detail FROM events WHERE kind = 'module-output-gradient'")
 
 
+def senders(db):
+    return rows(db, "SELECT detail FROM events WHERE kind = 'module-gradient-sender'")
+
+
 def test_a_gradient_made_by_the_code_after_a_module_is_blamed_on_that_code(tmp_path, verdict):
     db = tmp_path / "gain.db"
     vae_steps(db, gain=30.0)
     assert entries(db) == [("enc.2: nonfinite",)]
+    assert senders(db) == []  # the gain is the model's own code: no module sent them
     code, rep = verdict(db)
     first = rep["findings"][0]
     assert (code, first["rule"], first["module"]) == (1, "overflow-origin", "enc.2")
@@ -112,7 +117,11 @@ def test_the_module_whose_backward_sends_the_inf_is_named_and_pinned_with_the_on
     code, rep = verdict(db)
     first = rep["findings"][0]
     assert (code, first["rule"], first["module"]) == (1, "overflow-origin", "enc.2")
-    assert f"enc.2's output (mix, which is given enc.2's output{via} and whose backward ran just before" in first["evidence"]
+    # The look at what each module given enc.2's output sent back (event module-gradient-sender).
+    assert senders(db) == [("enc.2: mix",)]
+    assert f"mix, given enc.2's output{via}, received a finite gradient at its own output and sent NaN/Inf back" \
+        in first["evidence"]
+    assert first["title"].endswith("they reach it through its output: mix's backward makes them")
     assert first["suggestions"][0]["summary"].startswith("Run enc.2 and mix in FP32")
 
 
@@ -196,3 +205,71 @@ def test_a_gain_after_the_head_is_blamed_where_the_features_are_returned_first(t
     assert (code, first["rule"], first["module"]) == (1, "overflow-origin", "head")
     assert first["title"].endswith("they reach it through its output: the code that uses head's output makes them")
     assert "loss-backward" not in {f["rule"] for f in rep["findings"]}
+
+
+class TwoHeads(nn.Module):
+    """A detection-style model: a classifier and a box head on one backbone's pooled features,
+    the box head's weights 5000 times too large. Its fp16 backward overflows the gradient it
+    sends to the features; the classifier's backward, which runs after it, sends a finite one.
+    The backbone's convolution, behind a ReLU (a module the agent lists no rows for), receives
+    their sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.cls, self.box = nn.Linear(16, 5), nn.Linear(16, 4)
+        with torch.no_grad():
+            self.box.weight.mul_(5000.0)
+
+    def forward(self, x):
+        f = self.backbone(x)
+        return self.cls(f), self.box(f)
+
+
+def two_heads_steps(db, pins=()):
+    torch.manual_seed(0)
+    model = TwoHeads()
+    for path in pins:
+        ampdiag.pin_fp32(model.get_submodule(path))
+    opt, scaler = torch.optim.SGD(model.parameters(), 1e-3, momentum=0.9), torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(30):
+            x, labels, boxes = torch.randn(8, 3, 16, 16), torch.randint(0, 5, (8,)), torch.rand(8, 4) * 100
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                logits, box = model(x)
+                loss = F.cross_entropy(logits, labels) + F.smooth_l1_loss(box, boxes, reduction="sum") / 8
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+def test_of_two_heads_on_one_output_the_one_whose_backward_sent_the_inf_is_named_and_pinned(tmp_path, verdict):
+    # cls's backward ran just before the backbone's: order alone would name it.
+    db = tmp_path / "heads.db"
+    two_heads_steps(db)
+    assert senders(db) == [("backbone.0: box",)]
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["rule"], first["module"]) == (1, "overflow-origin", "backbone.0")
+    assert first["title"].endswith("they reach it through its output: box's backward makes them")
+    assert first["suggestions"][0]["python"] == ("ampdiag.pin_fp32(model.backbone[0])  # autocast off inside each; "
+                                                 "float inputs cast\nampdiag.pin_fp32(model.box)")
+    collapse = next(f for f in rep["findings"] if f["rule"] == "scale-collapse")
+    assert collapse["suggestions"][0]["summary"].startswith("Fix the NaN/Inf made in box's backward")
+
+
+def test_both_modules_the_two_heads_report_pins_keep_the_scale_up(tmp_path, verdict):
+    db = tmp_path / "heads_pinned.db"
+    two_heads_steps(db, pins=("backbone.0", "box"))
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
+
+
+def test_the_head_that_ran_just_before_pinned_with_the_backbone_still_collapses_the_scale(tmp_path, verdict):
+    # What the order alone would have offered: the box head still overflows in fp16.
+    db = tmp_path / "heads_cls_pinned.db"
+    two_heads_steps(db, pins=("backbone.0", "cls"))
+    code, rep = verdict(db)
+    assert code == 1
+    assert any(f["rule"] == "scale-collapse" for f in rep["findings"])

@@ -11,10 +11,12 @@ device). At the next skipped step that names it again, event "module-output-grad
 finite and the module's own backward made them. A skip that names another module moves
 the watch there; one verdict a module, at most VERDICTS a run, and a watch no skip
 answers within WATCH_STEPS steps is dropped. Steps whose forward, batch, parameters or
-loss already held NaN/Inf are the forward's, and judge nothing."""
+loss already held NaN/Inf are the forward's, and judge nothing. A "nonfinite" verdict
+arms the look for the module that sent them (_gradient_sender.py)."""
 import torch
 
 from ._backward_replay import backward_origin_module
+from ._gradient_sender import GradientSenders
 from ._tensors import first_float_tensor, holds_nonfinite
 
 KIND = "module-output-gradient"
@@ -30,25 +32,29 @@ class GradientEntries:
         self.watching = False  # a watch is armed (read by the end of every step: no call when not)
         self._hooked = False   # this step's first call of the watched module has its gradient hook
         self._reached = None   # whether the gradient reaching its output this step held NaN/Inf
+        self._senders = GradientSenders(handle)
 
     def step_ended(self, judge: bool):
         """Called as a host step ends that was skipped, or while a watch is armed; `judge`:
         the step was skipped with a finite loss."""
         reached, self._reached, self._hooked = self._reached, None, False
         path = backward_origin_module(self._handle) if judge else ""
+        self._senders.step_ended(path)  # before a verdict below arms it: a later skip answers
+        watch = self._watch
         if not path:
             self._count_down()
-            return
-        watch = self._watch
-        if watch is not None and watch[0] == path and reached is not None:
+        elif watch is not None and watch[0] == path and reached is not None:
             self._drop()
             self._judged.add(path)
             self._handle._session.event(KIND, f"{path}: {'nonfinite' if reached else 'finite'}")
+            if reached:
+                self._senders.arm(path)
         elif path not in self._judged and len(self._judged) < VERDICTS and (watch is None or watch[0] != path):
             self._drop()
             self._arm(path)
         else:
             self._count_down()
+        self.watching = self._watch is not None or self._senders.armed
 
     def _arm(self, path):
         handle = self._handle
@@ -72,7 +78,6 @@ class GradientEntries:
             return None
 
         self._watch = (path, module.register_forward_hook(handle._forward_hook_as_run(after)), WATCH_STEPS)
-        self.watching = True
 
     def _count_down(self):
         if self._watch is not None:
@@ -86,7 +91,7 @@ class GradientEntries:
         if self._watch is not None:
             self._watch[1].remove()
             self._watch = None
-            self.watching = False
 
     def close(self):
         self._drop()
+        self._senders.close()

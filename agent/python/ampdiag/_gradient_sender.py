@@ -1,0 +1,177 @@
+"""Which module's backward sends the NaN/Inf that reaches a module through its output.
+Where the gradient reaching X's output already held NaN/Inf (event
+`module-output-gradient`, "X: nonfinite"), the code that uses X's output made them. With
+several users of that output (a classifier and a box head on one backbone), the one whose
+backward ran just before X's need not be the one: autograd sums what each sends.
+
+So, once X is judged so, its next skip looks at each module given X's output: a module
+whose first floating-point argument was made from X's output by operations of one input
+each (views, activations, pooling). The gradient it receives at its output and the one it
+sends back to that argument are checked apart. The innermost such module that received a
+finite gradient and sent NaN/Inf made them in its own backward: event
+`module-gradient-sender`, "X: Y" (in backward order, "X: Y, Z" where several did). Host
+tensors only: a device check would wait for the device. A watch no skip of X answers within
+WATCH_STEPS steps is dropped, a verdict on another module moves it there, and each module is
+looked at once."""
+import torch
+
+from ._tensors import first_float_tensor, holds_nonfinite
+
+KIND = "module-gradient-sender"
+WATCH_STEPS = 64
+TRACE_HOPS = 16      # operations of one input between X's output and a user's argument
+SUBGRAPH_NODES = 512  # autograd nodes searched in a user's call for the edge back to its argument
+
+
+def _within(path: str, outer: str) -> bool:
+    return path == outer or path.startswith(outer + ".")
+
+
+def _made_from(node, made) -> bool:
+    """Whether `node` is one of `made` or follows from one through operations whose only
+    input that is not a leaf (a parameter) is the one before."""
+    for _ in range(TRACE_HOPS):
+        if node is None:
+            return False
+        if node in made:
+            return True
+        before = [n for n, _ in node.next_functions if n is not None and type(n).__name__ != "AccumulateGrad"]
+        if len(before) != 1:
+            return False
+        node = before[0]
+    return False
+
+
+def _edges_into(top, given):
+    """(node, index) pairs of the call's subgraph, from its output's node down, whose
+    index-th input is `given`: where its backward sends the argument its gradient."""
+    edges, seen, todo = [], {top}, [top]
+    while todo and len(seen) < SUBGRAPH_NODES:
+        node = todo.pop()
+        for index, (n, _) in enumerate(node.next_functions):
+            if n is None:
+                continue
+            if n is given:
+                edges.append((node, index))
+            elif n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return edges
+
+
+class _Call:
+    __slots__ = ("path", "received", "sent")
+
+    def __init__(self, path):
+        self.path = path
+        self.received = None  # the gradient at its output: True where it held NaN/Inf
+        self.sent = None      # the order in backward in which it sent NaN/Inf back, if it did
+
+
+class GradientSenders:
+    def __init__(self, handle):
+        self._handle = handle
+        self._judged = set()
+        self._target = None  # (X's path, hook handles, steps left)
+        self._made = set()   # this step's autograd nodes of X's outputs
+        self._calls = []     # this step's calls of modules given X's output
+        self._sends = 0      # NaN/Inf sends seen this step, for their order
+        self.armed = False
+
+    def arm(self, path):
+        """Looks at X = `path`'s next skip; a watch on another module moves here (the latest
+        module skips name is the one the report blames)."""
+        if path in self._judged:
+            return
+        self._drop()
+        handle = self._handle
+        model = handle._watched_model
+        try:
+            watched = model.get_submodule(path)
+        except AttributeError:
+            return
+        hooks = [watched.register_forward_hook(handle._forward_hook_as_run(self._output_hook(watched)))]
+        for name, module in model.named_modules():
+            if name and not _within(name, path) and not _within(path, name):
+                hooks.append(module.register_forward_hook(handle._forward_hook_as_run(self._user_hook(name, module))))
+        self._target = (path, hooks, WATCH_STEPS)
+        self.armed = True
+
+    def _looking(self, mod, module):
+        # (A deep copy of the model carries these hooks: only the watched model's calls count.)
+        return mod is module and self._handle._live and torch.is_grad_enabled()
+
+    def _output_hook(self, watched):
+        def hook(mod, args, output):
+            if self._looking(mod, watched):
+                tensor = first_float_tensor(output)
+                if tensor is not None and tensor.grad_fn is not None:
+                    self._made.add(tensor.grad_fn)
+            return None
+        return hook
+
+    def _user_hook(self, path, module):
+        def hook(mod, args, output):
+            if not self._made or not self._looking(mod, module):
+                return None
+            given = first_float_tensor(args)
+            out = first_float_tensor(output)
+            if (given is None or out is None or not given.is_cpu or given.grad_fn is None or out.grad_fn is None
+                    or out.grad_fn is given.grad_fn or not _made_from(given.grad_fn, self._made)):
+                return None
+            edges = _edges_into(out.grad_fn, given.grad_fn)
+            if not edges:
+                return None
+            call = _Call(path)
+            self._calls.append(call)
+            session = self._handle._session
+
+            def received(grad):
+                if call.received is None and grad.is_cpu:
+                    call.received = holds_nonfinite(session, grad)
+
+            def sent(index):
+                def check(grad_inputs, grad_outputs):
+                    grad = grad_inputs[index] if index < len(grad_inputs) else None
+                    if call.sent is None and grad is not None and grad.is_cpu and holds_nonfinite(session, grad):
+                        call.sent = self._sends
+                        self._sends += 1
+                return check
+
+            out.register_hook(received)
+            for node, index in edges:
+                node.register_hook(sent(index))
+            return None
+        return hook
+
+    def step_ended(self, named: str):
+        """As a host step ends; `named`: the module its first NaN/Inf gradient names ("" where
+        it was not skipped with a finite loss)."""
+        if self._target is None:
+            return
+        path, hooks, left = self._target
+        calls, self._calls, self._made, self._sends = self._calls, [], set(), 0
+        if named == path and calls:
+            made = [c for c in calls if c.received is False and c.sent is not None]
+            # A block and the layer inside it that sent them both qualify: the layer is the one.
+            inner = [c for c in made if not any(o.path != c.path and _within(o.path, c.path) for o in made)]
+            inner.sort(key=lambda c: c.sent)
+            names = list(dict.fromkeys(c.path for c in inner))
+            if names:
+                self._handle._session.event(KIND, f"{path}: {', '.join(names)}")
+            self._drop()
+            self._judged.add(path)
+        elif left <= 1:
+            self._drop()
+        else:
+            self._target = (path, hooks, left - 1)
+
+    def _drop(self):
+        if self._target is not None:
+            for hook in self._target[1]:
+                hook.remove()
+            self._target = None
+            self.armed = False
+
+    def close(self):
+        self._drop()
