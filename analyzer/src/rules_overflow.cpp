@@ -371,7 +371,14 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                    [&](const auto& a, const auto& b) { return rank(a.second) < rank(b.second); });
   bool top = true;
   for (const auto& [module, m] : ranked) {
-    const bool harms = hurts && (collapsed || m.harmful > 0);
+    // Under a collapse, a module whose every skip calibrated the scale from above the floor
+    // is not what took it below, where the top module went on overflowing: its pin would
+    // not lift the scale (a box head first only at the initial 65536, while the backbone
+    // it sends an Inf to held the scale at 16).
+    const PerModule& lowest = ranked.front().second;
+    const bool only_above =
+        collapsed && !top && m.harmful == 0 && m.below_floor == 0 && lowest.below_floor > 0;
+    const bool harms = hurts && (collapsed || m.harmful > 0) && !only_above;
     const auto layer = std::max_element(m.layers.begin(), m.layers.end(),
                                         [](const auto& a, const auto& b) { return a.second < b.second; });
     const rundb::LayerRow& row = run.layers[std::size_t(layer->first)].info;
@@ -406,7 +413,14 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                     (module.empty() ? " is used by the model's own forward() besides its module: that use"
                                     : " is tied (one tensor held by several modules): " + module + "'s use of it") +
                     " went NaN/Inf first, before its other uses added theirs";
-    if (!harms) {
+    if (only_above) {
+      f.title = place + " went NaN/Inf first only at loss scales above the floor; " +
+                (ranked.front().first.empty() ? std::string("the model's") : ranked.front().first + "'s") +
+                " overflows took the scale below it";
+      f.evidence += "; all at a loss scale of " + fmt(m.lowest_scale) + " or above, where they only calibrated the "
+                    "scale or answered its growth probes: the skips that took it below the floor of " +
+                    fmt(t.scale_floor) + " were other modules'";
+    } else if (!harms) {
       f.title = place + " is where the occasional overflow starts; the loss scale copes with it";
       f.evidence += m.harmful > 0 ? "; the scale stays above the floor and the run's skips stay within the " +
                                         fmt(t.skip_rate * 100.0) + "% threshold"

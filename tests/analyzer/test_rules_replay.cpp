@@ -377,3 +377,31 @@ TEST_CASE("under a collapsed scale the module first most often below the floor i
   REQUIRE(collapse != nullptr);
   CHECK_THAT(collapse->suggestions.front().summary, Catch::StartsWith("Fix the overflow in block"));
 }
+
+TEST_CASE("under a collapsed scale a module first only while the scale calibrated above the floor is information",
+          "[rules]") {
+  // Two heads on a backbone: the box head's own bias overflows at the initial 65536; from
+  // then on the backbone is first, down to 16. The box head's pin alone keeps the collapse.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"backbone.weight", "box.bias"});
+  f.step(65536, 32768, 1000, {"box.bias", "backbone.weight"});
+  double scale = 32768;
+  for (int i = 0; i < 11; ++i, scale /= 2) f.finite_first({"box.bias"}).step(scale, scale / 2, 1000, {"backbone.weight"});
+  for (int i = 0; i < 10; ++i) f.step(scale, scale, 1000);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  std::vector<const Finding*> origins;
+  for (const auto& finding : r.findings)
+    if (finding.rule == "overflow-origin") origins.push_back(&finding);
+  REQUIRE(origins.size() == 2);
+  CHECK(origins[0]->module == "backbone");
+  CHECK(origins[0]->severity == Severity::kError);
+  CHECK(origins[1]->module == "box");
+  CHECK(origins[1]->severity == Severity::kInfo);
+  CHECK(origins[1]->title ==
+        "box went NaN/Inf first only at loss scales above the floor; backbone's overflows took the scale below it");
+  CHECK_THAT(origins[1]->evidence, Catch::EndsWith("; all at a loss scale of 65536 or above, where they only "
+                                                   "calibrated the scale or answered its growth probes: the skips that "
+                                                   "took it below the floor of 128 were other modules'"));
+  CHECK(origins[1]->suggestions.empty());
+}

@@ -257,6 +257,17 @@ def test_of_two_heads_on_one_output_the_one_whose_backward_sent_the_inf_is_named
                                                  "float inputs cast\nampdiag.pin_fp32(model.box)")
     collapse = next(f for f in rep["findings"] if f["rule"] == "scale-collapse")
     assert collapse["suggestions"][0]["summary"].startswith("Fix the NaN/Inf made in box's backward")
+    # box's own bias overflowed first only at the initial scale: its pin alone is no fix.
+    box = next(f for f in rep["findings"] if f["rule"] == "overflow-origin" and f["module"] == "box")
+    assert (box["severity"], box["suggestions"]) == ("info", [])
+
+
+def test_the_box_head_pinned_alone_still_collapses_the_scale(tmp_path, verdict):
+    db = tmp_path / "heads_box_pinned.db"
+    two_heads_steps(db, pins=("box",))
+    code, rep = verdict(db)
+    assert code == 1
+    assert any(f["rule"] == "scale-collapse" for f in rep["findings"])
 
 
 def test_both_modules_the_two_heads_report_pins_keep_the_scale_up(tmp_path, verdict):
