@@ -284,3 +284,41 @@ def test_the_head_that_ran_just_before_pinned_with_the_backbone_still_collapses_
     code, rep = verdict(db)
     assert code == 1
     assert any(f["rule"] == "scale-collapse" for f in rep["findings"])
+
+
+class SplitGain(nn.Module):
+    """enc's output chunked in two by a module without parameters: one half to a head, the
+    other times a gain in the model's own forward(), whose fp16 backward overflows. The split
+    receives a finite gradient at its first output and NaN/Inf at its second, and its one
+    autograd node sends their join back: it only passes them on."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc, self.split, self.head = nn.Linear(16, 32), Split(), nn.Linear(16, 1)
+
+    def forward(self, x):
+        a, b = self.split(self.enc(x))
+        return self.head(a).squeeze(-1) + (b * 3000.0).mean(-1)
+
+
+class Split(nn.Module):
+    def forward(self, x):
+        return x.chunk(2, -1)  # two views of one autograd node, whose backward joins their gradients
+
+
+def test_a_module_that_received_the_inf_at_another_of_its_outputs_is_not_named_as_its_sender(tmp_path, verdict):
+    torch.manual_seed(0)
+    model = SplitGain()
+    opt, scaler = torch.optim.SGD(model.parameters(), 1e-3), torch.amp.GradScaler("cpu")
+    db = tmp_path / "split.db"
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(30):
+            x, y = torch.randn(64, 16), torch.randn(64)
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.mse_loss(model(x).float(), y, reduction="sum")
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert ("enc: nonfinite",) in entries(db)
+    assert senders(db) == []

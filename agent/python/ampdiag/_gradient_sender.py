@@ -7,7 +7,8 @@ backward ran just before X's need not be the one: autograd sums what each sends.
 So, once X is judged so, its next skip looks at each module given X's output: a module
 whose first floating-point argument was made from X's output by operations of one input
 each (views, activations, pooling). The gradient it receives at its output and the one it
-sends back to that argument are checked apart. The innermost such module that received a
+sends back to that argument are checked apart (every floating-point output's: an LSTM's state
+as well as its sequence). The innermost such module that received a
 finite gradient and sent NaN/Inf made them in its own backward: event
 `module-gradient-sender`, "X: Y" (in backward order, "X: Y, Z" where several did). Host
 tensors only: a device check would wait for the device. A watch no skip of X answers within
@@ -15,7 +16,7 @@ WATCH_STEPS steps is dropped, a verdict on another module moves it there, and ea
 looked at once."""
 import torch
 
-from ._tensors import first_float_tensor, holds_nonfinite
+from ._tensors import first_float_tensor, float_tensors, holds_nonfinite
 
 KIND = "module-gradient-sender"
 WATCH_STEPS = 64
@@ -64,7 +65,7 @@ class _Call:
 
     def __init__(self, path):
         self.path = path
-        self.received = None  # the gradient at its output: True where it held NaN/Inf
+        self.received = None  # the gradients at its outputs: True where one held NaN/Inf
         self.sent = None      # the order in backward in which it sent NaN/Inf back, if it did
 
 
@@ -115,11 +116,11 @@ class GradientSenders:
             if not self._made or not self._looking(mod, module):
                 return None
             given = first_float_tensor(args)
-            out = first_float_tensor(output)
-            if (given is None or out is None or not given.is_cpu or given.grad_fn is None or out.grad_fn is None
-                    or out.grad_fn is given.grad_fn or not _made_from(given.grad_fn, self._made)):
+            if given is None or not given.is_cpu or given.grad_fn is None or not _made_from(given.grad_fn, self._made):
                 return None
-            edges = _edges_into(out.grad_fn, given.grad_fn)
+            # Every output with a gradient to receive: an LSTM's state as well as its sequence.
+            outs = [t for t in float_tensors(output) if t.grad_fn is not None and t.grad_fn is not given.grad_fn]
+            edges = [edge for out in outs for edge in _edges_into(out.grad_fn, given.grad_fn)]
             if not edges:
                 return None
             call = _Call(path)
@@ -127,7 +128,7 @@ class GradientSenders:
             session = self._handle._session
 
             def received(grad):
-                if call.received is None and grad.is_cpu:
+                if not call.received and grad.is_cpu:
                     call.received = holds_nonfinite(session, grad)
 
             def sent(index):
@@ -138,8 +139,9 @@ class GradientSenders:
                         self._sends += 1
                 return check
 
-            out.register_hook(received)
-            for node, index in edges:
+            for out in outs:
+                out.register_hook(received)
+            for node, index in dict.fromkeys(edges):  # (outputs that share a node reach it once)
                 node.register_hook(sent(index))
             return None
         return hook
