@@ -109,7 +109,9 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
 
   // Its outputs are large from it on in forward, and the gradients that pass back through it
   // are as large before it: it explains a forward overflow at or after it, and a backward
-  // one anywhere. The gravest such finding is named.
+  // one anywhere. The gravest such finding is named, a forward one first among equals: its
+  // outputs are what the gain enlarges (a head 1e4 times too large whose own output
+  // overflows, beside the backbone's gradients that overflow from its loss).
   // An information overflow-origin counts only where some skips were not the scaler's own
   // calibration or probing, or the calibration went deeper than a healthy run's: a back-off
   // or two from 65536 happens in a healthy run of the same model too.
@@ -119,14 +121,14 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   const bool harmful = harmful_skips(run) > 0;
   const bool deep = !harmful && calibration >= kDeepCalibration;
   for (const Severity severity : {Severity::kError, Severity::kWarning, Severity::kInfo})
-    for (const auto& f : out) {
-      if (explained || f.severity != severity || f.module.empty() ||
-          (f.rule != "forward-nonfinite" && f.rule != "overflow-origin") ||
-          (severity == Severity::kInfo && !harmful && !deep))
-        continue;
-      if (f.rule == "overflow-origin" || !probed || !run.module_named(f.module) || at_or_after(run, f.module, module))
-        explained = &f;
-    }
+    for (const char* rule : {"forward-nonfinite", "overflow-origin"})
+      for (const auto& f : out) {
+        if (explained || f.severity != severity || f.module.empty() || f.rule != rule ||
+            (severity == Severity::kInfo && !harmful && !deep))
+          continue;
+        if (f.rule == "overflow-origin" || !probed || !run.module_named(f.module) || at_or_after(run, f.module, module))
+          explained = &f;
+      }
 
   // An occasional overflow the scaler copes with (information) still weighs where it holds
   // the scale down enough for scale-collapse or skip-rate to speak.

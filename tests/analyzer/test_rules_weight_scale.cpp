@@ -167,3 +167,24 @@ TEST_CASE("an overflow after an oversized expert first called after the head is 
   CHECK(w.severity == Severity::kWarning);
   CHECK_THAT(w.title, Catch::EndsWith(": the overflow at head likely follows from it"));
 }
+
+TEST_CASE("the oversized layer's own forward overflow is named before a backward overflow of equal severity",
+          "[rules][oversized-weights]") {
+  // A ResNet whose fc starts 1e4 times too large: its logits overflow in forward, and the
+  // loss they make overflows the stem's gradients in backward. Both follow from it; its
+  // own output is what its gain enlarges.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kNet);
+  for (const auto& name : kNet) f.weight_norm(name, name == "head.weight" ? 8000.0 : 2.4);
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2)
+    f.activation("a", false).activation("b", false).activation("head", false).step(scale, scale / 2, 1000, {"a.weight"});
+  for (int i = 0; i < 6; ++i, scale /= 2)
+    f.activation("a", false).activation("b", false).activation("head", true).step(scale, scale / 2, 1000, {}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  REQUIRE(required(r, "overflow-origin").severity == required(r, "forward-nonfinite").severity);
+  CHECK(required(r, "oversized-weights").title == "head.weight starts at a gain of 1000, far above any standard "
+                                                  "initialisation's: the overflow at head likely follows from it");
+  CHECK_THAT(required(r, "oversized-weights").evidence, Catch::EndsWith("head went NaN/Inf in forward (see forward-nonfinite)"));
+}
