@@ -99,8 +99,10 @@ class GradientSenders:
         self.armed = True
 
     def _looking(self, mod, module):
-        # (A deep copy of the model carries these hooks: only the watched model's calls count.)
-        return mod is module and self._handle._live and torch.is_grad_enabled()
+        # (A deep copy of the model carries these hooks: only the watched model's calls count;
+        # a checkpointed block's forward run again inside backward builds no graph that is used.)
+        return (mod is module and self._handle._live and torch.is_grad_enabled()
+                and torch._C._current_graph_task_id() == -1)
 
     def _output_hook(self, watched):
         def hook(mod, args, output):
