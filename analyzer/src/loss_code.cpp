@@ -22,18 +22,23 @@ struct Known {
   Suggestion forward, backward;
 };
 
+constexpr const char* kCtcPython =
+    "ctc = nn.CTCLoss(blank=0, zero_infinity=True)\n"
+    "# a Hugging Face Wav2Vec2ForCTC (or another *ForCTC model) passes its config's:\n"
+    "model.config.ctc_zero_infinity = True";
+
 const std::vector<Known>& known() {
   static const std::vector<Known> table = {
       {{"CtcLoss"},
        {"CTCLoss is Inf for a sample whose target cannot be aligned with its input (a target longer than the input's "
         "frames, counting a blank between repeated labels), in any precision: zero_infinity=True gives those samples "
-        "a zero loss and gradient, or drop them from the batch.",
-        "ctc = nn.CTCLoss(blank=0, zero_infinity=True)",
-        "torch::nn::CTCLoss ctc(torch::nn::CTCLossOptions().blank(0).zero_infinity(true));", ""},
+        "a zero loss and gradient (in a Hugging Face *ForCTC model, which computes the loss itself: "
+        "config.ctc_zero_infinity=True), or drop them from the batch.",
+        kCtcPython, "torch::nn::CTCLoss ctc(torch::nn::CTCLossOptions().blank(0).zero_infinity(true));", ""},
        {"CTCLoss's gradient is NaN for a sample whose target cannot be aligned with its input: zero_infinity=True "
-        "gives those samples a zero loss and gradient, or drop them from the batch.",
-        "ctc = nn.CTCLoss(blank=0, zero_infinity=True)",
-        "torch::nn::CTCLoss ctc(torch::nn::CTCLossOptions().blank(0).zero_infinity(true));", ""}},
+        "gives those samples a zero loss and gradient (in a Hugging Face *ForCTC model, which computes the loss "
+        "itself: config.ctc_zero_infinity=True), or drop them from the batch.",
+        kCtcPython, "torch::nn::CTCLoss ctc(torch::nn::CTCLossOptions().blank(0).zero_infinity(true));", ""}},
       {{"NllLoss", "NllLoss2D"},
        {"nll_loss / cross_entropy with reduction='mean' is 0/0 = NaN when every target of the batch is ignore_index: "
         "skip such batches, or sum and divide by the count of kept targets, at least 1.",

@@ -104,6 +104,18 @@ TEST_CASE("an Inf loss from CTCLoss in a float32 loss code gets zero_infinity an
   CHECK_FALSE(offers_fp32_loss(*fw));
 }
 
+TEST_CASE("the CTC fix says where a Hugging Face *ForCTC model, which computes the loss itself, takes zero_infinity",
+          "[rules][loss-code]") {
+  // Wav2Vec2ForCTC passes config.ctc_zero_infinity to ctc_loss: there is no nn.CTCLoss to change.
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "LogSoftmax:float32, CtcLoss:float32, Mean:float32");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->suggestions.front().summary, Catch::Contains("(in a Hugging Face *ForCTC model, which computes the "
+                                                              "loss itself: config.ctc_zero_infinity=True)"));
+  CHECK_THAT(fw->suggestions.front().python, Catch::EndsWith("\nmodel.config.ctc_zero_infinity = True"));
+}
+
 TEST_CASE("a known operation that ran in float16 gets the FP32 loss first, then its own fix", "[rules][loss-code]") {
   // A softmax's probability below fp16's smallest value is 0 before the log: FP32 may be all it takes.
   TempDir dir;
