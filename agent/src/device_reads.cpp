@@ -19,17 +19,25 @@ void DeviceReads::send(std::int64_t step, std::vector<std::int64_t> layers, cons
 }
 
 void DeviceReads::poll(bool wait) {
-  std::vector<Landing> still;
-  for (auto& entry : landing_) {
-    if (wait)
-      entry.event.synchronize();
-    else if (!entry.event.query()) {
-      still.push_back(std::move(entry));
-      continue;
+  std::vector<Landing> landing = std::move(landing_);
+  landing_.clear();
+  for (std::size_t i = 0; i < landing.size(); ++i) {
+    Landing& entry = landing[i];
+    try {
+      if (wait) {
+        entry.event.synchronize();
+      } else if (!entry.event.query()) {
+        landing_.push_back(std::move(entry));
+        continue;
+      }
+      landed_(entry.step, entry.layers, entry.host);
+    } catch (...) {
+      // The entry whose hand-on threw is not handed on again; the ones after it wait, in
+      // order and intact, for the next poll.
+      for (std::size_t j = i + 1; j < landing.size(); ++j) landing_.push_back(std::move(landing[j]));
+      throw;
     }
-    landed_(entry.step, entry.layers, entry.host);
   }
-  landing_ = std::move(still);
 }
 
 }  // namespace ampdiag::agent

@@ -14,9 +14,11 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "../../agent/src/device_reads.h"
 #include "../rundb/temp_dir.h"
 #include "ampdiag/rundb/reader.h"
 #include "half_training.h"
@@ -176,4 +178,17 @@ int main(int argc, char** argv) {
     return 77;
   }
   return Catch::Session().run(argc, argv);
+}
+
+TEST_CASE("a device read whose hand-on throws is not handed on again, and the ones after it are kept", "[cuda]") {
+  std::vector<std::int64_t> got;
+  agent::DeviceReads reads([&](std::int64_t step, const std::vector<std::int64_t>&, const at::Tensor&) {
+    if (step == 0) throw std::runtime_error("the writer is closed");
+    got.push_back(step);
+  });
+  for (std::int64_t step = 0; step < 3; ++step) reads.send(step, {0}, torch::ones({4}, kCuda));
+  CHECK_THROWS_WITH(reads.poll(true), "the writer is closed");
+  CHECK(got.empty());
+  reads.poll(true);
+  CHECK(got == std::vector<std::int64_t>{1, 2});
 }

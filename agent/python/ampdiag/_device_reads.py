@@ -36,14 +36,19 @@ class DeviceReads:
     def poll(self, wait=False) -> bool:
         """Hands on what has landed (everything, waiting for it, with `wait`); whether
         nothing is left on its way."""
-        still = []
-        for entry in self._landing:
+        landing, self._landing = self._landing, []
+        for i, entry in enumerate(landing):
             event, host, what = entry
-            if wait:
-                event.synchronize()
-            elif not event.query():
-                still.append(entry)
-                continue
-            self._deliver(host.tolist(), what)
-        self._landing = still
-        return not still
+            try:
+                if wait:
+                    event.synchronize()
+                elif not event.query():
+                    self._landing.append(entry)
+                    continue
+                self._deliver(host.tolist(), what)
+            except BaseException:
+                # The entry whose delivery raised is not delivered again; the ones after it
+                # wait, in order, for the next poll.
+                self._landing.extend(landing[i + 1:])
+                raise
+        return not self._landing
