@@ -636,12 +636,15 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                                            "in fp16.";
           }
         } else if (!user.empty()) {
+          const std::vector<std::string> more =
+              sent ? std::vector<std::string>(senders.paths.begin() + 1, senders.paths.end()) : std::vector<std::string>{};
           f.suggestions.push_back(suggest::pin_fp32_both(
               run, module, user,
               "(pinned: " + module + "'s output and the gradient it receives become float32, and so does " + user +
                   "'s backward, which sends that gradient), so that it stays in FP32 from " + user + " into " + module +
                   ": pinned alone, " + module + " would still receive it from " + user + "'s backward, which autocast "
-                  "runs in fp16."));
+                  "runs in fp16.",
+              more));
         } else {
           f.suggestions.push_back(suggest::pin_fp32(run, module));
           f.suggestions.back().summary = "Run " + module + " in FP32 (pinned: its output, and the gradient it "
@@ -650,7 +653,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         }
         const bool after_a_pin = f.suggestions.size() > before_pins;
         for (std::size_t k = 1; after_a_pin && k < senders.paths.size(); ++k)
-          f.suggestions.back().summary += " " + senders.paths[k] + " sent them too: pin it the same way.";
+          f.suggestions.back().summary += " " + senders.paths[k] + " sent them too: it is pinned with them.";
         if (!sent) {  // a module that sent them is the code after it, and its pin covers that code
           f.suggestions.push_back(suggest::fp32_model_code(run, "that uses " + module + "'s output", ""));
           std::string& also = f.suggestions.back().summary;

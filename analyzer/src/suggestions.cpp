@@ -94,16 +94,22 @@ Suggestion pin_fp32(const Run& run, const std::string& module_path) {
   return s;
 }
 
-Suggestion pin_fp32_both(const Run& run, const std::string& first, const std::string& second, const std::string& why) {
+Suggestion pin_fp32_both(const Run& run, const std::string& first, const std::string& second, const std::string& why,
+                         const std::vector<std::string>& more) {
   Suggestion s;
   s.summary = "Run " + first + " and " + second + " in FP32 " + why;
-  s.python = "ampdiag.pin_fp32(" + python_attribute(first) + ")  # autocast off inside each; float inputs cast\n"
-             "ampdiag.pin_fp32(" + python_attribute(second) + ")";
-  s.cpp = "// ampdiag/pin_fp32.h: each call of either module goes through pins.run(path, ...)\n"
-          "ampdiag::Fp32Pins pins({" + cpp_string(first) + ", " + cpp_string(second) + "});";
-  const std::string a = pin_cost(run, first), b = pin_cost(run, second);
-  if (!a.empty()) s.cost = first + ": " + a;
-  if (!b.empty()) s.cost += (s.cost.empty() ? "" : "; ") + second + ": " + b;
+  std::vector<std::string> all{first, second};
+  all.insert(all.end(), more.begin(), more.end());
+  std::string paths;
+  for (const auto& path : all) {
+    s.python += s.python.empty() ? "ampdiag.pin_fp32(" + python_attribute(path) + ")  # autocast off inside each; float inputs cast"
+                                 : "\nampdiag.pin_fp32(" + python_attribute(path) + ")";
+    paths += (paths.empty() ? "" : ", ") + cpp_string(path);
+    const std::string cost = pin_cost(run, path);
+    if (!cost.empty()) s.cost += (s.cost.empty() ? "" : "; ") + path + ": " + cost;
+  }
+  s.cpp = std::string("// ampdiag/pin_fp32.h: each call of ") + (all.size() == 2 ? "either module" : "these modules") +
+          " goes through pins.run(path, ...)\nampdiag::Fp32Pins pins({" + paths + "});";
   return s;
 }
 

@@ -15,8 +15,10 @@ std::string python_attribute(const std::string& module_path);
 std::string device_type(const Run& run);
 
 Suggestion pin_fp32(const Run& run, const std::string& module_path);
-// `first` and `second` pinned together ("Run a and b in FP32 ..."), `why` ending the summary.
-Suggestion pin_fp32_both(const Run& run, const std::string& first, const std::string& second, const std::string& why);
+// `first` and `second` pinned together ("Run a and b in FP32 ..."), `why` ending the summary;
+// `more`: further modules pinned with them, in the snippets ("c sent them too" is the caller's).
+Suggestion pin_fp32_both(const Run& run, const std::string& first, const std::string& second, const std::string& why,
+                         const std::vector<std::string>& more = {});
 Suggestion use_bf16(const Run& run);
 // Whether an FP32 replay's largest output `fp32_absmax` is beyond the run's fp16 range.
 bool beyond_fp16(const Run& run, double fp32_absmax);

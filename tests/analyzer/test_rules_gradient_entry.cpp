@@ -126,7 +126,10 @@ TEST_CASE("several modules that sent the NaN/Inf back are all named, the first p
                              Catch::Contains("their backward made them"));
   REQUIRE_FALSE(o.suggestions.empty());
   CHECK_THAT(o.suggestions[0].summary,
-             Catch::StartsWith("Run enc and head in FP32") && Catch::EndsWith(" aux sent them too: pin it the same way."));
+             Catch::StartsWith("Run enc and head in FP32") && Catch::EndsWith(" aux sent them too: it is pinned with them."));
+  CHECK(o.suggestions[0].python == "ampdiag.pin_fp32(model.enc)  # autocast off inside each; float inputs cast\n"
+                                   "ampdiag.pin_fp32(model.head)\nampdiag.pin_fp32(model.aux)");
+  CHECK_THAT(o.suggestions[0].cpp, Catch::Contains("ampdiag::Fp32Pins pins({\"enc\", \"head\", \"aux\"});"));
 }
 
 TEST_CASE("a module already pinned is offered the pin of the module that sent the NaN/Inf back",

@@ -214,21 +214,22 @@ class TwoHeads(nn.Module):
     The backbone's convolution, behind a ReLU (a module the agent lists no rows for), receives
     their sum."""
 
-    def __init__(self):
+    def __init__(self, cls_gain=1.0):
         super().__init__()
         self.backbone = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
         self.cls, self.box = nn.Linear(16, 5), nn.Linear(16, 4)
         with torch.no_grad():
             self.box.weight.mul_(5000.0)
+            self.cls.weight.mul_(cls_gain)
 
     def forward(self, x):
         f = self.backbone(x)
         return self.cls(f), self.box(f)
 
 
-def two_heads_steps(db, pins=()):
+def two_heads_steps(db, pins=(), cls_gain=1.0):
     torch.manual_seed(0)
-    model = TwoHeads()
+    model = TwoHeads(cls_gain)
     for path in pins:
         ampdiag.pin_fp32(model.get_submodule(path))
     opt, scaler = torch.optim.SGD(model.parameters(), 1e-3, momentum=0.9), torch.amp.GradScaler("cpu")
@@ -268,6 +269,22 @@ def test_the_box_head_pinned_alone_still_collapses_the_scale(tmp_path, verdict):
     code, rep = verdict(db)
     assert code == 1
     assert any(f["rule"] == "scale-collapse" for f in rep["findings"])
+
+
+def test_two_heads_that_both_sent_the_inf_are_named_and_pinned_with_the_backbone(tmp_path, verdict):
+    db = tmp_path / "both_heads.db"
+    two_heads_steps(db, cls_gain=5000.0)
+    assert senders(db) == [("backbone.0: box, cls",)]
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert first["suggestions"][0]["python"].endswith("ampdiag.pin_fp32(model.box)\nampdiag.pin_fp32(model.cls)")
+
+
+def test_the_three_modules_that_report_pins_keep_the_scale_up(tmp_path, verdict):
+    db = tmp_path / "both_heads_pinned.db"
+    two_heads_steps(db, pins=("backbone.0", "box", "cls"), cls_gain=5000.0)
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
 
 
 def test_both_modules_the_two_heads_report_pins_keep_the_scale_up(tmp_path, verdict):
