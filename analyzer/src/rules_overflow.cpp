@@ -241,6 +241,18 @@ OutputGradient output_gradient(const Run& run, const std::string& module) {
   return {seen, e->step};
 }
 
+// The innermost module holding every layer: "" for most models, "module" for a
+// DistributedDataParallel wrapper's. Holding both of two layers, it names no place in the model.
+std::string whole_model(const Run& run) {
+  if (run.layers.empty()) return "";
+  std::string whole = run.layers.front().info.module_path;
+  for (const auto& layer : run.layers) {
+    if (whole.empty()) break;
+    whole = suggest::common_module(whole, layer.info.module_path);
+  }
+  return whole;
+}
+
 // The agent's look at which module given a module's output sent the NaN/Inf that reached
 // it (event "module-gradient-sender", "PATH: USER[, USER]", the Python agent's
 // _gradient_sender.py): each received a finite gradient at its own output and sent NaN/Inf
@@ -316,6 +328,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
   const TiedUses tied = tied_uses(run);
   const InputsFrom given = inputs_from(run);
   const std::set<std::string> pinned = pinned_fp32(run);
+  const std::string whole = whole_model(run);
   for (std::size_t i = 0; i < run.steps.size(); ++i) {
     const StepSummary& s = run.steps[i];
     if (!s.row.skipped || s.nonfinite_layers.empty() || forward_failed(run, s)) continue;
@@ -332,12 +345,13 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     const auto use = tied.find({s.row.step, layer.name});
     if (use != tied.end()) layer.module_path = use->second;
     // The overflow happened in backward between the last finite gradient and this one: in
-    // the innermost module holding both, unless that is only the model itself.
+    // the innermost module holding both, unless that is only the model itself (or the
+    // module holding every layer, DDP's "module").
     std::string module = use != tied.end() ? use->second : suggest::module_for_layer(run, layer);
     if (s.last_finite_before >= 0) {
       const std::string common =
           suggest::common_module(run.layers[std::size_t(s.last_finite_before)].info.module_path, layer.module_path);
-      if (!common.empty()) module = common;
+      if (!common.empty() && common != whole) module = common;
     }
     PerModule& m = modules[module];
     ++m.first;

@@ -182,3 +182,19 @@ TEST_CASE("a NaN that reached a module through its output at every scale gets th
   CHECK_THAT(o.suggestions.front().summary, Catch::StartsWith("Look first at the backward of enc"));
   for (const auto& s : o.suggestions) CHECK_THAT(s.summary, !Catch::Contains("Run enc in FP32"));
 }
+
+TEST_CASE("a module holding every layer (DistributedDataParallel's \"module\") is not where the backward overflowed",
+          "[rules][gradient-entry]") {
+  // A model attached in its DDP wrapper: every layer is under "module.". The classifier's
+  // gradients were the last finite ones before the backbone's first NaN/Inf: their common
+  // module is the wrapper's "module", the whole model, so the backbone's layer names it.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"module.cls.weight", "module.backbone.weight"});
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2)
+    f.finite_first({"module.cls.weight"}).step(scale, scale / 2, 1000, {"module.backbone.weight"});
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& o = required(r, "overflow-origin");
+  CHECK(o.module == "module.backbone");
+}

@@ -227,9 +227,9 @@ class TwoHeads(nn.Module):
         return self.cls(f), self.box(f)
 
 
-def two_heads_steps(db, pins=(), cls_gain=1.0):
+def two_heads_steps(db, pins=(), cls_gain=1.0, wrap=None):
     torch.manual_seed(0)
-    model = TwoHeads(cls_gain)
+    model = TwoHeads(cls_gain) if wrap is None else wrap(TwoHeads(cls_gain))
     for path in pins:
         ampdiag.pin_fp32(model.get_submodule(path))
     opt, scaler = torch.optim.SGD(model.parameters(), 1e-3, momentum=0.9), torch.amp.GradScaler("cpu")
@@ -269,6 +269,18 @@ def test_the_box_head_pinned_alone_still_collapses_the_scale(tmp_path, verdict):
     code, rep = verdict(db)
     assert code == 1
     assert any(f["rule"] == "scale-collapse" for f in rep["findings"])
+
+
+def test_a_model_attached_in_its_data_parallel_wrapper_is_looked_at_where_it_is_unwrapped(tmp_path, verdict):
+    # DataParallel (on the CPU it only calls the model) names every layer under "module.",
+    # as DistributedDataParallel does: a module holding every layer is the model's place,
+    # not a module the backward overflowed in.
+    db = tmp_path / "wrapped_heads.db"
+    two_heads_steps(db, wrap=nn.DataParallel)
+    assert ("module.backbone.0: nonfinite",) in entries(db)
+    assert senders(db) == [("module.backbone.0: module.box",)]
+    code, rep = verdict(db)
+    assert [f["module"] for f in rep["findings"] if f["rule"] == "overflow-origin"] == ["module.backbone.0", "module.box"]
 
 
 def test_two_heads_that_both_sent_the_inf_are_named_and_pinned_with_the_backbone(tmp_path, verdict):

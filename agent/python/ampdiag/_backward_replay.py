@@ -102,9 +102,10 @@ def replay_backward(module, capture) -> "tuple[str | None, str]":
 
 def backward_origin_module(handle) -> str:
     """The module the report names for the step's first NaN/Inf gradient in backward: the
-    innermost holding it and the finite one before it. "" for the model itself, where no
-    gradient held NaN/Inf, and where the step's forward, batch, parameters or loss already
-    did (the forward's, not the backward's)."""
+    innermost holding it and the finite one before it, unless that holds every layer (the
+    model, or DDP's "module" in it). "" for the model itself, where no gradient held
+    NaN/Inf, and where the step's forward, batch, parameters or loss already did (the
+    forward's, not the backward's)."""
     if handle._forward_nonfinite or handle._input_nan or handle._parameters_nonfinite or handle._output_gradient_seen:
         return ""
     first, before = handle._session.backward_origin()
@@ -113,7 +114,9 @@ def backward_origin_module(handle) -> str:
     layers = handle._layers
     path = layers.module_path(first)
     if before >= 0:
-        path = common_module(path, layers.module_path(before)) or path
+        common = common_module(path, layers.module_path(before))
+        if common != layers.whole:  # (one holding every layer, DDP's "module", is the model's place)
+            path = common or path
     return path
 
 
