@@ -525,6 +525,12 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       }
     }
     const BackwardReplay replay = at_any_scale && !too_large ? backward_replay(run, module) : BackwardReplay{};
+    // A replay that ran on a finite output gradient already says where they were made.
+    const OutputGradient entry =
+        replay.outcome.empty() || replay.outcome == "unconfirmed" ? reaching : OutputGradient{};
+    const bool entered = entry.seen == "nonfinite";
+    const GradientSenders senders = entered ? gradient_senders(run, module) : GradientSenders{};
+    const bool sent = !senders.paths.empty();
     if (at_any_scale && !too_large) {
       f.title = place + " goes NaN/Inf first in backward at every loss scale, down to " + fmt(m.lowest_scale);
       f.evidence += "; down to a loss scale of " + fmt(m.lowest_scale) + ", which no longer enlarges the gradients";
@@ -544,11 +550,14 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         f.evidence += ": its backward makes NaN/Inf that no scale avoids, or its true gradients pass fp16's range";
         if (!replay.outcome.empty()) f.evidence += " (its backward replay could not tell: " + replay.detail + ")";
       }
+      // The modules that sent the NaN/Inf back to it made them: their backward first.
       std::string suspects;
+      for (const auto& path : senders.paths) suspects += path + ", ";
+      const std::size_t sent_part = suspects.size();
       for (const auto& path : m.between) suspects += path + ", ";
       if (!m.between.empty())
         f.evidence += "; between its gradient and the last finite one, the backward also ran through " +
-                      suspects.substr(0, suspects.size() - 2) +
+                      suspects.substr(sent_part, suspects.size() - sent_part - 2) +
                       (m.between.size() == 1 ? ", which holds no parameters" : ", which hold no parameters");
       suspects += module.empty() ? std::string("the code that uses ") + row.name : module;
       if (replay.outcome != "finite")
@@ -579,12 +588,6 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         f.suggestions.push_back(pin);
       }
     }
-    // A replay that ran on a finite output gradient already says where they were made.
-    const OutputGradient entry =
-        replay.outcome.empty() || replay.outcome == "unconfirmed" ? reaching : OutputGradient{};
-    const bool entered = entry.seen == "nonfinite";
-    const GradientSenders senders = entry.seen == "nonfinite" ? gradient_senders(run, module) : GradientSenders{};
-    const bool sent = !senders.paths.empty();
     const std::string code_after = sent ? senders.paths.front() + "'s backward" : "the code that uses " + module + "'s output";
     const auto most = std::max_element(m.after.begin(), m.after.end(),
                                        [](const auto& a, const auto& b) { return a.second < b.second; });

@@ -198,3 +198,14 @@ TEST_CASE("a module holding every layer (DistributedDataParallel's \"module\") i
   const Finding& o = required(r, "overflow-origin");
   CHECK(o.module == "module.backbone");
 }
+
+TEST_CASE("at every loss scale the look at the backward starts with the module that sent the NaN back",
+          "[rules][gradient-entry]") {
+  // A head whose backward takes sqrt(0)'s gradient, given enc's output: NaN at any scale.
+  const Report r = entry_run("nonfinite", 24, 0, {}, {}, "head");
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.title, Catch::Contains("at every loss scale"));
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions.front().summary, Catch::StartsWith("Look first at the backward of head, enc:"));
+  for (const auto& s : o.suggestions) CHECK_THAT(s.summary, !Catch::Contains("Run enc"));
+}
