@@ -12,6 +12,7 @@
 
 #include "ampdiag/analyzer/causes.h"
 #include "loss_code.h"
+#include "overflow_events.h"
 #include "rules.h"
 #include "suggestions.h"
 
@@ -106,13 +107,6 @@ bool forward_failed(const Run& run, const StepSummary& s) {
   return step_cause(run, s).forward != ForwardSource::kNone || run.loss_nonfinite(s.row);
 }
 
-// Whether the module at `path`, or one inside it, holds a recorded parameter.
-bool holds_parameters(const Run& run, const std::string& path) {
-  return std::any_of(run.layers.begin(), run.layers.end(), [&](const LayerSummary& l) {
-    return l.info.module_path == path || l.info.name.rfind(path + ".", 0) == 0;
-  });
-}
-
 // Probed modules holding no parameter that finished their forward after `first`'s module
 // and before `last_finite`'s: a gradient going from one layer to the other in backward
 // passes through their backward too. Read back from `last_finite`'s module through the
@@ -145,136 +139,6 @@ void parameterless_between(const Run& run, const rundb::LayerRow& first, const r
   }
   for (const auto& path : found)
     if (out.size() < 3) out.insert(path);
-}
-
-// The modules the run already ran in FP32 (the Python agent's event "pinned-fp32": pinned by
-// attach(pins=...) or by the user's own pin_fp32() before it).
-std::set<std::string> pinned_fp32(const Run& run) {
-  std::set<std::string> pinned;
-  for (const auto& e : run.events)
-    if (e.kind == "pinned-fp32") pinned.insert(e.detail);
-  return pinned;
-}
-
-// Module -> the modules whose output its first argument was, unchanged or viewed (the
-// agents' event "module-input-from", "USER: PRODUCER"): its backward sends that output its
-// gradient.
-using InputsFrom = std::multimap<std::string, std::string>;
-
-InputsFrom inputs_from(const Run& run) {
-  InputsFrom from;
-  for (const auto& e : run.events) {
-    const std::size_t at = e.kind == "module-input-from" ? e.detail.find(": ") : std::string::npos;
-    if (at != std::string::npos) from.emplace(e.detail.substr(0, at), e.detail.substr(at + 2));
-  }
-  return from;
-}
-
-// Whether `user` took the output of `module` (or of a module inside it), directly or through
-// modules without parameters (a Dropout between an encoder and the head), whose backward
-// only passes the gradient on and has no gradient of its own to show where it ran.
-// `through`, where given, receives those modules, nearest `module` first.
-bool takes_output_of(const Run& run, const InputsFrom& from, const std::string& user, const std::string& module,
-                     std::vector<std::string>* through = nullptr, int hops = 0) {
-  constexpr int kHops = 3;
-  if (user.empty() || module.empty() || suggest::within(user, module)) return false;
-  const auto [begin, end] = from.equal_range(user);
-  return std::any_of(begin, end, [&](const auto& entry) {
-    const std::string& producer = entry.second;
-    if (suggest::within(producer, module)) return true;
-    if (hops >= kHops || producer == user || holds_parameters(run, producer) ||
-        !takes_output_of(run, from, producer, module, through, hops + 1))
-      return false;
-    if (through) through->push_back(producer);
-    return true;
-  });
-}
-
-// (step, layer name) -> the module whose use of that tied parameter went NaN/Inf first in
-// the step (the agent's event "tied-gradient-nonfinite": "emb.weight through head").
-using TiedUses = std::map<std::pair<std::int64_t, std::string>, std::string>;
-
-TiedUses tied_uses(const Run& run) {
-  TiedUses uses;
-  static const std::string kThrough = " through ";
-  for (const auto& e : run.events) {
-    if (e.kind != "tied-gradient-nonfinite") continue;
-    const std::size_t at = e.detail.find(kThrough);
-    if (at == std::string::npos) continue;
-    const std::string module = e.detail.substr(at + kThrough.size());
-    uses.emplace(std::make_pair(e.step, e.detail.substr(0, at)), module == "the model" ? "" : module);
-  }
-  return uses;
-}
-
-// The agent's replay of a module's backward (event "backward-replay", "PATH: OUTCOME:
-// DETAIL", see the Python agent's _backward_replay.py): outcome "finite" (NaN/Inf as it
-// ran, none in FP32), "intrinsic" (NaN/Inf in FP32 from finite values) or "unconfirmed";
-// empty where none ran for it.
-struct BackwardReplay {
-  std::string outcome, detail;
-  std::int64_t step = -1;
-};
-
-BackwardReplay backward_replay(const Run& run, const std::string& module) {
-  if (module.empty()) return {};
-  const auto [e, rest] = run.module_event("backward-replay", module);
-  if (!e) return {};
-  const std::size_t at = rest.find(": ");
-  return {rest.substr(0, at), at == std::string::npos ? std::string() : rest.substr(at + 2), e->step};
-}
-
-// The agent's look at the gradient reaching a module's output, at a skipped step whose
-// first NaN/Inf gradient was that module's (event "module-output-gradient", "PATH: SEEN",
-// the Python agent's _gradient_entry.py): "nonfinite" where the NaN/Inf came in through its
-// output, made by the code after it in forward; "finite" where its own backward made them;
-// empty where none was taken.
-struct OutputGradient {
-  std::string seen;
-  std::int64_t step = -1;
-};
-
-OutputGradient output_gradient(const Run& run, const std::string& module) {
-  if (module.empty()) return {};
-  const auto [e, seen] = run.module_event("module-output-gradient", module);
-  if (!e) return {};
-  return {seen, e->step};
-}
-
-// The innermost module holding every layer: "" for most models, "module" for a
-// DistributedDataParallel wrapper's. Holding both of two layers, it names no place in the model.
-std::string whole_model(const Run& run) {
-  if (run.layers.empty()) return "";
-  std::string whole = run.layers.front().info.module_path;
-  for (const auto& layer : run.layers) {
-    if (whole.empty()) break;
-    whole = suggest::common_module(whole, layer.info.module_path);
-  }
-  return whole;
-}
-
-// The agent's look at which module given a module's output sent the NaN/Inf that reached
-// it (event "module-gradient-sender", "PATH: USER[, USER]", the Python agent's
-// _gradient_sender.py): each received a finite gradient at its own output and sent NaN/Inf
-// back to the argument made from PATH's output, in backward order. Where several modules
-// take that output (two heads on one backbone), the one whose backward ran just before is
-// not necessarily the one.
-struct GradientSenders {
-  std::vector<std::string> paths;
-  std::int64_t step = -1;
-};
-
-GradientSenders gradient_senders(const Run& run, const std::string& module) {
-  if (module.empty()) return {};
-  const auto [e, rest] = run.module_event("module-gradient-sender", module);
-  if (!e) return {};
-  GradientSenders senders{{}, e->step};
-  for (std::size_t at = 0; at <= rest.size();) {
-    const std::size_t comma = std::min(rest.find(", ", at), rest.size());
-    if (comma > at) senders.paths.push_back(rest.substr(at, comma - at));
-    at = comma + 2;
-  }
-  return senders;
 }
 
 // Skipped steps whose NaN/Inf gradients no hook saw arrive: naming a first one would be a
