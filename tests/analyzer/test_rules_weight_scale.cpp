@@ -23,6 +23,14 @@ Report run_with(const TempDir& dir, const std::string& layer, double gain, int o
   return report_of(dir.file("run.db"));
 }
 
+// head.weight read at a gain of 1000, then 12 skipped steps halving `scale` whose first
+// NaN/Inf gradient is a.weight's, every output finite.
+void head_oversized_then_a_overflows_in_backward(RunFixture& f, double& scale) {
+  for (const auto& name : kNet) f.weight_norm(name, name == "head.weight" ? 8000.0 : 2.4);
+  for (int i = 0; i < 12; ++i, scale /= 2)
+    f.activation("a", false).activation("b", false).activation("head", false).step(scale, scale / 2, 1000, {"a.weight"});
+}
+
 }  // namespace
 
 TEST_CASE("weights starting far above a standard initialisation's gain are named beside the overflow after them",
@@ -58,10 +66,8 @@ TEST_CASE("a backward overflow before the oversized layer is named: its gradient
           "[rules][oversized-weights]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kNet);
-  for (const auto& name : kNet) f.weight_norm(name, name == "head.weight" ? 8000.0 : 2.4);
   double scale = 65536;
-  for (int i = 0; i < 12; ++i, scale /= 2)  // every output finite, a first in forward order
-    f.activation("a", false).activation("b", false).activation("head", false).step(scale, scale / 2, 1000, {"a.weight"});
+  head_oversized_then_a_overflows_in_backward(f, scale);
   f.finish();
   const auto r = report_of(dir.file("run.db"));
   CHECK(required(r, "oversized-weights").title == "head.weight starts at a gain of 1000, far above any standard "
@@ -175,10 +181,8 @@ TEST_CASE("the oversized layer's own forward overflow is named before a backward
   // own output is what its gain enlarges.
   TempDir dir;
   RunFixture f(dir.file("run.db"), kNet);
-  for (const auto& name : kNet) f.weight_norm(name, name == "head.weight" ? 8000.0 : 2.4);
   double scale = 65536;
-  for (int i = 0; i < 12; ++i, scale /= 2)
-    f.activation("a", false).activation("b", false).activation("head", false).step(scale, scale / 2, 1000, {"a.weight"});
+  head_oversized_then_a_overflows_in_backward(f, scale);
   for (int i = 0; i < 6; ++i, scale /= 2)
     f.activation("a", false).activation("b", false).activation("head", true).step(scale, scale / 2, 1000, {}, kNaN);
   f.finish();
