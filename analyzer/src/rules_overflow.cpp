@@ -415,13 +415,15 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         if (!replay.outcome.empty()) f.evidence += " (its backward replay could not tell: " + replay.detail + ")";
       }
       // The modules that sent the NaN/Inf back to it made them: their backward first.
-      std::string suspects;
+      std::string suspects, between;
       for (const auto& path : senders.paths) suspects += path + ", ";
-      const std::size_t sent_part = suspects.size();
-      for (const auto& path : m.between) suspects += path + ", ";
+      for (const auto& path : m.between) {
+        between += path + ", ";
+        if (std::find(senders.paths.begin(), senders.paths.end(), path) == senders.paths.end()) suspects += path + ", ";
+      }
       if (!m.between.empty())
         f.evidence += "; between its gradient and the last finite one, the backward also ran through " +
-                      suspects.substr(sent_part, suspects.size() - sent_part - 2) +
+                      between.substr(0, between.size() - 2) +
                       (m.between.size() == 1 ? ", which holds no parameters" : ", which hold no parameters");
       suspects += module.empty() ? std::string("the code that uses ") + row.name : module;
       if (replay.outcome != "finite")

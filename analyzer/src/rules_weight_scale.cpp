@@ -41,6 +41,10 @@ namespace {
 // RMS times the square root of the fan-in from which a layer's weights count as oversized:
 // 45 times Kaiming-normal's sqrt(2), over 100 times torch's default for Linear and Conv.
 constexpr double kOversized = 64.0;
+// Values from which a matrix's gain is read: a head of 16 inputs and 4 outputs (a box
+// regressor) has 64, and its gain is as telling as a wide layer's; below, a handful of
+// values (a 2 x 2 mixing matrix) says little.
+constexpr std::int64_t kFewestValues = 16;
 // Calibration skips from which the scaler's own descent counts as an overflow the layer
 // explains: a healthy run usually backs off from 65536 once or twice, not down to 2^12 or below.
 constexpr std::int64_t kDeepCalibration = 4;
@@ -95,7 +99,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
     // table whose rows are looked up or added, not summed over: an embedding's (torch
     // initialises them at 1), a position embedding or class token held as a plain parameter
     // (vit-pytorch's torch.randn(1, 65, dim)).
-    if (dims.size() < 2 || layer.info.numel < 256 || layer.info.module_type.find("Embedding") != std::string::npos ||
+    if (dims.size() < 2 || layer.info.numel < kFewestValues || layer.info.module_type.find("Embedding") != std::string::npos ||
         !weight_named(layer.info.name))
       continue;
     const double fan_in = double(layer.info.numel) / double(dims.front());

@@ -15,9 +15,11 @@ namespace ampdiag::test {
 class RunFixture {
  public:
   // `dtype`: the parameters' (torch's name: "float16" for a model stored in half precision).
-  // `types`: module types by layer name where not "Linear".
+  // `types`: module types by layer name where not "Linear". `shapes`: shapes by layer name
+  // where not [64, 64] (the values counted from them).
   RunFixture(const std::string& path, std::vector<std::string> layers, std::int64_t rank = 0, std::int64_t world = 1,
-             const std::string& dtype = "float32", const std::map<std::string, std::string>& types = {})
+             const std::string& dtype = "float32", const std::map<std::string, std::string>& types = {},
+             const std::map<std::string, std::vector<std::int64_t>>& shapes = {})
       : writer_(path, true), layers_(std::move(layers)) {
     writer_.set_meta("amp_dtype", "float16");
     writer_.set_meta("device", "cpu");
@@ -29,9 +31,17 @@ class RunFixture {
       // "optimizer.paramN" is what the agents call a parameter outside the attached model:
       // no module, no type.
       const bool outside = layers_[i].rfind("optimizer.param", 0) == 0;
+      const auto shape = shapes.find(layers_[i]);
+      const std::vector<std::int64_t> dims = shape == shapes.end() ? std::vector<std::int64_t>{64, 64} : shape->second;
+      std::string text;
+      std::int64_t numel = 1;
+      for (const std::int64_t d : dims) {
+        text += (text.empty() ? "[" : ", ") + std::to_string(d);
+        numel *= d;
+      }
       writer_.add_layer({std::int64_t(i), layers_[i], dot == std::string::npos || outside ? "" : layers_[i].substr(0, dot),
-                         outside ? "" : types.count(layers_[i]) ? types.at(layers_[i]) : "Linear", dtype, "[64, 64]",
-                         4096, true, ""});
+                         outside ? "" : types.count(layers_[i]) ? types.at(layers_[i]) : "Linear", dtype, text + "]",
+                         numel, true, ""});
     }
   }
 

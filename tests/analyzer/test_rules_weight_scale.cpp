@@ -192,3 +192,26 @@ TEST_CASE("the oversized layer's own forward overflow is named before a backward
                                                   "initialisation's: the overflow at head likely follows from it");
   CHECK_THAT(required(r, "oversized-weights").evidence, Catch::EndsWith("head went NaN/Inf in forward (see forward-nonfinite)"));
 }
+
+TEST_CASE("a small head's weights (64 values) far above a standard gain are named beside the overflow",
+          "[rules][oversized-weights]") {
+  // Two heads on one backbone: the box regressor, Linear(16, 4), 5000 times too large.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kNet, 0, 1, "float32", {}, {{"head.weight", {4, 16}}});
+  double scale = 65536;
+  head_oversized_then_a_overflows_in_backward(f, scale);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(required(r, "oversized-weights").title == "head.weight starts at a gain of 4000, far above any standard "
+                                                  "initialisation's: the overflow at a likely follows from it");
+}
+
+TEST_CASE("a matrix of a few values is not judged by its gain", "[rules][oversized-weights]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kNet, 0, 1, "float32", {}, {{"head.weight", {2, 2}}});
+  double scale = 65536;
+  head_oversized_then_a_overflows_in_backward(f, scale);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK(find(r, "oversized-weights") == nullptr);
+}

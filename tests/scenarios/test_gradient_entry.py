@@ -261,6 +261,9 @@ def test_of_two_heads_on_one_output_the_one_whose_backward_sent_the_inf_is_named
     # box's own bias overflowed first only at the initial scale: its pin alone is no fix.
     box = next(f for f in rep["findings"] if f["rule"] == "overflow-origin" and f["module"] == "box")
     assert (box["severity"], box["suggestions"]) == ("info", [])
+    # The cause: box's 64 weights, 5000 times a standard initialisation's.
+    oversized = next(f for f in rep["findings"] if f["rule"] == "oversized-weights")
+    assert (oversized["layer"], oversized["severity"]) == ("box.weight", "warning")
 
 
 def test_the_box_head_pinned_alone_still_collapses_the_scale(tmp_path, verdict):
