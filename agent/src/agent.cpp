@@ -9,6 +9,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <limits>
 #include <memory>
@@ -89,6 +90,9 @@ agent::Session::Layer Agent::Impl::register_parameter(const std::string& name, c
   info.module_type = module_type(info.module_path);
   const auto layer = session_.add_layer(key_of(p), info);
   if (!layer.added) return layer;  // shared with an earlier name
+  layer_paths_[layer.id] = info.module_path;
+  whole_ = whole_known_ ? agent::common_module(whole_, info.module_path) : info.module_path;
+  whole_known_ = true;
   keep_alive_.push_back(p);
   named_params_.emplace_back(info.name, p);
   weight_norms_.add(layer.id, p);
@@ -151,6 +155,7 @@ bool Agent::Impl::record(const std::string& path, const at::Tensor& x, const at:
   begin_cycle();
   last_output_ = x;
   last_output_path_ = path;
+  if (options_.replay) entries_.output(path, x);
   if (learn_amp_dtype_) learn_amp_dtype(x.device().type(), x.scalar_type());
   at::Tensor copy;
   agent::DeviceTensor view;
@@ -271,6 +276,16 @@ bool Agent::Impl::begin_module_range(const std::string& path) {
   if (at::autocast::is_autocast_enabled(at::kCUDA))
     hint = at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16 ? rundb::GpuKind::kBFloat16 : rundb::GpuKind::kFloat16;
   return session_.begin_range(module, rundb::GpuPhase::kForward, hint);
+}
+
+std::string Agent::Impl::skip_origin() const {
+  const auto [first, before] = session_.backward_origin();
+  if (first < 0) return "";
+  const auto path_of = [&](std::int64_t id) {
+    const auto found = layer_paths_.find(id);
+    return found == layer_paths_.end() ? std::string() : found->second;
+  };
+  return agent::origin_module(path_of(first), path_of(before), before >= 0, whole_);
 }
 
 void Agent::Impl::begin_cycle() {
@@ -395,6 +410,12 @@ void Agent::Impl::on_update(const ScaleUpdate& u) {
       double loss = losses_ > 0 ? loss_sum_ : std::numeric_limits<double>::quiet_NaN();
       if (device_loss_sum_.defined()) loss = std::numeric_limits<double>::quiet_NaN();  // not read: a device loss
       const bool found = u.found_inf.defined() && u.found_inf.item<float>() != 0.0f;
+      if (options_.replay) {
+        // A step whose forward, parameters or loss already held NaN/Inf is the forward's: it judges nothing.
+        const bool judge = skipped_ && (losses_ == 0 || std::isfinite(loss)) && !nonfinite_seen_ && !parameters_nonfinite_;
+        const std::string verdict = entries_.step_ended(judge ? skip_origin() : "");
+        if (!verdict.empty()) session_.event("module-output-gradient", verdict);
+      }
       session_.end_step({loss, losses_, u.scale_before.item<double>(), after, found, skipped_}, ns_since(t0));
     }
   } else {

@@ -1,0 +1,91 @@
+// The C++ agent's look at the gradient reaching the module a skipped step names (event
+// "module-output-gradient", agent/src/gradient_entries.h), as the Python agent's: NaN/Inf
+// that came in through the module's output was made by the code after it.
+#include "../catch_with_torch.h"
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../../agent/src/gradient_entries.h"
+#include "../rundb/temp_dir.h"
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/run.h"
+#include "ampdiag/rundb/reader.h"
+#include "tiny_training.h"
+
+using namespace ampdiag;
+using namespace ampdiag::test;
+
+namespace {
+
+using Code = std::function<torch::Tensor(const torch::Tensor&)>;
+
+torch::Tensor same(const torch::Tensor& h) { return h; }
+
+// 24 steps of TinyNet's a, b and c run through agent.forward() under fp16 autocast, the
+// model's own code `after_a` on a's output and `before_c` on what c is given, the loss c's
+// output squared (`linear`: c's output) and averaged; the run's module-output-gradient events.
+std::vector<std::string> entries_of(const TempDir& dir, const Code& after_a, const Code& before_c, bool linear = false) {
+  torch::manual_seed(0);
+  TinyNet net;
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(1e-4));
+  GradScaler scaler;
+  {
+    Agent agent(*net, scaler, options_for(dir.file("run.db")));
+    for (int step = 0; step < 24; ++step) {
+      optimizer.zero_grad();
+      torch::Tensor loss;
+      {
+        HalfAutocast autocast;
+        const auto x = agent.input("x", torch::randn({64, 16}));
+        const auto h = after_a(agent.forward("a", net->a, x));
+        const auto y = agent.forward("c", net->c, before_c(torch::relu(agent.forward("b", net->b, h))));
+        loss = linear ? y.to(torch::kFloat).mean() : y.to(torch::kFloat).pow(2).mean();
+      }
+      scaler.scale(loss).backward();
+      scaler.step(optimizer);
+      scaler.update();
+    }
+  }
+  std::vector<std::string> details;
+  for (const auto& e : rundb::RunDbReader(dir.file("run.db")).events())
+    if (e.kind == "module-output-gradient") details.push_back(e.detail);
+  return details;
+}
+
+}  // namespace
+
+TEST_CASE("a gain after a module in the model's code is seen reaching its output's gradient", "[agent][gradient-entry]") {
+  // a's output divided, then multiplied by 3000 in fp16: the same values forward, but the
+  // product's backward overflows what b's backward sends, and a only receives the Inf.
+  // The report then blames the code after a.
+  TempDir dir;
+  CHECK(entries_of(dir, [](const torch::Tensor& h) { return (h / 3000.0) * 3000.0; }, same) ==
+        std::vector<std::string>{"a: nonfinite"});
+  const auto report = analyzer::analyze({analyzer::load_run(dir.file("run.db"))});
+  const auto origin = std::find_if(report.findings.begin(), report.findings.end(),
+                                   [](const analyzer::Finding& f) { return f.rule == "overflow-origin"; });
+  REQUIRE(origin != report.findings.end());
+  CHECK(origin->module == "a");
+  CHECK_THAT(origin->evidence, Catch::Contains("the gradient reaching a's output already held NaN/Inf, so its own "
+                                               "backward received them: the code that uses a's output"));
+}
+
+TEST_CASE("a module whose own backward overflows is seen with a finite gradient at its output", "[agent][gradient-entry]") {
+  // c given values 300 times larger: its weight gradient (its input times the finite
+  // gradient a mean loss sends it, summed over the batch) overflows inside its own backward.
+  TempDir dir;
+  CHECK(entries_of(dir, same, [](const torch::Tensor& h) { return h * 300.0; }, true) ==
+        std::vector<std::string>{"c: finite"});
+}
+
+TEST_CASE("the module a skip names is the innermost holding its first NaN/Inf gradient and the finite one before it",
+          "[agent][gradient-entry]") {
+  CHECK(agent::origin_module("enc.2", "enc.3", true, "") == "enc");
+  CHECK(agent::origin_module("enc.2", "head", true, "") == "enc.2");       // only the model holds both
+  CHECK(agent::origin_module("module.enc", "module.head", true, "module") == "module.enc");  // DDP's wrapper
+  CHECK(agent::origin_module("enc.1", "enc.10", true, "") == "enc");       // whole components
+  CHECK(agent::origin_module("enc.2", "", false, "") == "enc.2");
+}
