@@ -10,6 +10,7 @@
 #include <chrono>
 #include <stdexcept>
 
+#include "ampdiag/rundb/module_paths.h"
 #include "sampling.h"
 
 namespace ampdiag::agent {
@@ -126,10 +127,25 @@ Session::Layer Session::add_layer(std::uintptr_t key, const LayerInfo& info) {
     for (int k = 2; layer_names_.count(name); ++k) name = replacing + " #" + std::to_string(k);
   }
   layer_names_.insert(name);
+  module_paths_[id] = info.module_path;
+  whole_ = whole_ ? rundb::common_module(*whole_, info.module_path) : info.module_path;
   post<rundb::LayerRow>({id, name, info.module_path, info.module_type, info.dtype, info.shape, info.numel,
                          info.trainable, info.source},
                         early_layers_, &WriterThread::post_layer);
   return {id, true, name};
+}
+
+std::string Session::origin_module() const {
+  const auto [first, before] = origin_;
+  const auto path_of = [&](std::int64_t id) {
+    const auto found = module_paths_.find(id);
+    return found == module_paths_.end() ? std::string() : found->second;
+  };
+  if (first < 0) return "";
+  const std::string own = path_of(first);
+  if (before < 0) return own;
+  const std::string common = rundb::common_module(own, path_of(before));
+  return common.empty() || common == whole_ ? own : common;
 }
 
 void Session::reset_arrival() {

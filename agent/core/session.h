@@ -174,6 +174,11 @@ class Session {
   // non-finite layer in arrival order and the last finite one that arrived before it (-1
   // where none did); {-1, -1} where every host gradient was finite.
   std::pair<std::int64_t, std::int64_t> backward_origin() const { return origin_; }
+  // The module both agents name for the last grads() call's first NaN/Inf gradient: the
+  // innermost holding backward_origin()'s two layers, unless that holds every model layer
+  // (the model, or a DDP wrapper's "module" in it: no place), where the first one's own
+  // module; "" where every host gradient was finite (or the model itself is named).
+  std::string origin_module() const;
   // Statistics of one module output at the next forward position (on a host tensor only
   // checked for NaN/Inf outside SessionOptions::activation_every's steps); returns whether
   // it holds NaN/Inf (known at once on the host; false for a device tensor).
@@ -253,6 +258,10 @@ class Session {
   // no order.
   std::unique_ptr<std::atomic<std::int32_t>[]> arrival_;
   std::pair<std::int64_t, std::int64_t> origin_{-1, -1};  // see backward_origin()
+  // Model layers (add_layer(), not layer_of()'s foreign tensors) -> their module's path, and
+  // the innermost module holding them all (set by the first).
+  std::unordered_map<std::int64_t, std::string> module_paths_;
+  std::optional<std::string> whole_;
   std::size_t arrival_capacity_ = 0;
   std::atomic<std::size_t> arrival_size_{0};
   std::atomic<std::int32_t> next_arrival_{0};

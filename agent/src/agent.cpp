@@ -90,9 +90,6 @@ agent::Session::Layer Agent::Impl::register_parameter(const std::string& name, c
   info.module_type = module_type(info.module_path);
   const auto layer = session_.add_layer(key_of(p), info);
   if (!layer.added) return layer;  // shared with an earlier name
-  layer_paths_[layer.id] = info.module_path;
-  whole_ = whole_known_ ? agent::common_module(whole_, info.module_path) : info.module_path;
-  whole_known_ = true;
   keep_alive_.push_back(p);
   named_params_.emplace_back(info.name, p);
   weight_norms_.add(layer.id, p);
@@ -278,16 +275,6 @@ bool Agent::Impl::begin_module_range(const std::string& path) {
   return session_.begin_range(module, rundb::GpuPhase::kForward, hint);
 }
 
-std::string Agent::Impl::skip_origin() const {
-  const auto [first, before] = session_.backward_origin();
-  if (first < 0) return "";
-  const auto path_of = [&](std::int64_t id) {
-    const auto found = layer_paths_.find(id);
-    return found == layer_paths_.end() ? std::string() : found->second;
-  };
-  return agent::origin_module(path_of(first), path_of(before), before >= 0, whole_);
-}
-
 void Agent::Impl::begin_cycle() {
   if (!session_.begin_cycle()) return;
   if (stale_) stale_->cycle_began();
@@ -413,7 +400,7 @@ void Agent::Impl::on_update(const ScaleUpdate& u) {
       if (options_.replay) {
         // A step whose forward, parameters or loss already held NaN/Inf is the forward's: it judges nothing.
         const bool judge = skipped_ && (losses_ == 0 || std::isfinite(loss)) && !nonfinite_seen_ && !parameters_nonfinite_;
-        const std::string verdict = entries_.step_ended(judge ? skip_origin() : "");
+        const std::string verdict = entries_.step_ended(judge ? session_.origin_module() : "");
         if (!verdict.empty()) session_.event("module-output-gradient", verdict);
       }
       session_.end_step({loss, losses_, u.scale_before.item<double>(), after, found, skipped_}, ns_since(t0));

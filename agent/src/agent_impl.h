@@ -123,9 +123,6 @@ class Agent::Impl final : public ScalerObserver {
     return type == module_types_.end() ? "" : type->second;
   }
   void begin_cycle();
-  // The module a skipped step's first NaN/Inf gradient names (agent::origin_module); "" where
-  // no host gradient held NaN/Inf, or its layer is no module's.
-  std::string skip_origin() const;
   // Views of the gradients for the statistics pass in views_ and ids_ (copies in copies_
   // where one cannot be read in place). Returns whether every one can be unscaled in place
   // on `scale_device` (null: none is to be unscaled, as without a scaler).
@@ -176,9 +173,6 @@ class Agent::Impl final : public ScalerObserver {
   std::vector<std::pair<std::string, at::Tensor>> named_params_;
   bool parameters_nonfinite_ = false;
   agent::GradientEntries entries_;                          // see gradient_entries.h; with options_.replay
-  std::unordered_map<std::int64_t, std::string> layer_paths_;  // layer id -> its module's path
-  std::string whole_;                                       // the innermost module holding every layer
-  bool whole_known_ = false;
   void look_at_parameters();
   bool closed_ = false;
   bool raised_ = false;  // training_raised() recorded the exception

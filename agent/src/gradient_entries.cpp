@@ -40,20 +40,4 @@ void GradientEntries::count_down() {
   if (!watched_.empty() && --left_ <= 0) watched_.clear();
 }
 
-std::string common_module(const std::string& a, const std::string& b) {
-  std::size_t i = 0;  // the characters they share
-  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
-  if ((i == a.size() || a[i] == '.') && (i == b.size() || b[i] == '.')) return a.substr(0, i);
-  // Back to the last whole component: "enc.1" and "enc.10" share "enc".
-  const std::size_t dot = i == 0 ? std::string::npos : a.rfind('.', i - 1);
-  return dot == std::string::npos ? "" : a.substr(0, dot);
-}
-
-std::string origin_module(const std::string& first_path, const std::string& before_path, bool before,
-                          const std::string& whole) {
-  if (!before) return first_path;
-  const std::string common = common_module(first_path, before_path);
-  return common.empty() || common == whole ? first_path : common;
-}
-
 }  // namespace ampdiag::agent

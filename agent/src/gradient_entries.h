@@ -1,6 +1,6 @@
 // Where a backward overflow enters a module, as the Python agent's _gradient_entry.py: the
 // first NaN/Inf gradient of a skipped step names the module whose backward ran first with
-// it, yet that module may only have received the NaN/Inf through its output's gradient,
+// it (Session::origin_module), yet that module may only have received the NaN/Inf through its output's gradient,
 // made by the code after it (a gain in the model's forward(), whose fp16 backward
 // overflows), where pinning the module alone is not the fix.
 //
@@ -45,15 +45,5 @@ class GradientEntries {
   std::shared_ptr<std::atomic<int>> reached_ = std::make_shared<std::atomic<int>>(-1);
   std::set<std::string> judged_;
 };
-
-// The module a skipped step's first NaN/Inf gradient names: the innermost holding it and the
-// finite one before it (`first_path`, `before_path`: their modules' paths, `before_path`
-// empty where none arrived before), unless that holds every layer (`whole`: the model, or
-// DDP's "module" in it), where `first_path` itself.
-std::string origin_module(const std::string& first_path, const std::string& before_path, bool before,
-                          const std::string& whole);
-
-// The innermost module path holding both (whole components; "" for the model).
-std::string common_module(const std::string& a, const std::string& b);
 
 }  // namespace ampdiag::agent

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ampdiag/rundb/module_paths.h"
 #include "suggestions.h"
 
 namespace ampdiag::analyzer::rules {
@@ -90,7 +91,7 @@ std::string whole_model(const Run& run) {
   std::string whole = run.layers.front().info.module_path;
   for (const auto& layer : run.layers) {
     if (whole.empty()) break;
-    whole = suggest::common_module(whole, layer.info.module_path);
+    whole = rundb::common_module(whole, layer.info.module_path);
   }
   return whole;
 }

@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "ampdiag/analyzer/causes.h"
+#include "ampdiag/rundb/module_paths.h"
 #include "loss_code.h"
 #include "overflow_events.h"
 #include "rules.h"
@@ -214,7 +215,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     std::string module = use != tied.end() ? use->second : suggest::module_for_layer(run, layer);
     if (s.last_finite_before >= 0) {
       const std::string common =
-          suggest::common_module(run.layers[std::size_t(s.last_finite_before)].info.module_path, layer.module_path);
+          rundb::common_module(run.layers[std::size_t(s.last_finite_before)].info.module_path, layer.module_path);
       if (!common.empty() && common != whole) module = common;
     }
     PerModule& m = modules[module];

@@ -303,14 +303,4 @@ Suggestion fp32_at(const Run& run, const std::string& module, const rundb::Layer
           "", ""};
 }
 
-std::string common_module(const std::string& a, const std::string& b) {
-  std::size_t end = 0;  // length of the common prefix made of whole components
-  for (std::size_t i = 0;; ++i) {
-    const bool a_end = i == a.size() || a[i] == '.', b_end = i == b.size() || b[i] == '.';
-    if (a_end && b_end) end = i;
-    if (i == a.size() || i == b.size() || a[i] != b[i]) break;
-  }
-  return a.substr(0, end);
-}
-
 }  // namespace ampdiag::analyzer::suggest

@@ -56,7 +56,4 @@ Suggestion fp32_at(const Run& run, const std::string& module, const rundb::Layer
 // Whether `path` is `module` or a path inside it, by whole components ("a.bc" is not in "a.b").
 bool within(const std::string& path, const std::string& module);
 
-// The innermost module containing both paths ("a.b.c", "a.b.d" -> "a.b"); empty if only the root does.
-std::string common_module(const std::string& a, const std::string& b);
-
 }  // namespace ampdiag::analyzer::suggest

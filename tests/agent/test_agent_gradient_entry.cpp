@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "../../agent/src/gradient_entries.h"
 #include "../rundb/temp_dir.h"
 #include "ampdiag/analyzer/analyze.h"
 #include "ampdiag/analyzer/run.h"
@@ -79,13 +78,4 @@ TEST_CASE("a module whose own backward overflows is seen with a finite gradient 
   TempDir dir;
   CHECK(entries_of(dir, same, [](const torch::Tensor& h) { return h * 300.0; }, true) ==
         std::vector<std::string>{"c: finite"});
-}
-
-TEST_CASE("the module a skip names is the innermost holding its first NaN/Inf gradient and the finite one before it",
-          "[agent][gradient-entry]") {
-  CHECK(agent::origin_module("enc.2", "enc.3", true, "") == "enc");
-  CHECK(agent::origin_module("enc.2", "head", true, "") == "enc.2");       // only the model holds both
-  CHECK(agent::origin_module("module.enc", "module.head", true, "module") == "module.enc");  // DDP's wrapper
-  CHECK(agent::origin_module("enc.1", "enc.10", true, "") == "enc");       // whole components
-  CHECK(agent::origin_module("enc.2", "", false, "") == "enc.2");
 }

@@ -156,6 +156,94 @@ TEST_CASE("the backward origin is the first NaN/Inf gradient in arrival order an
   s.close();
 }
 
+namespace {
+
+// One step in which layer `first`'s gradient is Inf, the first to go NaN/Inf in backward,
+// and layer `before`'s (-1: none) finite, arriving just before it; what origin_module() says.
+std::string skip_with(agent::Session& s, std::int64_t first, std::int64_t before) {
+  std::vector<float> inf(8, std::numeric_limits<float>::infinity()), finite(8, 1.0f);
+  std::vector<std::int64_t> ids{first};
+  std::vector<DeviceTensor> t{{{inf.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr}};
+  if (before >= 0) {
+    ids.push_back(before);
+    t.push_back({{finite.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr});
+  }
+  s.begin_cycle();
+  if (before >= 0) s.arrived(before);
+  s.arrived(first);
+  agent::GradBatch b;
+  b.layers = ids.data();
+  b.tensors = t.data();
+  b.count = ids.size();
+  s.grads(b);
+  std::string named = s.origin_module();
+  s.end_step({}, 0);
+  return named;
+}
+
+// skip_with() in a session whose model has its layers at `paths` (layer i in module paths[i]).
+std::string origin_of(const std::vector<std::string>& paths, std::int64_t first, std::int64_t before) {
+  TempDir dir;
+  agent::Session s(options());
+  for (std::size_t i = 0; i < paths.size(); ++i)
+    s.add_layer(std::uintptr_t(1000 + i), float_layer(paths[i] + ".weight", paths[i]));
+  s.layers_done();
+  s.open(dir.file("run.db"), {}, "test-run");
+  std::string named = skip_with(s, first, before);
+  s.close();
+  return named;
+}
+
+}  // namespace
+
+TEST_CASE("the module a skip names is the innermost holding its first NaN/Inf gradient and the finite one before it",
+          "[session][origin]") {
+  CHECK(origin_of({"enc.2", "enc.3", "head"}, 0, 1) == "enc");
+  CHECK(origin_of({"enc.1", "enc.10", "head"}, 0, 1) == "enc");  // by whole components
+  CHECK(origin_of({"enc.2.attn", "enc.2", "head"}, 0, 1) == "enc.2");
+}
+
+TEST_CASE("a skip whose two layers only the model holds names the first one's module", "[session][origin]") {
+  CHECK(origin_of({"enc.2", "head"}, 0, 1) == "enc.2");
+}
+
+TEST_CASE("a module holding every layer is the model's place, not a module a skip names", "[session][origin]") {
+  // A model attached in its DistributedDataParallel wrapper: every layer is under "module".
+  CHECK(origin_of({"module.enc", "module.head"}, 0, 1) == "module.enc");
+  CHECK(origin_of({"enc.2", "enc.3"}, 0, 1) == "enc.2");  // a model that is all one encoder
+  CHECK(origin_of({"module.enc.0", "module.enc.1", "module.head"}, 0, 1) == "module.enc");
+}
+
+TEST_CASE("a skip whose first NaN/Inf gradient arrived first names that layer's module", "[session][origin]") {
+  CHECK(origin_of({"enc.2", "enc.3", "head"}, 0, -1) == "enc.2");
+}
+
+TEST_CASE("a step whose gradients are all finite names no module", "[session][origin]") {
+  TempDir dir;
+  agent::Session s(options());
+  open_with_layers(s, dir.file("run.db"), 1);
+  std::vector<float> finite(8, 1.0f);
+  s.begin_cycle();
+  host_grad(s, 0, finite.data(), 8);
+  CHECK(s.origin_module().empty());
+  s.end_step({}, 0);
+  s.close();
+}
+
+TEST_CASE("an optimized tensor outside the model does not make its module the place a skip names",
+          "[session][origin]") {
+  // Its layer has no module: the innermost holding it and the model's layer is the model.
+  TempDir dir;
+  agent::Session s(options());
+  open_with_layers(s, dir.file("run.db"), 1);
+  agent::LayerInfo foreign;
+  foreign.dtype = "float32";
+  foreign.numel = 8;
+  const std::int64_t outside = s.layer_of(std::uintptr_t(5000), foreign).id;
+  CHECK(skip_with(s, 0, outside) == "l0");
+  s.close();
+}
+
 TEST_CASE("a step's agent_ns is the adapter's: the session's statistics calls are inside its timing", "[session]") {
   // Both agents time their hooks around the session's calls; if the session added its own
   // time too, the pass would be counted twice.

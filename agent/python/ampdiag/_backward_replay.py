@@ -33,16 +33,6 @@ class _Unconfirmed(Exception):
     pass
 
 
-def common_module(a: str, b: str) -> str:
-    """The innermost module path holding both (whole components; "" for the model)."""
-    common = []
-    for x, y in zip(a.split("."), b.split(".")):
-        if x != y:
-            break
-        common.append(x)
-    return ".".join(common)
-
-
 class _Capture:
     def __init__(self, args, kwargs):
         self.args, self.kwargs = copy_inputs(args, kwargs)
@@ -108,16 +98,7 @@ def backward_origin_module(handle) -> str:
     forward's, not the backward's)."""
     if handle._forward_nonfinite or handle._input_nan or handle._parameters_nonfinite or handle._output_gradient_seen:
         return ""
-    first, before = handle._session.backward_origin()
-    if first < 0:
-        return ""
-    layers = handle._layers
-    path = layers.module_path(first)
-    if before >= 0:
-        common = common_module(path, layers.module_path(before))
-        if common != layers.whole:  # (one holding every layer, DDP's "module", is the model's place)
-            path = common or path
-    return path
+    return handle._session.origin_module()
 
 
 class BackwardReplayer:

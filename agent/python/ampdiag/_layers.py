@@ -10,7 +10,6 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _stale_gradients
 from ._accumulation import AccumulationProbe
-from ._backward_replay import common_module
 from ._own_uses import OwnUses
 from ._tied import TiedUse, tied_owners
 
@@ -31,11 +30,7 @@ class Layers:
         self._layer_ids = {}   # id() -> layer, for tensors the optimizer has handed over
         self.known = self._layer_ids.get  # a layer_id() already answered: what layer_id() returns
         self._hookless = {}    # id() -> (layer, name): frozen at attach(), no arrival hook yet
-        self._module_paths = {}  # layer -> the path of the module it is registered under
         self.registered = []   # (layer, parameter) of the model, each tensor once
-        # The innermost module holding every layer: "" for most models, "module" for a
-        # DistributedDataParallel wrapper's; holding both of two layers it names no place.
-        self.whole = None
         self._model = weakref.ref(model)
         session = handle._session
         modules = dict(model.named_modules())
@@ -52,7 +47,6 @@ class Layers:
                 continue  # the same tensor as an earlier name (the session says so once)
             self._params.append(p)
             self.registered.append((layer, p))
-            self._held_at(layer, module_path)
             if not p.requires_grad:
                 self._hookless[id(p)] = (layer, name)  # frozen now; see layer_id()
                 continue
@@ -71,14 +65,6 @@ class Layers:
                 handle._hooks.append(owner.register_forward_hook(handle._forward_hook_as_run(use.forward_hook())))
         handle._own_uses = OwnUses(handle, held_by_submodules)
         session.layers_done()
-
-    def _held_at(self, layer, module_path):
-        self._module_paths[layer] = module_path
-        self.whole = module_path if self.whole is None else common_module(self.whole, module_path)
-
-    def module_path(self, layer) -> str:
-        """Where the layer is registered ("" for the model, or a tensor outside it)."""
-        return self._module_paths.get(layer, "")
 
     def layer_id(self, param) -> int:
         """The layer of a tensor whose gradient is read (on every step, for every one)."""
@@ -122,7 +108,6 @@ class Layers:
             if added:
                 self._params.append(p)
                 self.registered.append((layer, p))
-                self._held_at(layer, module_path)
                 handle._hooks.append(p.register_hook(handle._arrival_hook(layer)))
                 if handle._weights is not None:
                     handle._weights.add(layer, p)

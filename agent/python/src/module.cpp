@@ -333,8 +333,9 @@ PYBIND11_MODULE(_ampdiag, m) {
       .def("grads", &Session::grads, py::arg("ids"), py::arg("ptrs"), py::arg("numels"), py::arg("dtypes"),
            py::arg("device_types"), py::arg("device_indices"), py::arg("streams"), py::arg("inv_scale") = py::none(),
            py::arg("device_scale") = py::none())
-      .def("backward_origin", [](Session& s) { return s.core().backward_origin(); },
-           "(first NaN/Inf layer in arrival order, last finite one before it) of the last host gradients; -1: none")
+      .def("origin_module", [](Session& s) { return s.core().origin_module(); },
+           "The module the last host gradients' first NaN/Inf one names (the innermost holding it and the finite "
+           "one before it, unless that holds every layer); \"\" where none held NaN/Inf")
       .def("activation", &Session::activation)
       .def("has_nonfinite", &Session::has_nonfinite, py::arg("ptr"), py::arg("numel"), py::arg("dtype"),
            "Whether a contiguous host buffer holds NaN/Inf (the activations' check); records nothing.")

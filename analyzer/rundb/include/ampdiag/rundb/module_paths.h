@@ -1,0 +1,15 @@
+// Module paths as run.db records them (layers.module_path, modules.path): torch's dotted
+// names, "" for the model itself. Here because both sides of the file reason about them:
+// the agents name a skipped step's module while training (to look closer at it), and the
+// analyzer names it again from the file; one definition keeps the two verdicts the same.
+#pragma once
+
+#include <string>
+
+namespace ampdiag::rundb {
+
+// The innermost module holding both paths, by whole components ("enc.1" and "enc.10" ->
+// "enc"; "a.b.c" and "a.b" -> "a.b"); "" where only the model does.
+std::string common_module(const std::string& a, const std::string& b);
+
+}  // namespace ampdiag::rundb
