@@ -20,7 +20,19 @@ bool half(const std::string& dtype) { return dtype == "float16" || dtype == "bfl
 struct Known {
   std::vector<std::string> names;
   Suggestion forward, backward;
+  // Where the operation ran in half precision, the constant its fix keeps the argument off a
+  // point with may round away (1e-12 is 0 in float16, 1 - 1e-7 is 1 in both halves): the
+  // fix then casts the argument to float32 first (each snippet's text to replace, Python and
+  // C++), and says why. Empty where the fix holds in any precision.
+  struct InFloat32 {
+    std::string python_from, python_to, cpp_from, cpp_to, why;
+    bool bfloat16 = false;  // bfloat16 rounds it away too (it keeps fp32's range, not its precision)
+  } in_float32;
 };
+
+constexpr const char* kTiny =
+    " It ran in float16, where 1e-12 rounds to 0: clamp in float32, in the loss computed in FP32 (above), since the "
+    "large gradient near the clamp overflows when sent back in float16.";
 
 constexpr const char* kCtcPython =
     "ctc = nn.CTCLoss(blank=0, zero_infinity=True)\n"
@@ -55,38 +67,47 @@ const std::vector<Known>& known() {
        {"log()'s gradient at 0 is infinite: clamp its argument, or take log_softmax / logsigmoid instead of the log "
         "of a softmax / sigmoid.",
         "logp = p.clamp_min(1e-12).log()  # or F.log_softmax(logits, -1)",
-        "auto logp = p.clamp_min(1e-12).log();  // or torch::log_softmax(logits, -1)", ""}},
+        "auto logp = p.clamp_min(1e-12).log();  // or torch::log_softmax(logits, -1)", ""},
+       {"p.clamp_min", "p.float().clamp_min", "p.clamp_min", "p.to(torch::kFloat).clamp_min", kTiny}},
       {{"Sqrt", "Rsqrt"},
        {"sqrt() of a negative number is NaN (rounding can leave a difference of squares just below 0): clamp its "
         "argument at 0.",
         "d = x.clamp_min(0).sqrt()", "auto d = x.clamp_min(0).sqrt();", ""},
        {"sqrt()'s gradient at 0 is infinite (the distance from a point to itself): keep its argument above 0.",
         "d = (x + 1e-12).sqrt()  # sqrt(0)'s gradient is infinite",
-        "auto d = (x + 1e-12).sqrt();  // sqrt(0)'s gradient is infinite", ""}},
+        "auto d = (x + 1e-12).sqrt();  // sqrt(0)'s gradient is infinite", ""},
+       {"(x + 1e-12)", "(x.float() + 1e-12)", "(x + 1e-12)", "(x.to(torch::kFloat) + 1e-12)", kTiny}},
       {{"Acos", "Asin"},
        {"acos() / asin() beyond [-1, 1] is NaN (rounding makes a cosine of 1.0000001): clamp the argument.",
         "angle = torch.acos(cos.clamp(-1 + 1e-7, 1 - 1e-7))", "auto angle = torch::acos(cos.clamp(-1 + 1e-7, 1 - 1e-7));",
         ""},
        {"acos() / asin()'s gradient at -1 and 1 is infinite: clamp the argument inside the interval.",
         "angle = torch.acos(cos.clamp(-1 + 1e-7, 1 - 1e-7))", "auto angle = torch::acos(cos.clamp(-1 + 1e-7, 1 - 1e-7));",
-        ""}},
+        ""},
+       {"cos.clamp", "cos.float().clamp", "cos.clamp", "cos.to(torch::kFloat).clamp",
+        " It ran in half precision, where 1 - 1e-7 rounds to 1: clamp in float32, in the loss computed in FP32 "
+        "(above).", true}},
       {{"Div"},
        {"A division by 0 (a count, a norm or a sum of weights that is 0 in some batch) is Inf or NaN: clamp the "
         "denominator away from 0.",
         "out = num / den.clamp_min(1e-12)", "auto out = num / den.clamp_min(1e-12);", ""},
        {"a / b's gradient at b = 0 is infinite: clamp the denominator away from 0.", "out = num / den.clamp_min(1e-12)",
-        "auto out = num / den.clamp_min(1e-12);", ""}},
+        "auto out = num / den.clamp_min(1e-12);", ""},
+       {"den.clamp_min", "den.float().clamp_min", "den.clamp_min", "den.to(torch::kFloat).clamp_min", kTiny}},
       {{"Pow"},
        {},
        {"x ** p with p below 1 (x ** 0.5 is a square root) has an infinite gradient at x = 0: keep x above 0.",
-        "y = (x + 1e-12) ** p", "auto y = (x + 1e-12).pow(p);", ""}},
+        "y = (x + 1e-12) ** p", "auto y = (x + 1e-12).pow(p);", ""},
+       {"(x + 1e-12)", "(x.float() + 1e-12)", "(x + 1e-12)", "(x.to(torch::kFloat) + 1e-12)", kTiny}},
       {{"Where"},
        {},
        {"torch.where() sends the gradient of the branch it does not select as 0 times that branch's own gradient: "
         "Inf there (sqrt, log or a division at the values it masks) makes NaN. Make both branches finite everywhere: "
         "clamp the argument before the operation, then select.",
         "y = torch.where(x > 0, x.clamp_min(1e-12).sqrt(), 0.0)",
-        "auto y = torch::where(x > 0, x.clamp_min(1e-12).sqrt(), torch::zeros_like(x));", ""}},
+        "auto y = torch::where(x > 0, x.clamp_min(1e-12).sqrt(), torch::zeros_like(x));", ""},
+       {"x.clamp_min(1e-12)", "x.float().clamp_min(1e-12)", "x.clamp_min(1e-12)",
+        "x.to(torch::kFloat).clamp_min(1e-12)", kTiny}},
       {{"Exp"},
        {"exp() overflows above 88.7 in float32 (11.1 in float16): subtract the maximum first (logsumexp), or clamp "
         "its argument.",
@@ -230,6 +251,23 @@ NonfiniteInput nonfinite_input_at(const Run& run, const std::vector<std::int64_t
   return in;
 }
 
+namespace {
+
+// `s` for an operation that ran in `dtype`: the argument cast to float32 first where `k`'s
+// constant would round away in it.
+Suggestion in_precision(const Known& k, const Suggestion& s, const std::string& dtype) {
+  const Known::InFloat32& f = k.in_float32;
+  const std::size_t at = f.python_from.empty() ? std::string::npos : s.python.find(f.python_from);
+  if (at == std::string::npos || !(dtype == "float16" || (f.bfloat16 && dtype == "bfloat16"))) return s;
+  Suggestion out = s;
+  out.summary += f.why;
+  out.python.replace(at, f.python_from.size(), f.python_to);
+  if (const std::size_t c = out.cpp.find(f.cpp_from); c != std::string::npos) out.cpp.replace(c, f.cpp_from.size(), f.cpp_to);
+  return out;
+}
+
+}  // namespace
+
 std::vector<Fix> fixes(const Code& code, Phase phase) {
   std::vector<Fix> out;
   std::set<const Known*> given;
@@ -239,7 +277,7 @@ std::vector<Fix> fixes(const Code& code, Phase phase) {
       const Suggestion& s = phase == Phase::kForward ? k.forward : k.backward;
       if (s.summary.empty()) continue;
       given.insert(&k);
-      out.push_back({op.name, op.dtype, s});
+      out.push_back({op.name, op.dtype, in_precision(k, s, op.dtype)});
     }
   return out;
 }

@@ -128,6 +128,45 @@ TEST_CASE("a known operation that ran in float16 gets the FP32 loss first, then 
   CHECK_THAT(fw->suggestions.at(1).python, Catch::Contains("clamp_min(1e-12).log()"));
 }
 
+TEST_CASE("a clamp the fix gives an operation that ran in float16 is taken in float32, where 1e-12 is not 0",
+          "[rules][loss-code]") {
+  // p.clamp_min(1e-12) of a float16 p clamps at 0: log(0) is still -Inf.
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "Sigmoid:float16, Log:float16, Mean:float32");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  const Suggestion& clamp = fw->suggestions.at(1);
+  CHECK_THAT(clamp.summary, Catch::Contains("It ran in float16, where 1e-12 rounds to 0: clamp in float32, in the loss computed in FP32"));
+  CHECK_THAT(clamp.python, Catch::StartsWith("logp = p.float().clamp_min(1e-12).log()"));
+  CHECK_THAT(clamp.cpp, Catch::StartsWith("auto logp = p.to(torch::kFloat).clamp_min(1e-12).log();"));
+}
+
+TEST_CASE("a clamp the fix gives an operation that ran in float32 or bfloat16 is left as it is", "[rules][loss-code]") {
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    TempDir dir;
+    const Report r = nan_loss_run(dir, "ToCopy:float32, Log:" + dtype + ", Mean:float32");
+    const Finding* fw = find(r, "forward-nonfinite");
+    REQUIRE(fw != nullptr);
+    const auto clamp = std::find_if(fw->suggestions.begin(), fw->suggestions.end(),
+                                    [](const Suggestion& s) { return s.summary.rfind("log() of 0", 0) == 0; });
+    REQUIRE(clamp != fw->suggestions.end());
+    CHECK_THAT(clamp->python, Catch::StartsWith("logp = p.clamp_min(1e-12).log()"));
+    CHECK_THAT(clamp->summary, !Catch::Contains("rounds"));
+  }
+}
+
+TEST_CASE("an acos clamped inside [-1, 1] in bfloat16 is taken in float32, where 1 - 1e-7 is not 1", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "Mul:bfloat16, Sum:bfloat16, Acos:bfloat16, Mean:float32");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  const auto clamp = std::find_if(fw->suggestions.begin(), fw->suggestions.end(),
+                                  [](const Suggestion& s) { return s.summary.rfind("acos()", 0) == 0; });
+  REQUIRE(clamp != fw->suggestions.end());
+  CHECK_THAT(clamp->python, Catch::Contains("cos.float().clamp(-1 + 1e-7, 1 - 1e-7)"));
+  CHECK_THAT(clamp->summary, Catch::Contains("where 1 - 1e-7 rounds to 1: clamp in float32"));
+}
+
 TEST_CASE("a contrastive loss's float16 matmul is named with the division by its temperature", "[rules][loss-code]") {
   TempDir dir;
   const Report r = nan_loss_run(dir, "Permute:float16, Mm:float16, Div:float16, ToCopy:float32, LogSoftmax:float32, "
