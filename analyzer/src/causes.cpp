@@ -104,7 +104,8 @@ StepCause step_cause(const Run& run, const StepSummary& step) {
   } else if (!run.modules.empty() && run.loss_nonfinite(step.row)) {
     c.forward = ForwardSource::kLoss;
   }
-  if (c.forward == ForwardSource::kNone && run.output_gradient_nonfinite(step.row.step))
+  if (c.forward == ForwardSource::kNone &&
+      (run.output_gradient_nonfinite(step.row.step) || run.output_overflow_in_loss(step.row.step)))
     c.forward = ForwardSource::kLossBackward;
   // A loss built from the scaled loss's gradients (a gradient penalty) holds the scale: at a
   // scale that enlarges them, its NaN/Inf is their overflow, the scaler's to answer, not

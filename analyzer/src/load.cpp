@@ -100,6 +100,11 @@ bool Run::output_gradient_nonfinite(std::int64_t step) const {
   return std::binary_search(output_gradient_steps.begin(), output_gradient_steps.end(), step);
 }
 
+bool Run::output_overflow_in_loss(std::int64_t step) const {
+  return output_overflow_in_loss_code &&
+         std::binary_search(output_overflow_steps.begin(), output_overflow_steps.end(), step);
+}
+
 bool Run::forward_dropped(std::int64_t step) const {
   return std::binary_search(forward_dropped_steps.begin(), forward_dropped_steps.end(), step);
 }

@@ -42,6 +42,19 @@ void half_loss(const Run& run, std::vector<Finding>& out) {
   out.push_back(f);
 }
 
+namespace {
+
+// The lowest loss scale among `steps` at which the gradient reaching the output held Inf only.
+double lowest_overflow(const Run& run, const std::vector<std::int64_t>& steps) {
+  double lowest = INFINITY;
+  for (const auto& s : run.steps)
+    if (std::binary_search(steps.begin(), steps.end(), s.row.step) && run.output_overflow_in_loss(s.row.step))
+      lowest = std::min(lowest, s.row.scale_before);
+  return lowest;
+}
+
+}  // namespace
+
 void loss_backward(const Run& run, std::vector<Finding>& out) {
   std::int64_t n = 0, hurt = 0;
   double lowest = INFINITY;
@@ -60,7 +73,10 @@ void loss_backward(const Run& run, std::vector<Finding>& out) {
   if (n == 0) return;
   std::string detail;
   for (const auto& e : run.events)
-    if (e.kind == "output-gradient-nonfinite" && e.step == f.steps.front()) detail = e.detail;
+    if ((e.kind == "output-gradient-nonfinite" || e.kind == "output-gradient-overflow") && e.step == f.steps.front())
+      detail = e.detail;
+  std::int64_t overflows = 0;  // of the steps, those whose float16 gradient held Inf only
+  for (const std::int64_t step : steps) overflows += run.output_overflow_in_loss(step) ? 1 : 0;
   const loss_code::Code code = loss_code::at_steps(run, steps);
   f.rule = "loss-backward";
   f.severity = hurt ? Severity::kError : Severity::kInfo;
@@ -74,6 +90,13 @@ void loss_backward(const Run& run, std::vector<Finding>& out) {
   if (!code.empty())
     f.evidence += "; the operations from the model's output to the loss (step " + std::to_string(code.step) +
                   "): " + code.describe();
+  if (overflows > 0 && code.any_half())
+    // Its fp16 backward made values above 65504 from a finite gradient (log's 1/p of a p
+    // near 0): in FP32 they stay finite, and the gradient into the model with them.
+    f.suggestions.push_back(suggest::fp32_loss(
+        code.float16_compute() + " ran in float16, and in " + plural(overflows, "step") +
+        " the float16 gradient they sent into the model's output held Inf at loss scales down to " +
+        fmt(lowest_overflow(run, steps)) + ":"));
   const std::vector<loss_code::Fix> found = loss_code::fixes(code, loss_code::Phase::kBackward);
   if (!found.empty()) f.suggestions.push_back(found.front().suggestion);
   const std::string look = loss_code::look_also(

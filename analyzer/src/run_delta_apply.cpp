@@ -173,6 +173,20 @@ void find_loss_backward_overflow(Run& run) {
     run.loss_backward_overflow_from = lowest;
 }
 
+// Run::output_overflow_in_loss_code.
+void find_output_overflow_in_loss_code(Run& run) {
+  run.output_overflow_in_loss_code = false;
+  if (run.output_overflow_steps.empty() || !run.has_scaler()) return;
+  const loss_code::Code code = loss_code::at_steps(run, run.output_overflow_steps);
+  if (code.empty() || code.all_full_precision()) return;
+  for (const auto& s : run.steps)
+    if (s.row.scale_before <= Run::kLossOverflowScale &&
+        std::binary_search(run.output_overflow_steps.begin(), run.output_overflow_steps.end(), s.row.step)) {
+      run.output_overflow_in_loss_code = true;
+      return;
+    }
+}
+
 }  // namespace
 
 void apply_run_delta(Run& run, RunDelta&& d) {
@@ -195,6 +209,7 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   run.events = std::move(d.events);
   run.input_nan_steps = event_steps(run.events, "input-nan");
   run.output_gradient_steps = event_steps(run.events, "output-gradient-nonfinite");
+  run.output_overflow_steps = event_steps(run.events, "output-gradient-overflow");
   run.forward_dropped_steps = event_steps(run.events, "forward-dropped");
   run.evaluation_steps = event_steps(run.events, "evaluation-nonfinite");
   run.scaled_gradients_in_loss_from = -1;
@@ -253,6 +268,7 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   run.cursor = std::move(d.next);
   find_nonfinite_update(run);
   find_loss_backward_overflow(run);
+  find_output_overflow_in_loss_code(run);
 }
 
 }  // namespace ampdiag::analyzer

@@ -402,3 +402,60 @@ TEST_CASE("a float32 tensor the loss was given holding only float16 values is ta
   CHECK_THAT(f.suggestions[0].summary, Catch::StartsWith("MseLoss's target was made in float16: where the loop "
                                                          "computes it under autocast, compute it in FP32"));
 }
+
+namespace {
+
+// A run whose float16 gradient reaching the model's output held Inf and no NaN (event
+// "output-gradient-overflow") in its first `overflows` steps, each halving the scale from
+// 65536, with `code` read in each, then 10 steps at the scale it came down to.
+Report output_overflow_run(const TempDir& dir, const std::string& code, int overflows) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < overflows; ++i, scale /= 2)
+    f.event("output-gradient-overflow", "float16 [16, 32]: 0 NaN, 40 Inf of 512 values")
+        .event("loss-code", code)
+        .activation("enc", false)
+        .step(scale, scale / 2, 1000, {"head.weight", "b.weight"});
+  for (int i = 0; i < 10; ++i) f.activation("enc", false).step(scale, scale);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+// A focal loss written on an fp16 sigmoid: log's backward, 1/p of a p near 0, overflows.
+const std::string kFocal = "Sigmoid:float16, Rsub:float16, Log:float16, Pow(2):float16, Mul:float32, Mean:float32";
+
+}  // namespace
+
+TEST_CASE("an fp16 loss code whose backward overflows into the output down to a low scale is named, with the FP32 loss "
+          "first",
+          "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = output_overflow_run(dir, kFocal, 12);  // down to 32
+  const Finding& lb = required(r, "loss-backward");
+  CHECK(lb.severity == Severity::kError);
+  CHECK_THAT(lb.evidence, Catch::Contains("(float16 [16, 32]: 0 NaN, 40 Inf of 512 values)"));
+  CHECK_THAT(lb.suggestions.front().summary,
+             Catch::StartsWith("Sigmoid, Rsub, Log and Pow(2) ran in float16, and in 12 steps the float16 gradient they "
+                               "sent into the model's output held Inf at loss scales down to 32"));
+  CHECK(offers_fp32_loss(lb));
+  CHECK(find(r, "overflow-origin") == nullptr);
+}
+
+TEST_CASE("an fp16 loss code whose backward overflows into the output only at high scales is the scale's",
+          "[rules][loss-code]") {
+  // The scaled gradient overflowing where it enters the output: the scaler answers it, and
+  // the first layer it reached is named as before.
+  TempDir dir;
+  const Report r = output_overflow_run(dir, kFocal, 4);  // down to 8192
+  CHECK(find(r, "loss-backward") == nullptr);
+  CHECK(find(r, "overflow-origin") != nullptr);
+}
+
+TEST_CASE("a float32 loss code whose gradient overflows float16 at the output is the cast's, at any scale",
+          "[rules][loss-code]") {
+  // `.float()` before the loss: its backward casts the scaled gradient down to float16.
+  TempDir dir;
+  const Report r = output_overflow_run(dir, "ToCopy:float32, MseLoss:float32", 12);
+  CHECK(find(r, "loss-backward") == nullptr);
+  CHECK(find(r, "overflow-origin") != nullptr);
+}

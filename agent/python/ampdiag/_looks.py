@@ -9,8 +9,10 @@ from ._replay import FINITE, INTRINSIC, NONFINITE
 from ._tensors import DATA_LAYERS, beyond_fp16_in_inputs, holds_nonfinite, inf_in_model_input, model_argument, \
     nan_in_inputs
 
-# Loss-code looks per run: each walks the step's graph from the loss to the outputs.
+# Loss-code looks per run: each walks the step's graph from the loss to the outputs. Steps
+# whose output gradient only overflowed fp16 take at most half, leaving the rest to NaN ones.
 LOSS_CODE_LOOKS = 8
+OVERFLOW_CODE_LOOKS = 4
 
 
 def on_nonfinite_output(handle, path, module, args, kwargs, output):
@@ -96,22 +98,29 @@ def output_gradient(handle, grad):
         return None
     handle._output_gradient_seen = True
     nan, inf = int(torch.isnan(grad).sum()), int(torch.isinf(grad).sum())
-    if nan == 0 and grad.dtype == torch.float16:
-        return None  # maybe the scaled gradient overflowing fp16 at the output: fp16's own
     dtype = str(grad.dtype).replace("torch.", "")
+    if nan == 0 and grad.dtype == torch.float16:
+        # The scaled gradient overflowing fp16 where it enters the output (a cast down from
+        # the loss's float32), the scaler's to answer; or the loss code's own fp16 backward
+        # (log's 1/p of a p near 0). The analyzer tells them apart by the loss code's dtypes
+        # and the scales it recurs at, so the loss code is read here too.
+        handle._session.event("output-gradient-overflow",
+                            f"{dtype} {list(grad.shape)}: 0 NaN, {inf} Inf of {grad.numel()} values")
+        look_at_loss_code(handle, OVERFLOW_CODE_LOOKS)
+        return None
     handle._session.event("output-gradient-nonfinite",
                         f"{dtype} {list(grad.shape)}: {nan} NaN, {inf} Inf of {grad.numel()} values")
     look_at_loss_code(handle)
     return None
 
 
-def look_at_loss_code(handle):
+def look_at_loss_code(handle, looks=LOSS_CODE_LOOKS):
     """In a step whose loss, or the gradient reaching the model's output, went NaN/Inf
     while no module's output did (nor the input, nor the parameters): event "loss-code",
     the operations between the outputs and the loss (see _loss_code.py), for the
     analyzer to name the one that makes NaN/Inf. A few per run: the loss code rarely
-    changes."""
-    if (handle._loss_code_seen or handle._loss_code_looks >= LOSS_CODE_LOOKS or handle._first_nonfinite is not None
+    changes: `looks` in all."""
+    if (handle._loss_code_seen or handle._loss_code_looks >= looks or handle._first_nonfinite is not None
             or handle._input_nan or handle._parameters_nonfinite):
         return
     handle._loss_code_seen = True

@@ -168,6 +168,9 @@ struct Run {
   std::vector<rundb::EventRow> events;
   std::vector<std::int64_t> input_nan_steps;  // steps of the "input-nan" events, sorted
   std::vector<std::int64_t> output_gradient_steps;  // of the "output-gradient-nonfinite" events, sorted
+  // Of the "output-gradient-overflow" events, sorted: the float16 gradient reaching the
+  // model's output held Inf and no NaN, the scaled gradient's overflow or the loss code's.
+  std::vector<std::int64_t> output_overflow_steps;
   std::vector<std::int64_t> forward_dropped_steps;  // of the "forward-dropped" events, sorted
   std::vector<std::int64_t> evaluation_steps;  // of the "evaluation-nonfinite" events, sorted
   // From this step on the loss was built from the scaled loss's own gradients (event
@@ -181,6 +184,13 @@ struct Run {
   // which the scaler answers, not a function whose gradient is NaN/Inf at any scale.
   // Infinity: none such.
   double loss_backward_overflow_from = std::numeric_limits<double>::infinity();
+  // The output_overflow_steps are the loss code's own: it computes in half precision (its
+  // fp16 backward, log's 1/p of a p near 0, makes the Inf), and they went on down to a
+  // scale of kLossOverflowScale or below, where the scaled gradient alone cannot reach
+  // 65504 unless the loss code makes values above 512. Else they are the scale's overflow
+  // (a cast to float16 at the output), which the scaler answers.
+  static constexpr double kLossOverflowScale = 128.0;
+  bool output_overflow_in_loss_code = false;
   // The first optimizer step whose update wrote NaN/Inf into the parameters, and every
   // NaN/Inf after it follows from that; -1: none known. Either the first step taken with
   // NaN/Inf gradients (no scaler skipped it), or, where the agent found NaN/Inf in the
@@ -234,6 +244,8 @@ struct Run {
   // Whether the gradient reaching the model's output held NaN/Inf in the step (the agent's
   // event "output-gradient-nonfinite": made by the loss code's backward).
   bool output_gradient_nonfinite(std::int64_t step) const;
+  // An output-gradient-overflow step, where output_overflow_in_loss_code says it is the loss code's.
+  bool output_overflow_in_loss(std::int64_t step) const;
   // Whether a forward of the step went NaN/Inf and no backward reached it (the agent's event
   // "forward-dropped": the loop dropped the batch, its loss never given to the scaler).
   bool forward_dropped(std::int64_t step) const;
