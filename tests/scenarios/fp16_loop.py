@@ -1,10 +1,12 @@
 """The plain fp16 loop most everyday scenarios vary: a small MLP, a real GradScaler, SGD,
 ampdiag attached; the scenarios change micro-batches, clipping, zeroing, extra updates and
-what runs between the steps."""
+what runs between the steps. And its bf16 twin, without a scaler."""
+import pytest
 import torch
 from torch import nn
 
 import ampdiag
+from conftest import rows
 
 
 class Mlp(nn.Module):
@@ -58,3 +60,35 @@ def fp16_loop(db, steps=12, micro=1, hold_min_scale=None, clip=False, set_to_non
             seen.append(total)
             skipped.append(handle.last_step_skipped)
     return seen, skipped
+
+
+def bf16_loop(db, model, steps):
+    """A bf16 loop without a scaler; asserts that every step recorded the one loss the user
+    saw."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen = []
+    with ampdiag.attach(model, optimizer=opt, db=db):
+        for x, y in batches(steps):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            loss.backward()
+            opt.step()
+            seen.append(loss.item())
+    recorded = rows(db, "SELECT loss, losses FROM steps ORDER BY step")
+    assert [n for _, n in recorded] == [1] * steps
+    assert [loss for loss, _ in recorded] == pytest.approx(seen)
+
+
+def train(db, model, steps, loss_of, gradient=None, **scaler_options):
+    """An SGD loop with a real GradScaler; `loss_of(step, model)` runs the forward (its own
+    autocast) and returns the loss, or an output whose backward starts from `gradient(output)`."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cpu", **scaler_options)
+    with ampdiag.attach(model, scaler, db=db):
+        for step in range(steps):
+            opt.zero_grad()
+            loss = loss_of(step, model)
+            scaler.scale(loss).backward(gradient(loss) if gradient else None)
+            scaler.step(opt)
+            scaler.update()

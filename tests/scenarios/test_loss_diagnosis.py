@@ -13,20 +13,7 @@ from torch import nn
 
 import ampdiag
 from conftest import rows, rules
-
-
-def train(db, model, steps, loss_of, gradient=None, **scaler_options):
-    """An SGD loop with a real GradScaler; `loss_of(step, model)` runs the forward (its own
-    autocast) and returns the loss, or an output whose backward starts from `gradient(output)`."""
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    scaler = torch.amp.GradScaler("cpu", **scaler_options)
-    with ampdiag.attach(model, scaler, db=db):
-        for step in range(steps):
-            opt.zero_grad()
-            loss = loss_of(step, model)
-            scaler.scale(loss).backward(gradient(loss) if gradient else None)
-            scaler.step(opt)
-            scaler.update()
+from fp16_loop import train
 
 
 def random_regression(batch):
@@ -500,87 +487,6 @@ def test_zero_infinity_as_the_report_gives_it_trains_the_ctc_loop_healthy(tmp_pa
     assert (code, rep["healthy"]) == (0, True), rules(rep)
 
 
-def test_a_contrastive_losss_float16_similarities_get_the_fp32_loss_with_autocast_off_first(tmp_path, verdict):
-    # z_a @ z_b.T / 0.07 under autocast: the matmul runs in fp16 however its inputs are
-    # cast, and embeddings of norm ~300 make dot products beyond 65504.
-    db = tmp_path / "infonce.db"
-    torch.manual_seed(0)
-    encoder = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 64))
-    with torch.no_grad():
-        encoder[2].weight.mul_(30)
-
-    def loss_of(step, model):
-        x = torch.randn(64, 32)
-        with torch.autocast("cpu", dtype=torch.float16):
-            za, zb = model(x + 0.1 * torch.randn_like(x)), model(x + 0.1 * torch.randn_like(x))
-            return nn.functional.cross_entropy(za @ zb.T / 0.07, torch.arange(64))
-
-    train(db, encoder, 6, loss_of)
-    code, rep = verdict(db)
-    assert code == 1
-    top = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
-    assert "Mm (float16), Div (float16)" in top["evidence"]
-    assert top["suggestions"][0]["summary"].startswith("Mm and Div ran in float16")
-    assert "enabled=False" in top["suggestions"][0]["python"]
-
-
-def test_a_contrastive_loss_whose_fp16_backward_overflows_only_at_the_first_scales_is_healthy(tmp_path, verdict):
-    # SimCLR's NT-Xent at a temperature of 0.01 (CLIP's learnt one ends near it), under
-    # autocast: the scaled gradient times 100 overflows the float16 similarities' backward at
-    # 65536, NaN at the model's output, and no more once the scaler has come down.
-    db = tmp_path / "ntxent.db"
-    torch.manual_seed(0)
-    encoder = nn.Sequential(nn.Flatten(), nn.Linear(768, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                            nn.Linear(256, 64))
-
-    def loss_of(step, model):
-        x = torch.randn(64, 3, 16, 16)
-        with torch.autocast("cpu", dtype=torch.float16):
-            z = nn.functional.normalize(torch.cat([model(x + 0.1 * torch.randn_like(x)), model(x.flip(-1))]), dim=1)
-            sim = (z @ z.t() / 0.01).masked_fill(torch.eye(128, dtype=torch.bool), float("-inf"))
-            return nn.functional.cross_entropy(sim.float(), torch.cat([torch.arange(64, 128), torch.arange(64)]))
-
-    train(db, encoder, 40, loss_of)
-    assert rows(db, "SELECT COUNT(*) FROM events WHERE kind = 'output-gradient-nonfinite'")[0][0] >= 1  # the case
-    code, rep = verdict(db)
-    assert (code, rep["healthy"]) == (0, True), rules(rep)
-
-
-def regression_with_missing_targets(db, mask_them):
-    """Every fifth batch holds a missing target (NaN); the report's fix masks it out."""
-    torch.manual_seed(0)
-
-    def loss_of(step, model):
-        x = torch.randn(32, 16)
-        y = x[:, :1] * 2
-        if step % 5 == 2:
-            y[7] = float("nan")
-        with torch.autocast("cpu", dtype=torch.float16):
-            out = model(x).float()
-        keep = torch.isfinite(y).all(-1) if mask_them else slice(None)
-        return nn.functional.mse_loss(out[keep], y[keep])
-
-    train(db, nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)), 15, loss_of)
-
-
-def test_a_nan_regression_target_is_named_as_the_losss_input_not_its_code(tmp_path, verdict):
-    db = tmp_path / "nan_target.db"
-    regression_with_missing_targets(db, mask_them=False)
-    code, rep = verdict(db)
-    assert code == 1
-    top = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
-    assert top["title"].startswith("The loss is NaN/Inf because MseLoss's target already held NaN/Inf")
-    assert [s["python"].splitlines()[0] for s in top["suggestions"]] == [
-        "keep = torch.isfinite(y).all(-1)  # or fix the data: assert torch.isfinite(y).all()"]
-
-
-def test_masking_the_missing_targets_as_the_report_says_trains_healthy(tmp_path, verdict):
-    db = tmp_path / "masked_target.db"
-    regression_with_missing_targets(db, mask_them=True)
-    code, rep = verdict(db)
-    assert (code, rep["healthy"]) == (0, True), rules(rep)
-
-
 class ReturnsItsLoss(nn.Module):
     """Hugging Face style: forward(x, labels) returns {"logits", "loss"}, or, as Hugging
     Face's own outputs hold them, the loss first."""
@@ -615,33 +521,6 @@ def test_a_loss_the_model_computes_in_its_forward_has_its_code_read_between_the_
     top = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
     assert "ToCopy, Softmax, Mul, Gather, Log, Mean, Neg (all float32)" in top["evidence"]
     assert "clamp_min(1e-12).log()" in top["suggestions"][0]["python"]
-
-
-def test_advantages_normalised_in_float16_outside_the_model_are_named_with_the_fp32_fix(tmp_path, verdict):
-    # A policy-gradient loss whose advantages are normalised under autocast: (a - mean) /
-    # (std + 1e-8) with 1e-8 = 0 in fp16 is 0/0 = NaN when every return of the batch is equal.
-    # The NaN is a constant the loss was given, but fp16's: the report must not clear fp16.
-    db = tmp_path / "ppo.db"
-    torch.manual_seed(0)
-
-    def loss_of(step, model):
-        obs, actions, returns = torch.randn(64, 16), torch.randint(0, 4, (64,)), torch.randn(64)
-        if step % 8 == 5:
-            returns = torch.ones(64)
-        with torch.autocast("cpu", dtype=torch.float16):
-            adv = returns.half()
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            logp = model(obs).log_softmax(-1).gather(1, actions[:, None]).squeeze(1)
-            ratio = (logp - logp.detach()).exp()
-            return -(ratio * adv).mean()
-
-    train(db, nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 4)), 16, loss_of)
-    code, rep = verdict(db)
-    first = rep["findings"][0]
-    assert (code, first["rule"]) == (1, "forward-nonfinite")
-    assert first["title"].endswith("a float16 tensor made outside the model: not the model or the loss code")
-    assert first["suggestions"][0]["summary"].startswith("Mul's other was float16: where the loop computes it under "
-                                                         "autocast, compute it in FP32")
 
 
 def summed_regression(db, pin_head):
@@ -679,39 +558,3 @@ def test_the_last_layer_of_a_summed_loss_pinned_still_leaves_the_scale_below_the
     code, rep = verdict(db)
     assert code == 1
     assert ("scale-collapse", "") in rules(rep, "error")
-
-
-def contrastive_with_masked_diagonal(db, fill):
-    """SimCLR's NT-Xent under fp16 autocast: each view's similarity with itself masked by
-    `fill(sim)` before the cross-entropy."""
-    torch.manual_seed(0)
-    enc = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 64))
-    target = torch.cat([torch.arange(16, 32), torch.arange(16)])
-
-    def loss_of(step, model):
-        x = torch.randn(16, 32)
-        with torch.autocast("cpu", dtype=torch.float16):
-            z = nn.functional.normalize(model(torch.cat([x + 0.1 * torch.randn_like(x), x + 0.1 * torch.randn_like(x)])),
-                                        dim=-1)
-            sim = z @ z.t() / 0.07
-            return nn.functional.cross_entropy(sim.masked_fill(torch.eye(32, dtype=torch.bool), fill(sim)), target)
-
-    train(db, enc, 6, loss_of)
-
-
-def test_a_mask_of_minus_1e9_on_float16_similarities_stops_the_run_and_the_report_gives_the_dtypes_limit(tmp_path,
-                                                                                                          ampdiag):
-    db = tmp_path / "run.db"
-    with pytest.raises(RuntimeError, match="Half without overflow"):
-        contrastive_with_masked_diagonal(db, lambda sim: -1e9)
-    result = ampdiag("report", db)
-    assert result.returncode == 2
-    assert "A constant beyond float16's range (65504) was written into a float16 tensor" in result.stderr
-    assert "masked_fill(mask, torch.finfo(scores.dtype).min)" in result.stderr
-
-
-def test_the_dtypes_own_limit_as_the_report_gives_it_trains_the_contrastive_loop_healthy(tmp_path, verdict):
-    db = tmp_path / "run.db"
-    contrastive_with_masked_diagonal(db, lambda sim: torch.finfo(sim.dtype).min)
-    code, rep = verdict(db)
-    assert (code, rep["healthy"]) == (0, True), rep["findings"]
