@@ -11,7 +11,7 @@
 
 #include "../rundb/temp_dir.h"
 #include "ampdiag/rundb/reader.h"
-#include "tiny_training.h"
+#include "tiny_setup.h"
 
 using namespace ampdiag;
 using namespace ampdiag::test;
@@ -29,41 +29,6 @@ std::function<std::unique_ptr<Agent>(TinyNet&, GradScaler&)> attach(const std::s
     o.histogram = histogram;
     return std::make_unique<Agent>(*net, scaler, o);
   };
-}
-
-// A tiny net, SGD and a scaler, seeded, with agent options writing dir/run.db.
-struct TinySetup {
-  TempDir dir;
-  TinyNet net = (torch::manual_seed(0), TinyNet());
-  torch::optim::SGD optimizer{net->parameters(), torch::optim::SGDOptions(0.01)};
-  GradScaler scaler;
-  AgentOptions options = options_for(dir.file("run.db"));
-};
-
-// `steps` steps of a loop with an agent on `t`: forward(agent, step) runs under autocast in
-// `dtype` and returns the loss, which the scaler scales for backward, step and update.
-void train_with_agent(TinySetup& t, int steps, at::ScalarType dtype,
-                      const std::function<torch::Tensor(Agent&, int)>& forward) {
-  Agent agent(*t.net, t.scaler, t.options);
-  for (int step = 0; step < steps; ++step) {
-    t.optimizer.zero_grad();
-    torch::Tensor loss;
-    {
-      HalfAutocast autocast(c10::DeviceType::CPU, dtype);
-      loss = forward(agent, step);
-    }
-    t.scaler.scale(loss).backward();
-    t.scaler.step(t.optimizer);
-    t.scaler.update();
-  }
-}
-
-// The run's events of `kind`, as (step, detail).
-std::vector<std::pair<std::int64_t, std::string>> events_of(const TinySetup& t, const std::string& kind) {
-  std::vector<std::pair<std::int64_t, std::string>> events;
-  for (const auto& e : rundb::RunDbReader(t.dir.file("run.db")).events())
-    if (e.kind == kind) events.emplace_back(e.step, e.detail);
-  return events;
 }
 
 }  // namespace
@@ -283,71 +248,6 @@ std::vector<std::pair<std::int64_t, std::string>> input_nan_events(const std::fu
 }
 
 }  // namespace
-
-TEST_CASE("amp_dtype left empty is what autocast runs in at the first training probe: bf16 with a scaler", "[agent]") {
-  // A GradScaler kept with bf16 autocast: judged as float16, its bf16 values were held to fp16's range.
-  TinySetup t;
-  REQUIRE(t.options.amp_dtype.empty());
-  train_with_agent(t, 2, at::kBFloat16, [&](Agent& agent, int) {
-    const auto h = torch::relu(t.net->b(torch::relu(t.net->a(torch::randn({8, 16})))));
-    return agent.probe("c", t.net->c(h)).to(torch::kFloat).mean();
-  });
-  CHECK(rundb::RunDbReader(t.dir.file("run.db")).meta().at("amp_dtype") == "bfloat16");
-  CHECK(events_of(t, "amp-dtype").size() == 1);
-}
-
-TEST_CASE("amp_dtype left empty with autocast off and float32 outputs is a float32 run", "[agent]") {
-  // AMP switched off: the run was judged by fp16's range.
-  TinySetup t;
-  {
-    Agent agent(*t.net, t.scaler, t.options);
-    for (int step = 0; step < 2; ++step) {
-      t.optimizer.zero_grad();
-      const auto h = torch::relu(t.net->b(torch::relu(t.net->a(torch::randn({8, 16})))));
-      t.scaler.scale(agent.probe("c", t.net->c(h)).mean()).backward();
-      t.scaler.step(t.optimizer);
-      t.scaler.update();
-    }
-  }
-  CHECK(rundb::RunDbReader(t.dir.file("run.db")).meta().at("amp_dtype") == "float32");
-  CHECK(events_of(t, "amp-dtype").size() == 1);
-}
-
-TEST_CASE("amp_dtype left empty with a float32 warm-up before fp16 autocast is judged in float16 from then",
-          "[agent]") {
-  // It stayed float32 from the first probe, and the fp16 steps were held to float32's range.
-  TinySetup t;
-  {
-    Agent agent(*t.net, t.scaler, t.options);
-    for (int step = 0; step < 4; ++step) {
-      t.optimizer.zero_grad();
-      at::autocast::set_autocast_dtype(at::kCPU, at::kHalf);
-      at::autocast::set_autocast_enabled(at::kCPU, step >= 2);
-      const auto h = torch::relu(t.net->b(torch::relu(t.net->a(torch::randn({8, 16})))));
-      const auto loss = agent.probe("c", t.net->c(h)).to(torch::kFloat).mean();
-      at::autocast::set_autocast_enabled(at::kCPU, false);
-      at::autocast::clear_cache();
-      t.scaler.scale(loss).backward();
-      t.scaler.step(t.optimizer);
-      t.scaler.update();
-    }
-  }
-  CHECK(rundb::RunDbReader(t.dir.file("run.db")).meta().at("amp_dtype") == "float16");
-  const auto events = events_of(t, "amp-dtype");
-  REQUIRE(events.size() == 2);
-  CHECK(events.back() == std::pair<std::int64_t, std::string>{2, "autocast turned on in float16 at step 2, after a "
-                                                                   "start in float32: the run is judged in float16"});
-}
-
-TEST_CASE("amp_dtype left empty under fp16 autocast stays float16, with no event", "[agent]") {
-  TinySetup t;
-  train_with_agent(t, 2, at::kHalf, [&](Agent& agent, int) {
-    const auto h = torch::relu(t.net->b(torch::relu(t.net->a(torch::randn({8, 16})))));
-    return agent.probe("c", t.net->c(h)).to(torch::kFloat).mean();
-  });
-  CHECK(rundb::RunDbReader(t.dir.file("run.db")).meta().at("amp_dtype") == "float16");
-  CHECK(events_of(t, "amp-dtype").empty());
-}
 
 TEST_CASE("a NaN in the batch given to input() is the data's: one input-nan event in its step", "[agent]") {
   const auto events = input_nan_events([](int step) {
