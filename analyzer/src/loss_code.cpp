@@ -262,7 +262,8 @@ Suggestion in_precision(const Known& k, const Suggestion& s, const std::string& 
   Suggestion out = s;
   out.summary += f.why;
   out.python.replace(at, f.python_from.size(), f.python_to);
-  if (const std::size_t c = out.cpp.find(f.cpp_from); c != std::string::npos) out.cpp.replace(c, f.cpp_from.size(), f.cpp_to);
+  if (const std::size_t c = out.cpp.find(f.cpp_from); c != std::string::npos)
+    out.cpp.replace(c, f.cpp_from.size(), f.cpp_to);
   return out;
 }
 

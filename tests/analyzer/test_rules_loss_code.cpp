@@ -61,6 +61,13 @@ bool offers(const Finding& f, const std::string& code) {
 
 bool offers_fp32_loss(const Finding& f) { return offers(f, ".float()"); }
 
+// The fix of `f` whose summary starts with `start`; nullptr where none does.
+const Suggestion* fix_starting(const Finding& f, const std::string& start) {
+  for (const auto& s : f.suggestions)
+    if (s.summary.rfind(start, 0) == 0) return &s;
+  return nullptr;
+}
+
 // The forward-nonfinite finding of a run whose loss went NaN at step 1, the agent having read
 // the loss code `code` and the tensor it was given `given` (event loss-input-nonfinite) then.
 Finding given_nonfinite_finding(const std::string& code, const std::string& given) {
@@ -135,10 +142,12 @@ TEST_CASE("a clamp the fix gives an operation that ran in float16 is taken in fl
   const Report r = nan_loss_run(dir, "Sigmoid:float16, Log:float16, Mean:float32");
   const Finding* fw = find(r, "forward-nonfinite");
   REQUIRE(fw != nullptr);
-  const Suggestion& clamp = fw->suggestions.at(1);
-  CHECK_THAT(clamp.summary, Catch::Contains("It ran in float16, where 1e-12 rounds to 0: clamp in float32, in the loss computed in FP32"));
-  CHECK_THAT(clamp.python, Catch::StartsWith("logp = p.float().clamp_min(1e-12).log()"));
-  CHECK_THAT(clamp.cpp, Catch::StartsWith("auto logp = p.to(torch::kFloat).clamp_min(1e-12).log();"));
+  const Suggestion* clamp = fix_starting(*fw, "log() of 0");
+  REQUIRE(clamp != nullptr);
+  CHECK_THAT(clamp->summary, Catch::Contains("It ran in float16, where 1e-12 rounds to 0: clamp in float32, in the "
+                                             "loss computed in FP32"));
+  CHECK_THAT(clamp->python, Catch::StartsWith("logp = p.float().clamp_min(1e-12).log()"));
+  CHECK_THAT(clamp->cpp, Catch::StartsWith("auto logp = p.to(torch::kFloat).clamp_min(1e-12).log();"));
 }
 
 TEST_CASE("a clamp the fix gives an operation that ran in float32 or bfloat16 is left as it is", "[rules][loss-code]") {
@@ -147,22 +156,21 @@ TEST_CASE("a clamp the fix gives an operation that ran in float32 or bfloat16 is
     const Report r = nan_loss_run(dir, "ToCopy:float32, Log:" + dtype + ", Mean:float32");
     const Finding* fw = find(r, "forward-nonfinite");
     REQUIRE(fw != nullptr);
-    const auto clamp = std::find_if(fw->suggestions.begin(), fw->suggestions.end(),
-                                    [](const Suggestion& s) { return s.summary.rfind("log() of 0", 0) == 0; });
-    REQUIRE(clamp != fw->suggestions.end());
+    const Suggestion* clamp = fix_starting(*fw, "log() of 0");
+    REQUIRE(clamp != nullptr);
     CHECK_THAT(clamp->python, Catch::StartsWith("logp = p.clamp_min(1e-12).log()"));
     CHECK_THAT(clamp->summary, !Catch::Contains("rounds"));
   }
 }
 
-TEST_CASE("an acos clamped inside [-1, 1] in bfloat16 is taken in float32, where 1 - 1e-7 is not 1", "[rules][loss-code]") {
+TEST_CASE("an acos clamped inside [-1, 1] in bfloat16 is taken in float32, where 1 - 1e-7 is not 1",
+          "[rules][loss-code]") {
   TempDir dir;
   const Report r = nan_loss_run(dir, "Mul:bfloat16, Sum:bfloat16, Acos:bfloat16, Mean:float32");
   const Finding* fw = find(r, "forward-nonfinite");
   REQUIRE(fw != nullptr);
-  const auto clamp = std::find_if(fw->suggestions.begin(), fw->suggestions.end(),
-                                  [](const Suggestion& s) { return s.summary.rfind("acos()", 0) == 0; });
-  REQUIRE(clamp != fw->suggestions.end());
+  const Suggestion* clamp = fix_starting(*fw, "acos()");
+  REQUIRE(clamp != nullptr);
   CHECK_THAT(clamp->python, Catch::Contains("cos.float().clamp(-1 + 1e-7, 1 - 1e-7)"));
   CHECK_THAT(clamp->summary, Catch::Contains("where 1 - 1e-7 rounds to 1: clamp in float32"));
 }
@@ -435,8 +443,8 @@ TEST_CASE("an fp16 loss code whose backward overflows into the output down to a 
   CHECK(lb.severity == Severity::kError);
   CHECK_THAT(lb.evidence, Catch::Contains("(float16 [16, 32]: 0 NaN, 40 Inf of 512 values)"));
   CHECK_THAT(lb.suggestions.front().summary,
-             Catch::StartsWith("Sigmoid, Rsub, Log and Pow(2) ran in float16, and in 12 steps the float16 gradient they "
-                               "sent into the model's output held Inf at loss scales down to 32"));
+             Catch::StartsWith("Sigmoid, Rsub, Log and Pow(2) ran in float16, and in 12 steps the float16 gradient "
+                               "they sent into the model's output held Inf at loss scales down to 32"));
   CHECK(offers_fp32_loss(lb));
   CHECK(find(r, "overflow-origin") == nullptr);
 }
