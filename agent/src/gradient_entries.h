@@ -1,8 +1,8 @@
 // Where a backward overflow enters a module, as the Python agent's _gradient_entry.py: the
 // first NaN/Inf gradient of a skipped step names the module whose backward ran first with
-// it (Session::origin_module), yet that module may only have received the NaN/Inf through its output's gradient,
-// made by the code after it (a gain in the model's forward(), whose fp16 backward
-// overflows), where pinning the module alone is not the fix.
+// it (Session::origin_module), yet that module may only have received the NaN/Inf through
+// its output's gradient, made by the code after it (a gain in the model's forward(), whose
+// fp16 backward overflows), where pinning the module alone is not the fix.
 //
 // So the module a skipped step names has the gradient reaching its output checked at its
 // first probed call of each step after that (host tensors only: a device check would wait

@@ -20,10 +20,10 @@ bool half(const std::string& dtype) { return dtype == "float16" || dtype == "bfl
 struct Known {
   std::vector<std::string> names;
   Suggestion forward, backward;
-  // Where the operation ran in half precision, the constant its fix keeps the argument off a
-  // point with may round away (1e-12 is 0 in float16, 1 - 1e-7 is 1 in both halves): the
-  // fix then casts the argument to float32 first (each snippet's text to replace, Python and
-  // C++), and says why. Empty where the fix holds in any precision.
+  // Where the operation ran in half precision, the constant by which its fix keeps the
+  // argument off a point may round away (1e-12 is 0 in float16, 1 - 1e-7 is 1 in both
+  // halves): the fix then casts the argument to float32 first (each snippet's text to
+  // replace, Python and C++), and says why. Empty where the fix holds in any precision.
   struct InFloat32 {
     std::string python_from, python_to, cpp_from, cpp_to, why;
     bool bfloat16 = false;  // bfloat16 rounds it away too (it keeps fp32's range, not its precision)

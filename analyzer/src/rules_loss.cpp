@@ -90,9 +90,10 @@ void loss_backward(const Run& run, std::vector<Finding>& out) {
   if (!code.empty())
     f.evidence += "; the operations from the model's output to the loss (step " + std::to_string(code.step) +
                   "): " + code.describe();
-  if (overflows > 0 && code.any_half())
-    // Its fp16 backward made values above 65504 from a finite gradient (log's 1/p of a p
-    // near 0): in FP32 they stay finite, and the gradient into the model with them.
+  // Its fp16 backward made values above 65504 from a finite gradient (log's 1/p of a p near
+  // 0): in FP32 they stay finite, and the gradient into the model with them.
+  const bool fp16_backward = overflows > 0 && code.any_half();
+  if (fp16_backward)
     f.suggestions.push_back(suggest::fp32_loss(
         code.float16_compute() + " ran in float16, and in " + plural(overflows, "step") +
         " the float16 gradient they sent into the model's output held Inf at loss scales down to " +
@@ -101,16 +102,19 @@ void loss_backward(const Run& run, std::vector<Finding>& out) {
   if (!found.empty()) f.suggestions.push_back(found.front().suggestion);
   const std::string look = loss_code::look_also(
       found,
-      "Look at the code between the model's output and the loss, where backward starts: a function whose gradient is "
-      "infinite where it is evaluated (sqrt of 0, as a distance from a point to itself; log of 0; a division by 0; "
-      "acos or asin at 1) makes NaN from finite values in any precision. Keep its argument off that point; pinning "
-      "the model's modules to FP32 cannot help.");
+      std::string("Look at the code between the model's output and the loss, where backward starts: a function whose "
+                  "gradient is infinite where it is evaluated (sqrt of 0, as a distance from a point to itself; log of "
+                  "0; a division by 0; acos or asin at 1) makes NaN from finite values in any precision. Keep its "
+                  "argument off that point") +
+          // (A pin of the last module makes an fp16 loss code's inputs float32: it can help there.)
+          (fp16_backward ? "." : "; pinning the model's modules to FP32 cannot help."));
   if (found.empty())
     f.suggestions.push_back({look, "d = (diff.pow(2).sum(-1) + 1e-12).sqrt()  # sqrt(0)'s gradient is infinite",
                              "auto d = (diff.pow(2).sum(-1) + 1e-12).sqrt();  // sqrt(0)'s gradient is infinite", ""});
   else
     f.suggestions.push_back({look, "", "", ""});
-  if (has_half_loss(run)) f.suggestions.push_back(suggest::fp32_loss("The loss is float16, so its backward runs in fp16:"));
+  if (has_half_loss(run) && !fp16_backward)
+    f.suggestions.push_back(suggest::fp32_loss("The loss is float16, so its backward runs in fp16:"));
   out.push_back(f);
 }
 
