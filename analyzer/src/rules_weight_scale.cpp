@@ -99,8 +99,8 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
     // table whose rows are looked up or added, not summed over: an embedding's (torch
     // initialises them at 1), a position embedding or class token held as a plain parameter
     // (vit-pytorch's torch.randn(1, 65, dim)).
-    if (dims.size() < 2 || layer.info.numel < kFewestValues || layer.info.module_type.find("Embedding") != std::string::npos ||
-        !weight_named(layer.info.name))
+    if (dims.size() < 2 || layer.info.numel < kFewestValues ||
+        layer.info.module_type.find("Embedding") != std::string::npos || !weight_named(layer.info.name))
       continue;
     const double fan_in = double(layer.info.numel) / double(dims.front());
     const double scale = w->l2 / std::sqrt(double(layer.info.numel)) * std::sqrt(fan_in);

@@ -31,6 +31,16 @@ void head_oversized_then_a_overflows_in_backward(RunFixture& f, double& scale) {
     f.activation("a", false).activation("b", false).activation("head", false).step(scale, scale / 2, 1000, {"a.weight"});
 }
 
+// The report of a run that is only head_oversized_then_a_overflows_in_backward(), its layers
+// of the shapes `shapes` where not [64, 64].
+Report head_oversized_run(const TempDir& dir, const std::map<std::string, std::vector<std::int64_t>>& shapes = {}) {
+  RunFixture f(dir.file("run.db"), kNet, 0, 1, "float32", {}, shapes);
+  double scale = 65536;
+  head_oversized_then_a_overflows_in_backward(f, scale);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
 }  // namespace
 
 TEST_CASE("weights starting far above a standard initialisation's gain are named beside the overflow after them",
@@ -65,11 +75,7 @@ TEST_CASE("an overflow before the oversized layer in forward order is not blamed
 TEST_CASE("a backward overflow before the oversized layer is named: its gradient passed back through it",
           "[rules][oversized-weights]") {
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kNet);
-  double scale = 65536;
-  head_oversized_then_a_overflows_in_backward(f, scale);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  const Report r = head_oversized_run(dir);
   CHECK(required(r, "oversized-weights").title == "head.weight starts at a gain of 1000, far above any standard "
                                                   "initialisation's: the overflow at a likely follows from it");
 }
@@ -197,21 +203,13 @@ TEST_CASE("a small head's weights (64 values) far above a standard gain are name
           "[rules][oversized-weights]") {
   // Two heads on one backbone: the box regressor, Linear(16, 4), 5000 times too large.
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kNet, 0, 1, "float32", {}, {{"head.weight", {4, 16}}});
-  double scale = 65536;
-  head_oversized_then_a_overflows_in_backward(f, scale);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  const Report r = head_oversized_run(dir, {{"head.weight", {4, 16}}});
   CHECK(required(r, "oversized-weights").title == "head.weight starts at a gain of 4000, far above any standard "
                                                   "initialisation's: the overflow at a likely follows from it");
 }
 
 TEST_CASE("a matrix of a few values is not judged by its gain", "[rules][oversized-weights]") {
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kNet, 0, 1, "float32", {}, {{"head.weight", {2, 2}}});
-  double scale = 65536;
-  head_oversized_then_a_overflows_in_backward(f, scale);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  const Report r = head_oversized_run(dir, {{"head.weight", {2, 2}}});
   CHECK(find(r, "oversized-weights") == nullptr);
 }
