@@ -27,7 +27,7 @@ struct Known {
   struct InFloat32 {
     std::string python_from, python_to, cpp_from, cpp_to, why;
     bool bfloat16 = false;  // bfloat16 rounds it away too (it keeps fp32's range, not its precision)
-  } in_float32;
+  } in_float32{};
 };
 
 constexpr const char* kTiny =
