@@ -3,8 +3,11 @@
 // Impl's class: agent_impl.h; without a scaler: agent_without_scaler.cpp).
 #include "ampdiag/agent.h"
 
-#include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/isnan.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
 #include <torch/nn/module.h>
 #include <torch/version.h>
 
@@ -20,6 +23,7 @@
 #include "ampdiag/pin_fp32.h"
 #include "agent_impl.h"
 #include "agent_setup.h"
+#include "autocast_state.h"
 #include "run_paths.h"
 
 namespace ampdiag {
@@ -185,9 +189,9 @@ at::Tensor Agent::Impl::input(const std::string& name, const at::Tensor& x) {
 // was judged by the guess's range (float16 with a scaler, bfloat16 without one).
 void Agent::Impl::learn_amp_dtype(c10::DeviceType device, at::ScalarType output) {
   if (!at::GradMode::is_enabled()) return;  // an evaluation: wait for a training forward
-  const bool autocast = at::autocast::is_autocast_enabled(device);
+  const bool autocast = agent::autocast_enabled(device);
   if (awaiting_autocast_) {
-    const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(device) : at::kFloat;
+    const at::ScalarType dtype = autocast ? agent::autocast_dtype(device) : at::kFloat;
     if (dtype != at::kBFloat16 && dtype != at::kHalf) return;
     learn_amp_dtype_ = awaiting_autocast_ = false;
     const std::string seen = agent::dtype_name(dtype);
@@ -197,7 +201,7 @@ void Agent::Impl::learn_amp_dtype(c10::DeviceType device, at::ScalarType output)
     return;
   }
   learn_amp_dtype_ = false;
-  const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(device) : output;
+  const at::ScalarType dtype = autocast ? agent::autocast_dtype(device) : output;
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return;
   const std::string seen = agent::dtype_name(dtype);
   const std::string guessed = scaler_ ? "float16" : "bfloat16";
@@ -270,8 +274,8 @@ bool Agent::Impl::begin_module_range(const std::string& path) {
   // Autocast's dtype where it is on (the kernels of a module under autocast mostly run in
   // it), else fp32; kernel names decide where they say.
   rundb::GpuKind hint = rundb::GpuKind::kFloat32;
-  if (at::autocast::is_autocast_enabled(at::kCUDA))
-    hint = at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16 ? rundb::GpuKind::kBFloat16 : rundb::GpuKind::kFloat16;
+  if (agent::autocast_enabled(at::kCUDA))
+    hint = agent::autocast_dtype(at::kCUDA) == at::kBFloat16 ? rundb::GpuKind::kBFloat16 : rundb::GpuKind::kFloat16;
   return session_.begin_range(module, rundb::GpuPhase::kForward, hint);
 }
 

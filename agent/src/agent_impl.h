@@ -4,9 +4,7 @@
 // agent.cpp holds the scaler's side, agent_without_scaler.cpp the other.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <torch/nn/module.h>
-#include <torch/optim/optimizer.h>
+#include <ATen/core/Tensor.h>
 
 #include <exception>
 #include <memory>

@@ -2,6 +2,7 @@
 #include "agent_setup.h"
 
 #include <ATen/Parallel.h>
+#include <torch/nn/module.h>
 #include <cxxabi.h>
 
 #include <algorithm>

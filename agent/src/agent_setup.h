@@ -4,7 +4,6 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <torch/nn/module.h>
 
 #include <exception>
 #include <string>

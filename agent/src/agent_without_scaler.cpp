@@ -2,6 +2,8 @@
 // no step hooks and there is no scale() or update() to observe, so the loop hands the agent
 // its losses (loss()) and steps the optimizer through it (step()), where the Python agent
 // hooks the optimizer's step. The step is recorded at scale 1, as the Python agent does.
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
 #include <torch/optim/optimizer.h>
 
 #include <limits>

@@ -1,6 +1,8 @@
 #include "batch_looks.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/isinf.h>
+#include <ATen/ops/isnan.h>
 
 #include <cstdint>
 #include <limits>

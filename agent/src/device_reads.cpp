@@ -1,6 +1,7 @@
 #include "device_reads.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 namespace ampdiag::agent {

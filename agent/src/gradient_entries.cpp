@@ -1,6 +1,7 @@
 #include "gradient_entries.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/isfinite.h>
 #include <ATen/core/grad_mode.h>
 
 namespace ampdiag::agent {

@@ -1,7 +1,10 @@
 // Stalled updates of half-precision parameters (half_updates.h).
 #include "half_updates.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/stack.h>
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>

@@ -1,21 +1,21 @@
 // pin_fp32.h: autocast off, fp32 inputs.
 #include "ampdiag/pin_fp32.h"
 
-#include <ATen/autocast_mode.h>
-
 #include <stdexcept>
+
+#include "autocast_state.h"
 
 namespace ampdiag {
 
 AutocastDisabled::AutocastDisabled()
-    : cpu_(at::autocast::is_autocast_enabled(at::kCPU)), cuda_(at::autocast::is_autocast_enabled(at::kCUDA)) {
-  at::autocast::set_autocast_enabled(at::kCPU, false);
-  at::autocast::set_autocast_enabled(at::kCUDA, false);
+    : cpu_(agent::autocast_enabled(at::kCPU)), cuda_(agent::autocast_enabled(at::kCUDA)) {
+  agent::set_autocast_enabled(at::kCPU, false);
+  agent::set_autocast_enabled(at::kCUDA, false);
 }
 
 AutocastDisabled::~AutocastDisabled() {
-  at::autocast::set_autocast_enabled(at::kCPU, cpu_);
-  at::autocast::set_autocast_enabled(at::kCUDA, cuda_);
+  agent::set_autocast_enabled(at::kCPU, cpu_);
+  agent::set_autocast_enabled(at::kCUDA, cuda_);
 }
 
 at::Tensor to_fp32(const at::Tensor& t) {

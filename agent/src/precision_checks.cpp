@@ -1,7 +1,9 @@
 #include "precision_checks.h"
 
-#include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/linalg_vector_norm.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <stdexcept>
 
 #include "agent_setup.h"
+#include "autocast_state.h"
 #include "fp32_replay.h"
 #include "session.h"
 #include "tensor_views.h"
@@ -47,7 +50,7 @@ bool PrecisionChecks::wants(const std::string& path, const at::Tensor& x) {
   armed_.clear();  // the module's first call of the step, or none
   // Only a call in reduced precision has something to compare.
   return half_precision(x.scalar_type()) ||
-         (at::autocast::is_autocast_enabled(at::kCPU) && half_precision(at::autocast::get_autocast_dtype(at::kCPU)));
+         (autocast_enabled(at::kCPU) && half_precision(autocast_dtype(at::kCPU)));
 }
 
 void PrecisionChecks::before(const at::Tensor& x) {

@@ -1,7 +1,7 @@
 #include "replay_pins.h"
 
-#include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/isfinite.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "agent_setup.h"
+#include "autocast_state.h"
 #include "fp32_replay.h"
 
 namespace ampdiag::agent {
@@ -57,8 +58,7 @@ void ReplayPins::look_at_input_range(const std::string& path, const at::Tensor& 
   if (!x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided || !at::isFloatingType(x.scalar_type()) ||
       x.scalar_type() == at::kHalf)
     return;
-  if (!at::autocast::is_autocast_enabled(x.device().type()) ||
-      at::autocast::get_autocast_dtype(x.device().type()) != at::kHalf)
+  if (!autocast_enabled(x.device().type()) || autocast_dtype(x.device().type()) != at::kHalf)
     return;
   c10::NoGradGuard no_grad;
   const at::Tensor magnitude = x.detach().abs();

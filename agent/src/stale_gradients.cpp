@@ -1,6 +1,6 @@
 #include "stale_gradients.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace ampdiag::agent {
 

@@ -1,7 +1,7 @@
 // tensor_views.h: dtype and device mapping, and the same-device copy fallback.
 #include "tensor_views.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>

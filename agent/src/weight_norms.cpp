@@ -1,6 +1,9 @@
 #include "weight_norms.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_foreach_norm.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Type.h>
 #include <torch/optim.h>
 
