@@ -104,6 +104,13 @@ OutputJump output_jump(const Run& run) {
 // A step whose forward already went non-finite is a forward problem: every gradient is
 // NaN then, and "first in backward" would only name the loss's last layer. Not so a module
 // that makes NaN/Inf by design (a -inf mask) while the loss stayed finite.
+// The key counted most often; "" for none.
+std::string most_often(const std::map<std::string, std::int64_t>& counts) {
+  const auto top = std::max_element(counts.begin(), counts.end(),
+                                    [](const auto& a, const auto& b) { return a.second < b.second; });
+  return top == counts.end() ? "" : top->first;
+}
+
 bool forward_failed(const Run& run, const StepSummary& s) {
   return step_cause(run, s).forward != ForwardSource::kNone || run.loss_nonfinite(s.row);
 }
@@ -194,12 +201,24 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
   const InputsFrom given = inputs_from(run);
   const std::set<std::string> pinned = pinned_fp32(run);
   const std::string whole = whole_model(run);
+  // Skips below the floor that no layer's gradient was first in, by what they were: what
+  // took the scale down where no module was ever first there.
+  std::map<std::string, std::int64_t> others_below_floor;
   for (std::size_t i = 0; i < run.steps.size(); ++i) {
     const StepSummary& s = run.steps[i];
-    if (!s.row.skipped || s.nonfinite_layers.empty() || forward_failed(run, s)) continue;
-    if (half_loss && half_loss_skip(s)) continue;  // the loss's gradient overflowed: half-loss says so
-    if (!s.nonfinite_ordered) {
-      unordered.push_back(s.row.step);
+    if (!s.row.skipped) continue;
+    const bool below = s.row.scale_before < t.scale_floor;
+    if (forward_failed(run, s)) {
+      if (below) ++others_below_floor["steps whose loss or forward went NaN/Inf"];
+      continue;
+    }
+    if (half_loss && half_loss_skip(s)) {  // the loss's gradient overflowed: half-loss says so
+      if (below) ++others_below_floor["steps whose float16 loss's gradient overflowed"];
+      continue;
+    }
+    if (s.nonfinite_layers.empty() || !s.nonfinite_ordered) {
+      if (below) ++others_below_floor["steps whose first NaN/Inf gradient is unknown"];
+      if (!s.nonfinite_layers.empty()) unordered.push_back(s.row.step);
       continue;
     }
     ++considered;
@@ -254,9 +273,12 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     // is not what took it below, where the top module went on overflowing: its pin would
     // not lift the scale (a box head first only at the initial 65536, while the backbone
     // it sends an Inf to held the scale at 16).
+    // So is the top module where no module went first below the floor and other skips did
+    // (a loss code's NaN in every step: a head first only at the initial scale).
     const PerModule& lowest = ranked.front().second;
-    const bool only_above =
-        collapsed && !top && m.harmful == 0 && m.below_floor == 0 && lowest.below_floor > 0;
+    const bool only_above = collapsed && m.harmful == 0 && m.below_floor == 0 &&
+                            (lowest.below_floor > 0 || !others_below_floor.empty());
+    const std::string took_it = lowest.below_floor > 0 ? "" : most_often(others_below_floor);
     const bool harms = hurts && (collapsed || m.harmful > 0) && !only_above;
     const auto layer = std::max_element(m.layers.begin(), m.layers.end(),
                                         [](const auto& a, const auto& b) { return a.second < b.second; });
@@ -294,11 +316,13 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                     " went NaN/Inf first, before its other uses added theirs";
     if (only_above) {
       f.title = place + " went NaN/Inf first only at loss scales above the floor; " +
-                (ranked.front().first.empty() ? std::string("the model's") : ranked.front().first + "'s") +
-                " overflows took the scale below it";
+                (!took_it.empty()                 ? took_it
+                 : ranked.front().first.empty() ? std::string("the model's overflows")
+                                                : ranked.front().first + "'s overflows") +
+                " took the scale below it";
       f.evidence += "; all at a loss scale of " + fmt(m.lowest_scale) + " or above, where they only calibrated the "
                     "scale or answered its growth probes: the skips that took it below the floor of " +
-                    fmt(t.scale_floor) + " were other modules'";
+                    fmt(t.scale_floor) + " were " + (took_it.empty() ? std::string("other modules'") : took_it);
     } else if (!harms) {
       f.title = place + " is where the occasional overflow starts; the loss scale copes with it";
       f.evidence += m.harmful > 0 ? "; the scale stays above the floor and the run's skips stay within the " +

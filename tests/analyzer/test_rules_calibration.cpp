@@ -194,3 +194,34 @@ TEST_CASE("growth probes every eight steps are still the scaler's own work", "[r
   CHECK(find(r, "skip-rate") == nullptr);
   CHECK(r.healthy());
 }
+
+TEST_CASE("under a collapse the loss code's NaNs took down, a layer whose only skip calibrated the scale is information",
+          "[rules]") {
+  // A focal loss's log() of fp16 probabilities: the head's gradient overflows once, at
+  // init_scale; from step 1 on the loss itself is NaN in every step, which every scale
+  // skips, down to 2^-13. Pinning the head would change nothing.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.activation("a", false).activation("head", false).step(65536, 32768, 1000, {"head.weight", "a.weight"});
+  double scale = 32768;
+  for (int i = 0; i < 28; ++i, scale /= 2)
+    f.activation("a", false).activation("head", false).step(scale, scale / 2, 1000, {"head.weight", "a.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->module == "head");
+  CHECK(o->severity == Severity::kInfo);
+  CHECK(o->title == "head went NaN/Inf first only at loss scales above the floor; steps whose loss or forward went "
+                    "NaN/Inf took the scale below it");
+  CHECK_THAT(o->evidence, Catch::EndsWith("the skips that took it below the floor of 128 were steps whose loss or "
+                                          "forward went NaN/Inf"));
+  CHECK(o->suggestions.empty());
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK(fw->severity == Severity::kError);
+  const Finding* collapse = find(r, "scale-collapse");
+  REQUIRE(collapse != nullptr);
+  CHECK_THAT(collapse->suggestions.front().summary, Catch::StartsWith("Fix the NaN/Inf made in") ||
+                                                        Catch::Contains("(see forward-nonfinite)"));
+}
