@@ -210,6 +210,10 @@ std::string offenders_chart(const Run& run) {
       ++modules["(the model's input)"];
     else if (cause.forward == ForwardSource::kLossBackward)
       ++modules["(the loss's backward)"];
+    else if (cause.forward == ForwardSource::kLoss)
+      ++modules["(the loss code)"];  // backward starts at the last layer: its gradient is first, not the cause
+    else if (cause.forward == ForwardSource::kUpdate)
+      ++modules["(the parameters)"];
   }
   if (!modules.empty()) {
     for (const auto& [path, n] : modules) bars.push_back({path, double(n), "where the forward's NaN/Inf starts"});
