@@ -293,11 +293,18 @@ std::int64_t Session::step() const { return recorder_ ? recorder_->step() : 0; }
 
 // --- backward arrival -----------------------------------------------------------------------
 
+// A layer's last arrival in the step is its place: where a later backward reaches it again
+// (a second loss's, given its own backward), a NaN/Inf that backward made reached it after
+// that backward's own layers, though its first arrival came before them. Micro-batches of
+// one model arrive in the same order each time, so theirs is unchanged. (Autograd's device
+// threads may arrive at once: the larger number wins.)
 void Session::arrived(std::int64_t layer) {
   if (layer < 0 || std::size_t(layer) >= arrival_size_.load(std::memory_order_acquire)) return;
   const std::int32_t mine = next_arrival_.fetch_add(1, std::memory_order_relaxed);
-  std::int32_t expected = -1;
-  arrival_[std::size_t(layer)].compare_exchange_strong(expected, mine, std::memory_order_relaxed);
+  std::atomic<std::int32_t>& place = arrival_[std::size_t(layer)];
+  std::int32_t seen = place.load(std::memory_order_relaxed);
+  while (seen < mine && !place.compare_exchange_weak(seen, mine, std::memory_order_relaxed)) {
+  }
 }
 
 std::int32_t Session::arrival(std::int64_t layer) const {

@@ -156,6 +156,34 @@ TEST_CASE("the backward origin is the first NaN/Inf gradient in arrival order an
   s.close();
 }
 
+TEST_CASE("a layer a later backward of the step reaches again is ordered by that arrival", "[session]") {
+  // A main loss and an auxiliary one, each given its own backward: the first reaches the
+  // main head (2) and the shared trunk (0), the second the auxiliary head (1) and the trunk
+  // again. The auxiliary loss's NaN makes the auxiliary head's gradient and the trunk's sum
+  // NaN: its head went first, though the trunk's first arrival was before it.
+  TempDir dir;
+  agent::Session s(options());
+  open_with_layers(s, dir.file("run.db"), 3);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> trunk(8, nan), aux(8, nan), main(8, 1.0f);
+  const std::int64_t ids[] = {0, 1, 2};
+  const DeviceTensor t[] = {{{trunk.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr},
+                            {{aux.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr},
+                            {{main.data(), 8, kernels::DType::kFloat32}, kCpu, nullptr}};
+  agent::GradBatch b;
+  b.layers = ids;
+  b.tensors = t;
+  b.count = 3;
+  s.begin_cycle();
+  for (std::int64_t layer : {2, 0}) s.arrived(layer);
+  for (std::int64_t layer : {1, 0}) s.arrived(layer);
+  CHECK(s.arrival(0) > s.arrival(1));
+  REQUIRE(s.grads(b));
+  CHECK(s.backward_origin() == std::pair<std::int64_t, std::int64_t>{1, 2});
+  s.end_step({}, 0);
+  s.close();
+}
+
 namespace {
 
 // One step in which layer `first`'s gradient is Inf, the first to go NaN/Inf in backward,
