@@ -150,6 +150,7 @@ std::string Session::origin_module() const {
 
 void Session::reset_arrival() {
   next_arrival_.store(0, std::memory_order_relaxed);
+  backward_start_.store(0, std::memory_order_relaxed);
   const std::size_t size = arrival_size_.load(std::memory_order_acquire);
   for (std::size_t i = 0; i < size; ++i) arrival_[i].store(-1, std::memory_order_relaxed);
 }
@@ -293,17 +294,23 @@ std::int64_t Session::step() const { return recorder_ ? recorder_->step() : 0; }
 
 // --- backward arrival -----------------------------------------------------------------------
 
-// A layer's last arrival in the step is its place: where a later backward reaches it again
-// (a second loss's, given its own backward), a NaN/Inf that backward made reached it after
-// that backward's own layers, though its first arrival came before them. Micro-batches of
-// one model arrive in the same order each time, so theirs is unchanged. (Autograd's device
-// threads may arrive at once: the larger number wins.)
+// A layer's place is its first arrival in the last backward of the step that reached it:
+// where a later backward reaches it again (a second loss's, given its own backward), a
+// NaN/Inf that backward made reached it after that backward's own layers, though its
+// first arrival in the step came before them. Within one backward the first arrival holds
+// (the tied look places a tied weight where its NaN part arrived). Micro-batches of one
+// model arrive in the same order each time, so theirs is unchanged.
+void Session::backward_began() {
+  backward_start_.store(next_arrival_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
 void Session::arrived(std::int64_t layer) {
   if (layer < 0 || std::size_t(layer) >= arrival_size_.load(std::memory_order_acquire)) return;
   const std::int32_t mine = next_arrival_.fetch_add(1, std::memory_order_relaxed);
+  const std::int32_t start = backward_start_.load(std::memory_order_relaxed);
   std::atomic<std::int32_t>& place = arrival_[std::size_t(layer)];
   std::int32_t seen = place.load(std::memory_order_relaxed);
-  while (seen < mine && !place.compare_exchange_weak(seen, mine, std::memory_order_relaxed)) {
+  while (seen < start && !place.compare_exchange_weak(seen, mine, std::memory_order_relaxed)) {
   }
 }
 

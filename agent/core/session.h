@@ -156,6 +156,9 @@ class Session {
   void weight_update(std::int64_t step, std::int64_t layer, std::int64_t nonzero, std::int64_t stalled);
 
   // --- backward arrival (any thread: autograd's workers call it) -----------------------
+  // A layer's place is its first arrival in the last backward of the step that reached it.
+  // The adapter says where each backward begins (the training thread, before it runs).
+  void backward_began();
   void arrived(std::int64_t layer);
   std::int32_t arrival(std::int64_t layer) const;
 
@@ -265,6 +268,7 @@ class Session {
   std::size_t arrival_capacity_ = 0;
   std::atomic<std::size_t> arrival_size_{0};
   std::atomic<std::int32_t> next_arrival_{0};
+  std::atomic<std::int32_t> backward_start_{0};  // next_arrival_ when the step's last backward began
 
   bool cycle_open_ = false;
   bool checked_ = false;

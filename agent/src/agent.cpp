@@ -8,6 +8,7 @@
 #include <ATen/ops/isnan.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/nn/module.h>
 #include <torch/version.h>
 
@@ -100,8 +101,15 @@ agent::Session::Layer Agent::Impl::register_parameter(const std::string& name, c
   if (!p.requires_grad()) return layer;
   if (agent::half_precision(p.scalar_type())) half_updates_.add(layer.id, p);
   agent::Session* session = &session_;
+  std::atomic<int>* task = &backward_task_;
   const std::int64_t id = layer.id;
-  hooks_.emplace_back(p, p.register_hook([session, id](const at::Tensor&) { session->arrived(id); }));
+  hooks_.emplace_back(p, p.register_hook([session, task, id](const at::Tensor&) {
+    // A backward of its own (a second loss's) orders the layers it reaches anew: the loop's
+    // backward() calls are not the agent's to see, their graph tasks are.
+    const int now = torch::autograd::get_current_graph_task_id();
+    if (task->exchange(now, std::memory_order_relaxed) != now) session->backward_began();
+    session->arrived(id);
+  }));
   return layer;
 }
 

@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <exception>
 #include <memory>
 #include <string>
@@ -141,6 +142,7 @@ class Agent::Impl final : public ScalerObserver {
   std::weak_ptr<torch::nn::Module> model_;
   std::vector<at::Tensor> keep_alive_;  // every registered tensor: its address is its key
   std::vector<std::pair<at::Tensor, unsigned>> hooks_;
+  std::atomic<int> backward_task_{-1};  // autograd's graph task the last arrival ran in
   agent::HalfUpdates half_updates_{session_};
   std::unique_ptr<agent::StaleGradients> stale_;  // see stale_gradients.h; none without a host probe
 

@@ -156,6 +156,22 @@ TEST_CASE("the backward origin is the first NaN/Inf gradient in arrival order an
   s.close();
 }
 
+TEST_CASE("within one backward a layer keeps its first arrival", "[session]") {
+  // A tied weight placed where its NaN part arrived (the tied look), then its summed
+  // gradient's own hook later in the same backward.
+  TempDir dir;
+  agent::Session s(options());
+  open_with_layers(s, dir.file("run.db"), 3);
+  s.begin_cycle();
+  s.backward_began();
+  for (std::int64_t layer : {0, 2, 1, 0}) s.arrived(layer);
+  CHECK(s.arrival(0) == 0);
+  CHECK(s.arrival(2) == 1);
+  CHECK(s.arrival(1) == 2);
+  s.end_step({}, 0);
+  s.close();
+}
+
 TEST_CASE("a layer a later backward of the step reaches again is ordered by that arrival", "[session]") {
   // A main loss and an auxiliary one, each given its own backward: the first reaches the
   // main head (2) and the shared trunk (0), the second the auxiliary head (1) and the trunk
@@ -175,7 +191,9 @@ TEST_CASE("a layer a later backward of the step reaches again is ordered by that
   b.tensors = t;
   b.count = 3;
   s.begin_cycle();
+  s.backward_began();
   for (std::int64_t layer : {2, 0}) s.arrived(layer);
+  s.backward_began();
   for (std::int64_t layer : {1, 0}) s.arrived(layer);
   CHECK(s.arrival(0) > s.arrival(1));
   REQUIRE(s.grads(b));

@@ -475,6 +475,7 @@ class AttachHandle:
         if self._inert:
             return
         self._grad_calls_before = self._grad_calls
+        self._session.backward_began()  # a second loss's backward orders what it reaches anew
         if self._has_scaler:
             self._own_backward = _loss.check_scaled_roots(self, roots)
             if self._own_backward and create_graph:

@@ -325,6 +325,8 @@ PYBIND11_MODULE(_ampdiag, m) {
            py::arg("dtypes"), "weight_norm() of contiguous host float32/float16/bfloat16 weights, in one pass.")
       .def("weight_update", [](Session& s, std::int64_t step, std::int64_t layer, std::int64_t nonzero,
                                std::int64_t stalled) { s.core().weight_update(step, layer, nonzero, stalled); })
+      .def("backward_began", [](Session& s) { s.core().backward_began(); },
+           "A backward is about to run: the layers it reaches take their place in it (arrived())")
       .def("arrived", [](Session& s, std::int64_t layer) { s.core().arrived(layer); })
       .def("arrival", [](Session& s, std::int64_t layer) { return s.core().arrival(layer); },
            "The layer's place in this cycle's backward arrival order; -1: no gradient arrived")
