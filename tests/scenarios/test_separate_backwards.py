@@ -63,3 +63,30 @@ def test_two_healthy_backwards_a_step_are_healthy(tmp_path, verdict):
     db = tmp_path / "aux.db"
     two_backward_loop(db)
     assert verdict(db)[0] == 0
+
+
+def test_per_task_gradients_taken_with_autograd_grad_order_the_trunk_after_the_last_tasks_head(tmp_path):
+    # Gradient surgery: each task's gradients through torch.autograd.grad, combined into .grad
+    # by hand; the auxiliary task's call reaches its head, then the trunk again.
+    db = tmp_path / "surgery.db"
+    torch.manual_seed(0)
+    model = TwoHeads()
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, 1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=str(db)):
+        for _ in range(2):
+            x, y, ya = torch.randn(64, 32), torch.randint(0, 10, (64,)), torch.randint(0, 4, (64,))
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                logits, aux = model(x)
+                main, aux_loss = F.cross_entropy(logits, y), F.cross_entropy(aux, ya)
+            g_main = torch.autograd.grad(scaler.scale(main), params, retain_graph=True, allow_unused=True)
+            g_aux = torch.autograd.grad(scaler.scale(aux_loss), params, allow_unused=True)
+            for p, a, b in zip(params, g_main, g_aux):
+                p.grad = sum(g for g in (a, b) if g is not None)
+            scaler.step(opt)
+            scaler.update()
+    order = dict(rows(db, "SELECT l.name, g.bwd_order FROM grad_stats g JOIN layers l ON l.id = g.layer_id "
+                          "WHERE g.step = 1"))
+    assert order["cls.weight"] < order["aux.weight"] < order["body.0.weight"]

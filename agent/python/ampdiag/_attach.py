@@ -461,7 +461,10 @@ class AttachHandle:
         """torch.autograd.grad() received `outputs`: a scaler.scale() output among them gives
         its gradients back, and is not the step's loss while a backward gives one (a gradient
         penalty); it is where none does (per-task gradients combined by hand into .grad)."""
-        if self._inert or not self._scaled:
+        if self._inert:
+            return
+        self._session.backward_began()  # its own backward: what it reaches is ordered anew
+        if not self._scaled:
             return
         taken = [loss for t, loss, _ in self._scaled if any(t is o for o in _loss.tensors(outputs))]
         if taken and create_graph:
