@@ -2,6 +2,19 @@
 // and which hurt the run: skip-rate and the overflow-origin severity they decide.
 #include "rule_test.h"
 
+namespace {
+
+// The run's overflow-origin finding: the head's, as information.
+const Finding& head_origin_as_information(const Report& r) {
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->module == "head");
+  CHECK(o->severity == Severity::kInfo);
+  return *o;
+}
+
+}  // namespace
+
 TEST_CASE("a scale that settles at 4096 and probes for growth is not a collapse", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
@@ -34,11 +47,7 @@ TEST_CASE("a layer whose only skip calibrated the scale is information while for
   }
   f.finish();
   const auto r = report_of(dir.file("run.db"));
-  const Finding* o = find(r, "overflow-origin");
-  REQUIRE(o != nullptr);
-  CHECK(o->module == "head");
-  CHECK(o->severity == Severity::kInfo);
-  CHECK(o->suggestions.empty());
+  CHECK(head_origin_as_information(r).suggestions.empty());
   const Finding* fw = find(r, "forward-nonfinite");
   REQUIRE(fw != nullptr);
   CHECK(fw->module == "attn");
@@ -208,10 +217,7 @@ TEST_CASE("under a collapse the loss code's NaNs took down, a layer whose only s
     f.activation("a", false).activation("head", false).step(scale, scale / 2, 1000, {"head.weight", "a.weight"}, kNaN);
   f.finish();
   const auto r = report_of(dir.file("run.db"));
-  const Finding* o = find(r, "overflow-origin");
-  REQUIRE(o != nullptr);
-  CHECK(o->module == "head");
-  CHECK(o->severity == Severity::kInfo);
+  const Finding* o = &head_origin_as_information(r);
   CHECK(o->title == "head went NaN/Inf first only at loss scales above the floor; steps whose loss or forward went "
                     "NaN/Inf took the scale below it");
   CHECK_THAT(o->evidence, Catch::EndsWith("the skips that took it below the floor of 128 were steps whose loss or "
