@@ -174,8 +174,13 @@ std::string line_plot(const LinePlot& p) {
       d += (i ? "L" : "M") + n(order[i]) + " " + n(Y(hi));
       if (lo != hi) d += "L" + n(order[i]) + " " + n(Y(lo));
     }
-    // A lone point is a dot, not an invisible zero-length line.
-    if (order.size() == 1) d += "h0.01";
+    // A lone point is a dot: as a line it has no length, and nothing is drawn.
+    if (order.size() == 1) {
+      const auto [lo, hi] = bucket[order.front()];
+      body += "<circle class=\"dot\" fill=\"" + s.colour + "\" cx=\"" + n(order.front()) + "\" cy=\"" + n(Y(hi)) +
+              "\" r=\"2.5\"><title>" + escape_markup(s.label) + "</title></circle>\n";
+      if (lo == hi) continue;
+    }
     if (!d.empty())
       body += "<path class=\"line\" stroke=\"" + s.colour + "\"" + (s.dash.empty() ? "" : " stroke-dasharray=\"" + s.dash + "\"") +
               " d=\"" + d + "\"><title>" + escape_markup(s.label) + "</title></path>\n";

@@ -1,15 +1,18 @@
-// The HTML report's "Top offenders": where each skipped step's NaN/Inf started, as the
-// skipped-steps list says it (step_cause), not the layer a NaN loss reached first.
+// The HTML report's plots: "Top offenders" says where each skipped step's NaN/Inf started,
+// as the skipped-steps list says it (step_cause), not the layer a NaN loss reached first;
+// a series with one finite point is drawn as a dot.
 #include "rule_test.h"
 
 namespace {
 
-// The chart's SVG: from its title to the end of its <svg>.
-std::string offenders_of(const std::string& page) {
-  const auto at = page.find("Top offenders");
+// A chart's SVG: from its title to the end of its <svg>.
+std::string chart_of(const std::string& page, const std::string& title) {
+  const auto at = page.find(title);
   if (at == std::string::npos) return "";
   return page.substr(at, page.find("</svg>", at) - at);
 }
+
+std::string offenders_of(const std::string& page) { return chart_of(page, "Top offenders"); }
 
 std::string page_of(const std::string& db) {
   const std::vector<Run> runs = {load_run(db)};
@@ -45,4 +48,22 @@ TEST_CASE("the offenders of steps run on NaN parameters are the parameters", "[r
   const std::string chart = offenders_of(page_of(dir.file("run.db")));
   REQUIRE_FALSE(chart.empty());
   CHECK_THAT(chart, Catch::Contains("(the parameters)"));
+}
+
+TEST_CASE("a layer whose gradient was finite in one step only is a dot in the L2 plot", "[render]") {
+  // Every other step's gradients NaN/Inf: its norm after unscale is known once.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < 8; ++i, scale /= 2) {
+    if (i == 3)
+      f.step(scale, scale);
+    else
+      f.step(scale, scale / 2, 1000, kLayers);
+  }
+  f.finish();
+  const std::string chart = chart_of(page_of(dir.file("run.db")), "Gradient L2 norm");
+  REQUIRE_FALSE(chart.empty());
+  CHECK_THAT(chart, Catch::Contains("<circle class=\"dot\""));
+  CHECK_THAT(chart, !Catch::Contains("h0.01"));
 }
