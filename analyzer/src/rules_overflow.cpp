@@ -101,9 +101,6 @@ OutputJump output_jump(const Run& run) {
   return jump;
 }
 
-// A step whose forward already went non-finite is a forward problem: every gradient is
-// NaN then, and "first in backward" would only name the loss's last layer. Not so a module
-// that makes NaN/Inf by design (a -inf mask) while the loss stayed finite.
 // The key counted most often; "" for none.
 std::string most_often(const std::map<std::string, std::int64_t>& counts) {
   const auto top = std::max_element(counts.begin(), counts.end(),
@@ -111,6 +108,9 @@ std::string most_often(const std::map<std::string, std::int64_t>& counts) {
   return top == counts.end() ? "" : top->first;
 }
 
+// A step whose forward already went non-finite is a forward problem: every gradient is
+// NaN then, and "first in backward" would only name the loss's last layer. Not so a module
+// that makes NaN/Inf by design (a -inf mask) while the loss stayed finite.
 bool forward_failed(const Run& run, const StepSummary& s) {
   return step_cause(run, s).forward != ForwardSource::kNone || run.loss_nonfinite(s.row);
 }
@@ -267,6 +267,9 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
   };
   std::stable_sort(ranked.begin(), ranked.end(),
                    [&](const auto& a, const auto& b) { return rank(a.second) < rank(b.second); });
+  // What took the scale below the floor where no module went first there.
+  const std::string took_it =
+      ranked.empty() || ranked.front().second.below_floor > 0 ? "" : most_often(others_below_floor);
   bool top = true;
   for (const auto& [module, m] : ranked) {
     // Under a collapse, a module whose every skip calibrated the scale from above the floor
@@ -278,7 +281,6 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     const PerModule& lowest = ranked.front().second;
     const bool only_above = collapsed && m.harmful == 0 && m.below_floor == 0 &&
                             (lowest.below_floor > 0 || !others_below_floor.empty());
-    const std::string took_it = lowest.below_floor > 0 ? "" : most_often(others_below_floor);
     const bool harms = hurts && (collapsed || m.harmful > 0) && !only_above;
     const auto layer = std::max_element(m.layers.begin(), m.layers.end(),
                                         [](const auto& a, const auto& b) { return a.second < b.second; });
