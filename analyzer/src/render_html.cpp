@@ -23,7 +23,7 @@ const char* kColours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b",
 const char* kDashes[] = {"", "7 4", "2 3", "10 3 2 3"};
 constexpr std::size_t kPlotLayers = 5, kTableLayers = 10, kHistogramLayers = 3;
 
-std::string fmt(const char* f, double v) {
+std::string sprint(const char* f, double v) {
   char b[64];
   std::snprintf(b, sizeof b, f, v);
   return b;
@@ -114,7 +114,7 @@ std::string loss_plot(const std::vector<Run>& runs) {
     }
   if (lo > 0.0 && hi >= 1000.0 * lo) {
     p.y_axis = svg::YAxis::kPowerOfTwo;
-    p.title = "Loss by step (the sum of the step's losses; log scale: it spans a factor of " + fmt("%.2g", hi / lo) + ")";
+    p.title = "Loss by step (the sum of the step's losses; log scale: it spans a factor of " + sprint("%.2g", hi / lo) + ")";
     for (auto& s : p.series)
       for (auto& point : s.points) point.second = std::log2(point.second);
   }
@@ -163,7 +163,7 @@ std::string rank_note(const std::vector<Run>& runs, const Run& run) {
 
 std::string headroom_plot(const Report& report, const std::vector<Run>& runs, const Run& run) {
   svg::LinePlot p;
-  p.title = "Headroom of the top layers: bits below " + fmt("%g", run.fp_max) + ", before unscale" + rank_note(runs, run);
+  p.title = "Headroom of the top layers: bits below " + sprint("%g", run.fp_max) + ", before unscale" + rank_note(runs, run);
   p.x_label = "step";
   p.y_label = "headroom (bits)";
   p.y_include = {0.0, 4.0};  // a readable axis even when no sample was finite
@@ -236,7 +236,7 @@ std::string offenders_chart(const Run& run) {
 
 std::string bits(double v) {
   if (std::isinf(v)) return v < 0 ? "NaN/Inf" : "-";
-  return fmt("%.1f", v);
+  return sprint("%.1f", v);
 }
 
 // The ranking as a table, with the statistics the plots leave out: the smallest non-zero
@@ -262,19 +262,19 @@ std::string layer_table(const Report& report, const Run& run) {
     }
     std::string least = "-";
     if (l.least_nonzero > 0) {
-      least = fmt("%.3g", l.least_nonzero) + " (2<sup>" + fmt("%.1f", std::log2(l.least_nonzero)) + "</sup>";
+      least = sprint("%.3g", l.least_nonzero) + " (2<sup>" + sprint("%.1f", std::log2(l.least_nonzero)) + "</sup>";
       // fp16's smallest subnormal is 2^-24: below it a value becomes zero.
       if (fp16) {
         const double above = std::log2(l.least_nonzero) + 24.0;
-        least += above < 0.05 ? std::string(", fp16's smallest subnormal") : ", " + fmt("%.1f", above) + " bits from flushing to 0";
+        least += above < 0.05 ? std::string(", fp16's smallest subnormal") : ", " + sprint("%.1f", above) + " bits from flushing to 0";
       }
       least += ", step " + std::to_string(l.least_nonzero_step) + ")";
     }
     o += "<tr><td><code>" + escape_markup(l.info.name) + "</code></td><td>" + std::to_string(l.nonfinite_steps) + "</td><td>" +
          std::to_string(l.first_nonfinite) + "</td><td>" + bits(row.least_headroom) + "</td><td>" + bits(row.median_headroom) +
-         "</td><td>" + fmt("%.1f%%", row.zeros * 100) + "</td>" + (fp16 ? "<td>" + fmt("%.1f%%", row.subnormal * 100) + "</td>" : "") +
-         "<td>" + least + "</td><td>" + (l2 > 0 ? fmt("%.3g", l2) : "-") + "</td>" +
-         (updates ? "<td>" + (std::isnan(row.stalled_updates) ? std::string("-") : fmt("%.1f%%", row.stalled_updates * 100)) + "</td>"
+         "</td><td>" + sprint("%.1f%%", row.zeros * 100) + "</td>" + (fp16 ? "<td>" + sprint("%.1f%%", row.subnormal * 100) + "</td>" : "") +
+         "<td>" + least + "</td><td>" + (l2 > 0 ? sprint("%.3g", l2) : "-") + "</td>" +
+         (updates ? "<td>" + (std::isnan(row.stalled_updates) ? std::string("-") : sprint("%.1f%%", row.stalled_updates * 100)) + "</td>"
                   : std::string()) +
          "</tr>\n";
   }

@@ -63,7 +63,7 @@ struct Oversized {
   std::int64_t step = 0;
 };
 
-std::string times(double v) {
+std::string whole_number(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%.0f", v);
   return b;
@@ -151,7 +151,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   // what makes outputs large, but a model may have it by design (trainable Fourier features).
   f.severity = weighs ? Severity::kWarning : Severity::kInfo;
   f.score = weighs ? 60.0 : 5.0;
-  f.title = top.layer->info.name + " starts at a gain of " + times(top.scale) +
+  f.title = top.layer->info.name + " starts at a gain of " + whole_number(top.scale) +
             ", far above any standard initialisation's" +
             (explained && occasional && deep
                  ? ": the overflows at " + explained->module + " that brought the loss scale down " +

@@ -35,8 +35,8 @@ struct NormImpl : torch::nn::Cloneable<NormImpl> {
 };
 TORCH_MODULE(Norm);
 
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
+struct NormNetImpl : torch::nn::Module {
+  NormNetImpl() {
     up = register_module("up", torch::nn::Linear(16, 64));
     norm = register_module("norm", Norm());
     head = register_module("head", torch::nn::Linear(64, 1));
@@ -52,7 +52,7 @@ struct NetImpl : torch::nn::Module {
 std::vector<torch::Tensor> train(std::optional<AgentOptions> options, double sigma, int steps = 8,
                                  bool failing = false) {
   torch::manual_seed(0);
-  auto net = std::make_shared<NetImpl>();
+  auto net = std::make_shared<NormNetImpl>();
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(1e-3));
   GradScaler scaler;
   std::unique_ptr<Agent> agent;

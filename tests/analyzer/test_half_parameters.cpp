@@ -54,7 +54,7 @@ std::vector<Finding> findings(const std::string& path, const analyzer::Threshold
   return analyzer::analyze({analyzer::load_run(path)}, t).findings;
 }
 
-const Finding* find(const std::vector<Finding>& all, const std::string& rule) {
+const Finding* find_rule(const std::vector<Finding>& all, const std::string& rule) {
   for (const auto& f : all)
     if (f.rule == rule) return &f;
   return nullptr;
@@ -71,7 +71,7 @@ TEST_CASE("layers whose updates mostly round away are flagged, the most stalled 
                                     {"enc.bias", "float16", {{100, 10}}},
                                     {"norm.weight", "float32", {}}});
   const auto all = findings(path);
-  const Finding* f = find(all, "stalled-updates");
+  const Finding* f = find_rule(all, "stalled-updates");
   REQUIRE(f != nullptr);
   CHECK(f->severity == analyzer::Severity::kWarning);
   CHECK(f->layer == "enc.weight");
@@ -82,7 +82,7 @@ TEST_CASE("layers whose updates mostly round away are flagged, the most stalled 
   CHECK_THAT(f->evidence, !Catch::Contains("enc.bias:"));
   REQUIRE(!f->suggestions.empty());
   CHECK_THAT(f->suggestions.front().python, Catch::Contains("model.float()") && Catch::Contains("GradScaler"));
-  CHECK(find(all, "half-parameters") == nullptr);
+  CHECK(find_rule(all, "half-parameters") == nullptr);
 }
 
 TEST_CASE("a C++ agent's file naming dtypes as c10 does (Half) has its half parameters read as such",
@@ -95,7 +95,7 @@ TEST_CASE("a C++ agent's file naming dtypes as c10 does (Half) has its half para
   CHECK(run.layers[0].info.dtype == "float16");
   CHECK(run.layers[1].info.dtype == "float32");
   const auto all = findings(path);
-  const Finding* f = find(all, "stalled-updates");
+  const Finding* f = find_rule(all, "stalled-updates");
   REQUIRE(f != nullptr);
   CHECK(f->layer == "enc.weight");
 }
@@ -106,7 +106,7 @@ TEST_CASE("a bfloat16 run's FP32 master weights keep bfloat16 autocast and no sc
   TempDir dir;
   const auto path = write_run(dir, {{"enc.weight", "bfloat16", {{100, 97}, {100, 95}}}}, "bfloat16");
   const auto all = findings(path);
-  const Finding* f = find(all, "stalled-updates");
+  const Finding* f = find_rule(all, "stalled-updates");
   REQUIRE(f != nullptr);
   REQUIRE(!f->suggestions.empty());
   CHECK_THAT(f->suggestions.front().python, Catch::Contains("dtype=torch.bfloat16") &&
@@ -120,11 +120,11 @@ TEST_CASE("the stalled threshold decides which layers are flagged", "[rules][wei
   analyzer::Thresholds t;
   t.stalled_fraction = 0.05;
   const auto low = findings(path, t);
-  const Finding* f = find(low, "stalled-updates");
+  const Finding* f = find_rule(low, "stalled-updates");
   REQUIRE(f != nullptr);
   CHECK_THAT(f->title, Catch::Contains("2 layers"));
   t.stalled_fraction = 0.99;
-  CHECK(find(findings(path, t), "stalled-updates") == nullptr);
+  CHECK(find_rule(findings(path, t), "stalled-updates") == nullptr);
 }
 
 TEST_CASE("half-precision parameters whose updates land are one info finding and a healthy run", "[rules][weights]") {
@@ -132,7 +132,7 @@ TEST_CASE("half-precision parameters whose updates land are one info finding and
   const auto path = write_run(dir, {{"enc.weight", "bfloat16", {{100, 5}, {100, 15}}}, {"enc.bias", "float32", {}}});
   const auto report = analyzer::analyze({analyzer::load_run(path)});
   CHECK(report.healthy());
-  const Finding* f = find(report.findings, "half-parameters");
+  const Finding* f = find_rule(report.findings, "half-parameters");
   REQUIRE(f != nullptr);
   CHECK(f->severity == analyzer::Severity::kInfo);
   CHECK_THAT(f->title, Catch::Contains("1 of 2 parameter tensors in bfloat16"));
@@ -143,8 +143,8 @@ TEST_CASE("fp32 parameters give no half-precision finding", "[rules][weights]") 
   TempDir dir;
   const auto path = write_run(dir, {{"enc.weight", "float32", {}}});
   const auto all = findings(path);
-  CHECK(find(all, "half-parameters") == nullptr);
-  CHECK(find(all, "stalled-updates") == nullptr);
+  CHECK(find_rule(all, "half-parameters") == nullptr);
+  CHECK(find_rule(all, "stalled-updates") == nullptr);
 }
 
 TEST_CASE("weight_updates naming a layer the file does not hold is refused as damaged", "[rules][weights]") {
@@ -168,7 +168,7 @@ TEST_CASE("half-precision parameters no optimizer step updated directly are not 
   // An optimizer over FP32 master copies: the agent measured nothing on the fp16 tensors.
   const auto path = write_run(dir, {{"enc.weight", "float16", {}}});
   const auto all = findings(path);
-  const Finding* f = find(all, "half-parameters");
+  const Finding* f = find_rule(all, "half-parameters");
   REQUIRE(f != nullptr);
   CHECK_THAT(f->title, Catch::Equals("The model holds 1 of 1 parameter tensor in float16"));
   CHECK_THAT(f->evidence, !Catch::Contains("no FP32 master weights") && Catch::Contains("FP32 master copies"));

@@ -6,7 +6,7 @@
 
 namespace {
 
-const char* kDetail = "SGD(fused=True, momentum=0.9) created its momentum buffers in this step's scaler.step(), which "
+const char* kUnfilled = "SGD(fused=True, momentum=0.9) created its momentum buffers in this step's scaler.step(), which "
                       "the scaler skipped (NaN/Inf in the gradients): the buffers were left unfilled, holding values "
                       "that are not zeros, and every later step starts its momentum from them";
 
@@ -16,7 +16,7 @@ const char* kDetail = "SGD(fused=True, momentum=0.9) created its momentum buffer
 Report damaged(const TempDir& dir, bool event) {
   RunFixture f(dir.file("run.db"), {"mlp.down.weight", "head.weight"});
   f.event("optimizer-settings", "SGD lr=0.01 weight_decay=0 momentum=0.9");
-  if (event) f.event("fused-momentum-uninitialised", kDetail);
+  if (event) f.event("fused-momentum-uninitialised", kUnfilled);
   f.weight_norms(1.8).step(65536, 32768, 1000, {"head.weight"});
   f.weight_norms(1.8).step(32768, 32768);
   double scale = 32768;
@@ -70,7 +70,7 @@ TEST_CASE("the update that wrote NaN from finite gradients after fused SGD's unf
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"mlp.down.weight", "head.weight"});
   f.replay("mlp.down", "intrinsic");
-  f.event("fused-momentum-uninitialised", kDetail);
+  f.event("fused-momentum-uninitialised", kUnfilled);
   f.activation("mlp.down", false).step(65536, 32768, 1000, {"head.weight"});
   f.activation("mlp.down", false).step(32768, 32768);
   f.event("parameters-nonfinite", "1 of 2 parameter tensors: mlp.down.weight");

@@ -5,7 +5,7 @@
 
 namespace {
 
-const char* kDetail = "head.weight's gradient still held the previous optimizer step's values when this step's first "
+const char* kUnzeroed = "head.weight's gradient still held the previous optimizer step's values when this step's first "
                       "gradient arrived: the gradients were not zeroed between steps";
 
 }  // namespace
@@ -15,7 +15,7 @@ TEST_CASE("gradients not zeroed are the first error, and the overflows they grow
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
   f.step(65536, 65536);
-  f.event("gradients-not-zeroed", kDetail).step(65536, 65536);
+  f.event("gradients-not-zeroed", kUnzeroed).step(65536, 65536);
   double scale = 65536;
   for (int i = 0; i < 16; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"});
   f.finish();
@@ -41,7 +41,7 @@ TEST_CASE("an overflow before the gradients stopped being zeroed keeps its own v
   RunFixture f(dir.file("run.db"), kLayers);
   double scale = 65536;
   for (int i = 0; i < 14; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"});
-  f.event("gradients-not-zeroed", kDetail).step(scale, scale);
+  f.event("gradients-not-zeroed", kUnzeroed).step(scale, scale);
   f.finish();
   const auto r = report_of(dir.file("run.db"));
   const Finding* origin = find(r, "overflow-origin");
@@ -54,7 +54,7 @@ TEST_CASE("without a scaler the fix zeroes around optimizer.step()", "[rules][ze
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
   f.meta("amp_dtype", "bfloat16").meta("scaler_enabled", "0");
-  f.step(1, 1).event("gradients-not-zeroed", kDetail).step(1, 1);
+  f.step(1, 1).event("gradients-not-zeroed", kUnzeroed).step(1, 1);
   f.finish();
   const auto r = report_of(dir.file("run.db"));
   const Finding* z = find(r, "gradients-not-zeroed");
@@ -68,7 +68,7 @@ TEST_CASE("an overflow whose first skip was the first step's, before the event, 
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
   f.step(65536, 32768, 1000, {"head.weight"});
-  f.event("gradients-not-zeroed", kDetail);
+  f.event("gradients-not-zeroed", kUnzeroed);
   double scale = 32768;
   for (int i = 0; i < 16; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"});
   f.finish();
