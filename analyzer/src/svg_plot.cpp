@@ -108,7 +108,8 @@ std::string line_plot(const LinePlot& p) {
   for (const auto& [y, label] : p.hlines) y0 = std::min(y0, y), y1 = std::max(y1, y);
   if (!std::isfinite(x0)) x0 = 0, x1 = 1;
   if (!std::isfinite(y0)) y0 = 0, y1 = 1;
-  if (x1 <= x0) x1 = x0 + 1;
+  // One step only: centred in a one-step-wide axis, its dot off the y axis and under its tick.
+  if (x1 <= x0) x0 -= 0.5, x1 = x0 + 1;
   const bool powers = p.y_axis == YAxis::kPowerOfTwo;
   const double y_step = nice_step(y1 - y0, 5, powers);
   // The axis ends on ticks, so that its first and last labels are round values too.

@@ -1,6 +1,6 @@
 // The HTML report's plots: "Top offenders" says where each skipped step's NaN/Inf started,
 // as the skipped-steps list says it (step_cause), not the layer a NaN loss reached first;
-// a series with one finite point is drawn as a dot.
+// a series with one finite point is drawn as a dot, and a run of one step is centred.
 #include "rule_test.h"
 
 namespace {
@@ -10,6 +10,15 @@ std::string chart_of(const std::string& page, const std::string& title) {
   const auto at = page.find(title);
   if (at == std::string::npos) return "";
   return page.substr(at, page.find("</svg>", at) - at);
+}
+
+// The value of attribute `name` in the first element of `svg` that has it, or "".
+std::string attribute(const std::string& svg, const std::string& name, std::size_t from = 0) {
+  const std::string key = " " + name + "=\"";
+  const auto at = svg.find(key, from);
+  if (at == std::string::npos) return "";
+  const auto begin = at + key.size();
+  return svg.substr(begin, svg.find('"', begin) - begin);
 }
 
 std::string offenders_of(const std::string& page) { return chart_of(page, "Top offenders"); }
@@ -66,4 +75,21 @@ TEST_CASE("a layer whose gradient was finite in one step only is a dot in the L2
   REQUIRE_FALSE(chart.empty());
   CHECK_THAT(chart, Catch::Contains("<circle class=\"dot\""));
   CHECK_THAT(chart, !Catch::Contains("h0.01"));
+}
+
+TEST_CASE("a run of one step draws its dot under the step's tick, not on the y axis", "[render]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.step(65536, 65536);
+  f.finish();
+  const std::string chart = chart_of(page_of(dir.file("run.db")), "Gradient L2 norm");
+  REQUIRE_FALSE(chart.empty());
+  const auto dot = chart.find("<circle class=\"dot\"");
+  REQUIRE(dot != std::string::npos);
+  const auto step_tick = chart.find("text-anchor=\"middle\">0</text>");
+  REQUIRE(step_tick != std::string::npos);
+  const std::string tick_x = attribute(chart, "x", chart.rfind("<text", step_tick));
+  CHECK(attribute(chart, "cx", dot) == tick_x);
+  CHECK(std::stod(tick_x) > 64.0 + 100);  // the plot's left edge is at 64
+  CHECK_THAT(chart, !Catch::Contains("text-anchor=\"middle\">1</text>"));
 }
