@@ -25,10 +25,9 @@ from ._dropped import DroppedForwards
 from ._evaluation import Evaluations
 from ._layers import Layers, source_of
 from ._fused_momentum import FusedMomentumProbe
-from ._forward import (compiled_fullgraph, compiled_in_place, forward_hook, input_hook, output_hook,
-                       outside_compiled_graph, watched_root)
+from ._forward import compiled_in_place, forward_hook, input_hook, output_hook, outside_compiled_graph
 from ._looks import look_at_loss_code, look_at_parameters
-from ._options import check_options, default_amp_dtype, torch_optimizer, torch_scaler, trains_fp16_parameters
+from ._options import check_options, check_watched, default_amp_dtype, trains_fp16_parameters
 from ._backward_replay import BackwardReplayer
 from ._gradient_entry import GradientEntries
 from ._grad_reads import optimizer_gradients, post_stats
@@ -54,40 +53,7 @@ class AttachHandle:
     def __init__(self, model, scaler, optimizer, db, every, activations, activation_every, pins, fused_unscale,
                  context_steps, histogram, overwrite, replay, queue_capacity, threads, amp_dtype, run_id, profile, autopin,
                  precision_budget):
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"attach() takes a torch.nn.Module, not {type(model).__name__}")
-        scaler = torch_scaler(scaler)
-        # torch's AMP recipe turns AMP off with GradScaler(enabled=use_amp): the scaler then
-        # passes everything through (scale() returns the loss, step() calls the optimizer's),
-        # and the run is recorded as one without a scaler, its optimizers found in step().
-        disabled = scaler if scaler is not None and not scaler.is_enabled() else None
-        if disabled is not None:
-            scaler = None
-        if scaler is None and optimizer is None and disabled is None:
-            raise ValueError("pass scaler= (fp16 with a torch.amp.GradScaler) or optimizer= (bf16 without a "
-                             "scaler) so ampdiag knows where each step's gradients are final")
-        if optimizer is not None:
-            optimizer = torch_optimizer(optimizer)
-        root = watched_root(model)
-        for owner, what in ((root, "model"), (scaler if scaler is not None else disabled, "scaler")):
-            if owner is not None and getattr(owner, _ATTACHED, None) is not None and getattr(owner, _ATTACHED)():
-                # One scaler stepping several models (torch's AMP example with two models)
-                # is one run: its steps, scale and skips are shared.
-                also = (": to watch several models that one scaler steps, attach one torch.nn.ModuleDict holding "
-                        "them all, ampdiag.attach(torch.nn.ModuleDict({'a': model_a, 'b': model_b}), scaler)"
-                        if what == "scaler" else "")
-                raise RuntimeError(f"this {what} already has an ampdiag handle attached: close() it first{also}")
-        params = list(model.parameters())
-        if not params:
-            raise ValueError("the model has no parameters: nothing to watch")
-        for p in params:
-            if p.device.type not in ("cpu", "cuda"):
-                raise ValueError(f"a parameter is on the {p.device.type!r} device: this ampdiag build reads "
-                                 "CPU and CUDA tensors only")
-        if activations and root is not model and compiled_fullgraph(model):
-            raise ValueError("the model was compiled with torch.compile(fullgraph=True), which refuses the graph "
-                             "break ampdiag's forward hooks make at each module: attach(..., activations=False) "
-                             "watches gradients and the loss scale only, or compile without fullgraph=True")
+        root, scaler, disabled, optimizer, params = check_watched(model, scaler, optimizer, activations, _ATTACHED)
         db = check_options(db, every, context_steps, queue_capacity, threads, amp_dtype, run_id, autopin, replay,
                            activations, activation_every, precision_budget)
 

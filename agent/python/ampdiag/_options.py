@@ -1,7 +1,9 @@
-"""attach()'s plain options: checked before anything is attached, and their defaults."""
+"""attach()'s arguments: checked before anything is attached, and their defaults."""
 import os
 
 import torch
+
+from ._forward import compiled_fullgraph, watched_root
 
 
 def check_options(db, every, context_steps, queue_capacity, threads, amp_dtype, run_id, autopin, replay,
@@ -100,3 +102,45 @@ def trains_fp16_parameters(params) -> bool:
 def default_amp_dtype(scaler, params) -> str:
     # Without a scaler the run is bf16 autocast, unless the model itself is fp16.
     return "float16" if scaler is not None or trains_fp16_parameters(params) else "bfloat16"
+
+
+def check_watched(model, scaler, optimizer, activations, attached):
+    """attach()'s model, scaler and optimizer, checked before anything is attached: raises
+    naming the first problem; returns (the module hooks go on, the scaler, a disabled
+    scaler or None, the optimizer, the model's parameters). `attached`: the attribute that
+    holds a live handle's weakref on a model or scaler."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"attach() takes a torch.nn.Module, not {type(model).__name__}")
+    scaler = torch_scaler(scaler)
+    # torch's AMP recipe turns AMP off with GradScaler(enabled=use_amp): the scaler then
+    # passes everything through (scale() returns the loss, step() calls the optimizer's),
+    # and the run is recorded as one without a scaler, its optimizers found in step().
+    disabled = scaler if scaler is not None and not scaler.is_enabled() else None
+    if disabled is not None:
+        scaler = None
+    if scaler is None and optimizer is None and disabled is None:
+        raise ValueError("pass scaler= (fp16 with a torch.amp.GradScaler) or optimizer= (bf16 without a "
+                         "scaler) so ampdiag knows where each step's gradients are final")
+    if optimizer is not None:
+        optimizer = torch_optimizer(optimizer)
+    root = watched_root(model)
+    for owner, what in ((root, "model"), (scaler if scaler is not None else disabled, "scaler")):
+        if owner is not None and getattr(owner, attached, None) is not None and getattr(owner, attached)():
+            # One scaler stepping several models (torch's AMP example with two models)
+            # is one run: its steps, scale and skips are shared.
+            also = (": to watch several models that one scaler steps, attach one torch.nn.ModuleDict holding "
+                    "them all, ampdiag.attach(torch.nn.ModuleDict({'a': model_a, 'b': model_b}), scaler)"
+                    if what == "scaler" else "")
+            raise RuntimeError(f"this {what} already has an ampdiag handle attached: close() it first{also}")
+    params = list(model.parameters())
+    if not params:
+        raise ValueError("the model has no parameters: nothing to watch")
+    for p in params:
+        if p.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"a parameter is on the {p.device.type!r} device: this ampdiag build reads "
+                             "CPU and CUDA tensors only")
+    if activations and root is not model and compiled_fullgraph(model):
+        raise ValueError("the model was compiled with torch.compile(fullgraph=True), which refuses the graph "
+                         "break ampdiag's forward hooks make at each module: attach(..., activations=False) "
+                         "watches gradients and the loss scale only, or compile without fullgraph=True")
+    return root, scaler, disabled, optimizer, params
