@@ -282,9 +282,17 @@ void model_code_after_modules(const Run& run, const std::vector<std::int64_t>& s
   const std::string after = last.empty() ? "after its last submodule" : "after " + last + ", its last submodule";
   const loss_code::Code code = loss_code::at_steps(run, steps, "model-code");
   f.title = "The model's output is NaN/Inf while every module's output is finite: its own forward() makes it " + after;
-  if (!code.empty())
+  if (!code.empty()) {
     f.evidence += "; the operations from " + (last.empty() ? std::string("its last submodule") : last) +
                   "'s output to the model's (step " + std::to_string(code.step) + "): " + code.describe();
+    // What that code reads besides the modules' outputs: a temperature whose exp() scales
+    // logits (CLIP's logit_scale) makes the overflow that the operations only carry.
+    for (const auto& e : run.events)
+      if (e.kind == "model-parameters" && e.step == code.step) {
+        f.evidence += "; the model's own parameters (held by no submodule) that code reads: " + e.detail;
+        break;
+      }
+  }
   f.suggestions.push_back(suggest::fp32_model_code(run, after, code.float16_compute()));
 }
 

@@ -103,6 +103,27 @@ TEST_CASE("the model's output NaN/Inf after finite modules names its own code af
   for (const auto& x : r.findings) CHECK_THAT(x.title, !Catch::Contains("made after the modules"));
 }
 
+TEST_CASE("the model's own parameters that its code after the modules reads are in the evidence", "[rules][replay]") {
+  // CLIP: logits = logit_scale.exp() * image @ text.T, logit_scale initialised to 1/0.07
+  // instead of its log: the parameter, not the matmul, makes the overflow.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"image.weight", "text.weight", "logit_scale"});
+  f.replay("", "finite");
+  for (int i = 0; i < 4; ++i) {
+    if (i == 0)
+      f.event("model-code", "Div:float16, T:float16, Mm:float16")
+          .event("model-parameters", "logit_scale: 14.29 (float32, 1 value), read by Exp");
+    f.activation("image", false).activation("text", false).activation("", true).step(65536, 32768, 1000,
+                                                                                     {"logit_scale"}, kNaN);
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->evidence, Catch::Contains("the model's own parameters (held by no submodule) that code reads: "
+                                           "logit_scale: 14.29 (float32, 1 value), read by Exp"));
+}
+
 TEST_CASE("the model's output NaN/Inf without its operations recorded still names its code after the last module", "[rules][replay]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"body.weight", "norm.weight"});

@@ -2,7 +2,10 @@
 output is finite: a log-sum-exp written by hand, whose fp16 sum of exponentials overflows
 65504. The report blamed the loss code (the only code it knew of outside the modules);
 it must name the model's own code after its last submodule, with its operations, and the
-fix it gives (that code in FP32) must make the run healthy."""
+fix it gives (that code in FP32) must make the run healthy. Where that code reads a parameter
+of the model's own (CLIP's temperature), the evidence names it with its value."""
+import math
+
 import torch
 from torch import nn
 
@@ -86,3 +89,50 @@ def test_a_mask_the_model_applies_after_its_last_module_is_by_design_and_healthy
     assert "by design (a -inf mask)" in mask["title"]
     assert "unconfirmed: the model's own forward() makes NaN/Inf" in mask["evidence"]
     assert "in 0 steps" not in mask["evidence"]
+
+
+class Clip(nn.Module):
+    """Two towers and a learnable temperature whose exp() scales the cosine similarities.
+    `log_init=False`: logit_scale initialised to 1/0.07 instead of log(1/0.07), a slip that
+    makes exp(logit_scale) 1.6e6 and the logits overflow fp16."""
+
+    def __init__(self, log_init):
+        super().__init__()
+        self.image = nn.Sequential(nn.Linear(48, 64), nn.GELU(), nn.Linear(64, 32))
+        self.text = nn.Sequential(nn.Embedding(200, 64), nn.Flatten(), nn.Linear(64 * 6, 32))
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07) if log_init else 1 / 0.07))
+
+    def forward(self, image, tokens):
+        i = nn.functional.normalize(self.image(image), dim=-1)
+        t = nn.functional.normalize(self.text(tokens), dim=-1)
+        return self.logit_scale.exp() * i @ t.t()
+
+
+def clip_loop(db, log_init, steps=8):
+    torch.manual_seed(0)
+    model = Clip(log_init)
+
+    def loss_of(g):
+        logits = model(torch.randn(16, 48, generator=g), torch.randint(0, 200, (16, 6), generator=g))
+        y = torch.arange(16)
+        return (nn.functional.cross_entropy(logits, y) + nn.functional.cross_entropy(logits.t(), y)) / 2
+
+    amp_training(db, model, torch.optim.AdamW(model.parameters(), lr=1e-3), steps, loss_of)
+
+
+def test_a_temperature_the_models_own_code_reads_is_named_with_its_value(tmp_path, verdict):
+    db = tmp_path / "run.db"
+    clip_loop(db, log_init=False)
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["rule"], first["module"]) == (1, "forward-nonfinite", "")
+    assert "its last submodule" in first["title"]
+    assert "own parameters (held by no submodule) that code reads: logit_scale: 14.29 (float32, 1 value), read by Exp" \
+        in first["evidence"]
+
+
+def test_a_temperature_initialised_as_its_log_is_healthy(tmp_path, verdict):
+    db = tmp_path / "run.db"
+    clip_loop(db, log_init=True)
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]

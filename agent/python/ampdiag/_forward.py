@@ -235,6 +235,11 @@ def look_at_model_output(handle, owner, args, kwargs, output, floats):
         if code is not None:
             handle._model_code_looks += 1
             handle._session.event("model-code", code)
+            from ._own_uses import own_parameters  # here: it imports _tied, which imports this module
+            mine = {id(p): name for name, p in owner.named_parameters(recurse=False)}
+            used = own_parameters(tensor.grad_fn, handle._module_nodes, mine) if mine else None
+            if used is not None:
+                handle._session.event("model-parameters", used)
     activation_elsewhere(handle._session, handle._module_id("", owner, args), tensor, handle._micro_batch)
     on_nonfinite_output(handle, "", owner, args, kwargs, output)
 

@@ -25,7 +25,7 @@ _SUFFIX = re.compile(r"Backward\d*$")
 _REDUCTIONS = ("none", "mean", "sum")  # at::Reduction's values, in order
 
 
-def _name(node) -> str:
+def op_name(node) -> str:
     full = node.name()
     name = _SUFFIX.sub("", full.rsplit("::", 1)[-1]) or full
     if full == "PowBackward0":
@@ -111,7 +111,7 @@ def loss_code(nodes) -> "str | None":
     'NllLoss(mean of 0):float32' for nll_loss) for path_nodes()'s nodes; None for none."""
     if not nodes:
         return None
-    return ", ".join(f"{_name(n)}:{made_dtype(n)}" for n in nodes[:_MAX_NAMED])
+    return ", ".join(f"{op_name(n)}:{made_dtype(n)}" for n in nodes[:_MAX_NAMED])
 
 
 def nonfinite_constants(nodes) -> "str | None":
@@ -136,7 +136,7 @@ def nonfinite_constants(nodes) -> "str | None":
                     made = made_in_half(value) if value.dtype == torch.float32 else None
                     if made is not None:
                         dtype += f" ({made} values)"
-                    return f"{_name(node)} {attr[len('_saved_'):]}: {nan} NaN, {inf} Inf of {value.numel()} values, {dtype}"
+                    return f"{op_name(node)} {attr[len('_saved_'):]}: {nan} NaN, {inf} Inf of {value.numel()} values, {dtype}"
     return None
 
 

@@ -8,9 +8,15 @@ the model computed after its last module, the graph under the output is searched
 any module's output, for the nodes handing a part of such a parameter's gradient to it; a
 NaN/Inf part there moves the parameter's arrival to that moment and is event
 "tied-gradient-nonfinite", "emb.weight through the model". Host parameters only.
+
+The same search names the model's own parameters (held by no submodule) that its code after
+the modules reads, where that code made the output NaN/Inf (event "model-parameters").
 """
 import collections
 
+import torch
+
+from ._loss_code import op_name
 from ._tied import TiedUse
 
 _SEARCH_NODES = 64  # graph nodes looked at a step: the model's own code between its modules is short
@@ -28,17 +34,45 @@ class OwnUses:
         under a module's output (`module_nodes`, those of this forward)."""
         if not self._uses or output_node is None:
             return
-        stop = {id(n) for n in module_nodes}  # the list keeps them alive: their ids stay theirs
-        queue, seen, held = collections.deque([output_node]), set(), []
-        while queue and len(seen) < _SEARCH_NODES:
-            node = queue.popleft()
-            if node is None or id(node) in seen or id(node) in stop:
-                continue
-            seen.add(id(node))
-            held.append(node)  # a freed node's id could be handed to another (see _loss_code.py)
+        for node in after_modules(output_node, module_nodes):
             for k, (child, _) in enumerate(node.next_functions):
                 param = getattr(child, "variable", None)  # an accumulator's (under autocast, below its weight cast)
-                if param is None:
-                    queue.append(child)
-                elif id(param) in self._uses:
+                if param is not None and id(param) in self._uses:
                     self._uses[id(param)].watch_part(node, k)
+
+
+def after_modules(output_node, module_nodes) -> list:
+    """The graph nodes under `output_node` that are not under a module's output
+    (`module_nodes`: the list keeps them alive, so their ids stay theirs), breadth first, at
+    most _SEARCH_NODES; a parameter's accumulator is not one of them, it shows among their
+    next_functions."""
+    stop = {id(n) for n in module_nodes}
+    queue, seen, nodes = collections.deque([output_node]), set(), []
+    while queue and len(seen) < _SEARCH_NODES:
+        node = queue.popleft()
+        if node is None or id(node) in seen or id(node) in stop:
+            continue
+        seen.add(id(node))
+        nodes.append(node)  # held: a freed node's id could be handed to another (see _loss_code.py)
+        queue.extend(child for child, _ in node.next_functions if getattr(child, "variable", None) is None)
+    return nodes
+
+
+def own_parameters(output_node, module_nodes, params) -> "str | None":
+    """'logit_scale: 14.29 (float32, 1 value), read by Exp' for each of `params` ({id: name}: the model's
+    own, held by no submodule) that the model's code after its modules reads: CLIP's
+    temperature, whose exp() scales the logits, is where their overflow comes from, not the
+    operations the model-code event lists. None for none."""
+    found = {}  # name -> (parameter, the operation reading it that is nearest the output)
+    for node in after_modules(output_node, module_nodes):
+        for child, _ in node.next_functions:
+            param = getattr(child, "variable", None)
+            if param is not None and id(param) in params:
+                found.setdefault(params[id(param)], (param, node))
+    described = []
+    for name, (p, reader) in sorted(found.items(), key=lambda item: item[0]):
+        with torch.no_grad():
+            value = f"{p.item():.4g}" if p.numel() == 1 else f"|x| up to {p.abs().max().item():.4g}"
+        count = "1 value" if p.numel() == 1 else f"{p.numel()} values"
+        described.append(f"{name}: {value} ({str(p.dtype).replace('torch.', '')}, {count}), read by {op_name(reader)}")
+    return "; ".join(described) or None
