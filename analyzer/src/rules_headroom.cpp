@@ -82,6 +82,7 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
     return f.rule == "underflow" && f.severity != Severity::kInfo;
   });
   const std::string underflow_layer = underflowing == out.end() ? "" : underflowing->layer;
+  const bool collapsed = run.has_scaler() && scale_collapsed(run, t);
   const std::map<std::int64_t, double> scale_at = scales_before(run);
   const auto sums = summed_losses(run);
   const double init = run.steps.front().row.scale_before;
@@ -133,7 +134,11 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
     if (underflow_layer.empty()) {
       f.severity = Severity::kInfo;
       f.score = 10.0;
-      f.evidence += "; no layer underflows at that scale, so the limit costs nothing";
+      // Below the floor, scale-collapse holds the scale itself to be the harm (DESIGN.md):
+      // "costs nothing" would contradict it in the same report.
+      f.evidence += collapsed ? "; no layer underflows at that scale yet, though it is below the floor of " +
+                                    fmt(t.scale_floor) + " (see scale-collapse)"
+                              : std::string("; no layer underflows at that scale, so the limit costs nothing");
     } else {
       f.evidence += "; at that scale " + underflow_layer + " underflows (see underflow)";
       f.suggestions.push_back(suggest::fp32_at(run, f.module, layer.info));

@@ -52,6 +52,21 @@ TEST_CASE("a layer near the fp16 maximum beside a gradient that no scale changes
   CHECK(h.suggestions.empty());
 }
 
+TEST_CASE("a layer that holds the scale below the floor is not said to cost nothing", "[rules]") {
+  // Large true gradients (unnormalised regression targets): the scale settles at 64, where
+  // nothing underflows, but scale-collapse calls a scale below 128 a collapse.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (double scale = 65536; scale > 64; scale /= 2) f.step(scale, scale / 2, 60000, {"head.weight"});
+  for (int i = 0; i < 12; ++i) f.step(64, 64, 60000);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  REQUIRE(find(r, "scale-collapse") != nullptr);
+  const Finding& h = required(r, "low-headroom");
+  CHECK_THAT(h.evidence, Catch::Contains("no layer underflows at that scale yet, though it is below the floor of 128"));
+  CHECK_THAT(h.evidence, !Catch::Contains("costs nothing"));
+}
+
 TEST_CASE("a finite gradient far beyond fp16's range is made in FP32 and holds no scale down", "[rules]") {
   // CLIP's logit_scale: its product with the features promotes to float32, and its gradient
   // (a sum over every logit) is finite at 2^13 times 65504 while b.weight underflows.
