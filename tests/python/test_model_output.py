@@ -2,6 +2,8 @@
 for NaN/Inf. The last module's output is its hook's; a view or an upcast of it holds the
 same values and is not read again (an LM's logits.float().view(-1, V) is the largest
 tensor of its step); anything the model computes after its last module is."""
+import sqlite3
+
 import pytest
 import torch
 from torch import nn
@@ -60,3 +62,33 @@ def test_the_module_outputs_graph_nodes_are_not_kept_past_the_models_forward(tmp
         with torch.autocast("cpu", dtype=torch.float16):
             model(torch.randn(6, 8))
         assert (handle._module_nodes, handle._last_node) == ([], None)
+
+
+class OwnProjection(nn.Module):
+    """A projection the model holds itself, applied after its last module; autocast casts it
+    to float16 for the matmul, which overflows."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 32)
+        self.proj = nn.Parameter(torch.full((32, 4), 1000.0))
+        self.bias = nn.Parameter(torch.zeros(4))  # not read by that code: not named
+
+    def forward(self, x):
+        return self.body(x) @ self.proj
+
+
+def test_the_models_own_parameter_read_after_its_modules_is_named_by_the_operation_not_its_cast(tmp_path):
+    torch.manual_seed(0)
+    model = OwnProjection()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=tmp_path / "run.db"):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.randn(6, 8) * 100).float().mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    with sqlite3.connect(tmp_path / "run.db") as db:
+        details = [d for (d,) in db.execute("SELECT detail FROM events WHERE kind = 'model-parameters'")]
+    assert details == ["proj: |x| up to 1000 (float32, 128 values), read by Mm"]

@@ -59,14 +59,17 @@ def after_modules(output_node, module_nodes) -> list:
 
 
 def own_parameters(output_node, module_nodes, params) -> "str | None":
-    """'logit_scale: 14.29 (float32, 1 value), read by Exp' for each of `params` ({id: name}: the model's
-    own, held by no submodule) that the model's code after its modules reads: CLIP's
-    temperature, whose exp() scales the logits, is where their overflow comes from, not the
-    operations the model-code event lists. None for none."""
+    """'logit_scale: 14.29 (float32, 1 value), read by Exp' for each of `params` ({id: name}:
+    the model's own, held by no submodule) that the model's code after its modules reads:
+    CLIP's temperature, whose exp() scales the logits, is where their overflow comes from,
+    not the operations the model-code event lists. None for none."""
     found = {}  # name -> (parameter, the operation reading it that is nearest the output)
     for node in after_modules(output_node, module_nodes):
         for child, _ in node.next_functions:
             param = getattr(child, "variable", None)
+            if param is None and child is not None and op_name(child) == "ToCopy":
+                # autocast's cast of it: the operation that reads the cast says more than the cast
+                param = next((getattr(c, "variable", None) for c, _ in child.next_functions if c is not None), None)
             if param is not None and id(param) in params:
                 found.setdefault(params[id(param)], (param, node))
     described = []
