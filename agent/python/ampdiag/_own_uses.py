@@ -34,28 +34,31 @@ class OwnUses:
         under a module's output (`module_nodes`, those of this forward)."""
         if not self._uses or output_node is None:
             return
-        for node in after_modules(output_node, module_nodes):
-            for k, (child, _) in enumerate(node.next_functions):
-                param = getattr(child, "variable", None)  # an accumulator's (under autocast, below its weight cast)
-                if param is not None and id(param) in self._uses:
-                    self._uses[id(param)].watch_part(node, k)
+        for node, k, param in after_modules(output_node, module_nodes)[1]:
+            if id(param) in self._uses:
+                self._uses[id(param)].watch_part(node, k)
 
 
-def after_modules(output_node, module_nodes) -> list:
-    """The graph nodes under `output_node` that are not under a module's output
-    (`module_nodes`: the list keeps them alive, so their ids stay theirs), breadth first, at
-    most _SEARCH_NODES; a parameter's accumulator is not one of them, it shows among their
-    next_functions."""
+def after_modules(output_node, module_nodes):
+    """The graph under `output_node` that is not under a module's output (`module_nodes`: the
+    list keeps them alive, so their ids stay theirs), breadth first, at most _SEARCH_NODES
+    nodes: (those nodes, [(node, k, parameter)] for each parameter's accumulator that is
+    the node's k-th next function)."""
     stop = {id(n) for n in module_nodes}
-    queue, seen, nodes = collections.deque([output_node]), set(), []
+    queue, seen, nodes, reads = collections.deque([output_node]), set(), [], []
     while queue and len(seen) < _SEARCH_NODES:
         node = queue.popleft()
         if node is None or id(node) in seen or id(node) in stop:
             continue
         seen.add(id(node))
         nodes.append(node)  # held: a freed node's id could be handed to another (see _loss_code.py)
-        queue.extend(child for child, _ in node.next_functions if getattr(child, "variable", None) is None)
-    return nodes
+        for k, (child, _) in enumerate(node.next_functions):
+            param = getattr(child, "variable", None)  # an accumulator's (under autocast, below its weight cast)
+            if param is None:
+                queue.append(child)
+            else:
+                reads.append((node, k, param))
+    return nodes, reads
 
 
 def own_parameters(output_node, module_nodes, params) -> "str | None":
@@ -63,15 +66,14 @@ def own_parameters(output_node, module_nodes, params) -> "str | None":
     the model's own, held by no submodule) that the model's code after its modules reads:
     CLIP's temperature, whose exp() scales the logits, is where their overflow comes from,
     not the operations the model-code event lists. None for none."""
+    nodes, reads = after_modules(output_node, module_nodes)
     found = {}  # name -> (parameter, the operation reading it that is nearest the output)
-    for node in after_modules(output_node, module_nodes):
-        for child, _ in node.next_functions:
-            param = getattr(child, "variable", None)
-            if param is None and child is not None and op_name(child) == "ToCopy":
-                # autocast's cast of it: the operation that reads the cast says more than the cast
-                param = next((getattr(c, "variable", None) for c, _ in child.next_functions if c is not None), None)
-            if param is not None and id(param) in params:
-                found.setdefault(params[id(param)], (param, node))
+    for reader, _, param in reads:
+        if id(param) not in params:
+            continue
+        if op_name(reader) == "ToCopy":  # autocast's cast of it: the operation reading the cast says more
+            reader = next((n for n in nodes if any(c is reader for c, _ in n.next_functions)), reader)
+        found.setdefault(params[id(param)], (param, reader))
     described = []
     for name, (p, reader) in sorted(found.items(), key=lambda item: item[0]):
         with torch.no_grad():
