@@ -67,7 +67,10 @@ void evaluation_overflow(const Run& run, std::vector<Finding>& out) {
     f.evidence = "the model's output held NaN/Inf " + where + ", while every watched module's output was finite";
   } else {
     f.module = looked->detail;
-    f.title = "Evaluations between the training steps went NaN/Inf, first at " + f.module;
+    // "first at 0" read as a step where the module is an nn.Sequential's index: its type says what it is.
+    const ModuleSummary* m = run.module_named(f.module);
+    const std::string type = m && !m->info.module_type.empty() ? " (" + m->info.module_type + ")" : "";
+    f.title = "Evaluations between the training steps went NaN/Inf, first in module " + f.module + type;
     f.evidence = "the model's output held NaN/Inf " + where + "; the first module whose output held NaN/Inf was " +
                  f.module + " (at step " + std::to_string(looked->step) +
                  ": each module is looked at once an evaluation's output went NaN/Inf)";

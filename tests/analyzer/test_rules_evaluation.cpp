@@ -31,7 +31,7 @@ TEST_CASE("an evaluation that went NaN/Inf after finite training steps is a warn
   CHECK_FALSE(Gate("error").fails(r));
   CHECK(Gate("all").fails(r));
   CHECK(f.module == "encoder.1.mlp");
-  CHECK(f.title == "Evaluations between the training steps went NaN/Inf, first at encoder.1.mlp");
+  CHECK(f.title == "Evaluations between the training steps went NaN/Inf, first in module encoder.1.mlp");
   CHECK_THAT(f.evidence, Catch::Contains("in 2 evaluations between the training steps (the model in eval mode, "
                                          "gradients off; at steps 2, 4)"));
   REQUIRE(f.suggestions.size() == 2);

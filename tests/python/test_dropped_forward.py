@@ -59,6 +59,33 @@ def test_a_nan_forward_the_loop_skips_before_backward_is_dropped_at_its_step(tmp
             "dropped the batch")]
 
 
+def guarded(model, step, bad_step):
+    loss = forward_loss(model, batch(step, bad_step))
+    return loss if torch.isfinite(loss) else None
+
+
+def test_a_nan_forward_the_loop_skips_in_its_last_iteration_is_dropped_when_the_run_closes(tmp_path):
+    # No step ends after the loop's last batch: the run's end is where it was lost.
+    train(tmp_path / "run.db", lambda model, step: guarded(model, step, 3), steps=4)
+    assert dropped(tmp_path / "run.db") == [
+        (3, "1 forward whose output went NaN/Inf (first at 0) got no backward before the step ended: the loop "
+            "dropped the batch")]
+
+
+def test_a_nan_forward_before_the_training_raised_is_not_called_dropped(tmp_path):
+    # The exception, not the loop, left it without a backward.
+    def raising(model, step):
+        if guarded(model, step, 3) is None:
+            raise RuntimeError("data loader failed")
+        return forward_loss(model, batch(step))
+
+    try:
+        train(tmp_path / "run.db", raising, steps=4)
+    except RuntimeError:
+        pass
+    assert dropped(tmp_path / "run.db") == []
+
+
 def test_a_nan_forward_whose_loss_the_scaler_skips_is_not_dropped(tmp_path):
     train(tmp_path / "run.db", lambda model, step: forward_loss(model, batch(step, 2)))
     assert nan_steps(tmp_path / "run.db") == [2]

@@ -63,6 +63,7 @@ class AttachHandle:
         self._db, self._run_id = db, run_id
         self._fused = fused_unscale
         self._closed = False
+        self._raised = False  # the with-block was left by an exception
         self._stopped = False  # recording stopped, hooks inert: the run.db could not be created
         # Closed, or recording stopped: the hooks do nothing and torch's own methods run. A
         # plain attribute, set with either, since every hook reads it.
@@ -224,6 +225,10 @@ class AttachHandle:
         """Detaches every hook and wrapper and finishes the run.db. Idempotent."""
         if self._closed:
             return
+        if not self._inert and not self._raised:
+            # A guard on the loss that dropped the loop's last batch: no step ends after it.
+            for kind, detail in self._dropped.step_ended():
+                self._session.event(kind, detail)
         self._closed = self._inert = True
         self._live = False
         _loss.unwatch(self)
@@ -263,6 +268,7 @@ class AttachHandle:
     def __exit__(self, kind, error, traceback):
         # A training that raised inside the block: the report says so where it finds no step,
         # rather than that the loop never reached its update.
+        self._raised = kind is not None
         if kind is not None and not self._closed and not self._inert:
             text = str(error).strip()
             self._session.event("training-raised", kind.__name__ + (": " + text.splitlines()[0][:300] if text else ""))
