@@ -41,6 +41,22 @@ TEST_CASE("an evaluation that went NaN/Inf after finite training steps is a warn
                                                       "dtype=torch.bfloat16)"));
 }
 
+TEST_CASE("an evaluation's first module is titled with its type, so that a Sequential's index does not read as a step",
+          "[rules][evaluation]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 4; ++i) {
+    f.activation("0", false);
+    f.step(65536, 65536);
+    if (i == 1) f.event("evaluation-output-nonfinite", "(not looked at)");
+    if (i == 3) f.event("evaluation-output-nonfinite", "0");
+  }
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  CHECK(required(r, "evaluation-overflow").title ==
+        "Evaluations between the training steps went NaN/Inf, first in module 0 (Module)");
+}
+
 TEST_CASE("an evaluation no other followed says to evaluate again to name the module, with no pin",
           "[rules][evaluation]") {
   const Report r = evaluations({"(not looked at)"});
