@@ -9,6 +9,7 @@
 
 #include "ampdiag/analyzer/causes.h"
 #include "loss_code.h"
+#include "model_parameters.h"
 #include "rules.h"
 #include "suggestions.h"
 
@@ -290,6 +291,7 @@ void model_code_after_modules(const Run& run, const std::vector<std::int64_t>& s
     for (const auto& e : run.events)
       if (e.kind == "model-parameters" && e.step == code.step) {
         f.evidence += "; the model's own parameters (held by no submodule) that code reads: " + e.detail;
+        if (auto bound = model_parameters::exp_bound(run, e.detail)) f.suggestions.push_back(*bound);
         break;
       }
   }

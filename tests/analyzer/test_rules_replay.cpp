@@ -103,25 +103,57 @@ TEST_CASE("the model's output NaN/Inf after finite modules names its own code af
   for (const auto& x : r.findings) CHECK_THAT(x.title, !Catch::Contains("made after the modules"));
 }
 
-TEST_CASE("the model's own parameters that its code after the modules reads are in the evidence", "[rules][replay]") {
-  // CLIP: logits = logit_scale.exp() * image @ text.T, logit_scale initialised to 1/0.07
-  // instead of its log: the parameter, not the matmul, makes the overflow.
+// CLIP: logits = logit_scale.exp() * image @ text.T, its model-parameters event `parameters`.
+Report clip_report(const std::string& parameters) {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"image.weight", "text.weight", "logit_scale"});
   f.replay("", "finite");
   for (int i = 0; i < 4; ++i) {
-    if (i == 0)
-      f.event("model-code", "Div:float16, T:float16, Mm:float16")
-          .event("model-parameters", "logit_scale: 14.29 (float32, 1 value), read by Exp");
+    if (i == 0) f.event("model-code", "Div:float16, T:float16, Mm:float16").event("model-parameters", parameters);
     f.activation("image", false).activation("text", false).activation("", true).step(65536, 32768, 1000,
                                                                                      {"logit_scale"}, kNaN);
   }
   f.finish();
-  const auto r = report_of(dir.file("run.db"));
+  return report_of(dir.file("run.db"));
+}
+
+TEST_CASE("the model's own parameters that its code after the modules reads are in the evidence", "[rules][replay]") {
+  // logit_scale initialised to 1/0.07 instead of its log: the parameter, not the matmul,
+  // makes the overflow.
+  const auto r = clip_report("logit_scale: 14.29 (float32, 1 value), read by Exp");
   const Finding* fw = find(r, "forward-nonfinite");
   REQUIRE(fw != nullptr);
   CHECK_THAT(fw->evidence, Catch::Contains("the model's own parameters (held by no submodule) that code reads: "
                                            "logit_scale: 14.29 (float32, 1 value), read by Exp"));
+}
+
+TEST_CASE("a parameter whose exp() passes fp16's range by itself is bounded first, before the code runs in FP32",
+          "[rules][replay]") {
+  const auto r = clip_report("proj: |x| up to 0.5 (float32, 1024 values), read by Mm; logit_scale: 14.29 (float32, 1 "
+                             "value), read by Exp");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  REQUIRE(fw->suggestions.size() >= 2);
+  CHECK_THAT(fw->suggestions[0].summary, Catch::StartsWith("Bound logit_scale before its exp(): at 14.3, exp() gives "
+                                                           "1.61e+06, beyond fp16's largest value (65504)"));
+  CHECK(fw->suggestions[0].python == "# in the model's forward(), where it takes logit_scale.exp():\n"
+                                     "scale = self.logit_scale.clamp(max=math.log(100)).exp()");
+  CHECK(fw->suggestions[0].untried);
+  CHECK_THAT(fw->suggestions[1].summary, Catch::StartsWith("Run the model's own code after"));
+}
+
+TEST_CASE("a parameter whose exp() stays in fp16's range, or one of many values, is not offered a bound",
+          "[rules][replay]") {
+  // Several values give only their largest |x|, and exp() of a large negative one is tiny.
+  for (const char* parameters : {"logit_scale: 2.659 (float32, 1 value), read by Exp",
+                                 "log_sigma: |x| up to 14.29 (float32, 8 values), read by Exp",
+                                 "gain: 14.29 (float32, 1 value), read by Mul"}) {
+    const auto r = clip_report(parameters);
+    const Finding* fw = find(r, "forward-nonfinite");
+    REQUIRE(fw != nullptr);
+    REQUIRE_FALSE(fw->suggestions.empty());
+    CHECK_THAT(fw->suggestions[0].summary, Catch::StartsWith("Run the model's own code after"));
+  }
 }
 
 TEST_CASE("the model's output NaN/Inf without its operations recorded still names its code after the last module", "[rules][replay]") {

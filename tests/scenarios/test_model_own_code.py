@@ -94,10 +94,12 @@ def test_a_mask_the_model_applies_after_its_last_module_is_by_design_and_healthy
 class Clip(nn.Module):
     """Two towers and a learnable temperature whose exp() scales the cosine similarities.
     `log_init=False`: logit_scale initialised to 1/0.07 instead of log(1/0.07), a slip that
-    makes exp(logit_scale) 1.6e6 and the logits overflow fp16."""
+    makes exp(logit_scale) 1.6e6 and the logits overflow fp16. `clamped`: CLIP's bound on it
+    before the exp(), at ln(100)."""
 
-    def __init__(self, log_init):
+    def __init__(self, log_init, clamped=False):
         super().__init__()
+        self.clamped = clamped
         self.image = nn.Sequential(nn.Linear(48, 64), nn.GELU(), nn.Linear(64, 32))
         self.text = nn.Sequential(nn.Embedding(200, 64), nn.Flatten(), nn.Linear(64 * 6, 32))
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07) if log_init else 1 / 0.07))
@@ -105,12 +107,13 @@ class Clip(nn.Module):
     def forward(self, image, tokens):
         i = nn.functional.normalize(self.image(image), dim=-1)
         t = nn.functional.normalize(self.text(tokens), dim=-1)
-        return self.logit_scale.exp() * i @ t.t()
+        scale = self.logit_scale.clamp(max=math.log(100)) if self.clamped else self.logit_scale
+        return scale.exp() * i @ t.t()
 
 
-def clip_loop(db, log_init, steps=8):
+def clip_loop(db, log_init, steps=8, clamped=False):
     torch.manual_seed(0)
-    model = Clip(log_init)
+    model = Clip(log_init, clamped)
 
     def loss_of(g):
         logits = model(torch.randn(16, 48, generator=g), torch.randint(0, 200, (16, 6), generator=g))
@@ -128,6 +131,16 @@ def test_a_temperature_the_models_own_code_reads_is_named_with_its_value(tmp_pat
     assert own_code is rep["findings"][0] and "its last submodule" in own_code["title"]
     assert "own parameters (held by no submodule) that code reads: logit_scale: 14.29 (float32, 1 value), read by Exp" \
         in own_code["evidence"]
+    bound = own_code["suggestions"][0]
+    assert bound["summary"].startswith("Bound logit_scale before its exp(): at 14.3, exp() gives 1.61e+06")
+    assert "self.logit_scale.clamp(max=math.log(100)).exp()" in bound["python"]
+
+
+def test_the_bound_the_report_offers_a_temperature_makes_its_loop_healthy(tmp_path, verdict):
+    # The slip left as it is, with the clamp the report's first fix gives.
+    clip_loop(tmp_path / "run.db", log_init=False, clamped=True)
+    code, rep = verdict(tmp_path / "run.db")
+    assert code == 0, rep["findings"]
 
 
 def test_a_temperature_initialised_as_its_log_is_healthy(tmp_path, verdict):
