@@ -150,6 +150,9 @@ void weight_growth(const Run& run, std::vector<Finding>& out);
 // standard initialisation's at their first reading (Run::weight_norms): a warning where an
 // overflow finding's module is it or after it in forward order, else info. Runs after them.
 void oversized_weights(const Run& run, std::vector<Finding>& out);
+// The gain (RMS times the square root of the fan-in) of `module`'s most oversized weight at
+// its first reading, where oversized-weights counts it so; 0 where none is.
+double oversized_gain(const Run& run, const std::string& module);
 void rank_disagreement(const std::vector<Run>& runs, const Thresholds& t, std::vector<Finding>& out);
 
 }  // namespace ampdiag::analyzer::rules

@@ -82,9 +82,8 @@ bool at_or_after(const Run& run, const std::string& later, const std::string& ea
   return a->info.id >= b->info.id;
 }
 
-}  // namespace
-
-void oversized_weights(const Run& run, std::vector<Finding>& out) {
+// The layers whose weights were oversized at their first reading, the largest gain first.
+std::vector<Oversized> oversized_layers(const Run& run) {
   std::map<std::int64_t, const rundb::WeightNormRow*> first;  // by layer id
   for (const auto& w : run.weight_norms) {
     auto& at = first[w.layer_id];
@@ -106,8 +105,21 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
     const double scale = w->l2 / std::sqrt(double(layer.info.numel)) * std::sqrt(fan_in);
     if (scale >= kOversized) found.push_back({&layer, scale, w->step});
   }
-  if (found.empty()) return;
   std::stable_sort(found.begin(), found.end(), [](const Oversized& a, const Oversized& b) { return a.scale > b.scale; });
+  return found;
+}
+
+}  // namespace
+
+double oversized_gain(const Run& run, const std::string& module) {
+  for (const Oversized& o : oversized_layers(run))
+    if (suggest::module_for_layer(run, o.layer->info) == module) return o.scale;
+  return 0.0;
+}
+
+void oversized_weights(const Run& run, std::vector<Finding>& out) {
+  const std::vector<Oversized> found = oversized_layers(run);
+  if (found.empty()) return;
   const Oversized& top = found.front();
   const std::string module = suggest::module_for_layer(run, top.layer->info);
 

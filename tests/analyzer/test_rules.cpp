@@ -292,10 +292,13 @@ namespace {
 // The run above with enc and head probed, head's outputs reaching `head_output`; with a
 // module "mid" between them whose outputs reach `mid_output`, where given; and with an
 // expert between them first called at step 5 (its outputs `late_expert`, head's 10 before it),
-// where given.
-Report loss_too_large_run(double head_output, double mid_output = 0.0, double late_expert = 0.0) {
+// where given; with head's weights read at step 0 at a gain of `head_gain` ([64, 64]: l2 = 8 *
+// gain), where given.
+Report loss_too_large_run(double head_output, double mid_output = 0.0, double late_expert = 0.0,
+                          double head_gain = 0.0) {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  if (head_gain > 0.0) f.weight_norm("enc.weight", 2.4).weight_norm("head.weight", 8.0 * head_gain);
   double scale = 65536;
   for (int i = 0; i < 30; ++i) {
     f.activation("enc", false, 3.0);
@@ -332,6 +335,22 @@ TEST_CASE("a loss too large for fp16 with large model outputs names them beside 
              Catch::Contains("the model's outputs are large too (head's, the last module's, reach 200000): where the "
                              "targets are that large, normalise them") &&
                  Catch::Contains("find what makes the outputs so large"));
+}
+
+TEST_CASE("a loss too large for fp16 from a head whose weights start far too large is fixed at its initialisation first",
+          "[rules]") {
+  // An LM head initialised 3e4 times too large: logits of 2e4 from a loss over token ids,
+  // where no target normalisation helps.
+  const Report r = loss_too_large_run(2e5, 0.0, 0.0, 4818.0);
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE(o.suggestions.size() >= 2);
+  CHECK_THAT(o.suggestions[0].summary,
+             Catch::StartsWith("Initialise head at a standard scale (torch's default, Kaiming or Xavier): its weights "
+                               "start at a gain of 4818 (see oversized-weights), so its outputs reach 200000"));
+  CHECK(o.suggestions[0].python == "model.get_submodule(\"head\").reset_parameters()  # torch's default initialisation "
+                                   "(Linear, Conv)");
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Shrink the loss where it is made"));
+  CHECK(find(r, "oversized-weights") != nullptr);
 }
 
 TEST_CASE("the model's outputs are its head's even where an expert was first called after it", "[rules]") {

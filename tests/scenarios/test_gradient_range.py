@@ -42,22 +42,37 @@ def test_the_same_loop_on_normalised_targets_is_healthy(tmp_path, verdict):
     assert code == 0, rep["findings"]
 
 
-def test_a_head_initialised_too_large_names_the_model_outputs_not_only_the_targets(tmp_path, verdict):
-    # Unit targets, a last layer 1e4 times its initial size: the loss is as large as with
-    # house prices, made by the model's outputs, which normalising targets would not shrink.
+def train_hot_head(db, reset):
+    """Unit targets, a last layer 1e4 times its initial size; `reset`: its weights
+    re-initialised with reset_parameters(), as the report's first fix says."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
     with torch.no_grad():
         model[4].weight.mul_(1e4)
+    if reset:
+        model.get_submodule("4").reset_parameters()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     scaler = torch.amp.GradScaler("cpu")
-    db = tmp_path / "hot_head.db"
     with ampdiag.attach(model, scaler, db=db):
         for _ in range(40):
             x, y = torch.randn(256, 16), torch.randn(256, 1)
             amp_step(opt, scaler, lambda: nn.functional.mse_loss(model(x).float(), y))
-    code, rep = verdict(db)
+
+
+def test_a_head_initialised_too_large_is_reset_first_and_named_beside_the_targets(tmp_path, verdict):
+    # The loss is as large as with house prices, made by the model's outputs, which
+    # normalising the targets would not shrink; the head's weights read at step 0 say why.
+    train_hot_head(tmp_path / "hot_head.db", reset=False)
+    code, rep = verdict(tmp_path / "hot_head.db")
     assert code == 1
     origin = next(f for f in rep["findings"] if f["rule"] == "overflow-origin")
     assert "exceed fp16's range even unscaled" in origin["title"]
-    assert "the model's outputs are large too (4's, the last module's" in origin["suggestions"][0]["summary"]
+    assert origin["suggestions"][0]["summary"].startswith("Initialise 4 at a standard scale")
+    assert origin["suggestions"][0]["python"].startswith('model.get_submodule("4").reset_parameters()')
+    assert "the model's outputs are large too (4's, the last module's" in origin["suggestions"][1]["summary"]
+
+
+def test_the_head_reset_as_the_report_says_is_healthy(tmp_path, verdict):
+    train_hot_head(tmp_path / "reset.db", reset=True)
+    code, rep = verdict(tmp_path / "reset.db")
+    assert code == 0, rep["findings"]
