@@ -307,6 +307,23 @@ const CallGrowth* recurrence(const Run& run, const ForwardCause& cause) {
   return m && m->growth.grows() ? &m->growth : nullptr;
 }
 
+// A module run several times in one forward whose outputs did not grow steadily (ALBERT's
+// shared block, a layer reused by hand): which call went NaN/Inf says where in the forward
+// it happened. Empty where it ran once, or no forward with a row for every call showed it.
+std::string repeated_calls(const Run& run, const ForwardCause& cause) {
+  if (cause.intrinsic || cause.own_code || cause.module.empty() || cause.module != cause.first_seen) return "";
+  const ModuleSummary* m = run.module_named(cause.module);
+  if (!m || m->growth.calls < 2 || m->growth.nonfinite_call < 0) return "";
+  const CallGrowth& g = m->growth;
+  std::string said = "it ran " + std::to_string(g.calls) + " times in step " + std::to_string(g.step) +
+                     "'s forward and went NaN/Inf at call " + std::to_string(g.nonfinite_call + 1);
+  if (g.nonfinite_call == 0) return said + ", its first";
+  if (g.to_call + 1 != g.nonfinite_call) return said;
+  said += ", after an |output| of ";
+  if (g.from_call < g.to_call) said += three_digits(g.from) + " at call " + std::to_string(g.from_call + 1) + " and ";
+  return said + three_digits(g.to) + " at call " + std::to_string(g.to_call + 1);
+}
+
 // Its |output| at its last call in that forward had it kept growing at that rate, as FP32 would let it.
 double projected_last(const CallGrowth& g) {
   return double(g.to) * std::pow(g.rate(), double(g.calls - 1 - g.to_call));
@@ -520,7 +537,10 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
                                "", ""});
     }
     if (run.fp16() && !replayed_pin) f.suggestions.push_back(suggest::use_bf16(run));
-    if (const CallGrowth* growth = recurrence(run, cause)) recurrence_fixes(run, name, *growth, f);
+    if (const CallGrowth* growth = recurrence(run, cause))
+      recurrence_fixes(run, name, *growth, f);
+    else if (const std::string calls = repeated_calls(run, cause); !calls.empty())
+      f.evidence += "; " + calls;
     if (beyond.model_input) f.suggestions.insert(f.suggestions.begin(), scale_the_input());
     if (c.hurt == 0) {
       // The model absorbed it (a max, a mask): a latent overflow, not a lost step. Or only

@@ -68,3 +68,20 @@ TEST_CASE("a module whose output grew only tenfold over its calls is not said to
   const Finding& fw = required(r, "forward-nonfinite");
   CHECK(fw.title == "cell.rec is the first module whose output is NaN/Inf in forward");
 }
+
+TEST_CASE("a module run a few times in a forward says at which of its calls it went NaN/Inf", "[rules][recurrence]") {
+  // ALBERT's shared block, six passes: too few finite calls to call it a growth.
+  TempDir dir;
+  const Report r = recurrent(dir, {388, 5000, 52100, kNaN, kNaN, kNaN});
+  const Finding& fw = required(r, "forward-nonfinite");
+  CHECK(fw.title == "cell.rec is the first module whose output is NaN/Inf in forward");
+  CHECK_THAT(fw.evidence, Catch::Contains("; it ran 6 times in step 0's forward and went NaN/Inf at call 4, after an "
+                                          "|output| of 388 at call 1 and 5.21e+04 at call 3"));
+}
+
+TEST_CASE("a module run several times that went NaN/Inf at its first call says so", "[rules][recurrence]") {
+  TempDir dir;
+  const Report r = recurrent(dir, {kNaN, kNaN, kNaN});
+  CHECK_THAT(required(r, "forward-nonfinite").evidence,
+             Catch::Contains("; it ran 3 times in step 0's forward and went NaN/Inf at call 1, its first"));
+}
