@@ -63,3 +63,37 @@ def test_the_state_bounded_as_the_report_says_is_healthy(tmp_path, verdict):
     recurrent_loop(db, bounded=True)
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
+
+
+class SharedBlocks(nn.Module):
+    """ALBERT's cross-layer sharing: one residual block run six times, its second Linear 40
+    times too large, so the residual stream overflows fp16 a few passes in."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Linear(16, 64), nn.Linear(64, 4)
+        self.fc1, self.fc2 = nn.Linear(64, 256), nn.Linear(256, 64)
+        with torch.no_grad():
+            self.fc2.weight.mul_(40)
+            self.emb.weight.mul_(20)
+
+    def forward(self, x):
+        h = self.emb(x)
+        for _ in range(6):
+            h = h + self.fc2(nn.functional.gelu(self.fc1(h)))
+        return self.head(h)
+
+
+def test_a_shared_block_says_at_which_of_its_passes_it_went_nonfinite(tmp_path, verdict):
+    torch.manual_seed(0)
+    model = SharedBlocks()
+
+    def loss_of(g):
+        return nn.functional.cross_entropy(model(torch.randn(32, 16, generator=g)), torch.randint(0, 4, (32,), generator=g))
+
+    amp_training(tmp_path / "run.db", model, torch.optim.Adam(model.parameters(), lr=1e-4), 4, loss_of)
+    code, rep = verdict(tmp_path / "run.db")
+    first = rep["findings"][0]
+    assert (code, first["rule"], first["module"]) == (1, "forward-nonfinite", "fc2")
+    assert "it ran 6 times in step 0's forward and went NaN/Inf at call " in first["evidence"]
+    assert "grows about" not in first["title"]
