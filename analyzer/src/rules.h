@@ -153,6 +153,9 @@ void oversized_weights(const Run& run, std::vector<Finding>& out);
 // The gain (RMS times the square root of the fan-in) of `module`'s most oversized weight at
 // its first reading, where oversized-weights counts it so; 0 where none is.
 double oversized_gain(const Run& run, const std::string& module);
+// The module of the layer oversized-weights names first (the largest such gain), and that
+// gain; {"", 0} where no layer is oversized.
+std::pair<std::string, double> most_oversized(const Run& run);
 void rank_disagreement(const std::vector<Run>& runs, const Thresholds& t, std::vector<Finding>& out);
 
 }  // namespace ampdiag::analyzer::rules

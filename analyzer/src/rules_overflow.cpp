@@ -397,26 +397,25 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                    "; or average over the batch instead of summing, or divide the loss by a constant.";
         f.suggestions.push_back({summary, "", "", ""});
       } else {
-        // The module that makes the large outputs (the jump, else the last module) whose
-        // weights started far above any standard initialisation: the loss is large because
-        // of them, and so is every gradient that passes back through them (an LM head
-        // initialised 3e4 times too large: logits of 2e4 from a loss over token ids, which no
-        // target normalisation fixes).
+        // A layer whose weights started far above any standard initialisation: the module
+        // that makes the large outputs (the jump, else the last module), else the most
+        // oversized one before them. What it makes is that many times its input, and so
+        // are the loss and the gradients after it (an LM head initialised 3e4 times too
+        // large: logits of 2e4 from a loss over token ids, which no target normalisation
+        // fixes; a classifier's first convolution 3000 times too large).
         const ModuleSummary* maker = !jumped.empty() ? jump.module : last;
-        const double gain = large_outputs && maker ? oversized_gain(run, maker->info.path) : 0.0;
-        if (gain > 0.0) {
-          const std::string path = maker->info.path;
-          const std::string torch_path = "model.get_submodule(\"" + path + "\")";
-          f.suggestions.push_back(
-              {"Initialise " + path + " at a standard scale (torch's default, Kaiming or Xavier): its weights start "
-               "at a gain of " + fmt(std::round(gain)) + " (see oversized-weights), so its outputs reach " +
-                   fmt(maker == last ? double(last->max_absmax) : double(jump.absmax)) + ", the loss is around " +
-                   fmt(loss) + ", and the gradients that pass back through it are as large. Or find what made them "
-                   "this large: a custom initialisation, a checkpoint saved at another scale, a weight multiplied by "
-                   "mistake.",
-               torch_path + ".reset_parameters()  # torch's default initialisation (Linear, Conv)",
-               "// where the module is made, torch's default initialisation:\nmodule->reset_parameters();", ""});
-        }
+        const bool maker_oversized = large_outputs && maker && oversized_gain(run, maker->info.path) > 0.0;
+        const auto [oversized, gain] = maker_oversized ? std::pair<std::string, double>{maker->info.path,
+                                                                                     oversized_gain(run, maker->info.path)}
+                                                       : most_oversized(run);
+        if (gain > 0.0)
+          f.suggestions.push_back(suggest::reinitialise(
+              oversized, gain,
+              maker_oversized
+                  ? "its outputs reach " + fmt(maker == last ? double(last->max_absmax) : double(jump.absmax)) +
+                        ", the loss is around " + fmt(loss) + ", and the gradients that pass back through it are as large"
+                  : "what it makes is about that many times its input, and the loss (around " + fmt(loss) +
+                        ") and the gradients of the layers after it are as large"));
         const std::string targets =
             large_outputs ? "; the model's outputs are large too (" + last->info.path + "'s, the last module's, reach " +
                                 fmt(last->max_absmax) + "): where the targets are that large, normalise them to unit "

@@ -117,6 +117,12 @@ double oversized_gain(const Run& run, const std::string& module) {
   return 0.0;
 }
 
+std::pair<std::string, double> most_oversized(const Run& run) {
+  const std::vector<Oversized> found = oversized_layers(run);
+  if (found.empty()) return {"", 0.0};
+  return {suggest::module_for_layer(run, found.front().layer->info), found.front().scale};
+}
+
 void oversized_weights(const Run& run, std::vector<Finding>& out) {
   const std::vector<Oversized> found = oversized_layers(run);
   if (found.empty()) return;

@@ -3,6 +3,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 
 #include "ampdiag/analyzer/escape.h"
 #include "device_profile.h"
@@ -274,6 +275,19 @@ std::string module_for_layer(const Run& run, const rundb::LayerRow& layer) {
     if (p.size() > best.size() && !p.empty() && within(layer.module_path, p)) best = p;
   }
   return best.empty() ? layer.module_path : best;
+}
+
+Suggestion reinitialise(const std::string& module, double gain, const std::string& so) {
+  char start[32];
+  std::snprintf(start, sizeof start, "%.0f", gain);
+  const std::string torch_path = "model.get_submodule(\"" + module + "\")";
+  Suggestion s{"Initialise " + module + " at a standard scale (torch's default, Kaiming or Xavier): its weights start "
+               "at a gain of " + start + " (see oversized-weights), so " + so + ". Or find what made them this large: "
+               "a custom initialisation, a checkpoint saved at another scale, a weight multiplied by mistake.",
+               torch_path + ".reset_parameters()  # torch's default initialisation (Linear, Conv)",
+               "// where the module is made, torch's default initialisation:\nmodule->reset_parameters();", ""};
+  s.untried = true;
+  return s;
 }
 
 bool outside_model(const rundb::LayerRow& layer) { return layer.module_path.empty() && layer.module_type.empty(); }

@@ -292,13 +292,14 @@ namespace {
 // The run above with enc and head probed, head's outputs reaching `head_output`; with a
 // module "mid" between them whose outputs reach `mid_output`, where given; and with an
 // expert between them first called at step 5 (its outputs `late_expert`, head's 10 before it),
-// where given; with head's weights read at step 0 at a gain of `head_gain` ([64, 64]: l2 = 8 *
-// gain), where given.
-Report loss_too_large_run(double head_output, double mid_output = 0.0, double late_expert = 0.0,
-                          double head_gain = 0.0) {
+// where given; with the weights of `oversized` (enc.weight or head.weight) read at step 0 at a
+// gain of `gain` ([64, 64]: l2 = 8 * gain), the other's at 0.3, where given.
+Report loss_too_large_run(double head_output, double mid_output = 0.0, double late_expert = 0.0, double gain = 0.0,
+                          const std::string& oversized = "head.weight") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
-  if (head_gain > 0.0) f.weight_norm("enc.weight", 2.4).weight_norm("head.weight", 8.0 * head_gain);
+  if (gain > 0.0)
+    for (const char* layer : {"enc.weight", "head.weight"}) f.weight_norm(layer, layer == oversized ? 8.0 * gain : 2.4);
   double scale = 65536;
   for (int i = 0; i < 30; ++i) {
     f.activation("enc", false, 3.0);
@@ -351,6 +352,26 @@ TEST_CASE("a loss too large for fp16 from a head whose weights start far too lar
                                    "(Linear, Conv)");
   CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Shrink the loss where it is made"));
   CHECK(find(r, "oversized-weights") != nullptr);
+}
+
+TEST_CASE("a loss too large for fp16 after a layer whose weights start far too large is fixed at that layer first",
+          "[rules]") {
+  // A classifier's first convolution 3000 times too large: every output after it is large,
+  // the head's included, though the head's own weights are standard.
+  const Report r = loss_too_large_run(2e5, 0.0, 0.0, 1768.0, "enc.weight");
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE(o.suggestions.size() >= 2);
+  CHECK_THAT(o.suggestions[0].summary,
+             Catch::StartsWith("Initialise enc at a standard scale (torch's default, Kaiming or Xavier): its weights "
+                               "start at a gain of 1768 (see oversized-weights), so what it makes is about that many "
+                               "times its input, and the loss (around 9e+10) and the gradients of the layers after it "
+                               "are as large"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Shrink the loss where it is made"));
+}
+
+TEST_CASE("a loss too large for fp16 with no oversized weights offers no re-initialisation", "[rules]") {
+  const Report r = loss_too_large_run(2e5, 0.0, 0.0, 1.0);  // both layers read at standard gains
+  for (const auto& s : required(r, "overflow-origin").suggestions) CHECK_THAT(s.summary, !Catch::Contains("Initialise"));
 }
 
 TEST_CASE("the model's outputs are its head's even where an expert was first called after it", "[rules]") {

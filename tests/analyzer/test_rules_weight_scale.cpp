@@ -58,6 +58,15 @@ TEST_CASE("weights starting far above a standard initialisation's gain are named
   CHECK(r.findings.front().rule == "forward-nonfinite");
 }
 
+TEST_CASE("a forward overflow after weights that start far too large keeps its own confirmed fixes first",
+          "[rules][oversized-weights]") {
+  // A gain may be by design (trainable Fourier features): the replay-confirmed pin stays the
+  // first fix, and the re-initialisation is the oversized-weights finding's own.
+  TempDir dir;
+  const Report r = run_with(dir, "a.weight", 1000.0, 6);
+  for (const auto& s : required(r, "forward-nonfinite").suggestions) CHECK_THAT(s.summary, !Catch::StartsWith("Initialise"));
+}
+
 TEST_CASE("weights far above a standard initialisation's gain in a run that never overflowed are information",
           "[rules][oversized-weights]") {
   TempDir dir;

@@ -76,3 +76,38 @@ def test_the_head_reset_as_the_report_says_is_healthy(tmp_path, verdict):
     train_hot_head(tmp_path / "reset.db", reset=True)
     code, rep = verdict(tmp_path / "reset.db")
     assert code == 0, rep["findings"]
+
+
+def train_hot_first_layer(db, reset):
+    """A classifier whose first Linear is 2e4 times its initial size: every output after it,
+    the loss (cross-entropy over 4 classes: no targets to normalise) and the gradients of
+    the layers after it are that large. `reset`: re-initialised as the report says."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    with torch.no_grad():
+        model[0].weight.mul_(2e4)
+    if reset:
+        model.get_submodule("0").reset_parameters()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(40):
+            x, y = torch.randn(256, 16), torch.randint(0, 4, (256,))
+            amp_step(opt, scaler, lambda: nn.functional.cross_entropy(model(x).float(), y))
+
+
+def test_gradients_too_large_after_a_first_layer_initialised_too_large_reset_that_layer_first(tmp_path, verdict):
+    train_hot_first_layer(tmp_path / "hot_first.db", reset=False)
+    code, rep = verdict(tmp_path / "hot_first.db")
+    assert code == 1
+    origin = next(f for f in rep["findings"] if f["rule"] == "overflow-origin" and f["severity"] == "error")
+    assert "too large for a loss scale above the floor" in origin["title"]
+    first = origin["suggestions"][0]
+    assert first["summary"].startswith("Initialise 0 at a standard scale")
+    assert "what it makes is about that many times its input" in first["summary"]
+
+
+def test_the_first_layer_reset_as_the_report_says_is_healthy(tmp_path, verdict):
+    train_hot_first_layer(tmp_path / "reset_first.db", reset=True)
+    code, rep = verdict(tmp_path / "reset_first.db")
+    assert code == 0, rep["findings"]
