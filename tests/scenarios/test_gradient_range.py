@@ -42,21 +42,33 @@ def test_the_same_loop_on_normalised_targets_is_healthy(tmp_path, verdict):
     assert code == 0, rep["findings"]
 
 
-def train_hot_head(db, reset):
-    """Unit targets, a last layer 1e4 times its initial size; `reset`: its weights
-    re-initialised with reset_parameters(), as the report's first fix says."""
+def train_oversized(db, layer, factor, classes, reset):
+    """An MLP whose `layer` (a Sequential index) is `factor` times its initial size, trained
+    on unit regression targets (classes=0: one output, MSE) or on `classes` labels
+    (cross-entropy); `reset`: that layer re-initialised with reset_parameters(), as the
+    report's first fix says."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, max(classes, 1)))
     with torch.no_grad():
-        model[4].weight.mul_(1e4)
+        model[layer].weight.mul_(factor)
     if reset:
-        model.get_submodule("4").reset_parameters()
+        model.get_submodule(str(layer)).reset_parameters()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     scaler = torch.amp.GradScaler("cpu")
     with ampdiag.attach(model, scaler, db=db):
         for _ in range(40):
-            x, y = torch.randn(256, 16), torch.randn(256, 1)
-            amp_step(opt, scaler, lambda: nn.functional.mse_loss(model(x).float(), y))
+            x = torch.randn(256, 16)
+            if classes:
+                y = torch.randint(0, classes, (256,))
+                amp_step(opt, scaler, lambda: nn.functional.cross_entropy(model(x).float(), y))
+            else:
+                y = torch.randn(256, 1)
+                amp_step(opt, scaler, lambda: nn.functional.mse_loss(model(x).float(), y))
+
+
+def train_hot_head(db, reset):
+    """Unit targets, a last layer 1e4 times its initial size."""
+    train_oversized(db, 4, 1e4, 0, reset)
 
 
 def test_a_head_initialised_too_large_is_reset_first_and_named_beside_the_targets(tmp_path, verdict):
@@ -81,19 +93,8 @@ def test_the_head_reset_as_the_report_says_is_healthy(tmp_path, verdict):
 def train_hot_first_layer(db, reset):
     """A classifier whose first Linear is 2e4 times its initial size: every output after it,
     the loss (cross-entropy over 4 classes: no targets to normalise) and the gradients of
-    the layers after it are that large. `reset`: re-initialised as the report says."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
-    with torch.no_grad():
-        model[0].weight.mul_(2e4)
-    if reset:
-        model.get_submodule("0").reset_parameters()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    scaler = torch.amp.GradScaler("cpu")
-    with ampdiag.attach(model, scaler, db=db):
-        for _ in range(40):
-            x, y = torch.randn(256, 16), torch.randint(0, 4, (256,))
-            amp_step(opt, scaler, lambda: nn.functional.cross_entropy(model(x).float(), y))
+    the layers after it are that large."""
+    train_oversized(db, 0, 2e4, 4, reset)
 
 
 def test_gradients_too_large_after_a_first_layer_initialised_too_large_reset_that_layer_first(tmp_path, verdict):
