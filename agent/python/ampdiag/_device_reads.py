@@ -17,11 +17,10 @@ class DeviceReads:
     def __init__(self, deliver):
         """`deliver(values, what)`: the values as Python numbers (tolist()), `what` as sent."""
         self._deliver = deliver
-        self._landing = []  # (CUDA event, pinned copy, what), in the order sent
-
-    @property
-    def pending(self) -> bool:
-        return bool(self._landing)
+        # (CUDA event, pinned copy, what) on their way, in the order sent: false when none is.
+        # A plain list, not a property: the looks ask it every step, and a property is one
+        # more Python call each time.
+        self.pending = []
 
     def send(self, values, what):
         if not on_device(values):
@@ -31,24 +30,24 @@ class DeviceReads:
         host.copy_(values, non_blocking=True)
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(values.device))
-        self._landing.append((event, host, what))
+        self.pending.append((event, host, what))
 
     def poll(self, wait=False) -> bool:
         """Hands on what has landed (everything, waiting for it, with `wait`); whether
         nothing is left on its way."""
-        landing, self._landing = self._landing, []
+        landing, self.pending = self.pending, []
         for i, entry in enumerate(landing):
             event, host, what = entry
             try:
                 if wait:
                     event.synchronize()
                 elif not event.query():
-                    self._landing.append(entry)
+                    self.pending.append(entry)
                     continue
                 self._deliver(host.tolist(), what)
             except BaseException:
                 # The entry whose delivery raised is not delivered again; the ones after it
                 # wait, in order, for the next poll.
-                self._landing.extend(landing[i + 1:])
+                self.pending.extend(landing[i + 1:])
                 raise
-        return not self._landing
+        return not self.pending
