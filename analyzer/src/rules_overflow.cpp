@@ -397,17 +397,19 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                    "; or average over the batch instead of summing, or divide the loss by a constant.";
         f.suggestions.push_back({summary, "", "", ""});
       } else {
-        // A layer whose weights started far above any standard initialisation: the module
-        // that makes the large outputs (the jump, else the last module), else the most
-        // oversized one before them. What it makes is that many times its input, and so
-        // are the loss and the gradients after it (an LM head initialised 3e4 times too
-        // large: logits of 2e4 from a loss over token ids, which no target normalisation
-        // fixes; a classifier's first convolution 3000 times too large).
+        // Where the outputs are large, a layer whose weights started far above any standard
+        // initialisation: the module that makes them (the jump, else the last module), else
+        // the most oversized one before them. What it makes is that many times its input,
+        // and so are the loss and the gradients after it (an LM head initialised 3e4 times
+        // too large: logits of 2e4 from a loss over token ids, which no target normalisation
+        // fixes; a classifier's first convolution 3000 times too large). Small outputs leave
+        // the loss to the targets or a sum, whatever gain a layer has.
         const ModuleSummary* maker = !jumped.empty() ? jump.module : last;
         const bool maker_oversized = large_outputs && maker && oversized_gain(run, maker->info.path) > 0.0;
-        const auto [oversized, gain] = maker_oversized ? std::pair<std::string, double>{maker->info.path,
-                                                                                     oversized_gain(run, maker->info.path)}
-                                                       : most_oversized(run);
+        const auto [oversized, gain] =
+            maker_oversized  ? std::pair<std::string, double>{maker->info.path, oversized_gain(run, maker->info.path)}
+            : large_outputs ? most_oversized(run)
+                            : std::pair<std::string, double>{"", 0.0};
         if (gain > 0.0)
           f.suggestions.push_back(suggest::reinitialise(
               oversized, gain,

@@ -369,6 +369,15 @@ TEST_CASE("a loss too large for fp16 after a layer whose weights start far too l
   CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Shrink the loss where it is made"));
 }
 
+TEST_CASE("a loss too large for fp16 with small model outputs points at the targets, whatever gain a layer has",
+          "[rules]") {
+  // Outputs around 10 against a loss of 9e10: the targets make the loss, not enc's gain.
+  const Report r = loss_too_large_run(10.0, 0.0, 0.0, 1768.0, "enc.weight");
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.suggestions[0].summary, Catch::Contains(": normalise the regression targets to unit spread, average"));
+  for (const auto& s : o.suggestions) CHECK_THAT(s.summary, !Catch::Contains("Initialise"));
+}
+
 TEST_CASE("a loss too large for fp16 with no oversized weights offers no re-initialisation", "[rules]") {
   const Report r = loss_too_large_run(2e5, 0.0, 0.0, 1.0);  // both layers read at standard gains
   for (const auto& s : required(r, "overflow-origin").suggestions) CHECK_THAT(s.summary, !Catch::Contains("Initialise"));
