@@ -2,6 +2,8 @@
 #pragma once
 
 #include <map>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "ampdiag/analyzer/findings.h"
@@ -150,12 +152,11 @@ void weight_growth(const Run& run, std::vector<Finding>& out);
 // standard initialisation's at their first reading (Run::weight_norms): a warning where an
 // overflow finding's module is it or after it in forward order, else info. Runs after them.
 void oversized_weights(const Run& run, std::vector<Finding>& out);
-// The gain (RMS times the square root of the fan-in) of `module`'s most oversized weight at
-// its first reading, where oversized-weights counts it so; 0 where none is.
-double oversized_gain(const Run& run, const std::string& module);
-// The module of the layer oversized-weights names first (the largest such gain), and that
-// gain; {"", 0} where no layer is oversized.
-std::pair<std::string, double> most_oversized(const Run& run);
+// The re-initialisation that leads a finding of gradients too large for the scale, where the
+// model's outputs are large (`maker` makes them, reaching |output| `reach`; the loss is about
+// `loss`): of `maker`'s weight that oversized-weights counts, else of the most oversized
+// layer, whose large outputs reach the ones after it. None where no layer is oversized.
+std::optional<Suggestion> reinitialise_for_outputs(const Run& run, const std::string& maker, double reach, double loss);
 void rank_disagreement(const std::vector<Run>& runs, const Thresholds& t, std::vector<Finding>& out);
 
 }  // namespace ampdiag::analyzer::rules

@@ -64,15 +64,7 @@ std::vector<std::pair<std::string, double>> also_beyond(const Run& run, const st
   return beyond;
 }
 
-// The median of the finite recorded losses, NaN where none.
-double median_loss(const Run& run) {
-  std::vector<double> losses;
-  for (const auto& s : run.steps)
-    if (run.loss_known(s.row) && std::isfinite(s.row.loss)) losses.push_back(s.row.loss);
-  return median_of(losses);
-}
-
-// The same over the steps not in `steps` (ascending), NaN where none.
+// The median of the finite recorded losses of the steps not in `steps` (ascending), NaN where none.
 double median_loss_outside(const Run& run, const std::vector<std::int64_t>& steps) {
   std::vector<double> losses;
   for (const auto& s : run.steps)
@@ -369,7 +361,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       // not the smaller one the run trains down to once they fit (a loss of ~1000 while an
       // oversized layer's outputs overflowed, 0.08 later).
       std::vector<double> overflowed = m.losses;
-      const double loss = overflowed.empty() ? median_loss(run) : median_of(overflowed);
+      const double loss = overflowed.empty() ? median_loss_outside(run, {}) : median_of(overflowed);
       // Where it is 100 times the loss of the other steps, what those steps do differently
       // makes it: the targets are the same every step, and the sampled outputs may not be
       // of those steps at all (an expert the router picks only then).
@@ -397,27 +389,14 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                    "; or average over the batch instead of summing, or divide the loss by a constant.";
         f.suggestions.push_back({summary, "", "", ""});
       } else {
-        // Where the outputs are large, a layer whose weights started far above any standard
-        // initialisation: the module that makes them (the jump, else the last module), else
-        // the most oversized one before them. What it makes is that many times its input,
-        // and so are the loss and the gradients after it (an LM head initialised 3e4 times
-        // too large: logits of 2e4 from a loss over token ids, which no target normalisation
-        // fixes; a classifier's first convolution 3000 times too large). Small outputs leave
-        // the loss to the targets or a sum, whatever gain a layer has.
+        // Outputs this large from weights that started far too large: re-initialising them
+        // comes first (an LM head 3e4 times too large, over token ids no target normalisation
+        // helps). Small outputs leave the loss to the targets or a sum, whatever the gains.
         const ModuleSummary* maker = !jumped.empty() ? jump.module : last;
-        const bool maker_oversized = large_outputs && maker && oversized_gain(run, maker->info.path) > 0.0;
-        const auto [oversized, gain] =
-            maker_oversized  ? std::pair<std::string, double>{maker->info.path, oversized_gain(run, maker->info.path)}
-            : large_outputs ? most_oversized(run)
-                            : std::pair<std::string, double>{"", 0.0};
-        if (gain > 0.0)
-          f.suggestions.push_back(suggest::reinitialise(
-              oversized, gain,
-              maker_oversized
-                  ? "its outputs reach " + fmt(maker == last ? double(last->max_absmax) : double(jump.absmax)) +
-                        ", the loss is around " + fmt(loss) + ", and the gradients that pass back through it are as large"
-                  : "what it makes is about that many times its input, and the loss (around " + fmt(loss) +
-                        ") and the gradients of the layers after it are as large"));
+        if (large_outputs && maker)
+          if (auto fix = reinitialise_for_outputs(run, maker->info.path,
+                                                  maker == last ? last->max_absmax : jump.absmax, loss))
+            f.suggestions.push_back(*fix);
         const std::string targets =
             large_outputs ? "; the model's outputs are large too (" + last->info.path + "'s, the last module's, reach " +
                                 fmt(last->max_absmax) + "): where the targets are that large, normalise them to unit "

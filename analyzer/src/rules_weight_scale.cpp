@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -111,16 +112,17 @@ std::vector<Oversized> oversized_layers(const Run& run) {
 
 }  // namespace
 
-double oversized_gain(const Run& run, const std::string& module) {
-  for (const Oversized& o : oversized_layers(run))
-    if (suggest::module_for_layer(run, o.layer->info) == module) return o.scale;
-  return 0.0;
-}
-
-std::pair<std::string, double> most_oversized(const Run& run) {
+std::optional<Suggestion> reinitialise_for_outputs(const Run& run, const std::string& maker, double reach,
+                                                   double loss) {
   const std::vector<Oversized> found = oversized_layers(run);
-  if (found.empty()) return {"", 0.0};
-  return {suggest::module_for_layer(run, found.front().layer->info), found.front().scale};
+  if (found.empty()) return std::nullopt;
+  for (const Oversized& o : found)
+    if (suggest::module_for_layer(run, o.layer->info) == maker)
+      return suggest::reinitialise(maker, o.scale, "its outputs reach " + fmt(reach) + ", the loss is around " +
+                                                       fmt(loss) + ", and the gradients that pass back through it are as large");
+  return suggest::reinitialise(suggest::module_for_layer(run, found.front().layer->info), found.front().scale,
+                               "what it makes is about that many times its input, and the loss (around " + fmt(loss) +
+                                   ") and the gradients of the layers after it are as large");
 }
 
 void oversized_weights(const Run& run, std::vector<Finding>& out) {

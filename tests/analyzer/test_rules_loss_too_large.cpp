@@ -1,0 +1,128 @@
+// A loss too large for fp16 (gradients too large for a loss scale above the floor): whether
+// the report points at the targets, at the model's large outputs and where they jump, or at
+// weights that started far too large.
+#include "rule_test.h"
+
+namespace {
+
+// 30 steps with a loss of 9e10: the first 20 skipped, head.weight first NaN/Inf, the scale
+// halving from 65536; the last 10 finite at the scale reached. enc and head probed, enc's
+// outputs reaching 3 and head's `head_output`; with a
+// module "mid" between them whose outputs reach `mid_output`, where given; and with an
+// expert between them first called at step 5 (its outputs `late_expert`, head's 10 before it),
+// where given; with the weights of `oversized` (enc.weight or head.weight) read at step 0 at a
+// gain of `gain` ([64, 64]: l2 = 8 * gain), the other's at 0.3, where given.
+Report loss_too_large_run(double head_output, double mid_output = 0.0, double late_expert = 0.0, double gain = 0.0,
+                          const std::string& oversized = "head.weight") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  if (gain > 0.0)
+    for (const char* layer : {"enc.weight", "head.weight"}) f.weight_norm(layer, layer == oversized ? 8.0 * gain : 2.4);
+  double scale = 65536;
+  for (int i = 0; i < 30; ++i) {
+    f.activation("enc", false, 3.0);
+    if (mid_output > 0.0) f.activation("mid", false, mid_output);
+    if (late_expert > 0.0 && i >= 5) f.activation("experts.3", false, late_expert);
+    f.activation("head", false, late_expert > 0.0 && i < 5 ? 10.0 : head_output);
+    if (i < 20) {
+      f.step(scale, scale / 2, 1000, {"head.weight"}, 9e10);
+      scale /= 2;
+    } else {
+      f.step(scale, scale, 37000, {}, 9e10);
+    }
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a loss too large for fp16 with small model outputs points at the targets", "[rules]") {
+  // Outputs around 10 against a loss of 9e10: the targets (or a sum) make it, not the model.
+  const Report r = loss_too_large_run(10.0);
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.suggestions[0].summary, Catch::Contains(": normalise the regression targets to unit spread, average"));
+  CHECK_THAT(o.suggestions[0].summary, !Catch::Contains("outputs"));
+}
+
+TEST_CASE("a loss too large for fp16 with large model outputs names them beside the targets", "[rules]") {
+  // A head initialised 1e4 times too large on unit targets gives the same loss: normalising
+  // the targets alone would not help, and the report cannot tell the two apart.
+  const Report r = loss_too_large_run(2e5);
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.suggestions[0].summary,
+             Catch::Contains("the model's outputs are large too (head's, the last module's, reach 200000): where the "
+                             "targets are that large, normalise them") &&
+                 Catch::Contains("find what makes the outputs so large"));
+}
+
+TEST_CASE("a loss too large for fp16 from a head whose weights start far too large is fixed at its initialisation first",
+          "[rules]") {
+  // An LM head initialised 3e4 times too large: logits of 2e4 from a loss over token ids,
+  // where no target normalisation helps.
+  const Report r = loss_too_large_run(2e5, 0.0, 0.0, 4818.0);
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE(o.suggestions.size() >= 2);
+  CHECK_THAT(o.suggestions[0].summary,
+             Catch::StartsWith("Initialise head at a standard scale (torch's default, Kaiming or Xavier): its weights "
+                               "start at a gain of 4818 (see oversized-weights), so its outputs reach 200000"));
+  CHECK(o.suggestions[0].python == "model.get_submodule(\"head\").reset_parameters()  # torch's default initialisation "
+                                   "(Linear, Conv)");
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Shrink the loss where it is made"));
+  CHECK(find(r, "oversized-weights") != nullptr);
+}
+
+TEST_CASE("a loss too large for fp16 after a layer whose weights start far too large is fixed at that layer first",
+          "[rules]") {
+  // A classifier's first convolution 3000 times too large: every output after it is large,
+  // the head's included, though the head's own weights are standard.
+  const Report r = loss_too_large_run(2e5, 0.0, 0.0, 1768.0, "enc.weight");
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE(o.suggestions.size() >= 2);
+  CHECK_THAT(o.suggestions[0].summary,
+             Catch::StartsWith("Initialise enc at a standard scale (torch's default, Kaiming or Xavier): its weights "
+                               "start at a gain of 1768 (see oversized-weights), so what it makes is about that many "
+                               "times its input, and the loss (around 9e+10) and the gradients of the layers after it "
+                               "are as large"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Shrink the loss where it is made"));
+}
+
+TEST_CASE("a loss too large for fp16 with small model outputs points at the targets, whatever gain a layer has",
+          "[rules]") {
+  // Outputs around 10 against a loss of 9e10: the targets make the loss, not enc's gain.
+  const Report r = loss_too_large_run(10.0, 0.0, 0.0, 1768.0, "enc.weight");
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.suggestions[0].summary, Catch::Contains(": normalise the regression targets to unit spread, average"));
+  for (const auto& s : o.suggestions) CHECK_THAT(s.summary, !Catch::Contains("Initialise"));
+}
+
+TEST_CASE("a loss too large for fp16 with no oversized weights offers no re-initialisation", "[rules]") {
+  const Report r = loss_too_large_run(2e5, 0.0, 0.0, 1.0);  // both layers read at standard gains
+  for (const auto& s : required(r, "overflow-origin").suggestions) CHECK_THAT(s.summary, !Catch::Contains("Initialise"));
+}
+
+TEST_CASE("the model's outputs are its head's even where an expert was first called after it", "[rules]") {
+  // A mixture of experts: an expert first routed to at step 5 gets a module id after the
+  // head's, though it finishes before the head in every forward.
+  const Report r = loss_too_large_run(2e5, 0.0, 0.5);  // head's outputs 10 before step 5: still the largest
+  CHECK_THAT(required(r, "overflow-origin").suggestions[0].summary,
+             Catch::Contains("the model's outputs are large too (head's, the last module's, reach 200000)"));
+}
+
+TEST_CASE("a loss too large for fp16 names an expert first called after the head where the outputs jump", "[rules]") {
+  // The jump is read in each forward: by module ids, the expert would come after the head,
+  // whose outputs are larger than its own.
+  const Report r = loss_too_large_run(2e5, 0.0, 30000.0);
+  CHECK_THAT(required(r, "overflow-origin").suggestions[0].summary,
+             Catch::Contains("find what makes the outputs so large: experts.3's reach 30000, 10000 times the largest "
+                             "output of any module before it in forward order"));
+}
+
+TEST_CASE("a loss too large for fp16 names the module where the outputs jump", "[rules]") {
+  // A frozen encoder's projection 1e4 times too large: its outputs reach 30000 from inputs
+  // of at most 3, and the head after it makes them larger still.
+  const Report r = loss_too_large_run(2e5, 30000.0);
+  CHECK_THAT(required(r, "overflow-origin").suggestions[0].summary,
+             Catch::Contains("find what makes the outputs so large: mid's reach 30000, 10000 times the largest output "
+                             "of any module before it in forward order"));
+}
