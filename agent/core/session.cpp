@@ -148,6 +148,20 @@ std::string Session::origin_module() const {
   return common.empty() || common == whole_ ? own : common;
 }
 
+std::vector<std::string> Session::nonfinite_modules(std::size_t limit) const {
+  std::vector<std::string> paths;
+  const std::string named = origin_module();
+  for (const auto& [at, id] : nonfinite_) {
+    if (paths.size() >= limit) break;
+    const auto found = module_paths_.find(id);
+    if (found == module_paths_.end()) continue;
+    const std::string& path = found->second;
+    const bool inside = !named.empty() && rundb::common_module(path, named) == named;
+    if (!path.empty() && !inside && std::find(paths.begin(), paths.end(), path) == paths.end()) paths.push_back(path);
+  }
+  return paths;
+}
+
 void Session::reset_arrival() {
   next_arrival_.store(0, std::memory_order_relaxed);
   backward_start_.store(0, std::memory_order_relaxed);
@@ -410,10 +424,14 @@ bool Session::grads(const GradBatch& b) {
       recorder_->stage_grad(ids_[i], arrival(ids_[i]), stats_[i], hist ? hist + i * kernels::kHistBins : nullptr);
   }
   origin_ = {-1, -1};
+  nonfinite_.clear();
   if (found) {  // as the analyzer orders a step's gradients: by (arrival, layer)
-    std::pair<std::int32_t, std::int64_t> first{INT32_MAX, -1}, before{-1, -1};
     for (std::size_t i = 0; i < ids_.size(); ++i)
-      if (stats_[i].has_nonfinite()) first = std::min(first, {arrival(ids_[i]), ids_[i]});
+      if (stats_[i].has_nonfinite()) nonfinite_.emplace_back(arrival(ids_[i]), ids_[i]);
+    std::sort(nonfinite_.begin(), nonfinite_.end());
+  }
+  if (!nonfinite_.empty()) {
+    std::pair<std::int32_t, std::int64_t> first = nonfinite_.front(), before{-1, -1};
     for (std::size_t i = 0; i < ids_.size(); ++i) {
       const std::int32_t at = arrival(ids_[i]);
       if (!stats_[i].has_nonfinite() && at < first.first && at > before.first) before = {at, ids_[i]};

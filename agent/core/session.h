@@ -182,6 +182,11 @@ class Session {
   // (the model, or a DDP wrapper's "module" in it: no place), where the first one's own
   // module; "" where every host gradient was finite (or the model itself is named).
   std::string origin_module() const;
+  // The modules of the last grads() call's other NaN/Inf host gradients, in arrival order,
+  // each once and at most `limit`: not origin_module() nor inside it (q's gradients going
+  // NaN/Inf after k's, two projections of one input). Whether each received them through its
+  // output or made its own is for the agents' look at their output gradients to tell.
+  std::vector<std::string> nonfinite_modules(std::size_t limit) const;
   // Statistics of one module output at the next forward position (on a host tensor only
   // checked for NaN/Inf outside SessionOptions::activation_every's steps); returns whether
   // it holds NaN/Inf (known at once on the host; false for a device tensor).
@@ -261,6 +266,7 @@ class Session {
   // no order.
   std::unique_ptr<std::atomic<std::int32_t>[]> arrival_;
   std::pair<std::int64_t, std::int64_t> origin_{-1, -1};  // see backward_origin()
+  std::vector<std::pair<std::int32_t, std::int64_t>> nonfinite_;  // (arrival, layer), ascending; see nonfinite_modules()
   // Model layers (add_layer(), not layer_of()'s foreign tensors) -> their module's path, and
   // the innermost module holding them all (set by the first).
   std::unordered_map<std::int64_t, std::string> module_paths_;

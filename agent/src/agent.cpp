@@ -412,8 +412,10 @@ void Agent::Impl::on_update(const ScaleUpdate& u) {
       if (options_.replay) {
         // A step whose forward, parameters or loss already held NaN/Inf is the forward's: it judges nothing.
         const bool judge = skipped_ && (losses_ == 0 || std::isfinite(loss)) && !nonfinite_seen_ && !parameters_nonfinite_;
-        const std::string verdict = entries_.step_ended(judge ? session_.origin_module() : "");
-        if (!verdict.empty()) session_.event("module-output-gradient", verdict);
+        const std::vector<std::string> others =
+            judge ? session_.nonfinite_modules(agent::GradientEntries::kCompanions) : std::vector<std::string>{};
+        for (const auto& e : entries_.step_ended(judge ? session_.origin_module() : "", others))
+          session_.event(e.kind, e.detail);
       }
       session_.end_step({loss, losses_, u.scale_before.item<double>(), after, found, skipped_}, ns_since(t0));
     }

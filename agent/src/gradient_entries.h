@@ -10,6 +10,14 @@
 // "module-output-gradient", "PATH: nonfinite" or "PATH: finite". A skip naming another
 // module moves the watch there; one verdict a module, at most kVerdicts a run, and a watch
 // no skip answers within kWatchSteps steps is dropped.
+//
+// The other modules whose gradients went NaN/Inf in that skip (at most kCompanions) are
+// watched with it, and judged at a later skip naming it where theirs went NaN/Inf again
+// (the watch lasts until each is judged, or its kWatchSteps run out): event
+// "companion-output-gradient", "q: finite, beside k" says q's own backward overflowed as
+// well, apart from k's (two projections of one large input), so that pinning k alone would
+// leave the step skipped; "nonfinite", that q received its NaN/Inf. A companion's verdict
+// leaves its own as a named module to come (and the looks that follow that one).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,6 +27,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace ampdiag::agent {
 
@@ -26,24 +35,37 @@ class GradientEntries {
  public:
   static constexpr int kVerdicts = 4;
   static constexpr int kWatchSteps = 64;
+  static constexpr std::size_t kCompanions = 3;
 
   // Module `path`'s probed output `y` in a training forward: the first call of the step of
-  // the module watched gets a hook on the gradient that reaches it.
+  // each module watched gets a hook on the gradient that reaches it.
   void output(const std::string& path, const at::Tensor& y);
   // As a host step ends. `named`: the module its first NaN/Inf gradient names, "" where it
-  // was not skipped with a finite loss after a finite forward. Returns the detail of the
-  // event to write ("PATH: nonfinite"), empty where none.
-  std::string step_ended(const std::string& named);
+  // was not skipped with a finite loss after a finite forward; `others`: the other modules
+  // whose gradients went NaN/Inf in it (Session::nonfinite_modules()). Returns the events to
+  // write, the named module's verdict first; none most steps.
+  struct Event {
+    std::string kind, detail;
+  };
+  static constexpr const char* kKind = "module-output-gradient";
+  static constexpr const char* kBesideKind = "companion-output-gradient";
+  std::vector<Event> step_ended(const std::string& named, const std::vector<std::string>& others);
 
  private:
+  struct Watch {
+    std::string path;
+    bool hooked = false;
+    bool done = false;  // judged
+    // -1: no gradient seen this step; 0: finite; 1: NaN/Inf (set by autograd, maybe on another thread).
+    std::shared_ptr<std::atomic<int>> reached = std::make_shared<std::atomic<int>>(-1);
+  };
   void count_down();
 
-  std::string watched_;
+  std::vector<Watch> watches_;  // the named module's first, then its companions
   int left_ = 0;
-  bool hooked_ = false;
-  // -1: no gradient seen this step; 0: finite; 1: NaN/Inf (set by autograd, maybe on another thread).
-  std::shared_ptr<std::atomic<int>> reached_ = std::make_shared<std::atomic<int>>(-1);
-  std::set<std::string> judged_;
+  int named_verdicts_ = 0;
+  std::set<std::string> judged_;         // named modules' verdicts
+  std::set<std::string> beside_judged_;  // companions' verdicts, "q beside k"
 };
 
 }  // namespace ampdiag::agent

@@ -14,6 +14,7 @@
 #include "ampdiag/rundb/module_paths.h"
 #include "loss_code.h"
 #include "overflow_events.h"
+#include "own_overflows.h"
 #include "rules.h"
 #include "suggestions.h"
 
@@ -580,7 +581,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                       (at_any_scale ? std::string("65504") : "65504 / " + fmt(t.scale_floor)) + " too (" + named +
                       "), so pinning " + (module.empty() ? row.name : module) + " alone would leave " +
                       (at_any_scale ? "theirs overflowing" : "the scale below the floor");
-      } else if (!entered && !was_pinned) {
+      } else if (!entered && !was_pinned && !pin_with_own_overflows(run, module, place, m.steps, f)) {
         f.suggestions.push_back(suggest::fp32_at(run, module, row));
         if (at_any_scale && !too_large && replay.outcome != "finite")
           f.suggestions.back().summary = "If its true gradients are the ones beyond fp16: " + f.suggestions.back().summary;

@@ -25,8 +25,9 @@ torch::Tensor same(const torch::Tensor& h) { return h; }
 
 // 24 steps of TinyNet's a, b and c run through agent.forward() under fp16 autocast, the
 // model's own code `after_a` on a's output and `before_c` on what c is given, the loss c's
-// output squared (`linear`: c's output) and averaged; the run's module-output-gradient events.
-std::vector<std::string> entries_of(const TempDir& dir, const Code& after_a, const Code& before_c, bool linear = false) {
+// output squared (`linear`: c's output) and averaged; the details of the run's events of `kind`.
+std::vector<std::string> entries_of(const TempDir& dir, const Code& after_a, const Code& before_c, bool linear = false,
+                                    const std::string& kind = "module-output-gradient") {
   torch::manual_seed(0);
   TinyNet net;
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(1e-4));
@@ -50,7 +51,7 @@ std::vector<std::string> entries_of(const TempDir& dir, const Code& after_a, con
   }
   std::vector<std::string> details;
   for (const auto& e : rundb::RunDbReader(dir.file("run.db")).events())
-    if (e.kind == "module-output-gradient") details.push_back(e.detail);
+    if (e.kind == kind) details.push_back(e.detail);
   return details;
 }
 
@@ -78,4 +79,58 @@ TEST_CASE("a module whose own backward overflows is seen with a finite gradient 
   TempDir dir;
   CHECK(entries_of(dir, same, [](const torch::Tensor& h) { return h * 300.0; }, true) ==
         std::vector<std::string>{"c: finite"});
+}
+
+TEST_CASE("modules whose own backward overflows beside the named one's are judged beside it", "[agent][gradient-entry]") {
+  // The product's backward sends b (and through it a) 300 times the gradient too, finite at
+  // their outputs, and their own backward overflows as well.
+  TempDir dir;
+  CHECK(entries_of(dir, same, [](const torch::Tensor& h) { return h * 300.0; }, true, "companion-output-gradient") ==
+        std::vector<std::string>{"b: finite, beside c", "a: finite, beside c"});
+}
+
+namespace {
+
+struct TwoProjectionsImpl : torch::nn::Module {
+  TwoProjectionsImpl() {
+    p = register_module("p", torch::nn::Linear(32, 8));
+    q = register_module("q", torch::nn::Linear(32, 8));
+  }
+  torch::nn::Linear p{nullptr}, q{nullptr};
+};
+TORCH_MODULE(TwoProjections);
+
+}  // namespace
+
+TEST_CASE("a second module whose own backward overflows in the same skips is judged with the one they name",
+          "[agent][gradient-entry]") {
+  // p and q both given one input 1000 times too large: each weight gradient (that input
+  // times the finite gradient the mean loss sends) overflows in its own backward, in the
+  // same steps; neither received the NaN/Inf from the other.
+  TempDir dir;
+  torch::manual_seed(0);
+  TwoProjections net;
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(1e-6));
+  GradScaler scaler;
+  {
+    Agent agent(*net, scaler, options_for(dir.file("run.db")));
+    for (int step = 0; step < 6; ++step) {
+      optimizer.zero_grad();
+      torch::Tensor loss;
+      {
+        HalfAutocast autocast;
+        const auto h = agent.input("x", torch::randn({64, 32})) * 1000.0;
+        loss = (agent.forward("p", net->p, h) + agent.forward("q", net->q, h)).to(torch::kFloat).mean();
+      }
+      scaler.scale(loss).backward();
+      scaler.step(optimizer);
+      scaler.update();
+    }
+  }
+  std::vector<std::string> details;
+  for (const auto& e : rundb::RunDbReader(dir.file("run.db")).events())
+    if (e.kind == "module-output-gradient" || e.kind == "companion-output-gradient") details.push_back(e.detail);
+  // Whichever of the two arrives first in backward is the one the skips name.
+  CHECK((details == std::vector<std::string>{"p: finite", "q: finite, beside p"} ||
+         details == std::vector<std::string>{"q: finite", "p: finite, beside q"}));
 }

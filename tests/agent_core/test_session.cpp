@@ -290,6 +290,54 @@ TEST_CASE("an optimized tensor outside the model does not make its module the pl
   s.close();
 }
 
+namespace {
+
+// One step in a session whose model has layer i in module paths[i], arriving in that order,
+// the layers in `bad` Inf and the rest finite; what nonfinite_modules(limit) says.
+std::vector<std::string> others_nonfinite(const std::vector<std::string>& paths, const std::vector<std::size_t>& bad,
+                                          std::size_t limit = 3) {
+  TempDir dir;
+  agent::Session s(options());
+  for (std::size_t i = 0; i < paths.size(); ++i)
+    s.add_layer(std::uintptr_t(1000 + i), float_layer(paths[i] + ".weight", paths[i]));
+  s.layers_done();
+  s.open(dir.file("run.db"), {}, "test-run");
+  std::vector<std::vector<float>> values;
+  std::vector<std::int64_t> ids;
+  std::vector<DeviceTensor> t;
+  values.reserve(paths.size());
+  s.begin_cycle();
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    const bool inf = std::find(bad.begin(), bad.end(), i) != bad.end();
+    values.emplace_back(8, inf ? std::numeric_limits<float>::infinity() : 1.0f);
+    ids.push_back(std::int64_t(i));
+    t.push_back({{values.back().data(), 8, kernels::DType::kFloat32}, kCpu, nullptr});
+    s.arrived(std::int64_t(i));
+  }
+  agent::GradBatch b;
+  b.layers = ids.data();
+  b.tensors = t.data();
+  b.count = ids.size();
+  s.grads(b);
+  std::vector<std::string> others = s.nonfinite_modules(limit);
+  s.end_step({}, 0);
+  s.close();
+  return others;
+}
+
+}  // namespace
+
+TEST_CASE("the other modules whose gradients went NaN/Inf in a skip are listed in arrival order, apart from the one "
+          "it names",
+          "[session][origin]") {
+  using Paths = std::vector<std::string>;
+  CHECK(others_nonfinite({"out", "k", "k.inner", "v", "q", "q"}, {1, 2, 4, 5}) == Paths{"q"});
+  CHECK(others_nonfinite({"out", "k", "v", "q"}, {1, 2, 3}) == Paths{"v", "q"});
+  CHECK(others_nonfinite({"a", "b", "c", "d", "e"}, {0, 1, 2, 3, 4}, 2) == Paths{"b", "c"});
+  CHECK(others_nonfinite({"out", "k", "q"}, {1}).empty());
+  CHECK(others_nonfinite({"out", "k", "q"}, {}).empty());
+}
+
 TEST_CASE("a step's agent_ns is the adapter's: the session's statistics calls are inside its timing", "[session]") {
   // Both agents time their hooks around the session's calls; if the session added its own
   // time too, the pass would be counted twice.

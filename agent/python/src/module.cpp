@@ -338,6 +338,10 @@ PYBIND11_MODULE(_ampdiag, m) {
       .def("origin_module", [](Session& s) { return s.core().origin_module(); },
            "The module the last host gradients' first NaN/Inf one names (the innermost holding it and the finite "
            "one before it, unless that holds every layer); \"\" where none held NaN/Inf")
+      .def("nonfinite_modules", [](Session& s, std::size_t limit) { return s.core().nonfinite_modules(limit); },
+           py::arg("limit"),
+           "The modules of the last host gradients' other NaN/Inf ones, in arrival order, each once: not "
+           "origin_module() nor inside it")
       .def("activation", &Session::activation)
       .def("has_nonfinite", &Session::has_nonfinite, py::arg("ptr"), py::arg("numel"), py::arg("dtype"),
            "Whether a contiguous host buffer holds NaN/Inf (the activations' check); records nothing.")

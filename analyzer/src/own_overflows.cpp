@@ -1,0 +1,57 @@
+#include "own_overflows.h"
+
+#include <algorithm>
+
+#include "suggestions.h"
+
+namespace ampdiag::analyzer::rules {
+
+std::vector<OwnOverflow> own_overflows_beside(const Run& run, const std::string& module,
+                                              const std::vector<std::int64_t>& steps) {
+  const std::string tail = ": finite, beside " + module;
+  std::vector<OwnOverflow> beside;
+  if (module.empty()) return beside;
+  for (const auto& e : run.events) {
+    const std::string& d = e.detail;
+    if (e.kind != "companion-output-gradient" || d.size() <= tail.size() ||
+        d.compare(d.size() - tail.size(), tail.size(), tail) != 0 || !std::binary_search(steps.begin(), steps.end(), e.step))
+      continue;
+    const std::string path = d.substr(0, d.size() - tail.size());
+    if (suggest::within(path, module) || suggest::within(module, path) ||
+        std::any_of(beside.begin(), beside.end(), [&](const OwnOverflow& o) { return o.path == path; }))
+      continue;
+    const auto step = std::lower_bound(run.steps.begin(), run.steps.end(), e.step,
+                                       [](const StepSummary& s, std::int64_t at) { return s.row.step < at; });
+    if (step == run.steps.end() || step->row.step != e.step) continue;
+    for (const std::int64_t id : step->nonfinite_layers)
+      if (suggest::within(run.layers[std::size_t(id)].info.module_path, path)) {
+        beside.push_back({path, e.step, run.layers[std::size_t(id)].info.name});
+        break;
+      }
+  }
+  return beside;
+}
+
+bool pin_with_own_overflows(const Run& run, const std::string& module, const std::string& place,
+                            const std::vector<std::int64_t>& steps, Finding& f) {
+  const std::vector<OwnOverflow> beside = own_overflows_beside(run, module, steps);
+  if (beside.empty()) return false;
+  std::string names;  // "q", "q and v", "q, v and o"
+  std::vector<std::string> more;
+  for (const OwnOverflow& o : beside) {
+    names += (names.empty() ? "" : &o == &beside.back() ? " and " : ", ") + o.path;
+    f.evidence += "; at step " + std::to_string(o.step) + " " + o.layer + " went NaN/Inf too, after " + module +
+                  "'s, with the gradient reaching " + o.path + "'s output finite: " + o.path + "'s own backward "
+                  "overflowed as well, not " + module + "'s NaN/Inf passed on";
+    if (&o != &beside.front()) more.push_back(o.path);
+  }
+  f.title = place + " overflows first in backward, and " + names + " in " +
+            (beside.size() == 1 ? "its" : "their") + " own backward in the same steps";
+  Suggestion pin = suggest::pin_fp32_both(run, module, beside.front().path, "", more);
+  pin.summary = "Run " + module + (more.empty() ? " and " : ", ") + names + " in FP32 together: pinned alone, " +
+                module + " would leave " + names + "'s overflow in the same steps, and they would still be skipped.";
+  f.suggestions.push_back(pin);
+  return true;
+}
+
+}  // namespace ampdiag::analyzer::rules
