@@ -25,9 +25,10 @@ struct OwnOverflow {
 std::vector<OwnOverflow> own_overflows_beside(const Run& run, const std::string& module,
                                               const std::vector<std::int64_t>& steps);
 
-// Where there are such modules: says so in `f` (`place`: how its title names `module`) and
-// adds the fix that pins them with `module`. Returns whether it did.
+// Where there are such modules: says so in `f`'s evidence, and in its title where `retitle`
+// (`place`: how the title names `module`; a title that already says why, gradients too large
+// for the scale, stays), and adds the fix that pins them with `module`. Returns whether it did.
 bool pin_with_own_overflows(const Run& run, const std::string& module, const std::string& place,
-                            const std::vector<std::int64_t>& steps, Finding& f);
+                            const std::vector<std::int64_t>& steps, bool retitle, Finding& f);
 
 }  // namespace ampdiag::analyzer::rules

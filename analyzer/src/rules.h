@@ -35,6 +35,10 @@ bool overflow_hurts(const Run& run, const Thresholds& t);
 
 // Each recorded step's loss scale before it ran, by step.
 std::map<std::int64_t, double> scales_before(const Run& run);
+// A layer's largest unscaled gradient (|g| / the scale before its step, `scale_of`) in the
+// steps where it stayed finite, and that step (-1: none): above the dtype's maximum, the
+// true gradients do not fit at any scale >= 1 (overflow-origin).
+std::pair<double, std::int64_t> largest_true_gradient(const LayerSummary& layer, const std::map<std::int64_t, double>& scale_of);
 // "1 step", "3 steps".
 std::string plural(std::int64_t n, const std::string& noun);
 // "3, 7, 11, ..." : the first `limit` steps, and "..." for more.

@@ -20,10 +20,6 @@
 
 namespace ampdiag::analyzer::rules {
 
-namespace {
-
-// The largest unscaled gradient of these layers in the steps where they stayed finite, and
-// its step (-1: none): above the dtype's maximum, the true gradients do not fit at any scale >= 1.
 std::pair<double, std::int64_t> largest_true_gradient(const LayerSummary& layer, const std::map<std::int64_t, double>& scale_of) {
   double largest = 0.0;
   std::int64_t at = -1;
@@ -38,8 +34,11 @@ std::pair<double, std::int64_t> largest_true_gradient(const LayerSummary& layer,
   return {largest, at};
 }
 
-std::pair<double, std::int64_t> largest_true_gradient(const Run& run, const std::map<std::int64_t, std::int64_t>& layers,
-                                                      const std::map<std::int64_t, double>& scale_of) {
+namespace {
+
+// The largest of these layers' (largest_true_gradient()), and its step.
+std::pair<double, std::int64_t> largest_true_gradient_of(const Run& run, const std::map<std::int64_t, std::int64_t>& layers,
+                                                         const std::map<std::int64_t, double>& scale_of) {
   std::pair<double, std::int64_t> largest{0.0, -1};
   for (const auto& [id, _] : layers)
     largest = std::max(largest, largest_true_gradient(run.layers[std::size_t(id)], scale_of),
@@ -178,6 +177,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     std::vector<std::int64_t> steps;
     std::vector<double> losses;      // the finite recorded losses of those steps
     double lowest_scale = INFINITY;  // the lowest loss scale it went NaN/Inf at
+    double lowest_after = INFINITY;  // the lowest its skips left the scale at
     std::int64_t below_floor = 0;    // steps it was first in at a scale below the floor
     std::set<std::string> between;   // parameterless modules the gradient passed on its way
     // Modules given its output whose gradients were the last finite ones before its first
@@ -236,6 +236,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     ++m.layers[first_layer];
     if (layer.module_path != run.layers[std::size_t(first_layer)].info.module_path) m.tied.insert(layer.name);
     m.lowest_scale = std::min(m.lowest_scale, s.row.scale_before);
+    m.lowest_after = std::min(m.lowest_after, s.row.scale_after);
     m.below_floor += s.row.scale_before < t.scale_floor;
     if (s.last_finite_before >= 0) {
       const rundb::LayerRow& last_finite = run.layers[std::size_t(s.last_finite_before)].info;
@@ -337,10 +338,10 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     // Not where the gradient reaching its output was already NaN/Inf: then the code after it
     // (a gain) made them large in its fp16 backward, and the module's FP32 pin holds them.
     const OutputGradient reaching = output_gradient(run, module);
-    const bool below_floor = harms && run.has_scaler() && !at_any_scale && m.lowest_scale < t.scale_floor &&
+    const bool below_floor = harms && run.has_scaler() && !at_any_scale && m.lowest_after < t.scale_floor &&
                              reaching.seen != "nonfinite";
     const auto [true_max, true_max_step] = (at_any_scale || below_floor) && run.fp16()
-                                               ? largest_true_gradient(run, m.layers, scale_of)
+                                               ? largest_true_gradient_of(run, m.layers, scale_of)
                                                : std::pair<double, std::int64_t>{0.0, -1};
     const double limit = at_any_scale ? run.fp_max : run.fp_max / t.scale_floor;
     const bool too_large = true_max > limit;
@@ -581,7 +582,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                       (at_any_scale ? std::string("65504") : "65504 / " + fmt(t.scale_floor)) + " too (" + named +
                       "), so pinning " + (module.empty() ? row.name : module) + " alone would leave " +
                       (at_any_scale ? "theirs overflowing" : "the scale below the floor");
-      } else if (!entered && !was_pinned && !pin_with_own_overflows(run, module, place, m.steps, f)) {
+      } else if (!entered && !was_pinned && !pin_with_own_overflows(run, module, place, m.steps, !too_large && !at_any_scale, f)) {
         f.suggestions.push_back(suggest::fp32_at(run, module, row));
         if (at_any_scale && !too_large && replay.outcome != "finite")
           f.suggestions.back().summary = "If its true gradients are the ones beyond fp16: " + f.suggestions.back().summary;

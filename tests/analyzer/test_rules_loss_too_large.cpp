@@ -126,3 +126,17 @@ TEST_CASE("a loss too large for fp16 names the module where the outputs jump", "
              Catch::Contains("find what makes the outputs so large: mid's reach 30000, 10000 times the largest output "
                              "of any module before it in forward order"));
 }
+
+TEST_CASE("gradients that overflow at the floor itself and fit only below it are too large for the scale", "[rules]") {
+  // The last skip at a scale of 128 left it at 64, where the gradients (up to 37000 / 64) fit:
+  // a scale settled below the floor, as one that overflowed at 64 would have.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  double scale = 65536;
+  for (int i = 0; i < 10; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"}, 900);
+  for (int i = 0; i < 10; ++i) f.step(scale, scale, 37000, {}, 900);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& o = required(r, "overflow-origin");
+  CHECK(o.title == "head's gradients are too large for a loss scale above the floor of 128 (up to 578.125 unscaled)");
+}

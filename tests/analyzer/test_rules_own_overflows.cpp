@@ -7,7 +7,8 @@ namespace {
 
 // 12 skipped steps halving the scale from 65536, out's gradients finite and k's the first
 // NaN/Inf ones, then those of `beside` (q's unless said); `events` written at the third
-// ("k: finite" the named module's verdict, "q: finite, beside k" a companion's).
+// ("k: finite" the named module's verdict, "q: finite, beside k" a companion's). Then 4
+// finite steps at the scale they left, 16, where k's gradients reach 1000 and q's 0.9 of that.
 Report beside_run(const std::vector<std::string>& events, const std::vector<std::string>& beside = {"q.weight"}) {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"out.weight", "k.weight", "q.weight", "v.weight"});
@@ -20,6 +21,8 @@ Report beside_run(const std::vector<std::string>& events, const std::vector<std:
     nonfinite.insert(nonfinite.end(), beside.begin(), beside.end());
     f.finite_first({"out.weight"}).step(scale, scale / 2, 1000, nonfinite);
   }
+  f.absmax_times("q.weight", 0.9).absmax_times("out.weight", 0.1).absmax_times("v.weight", 0.5);
+  for (int i = 0; i < 4; ++i) f.step(scale, scale, 1000);
   f.finish();
   return report_of(dir.file("run.db"));
 }
@@ -37,8 +40,10 @@ TEST_CASE("a module whose own backward overflowed in the same skips is pinned wi
                                          "q's output finite: q's own backward overflowed as well, not k's NaN/Inf "
                                          "passed on"));
   REQUIRE(o.suggestions.size() == 2);
-  CHECK(o.suggestions[0].summary == "Run k and q in FP32 together: pinned alone, k would leave q's overflow in the "
-                                    "same steps, and they would still be skipped.");
+  // k pinned alone, the scale could rise no further than where q's gradients fit: barely.
+  CHECK(o.suggestions[0].summary == "Run k and q in FP32 together: pinned alone, k would leave q's overflow, and the "
+                                    "scale would still have to come down to where its gradients fit (q's up to 56.25 "
+                                    "unscaled, against k's 62.5).");
   CHECK(o.suggestions[0].python == "ampdiag.pin_fp32(model.k)  # autocast off inside each; float inputs cast\n"
                                    "ampdiag.pin_fp32(model.q)");
   CHECK_THAT(o.suggestions[0].cpp, Catch::Contains("ampdiag::Fp32Pins pins({\"k\", \"q\"});"));
@@ -50,8 +55,9 @@ TEST_CASE("several modules overflowing beside the one named are all pinned with 
   const Finding& o = required(r, "overflow-origin");
   CHECK(o.title == "k overflows first in backward, and q and v in their own backward in the same steps");
   REQUIRE_FALSE(o.suggestions.empty());
-  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run k, q and v in FP32 together: pinned alone, k would "
-                                                         "leave q and v's overflow"));
+  CHECK(o.suggestions[0].summary == "Run k, q and v in FP32 together: pinned alone, k would leave q and v's overflow, "
+                                    "and the scale would still have to come down to where their gradients fit (q's up "
+                                    "to 56.25, v's up to 31.25 unscaled, against k's 62.5).");
   CHECK_THAT(o.suggestions[0].cpp, Catch::Contains("ampdiag::Fp32Pins pins({\"k\", \"q\", \"v\"});"));
 }
 

@@ -3,6 +3,7 @@ loss is ~9e10 and the last layer's true gradients ~6e5, beyond fp16's range at a
 1 or more. The scaler settles below 1; the verdict must say the gradients are too large
 unscaled and to shrink the loss, not to look for a sqrt in the backward. The same loop on
 targets in units of their spread confirms the fix: healthy."""
+import pytest
 import torch
 from torch import nn
 
@@ -90,15 +91,18 @@ def test_the_head_reset_as_the_report_says_is_healthy(tmp_path, verdict):
     assert code == 0, rep["findings"]
 
 
-def train_hot_first_layer(db, reset):
-    """A classifier whose first Linear is 2e4 times its initial size: every output after it,
-    the loss (cross-entropy over 4 classes: no targets to normalise) and the gradients of
+def train_hot_first_layer(db, reset, factor=2e4):
+    """A classifier whose first Linear is `factor` times its initial size: every output after
+    it, the loss (cross-entropy over 4 classes: no targets to normalise) and the gradients of
     the layers after it are that large."""
-    train_oversized(db, 0, 2e4, 4, reset)
+    train_oversized(db, 0, factor, 4, reset)
 
 
-def test_gradients_too_large_after_a_first_layer_initialised_too_large_reset_that_layer_first(tmp_path, verdict):
-    train_hot_first_layer(tmp_path / "hot_first.db", reset=False)
+# At 6000 times, the last skip is at the floor itself (128), which leaves the scale at 64.
+@pytest.mark.parametrize("factor", [2e4, 6000.0], ids=["below_the_floor", "at_the_floor"])
+def test_gradients_too_large_after_a_first_layer_initialised_too_large_reset_that_layer_first(tmp_path, verdict,
+                                                                                              factor):
+    train_hot_first_layer(tmp_path / "hot_first.db", reset=False, factor=factor)
     code, rep = verdict(tmp_path / "hot_first.db")
     assert code == 1
     origin = next(f for f in rep["findings"] if f["rule"] == "overflow-origin" and f["severity"] == "error")
