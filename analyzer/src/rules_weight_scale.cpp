@@ -190,17 +190,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
     f.evidence += "; " + explained->module + (explained->rule == "forward-nonfinite" ? " went NaN/Inf in forward"
                                                                                       : "'s gradients overflowed first") +
                   " (see " + explained->rule + ")";
-  if (explained) {
-    const std::string torch_path = "model.get_submodule(\"" + module + "\")";
-    f.suggestions.push_back(
-        {"Initialise " + module + " at a standard scale (torch's default, Kaiming or Xavier), or find what made its "
-         "weights this large: a custom initialisation with std=1 on a wide layer, a checkpoint saved at another "
-         "scale, a weight multiplied by mistake. Where the gain is by design, the overflow's own fixes apply.",
-         torch_path + ".reset_parameters()  # torch's default initialisation (Linear, Conv)\n"
-         "# or: torch.nn.init.kaiming_uniform_(" + torch_path + ".weight, a=math.sqrt(5))",
-         "// where the module is made, torch's default initialisation:\nmodule->reset_parameters();",
-         ""});
-  }
+  if (explained) f.suggestions.push_back(suggest::reinitialise(module));
   out.push_back(f);
 }
 

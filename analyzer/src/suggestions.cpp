@@ -278,13 +278,23 @@ std::string module_for_layer(const Run& run, const rundb::LayerRow& layer) {
 }
 
 Suggestion reinitialise(const std::string& module, double gain, const std::string& so) {
-  char start[32];
-  std::snprintf(start, sizeof start, "%.0f", gain);
+  const std::string causes =
+      "a custom initialisation with std=1 on a wide layer, a checkpoint saved at another scale, a weight multiplied by "
+      "mistake.";
+  std::string summary = "Initialise " + module + " at a standard scale (torch's default, Kaiming or Xavier)";
+  if (gain > 0.0) {
+    char start[32];
+    std::snprintf(start, sizeof start, "%.0f", gain);
+    summary += ": its weights start at a gain of " + std::string(start) + " (see oversized-weights), so " + so +
+               ". Or find what made them this large: " + causes;
+  } else {
+    summary += ", or find what made its weights this large: " + causes +
+               " Where the gain is by design, the overflow's own fixes apply.";
+  }
   const std::string torch_path = "model.get_submodule(\"" + module + "\")";
-  Suggestion s{"Initialise " + module + " at a standard scale (torch's default, Kaiming or Xavier): its weights start "
-               "at a gain of " + start + " (see oversized-weights), so " + so + ". Or find what made them this large: "
-               "a custom initialisation, a checkpoint saved at another scale, a weight multiplied by mistake.",
-               torch_path + ".reset_parameters()  # torch's default initialisation (Linear, Conv)",
+  Suggestion s{summary,
+               torch_path + ".reset_parameters()  # torch's default initialisation (Linear, Conv)\n"
+               "# or: torch.nn.init.kaiming_uniform_(" + torch_path + ".weight, a=math.sqrt(5))",
                "// where the module is made, torch's default initialisation:\nmodule->reset_parameters();", ""};
   s.untried = true;
   return s;

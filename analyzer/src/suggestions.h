@@ -38,9 +38,10 @@ Suggestion fp32_model_code(const Run& run, const std::string& after, const std::
 Suggestion fp32_loss(const std::string& why);
 Suggestion scaler_settings(const Run& run, double init_scale, std::int64_t growth_interval, const std::string& why);
 
-// `module` re-initialised at a standard scale, its weights having started at a gain of `gain`
-// (oversized-weights); `so` says what that gain made ("its outputs reach 21088, ..."). Untried.
-Suggestion reinitialise(const std::string& module, double gain, const std::string& so);
+// `module` re-initialised at a standard scale, untried. Where `gain` > 0, as another finding's
+// first fix: its weights started at that gain (oversized-weights), and `so` says what it made
+// ("its outputs reach 21088, ..."); else as oversized-weights gives it, beside an overflow's own fixes.
+Suggestion reinitialise(const std::string& module, double gain = 0.0, const std::string& so = "");
 
 // The module to act on for a parameter: the innermost probed module containing it, else
 // the parameter's own module.
