@@ -227,14 +227,19 @@ std::string skip_with(agent::Session& s, std::int64_t first, std::int64_t before
   return named;
 }
 
-// skip_with() in a session whose model has its layers at `paths` (layer i in module paths[i]).
-std::string origin_of(const std::vector<std::string>& paths, std::int64_t first, std::int64_t before) {
-  TempDir dir;
-  agent::Session s(options());
+// Opens `s` at `db` with the model's layers at `paths` (layer i in module paths[i]).
+void open_with_paths(agent::Session& s, const std::string& db, const std::vector<std::string>& paths) {
   for (std::size_t i = 0; i < paths.size(); ++i)
     s.add_layer(std::uintptr_t(1000 + i), float_layer(paths[i] + ".weight", paths[i]));
   s.layers_done();
-  s.open(dir.file("run.db"), {}, "test-run");
+  s.open(db, {}, "test-run");
+}
+
+// skip_with() in a session whose model has its layers at `paths`.
+std::string origin_of(const std::vector<std::string>& paths, std::int64_t first, std::int64_t before) {
+  TempDir dir;
+  agent::Session s(options());
+  open_with_paths(s, dir.file("run.db"), paths);
   std::string named = skip_with(s, first, before);
   s.close();
   return named;
@@ -292,16 +297,13 @@ TEST_CASE("an optimized tensor outside the model does not make its module the pl
 
 namespace {
 
-// One step in a session whose model has layer i in module paths[i], arriving in that order,
-// the layers in `bad` Inf and the rest finite; what nonfinite_modules(limit) says.
+// One step in a session whose model has its layers at `paths`, arriving in that order, the
+// layers in `bad` Inf and the rest finite; what nonfinite_modules(limit) says.
 std::vector<std::string> others_nonfinite(const std::vector<std::string>& paths, const std::vector<std::size_t>& bad,
                                           std::size_t limit = 3) {
   TempDir dir;
   agent::Session s(options());
-  for (std::size_t i = 0; i < paths.size(); ++i)
-    s.add_layer(std::uintptr_t(1000 + i), float_layer(paths[i] + ".weight", paths[i]));
-  s.layers_done();
-  s.open(dir.file("run.db"), {}, "test-run");
+  open_with_paths(s, dir.file("run.db"), paths);
   std::vector<std::vector<float>> values;
   std::vector<std::int64_t> ids;
   std::vector<DeviceTensor> t;
