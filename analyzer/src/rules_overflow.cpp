@@ -279,7 +279,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     const auto layer = std::max_element(m.layers.begin(), m.layers.end(),
                                         [](const auto& a, const auto& b) { return a.second < b.second; });
     const rundb::LayerRow& row = run.layers[std::size_t(layer->first)].info;
-    std::string place = suggest::place_of(module, row);
+    std::string place = suggest::place_of(run, module, row);
     if (place.rfind("the ", 0) == 0) place[0] = 'T';  // a title's first word
     Finding f;
     f.rule = "overflow-origin";

@@ -302,8 +302,13 @@ Suggestion reinitialise(const std::string& module, double gain, const std::strin
 
 bool outside_model(const rundb::LayerRow& layer) { return layer.module_path.empty() && layer.module_type.empty(); }
 
-std::string place_of(const std::string& module, const rundb::LayerRow& layer) {
-  if (!module.empty()) return module;
+std::string place_of(const Run& run, const std::string& module, const rundb::LayerRow& layer) {
+  if (!module.empty()) {
+    const std::size_t dot = module.rfind('.');
+    const std::string last = dot == std::string::npos ? module : module.substr(dot + 1);
+    const ModuleSummary* named = last == "model" ? run.module_named(module) : nullptr;
+    return named && !named->info.module_type.empty() ? module + " (" + named->info.module_type + ")" : module;
+  }
   if (outside_model(layer)) return layer.name + ", a parameter outside the attached model,";
   return "the model's own forward(), where it uses " + layer.name + ",";
 }

@@ -50,10 +50,11 @@ std::string module_for_layer(const Run& run, const rundb::LayerRow& layer);
 // A parameter the optimizer steps that is no parameter of the attached model (another
 // model's: a GAN's discriminator attached without it). The agent names it "optimizer.paramN".
 bool outside_model(const rundb::LayerRow& layer);
-// Where `layer`'s gradient overflows, for a title: `module`, or, where no module holds it
-// (module empty), "the model's own forward(), where it uses X" or "X, a parameter outside
-// the attached model".
-std::string place_of(const std::string& module, const rundb::LayerRow& layer);
+// Where `layer`'s gradient overflows, for a title: `module` (with its type where its last
+// part is "model": Hugging Face's LlamaForCausalLM holds a LlamaModel at "model", which
+// alone reads as the whole model), or, where no module holds it (module empty), "the
+// model's own forward(), where it uses X" or "X, a parameter outside the attached model".
+std::string place_of(const Run& run, const std::string& module, const rundb::LayerRow& layer);
 // The fix for that place: pin_fp32(module); or, with no module, autocast off around the
 // model's own code that uses the parameter, or attaching the model that holds it.
 Suggestion fp32_at(const Run& run, const std::string& module, const rundb::LayerRow& layer);

@@ -99,6 +99,21 @@ TEST_CASE("a parameter outside the attached model is named as such, and the fix 
   CHECK_THAT(o.suggestions.front().python, Catch::Contains("torch.nn.ModuleDict"));
 }
 
+TEST_CASE("a module at \"model\" is titled with its type, not as the whole model", "[rules]") {
+  // A Hugging Face LlamaForCausalLM: its LlamaModel sits at "model", beside lm_head.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"model.a.weight", "model.b.weight", "lm_head.weight"});
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2)
+    f.activation("model", false).finite_first({"lm_head.weight", "model.a.weight"}).step(scale, scale / 2, 1000,
+                                                                                          {"model.b.weight"});
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& o = required(r, "overflow-origin");
+  CHECK(o.module == "model");
+  CHECK_THAT(o.title, Catch::StartsWith("model (Module) overflows first in backward"));
+}
+
 namespace {
 
 // enc's gradients go NaN/Inf first in 24 skips halving the scale from 65536, head's the last
