@@ -95,10 +95,8 @@ struct ModuleHistory {
 };
 
 double step_scale(const Run& run, std::int64_t step) {
-  // run.steps is in step order; steps start at 0 and rarely miss one.
-  const auto it = std::lower_bound(run.steps.begin(), run.steps.end(), step,
-                                   [](const StepSummary& s, std::int64_t v) { return s.row.step < v; });
-  return it != run.steps.end() && it->row.step == step ? it->row.scale_before : 0.0;
+  const StepSummary* s = run.step_summary(step);
+  return s ? s->row.scale_before : 0.0;
 }
 
 // Least E5M2-ready first, then least E4M3-ready; those with histograms but never a finite

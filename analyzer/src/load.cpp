@@ -127,6 +127,12 @@ const rundb::EventRow* Run::first_event(const std::string& kind) const {
   return nullptr;
 }
 
+const StepSummary* Run::step_summary(std::int64_t step) const {
+  const auto it = std::lower_bound(steps.begin(), steps.end(), step,
+                                   [](const StepSummary& s, std::int64_t v) { return s.row.step < v; });
+  return it != steps.end() && it->row.step == step ? &*it : nullptr;
+}
+
 std::pair<const rundb::EventRow*, std::string> Run::module_event(const std::string& kind,
                                                                 const std::string& module) const {
   const std::string prefix = module + ": ";

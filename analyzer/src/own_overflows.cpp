@@ -22,9 +22,8 @@ std::vector<OwnOverflow> own_overflows_beside(const Run& run, const std::string&
     if (suggest::within(path, module) || suggest::within(module, path) ||
         std::any_of(beside.begin(), beside.end(), [&](const OwnOverflow& o) { return o.path == path; }))
       continue;
-    const auto step = std::lower_bound(run.steps.begin(), run.steps.end(), e.step,
-                                       [](const StepSummary& s, std::int64_t at) { return s.row.step < at; });
-    if (step == run.steps.end() || step->row.step != e.step) continue;
+    const StepSummary* step = run.step_summary(e.step);
+    if (!step) continue;
     for (const std::int64_t id : step->nonfinite_layers)
       if (suggest::within(run.layers[std::size_t(id)].info.module_path, path)) {
         beside.push_back({path, e.step, run.layers[std::size_t(id)].info.name});

@@ -35,18 +35,12 @@ void set_order(Run& run, StepSummary& s, StepOrder order) {
   count_first(run, s, +1);
 }
 
-StepSummary* find_step(Run& run, std::int64_t step) {
-  const auto it = std::lower_bound(run.steps.begin(), run.steps.end(), step,
-                                   [](const StepSummary& s, std::int64_t v) { return s.row.step < v; });
-  return it != run.steps.end() && it->row.step == step ? &*it : nullptr;
-}
-
 // Gives each step in `pending` (by step) that the run now has its value, and forgets it;
 // the others wait for their steps row.
 template <typename Value, typename Give>
 void settle(Run& run, std::map<std::int64_t, Value>& pending, Give give) {
   for (auto it = pending.begin(); it != pending.end();) {
-    if (StepSummary* s = find_step(run, it->first)) {
+    if (StepSummary* s = run.step_summary(it->first)) {
       give(*s, it->second);
       it = pending.erase(it);
     } else {
@@ -61,7 +55,7 @@ void merge_steps(Run& run, std::vector<rundb::StepRow>& rows) {
   for (auto& row : rows) {
     if (run.steps.empty() || row.step > run.steps.back().row.step) {
       run.steps.push_back({row, {}, -1, -1});
-    } else if (StepSummary* s = find_step(run, row.step)) {
+    } else if (StepSummary* s = run.step_summary(row.step)) {
       count_first(run, *s, -1);
       s->row = row;
       count_first(run, *s, +1);

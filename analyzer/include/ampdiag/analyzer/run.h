@@ -239,6 +239,11 @@ struct Run {
   // The first event of that kind about `module` (detail "MODULE: ..."), and the detail past
   // "MODULE: "; {nullptr, ""} if none.
   std::pair<const rundb::EventRow*, std::string> module_event(const std::string& kind, const std::string& module) const;
+  // The summary of step `step` (steps are in step order); nullptr if the run has none.
+  const StepSummary* step_summary(std::int64_t step) const;
+  StepSummary* step_summary(std::int64_t step) {
+    return const_cast<StepSummary*>(static_cast<const Run&>(*this).step_summary(step));
+  }
   // Whether the model's input held NaN in the step (the agent looked: an output was NaN/Inf).
   bool input_nan(std::int64_t step) const;
   // Whether the gradient reaching the model's output held NaN/Inf in the step (the agent's
