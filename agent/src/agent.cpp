@@ -413,7 +413,7 @@ void Agent::Impl::on_update(const ScaleUpdate& u) {
         // A step whose forward, parameters or loss already held NaN/Inf is the forward's: it judges nothing.
         const bool judge = skipped_ && (losses_ == 0 || std::isfinite(loss)) && !nonfinite_seen_ && !parameters_nonfinite_;
         const std::vector<std::string> others =
-            judge ? session_.nonfinite_modules(agent::GradientEntries::kCompanions) : std::vector<std::string>{};
+            judge ? session_.nonfinite_modules(agent::EntryWatches::kCompanions) : std::vector<std::string>{};
         for (const auto& e : entries_.step_ended(judge ? session_.origin_module() : "", others))
           session_.event(e.kind, e.detail);
       }

@@ -16,6 +16,7 @@
 
 #include "ampdiag/kernels/cpu_stats.h"
 #include "ampdiag/rundb/rows.h"
+#include "entry_watches.h"
 #include "run_paths.h"
 #include "session.h"
 #include "weight_schedule.h"
@@ -284,6 +285,27 @@ PYBIND11_MODULE(_ampdiag, m) {
       .def_static("due", &agent::WeightSchedule::due, py::arg("step"))
       .def("at_start", &agent::WeightSchedule::at_start, py::arg("step"))
       .def("after_skip", &agent::WeightSchedule::after_skip, py::arg("step"));
+  py::class_<agent::EntryWatches> entry_watches(m, "EntryWatches");
+  entry_watches.def(py::init<>())
+      .def_property_readonly("watches",
+                             [](const agent::EntryWatches& w) {
+                               std::vector<std::pair<std::string, bool>> out;
+                               for (const auto& watch : w.watches()) out.emplace_back(watch.path, watch.done);
+                               return out;
+                             })
+      .def(
+          "step_ended",
+          [](agent::EntryWatches& w, const std::string& named, const std::vector<std::string>& others,
+             const std::vector<int>& reached) {
+            agent::EntryWatches::Ended e = w.step_ended(named, others, reached);
+            std::vector<std::pair<std::string, std::string>> events;
+            for (auto& event : e.events) events.emplace_back(std::move(event.kind), std::move(event.detail));
+            return std::make_pair(std::move(events), std::move(e.nonfinite));
+          },
+          py::arg("named"), py::arg("others"), py::arg("reached"),
+          "(events as (kind, detail), the named module judged nonfinite or \"\"); reached: per watch, -1 not seen, 0 "
+          "finite, 1 NaN/Inf.");
+  entry_watches.attr("COMPANIONS") = agent::EntryWatches::kCompanions;
   py::class_<Session>(m, "Session")
       .def(py::init<bool, std::size_t, std::int64_t, std::int64_t, int, bool, bool, std::int64_t>(),
            py::arg("overwrite"), py::arg("queue_capacity"), py::arg("every"), py::arg("context_steps"),
