@@ -34,15 +34,34 @@ std::pair<double, std::int64_t> largest_true_gradient(const LayerSummary& layer,
   return {largest, at};
 }
 
+bool gradient_made_in_fp32(const LayerSummary& layer) {
+  const std::string& type = layer.info.module_type;
+  return type.find("Norm") != std::string::npos ||
+         (type.find("Embedding") != std::string::npos && layer.info.dtype == "float32");
+}
+
 namespace {
 
-// The largest of these layers' (largest_true_gradient()), and its step.
-std::pair<double, std::int64_t> largest_true_gradient_of(const Run& run, const std::map<std::int64_t, std::int64_t>& layers,
-                                                         const std::map<std::int64_t, double>& scale_of) {
-  std::pair<double, std::int64_t> largest{0.0, -1};
-  for (const auto& [id, _] : layers)
-    largest = std::max(largest, largest_true_gradient(run.layers[std::size_t(id)], scale_of),
-                       [](const auto& a, const auto& b) { return a.first < b.first; });
+// The largest unscaled gradient (largest_true_gradient()) of the layers `module` was first in
+// and of the others under it that fp16 holds, its step and its layer (-1: none). A module
+// holding many layers (an LM's decoder stack, named where its first NaN/Inf gradient and the
+// finite one before it meet) may be first by a layer whose gradients fit, while the ones too
+// large for the scale are its other layers'.
+struct TrueGradient {
+  double value = 0.0;
+  std::int64_t step = -1, layer = -1;
+};
+TrueGradient largest_true_gradient_of(const Run& run, const std::string& module,
+                                      const std::map<std::int64_t, std::int64_t>& first_in,
+                                      const std::map<std::int64_t, double>& scale_of) {
+  TrueGradient largest;
+  for (const LayerSummary& layer : run.layers) {
+    const bool first = first_in.count(layer.info.id) > 0;
+    if (!first && (module.empty() || !suggest::within(layer.info.module_path, module) || gradient_made_in_fp32(layer)))
+      continue;
+    if (const auto [value, step] = largest_true_gradient(layer, scale_of); value > largest.value)
+      largest = {value, step, layer.info.id};
+  }
   return largest;
 }
 
@@ -57,7 +76,7 @@ std::vector<std::pair<std::string, double>> also_beyond(const Run& run, const st
   for (const LayerSummary& layer : run.layers) {
     const std::string& path = layer.info.module_path;
     const bool inside = path == module || (!module.empty() && path.rfind(module + ".", 0) == 0);
-    if (inside || layer.info.module_type.find("Norm") != std::string::npos) continue;
+    if (inside || gradient_made_in_fp32(layer)) continue;
     if (const double v = largest_true_gradient(layer, scale_of).first; v > limit) beyond.emplace_back(layer.info.name, v);
   }
   std::stable_sort(beyond.begin(), beyond.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
@@ -340,9 +359,10 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     const OutputGradient reaching = output_gradient(run, module);
     const bool below_floor = harms && run.has_scaler() && !at_any_scale && m.lowest_after < t.scale_floor &&
                              reaching.seen != "nonfinite";
-    const auto [true_max, true_max_step] = (at_any_scale || below_floor) && run.fp16()
-                                               ? largest_true_gradient_of(run, m.layers, scale_of)
-                                               : std::pair<double, std::int64_t>{0.0, -1};
+    const TrueGradient true_largest = (at_any_scale || below_floor) && run.fp16()
+                                          ? largest_true_gradient_of(run, module, m.layers, scale_of)
+                                          : TrueGradient{};
+    const double true_max = true_largest.value;
     const double limit = at_any_scale ? run.fp_max : run.fp_max / t.scale_floor;
     const bool too_large = true_max > limit;
     const std::vector<std::pair<std::string, double>> others =
@@ -351,8 +371,11 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       f.title = at_any_scale ? place + "'s gradients exceed fp16's range even unscaled (up to " + fmt(true_max) + ")"
                              : place + "'s gradients are too large for a loss scale above the floor of " +
                                    fmt(t.scale_floor) + " (up to " + fmt(true_max) + " unscaled)";
-      f.evidence += "; in the steps where they stayed finite the largest unscaled one was " + fmt(true_max) + " (step " +
-                    std::to_string(true_max_step) + ")" +
+      const std::string of_layer = m.layers.count(true_largest.layer)
+                                       ? std::string()
+                                       : run.layers[std::size_t(true_largest.layer)].info.name + ", ";
+      f.evidence += "; in the steps where they stayed finite the largest unscaled one was " + fmt(true_max) + " (" +
+                    of_layer + "step " + std::to_string(true_largest.step) + ")" +
                     (at_any_scale ? ", above fp16's 65504: the scale has to stay below 1 to fit them "
                                     "(they overflowed down to " + fmt(m.lowest_scale) + "), which flushes the small ones "
                                     "to zero"

@@ -146,3 +146,47 @@ TEST_CASE("gradients that overflow at the floor itself and fit only below it are
   const Finding& o = required(r, "overflow-origin");
   CHECK(o.title == "head's gradients are too large for a loss scale above the floor of 128 (up to 578.125 unscaled)");
 }
+
+namespace {
+
+// A decoder stack named for its skips (its first NaN/Inf gradient dec.mlp.weight's, the
+// finite one before it its final norm's) whose last skip left the scale at 64, below the
+// floor; in the 10 finite steps after, the unscaled gradients of dec.mlp are 1000 / 64 and
+// those of `large` (a layer under dec) 40 times that, 625.
+Report decoder_stack_run(const std::string& large) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"dec.embed.weight", "dec.attn.weight", "dec.mlp.weight", "dec.norm.weight",
+                                    "head.weight"},
+               0, 1, "float32", {{"dec.embed.weight", "Embedding"}, {"dec.norm.weight", "RMSNorm"}});
+  f.absmax_times(large, 40.0);
+  double scale = 65536;
+  for (int i = 0; i < 10; ++i, scale /= 2)
+    f.finite_first({"head.weight", "dec.norm.weight"}).step(scale, scale / 2, 1000, {"dec.mlp.weight"}, 900);
+  for (int i = 0; i < 10; ++i) f.step(scale, scale, 1000, {}, 900);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a module first by a layer whose gradients fit is too large for the scale where another of its layers' are not",
+          "[rules]") {
+  // A Qwen2 LM whose lm_head starts 3e4 times too large: Qwen2Model is named, by a
+  // down_proj whose gradients fit at 128, while its v_proj's reach 4442.
+  const Report r = decoder_stack_run("dec.attn.weight");
+  const Finding& o = required(r, "overflow-origin");
+  CHECK(o.module == "dec");
+  CHECK(o.title == "dec's gradients are too large for a loss scale above the floor of 128 (up to 625 unscaled)");
+  CHECK_THAT(o.evidence, Catch::Contains("the largest unscaled one was 625 (dec.attn.weight, step 10)"));
+}
+
+TEST_CASE("a normalisation layer's or a float32 embedding's large gradients are not a module's too large for the scale",
+          "[rules]") {
+  // Autocast computes both in FP32: their size bounds no loss scale.
+  for (const std::string large : {"dec.norm.weight", "dec.embed.weight"}) {
+    CAPTURE(large);
+    const Report r = decoder_stack_run(large);
+    const Finding& o = required(r, "overflow-origin");
+    CHECK_THAT(o.title, !Catch::Contains("too large for a loss scale"));
+  }
+}
