@@ -165,6 +165,10 @@ void oversized_weights(const Run& run, std::vector<Finding>& out);
 // `loss`): of `maker`'s weight that oversized-weights counts, else of the most oversized
 // layer, whose large outputs reach the ones after it. None where no layer is oversized.
 std::optional<Suggestion> reinitialise_for_outputs(const Run& run, const std::string& maker, double reach, double loss);
+// The re-initialisation that leads a finding whose NaN/Inf gradients `module`'s backward
+// sends back, where it holds a weight that oversized-weights counts: "..., so `so`". None
+// where it holds no such weight.
+std::optional<Suggestion> reinitialise_oversized(const Run& run, const std::string& module, const std::string& so);
 void rank_disagreement(const std::vector<Run>& runs, const Thresholds& t, std::vector<Finding>& out);
 
 }  // namespace ampdiag::analyzer::rules

@@ -573,6 +573,18 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         } else if (!user.empty()) {
           const std::vector<std::string> more =
               sent ? std::vector<std::string>(senders.paths.begin() + 1, senders.paths.end()) : std::vector<std::string>{};
+          // A sender whose weights start far too large multiplies the gradient by that gain
+          // in its backward: that is the cause, and its pin only moves the overflow into the
+          // layers before it where they take that gradient in fp16 too (an LM head 7000 times
+          // too large over a decoder: pinned with the final norm, the scale still collapses).
+          // The pin stays, for a gain by design.
+          bool reinitialised = false;
+          for (const std::string& sender : sent ? senders.paths : std::vector<std::string>{user})
+            if (auto fix = reinitialise_oversized(run, sender, "the gradient its backward sends back to " + module +
+                                                                   " is about that many times the one it receives")) {
+              f.suggestions.push_back(*fix);
+              reinitialised = true;
+            }
           f.suggestions.push_back(suggest::pin_fp32_both(
               run, module, user,
               "(pinned: " + module + "'s output and the gradient it receives become float32, and so does " + user +
@@ -580,6 +592,11 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                   ": pinned alone, " + module + " would still receive it from " + user + "'s backward, which autocast "
                   "runs in fp16.",
               more));
+          if (reinitialised) {
+            std::string& pin = f.suggestions.back().summary;
+            pin[0] = 'r';  // "Run ..." continues the sentence
+            pin = "Where that gain is by design, " + pin;
+          }
         } else {
           f.suggestions.push_back(suggest::pin_fp32(run, module));
           f.suggestions.back().summary = "Run " + module + " in FP32 (pinned: its output, and the gradient it "

@@ -125,6 +125,12 @@ std::optional<Suggestion> reinitialise_for_outputs(const Run& run, const std::st
                                    ") and the gradients of the layers after it are as large");
 }
 
+std::optional<Suggestion> reinitialise_oversized(const Run& run, const std::string& module, const std::string& so) {
+  for (const Oversized& o : oversized_layers(run))
+    if (suggest::module_for_layer(run, o.layer->info) == module) return suggest::reinitialise(module, o.scale, so);
+  return std::nullopt;
+}
+
 void oversized_weights(const Run& run, std::vector<Finding>& out) {
   const std::vector<Oversized> found = oversized_layers(run);
   if (found.empty()) return;

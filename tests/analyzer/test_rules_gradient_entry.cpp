@@ -118,6 +118,34 @@ TEST_CASE("the module that sent the NaN/Inf back is named and pinned, not the on
   CHECK_THAT(c.suggestions.front().summary, Catch::StartsWith("Fix the NaN/Inf made in head's backward"));
 }
 
+TEST_CASE("a module that sent the NaN/Inf back with weights far too large is re-initialised first, its pin kept after",
+          "[rules][gradient-entry]") {
+  // An LM head 12000 times too large over a decoder: its backward multiplies the gradient it
+  // sends into the final norm by its gain, and the layers before take that gradient too, so
+  // the norm and the head pinned still collapse the scale (tests/scenarios/test_oversized_sender.py).
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  f.weight_norm("head.weight", 8.0 * 7000.0);  // [64, 64]: a gain of 7000
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2) {
+    if (i == 2) f.event("module-output-gradient", "enc: nonfinite");
+    if (i == 3) f.event("module-gradient-sender", "enc: head");
+    f.finite_first({"head.weight"}).step(scale, scale / 2, 1000, {"enc.weight"});
+  }
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.title, Catch::EndsWith("they reach it through its output: head's backward makes them"));
+  REQUIRE(o.suggestions.size() == 3);
+  CHECK(o.suggestions[0].summary ==
+        "Initialise head at a standard scale (torch's default, Kaiming or Xavier): its weights start at a gain of 7000 "
+        "(see oversized-weights), so the gradient its backward sends back to enc is about that many times the one it "
+        "receives. Or find what made them this large: a custom initialisation with std=1 on a wide layer, a checkpoint "
+        "saved at another scale, a weight multiplied by mistake.");
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Where that gain is by design, run enc and head in FP32"));
+  CHECK_THAT(o.suggestions[2].summary, Catch::Contains("bfloat16"));
+}
+
 TEST_CASE("several modules that sent the NaN/Inf back are all named, the first pinned with the module",
           "[rules][gradient-entry]") {
   const Report r = entry_run("nonfinite", 12, 0, {}, {}, "head, aux");

@@ -214,12 +214,12 @@ class TwoHeads(nn.Module):
     The backbone's convolution, behind a ReLU (a module the agent lists no rows for), receives
     their sum."""
 
-    def __init__(self, cls_gain=1.0):
+    def __init__(self, cls_gain=1.0, box_gain=5000.0):
         super().__init__()
         self.backbone = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
         self.cls, self.box = nn.Linear(16, 5), nn.Linear(16, 4)
         with torch.no_grad():
-            self.box.weight.mul_(5000.0)
+            self.box.weight.mul_(box_gain)
             self.cls.weight.mul_(cls_gain)
 
     def forward(self, x):
@@ -227,9 +227,9 @@ class TwoHeads(nn.Module):
         return self.cls(f), self.box(f)
 
 
-def two_heads_steps(db, pins=(), cls_gain=1.0, wrap=None):
+def two_heads_steps(db, pins=(), cls_gain=1.0, wrap=None, box_gain=5000.0):
     torch.manual_seed(0)
-    model = TwoHeads(cls_gain) if wrap is None else wrap(TwoHeads(cls_gain))
+    model = TwoHeads(cls_gain, box_gain) if wrap is None else wrap(TwoHeads(cls_gain, box_gain))
     for path in pins:
         ampdiag.pin_fp32(model.get_submodule(path))
     opt, scaler = torch.optim.SGD(model.parameters(), 1e-3, momentum=0.9), torch.amp.GradScaler("cpu")
@@ -254,7 +254,12 @@ def test_of_two_heads_on_one_output_the_one_whose_backward_sent_the_inf_is_named
     first = rep["findings"][0]
     assert (code, first["rule"], first["module"]) == (1, "overflow-origin", "backbone.0")
     assert first["title"].endswith("they reach it through its output: box's backward makes them")
-    assert first["suggestions"][0]["python"] == ("ampdiag.pin_fp32(model.backbone[0])  # autocast off inside each; "
+    # box's weights start 5000 times too large: its backward multiplies the gradient by that.
+    assert first["suggestions"][0]["summary"].startswith(
+        "Initialise box at a standard scale (torch's default, Kaiming or Xavier): its weights start at a gain of ")
+    assert "so the gradient its backward sends back to backbone.0 is about that many times" in first["suggestions"][0]["summary"]
+    assert first["suggestions"][1]["summary"].startswith("Where that gain is by design, run backbone.0 and box in FP32")
+    assert first["suggestions"][1]["python"] == ("ampdiag.pin_fp32(model.backbone[0])  # autocast off inside each; "
                                                  "float inputs cast\nampdiag.pin_fp32(model.box)")
     collapse = next(f for f in rep["findings"] if f["rule"] == "scale-collapse")
     assert collapse["suggestions"][0]["summary"].startswith("Fix the NaN/Inf made in box's backward")
@@ -264,6 +269,14 @@ def test_of_two_heads_on_one_output_the_one_whose_backward_sent_the_inf_is_named
     # The cause: box's 64 weights, 5000 times a standard initialisation's.
     oversized = next(f for f in rep["findings"] if f["rule"] == "oversized-weights")
     assert (oversized["layer"], oversized["severity"]) == ("box.weight", "warning")
+
+
+def test_the_box_head_at_a_standard_initialisation_keeps_the_scale_up(tmp_path, verdict):
+    # The first fix the report gives: box's weights re-initialised.
+    db = tmp_path / "heads_box_reset.db"
+    two_heads_steps(db, box_gain=1.0)
+    code, rep = verdict(db)
+    assert code == 0, rep["findings"]
 
 
 def test_the_box_head_pinned_alone_still_collapses_the_scale(tmp_path, verdict):
@@ -292,7 +305,10 @@ def test_two_heads_that_both_sent_the_inf_are_named_and_pinned_with_the_backbone
     assert senders(db) == [("backbone.0: box, cls",)]
     code, rep = verdict(db)
     first = rep["findings"][0]
-    assert first["suggestions"][0]["python"].endswith("ampdiag.pin_fp32(model.box)\nampdiag.pin_fp32(model.cls)")
+    assert [s["python"].split("\n")[0] for s in first["suggestions"][:2]] == [
+        'model.get_submodule("box").reset_parameters()  # torch\'s default initialisation (Linear, Conv)',
+        'model.get_submodule("cls").reset_parameters()  # torch\'s default initialisation (Linear, Conv)']
+    assert first["suggestions"][2]["python"].endswith("ampdiag.pin_fp32(model.box)\nampdiag.pin_fp32(model.cls)")
 
 
 def test_the_three_modules_that_report_pins_keep_the_scale_up(tmp_path, verdict):
