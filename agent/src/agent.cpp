@@ -265,7 +265,12 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
     session_.event_once("module-input-from:" + path, "module-input-from", path + ": " + last_output_path_);
   const bool check = checks_.wants(path, x);
   if (check) checks_.before(x);
-  y = run(x);
+  if (options_.replay) {
+    y = run(entries_.input(path, x));
+    entries_.returned(y);
+  } else {
+    y = run(x);
+  }
   if (record(path, y, &x)) {
     replay_pins_.nonfinite_output(path, replay, x, batch_.viewed_by(x) != nullptr);
   } else if (check) {

@@ -7,6 +7,7 @@
 namespace ampdiag::agent {
 
 void GradientEntries::output(const std::string& path, const at::Tensor& y) {
+  senders_.output(path, y);
   if (!core_.armed() || !y.defined() || !y.requires_grad() || !y.device().is_cpu() || !at::GradMode::is_enabled())
     return;
   const std::vector<EntryWatches::Watch>& watches = core_.watches();
@@ -29,12 +30,18 @@ std::vector<EntryWatches::Event> GradientEntries::step_ended(const std::string& 
     reached.push_back(look.reached->exchange(EntryWatches::kNotSeen));
     look.hooked = false;
   }
+  std::vector<EntryWatches::Event> events;
+  // Before a verdict below arms it: a later skip answers.
+  if (std::string sender = senders_.step_ended(named); !sender.empty())
+    events.push_back({SenderWatch::kKind, std::move(sender)});
   const std::vector<std::string> before = paths();
   EntryWatches::Ended ended = core_.step_ended(named, others, reached);
   // Re-armed for other modules: new looks (each its own flag), and any hook still pending from
   // this step's graph writes into the old ones.
   if (paths() != before) looks_ = std::vector<Look>(core_.watches().size());
-  return std::move(ended.events);
+  if (!ended.nonfinite.empty()) senders_.arm(ended.nonfinite);
+  for (auto& e : ended.events) events.push_back(std::move(e));
+  return events;
 }
 
 std::vector<std::string> GradientEntries::paths() const {

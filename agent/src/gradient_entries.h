@@ -1,10 +1,12 @@
 // The C++ agent's hooks for EntryWatches (agent/core/entry_watches.h, where the decisions
 // and the events are explained): the gradient reaching a watched module's output is checked
 // at its first probed call of each step (host tensors only: a device check would wait for the
-// device), and what was seen goes to the core as the step ends.
+// device), and what was seen goes to the core as the step ends. A "nonfinite" verdict arms
+// the look for the module that sent them (gradient_senders.h).
 #pragma once
 
 #include "entry_watches.h"
+#include "gradient_senders.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -20,7 +22,11 @@ class GradientEntries {
   // Module `path`'s probed output `y` in a training forward: the first call of the step of
   // each module watched gets a hook on the gradient that reaches it.
   void output(const std::string& path, const at::Tensor& y);
-  // As a host step ends (see EntryWatches::step_ended): the events to write.
+  // Module `path` about to run on `x` through Agent::forward(): what to give it, and its
+  // output after (GradientSenders::input, returned).
+  at::Tensor input(const std::string& path, const at::Tensor& x) { return senders_.input(path, x); }
+  void returned(const at::Tensor& y) { senders_.returned(y); }
+  // As a host step ends (see EntryWatches::step_ended): the events to write, the sender look's first.
   std::vector<EntryWatches::Event> step_ended(const std::string& named, const std::vector<std::string>& others);
 
  private:
@@ -34,6 +40,7 @@ class GradientEntries {
 
   EntryWatches core_;
   std::vector<Look> looks_;  // one per core_.watches(), in its order
+  GradientSenders senders_;
 };
 
 }  // namespace ampdiag::agent

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "ampdiag/analyzer/escape.h"
+#include "ampdiag/rundb/module_paths.h"
 #include "device_profile.h"
 
 namespace ampdiag::analyzer::suggest {
@@ -263,10 +264,7 @@ Suggestion scaler_settings(const Run& run, double init_scale, std::int64_t growt
   return s;
 }
 
-bool within(const std::string& path, const std::string& module) {
-  return path == module ||
-         (path.size() > module.size() && path.compare(0, module.size(), module) == 0 && path[module.size()] == '.');
-}
+bool within(const std::string& path, const std::string& module) { return rundb::within(path, module); }
 
 std::string module_for_layer(const Run& run, const rundb::LayerRow& layer) {
   std::string best;

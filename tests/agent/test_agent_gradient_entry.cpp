@@ -23,6 +23,14 @@ using Code = std::function<torch::Tensor(const torch::Tensor&)>;
 
 torch::Tensor same(const torch::Tensor& h) { return h; }
 
+// The details of the events of `kind` in the run.db at `path`.
+std::vector<std::string> events_of(const std::string& path, const std::string& kind) {
+  std::vector<std::string> details;
+  for (const auto& e : rundb::RunDbReader(path).events())
+    if (e.kind == kind) details.push_back(e.detail);
+  return details;
+}
+
 // 24 steps of TinyNet's a, b and c run through agent.forward() under fp16 autocast, the
 // model's own code `after_a` on a's output and `before_c` on what c is given, the loss c's
 // output squared (`linear`: c's output) and averaged; the details of the run's events of `kind`.
@@ -49,10 +57,7 @@ std::vector<std::string> entries_of(const TempDir& dir, const Code& after_a, con
       scaler.update();
     }
   }
-  std::vector<std::string> details;
-  for (const auto& e : rundb::RunDbReader(dir.file("run.db")).events())
-    if (e.kind == kind) details.push_back(e.detail);
-  return details;
+  return events_of(dir.file("run.db"), kind);
 }
 
 }  // namespace
@@ -133,4 +138,69 @@ TEST_CASE("a second module whose own backward overflows in the same skips is jud
   // Whichever of the two arrives first in backward is the one the skips name.
   CHECK((details == std::vector<std::string>{"p: finite", "q: finite, beside p"} ||
          details == std::vector<std::string>{"q: finite", "p: finite, beside q"}));
+}
+
+namespace {
+
+// A detection-style model as tests/scenarios/test_gradient_entry.py's: a classifier and a box
+// head on one convolution's pooled features, the box head's weights `box_gain` times too large.
+struct TwoHeadsImpl : torch::nn::Module {
+  explicit TwoHeadsImpl(double box_gain) {
+    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)));
+    cls = register_module("cls", torch::nn::Linear(16, 5));
+    box = register_module("box", torch::nn::Linear(16, 4));
+    torch::NoGradGuard no_grad;
+    box->weight.mul_(box_gain);
+  }
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::Linear cls{nullptr}, box{nullptr};
+};
+TORCH_MODULE(TwoHeads);
+
+// 30 steps of TwoHeads run through agent.forward() under fp16 autocast into dir's run.db.
+void two_heads_steps(const TempDir& dir) {
+  torch::manual_seed(0);
+  TwoHeads net(5000.0);
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(1e-3).momentum(0.9));
+  GradScaler scaler;
+  {
+    Agent agent(*net, scaler, options_for(dir.file("run.db")));
+    for (int step = 0; step < 30; ++step) {
+      optimizer.zero_grad();
+      torch::Tensor loss;
+      {
+        HalfAutocast autocast;
+        const auto x = agent.input("x", torch::randn({8, 3, 16, 16}));
+        const auto labels = torch::randint(0, 5, {8});
+        const auto boxes = torch::rand({8, 4}) * 100.0;
+        const auto f = torch::relu(agent.forward("conv", net->conv, x)).mean({2, 3});
+        const auto logits = agent.forward("cls", net->cls, f).to(torch::kFloat);
+        const auto box = agent.forward("box", net->box, f).to(torch::kFloat);
+        loss = torch::nn::functional::cross_entropy(logits, labels) +
+               torch::nn::functional::smooth_l1_loss(box, boxes, torch::nn::functional::SmoothL1LossFuncOptions()
+                                                                     .reduction(torch::kSum)) / 8.0;
+      }
+      scaler.scale(loss).backward();
+      scaler.step(optimizer);
+      scaler.update();
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("of two heads on one output the one whose backward sent the Inf is seen sending it", "[agent][gradient-entry]") {
+  // cls's backward runs just before conv's, yet box's sends the Inf: autograd sums the two
+  // into conv's output, and each head is given its own view of it to tell them apart.
+  TempDir dir;
+  two_heads_steps(dir);
+  const auto entries = events_of(dir.file("run.db"), "module-output-gradient");
+  REQUIRE_FALSE(entries.empty());
+  CHECK(entries.front() == "conv: nonfinite");
+  CHECK(events_of(dir.file("run.db"), "module-gradient-sender") == std::vector<std::string>{"conv: box"});
+  const auto report = analyzer::analyze({analyzer::load_run(dir.file("run.db"))});
+  REQUIRE_FALSE(report.findings.empty());
+  const analyzer::Finding& first = report.findings.front();
+  CHECK(first.module == "conv");
+  CHECK_THAT(first.title, Catch::EndsWith("they reach it through its output: box's backward makes them"));
 }

@@ -13,19 +13,16 @@ finite gradient and sent NaN/Inf made them in its own backward: event
 `module-gradient-sender`, "X: Y" (in backward order, "X: Y, Z" where several did). Host
 tensors only: a device check would wait for the device. A watch no skip of X answers within
 WATCH_STEPS steps is dropped, a verdict on another module moves it there, and each module is
-looked at once."""
+looked at once: those decisions are the session core's SenderWatch
+(agent/core/sender_watch.h, shared with the C++ agent); here are the hooks."""
 import torch
 
+from . import _ampdiag
 from ._tensors import first_float_tensor, float_tensors, holds_nonfinite
 
 KIND = "module-gradient-sender"
-WATCH_STEPS = 64
 TRACE_HOPS = 16      # operations of one input between X's output and a user's argument
 SUBGRAPH_NODES = 512  # autograd nodes searched in a user's call for the edge back to its argument
-
-
-def _within(path: str, outer: str) -> bool:
-    return path == outer or path.startswith(outer + ".")
 
 
 def _made_from(node, made) -> bool:
@@ -65,38 +62,40 @@ class _Call:
 
     def __init__(self, path):
         self.path = path
-        self.received = None  # the gradients at its outputs: True where one held NaN/Inf
-        self.sent = None      # the order in backward in which it sent NaN/Inf back, if it did
+        self.received = -1  # the gradients at its outputs: 1 where one held NaN/Inf, 0 finite
+        self.sent = -1      # the order in backward in which it sent NaN/Inf back, if it did
 
 
 class GradientSenders:
     def __init__(self, handle):
         self._handle = handle
-        self._judged = set()
-        self._target = None  # (X's path, hook handles, steps left)
+        self._core = _ampdiag.SenderWatch()
+        self._hooks = []     # the watched module's output hook and its users' hooks
         self._made = set()   # this step's autograd nodes of X's outputs
         self._calls = []     # this step's calls of modules given X's output
         self._sends = 0      # NaN/Inf sends seen this step, for their order
-        self.armed = False
+
+    @property
+    def armed(self):
+        return self._core.armed
 
     def arm(self, path):
         """Looks at X = `path`'s next skip; a watch on another module moves here (the latest
         module skips name is the one the report blames)."""
-        if path in self._judged:
-            return
-        self._drop()
+        self._core.arm(path)
+        if self._core.target != path:
+            return  # looked at already
+        self._remove_hooks()
         handle = self._handle
         model = handle._watched_model
         try:
             watched = model.get_submodule(path)
         except AttributeError:
             return
-        hooks = [watched.register_forward_hook(handle._forward_hook_as_run(self._output_hook(watched)))]
+        self._hooks = [watched.register_forward_hook(handle._forward_hook_as_run(self._output_hook(watched)))]
         for name, module in model.named_modules():
-            if name and not _within(name, path) and not _within(path, name):
-                hooks.append(module.register_forward_hook(handle._forward_hook_as_run(self._user_hook(name, module))))
-        self._target = (path, hooks, WATCH_STEPS)
-        self.armed = True
+            if self._core.user(name):
+                self._hooks.append(module.register_forward_hook(handle._forward_hook_as_run(self._user_hook(name, module))))
 
     def _looking(self, mod, module):
         # (A deep copy of the model carries these hooks: only the watched model's calls count;
@@ -130,13 +129,13 @@ class GradientSenders:
             session = self._handle._session
 
             def received(grad):
-                if not call.received and grad.is_cpu:
-                    call.received = holds_nonfinite(session, grad)
+                if call.received != 1 and grad.is_cpu:
+                    call.received = int(holds_nonfinite(session, grad))
 
             def sent(index):
                 def check(grad_inputs, grad_outputs):
                     grad = grad_inputs[index] if index < len(grad_inputs) else None
-                    if call.sent is None and grad is not None and grad.is_cpu and holds_nonfinite(session, grad):
+                    if call.sent < 0 and grad is not None and grad.is_cpu and holds_nonfinite(session, grad):
                         call.sent = self._sends
                         self._sends += 1
                 return check
@@ -151,31 +150,19 @@ class GradientSenders:
     def step_ended(self, named: str):
         """As a host step ends; `named`: the module its first NaN/Inf gradient names ("" where
         it was not skipped with a finite loss)."""
-        if self._target is None:
+        if not self._core.armed:
             return
-        path, hooks, left = self._target
         calls, self._calls, self._made, self._sends = self._calls, [], set(), 0
-        if named == path and calls:
-            made = [c for c in calls if c.received is False and c.sent is not None]
-            # A block and the layer inside it that sent them both qualify: the layer is the one.
-            inner = [c for c in made if not any(o.path != c.path and _within(o.path, c.path) for o in made)]
-            inner.sort(key=lambda c: c.sent)
-            names = list(dict.fromkeys(c.path for c in inner))
-            if names:
-                self._handle._session.event(KIND, f"{path}: {', '.join(names)}")
-            self._drop()
-            self._judged.add(path)
-        elif left <= 1:
-            self._drop()
-        else:
-            self._target = (path, hooks, left - 1)
+        detail = self._core.step_ended(named, [(c.path, c.received, c.sent) for c in calls])
+        if detail:
+            self._handle._session.event(KIND, detail)
+        if not self._core.armed:
+            self._remove_hooks()
 
-    def _drop(self):
-        if self._target is not None:
-            for hook in self._target[1]:
-                hook.remove()
-            self._target = None
-            self.armed = False
+    def _remove_hooks(self):
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
 
     def close(self):
-        self._drop()
+        self._remove_hooks()

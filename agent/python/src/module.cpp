@@ -18,6 +18,7 @@
 #include "ampdiag/rundb/rows.h"
 #include "entry_watches.h"
 #include "run_paths.h"
+#include "sender_watch.h"
 #include "session.h"
 #include "weight_schedule.h"
 
@@ -306,6 +307,21 @@ PYBIND11_MODULE(_ampdiag, m) {
           "(events as (kind, detail), the named module judged nonfinite or \"\"); reached: per watch, -1 not seen, 0 "
           "finite, 1 NaN/Inf.");
   entry_watches.attr("COMPANIONS") = agent::EntryWatches::kCompanions;
+  py::class_<agent::SenderWatch>(m, "SenderWatch")
+      .def(py::init<>())
+      .def("arm", &agent::SenderWatch::arm, py::arg("path"))
+      .def_property_readonly("armed", &agent::SenderWatch::armed)
+      .def_property_readonly("target", &agent::SenderWatch::target)
+      .def("user", &agent::SenderWatch::user, py::arg("path"))
+      .def(
+          "step_ended",
+          [](agent::SenderWatch& w, const std::string& named, const std::vector<std::tuple<std::string, int, int>>& calls) {
+            std::vector<agent::SenderWatch::Call> seen;
+            for (const auto& [path, received, sent] : calls) seen.push_back({path, received, sent});
+            return w.step_ended(named, seen);
+          },
+          py::arg("named"), py::arg("calls"),
+          "calls: (path, received: -1/0/1, sent: order or -1); returns the event's detail, \"\" for none.");
   py::class_<Session>(m, "Session")
       .def(py::init<bool, std::size_t, std::int64_t, std::int64_t, int, bool, bool, std::int64_t>(),
            py::arg("overwrite"), py::arg("queue_capacity"), py::arg("every"), py::arg("context_steps"),

@@ -12,4 +12,9 @@ std::string common_module(const std::string& a, const std::string& b) {
   return a.substr(0, end);
 }
 
+bool within(const std::string& path, const std::string& outer) {
+  return path == outer ||
+         (path.size() > outer.size() && path.compare(0, outer.size(), outer) == 0 && path[outer.size()] == '.');
+}
+
 }  // namespace ampdiag::rundb

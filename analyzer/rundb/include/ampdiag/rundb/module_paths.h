@@ -11,5 +11,8 @@ namespace ampdiag::rundb {
 // The innermost module holding both paths, by whole components ("enc.1" and "enc.10" ->
 // "enc"; "a.b.c" and "a.b" -> "a.b"); "" where only the model does.
 std::string common_module(const std::string& a, const std::string& b);
+// Whether module `path` is `outer` or inside it, by whole components ("enc.1" is in "enc",
+// "enc10" is not); nothing is inside "" but "" itself.
+bool within(const std::string& path, const std::string& outer);
 
 }  // namespace ampdiag::rundb
