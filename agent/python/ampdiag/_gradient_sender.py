@@ -12,7 +12,7 @@ as well as its sequence). The innermost such module that received a
 finite gradient and sent NaN/Inf made them in its own backward: event
 `module-gradient-sender`, "X: Y" (in backward order, "X: Y, Z" where several did). Host
 tensors only: a device check would wait for the device. A watch no skip of X answers within
-WATCH_STEPS steps is dropped, a verdict on another module moves it there, and each module is
+64 steps is dropped, a verdict on another module moves it there, and each module is
 looked at once: those decisions are the session core's SenderWatch
 (agent/core/sender_watch.h, shared with the C++ agent); here are the hooks."""
 import torch
