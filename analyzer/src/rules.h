@@ -169,6 +169,10 @@ std::optional<Suggestion> reinitialise_for_outputs(const Run& run, const std::st
 // sends back, where it holds a weight that oversized-weights counts: "..., so `so`". None
 // where it holds no such weight.
 std::optional<Suggestion> reinitialise_oversized(const Run& run, const std::string& module, const std::string& so);
+// The re-initialisation that leads a finding whose module's own backward overflowed, where the
+// most oversized layer (oversized-weights) is at or after `module` in forward order (both
+// probed): the gradients reaching `module` passed back through it. None where there is none.
+std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& module);
 void rank_disagreement(const std::vector<Run>& runs, const Thresholds& t, std::vector<Finding>& out);
 
 }  // namespace ampdiag::analyzer::rules

@@ -565,10 +565,13 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
           // Pinned, it still receives them: only the module that sends them, if any, and the
           // code after it are left to run in FP32.
           if (!user.empty() && !pinned.count(user)) {
+            const std::optional<Suggestion> reinit = reinitialise_oversized(
+                run, user, "the gradient its backward sends back to " + module + " is about that many times the one it receives");
+            if (reinit) f.suggestions.push_back(*reinit);
             f.suggestions.push_back(suggest::pin_fp32(run, user));
-            f.suggestions.back().summary = "Run " + user + " in FP32 too: " + module + " is pinned and still receives "
-                                           "the overflowed gradient from " + user + "'s backward, which autocast runs "
-                                           "in fp16.";
+            f.suggestions.back().summary = std::string(reinit ? "Where that gain is by design, run " : "Run ") + user +
+                                           " in FP32 too: " + module + " is pinned and still receives the overflowed "
+                                           "gradient from " + user + "'s backward, which autocast runs in fp16.";
           }
         } else if (!user.empty()) {
           const std::vector<std::string> more =
@@ -622,10 +625,25 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                       (at_any_scale ? std::string("65504") : "65504 / " + fmt(t.scale_floor)) + " too (" + named +
                       "), so pinning " + (module.empty() ? row.name : module) + " alone would leave " +
                       (at_any_scale ? "theirs overflowing" : "the scale below the floor");
-      } else if (!entered && !was_pinned && !pin_with_own_overflows(run, module, place, m.steps, !too_large && !at_any_scale, f)) {
-        f.suggestions.push_back(suggest::fp32_at(run, module, row));
-        if (at_any_scale && !too_large && replay.outcome != "finite")
-          f.suggestions.back().summary = "If its true gradients are the ones beyond fp16: " + f.suggestions.back().summary;
+      } else if (!entered && !was_pinned) {
+        // Its own backward overflowed, on gradients that passed back through a layer whose
+        // weights start far too large, at or after it in forward: they are that many times
+        // too large in every layer before it, and pins only move the overflow from one to the
+        // next (an LM head 12000 times too large: the two down projections pinned, the
+        // attention output's overflow is next). The pins stay, for a gain by design.
+        const std::size_t before_fixes = f.suggestions.size();
+        std::optional<Suggestion> reinit = too_large || at_any_scale ? std::nullopt : reinitialise_after(run, module);
+        if (reinit) f.suggestions.push_back(*reinit);
+        if (!pin_with_own_overflows(run, module, place, m.steps, !too_large && !at_any_scale, f)) {
+          f.suggestions.push_back(suggest::fp32_at(run, module, row));
+          if (at_any_scale && !too_large && replay.outcome != "finite")
+            f.suggestions.back().summary = "If its true gradients are the ones beyond fp16: " + f.suggestions.back().summary;
+        }
+        if (reinit) {
+          std::string& pin = f.suggestions[before_fixes + 1].summary;
+          pin[0] = 'r';  // "Run ..." continues the sentence
+          pin = "Where that gain is by design, " + pin;
+        }
       }
       f.suggestions.push_back(suggest::use_bf16(run));
     }

@@ -131,6 +131,20 @@ std::optional<Suggestion> reinitialise_oversized(const Run& run, const std::stri
   return std::nullopt;
 }
 
+std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& module) {
+  if (module.empty() || !run.module_named(module)) return std::nullopt;
+  for (const Oversized& o : oversized_layers(run)) {
+    const std::string maker = suggest::module_for_layer(run, o.layer->info);
+    if (!maker.empty() && at_or_after(run, maker, module))
+      return suggest::reinitialise(maker, o.scale,
+                                   maker == module ? "its outputs, and the loss and the gradients that follow from "
+                                                     "them, are about that many times larger"
+                                                   : "the gradients that pass back through it, down to " + module +
+                                                         "'s, are about that many times larger");
+  }
+  return std::nullopt;
+}
+
 void oversized_weights(const Run& run, std::vector<Finding>& out) {
   const std::vector<Oversized> found = oversized_layers(run);
   if (found.empty()) return;

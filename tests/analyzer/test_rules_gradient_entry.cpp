@@ -126,6 +126,9 @@ TEST_CASE("a module that sent the NaN/Inf back with weights far too large is re-
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
   f.weight_norm("head.weight", 8.0 * 7000.0);  // [64, 64]: a gain of 7000
+  const bool enc_pinned = GENERATE(false, true);
+  CAPTURE(enc_pinned);
+  if (enc_pinned) f.event("pinned-fp32", "enc");
   double scale = 65536;
   for (int i = 0; i < 12; ++i, scale /= 2) {
     if (i == 2) f.event("module-output-gradient", "enc: nonfinite");
@@ -142,8 +145,56 @@ TEST_CASE("a module that sent the NaN/Inf back with weights far too large is re-
         "(see oversized-weights), so the gradient its backward sends back to enc is about that many times the one it "
         "receives. Or find what made them this large: a custom initialisation with std=1 on a wide layer, a checkpoint "
         "saved at another scale, a weight multiplied by mistake.");
-  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Where that gain is by design, run enc and head in FP32"));
+  // Pinned already, enc is left out of the pin that follows.
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith(enc_pinned ? "Where that gain is by design, run head in FP32 too"
+                                                                    : "Where that gain is by design, run enc and head in FP32"));
   CHECK_THAT(o.suggestions[2].summary, Catch::Contains("bfloat16"));
+}
+
+namespace {
+
+// 12 skips halving the scale from 65536, `first`'s gradient the first NaN/Inf one each time
+// and judged "finite" at its output (its own backward made them); enc probed before head in
+// forward, and `oversized`'s weights read at a gain of 7000.
+Report own_overflow_run(const std::string& first, const std::string& oversized) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  f.weight_norm(oversized + ".weight", 8.0 * 7000.0);  // [64, 64]
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2) {
+    f.activation("enc", false, 3.0).activation("head", false, 10.0);
+    if (i == 2) f.event("module-output-gradient", first + ": finite");
+    f.finite_first({first == "enc" ? "head.weight" : "enc.weight"}).step(scale, scale / 2, 1000, {first + ".weight"});
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a module whose own backward overflowed on gradients that passed through weights far too large after it "
+          "gets their re-initialisation first",
+          "[rules][gradient-entry]") {
+  // An LM head 12000 times too large over a decoder: the down projections' own backward
+  // overflows, pinned they only move the overflow to the next layer.
+  const Report r = own_overflow_run("enc", "head");
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE(o.suggestions.size() == 3);
+  CHECK_THAT(o.suggestions[0].summary,
+             Catch::StartsWith("Initialise head at a standard scale (torch's default, Kaiming or Xavier): its weights "
+                               "start at a gain of 7000 (see oversized-weights), so the gradients that pass back "
+                               "through it, down to enc's, are about that many times larger."));
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Where that gain is by design, run enc in FP32"));
+  CHECK_THAT(o.suggestions[2].summary, Catch::Contains("bfloat16"));
+}
+
+TEST_CASE("weights far too large before the module whose own backward overflowed leave its pin first",
+          "[rules][gradient-entry]") {
+  // Its gradients did not pass back through them.
+  const Report r = own_overflow_run("head", "enc");
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run head in FP32"));
 }
 
 TEST_CASE("several modules that sent the NaN/Inf back are all named, the first pinned with the module",
