@@ -165,14 +165,17 @@ void oversized_weights(const Run& run, std::vector<Finding>& out);
 // `loss`): of `maker`'s weight that oversized-weights counts, else of the most oversized
 // layer, whose large outputs reach the ones after it. None where no layer is oversized.
 std::optional<Suggestion> reinitialise_for_outputs(const Run& run, const std::string& maker, double reach, double loss);
-// The re-initialisation that leads a finding whose NaN/Inf gradients `module`'s backward
-// sends back, where it holds a weight that oversized-weights counts: "..., so `so`". None
+// The re-initialisation that leads a finding whose NaN/Inf gradients `sender`'s backward
+// sends back to `receiver`, where `sender` holds a weight that oversized-weights counts. None
 // where it holds no such weight.
-std::optional<Suggestion> reinitialise_oversized(const Run& run, const std::string& module, const std::string& so);
+std::optional<Suggestion> reinitialise_sender(const Run& run, const std::string& sender, const std::string& receiver);
 // The re-initialisation that leads a finding whose module's own backward overflowed, where the
 // most oversized layer (oversized-weights) is at or after `module` in forward order (both
 // probed): the gradients reaching `module` passed back through it. None where there is none.
 std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& module);
+// Turns a pin that follows such a re-initialisation ("Run X in FP32 ...") into the fix for a
+// gain that is there by design ("Where that gain is by design, run X in FP32 ...").
+void by_design(Suggestion& pin);
 void rank_disagreement(const std::vector<Run>& runs, const Thresholds& t, std::vector<Finding>& out);
 
 }  // namespace ampdiag::analyzer::rules

@@ -14,6 +14,7 @@
 #include "ampdiag/rundb/module_paths.h"
 #include "loss_code.h"
 #include "overflow_events.h"
+#include "loss_size_fixes.h"
 #include "own_overflows.h"
 #include "rules.h"
 #include "suggestions.h"
@@ -81,35 +82,6 @@ std::vector<std::pair<std::string, double>> also_beyond(const Run& run, const st
   }
   std::stable_sort(beyond.begin(), beyond.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   return beyond;
-}
-
-// The median of the finite recorded losses of the steps not in `steps` (ascending), NaN where none.
-double median_loss_outside(const Run& run, const std::vector<std::int64_t>& steps) {
-  std::vector<double> losses;
-  for (const auto& s : run.steps)
-    if (run.loss_known(s.row) && std::isfinite(s.row.loss) && !std::binary_search(steps.begin(), steps.end(), s.row.step))
-      losses.push_back(s.row.loss);
-  return median_of(losses);
-}
-
-// The module whose output, in some forward, reached 100 times the largest output of every
-// module that finished before it there, and at least 256 (the largest such jump): where a
-// model's values jump (a projection whose weights are 1e4 times too large, a frozen
-// encoder's included), not where they grew a few times a block as a residual stream does.
-// `module` null where none did; `absmax` and `before`: its output then, and that largest.
-struct OutputJump {
-  const ModuleSummary* module = nullptr;
-  float absmax = 0.0f, before = 0.0f;
-};
-
-OutputJump output_jump(const Run& run) {
-  OutputJump jump;
-  for (const auto& m : run.modules) {
-    if (m.info.path.empty() || !(m.jump_before > 0.0f) || m.jump_absmax < 256.0f || m.jump_absmax < 100.0f * m.jump_before)
-      continue;
-    if (!jump.module || m.jump_absmax / m.jump_before > jump.absmax / jump.before) jump = {&m, m.jump_absmax, m.jump_before};
-  }
-  return jump;
 }
 
 // The key counted most often; "" for none.
@@ -382,63 +354,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                                   : ", above 65504 / " + fmt(t.scale_floor) + ": the scale has to stay below the floor "
                                     "to fit them (they overflowed down to " + fmt(m.lowest_scale) + "), where small "
                                     "gradients flush to zero");
-      // The loss of the steps it overflowed in: the one that made its gradients this large,
-      // not the smaller one the run trains down to once they fit (a loss of ~1000 while an
-      // oversized layer's outputs overflowed, 0.08 later).
-      std::vector<double> overflowed = m.losses;
-      const double loss = overflowed.empty() ? median_loss_outside(run, {}) : median_of(overflowed);
-      // Where it is 100 times the loss of the other steps, what those steps do differently
-      // makes it: the targets are the same every step, and the sampled outputs may not be
-      // of those steps at all (an expert the router picks only then).
-      const double calm = median_loss_outside(run, m.steps);
-      const bool intermittent = !overflowed.empty() && std::isfinite(calm) && calm > 0.0 && loss >= 100.0 * calm;
-      // Outputs near the loss's root are the model's: large targets learnt, or a model that
-      // makes large values (a head initialised 1e4 times too large), which no target
-      // normalisation fixes. Small ones leave the targets, or a sum.
-      const ModuleSummary* last = run.last_module();
-      const OutputJump jump = output_jump(run);
-      const std::string jumped = jump.module != nullptr && jump.module != last
-                                     ? jump.module->info.path + "'s reach " + fmt(jump.absmax) + ", " +
-                                           fmt(std::floor(double(jump.absmax) / double(jump.before))) +
-                                           " times the largest output of any module before it in forward order (its "
-                                           "weights, its input's scale)"
-                                     : "";
-      const bool large_outputs =
-          last && std::isfinite(loss) && loss > 0 && double(last->max_absmax) >= std::sqrt(loss) / 10.0;
-      std::string summary = "Shrink the loss where it is made";
-      if (intermittent) {
-        summary += " (it is around " + fmt(loss) + " in the steps where its gradients overflowed, against " + fmt(calm) +
-                   " in the others, and its gradients are as large): what those steps do differently makes it so "
-                   "large (a batch with outliers, a branch or an expert only they take)" +
-                   (jumped.empty() ? std::string() : "; where the outputs jump: " + jumped) +
-                   "; or average over the batch instead of summing, or divide the loss by a constant.";
-        f.suggestions.push_back({summary, "", "", ""});
-      } else {
-        // Outputs this large from weights that started far too large: re-initialising them
-        // comes first (an LM head 3e4 times too large, over token ids no target normalisation
-        // helps). Small outputs leave the loss to the targets or a sum, whatever the gains.
-        const ModuleSummary* maker = !jumped.empty() ? jump.module : last;
-        if (large_outputs && maker)
-          if (auto fix = reinitialise_for_outputs(run, maker->info.path,
-                                                  maker == last ? last->max_absmax : jump.absmax, loss))
-            f.suggestions.push_back(*fix);
-        const std::string targets =
-            large_outputs ? "; the model's outputs are large too (" + last->info.path + "'s, the last module's, reach " +
-                                fmt(last->max_absmax) + "): where the targets are that large, normalise them to unit "
-                                "spread, and where they are not, find what makes the outputs so large" +
-                                (jumped.empty() ? std::string(" (its weights, its input's scale)") : ": " + jumped) +
-                                "; or average"
-                          : ": normalise the regression targets to unit spread, average";
-        summary += (std::isfinite(loss) ? " (it is around " + fmt(loss) + ", and its gradients are as large)" : std::string()) +
-                   targets + " over the batch instead of summing, or divide the loss by a constant.";
-        f.suggestions.push_back(
-            {summary,
-             "y = (y - y_mean) / y_std  # targets in units of their spread (predictions: * y_std + y_mean)\n"
-             "loss = loss_fn(model(x).float(), y)",
-             "auto y_n = (y - y_mean) / y_std;  // predictions: * y_std + y_mean\n"
-             "auto loss = loss_fn(model->forward(x).to(torch::kFloat), y_n);",
-             ""});
-      }
+      shrink_the_loss(run, m.losses, m.steps, f);
     }
     const BackwardReplay replay = at_any_scale && !too_large ? backward_replay(run, module) : BackwardReplay{};
     // A replay that ran on a finite output gradient already says where they were made.
@@ -565,13 +481,13 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
           // Pinned, it still receives them: only the module that sends them, if any, and the
           // code after it are left to run in FP32.
           if (!user.empty() && !pinned.count(user)) {
-            const std::optional<Suggestion> reinit = reinitialise_oversized(
-                run, user, "the gradient its backward sends back to " + module + " is about that many times the one it receives");
+            const std::optional<Suggestion> reinit = reinitialise_sender(run, user, module);
             if (reinit) f.suggestions.push_back(*reinit);
             f.suggestions.push_back(suggest::pin_fp32(run, user));
-            f.suggestions.back().summary = std::string(reinit ? "Where that gain is by design, run " : "Run ") + user +
-                                           " in FP32 too: " + module + " is pinned and still receives the overflowed "
-                                           "gradient from " + user + "'s backward, which autocast runs in fp16.";
+            f.suggestions.back().summary = "Run " + user + " in FP32 too: " + module + " is pinned and still receives "
+                                           "the overflowed gradient from " + user + "'s backward, which autocast runs "
+                                           "in fp16.";
+            if (reinit) by_design(f.suggestions.back());
           }
         } else if (!user.empty()) {
           const std::vector<std::string> more =
@@ -583,8 +499,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
           // The pin stays, for a gain by design.
           bool reinitialised = false;
           for (const std::string& sender : sent ? senders.paths : std::vector<std::string>{user})
-            if (auto fix = reinitialise_oversized(run, sender, "the gradient its backward sends back to " + module +
-                                                                   " is about that many times the one it receives")) {
+            if (auto fix = reinitialise_sender(run, sender, module)) {
               f.suggestions.push_back(*fix);
               reinitialised = true;
             }
@@ -595,11 +510,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                   ": pinned alone, " + module + " would still receive it from " + user + "'s backward, which autocast "
                   "runs in fp16.",
               more));
-          if (reinitialised) {
-            std::string& pin = f.suggestions.back().summary;
-            pin[0] = 'r';  // "Run ..." continues the sentence
-            pin = "Where that gain is by design, " + pin;
-          }
+          if (reinitialised) by_design(f.suggestions.back());
         } else {
           f.suggestions.push_back(suggest::pin_fp32(run, module));
           f.suggestions.back().summary = "Run " + module + " in FP32 (pinned: its output, and the gradient it "
@@ -639,11 +550,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
           if (at_any_scale && !too_large && replay.outcome != "finite")
             f.suggestions.back().summary = "If its true gradients are the ones beyond fp16: " + f.suggestions.back().summary;
         }
-        if (reinit) {
-          std::string& pin = f.suggestions[before_fixes + 1].summary;
-          pin[0] = 'r';  // "Run ..." continues the sentence
-          pin = "Where that gain is by design, " + pin;
-        }
+        if (reinit) by_design(f.suggestions[before_fixes + 1]);
       }
       f.suggestions.push_back(suggest::use_bf16(run));
     }

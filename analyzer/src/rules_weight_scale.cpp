@@ -125,10 +125,17 @@ std::optional<Suggestion> reinitialise_for_outputs(const Run& run, const std::st
                                    ") and the gradients of the layers after it are as large");
 }
 
-std::optional<Suggestion> reinitialise_oversized(const Run& run, const std::string& module, const std::string& so) {
+std::optional<Suggestion> reinitialise_sender(const Run& run, const std::string& sender, const std::string& receiver) {
   for (const Oversized& o : oversized_layers(run))
-    if (suggest::module_for_layer(run, o.layer->info) == module) return suggest::reinitialise(module, o.scale, so);
+    if (suggest::module_for_layer(run, o.layer->info) == sender)
+      return suggest::reinitialise(sender, o.scale, "the gradient its backward sends back to " + receiver +
+                                                        " is about that many times the one it receives");
   return std::nullopt;
+}
+
+void by_design(Suggestion& pin) {
+  pin.summary[0] = 'r';  // "Run ..." continues the sentence
+  pin.summary = "Where that gain is by design, " + pin.summary;
 }
 
 std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& module) {
