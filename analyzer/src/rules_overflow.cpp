@@ -176,6 +176,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     std::map<std::string, std::int64_t> after;
     std::map<std::string, std::vector<std::string>> through;  // the parameterless modules between it and each
     std::set<std::string> tied;      // its layers that another module holds too, first in its use
+    std::set<std::string> ran_before;  // the modules whose gradient arrived just before its first NaN/Inf one
   };
   std::map<std::string, PerModule> modules;
   std::int64_t considered = 0;
@@ -233,6 +234,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       const rundb::LayerRow& last_finite = run.layers[std::size_t(s.last_finite_before)].info;
       parameterless_between(run, layer, last_finite, m.between);
       const std::string user = suggest::module_for_layer(run, last_finite);
+      m.ran_before.insert(user);
       std::vector<std::string> through;
       if (takes_output_of(run, given, user, module, &through)) {
         ++m.after[user];
@@ -543,7 +545,8 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         // next (an LM head 12000 times too large: the two down projections pinned, the
         // attention output's overflow is next). The pins stay, for a gain by design.
         const std::size_t before_fixes = f.suggestions.size();
-        std::optional<Suggestion> reinit = too_large || at_any_scale ? std::nullopt : reinitialise_after(run, module);
+        const std::optional<Suggestion> reinit =
+            too_large || at_any_scale ? std::nullopt : reinitialise_after(run, module, m.ran_before);
         if (reinit) f.suggestions.push_back(*reinit);
         if (!pin_with_own_overflows(run, module, place, m.steps, !too_large && !at_any_scale, f)) {
           f.suggestions.push_back(suggest::fp32_at(run, module, row));

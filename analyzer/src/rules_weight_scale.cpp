@@ -138,11 +138,17 @@ void by_design(Suggestion& pin) {
   pin.summary = "Where that gain is by design, " + pin.summary;
 }
 
-std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& module) {
-  if (module.empty() || !run.module_named(module)) return std::nullopt;
+std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& module,
+                                             const std::set<std::string>& ran_just_before) {
+  if (module.empty()) return std::nullopt;
   for (const Oversized& o : oversized_layers(run)) {
     const std::string maker = suggest::module_for_layer(run, o.layer->info);
-    if (!maker.empty() && at_or_after(run, maker, module))
+    // Where both were probed their places in forward decide; else the backward's order: a
+    // module whose gradient arrived just before `module`'s NaN/Inf one ran after it in forward.
+    const bool after = run.module_named(module) && run.module_named(maker)
+                           ? at_or_after(run, maker, module)
+                           : maker == module || ran_just_before.count(maker) > 0;
+    if (!maker.empty() && after)
       return suggest::reinitialise(maker, o.scale,
                                    maker == module ? "its outputs, and the loss and the gradients that follow from "
                                                      "them, are about that many times larger"
