@@ -177,10 +177,15 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   const std::int64_t calibration = calibration_skips(run);
   const bool harmful = harmful_skips(run) > 0;
   const bool deep = !harmful && calibration >= kDeepCalibration;
+  // A NaN/Inf loss where no module output was probed (a LibTorch model no agent.probe() or
+  // forward() watched) comes after every layer in forward: the gain reaches it.
+  const auto unplaced_loss = [&run](const Finding& f) {
+    return f.rule == "forward-nonfinite" && f.module.empty() && run.modules.empty();
+  };
   for (const Severity severity : {Severity::kError, Severity::kWarning, Severity::kInfo})
     for (const char* rule : {"forward-nonfinite", "overflow-origin"})
       for (const auto& f : out) {
-        if (explained || f.severity != severity || f.module.empty() || f.rule != rule ||
+        if (explained || f.severity != severity || (f.module.empty() && !unplaced_loss(f)) || f.rule != rule ||
             (severity == Severity::kInfo && !harmful && !deep))
           continue;
         if (f.rule == "overflow-origin" || !probed || !run.module_named(f.module) || at_or_after(run, f.module, module))
@@ -206,7 +211,8 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   f.score = weighs ? 60.0 : 5.0;
   f.title = top.layer->info.name + " starts at a gain of " + whole_number(top.scale) +
             ", far above any standard initialisation's" +
-            (explained && occasional && deep
+            (explained && unplaced_loss(*explained) ? ": the NaN/Inf loss likely follows from it"
+             : explained && occasional && deep
                  ? ": the overflows at " + explained->module + " that brought the loss scale down " +
                        plural(calibration, "halving") + " at the start likely follow from it"
              : explained ? ": the " + std::string(occasional ? "occasional " : "") + "overflow at " +
@@ -219,7 +225,10 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   for (std::size_t i = 1; i < found.size() && i < 4; ++i)
     f.evidence += (i == 1 ? "; also " : ", ") + found[i].layer->info.name + " (" + fmt(found[i].scale) + ")";
   if (found.size() > 4) f.evidence += " and " + plural(std::int64_t(found.size() - 4), "more layer");
-  if (explained)
+  if (explained && unplaced_loss(*explained))
+    f.evidence += "; the loss went NaN/Inf, and no module output was probed to say where it started (see "
+                  "forward-nonfinite)";
+  else if (explained)
     f.evidence += "; " + explained->module + (explained->rule == "forward-nonfinite" ? " went NaN/Inf in forward"
                                                                                       : "'s gradients overflowed first") +
                   " (see " + explained->rule + ")";

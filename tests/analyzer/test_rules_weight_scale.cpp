@@ -170,6 +170,32 @@ TEST_CASE("a calibration far deeper than a healthy run's is put on the oversized
   CHECK_FALSE(w.suggestions.empty());
 }
 
+TEST_CASE("a NaN/Inf loss no module output was probed for is put on the oversized layer", "[rules][oversized-weights]") {
+  // A LibTorch LM whose head starts 17000 times too large, no module probed: its logits
+  // overflow and the loss is NaN, the scale falls 27 halvings; one skip in between whose
+  // gradients overflowed first in b is not what brought it down.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kNet);
+  for (const auto& name : kNet) f.weight_norm(name, name == "head.weight" ? 8000.0 : 2.4);
+  double scale = 65536;
+  for (int i = 0; i < 20; ++i, scale /= 2) {
+    if (i == 9)
+      f.step(scale, scale / 2, 1000, {"b.weight"});
+    else
+      f.step(scale, scale / 2, 1000, {}, kNaN);
+  }
+  for (int i = 0; i < 6; ++i) f.step(scale, scale);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding& w = required(r, "oversized-weights");
+  CHECK(w.severity == Severity::kWarning);
+  CHECK(w.title == "head.weight starts at a gain of 1000, far above any standard initialisation's: the NaN/Inf loss "
+                   "likely follows from it");
+  CHECK_THAT(w.evidence, Catch::EndsWith("; the loss went NaN/Inf, and no module output was probed to say where it "
+                                         "started (see forward-nonfinite)"));
+  CHECK_FALSE(w.suggestions.empty());
+}
+
 TEST_CASE("an overflow after an oversized expert first called after the head is blamed on it",
           "[rules][oversized-weights]") {
   // A mixture of experts: experts.3, first routed to at step 2, gets a module id after the
