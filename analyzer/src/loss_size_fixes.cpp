@@ -85,13 +85,18 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
       if (auto fix = reinitialise_for_outputs(run, maker->info.path,
                                               maker == last ? last->max_absmax : jump.absmax, loss))
         f.suggestions.push_back(*fix);
+    // No module probed (a LibTorch model no agent.probe() or forward() watched): either may
+    // hold (a classifier's head 17000 times too large makes a cross-entropy of 10760).
     const std::string targets =
         large_outputs ? "; the model's outputs are large too (" + last->info.path + "'s, the last module's, reach " +
                             fmt(last->max_absmax) + "): where the targets are that large, normalise them to unit "
                             "spread, and where they are not, find what makes the outputs so large" +
                             (jumped.empty() ? std::string(" (its weights, its input's scale)") : ": " + jumped) +
                             "; or average"
-                      : ": normalise the regression targets to unit spread, average";
+        : run.modules.empty() ? "; no module output was probed to say whether the model's outputs are that large: "
+                                "where the targets are, normalise them to unit spread, and where they are not, find "
+                                "what makes the outputs so large (its weights, its input's scale); or average"
+                              : ": normalise the regression targets to unit spread, average";
     summary += (std::isfinite(loss) ? " (it is around " + fmt(loss) + ", and its gradients are as large)" : std::string()) +
                targets + " over the batch instead of summing, or divide the loss by a constant.";
     f.suggestions.push_back(

@@ -11,19 +11,20 @@ namespace {
 // module "mid" between them whose outputs reach `mid_output`, where given; and with an
 // expert between them first called at step 5 (its outputs `late_expert`, head's 10 before it),
 // where given; with the weights of `oversized` (enc.weight or head.weight) read at step 0 at a
-// gain of `gain` ([64, 64]: l2 = 8 * gain), the other's at 0.3, where given.
+// gain of `gain` ([64, 64]: l2 = 8 * gain), the other's at 0.3, where given. Not `probed`: no
+// module's output recorded at all (a LibTorch model no agent.probe() watched).
 Report loss_too_large_run(double head_output, double mid_output = 0.0, double late_expert = 0.0, double gain = 0.0,
-                          const std::string& oversized = "head.weight") {
+                          const std::string& oversized = "head.weight", bool probed = true) {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
   if (gain > 0.0)
     for (const char* layer : {"enc.weight", "head.weight"}) f.weight_norm(layer, layer == oversized ? 8.0 * gain : 2.4);
   double scale = 65536;
   for (int i = 0; i < 30; ++i) {
-    f.activation("enc", false, 3.0);
+    if (probed) f.activation("enc", false, 3.0);
     if (mid_output > 0.0) f.activation("mid", false, mid_output);
     if (late_expert > 0.0 && i >= 5) f.activation("experts.3", false, late_expert);
-    f.activation("head", false, late_expert > 0.0 && i < 5 ? 10.0 : head_output);
+    if (probed) f.activation("head", false, late_expert > 0.0 && i < 5 ? 10.0 : head_output);
     if (i < 20) {
       f.step(scale, scale / 2, 1000, {"head.weight"}, 9e10);
       scale /= 2;
@@ -43,6 +44,18 @@ TEST_CASE("a loss too large for fp16 with small model outputs points at the targ
   const Finding& o = required(r, "overflow-origin");
   CHECK_THAT(o.suggestions[0].summary, Catch::Contains(": normalise the regression targets to unit spread, average"));
   CHECK_THAT(o.suggestions[0].summary, !Catch::Contains("outputs"));
+}
+
+TEST_CASE("a loss too large for fp16 where no module output was probed names both readings", "[rules]") {
+  // A LibTorch classifier whose head starts 17000 times too large makes a cross-entropy of
+  // 10760: without the outputs, large targets are only one of two readings.
+  const Report r = loss_too_large_run(0.0, 0.0, 0.0, 0.0, "head.weight", false);
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.suggestions[0].summary,
+             Catch::Contains("; no module output was probed to say whether the model's outputs are that large: where "
+                             "the targets are, normalise them to unit spread, and where they are not, find what makes "
+                             "the outputs so large"));
+  CHECK_THAT(o.suggestions[0].summary, !Catch::Contains("regression targets"));
 }
 
 TEST_CASE("a loss too large for fp16 with large model outputs names them beside the targets", "[rules]") {
