@@ -174,10 +174,10 @@ std::optional<Suggestion> reinitialise_sender(const Run& run, const std::string&
 // most oversized layer (oversized-weights) is at or after `module` in forward order: the
 // gradients reaching `module` passed back through it. Both probed, by their places in forward;
 // else (a LibTorch model whose modules no agent.forward() ran) it is `module` itself or one of
-// `ran_just_before`, the modules whose gradient arrived just before `module`'s first NaN/Inf one
-// in its skips. None where there is none.
+// `ran_before`, the modules whose gradient arrived before `module`'s first NaN/Inf one in its
+// skips. None where there is none.
 std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& module,
-                                             const std::set<std::string>& ran_just_before);
+                                             const std::set<std::string>& ran_before);
 // Turns a pin that follows such a re-initialisation ("Run X in FP32 ...") into the fix for a
 // gain that is there by design ("Where that gain is by design, run X in FP32 ...").
 void by_design(Suggestion& pin);

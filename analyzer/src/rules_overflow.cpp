@@ -132,6 +132,17 @@ void parameterless_between(const Run& run, const rundb::LayerRow& first, const r
     if (out.size() < 3) out.insert(path);
 }
 
+// `ran_before`, and the modules holding a layer whose finite gradient arrived before the NaN/Inf
+// one of a layer in `first` (layer id -> times first) in a step where that went first
+// (Run::arrived_before): their backward ran before, so they come after it in forward.
+std::set<std::string> arrived_before(const Run& run, const std::map<std::int64_t, std::int64_t>& first,
+                                     std::set<std::string> ran_before) {
+  for (const auto& [layer, times] : first)
+    if (const auto it = run.arrived_before.find(layer); it != run.arrived_before.end())
+      for (const std::int64_t id : it->second) ran_before.insert(suggest::module_for_layer(run, run.layers[std::size_t(id)].info));
+  return ran_before;
+}
+
 // Skipped steps whose NaN/Inf gradients no hook saw arrive: naming a first one would be a
 // guess, so none is named and no pin suggested.
 Finding unordered_overflow(const Run& run, const std::vector<std::int64_t>& steps, bool hurts) {
@@ -546,7 +557,9 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         // attention output's overflow is next). The pins stay, for a gain by design.
         const std::size_t before_fixes = f.suggestions.size();
         const std::optional<Suggestion> reinit =
-            too_large || at_any_scale ? std::nullopt : reinitialise_after(run, module, m.ran_before);
+            too_large || at_any_scale
+                ? std::nullopt
+                : reinitialise_after(run, module, arrived_before(run, m.layers, m.ran_before));
         if (reinit) f.suggestions.push_back(*reinit);
         if (!pin_with_own_overflows(run, module, place, m.steps, !too_large && !at_any_scale, f)) {
           f.suggestions.push_back(suggest::fp32_at(run, module, row));

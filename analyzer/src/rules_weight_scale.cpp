@@ -139,15 +139,15 @@ void by_design(Suggestion& pin) {
 }
 
 std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& module,
-                                             const std::set<std::string>& ran_just_before) {
+                                             const std::set<std::string>& ran_before) {
   if (module.empty()) return std::nullopt;
   for (const Oversized& o : oversized_layers(run)) {
     const std::string maker = suggest::module_for_layer(run, o.layer->info);
     // Where both were probed their places in forward decide; else the backward's order: a
-    // module whose gradient arrived just before `module`'s NaN/Inf one ran after it in forward.
+    // module whose gradient arrived before `module`'s NaN/Inf one ran after it in forward.
     const bool after = run.module_named(module) && run.module_named(maker)
                            ? at_or_after(run, maker, module)
-                           : maker == module || ran_just_before.count(maker) > 0;
+                           : maker == module || ran_before.count(maker) > 0;
     if (!maker.empty() && after)
       return suggest::reinitialise(maker, o.scale,
                                    maker == module ? "its outputs, and the loss and the gradients that follow from "

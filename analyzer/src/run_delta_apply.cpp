@@ -32,6 +32,8 @@ void set_order(Run& run, StepSummary& s, StepOrder order) {
                         (order.nonfinite.front().first != StepOrder::kUnordered ||
                          suggest::outside_model(run.layers[std::size_t(order.nonfinite.front().second)].info));
   s.last_finite_before = order.last_finite_before;
+  if (s.nonfinite_ordered && !order.finite_before.empty())
+    run.arrived_before[s.nonfinite_layers.front()].insert(order.finite_before.begin(), order.finite_before.end());
   count_first(run, s, +1);
 }
 

@@ -71,13 +71,19 @@ void scan_ranges(RunDbReader& reader, const std::vector<std::pair<std::int64_t, 
   std::int64_t row_step = -1;
   std::vector<std::pair<std::int64_t, std::int64_t>> finite_rows;
   StepOrder* nonfinite_step = nullptr;  // row_step's entry, once one of its rows is non-finite
+  std::int64_t kept_before = 0;         // steps given their finite_before
   auto close_step = [&] {
     if (nonfinite_step) {
       const std::int64_t first = std::min_element(nonfinite_step->nonfinite.begin(), nonfinite_step->nonfinite.end())->first;
+      const bool keep = kept_before < StepOrder::kFiniteBeforeSteps;
       std::pair<std::int64_t, std::int64_t> best{-1, -1};
-      for (const auto& r : finite_rows)
-        if (r.first < first && r.first > best.first) best = r;
+      for (const auto& r : finite_rows) {
+        if (r.first >= first) continue;
+        if (r.first > best.first) best = r;
+        if (keep) nonfinite_step->finite_before.push_back(r.second);
+      }
       nonfinite_step->last_finite_before = best.second;
+      kept_before += keep && !nonfinite_step->finite_before.empty();
     }
     finite_rows.clear();
     nonfinite_step = nullptr;

@@ -198,16 +198,18 @@ TEST_CASE("weights far too large before the module whose own backward overflowed
 }
 
 // A LibTorch CNN whose modules no agent.forward() ran (no module rows): 10 skips halving the
-// scale from 65536, features.5's gradient (a BatchNorm) the first NaN/Inf one each time, just
-// after `before`'s; `oversized`'s weights read at a gain of 17000.
-Report unprobed_run(const std::string& before, const std::string& oversized) {
+// scale from 65536, features.5's gradient (a BatchNorm) the first NaN/Inf one each time, after
+// the finite gradients of `before` (modules, in backward order); `oversized`'s weights read at
+// a gain of 17000.
+Report unprobed_run(const std::vector<std::string>& before, const std::string& oversized) {
   TempDir dir;
-  RunFixture f(dir.file("run.db"), {"features.0.weight", "features.5.weight", "fc.weight"}, 0, 1, "float32",
-               {{"features.5.weight", "BatchNorm2d"}, {"features.0.weight", "Conv2d"}});
+  RunFixture f(dir.file("run.db"), {"features.0.weight", "features.5.weight", "features.6.weight", "fc.weight"}, 0, 1,
+               "float32", {{"features.5.weight", "BatchNorm2d"}, {"features.0.weight", "Conv2d"}});
   f.weight_norm(oversized + ".weight", 8.0 * 17000.0);  // [64, 64]
+  std::vector<std::string> finite;
+  for (const auto& module : before) finite.push_back(module + ".weight");
   double scale = 65536;
-  for (int i = 0; i < 10; ++i, scale /= 2)
-    f.finite_first({before + ".weight"}).step(scale, scale / 2, 1000, {"features.5.weight"});
+  for (int i = 0; i < 10; ++i, scale /= 2) f.finite_first(finite).step(scale, scale / 2, 1000, {"features.5.weight"});
   f.finish();
   return report_of(dir.file("run.db"));
 }
@@ -217,7 +219,7 @@ TEST_CASE("without module rows, weights far too large in the module whose backwa
           "[rules][gradient-entry]") {
   // fc 17000 times too large: its backward sends the BatchNorm before it gradients that
   // overflow, and the BatchNorm's pin would not touch them.
-  const Report r = unprobed_run("fc", "fc");
+  const Report r = unprobed_run({"fc"}, "fc");
   const Finding& o = required(r, "overflow-origin");
   CHECK(o.module == "features.5");
   REQUIRE(o.suggestions.size() == 3);
@@ -228,11 +230,21 @@ TEST_CASE("without module rows, weights far too large in the module whose backwa
   CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Where that gain is by design, run features.5 in FP32"));
 }
 
-TEST_CASE("without module rows, weights far too large in a module whose backward did not run just before leave "
-          "the pin first",
+TEST_CASE("without module rows, weights far too large in a module whose backward ran earlier, not just before, get "
+          "their re-initialisation first",
+          "[rules][gradient-entry]") {
+  // fc's gradient arrives first, then features.6's, then features.5's NaN/Inf one.
+  const Report r = unprobed_run({"fc", "features.6"}, "fc");
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Initialise fc at a standard scale"));
+}
+
+TEST_CASE("without module rows, weights far too large in a module whose backward did not run before leave the pin "
+          "first",
           "[rules][gradient-entry]") {
   // features.0 runs before features.5 in forward: its gain does not reach features.5's gradients.
-  const Report r = unprobed_run("fc", "features.0");
+  const Report r = unprobed_run({"fc"}, "features.0");
   const Finding& o = required(r, "overflow-origin");
   REQUIRE_FALSE(o.suggestions.empty());
   CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run features.5 in FP32"));

@@ -46,13 +46,13 @@ class TinyLM(nn.Module):
         return self.head(self.model(ids))
 
 
-def lm_steps(db, head_gain=12000.0, pins=()):
+def lm_steps(db, head_gain=12000.0, pins=(), activations=True):
     torch.manual_seed(0)
     model = TinyLM(head_gain)
     for path in pins:
         ampdiag.pin_fp32(model.get_submodule(path))
     opt, scaler = torch.optim.AdamW(model.parameters(), 3e-4), torch.amp.GradScaler("cpu")
-    with ampdiag.attach(model, scaler, optimizer=opt, db=db):
+    with ampdiag.attach(model, scaler, optimizer=opt, db=db, activations=activations):
         for _ in range(30):
             ids = torch.randint(0, 256, (4, 24))
             with torch.autocast("cpu", dtype=torch.float16):
@@ -75,6 +75,18 @@ def test_a_sender_whose_weights_start_far_too_large_is_re_initialised_first(tmp_
     assert first["title"].endswith("they reach it through its output: head's backward makes them")
     assert first["suggestions"][0]["python"].startswith('model.get_submodule("head").reset_parameters()')
     assert first["suggestions"][1]["summary"].startswith("Where that gain is by design, run model.norm and head in FP32")
+
+
+def test_without_activations_the_head_is_re_initialised_first_by_the_backward_order(tmp_path, verdict):
+    # No module hooks, so no look at the norm's output gradient: the head's gradient arriving
+    # before the norm's NaN/Inf one says it runs after the norm in forward.
+    db = tmp_path / "lm_no_activations.db"
+    lm_steps(db, activations=False)
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["rule"]) == (1, "overflow-origin")
+    assert first["suggestions"][0]["python"].startswith('model.get_submodule("head").reset_parameters()')
+    assert first["suggestions"][1]["summary"].startswith("Where that gain is by design, run ")
 
 
 def test_the_norm_and_the_head_pinned_still_collapse_the_scale(tmp_path, verdict):

@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -125,6 +126,11 @@ struct StepOrder {
   static constexpr std::int64_t kUnordered = INT64_MAX;
   std::vector<std::pair<std::int64_t, std::int64_t>> nonfinite;  // (bwd_order, layer)
   std::int64_t last_finite_before = -1;
+  // The layers whose finite gradient arrived before the first of them, in the first
+  // kFiniteBeforeSteps such steps of each stretch of steps read (empty in the others): their
+  // backward ran first, so they come after it in forward.
+  static constexpr std::int64_t kFiniteBeforeSteps = 16;
+  std::vector<std::int64_t> finite_before;
 };
 
 // How far the reads that built a Run went into its file: run_delta.h reads on from there.
@@ -164,6 +170,10 @@ struct Run {
   double fp_max = 65504.0;  // largest finite value of the AMP dtype (fp16 or bf16)
   std::vector<StepSummary> steps;
   std::vector<LayerSummary> layers;   // by layer id
+  // By layer id: the layers whose finite gradient arrived before its NaN/Inf one in steps
+  // where it went NaN/Inf first (StepOrder::finite_before): where no module was probed, the
+  // backward's order is what says which modules run after it in forward.
+  std::map<std::int64_t, std::set<std::int64_t>> arrived_before;
   std::vector<ModuleSummary> modules; // by module id
   std::vector<rundb::EventRow> events;
   std::vector<std::int64_t> input_nan_steps;  // steps of the "input-nan" events, sorted
