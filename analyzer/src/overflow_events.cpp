@@ -20,6 +20,12 @@ std::set<std::string> pinned_fp32(const Run& run) {
   return pinned;
 }
 
+bool in_fp32_pin(const std::set<std::string>& pinned, const rundb::LayerRow& layer) {
+  for (const auto& module : pinned)
+    if (rundb::within(layer.module_path, module)) return true;
+  return false;
+}
+
 InputsFrom inputs_from(const Run& run) {
   InputsFrom from;
   for (const auto& e : run.events) {

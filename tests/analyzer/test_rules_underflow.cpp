@@ -9,9 +9,11 @@ namespace {
 
 // b.weight's gradient `zeros` exactly zero and `subnormal` fp16-subnormal (each step's L2 norm
 // `b_l2` where given) beside the other layers' at a scaled abs-max of `absmax`, 10 steps at a
-// scale of 65536.
-Report underflowing_b(const TempDir& dir, double zeros, double subnormal, double b_l2 = 0.0, double absmax = 1000.0) {
+// scale of 65536; the module `pinned` run in FP32 (event "pinned-fp32") where given.
+Report underflowing_b(const TempDir& dir, double zeros, double subnormal, double b_l2 = 0.0, double absmax = 1000.0,
+                      const std::string& pinned = "") {
   RunFixture f(dir.file("run.db"), kLayers);
+  if (!pinned.empty()) f.event("pinned-fp32", pinned);
   f.zeros_fraction("b.weight", zeros, subnormal);
   for (int i = 0; i < 10; ++i) {
     if (b_l2 > 0.0) f.clipped(b_l2, {"b.weight"});
@@ -31,6 +33,22 @@ TEST_CASE("a layer whose gradient is mostly zero or fp16-subnormal is an underfl
   CHECK(u->layer == "b.weight");
 }
 
+
+TEST_CASE("a layer of a module pinned to FP32 is not an underflow: no fp16 holds its gradient", "[rules]") {
+  // A Mamba block pinned whole: its A_log and D gradients are small, and computed in FP32.
+  TempDir dir;
+  const auto r = underflowing_b(dir, 0.6, 0.2, 0.0, 1000.0, "b");
+  CHECK(find(r, "underflow") == nullptr);
+}
+
+TEST_CASE("an underflow's higher init_scale is not held down by a module pinned to FP32", "[rules]") {
+  // a's gradients at 1000 scaled at 65536 would cap the scale at 2^22, but pinned they are
+  // float32's: the cap is head's, where its gradients would pass 65504.
+  TempDir dir;
+  const auto r = underflowing_b(dir, 0.6, 0.2, 0.0, 1000.0, "a");
+  const Finding& u = required(r, "underflow");
+  CHECK_THAT(u.suggestions.front().summary, Catch::Contains("head.weight's recorded gradients"));
+}
 
 TEST_CASE("exact zeros many times the subnormals beside normal values are information, not an underflow", "[rules]") {
   // A saturated softmax's query and key gradients: 75% exactly zero, 9% subnormal, 16% normal.
