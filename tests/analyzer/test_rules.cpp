@@ -261,15 +261,18 @@ TEST_CASE("gradients too large for the floor in another layer too leave the firs
   for (const auto& s : o.suggestions) CHECK_THAT(s.summary, !Catch::Contains("Run head in FP32"));
 }
 
-TEST_CASE("a normalisation layer's or a float32 embedding's large gradients do not keep the pin from the layer that "
-          "overflows",
+TEST_CASE("a normalisation layer's, a float32 embedding's or a pinned module's large gradients do not keep the pin "
+          "from the layer that overflows",
           "[rules]") {
-  // Autocast runs LayerNorm and embeddings in FP32: their gradients pass 65504 without an
-  // fp16 backward (a Qwen2 LM's embed_tokens, a sum over the tokens).
-  const std::string type = GENERATE(std::string("LayerNorm"), std::string("Embedding"));
+  // Autocast runs LayerNorm and embeddings in FP32, and a pinned module runs so whole: their
+  // gradients pass 65504 without an fp16 backward (a Qwen2 LM's embed_tokens, a sum over the
+  // tokens).
+  const std::string type = GENERATE(std::string("LayerNorm"), std::string("Embedding"), std::string("pinned"));
   CAPTURE(type);
   TempDir dir;
-  RunFixture f(dir.file("run.db"), {"norm.weight", "head.weight"}, 0, 1, "float32", {{"norm.weight", type}});
+  RunFixture f(dir.file("run.db"), {"norm.weight", "head.weight"}, 0, 1, "float32",
+               {{"norm.weight", type == "pinned" ? std::string("Linear") : type}});
+  if (type == "pinned") f.event("pinned-fp32", "norm");
   double scale = 65536;
   for (int i = 0; i < 12; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"}, 3500);
   for (int i = 0; i < 20; ++i) f.step(scale, scale, 37000, {}, 3500);
