@@ -44,6 +44,8 @@ std::pair<double, std::int64_t> largest_true_gradient(const LayerSummary& layer,
 // embedding table's, a sum over the tokens): it can pass 65504 without an fp16 backward, so
 // its size bounds no loss scale.
 bool gradient_made_in_fp32(const LayerSummary& layer);
+// Whether `layer` is a float32 embedding table (autocast looks it up in FP32).
+bool float32_embedding(const rundb::LayerRow& layer);
 // "1 step", "3 steps".
 std::string plural(std::int64_t n, const std::string& noun);
 // "3, 7, 11, ..." : the first `limit` steps, and "..." for more.

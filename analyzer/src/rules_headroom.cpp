@@ -52,7 +52,7 @@ bool bounds_the_scale(const Run& run, const LayerSummary& layer, const std::set<
   // tokens (GPT-2's wte and wpe, finite at 16 times 65504), never one fp16 tensor. Tied to
   // a head (lm_head), the head's part is fp16 and bounded: only a finite sum beyond the top
   // shows that the embedding's part dominates.
-  const bool fp32_embedding = embedding_like(layer.info) && layer.info.dtype == "float32";
+  const bool fp32_embedding = float32_embedding(layer.info);
   const bool tied = shared.count(layer.info.id) > 0;
   if (fp32_embedding && !tied) return false;
   float largest = 0.0f;

@@ -35,10 +35,12 @@ std::pair<double, std::int64_t> largest_true_gradient(const LayerSummary& layer,
   return {largest, at};
 }
 
+bool float32_embedding(const rundb::LayerRow& layer) {
+  return layer.module_type.find("Embedding") != std::string::npos && layer.dtype == "float32";
+}
+
 bool gradient_made_in_fp32(const LayerSummary& layer) {
-  const std::string& type = layer.info.module_type;
-  return type.find("Norm") != std::string::npos ||
-         (type.find("Embedding") != std::string::npos && layer.info.dtype == "float32");
+  return layer.info.module_type.find("Norm") != std::string::npos || float32_embedding(layer.info);
 }
 
 namespace {
