@@ -20,10 +20,24 @@ std::set<std::string> pinned_fp32(const Run& run) {
   return pinned;
 }
 
-bool in_fp32_pin(const std::set<std::string>& pinned, const rundb::LayerRow& layer) {
+bool Fp32Gradients::holds(const rundb::LayerRow& layer) const {
+  if (layers.count(layer.name)) return true;
   for (const auto& module : pinned)
     if (rundb::within(layer.module_path, module)) return true;
   return false;
+}
+
+Fp32Gradients fp32_gradients(const Run& run) {
+  Fp32Gradients fp32{pinned_fp32(run), {}};
+  for (const auto& e : run.events) {
+    if (e.kind != "fp32-gradients") continue;
+    for (std::size_t at = 0; at < e.detail.size();) {  // "A_log, emb.weight"
+      const std::size_t comma = e.detail.find(", ", at);
+      fp32.layers.insert(e.detail.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+      at = comma == std::string::npos ? e.detail.size() : comma + 2;
+    }
+  }
+  return fp32;
 }
 
 InputsFrom inputs_from(const Run& run) {

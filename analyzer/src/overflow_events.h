@@ -20,9 +20,16 @@ bool holds_parameters(const Run& run, const std::string& path);
 // The modules the run already ran in FP32 (the Python agent's event "pinned-fp32": pinned by
 // attach(pins=...) or by the user's own pin_fp32() before it).
 std::set<std::string> pinned_fp32(const Run& run);
-// Whether `layer` is held by one of the `pinned` modules (pinned_fp32) or a module inside one:
-// its gradient is computed in FP32, which neither bounds it at fp16's top nor flushes it.
-bool in_fp32_pin(const std::set<std::string>& pinned, const rundb::LayerRow& layer);
+// Where the run computed gradients in FP32, which fp16 neither bounds at its top nor flushes:
+// the layers of the modules it pinned (pinned_fp32) and the parameters whose every backward
+// part autocast computed in FP32 (the Python agent's event "fp32-gradients": a Mamba mixer's
+// A_log, a float32 embedding table).
+struct Fp32Gradients {
+  std::set<std::string> pinned;  // modules
+  std::set<std::string> layers;  // parameter names
+  bool holds(const rundb::LayerRow& layer) const;
+};
+Fp32Gradients fp32_gradients(const Run& run);
 
 // Module -> the modules whose output its first argument was, unchanged or viewed (the
 // agents' event "module-input-from", "USER: PRODUCER"): its backward sends that output its

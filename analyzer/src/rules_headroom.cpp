@@ -44,10 +44,10 @@ std::map<std::int64_t, std::int64_t> summed_losses(const Run& run) {
 }
 
 // Whether `layer`'s gradient is an fp16 tensor's, which fp16's top bounds, and so bounds
-// the loss scale: not where a module pinned to FP32 holds it (`pinned`).
+// the loss scale: not where the run computed it in FP32 (`fp32`).
 bool bounds_the_scale(const Run& run, const LayerSummary& layer, const std::set<std::int64_t>& shared,
-                      const std::map<std::int64_t, std::int64_t>& sums, const std::set<std::string>& pinned) {
-  if (in_fp32_pin(pinned, layer.info)) return false;
+                      const std::map<std::int64_t, std::int64_t>& sums, const Fp32Gradients& fp32) {
+  if (fp32.holds(layer.info)) return false;
   // Autocast runs an embedding in FP32: a float32 table's gradient is an FP32 sum over the
   // tokens (GPT-2's wte and wpe, finite at 16 times 65504), never one fp16 tensor. Tied to
   // a head (lm_head), the head's part is fp16 and bounded: only a finite sum beyond the top
@@ -97,9 +97,9 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
     return headroom_bits(absmax, run.fp_max) < t.headroom_bits;
   };
   const std::set<std::int64_t> shared = shared_layers(run);
-  const std::set<std::string> pinned = pinned_fp32(run);
+  const Fp32Gradients fp32 = fp32_gradients(run);
   for (const auto& layer : run.layers) {
-    if (!bounds_the_scale(run, layer, shared, sums, pinned)) continue;
+    if (!bounds_the_scale(run, layer, shared, sums, fp32)) continue;
     std::int64_t finite = 0, low = 0, low_scale = 0, first = -1;
     float largest = 0.0f;
     for (const auto& s : layer.samples) {
@@ -202,10 +202,10 @@ struct ScaleRoom {
 std::vector<ScaleRoom> scale_rooms(const Run& run, const std::map<std::int64_t, double>& scale_at) {
   const std::set<std::int64_t> shared = shared_layers(run);
   const auto sums = summed_losses(run);
-  const std::set<std::string> pinned = pinned_fp32(run);
+  const Fp32Gradients fp32 = fp32_gradients(run);
   std::vector<ScaleRoom> rooms;
   for (const auto& layer : run.layers) {
-    if (!bounds_the_scale(run, layer, shared, sums, pinned)) continue;
+    if (!bounds_the_scale(run, layer, shared, sums, fp32)) continue;
     ScaleRoom room{INFINITY, &layer};
     for (const auto& g : layer.samples) {
       const auto at = scale_at.find(g.step);
@@ -259,11 +259,11 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   std::vector<ScaleRoom> rooms;  // read once a layer underflows at all
   bool rooms_read = false;
   std::map<std::string, std::vector<Finding>> unliftable;  // by the layer that would overflow
-  const std::set<std::string> pinned = pinned_fp32(run);
+  const Fp32Gradients fp32 = fp32_gradients(run);
   for (const auto& layer : run.layers) {
     if (layer.info.numel < 16) continue;  // a handful of values says nothing about a distribution
-    // A pinned module's gradients are computed in FP32: no fp16 flushes them.
-    if (in_fp32_pin(pinned, layer.info)) continue;
+    // A gradient computed in FP32 (a pinned module's, A_log's): no fp16 flushes it.
+    if (fp32.holds(layer.info)) continue;
     const bool embedding = embedding_like(layer.info);
     std::int64_t finite = 0;
     double sum = 0.0, zeros = 0.0, subnormal = 0.0;

@@ -57,10 +57,12 @@ struct TrueGradient {
 TrueGradient largest_true_gradient_of(const Run& run, const std::string& module,
                                       const std::map<std::int64_t, std::int64_t>& first_in,
                                       const std::map<std::int64_t, double>& scale_of) {
+  const Fp32Gradients fp32 = fp32_gradients(run);
   TrueGradient largest;
   for (const LayerSummary& layer : run.layers) {
     const bool first = first_in.count(layer.info.id) > 0;
-    if (!first && (module.empty() || !suggest::within(layer.info.module_path, module) || gradient_made_in_fp32(layer)))
+    if (!first && (module.empty() || !suggest::within(layer.info.module_path, module) || gradient_made_in_fp32(layer) ||
+                   fp32.holds(layer.info)))
       continue;
     if (const auto [value, step] = largest_true_gradient(layer, scale_of); value > largest.value)
       largest = {value, step, layer.info.id};
@@ -71,16 +73,16 @@ TrueGradient largest_true_gradient_of(const Run& run, const std::string& module,
 // The layers outside `module` whose unscaled gradients, in the steps where they stayed
 // finite, were above `limit` too, largest first: with them beyond it, pinning `module` alone
 // leaves the scale where it is (a loss too large for every layer's gradients, not one
-// layer's). Normalisation layers and the layers of pinned modules are left out: autocast runs
-// them in FP32, so their gradients can pass 65504 without an fp16 backward.
+// layer's). Normalisation layers and the gradients the run computed in FP32 (pinned modules',
+// fp32-gradients) are left out: they can pass 65504 without an fp16 backward.
 std::vector<std::pair<std::string, double>> also_beyond(const Run& run, const std::string& module, double limit,
                                                         const std::map<std::int64_t, double>& scale_of) {
-  const std::set<std::string> pinned = pinned_fp32(run);
+  const Fp32Gradients fp32 = fp32_gradients(run);
   std::vector<std::pair<std::string, double>> beyond;
   for (const LayerSummary& layer : run.layers) {
     const std::string& path = layer.info.module_path;
     const bool inside = path == module || (!module.empty() && path.rfind(module + ".", 0) == 0);
-    if (inside || gradient_made_in_fp32(layer) || in_fp32_pin(pinned, layer.info)) continue;
+    if (inside || gradient_made_in_fp32(layer) || fp32.holds(layer.info)) continue;
     if (const double v = largest_true_gradient(layer, scale_of).first; v > limit) beyond.emplace_back(layer.info.name, v);
   }
   std::stable_sort(beyond.begin(), beyond.end(), [](const auto& a, const auto& b) { return a.second > b.second; });

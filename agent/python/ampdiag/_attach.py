@@ -111,6 +111,7 @@ class AttachHandle:
         self._dropped = DroppedForwards()
         self._evaluations = Evaluations(self)
         self._loss_nodes = []    # the grad_fn of this cycle's losses
+        self._fp32_gradients_read = False  # _fp32_gradients.record() has read a loss's graph
         self._scaled = []
         self._has_scaler = scaler is not None
         self._in_scaler_step = False  # inside scaler.step(): its optimizer step is the normal path

@@ -66,6 +66,10 @@ class Layers:
         handle._own_uses = OwnUses(handle, held_by_submodules)
         session.layers_done()
 
+    def model(self):
+        """The attached model; None once it is gone."""
+        return self._model()
+
     def layer_id(self, param) -> int:
         """The layer of a tensor whose gradient is read (on every step, for every one)."""
         layer = self._layer_ids.get(id(param))  # every key's tensor is kept alive in _params

@@ -8,7 +8,7 @@ import weakref
 
 import torch
 
-from . import _loss
+from . import _fp32_gradients, _loss
 from ._grad_reads import optimizer_gradients, post_stats
 from ._step_end import end_step, end_step_on_device
 from ._tensors import (directly_readable, found_inf_tensor, host_gradients, host_outcome, host_scale, inf_checked,
@@ -129,6 +129,8 @@ def _scale(handle, outputs, scaled):
         # Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
         handle._event("half-loss", "scaler.scale() received a float16 loss")
     handle._keep_loss_nodes(given)
+    if not handle._fp32_gradients_read:
+        handle._fp32_gradients_read = _fp32_gradients.record(handle, given, handle._layers.model())
     handle._look_before_backward(added)
     handle._python_ns += time.perf_counter_ns() - t0
 
