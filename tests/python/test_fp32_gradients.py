@@ -50,6 +50,26 @@ def test_the_parameters_whose_gradients_autocast_computes_in_fp32_are_named_once
     assert fp32_events(db) == [(0, "A_log, emb.weight, rms.weight")]
 
 
+class Scaled(torch.autograd.Function):
+    """x * w in fp16, handed back in float32: its backward's precision is its own code's."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return (x.half() * w.half()).float()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return (g.half() * w.half()).float(), (g.half() * x.half()).sum(0).float()
+
+
+def test_a_part_from_a_custom_functions_backward_is_not_taken_as_fp32():
+    w = nn.Parameter(torch.ones(3))
+    loss = Scaled.apply(torch.ones(2, 3), w).exp().sum()
+    assert fp32_gradient_names([loss.grad_fn], {id(w): "w"}) == []
+
+
 def test_a_graph_larger_than_the_walk_names_nothing(monkeypatch):
     # A parameter with a part outside the walk could have an fp16 one.
     import ampdiag._fp32_gradients as fp32_gradients

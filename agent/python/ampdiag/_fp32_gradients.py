@@ -6,9 +6,13 @@ bounds at 65504 nor flushes below its normal range, however small the scale leav
 Linear's weight is cast to fp16 first (its part arrives through that cast, in fp16).
 
 Read once, from the graph under the first scaled loss, and only where the walk covers that
-graph whole: a parameter with a part outside the walk could have an fp16 one. Event
+graph whole: a parameter with a part outside the walk could have an fp16 one. A part handed
+on by a custom autograd.Function's backward (a compiled model's) counts as fp16: its code
+may compute in fp16 whatever it receives. Event
 "fp32-gradients", the parameters' names (up to _NAMED), which the analyzer's underflow,
 headroom and overflow-origin rules read."""
+from torch.autograd.function import BackwardCFunction
+
 from ._loss_code import made_dtype
 
 EVENT = "fp32-gradients"
@@ -39,7 +43,9 @@ def fp32_gradient_names(loss_nodes, names):
             if param is None:
                 stack.append(child)
             elif id(param) in names:
-                dtype = dtype or made_dtype(node)
+                # A custom autograd.Function's backward (torch.compile's whole graph is one)
+                # computes in whatever precision its code chooses, whatever it receives.
+                dtype = dtype or ("?" if isinstance(node, BackwardCFunction) else made_dtype(node))
                 received.setdefault(id(param), []).append(dtype)
     return sorted(names[key] for key, dtypes in received.items() if all(d in _FP32 for d in dtypes))
 
