@@ -372,6 +372,12 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                                   : ", above 65504 / " + fmt(t.scale_floor) + ": the scale has to stay below the floor "
                                     "to fit them (they overflowed down to " + fmt(m.lowest_scale) + "), where small "
                                     "gradients flush to zero");
+      // Without module rows the outputs are unknown (shrink_the_loss says so), while the
+      // backward's order shows a layer far too large after it (a LibTorch classifier's head
+      // 17000 times too large, its cross-entropy 10760): its gain makes them that large.
+      if (run.modules.empty())
+        if (auto fix = reinitialise_after(run, module, arrived_before(run, m.layers, m.ran_before)))
+          f.suggestions.push_back(*fix);
       shrink_the_loss(run, m.losses, m.steps, f);
     }
     const BackwardReplay replay = at_any_scale && !too_large ? backward_replay(run, module) : BackwardReplay{};

@@ -58,6 +58,25 @@ TEST_CASE("a loss too large for fp16 where no module output was probed names bot
   CHECK_THAT(o.suggestions[0].summary, !Catch::Contains("regression targets"));
 }
 
+TEST_CASE("a loss too large for fp16 where no module output was probed leads with the re-initialisation of weights "
+          "far too large after it",
+          "[rules]") {
+  // head's own weights: its gain makes its outputs, the loss and their gradients that large.
+  const Report r = loss_too_large_run(0.0, 0.0, 0.0, 4818.0, "head.weight", false);
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE(o.suggestions.size() >= 2);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Initialise head at a standard scale"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Shrink the loss where it is made"));
+}
+
+TEST_CASE("a loss too large for fp16 where no module output was probed gets no re-initialisation of weights before "
+          "it",
+          "[rules]") {
+  // enc's gradients arrive after head's NaN/Inf one: nothing says head's pass through it.
+  const Report r = loss_too_large_run(0.0, 0.0, 0.0, 1768.0, "enc.weight", false);
+  for (const auto& s : required(r, "overflow-origin").suggestions) CHECK_THAT(s.summary, !Catch::Contains("Initialise"));
+}
+
 TEST_CASE("a loss too large for fp16 with large model outputs names them beside the targets", "[rules]") {
   // A head initialised 1e4 times too large on unit targets gives the same loss: normalising
   // the targets alone would not help, and the report cannot tell the two apart.
