@@ -25,6 +25,7 @@
 #include "agent_impl.h"
 #include "agent_setup.h"
 #include "autocast_state.h"
+#include "fp32_gradients.h"
 #include "run_paths.h"
 
 namespace ampdiag {
@@ -314,6 +315,15 @@ void Agent::Impl::on_scale(const at::Tensor& outputs) {
   // Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
   if (scaler_ && outputs.scalar_type() == at::kHalf)  // without a scaler no scale is multiplied in
     session_.event_once("half-loss", "half-loss", "scaler.scale() received a float16 loss");
+  if (!fp32_gradients_read_ && outputs.grad_fn()) {
+    fp32_gradients_read_ = true;
+    if (const auto found = agent::fp32_gradient_names(outputs, named_params_); found && !found->empty()) {
+      constexpr std::size_t kNamed = 256;
+      std::string detail;
+      for (std::size_t i = 0; i < found->size() && i < kNamed; ++i) detail += (i ? ", " : "") + (*found)[i];
+      session_.event_once("fp32-gradients", "fp32-gradients", detail);
+    }
+  }
   if (outputs.numel() == 1 && at::isFloatingType(outputs.scalar_type())) {
     const at::Tensor loss = outputs.detach().reshape({}).to(at::kDouble);
     if (outputs.device().is_cpu()) {

@@ -1,7 +1,8 @@
 """Event "fp32-gradients": the parameters whose every backward part autocast computed in FP32
 (an exp() of a float32 parameter, an RMSNorm weight multiplying float32 values, a float32
 embedding table), read once from the first scaled loss's graph; not a weight autocast casts
-to fp16 (a Linear's), nor a LayerNorm's, whose backward receives its fp16 output's gradient."""
+to fp16 (a Linear's, or one transposed before the cast), nor a LayerNorm's, whose backward
+receives its fp16 output's gradient."""
 import sqlite3
 
 import torch
@@ -12,16 +13,18 @@ from ampdiag._fp32_gradients import fp32_gradient_names
 
 
 class Mixer(nn.Module):
-    """A Mamba-like block: A_log enters through exp() of its float32 value."""
+    """A Mamba-like block: A_log enters through exp() of its float32 value; proj is transposed
+    before the matmul that autocast casts it for (its part: TBackward0 under ToCopyBackward0)."""
 
     def __init__(self):
         super().__init__()
         self.emb, self.lin, self.ln, self.rms = nn.Embedding(10, 8), nn.Linear(8, 8), nn.LayerNorm(8), nn.RMSNorm(8)
         self.A_log = nn.Parameter(torch.zeros(8))
+        self.proj = nn.Parameter(torch.eye(8))
         self.head = nn.Linear(8, 1)
 
     def forward(self, ids):
-        h = self.rms(self.ln(self.lin(self.emb(ids))))
+        h = self.rms(self.ln(self.lin(self.emb(ids)))) @ self.proj.t()
         return self.head(h * torch.exp(self.A_log.float()))
 
 
