@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "../rundb/temp_dir.h"
-#include "ampdiag/rundb/reader.h"
 #include "tiny_training.h"
 
 using namespace ampdiag;
@@ -47,13 +46,6 @@ struct MixerImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mixer);
 
-std::vector<std::string> details_of(const std::string& path) {
-  std::vector<std::string> details;
-  for (const auto& e : rundb::RunDbReader(path).events())
-    if (e.kind == "fp32-gradients") details.push_back(e.detail);
-  return details;
-}
-
 }  // namespace
 
 TEST_CASE("the C++ agent names the parameters whose gradients autocast computes in FP32, once, not one a custom "
@@ -78,5 +70,5 @@ TEST_CASE("the C++ agent names the parameters whose gradients autocast computes 
       scaler.update();
     }
   }
-  CHECK(details_of(dir.file("run.db")) == std::vector<std::string>{"A_log"});
+  CHECK(event_details(dir.file("run.db"), "fp32-gradients") == std::vector<std::string>{"A_log"});
 }

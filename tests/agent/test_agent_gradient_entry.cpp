@@ -23,14 +23,6 @@ using Code = std::function<torch::Tensor(const torch::Tensor&)>;
 
 torch::Tensor same(const torch::Tensor& h) { return h; }
 
-// The details of the events of `kind` in the run.db at `path`.
-std::vector<std::string> events_of(const std::string& path, const std::string& kind) {
-  std::vector<std::string> details;
-  for (const auto& e : rundb::RunDbReader(path).events())
-    if (e.kind == kind) details.push_back(e.detail);
-  return details;
-}
-
 // 24 steps of TinyNet's a, b and c run through agent.forward() under fp16 autocast, the
 // model's own code `after_a` on a's output and `before_c` on what c is given, the loss c's
 // output squared (`linear`: c's output) and averaged; the details of the run's events of `kind`.
@@ -57,7 +49,7 @@ std::vector<std::string> entries_of(const TempDir& dir, const Code& after_a, con
       scaler.update();
     }
   }
-  return events_of(dir.file("run.db"), kind);
+  return event_details(dir.file("run.db"), kind);
 }
 
 }  // namespace
@@ -194,10 +186,10 @@ TEST_CASE("of two heads on one output the one whose backward sent the Inf is see
   // into conv's output, and each head is given its own view of it to tell them apart.
   TempDir dir;
   two_heads_steps(dir);
-  const auto entries = events_of(dir.file("run.db"), "module-output-gradient");
+  const auto entries = event_details(dir.file("run.db"), "module-output-gradient");
   REQUIRE_FALSE(entries.empty());
   CHECK(entries.front() == "conv: nonfinite");
-  CHECK(events_of(dir.file("run.db"), "module-gradient-sender") == std::vector<std::string>{"conv: box"});
+  CHECK(event_details(dir.file("run.db"), "module-gradient-sender") == std::vector<std::string>{"conv: box"});
   const auto report = analyzer::analyze({analyzer::load_run(dir.file("run.db"))});
   REQUIRE_FALSE(report.findings.empty());
   const analyzer::Finding& first = report.findings.front();

@@ -12,6 +12,7 @@
 
 #include "ampdiag/agent.h"
 #include "ampdiag/grad_scaler.h"
+#include "ampdiag/rundb/reader.h"
 #include "ampdiag/rundb/rows.h"
 
 namespace ampdiag::test {
@@ -39,6 +40,14 @@ struct HalfAutocast {
   }
   c10::DeviceType type;
 };
+
+// The details of the events of `kind` in the run.db at `db`, in the order written.
+inline std::vector<std::string> event_details(const std::string& db, const std::string& kind) {
+  std::vector<std::string> details;
+  for (const auto& e : rundb::RunDbReader(db).events())
+    if (e.kind == kind) details.push_back(e.detail);
+  return details;
+}
 
 // Agent options that write `db`, the rest as they come.
 inline AgentOptions options_for(const std::string& db) {
