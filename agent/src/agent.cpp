@@ -25,7 +25,7 @@
 #include "agent_impl.h"
 #include "agent_setup.h"
 #include "autocast_state.h"
-#include "fp32_gradients.h"
+#include "gradient_graph.h"
 #include "run_paths.h"
 
 namespace ampdiag {
@@ -317,12 +317,9 @@ void Agent::Impl::on_scale(const at::Tensor& outputs) {
     session_.event_once("half-loss", "half-loss", "scaler.scale() received a float16 loss");
   if (!fp32_gradients_read_ && outputs.grad_fn()) {
     fp32_gradients_read_ = true;
-    if (const auto found = agent::fp32_gradient_names(outputs, named_params_); found && !found->empty()) {
-      constexpr std::size_t kNamed = 256;
-      std::string detail;
-      for (std::size_t i = 0; i < found->size() && i < kNamed; ++i) detail += (i ? ", " : "") + (*found)[i];
-      session_.event_once("fp32-gradients", "fp32-gradients", detail);
-    }
+    if (const auto graph = agent::gradient_graph(outputs, named_params_))
+      if (const std::string detail = agent::fp32_gradients_detail(agent::fp32_gradient_params(*graph)); !detail.empty())
+        session_.event_once(agent::kFp32GradientsKind, agent::kFp32GradientsKind, detail);
   }
   if (outputs.numel() == 1 && at::isFloatingType(outputs.scalar_type())) {
     const at::Tensor loss = outputs.detach().reshape({}).to(at::kDouble);

@@ -172,7 +172,7 @@ class Agent::Impl final : public ScalerObserver {
   // with them (event parameters-nonfinite). Their modules are not replayed from then on.
   std::vector<std::pair<std::string, at::Tensor>> named_params_;
   bool parameters_nonfinite_ = false;
-  bool fp32_gradients_read_ = false;  // the first scaled loss's graph was read (fp32_gradients.h)
+  bool fp32_gradients_read_ = false;  // the first scaled loss's graph was read (gradient_graph.h)
   agent::GradientEntries entries_;                          // see gradient_entries.h; with options_.replay
   void look_at_parameters();
   bool closed_ = false;

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 import ampdiag
-from ampdiag._fp32_gradients import fp32_gradient_names
+from ampdiag import _ampdiag
+from ampdiag._fp32_gradients import gradient_graph
 
 
 class Mixer(nn.Module):
@@ -70,16 +71,15 @@ class Scaled(torch.autograd.Function):
 def test_a_part_from_a_custom_functions_backward_is_not_taken_as_fp32():
     w = nn.Parameter(torch.ones(3))
     loss = Scaled.apply(torch.ones(2, 3), w).exp().sum()
-    assert fp32_gradient_names([loss.grad_fn], {id(w): "w"}) == []
+    ops, received, edges, parts = gradient_graph([loss.grad_fn], {id(w): "w"})
+    assert parts == [(ops.index(""), "w")]
+    assert _ampdiag.fp32_gradients(ops, received, edges, parts) == ""
 
 
-def test_a_graph_larger_than_the_walk_names_nothing(monkeypatch):
+def test_a_graph_larger_than_the_walk_is_not_read(monkeypatch):
     # A parameter with a part outside the walk could have an fp16 one.
-    import ampdiag._fp32_gradients as fp32_gradients
-
-    monkeypatch.setattr(fp32_gradients, "_WALK_NODES", 3)
+    monkeypatch.setattr(_ampdiag, "FP32_WALK_NODES", 3)
     model = Mixer()
     with torch.autocast("cpu", dtype=torch.float16):
         loss = model(torch.randint(0, 10, (2, 5))).float().mean()
-    names = {id(p): name for name, p in model.named_parameters()}
-    assert fp32_gradient_names([loss.grad_fn], names) is None
+    assert gradient_graph([loss.grad_fn], {id(p): name for name, p in model.named_parameters()}) is None

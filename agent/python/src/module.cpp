@@ -17,6 +17,7 @@
 #include "ampdiag/kernels/cpu_stats.h"
 #include "ampdiag/rundb/rows.h"
 #include "entry_watches.h"
+#include "fp32_gradients.h"
 #include "run_paths.h"
 #include "sender_watch.h"
 #include "session.h"
@@ -307,6 +308,18 @@ PYBIND11_MODULE(_ampdiag, m) {
           "(events as (kind, detail), the named module judged nonfinite or \"\"); reached: per watch, -1 not seen, 0 "
           "finite, 1 NaN/Inf.");
   entry_watches.attr("COMPANIONS") = agent::EntryWatches::kCompanions;
+  m.def(
+      "fp32_gradients",
+      [](std::vector<std::string> ops, std::vector<std::string> received,
+         std::vector<std::pair<std::size_t, std::size_t>> edges, std::vector<std::pair<std::size_t, std::string>> parts) {
+        agent::GradientGraph graph{std::move(ops), std::move(received), std::move(edges), std::move(parts)};
+        return agent::fp32_gradients_detail(agent::fp32_gradient_params(graph));
+      },
+      py::arg("ops"), py::arg("received"), py::arg("edges"), py::arg("parts"),
+      "The fp32-gradients event's detail for a walked graph (agent/core/fp32_gradients.h), \"\" for none: ops and "
+      "received per node, edges (node, a node it hands a gradient to), parts (node, parameter).");
+  m.attr("FP32_WALK_NODES") = agent::kFp32WalkNodes;
+  m.attr("FP32_GRADIENTS") = agent::kFp32GradientsKind;
   py::class_<agent::SenderWatch>(m, "SenderWatch")
       .def(py::init<>())
       .def("arm", &agent::SenderWatch::arm, py::arg("path"))
