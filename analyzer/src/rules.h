@@ -40,10 +40,6 @@ std::map<std::int64_t, double> scales_before(const Run& run);
 // steps where it stayed finite, and that step (-1: none): above the dtype's maximum, the
 // true gradients do not fit at any scale >= 1 (overflow-origin).
 std::pair<double, std::int64_t> largest_true_gradient(const LayerSummary& layer, const std::map<std::int64_t, double>& scale_of);
-// Whether autocast computes `layer`'s gradient in FP32 (a normalisation layer's; a float32
-// embedding table's, a sum over the tokens): it can pass 65504 without an fp16 backward, so
-// its size bounds no loss scale.
-bool gradient_made_in_fp32(const LayerSummary& layer);
 // Whether `layer` is a float32 embedding table (autocast looks it up in FP32).
 bool float32_embedding(const rundb::LayerRow& layer);
 // "1 step", "3 steps".

@@ -199,10 +199,10 @@ struct ScaleRoom {
 };
 
 // Each layer's whose gradient fp16 bounds (bounds_the_scale).
-std::vector<ScaleRoom> scale_rooms(const Run& run, const std::map<std::int64_t, double>& scale_at) {
+std::vector<ScaleRoom> scale_rooms(const Run& run, const std::map<std::int64_t, double>& scale_at,
+                                   const Fp32Gradients& fp32) {
   const std::set<std::int64_t> shared = shared_layers(run);
   const auto sums = summed_losses(run);
-  const Fp32Gradients fp32 = fp32_gradients(run);
   std::vector<ScaleRoom> rooms;
   for (const auto& layer : run.layers) {
     if (!bounds_the_scale(run, layer, shared, sums, fp32)) continue;
@@ -349,7 +349,7 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
       const double typical = rms.empty() ? 0.0 : median_of(rms);
       const double scale = run.steps.back().row.scale_after;
       if (!rooms_read) {
-        rooms = scale_rooms(run, scale_at);
+        rooms = scale_rooms(run, scale_at, fp32);
         rooms_read = true;
       }
       const ScaleRoom room = room_beside(rooms, layer);

@@ -13,8 +13,8 @@
 #include "ampdiag/analyzer/causes.h"
 #include "ampdiag/rundb/module_paths.h"
 #include "loss_code.h"
-#include "overflow_events.h"
 #include "loss_size_fixes.h"
+#include "overflow_events.h"
 #include "own_overflows.h"
 #include "rules.h"
 #include "suggestions.h"
@@ -39,11 +39,15 @@ bool float32_embedding(const rundb::LayerRow& layer) {
   return layer.module_type.find("Embedding") != std::string::npos && layer.dtype == "float32";
 }
 
-bool gradient_made_in_fp32(const LayerSummary& layer) {
-  return layer.info.module_type.find("Norm") != std::string::npos || float32_embedding(layer.info);
-}
-
 namespace {
+
+// Whether `layer`'s gradient is computed in FP32, so that it can pass 65504 without an fp16
+// backward: autocast runs normalisation layers and float32 embeddings so, and the run so
+// computed those `fp32` holds (pinned modules', event fp32-gradients).
+bool gradient_made_in_fp32(const LayerSummary& layer, const Fp32Gradients& fp32) {
+  return layer.info.module_type.find("Norm") != std::string::npos || float32_embedding(layer.info) ||
+         fp32.holds(layer.info);
+}
 
 // The largest unscaled gradient (largest_true_gradient()) of the layers `module` was first in
 // and of the others under it that fp16 holds, its step and its layer (-1: none). A module
@@ -56,13 +60,12 @@ struct TrueGradient {
 };
 TrueGradient largest_true_gradient_of(const Run& run, const std::string& module,
                                       const std::map<std::int64_t, std::int64_t>& first_in,
-                                      const std::map<std::int64_t, double>& scale_of) {
-  const Fp32Gradients fp32 = fp32_gradients(run);
+                                      const std::map<std::int64_t, double>& scale_of, const Fp32Gradients& fp32) {
   TrueGradient largest;
   for (const LayerSummary& layer : run.layers) {
     const bool first = first_in.count(layer.info.id) > 0;
-    if (!first && (module.empty() || !suggest::within(layer.info.module_path, module) || gradient_made_in_fp32(layer) ||
-                   fp32.holds(layer.info)))
+    if (!first && (module.empty() || !suggest::within(layer.info.module_path, module) ||
+                   gradient_made_in_fp32(layer, fp32)))
       continue;
     if (const auto [value, step] = largest_true_gradient(layer, scale_of); value > largest.value)
       largest = {value, step, layer.info.id};
@@ -73,16 +76,16 @@ TrueGradient largest_true_gradient_of(const Run& run, const std::string& module,
 // The layers outside `module` whose unscaled gradients, in the steps where they stayed
 // finite, were above `limit` too, largest first: with them beyond it, pinning `module` alone
 // leaves the scale where it is (a loss too large for every layer's gradients, not one
-// layer's). Normalisation layers and the gradients the run computed in FP32 (pinned modules',
-// fp32-gradients) are left out: they can pass 65504 without an fp16 backward.
+// layer's). Gradients computed in FP32 (gradient_made_in_fp32) are left out: they can pass
+// 65504 without an fp16 backward.
 std::vector<std::pair<std::string, double>> also_beyond(const Run& run, const std::string& module, double limit,
-                                                        const std::map<std::int64_t, double>& scale_of) {
-  const Fp32Gradients fp32 = fp32_gradients(run);
+                                                        const std::map<std::int64_t, double>& scale_of,
+                                                        const Fp32Gradients& fp32) {
   std::vector<std::pair<std::string, double>> beyond;
   for (const LayerSummary& layer : run.layers) {
     const std::string& path = layer.info.module_path;
     const bool inside = path == module || (!module.empty() && path.rfind(module + ".", 0) == 0);
-    if (inside || gradient_made_in_fp32(layer) || fp32.holds(layer.info)) continue;
+    if (inside || gradient_made_in_fp32(layer, fp32)) continue;
     if (const double v = largest_true_gradient(layer, scale_of).first; v > limit) beyond.emplace_back(layer.info.name, v);
   }
   std::stable_sort(beyond.begin(), beyond.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
@@ -140,7 +143,7 @@ void parameterless_between(const Run& run, const rundb::LayerRow& first, const r
 // `ran_before`, and the modules holding a layer whose finite gradient arrived before the NaN/Inf
 // one of a layer in `first` (layer id -> times first) in a step where that went first
 // (Run::arrived_before): their backward ran before, so they come after it in forward.
-std::set<std::string> arrived_before(const Run& run, const std::map<std::int64_t, std::int64_t>& first,
+std::set<std::string> modules_after(const Run& run, const std::map<std::int64_t, std::int64_t>& first,
                                      std::set<std::string> ran_before) {
   for (const auto& [layer, times] : first)
     if (const auto it = run.arrived_before.find(layer); it != run.arrived_before.end())
@@ -200,7 +203,8 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
   const bool half_loss = has_half_loss(run);
   const TiedUses tied = tied_uses(run);
   const InputsFrom given = inputs_from(run);
-  const std::set<std::string> pinned = pinned_fp32(run);
+  const Fp32Gradients fp32 = fp32_gradients(run);
+  const std::set<std::string>& pinned = fp32.pinned;
   const std::string whole = whole_model(run);
   // Skips below the floor that no layer's gradient was first in, by what they were: what
   // took the scale down where no module was ever first there.
@@ -350,13 +354,13 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     const bool below_floor = harms && run.has_scaler() && !at_any_scale && m.lowest_after < t.scale_floor &&
                              reaching.seen != "nonfinite";
     const TrueGradient true_largest = (at_any_scale || below_floor) && run.fp16()
-                                          ? largest_true_gradient_of(run, module, m.layers, scale_of)
+                                          ? largest_true_gradient_of(run, module, m.layers, scale_of, fp32)
                                           : TrueGradient{};
     const double true_max = true_largest.value;
     const double limit = at_any_scale ? run.fp_max : run.fp_max / t.scale_floor;
     const bool too_large = true_max > limit;
     const std::vector<std::pair<std::string, double>> others =
-        too_large ? also_beyond(run, module, limit, scale_of) : std::vector<std::pair<std::string, double>>{};
+        too_large ? also_beyond(run, module, limit, scale_of, fp32) : std::vector<std::pair<std::string, double>>{};
     if (too_large) {
       f.title = at_any_scale ? place + "'s gradients exceed fp16's range even unscaled (up to " + fmt(true_max) + ")"
                              : place + "'s gradients are too large for a loss scale above the floor of " +
@@ -376,7 +380,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       // backward's order shows a layer far too large after it (a LibTorch classifier's head
       // 17000 times too large, its cross-entropy 10760): its gain makes them that large.
       if (run.modules.empty())
-        if (auto fix = reinitialise_after(run, module, arrived_before(run, m.layers, m.ran_before)))
+        if (auto fix = reinitialise_after(run, module, modules_after(run, m.layers, m.ran_before)))
           f.suggestions.push_back(*fix);
       shrink_the_loss(run, m.losses, m.steps, f);
     }
@@ -570,7 +574,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         const std::optional<Suggestion> reinit =
             too_large || at_any_scale
                 ? std::nullopt
-                : reinitialise_after(run, module, arrived_before(run, m.layers, m.ran_before));
+                : reinitialise_after(run, module, modules_after(run, m.layers, m.ran_before));
         if (reinit) f.suggestions.push_back(*reinit);
         if (!pin_with_own_overflows(run, module, place, m.steps, !too_large && !at_any_scale, f)) {
           f.suggestions.push_back(suggest::fp32_at(run, module, row));
