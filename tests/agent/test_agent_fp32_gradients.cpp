@@ -58,17 +58,7 @@ TEST_CASE("the C++ agent names the parameters whose gradients autocast computes 
   GradScaler scaler;
   {
     Agent agent(*net, scaler, options_for(dir.file("run.db")));
-    for (int step = 0; step < 3; ++step) {
-      optimizer.zero_grad();
-      torch::Tensor loss;
-      {
-        HalfAutocast autocast;
-        loss = net->forward(torch::randn({4, 8})).to(torch::kFloat).mean();
-      }
-      scaler.scale(loss).backward();
-      scaler.step(optimizer);
-      scaler.update();
-    }
+    amp_steps(3, optimizer, scaler, [&](int) { return net->forward(torch::randn({4, 8})).to(torch::kFloat).mean(); });
   }
   CHECK(event_details(dir.file("run.db"), "fp32-gradients") == std::vector<std::string>{"A_log"});
 }

@@ -34,20 +34,12 @@ std::vector<std::string> entries_of(const TempDir& dir, const Code& after_a, con
   GradScaler scaler;
   {
     Agent agent(*net, scaler, options_for(dir.file("run.db")));
-    for (int step = 0; step < 24; ++step) {
-      optimizer.zero_grad();
-      torch::Tensor loss;
-      {
-        HalfAutocast autocast;
-        const auto x = agent.input("x", torch::randn({64, 16}));
-        const auto h = after_a(agent.forward("a", net->a, x));
-        const auto y = agent.forward("c", net->c, before_c(torch::relu(agent.forward("b", net->b, h))));
-        loss = linear ? y.to(torch::kFloat).mean() : y.to(torch::kFloat).pow(2).mean();
-      }
-      scaler.scale(loss).backward();
-      scaler.step(optimizer);
-      scaler.update();
-    }
+    amp_steps(24, optimizer, scaler, [&](int) {
+      const auto x = agent.input("x", torch::randn({64, 16}));
+      const auto h = after_a(agent.forward("a", net->a, x));
+      const auto y = agent.forward("c", net->c, before_c(torch::relu(agent.forward("b", net->b, h))));
+      return linear ? y.to(torch::kFloat).mean() : y.to(torch::kFloat).pow(2).mean();
+    });
   }
   return event_details(dir.file("run.db"), kind);
 }
@@ -157,25 +149,17 @@ void two_heads_steps(const TempDir& dir) {
   GradScaler scaler;
   {
     Agent agent(*net, scaler, options_for(dir.file("run.db")));
-    for (int step = 0; step < 30; ++step) {
-      optimizer.zero_grad();
-      torch::Tensor loss;
-      {
-        HalfAutocast autocast;
-        const auto x = agent.input("x", torch::randn({8, 3, 16, 16}));
-        const auto labels = torch::randint(0, 5, {8});
-        const auto boxes = torch::rand({8, 4}) * 100.0;
-        const auto f = torch::relu(agent.forward("conv", net->conv, x)).mean({2, 3});
-        const auto logits = agent.forward("cls", net->cls, f).to(torch::kFloat);
-        const auto box = agent.forward("box", net->box, f).to(torch::kFloat);
-        loss = torch::nn::functional::cross_entropy(logits, labels) +
-               torch::nn::functional::smooth_l1_loss(box, boxes, torch::nn::functional::SmoothL1LossFuncOptions()
-                                                                     .reduction(torch::kSum)) / 8.0;
-      }
-      scaler.scale(loss).backward();
-      scaler.step(optimizer);
-      scaler.update();
-    }
+    amp_steps(30, optimizer, scaler, [&](int) {
+      const auto x = agent.input("x", torch::randn({8, 3, 16, 16}));
+      const auto labels = torch::randint(0, 5, {8});
+      const auto boxes = torch::rand({8, 4}) * 100.0;
+      const auto f = torch::relu(agent.forward("conv", net->conv, x)).mean({2, 3});
+      const auto logits = agent.forward("cls", net->cls, f).to(torch::kFloat);
+      const auto box = agent.forward("box", net->box, f).to(torch::kFloat);
+      return torch::nn::functional::cross_entropy(logits, labels) +
+             torch::nn::functional::smooth_l1_loss(box, boxes, torch::nn::functional::SmoothL1LossFuncOptions()
+                                                                   .reduction(torch::kSum)) / 8.0;
+    });
   }
 }
 

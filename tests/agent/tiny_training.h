@@ -41,6 +41,23 @@ struct HalfAutocast {
   c10::DeviceType type;
 };
 
+// `steps` steps of the loop LibTorch users write: zero_grad(), the loss `loss_of(step)` made
+// under fp16 autocast, scaler.scale(loss).backward(), scaler.step() and update().
+inline void amp_steps(int steps, torch::optim::Optimizer& optimizer, GradScaler& scaler,
+                      const std::function<torch::Tensor(int)>& loss_of) {
+  for (int step = 0; step < steps; ++step) {
+    optimizer.zero_grad();
+    torch::Tensor loss;
+    {
+      HalfAutocast autocast;
+      loss = loss_of(step);
+    }
+    scaler.scale(loss).backward();
+    scaler.step(optimizer);
+    scaler.update();
+  }
+}
+
 // The details of the events of `kind` in the run.db at `db`, in the order written.
 inline std::vector<std::string> event_details(const std::string& db, const std::string& kind) {
   std::vector<std::string> details;
