@@ -169,17 +169,41 @@ bool Code::all_full_precision() const {
          });
 }
 
-std::string Code::float16_compute() const {
-  std::vector<std::string> names;
-  for (const auto& op : ops)
-    if (op.dtype == "float16" && !moves(op.name) &&
-        std::find(names.begin(), names.end(), op.name) == names.end())
-      names.push_back(op.name);
+namespace {
+
+// Autograd's names for the operations CPU and CUDA autocast put in fp16 whatever their
+// inputs' dtype (matmuls, convolutions, attention), where those made float16.
+bool autocast_half_op(const std::string& name) {
+  static const std::set<std::string> names = {"Mm", "Bmm", "Addmm", "Baddbmm", "Addbmm", "Addmv", "Mv", "Dot",
+                                              "Convolution", "LinalgVecdot", "PreluKernel", "MkldnnRnnLayer",
+                                              "CudnnRnn", "ConvTbc"};
+  return names.count(name) > 0 || name.rfind("ScaledDotProduct", 0) == 0;
+}
+
+std::string joined(const std::vector<std::string>& names) {
   std::string out;
   for (std::size_t i = 0; i < names.size() && i < 4; ++i)
     out += (i == 0 ? "" : i + 1 == std::min<std::size_t>(names.size(), 4) ? " and " : ", ") + names[i];
   return out;
 }
+
+// The distinct names of the operations of `ops` that made float16 and that `keep` keeps.
+template <class Keep>
+std::string float16_ops(const std::vector<Op>& ops, Keep keep) {
+  std::vector<std::string> names;
+  for (const auto& op : ops)
+    if (op.dtype == "float16" && keep(op.name) && std::find(names.begin(), names.end(), op.name) == names.end())
+      names.push_back(op.name);
+  return joined(names);
+}
+
+}  // namespace
+
+std::string Code::float16_compute() const {
+  return float16_ops(ops, [](const std::string& name) { return !moves(name); });
+}
+
+std::string Code::autocast_float16() const { return float16_ops(ops, autocast_half_op); }
 
 std::string Code::describe() const {
   std::set<std::string> dtypes;
@@ -221,6 +245,20 @@ Code at_steps(const Run& run, const std::vector<std::int64_t>& steps, const std:
     code.ops = parse(e.detail);
   }
   return code;
+}
+
+Code after_module(const Run& run, const std::string& module, const std::string& kind) {
+  Code code;
+  if (module.empty()) return code;
+  const auto [e, ops] = run.module_event(kind, module);
+  if (!e) return code;
+  code.step = e->step;
+  code.ops = parse(ops);
+  return code;
+}
+
+std::string parameters_after(const Run& run, const std::string& module) {
+  return module.empty() ? std::string() : run.module_event("output-parameters", module).second;
 }
 
 NonfiniteInput nonfinite_input_at(const Run& run, const std::vector<std::int64_t>& steps) {

@@ -34,6 +34,9 @@ struct Code {
   std::string float16_compute() const;
   // "ToCopy, LogSoftmax, CtcLoss, Mean (all float32)" or "..., Sum (float16), ...".
   std::string describe() const;
+  // The operations that made float16 and that autocast runs in fp16 whatever their inputs'
+  // dtype ("Mm", "Bmm and Convolution"; at most four): a pin before them does not reach them.
+  std::string autocast_float16() const;
 };
 
 // "ToCopy:float32, CtcLoss:float32" -> ops; malformed items are kept by name, dtype "?".
@@ -43,6 +46,15 @@ std::vector<Op> parse(const std::string& detail);
 // `kind` "model-code": the model's own forward() after its last module, read (by the
 // Python agent) where the model's output went NaN/Inf while every module's was finite.
 Code at_steps(const Run& run, const std::vector<std::int64_t>& steps, const std::string& kind = "loss-code");
+
+// The code after a module, read (by the Python agent) where the gradient reaching its output
+// held NaN/Inf: `kind` "output-code", the operations from its output to the loss ("PATH:
+// ops"); "output-code-origin", those from its output to the first whose backward made the
+// NaN/Inf, that one last. And the model's own parameters that code reads
+// ("output-parameters", "PATH: logit_scale: 11.5 (float32, 1 value), read by Exp"; empty
+// where none was recorded).
+Code after_module(const Run& run, const std::string& module, const std::string& kind);
+std::string parameters_after(const Run& run, const std::string& module);
 
 // A tensor the loss code was given that held NaN/Inf before backward (event
 // "loss-input-nonfinite", "MseLoss target: 1 NaN, 0 Inf of 32 values, float32"; older runs

@@ -12,6 +12,7 @@
 
 #include "ampdiag/analyzer/causes.h"
 #include "ampdiag/rundb/module_paths.h"
+#include "code_after_fixes.h"
 #include "loss_code.h"
 #include "loss_size_fixes.h"
 #include "overflow_events.h"
@@ -487,6 +488,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                       (at_any_scale ? std::string()
                                     : " in its fp16 backward, where a factor such as a gain, a temperature or an exp() "
                                       "enlarges the gradient it sends back");
+        if (user.empty()) f.evidence += code_after_evidence(run, module);
       }
       if (harms) f.blame = code_after;  // what the symptoms' fixes point to
     } else if (entry.seen == "finite") {
@@ -539,16 +541,15 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                   "runs in fp16.",
               more));
           if (reinitialised) by_design(f.suggestions.back());
-        } else {
-          f.suggestions.push_back(suggest::pin_fp32(run, module));
-          f.suggestions.back().summary = "Run " + module + " in FP32 (pinned: its output, and the gradient it "
-                                         "receives, become float32), so that the large gradient " + code_after +
-                                         " sends back stays in FP32 on its way into it.";
         }
         const bool after_a_pin = f.suggestions.size() > before_pins;
         for (std::size_t k = 1; after_a_pin && k < senders.paths.size(); ++k)
           f.suggestions.back().summary += " " + senders.paths[k] + " sent them too: it is pinned with them.";
-        if (!sent) {  // a module that sent them is the code after it, and its pin covers that code
+        if (!sent && user.empty()) {
+          if (auto bound = bound_exp_parameter(run, module)) f.suggestions.push_back(*bound);
+          for (Suggestion& fix : code_after_fixes(run, module, code_after, was_pinned))
+            f.suggestions.push_back(std::move(fix));
+        } else if (!sent) {  // a module that sent them is the code after it, and its pin covers that code
           f.suggestions.push_back(suggest::fp32_model_code(run, "that uses " + module + "'s output", ""));
           std::string& also = f.suggestions.back().summary;
           also[0] = 'r';  // "Run ..." continues the sentence

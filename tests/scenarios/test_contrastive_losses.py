@@ -2,6 +2,8 @@
 matmul autocast keeps in float16, a temperature that enlarges their backward, and the mask
 written into a float16 tensor. Named in the loss code, with the FP32 loss or the dtype's own
 limit as the fix, and healthy where the scaler answers it."""
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -90,3 +92,62 @@ def test_the_dtypes_own_limit_as_the_report_gives_it_trains_the_contrastive_loop
     contrastive_with_masked_diagonal(db, lambda sim: torch.finfo(sim.dtype).min)
     code, rep = verdict(db)
     assert (code, rep["healthy"]) == (0, True), rep["findings"]
+
+
+class TwoTowers(nn.Module):
+    """CLIP's shape: two encoders, normalised embeddings, their similarities times the
+    model's own learnt temperature exp(logit_scale), and the symmetric loss in forward()."""
+
+    def __init__(self, logit_scale):
+        super().__init__()
+        self.image = nn.Sequential(nn.Linear(48, 64), nn.GELU(), nn.Linear(64, 32))
+        self.text = nn.Sequential(nn.Linear(24, 64), nn.GELU(), nn.Linear(64, 32))
+        self.logit_scale = nn.Parameter(torch.tensor(float(logit_scale)))
+
+    def forward(self, images, texts):
+        a = nn.functional.normalize(self.image(images), dim=-1)
+        b = nn.functional.normalize(self.text(texts), dim=-1)
+        logits = a @ b.t() * self.logit_scale.exp()
+        target = torch.arange(len(a))
+        return (nn.functional.cross_entropy(logits, target) + nn.functional.cross_entropy(logits.t(), target)) / 2
+
+
+def train_two_towers(db, logit_scale):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(16, 48, generator=g), torch.randn(16, 24, generator=g)) for _ in range(24)]
+
+    def loss_of(step, model):
+        with torch.autocast("cpu", dtype=torch.float16):
+            return model(*data[step])
+
+    train(db, TwoTowers(logit_scale), 24, loss_of)
+
+
+def test_a_learnt_temperature_whose_exp_overflows_the_similarities_backward_is_told_to_be_bounded(tmp_path, verdict):
+    # logit_scale at 11.5: exp() is ~98716, the similarities' fp16 backward overflows at every
+    # scale down to 2, and the last encoder layer only receives the Inf through its output.
+    # Its pin would stop at the matmul, which autocast keeps in fp16, before the Mul that
+    # overflows (tried on Hugging Face's CLIPModel: pinned, its text_projection still
+    # receives it).
+    db = tmp_path / "towers.db"
+    train_two_towers(db, 11.5)
+    code, rep = verdict(db)
+    assert code == 1
+    top = next(f for f in rep["findings"] if f["rule"] == "overflow-origin")
+    assert top["module"] in ("image.2", "text.2")
+    assert "it reads the model's own logit_scale: 11.5 (float32, 1 value), read by Exp" in top["evidence"]
+    fixes = [s["summary"] for s in top["suggestions"]]
+    assert fixes[0].startswith("Bound logit_scale: the code after " + top["module"] + " reads it through exp()"), fixes
+    assert "math.log(100)" in top["suggestions"][0]["python"]
+    # The Mul by the temperature made them, after the Mm: traced at a later step.
+    assert fixes[1].startswith(f"Run the model's own code that uses {top['module']}'s output in FP32: Mul's fp16 "
+                               "backward made the NaN/Inf, after Mm"), fixes
+    assert not any(fix.startswith(f"Run {top['module']} in FP32") for fix in fixes), fixes
+
+
+def test_the_temperature_bounded_as_the_report_says_trains_the_two_towers_healthy(tmp_path, verdict):
+    db = tmp_path / "towers.db"
+    train_two_towers(db, math.log(100))
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rules(rep)

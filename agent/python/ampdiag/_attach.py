@@ -464,7 +464,10 @@ class AttachHandle:
 
     def _look_before_backward(self, losses):
         """A host loss already NaN/Inf when backward is about to start: the loss code is
-        looked at now, while its saved tensors (the targets it was given) are alive."""
+        looked at now, while its saved tensors (the targets it was given) are alive. And the
+        code after a module that received NaN/Inf is hooked (_code_after.py)."""
+        if self._gradient_entries is not None and self._gradient_entries.watching:
+            self._gradient_entries.before_backward()
         for t in losses:  # (a loop: a generator is a call per loss, every step)
             if t.is_cpu and not math.isfinite(t.item()):
                 look_at_loss_code(self)

@@ -16,6 +16,7 @@ import torch
 
 from . import _ampdiag
 from ._backward_replay import backward_origin_module
+from ._code_after import CodeAfter
 from ._gradient_sender import GradientSenders
 from ._tensors import first_float_tensor, holds_nonfinite
 
@@ -26,7 +27,7 @@ _NOT_SEEN, _FINITE, _NONFINITE = -1, 0, 1
 class _Look:
     """One watched module: its forward hook, and this step's look at its output gradient."""
 
-    __slots__ = ("path", "hook", "hooked", "reached", "done")
+    __slots__ = ("path", "hook", "hooked", "reached", "done", "node")
 
     def __init__(self, path, done):
         self.path = path
@@ -34,6 +35,7 @@ class _Look:
         self.done = done      # judged: no more looks
         self.hooked = False   # this step's first call of the module has its gradient hook
         self.reached = _NOT_SEEN
+        self.node = None      # this step's output's grad_fn, for the code after it
 
 
 class GradientEntries:
@@ -43,6 +45,7 @@ class GradientEntries:
         self._looks = []        # one per core watch, in its order
         self.watching = False   # a watch is armed (read by the end of every step: no call when not)
         self._senders = GradientSenders(handle)
+        self._code_after = CodeAfter(handle)  # the code after the named module, where it received NaN/Inf
 
     def step_ended(self, judge: bool):
         """Called as a host step ends that was skipped, or while a watch is armed; `judge`:
@@ -50,7 +53,8 @@ class GradientEntries:
         reached = []
         for look in self._looks:
             reached.append(look.reached)
-            look.reached, look.hooked = _NOT_SEEN, False
+            look.reached, look.hooked, look.node = _NOT_SEEN, False, None
+        self._code_after.step_ended()
         path = backward_origin_module(self._handle) if judge else ""
         others = self._handle._session.nonfinite_modules(COMPANIONS) if path else []
         self._senders.step_ended(path)  # before a verdict below arms it: a later skip answers
@@ -66,7 +70,7 @@ class GradientEntries:
         else:
             for look, (_, done) in zip(self._looks, watches):
                 look.done = done
-        self.watching = bool(self._looks) or self._senders.armed
+        self.watching = bool(self._looks) or self._senders.armed or self._code_after.armed
 
     def _arm(self, watches):
         handle = self._handle
@@ -85,6 +89,8 @@ class GradientEntries:
         def on_gradient(grad):
             if look.reached != _NONFINITE:
                 look.reached = _NONFINITE if grad.is_cpu and holds_nonfinite(handle._session, grad) else _FINITE
+                if look.reached == _NONFINITE and self._looks and look is self._looks[0]:  # the named module's
+                    self._code_after.read(look.path, module, look.node)
 
         def after(mod, args, output):
             # (A deep copy of the model carries this hook: only the watched module's call counts.)
@@ -93,10 +99,16 @@ class GradientEntries:
             tensor = first_float_tensor(output)
             if tensor is not None and tensor.requires_grad and tensor.is_cpu:
                 look.hooked = True
+                look.node = tensor.grad_fn
                 tensor.register_hook(on_gradient)
             return None
 
         return after
+
+    def before_backward(self):
+        """As scaler.scale() hands over the loss: the named module's code after it traced
+        for where it made NaN/Inf, once that code was read."""
+        self._code_after.before_backward()
 
     def _drop(self):
         for look in self._looks:
@@ -106,4 +118,5 @@ class GradientEntries:
 
     def close(self):
         self._drop()
+        self._code_after.close()
         self._senders.close()

@@ -74,6 +74,12 @@ def own_parameters(output_node, module_nodes, params) -> "str | None":
         if op_name(reader) == "ToCopy":  # autocast's cast of it: the operation reading the cast says more
             reader = next((n for n in nodes if any(c is reader for c, _ in n.next_functions)), reader)
         found.setdefault(params[id(param)], (param, reader))
+    return describe_parameters(found)
+
+
+def describe_parameters(found) -> "str | None":
+    """'logit_scale: 14.29 (float32, 1 value), read by Exp; ...' for {name: (parameter, the
+    operation reading it)}, by name; None for none."""
     described = []
     for name, (p, reader) in sorted(found.items(), key=lambda item: item[0]):
         with torch.no_grad():

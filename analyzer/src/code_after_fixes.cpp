@@ -1,0 +1,124 @@
+// The fixes for the code after a module that sends NaN/Inf back into it.
+#include "code_after_fixes.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+
+#include "loss_code.h"
+#include "rules.h"
+#include "suggestions.h"
+
+namespace ampdiag::analyzer::rules {
+
+namespace {
+
+// CLIP's bound on its learnt temperature: logit_scale at most ln 100, a factor of 100.
+constexpr double kExpFactorBound = 100.0;
+
+// A one-value parameter of the model's own that the code after the module reads through
+// exp(), larger than CLIP's bound: "NAME: 11.5 (float32, 1 value), read by Exp" in the
+// agent's "output-parameters" detail ("; " between parameters). {name, value}.
+std::optional<std::pair<std::string, double>> exp_parameter(const std::string& detail) {
+  for (std::size_t at = 0; at < detail.size();) {
+    const std::size_t end = std::min(detail.find("; ", at), detail.size());
+    const std::string item = detail.substr(at, end - at);
+    at = end + 2;
+    const std::size_t colon = item.find(": ");
+    if (colon == std::string::npos || item.find("(float32, 1 value), read by Exp") == std::string::npos) continue;
+    const char* text = item.c_str() + colon + 2;
+    char* stop = nullptr;
+    const double value = std::strtod(text, &stop);
+    if (stop == text || !std::isfinite(value) || std::exp(value) <= kExpFactorBound) continue;
+    return std::make_pair(item.substr(0, colon), value);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<Suggestion> bound_exp_parameter(const Run& run, const std::string& module) {
+  const auto found = exp_parameter(loss_code::parameters_after(run, module));
+  if (!found) return std::nullopt;
+  const auto& [name, value] = *found;
+  const std::string attr = suggest::python_attribute(name);
+  Suggestion s;
+  s.summary = "Bound " + name + ": the code after " + module + " reads it through exp(), and exp(" + fmt(value) +
+              ") = " + fmt(std::exp(value)) + " enlarges the gradient that code sends back into " + module +
+              " as much (a learnt temperature, as CLIP's logit_scale). CLIP clamps it at ln 100 = 4.605, a factor "
+              "of at most 100, which the loss scale absorbs.";
+  s.python = "import math\n"
+             "# after each optimizer step:\n"
+             "with torch.no_grad():\n"
+             "    " + attr + ".clamp_(0, math.log(100))";
+  s.cpp = "// after each optimizer step:\n"
+          "{\n"
+          "  torch::NoGradGuard no_grad;\n"
+          "  " + name + ".clamp_(0, std::log(100.0));  // the parameter tensor\n"
+          "}";
+  s.untried = true;
+  return s;
+}
+
+std::string code_after_evidence(const Run& run, const std::string& module) {
+  const loss_code::Code code = loss_code::after_module(run, module, "output-code");
+  if (code.empty()) return "";
+  std::string text = "; that code, read at step " + std::to_string(code.step) + ": " + code.describe();
+  const loss_code::Code origin = loss_code::after_module(run, module, "output-code-origin");
+  if (!origin.empty()) {
+    const loss_code::Op& made = origin.ops.back();
+    text += "; at step " + std::to_string(origin.step) + " " + made.name + " (" + made.dtype + ") was the first of "
+            "it whose backward sent NaN/Inf back from finite gradients";
+    if (origin.ops.size() > 1) {
+      loss_code::Code before = origin;
+      before.ops.pop_back();
+      text += ", after " + before.describe();
+    }
+  }
+  const std::string own = loss_code::parameters_after(run, module);
+  if (!own.empty()) text += "; it reads the model's own " + own;
+  return text;
+}
+
+std::vector<Suggestion> code_after_fixes(const Run& run, const std::string& module, const std::string& code_after,
+                                         bool pinned) {
+  const loss_code::Code origin = loss_code::after_module(run, module, "output-code-origin");
+  const std::string uses = "that uses " + module + "'s output";
+  Suggestion in_fp32 = suggest::fp32_model_code(run, uses, "");
+  Suggestion pin = suggest::pin_fp32(run, module);
+  pin.summary = "Run " + module + " in FP32 (pinned: its output, and the gradient it receives, become float32), so "
+                "that the large gradient " + code_after + " sends back stays in FP32 on its way into it.";
+  if (origin.empty()) {
+    std::string& where = in_fp32.summary;
+    where[0] = 'r';  // "Run ..." continues the sentence
+    where = "Where that code runs a matmul or another operation that autocast puts in fp16 whatever its inputs, " +
+            std::string(pinned ? "" : "also ") + where;
+    if (pinned) return {in_fp32};
+    return {pin, in_fp32};
+  }
+  const std::string made = origin.ops.back().name;
+  const std::string half = origin.autocast_float16();
+  if (!half.empty()) {
+    // Pinned, the module's float32 output still reaches that operation through one autocast
+    // keeps in fp16 (CLIP's similarities' Mm before the temperature's Mul): tried, its
+    // text_projection pinned still collapses the scale.
+    in_fp32.summary = "Run the model's own code " + uses + " in FP32: " + made + "'s fp16 backward made the NaN/Inf" +
+                      (half == made ? ", and autocast runs " + made
+                                    : ", after " + half + ", which autocast runs") +
+                      " in fp16 whatever the inputs' dtype, so pinning " + module + " alone leaves it in fp16; "
+                      "autocast off around that code, its inputs cast to float32. Or move that code into a module, "
+                      "which ampdiag then names and pin_fp32() pins.";
+    return {in_fp32};
+  }
+  // Between the module's output and that operation, only operations that keep their input's
+  // dtype: pinned, its backward runs in float32 too (a VAE's gain and the KL's exp() of the
+  // log-variance after its encoder).
+  pin.summary += " " + made + "'s backward made them in fp16, and pinned, it follows " + module +
+                 "'s float32 output.";
+  in_fp32.summary = "Or run the model's own code " + uses + " in FP32: autocast off around it, its inputs cast to "
+                    "float32.";
+  if (pinned) return {in_fp32};
+  return {pin, in_fp32};
+}
+
+}  // namespace ampdiag::analyzer::rules

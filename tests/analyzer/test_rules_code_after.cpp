@@ -1,0 +1,121 @@
+// overflow-origin where NaN/Inf gradients reach a module through its output and no module
+// given that output sent them, with what the Python agent read of the code after it (events
+// "output-code", "output-code-origin", "output-parameters"): an operation autocast keeps in
+// fp16 between the module's output and the one whose backward made the NaN/Inf leaves only
+// that code in FP32 as the fix, none leaves the module's pin first, and a parameter of the
+// model's own read through exp() past CLIP's bound is clamped first.
+#include "rule_test.h"
+
+namespace {
+
+constexpr const char* kSimilarities =
+    "Div:float16, Mm:float16, Mul:float16, ToCopy:float32, LogSoftmax:float32, NllLoss(mean):float32";
+
+// 12 skipped steps halving the scale from 65536, dec's gradients finite and enc's the first
+// NaN/Inf ones each time; at the third, the agent saw NaN/Inf reach enc's output and read the
+// code after it, `code` ("output-code"), and `parameters` ("output-parameters", if any); at
+// the fourth, `origin` ("output-code-origin", if any).
+Report code_after_run(const std::string& origin, const std::string& parameters = "",
+                      const std::vector<std::string>& pinned = {}, const std::string& code = kSimilarities) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"dec.weight", "enc.weight"});
+  for (const auto& path : pinned) f.event("pinned-fp32", path);
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2) {
+    if (i == 2) {
+      f.event("output-code", "enc: " + code);
+      if (!parameters.empty()) f.event("output-parameters", "enc: " + parameters);
+      f.event("module-output-gradient", "enc: nonfinite");
+    }
+    if (i == 3 && !origin.empty()) f.event("output-code-origin", "enc: " + origin);
+    f.finite_first({"dec.weight"}).step(scale, scale / 2, 1000, {"enc.weight"});
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("an overflow made after a matmul autocast keeps in fp16 is fixed by that code in FP32, not by the pin",
+          "[rules][code-after]") {
+  // A two-tower model's similarities, z_a @ z_b.T times a temperature: pinned, enc's output
+  // is float32, and autocast still runs the matmul, and the Mul after it, in fp16.
+  const Report r = code_after_run("Div:float16, Mm:float16, Mul:float16");
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.evidence, Catch::Contains("that code, read at step 2: Div (float16), Mm (float16), Mul (float16), "
+                                         "ToCopy (float32)"));
+  CHECK_THAT(o.evidence, Catch::Contains("at step 3 Mul (float16) was the first of it whose backward sent NaN/Inf "
+                                         "back from finite gradients, after Div, Mm (all float16)"));
+  REQUIRE(o.suggestions.size() == 2);
+  CHECK_THAT(o.suggestions[0].summary,
+             Catch::StartsWith("Run the model's own code that uses enc's output in FP32: Mul's fp16 backward made "
+                               "the NaN/Inf, after Mm, which autocast runs in fp16 whatever the inputs' dtype, so "
+                               "pinning enc alone leaves it in fp16"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::Contains("bfloat16"));
+}
+
+TEST_CASE("an overflow made in the matmul's own backward names it as the operation autocast keeps in fp16",
+          "[rules][code-after]") {
+  const Report r = code_after_run("Div:float16, Mm:float16");
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::Contains("Mm's fp16 backward made the NaN/Inf, and autocast runs Mm in "
+                                                       "fp16 whatever the inputs' dtype"));
+}
+
+TEST_CASE("an overflow made before any operation autocast keeps in fp16 keeps the module's pin first",
+          "[rules][code-after]") {
+  // A VAE's gain on its encoder's output, then the KL's exp() of the log-variance: pinned,
+  // both follow the encoder's float32 output.
+  const Report r = code_after_run("Mul:float16, Split:float16, Exp:float16", "", {},
+                                  "Mul:float16, Split:float16, Exp:float16, Addmm:float16, ToCopy:float32");
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE(o.suggestions.size() == 3);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run enc in FP32 (pinned: its output, and the gradient") &&
+                                           Catch::EndsWith("Exp's backward made them in fp16, and pinned, it follows "
+                                                           "enc's float32 output."));
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Or run the model's own code that uses enc's output in FP32"));
+}
+
+TEST_CASE("code after the module read without its origin traced leaves the pin first and the code in FP32 conditional",
+          "[rules][code-after]") {
+  const Report r = code_after_run("");
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.evidence, Catch::Contains("that code, read at step 2: Div (float16), Mm (float16)"));
+  REQUIRE(o.suggestions.size() == 3);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run enc in FP32 (pinned: its output, and the gradient"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Where that code runs a matmul or another operation"));
+}
+
+TEST_CASE("a pinned module whose code after it overflows after a matmul in fp16 is told to run that code in FP32",
+          "[rules][code-after]") {
+  const Report r = code_after_run("Div:float16, Mm:float16, Mul:float16", "", {"enc"});
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.evidence, Catch::Contains("enc already ran in FP32 (pinned), so pinning it is no fix"));
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run the model's own code that uses enc's output in FP32: "
+                                                         "Mul's fp16 backward made the NaN/Inf"));
+  for (const auto& s : o.suggestions) CHECK_THAT(s.summary, !Catch::Contains("Run enc in FP32"));
+}
+
+TEST_CASE("a parameter of the model's own read through exp() past CLIP's bound is clamped first",
+          "[rules][code-after]") {
+  // CLIP's logit_scale at 11.5: exp() makes a factor of ~98716 on the similarities, and on
+  // the gradient their fp16 backward sends back.
+  const Report r = code_after_run("Div:float16, Mm:float16, Mul:float16",
+                                  "logit_scale: 11.5 (float32, 1 value), read by Exp");
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.evidence, Catch::Contains("it reads the model's own logit_scale: 11.5 (float32, 1 value), read by Exp"));
+  REQUIRE(o.suggestions.size() == 3);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Bound logit_scale: the code after enc reads it through "
+                                                         "exp(), and exp(11.5) = 98715.8 enlarges the gradient"));
+  CHECK_THAT(o.suggestions[0].python, Catch::Contains("model.logit_scale.clamp_(0, math.log(100))"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Run the model's own code that uses enc's output in FP32"));
+}
+
+TEST_CASE("a temperature read through exp() within CLIP's bound is not told to be clamped", "[rules][code-after]") {
+  const Report r = code_after_run("Div:float16, Mm:float16, Mul:float16",
+                                  "logit_scale: 4.605 (float32, 1 value), read by Exp");
+  const Finding& o = required(r, "overflow-origin");
+  for (const auto& s : o.suggestions) CHECK_THAT(s.summary, !Catch::StartsWith("Bound logit_scale"));
+}

@@ -1,0 +1,80 @@
+"""The code after the module a skip names, where the gradient reaching its output held
+NaN/Inf: the operations from its output to the loss (event "output-code"), the model's own
+parameters beside them ("output-parameters"), and, traced at a later step, the first of them
+whose backward made the NaN/Inf, with those between the output and it ("output-code-origin")."""
+import sqlite3
+
+import torch
+from torch import nn
+
+import ampdiag
+
+
+def events(db, kind):
+    with sqlite3.connect(db) as c:
+        return [d for (d,) in c.execute("SELECT detail FROM events WHERE kind = ? ORDER BY step", (kind,))]
+
+
+class Towers(nn.Module):
+    """Two encoders whose normalised outputs' similarities are scaled by exp() of the
+    model's own logit_scale, in its forward()."""
+
+    def __init__(self, logit_scale):
+        super().__init__()
+        self.a, self.b = nn.Linear(12, 16), nn.Linear(12, 16)
+        self.logit_scale = nn.Parameter(torch.tensor(logit_scale))
+        self.unused_by_that_code = nn.Parameter(torch.ones(16))
+
+    def forward(self, x):
+        za = nn.functional.normalize(self.a(x), dim=-1)
+        zb = nn.functional.normalize(self.b(x * self.unused_by_that_code[:12]), dim=-1)
+        return nn.functional.cross_entropy(za @ zb.t() * self.logit_scale.exp(), torch.arange(len(x)))
+
+
+class Gain(nn.Module):
+    """An encoder's output times a gain in fp16, whose backward overflows at the first
+    scales: nothing autocast keeps in fp16 between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(12, 8)
+
+    def forward(self, x):
+        return (self.enc(x) * 3000.0).float().mean()
+
+
+def train(db, model, steps=6):
+    torch.manual_seed(0)
+    opt, scaler = torch.optim.SGD(model.parameters(), lr=1e-4), torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(steps):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(16, 12) * 0.01)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+def test_the_code_after_a_tower_and_the_temperature_beside_it_are_read_once(tmp_path):
+    db = tmp_path / "run.db"
+    train(db, Towers(11.5))
+    [code] = events(db, "output-code")
+    named, ops = code.split(": ", 1)
+    assert named in ("a", "b")
+    assert ", Mm:float16, Mul:float16," in ops
+    assert events(db, "output-parameters") == [f"{named}: logit_scale: 11.5 (float32, 1 value), read by Exp"]
+
+
+def test_the_origin_traced_is_the_temperatures_mul_after_the_matmul(tmp_path):
+    db = tmp_path / "run.db"
+    train(db, Towers(11.5))
+    [origin] = events(db, "output-code-origin")
+    assert origin.endswith(", Mm:float16, Mul:float16"), origin
+
+
+def test_the_origin_traced_after_a_gain_has_nothing_autocast_keeps_in_fp16_before_it(tmp_path):
+    db = tmp_path / "run.db"
+    train(db, Gain())
+    [origin] = events(db, "output-code-origin")
+    assert origin.startswith("enc: ") and "Mm" not in origin and "Addmm" not in origin, origin
