@@ -191,6 +191,27 @@ std::pair<double, const LayerSummary*> below_siblings(const Run& run, const Laye
   return lowest;
 }
 
+// The per-element RMS of what a weight matrix's module takes in, estimated from what it makes:
+// y = W x (+ b) sums fan-in products, |y| ~ sqrt(fan_in) |W| |x| for weights not aligned with
+// their input (a bias in y only raises the estimate). 0 where the run has no finite output
+// row for the module or no norm of the weight.
+double input_rms(const Run& run, const LayerSummary& weight) {
+  const std::vector<std::int64_t> dims = dims_of(weight.info.shape);
+  if (dims.size() < 2 || dims.front() <= 0 || weight.info.numel <= 0) return 0.0;
+  const ModuleSummary* module = run.module_named(weight.info.module_path);
+  if (module == nullptr || module->output_rms_rows == 0) return 0.0;
+  double sum = 0.0;
+  std::int64_t rows = 0;
+  for (const auto& w : run.weight_norms)
+    if (w.layer_id == weight.info.id && std::isfinite(w.l2)) {
+      sum += w.l2 / std::sqrt(double(weight.info.numel));
+      ++rows;
+    }
+  if (rows == 0 || !(sum > 0.0)) return 0.0;
+  const double fan_in = double(weight.info.numel) / double(dims.front());
+  return module->output_rms_sum / double(module->output_rms_rows) / (std::sqrt(fan_in) * sum / double(rows));
+}
+
 // The largest loss scale at which none of a layer's recorded finite gradients would have
 // passed fp16's top, and that layer; infinite where there is none.
 struct ScaleRoom {
@@ -315,14 +336,26 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
     // ~1 / |x| of its weight's. Below 1/512 separates the two for inputs of RMS 0.14 to 512:
     // ELECTRA's first key bias, after its unnormalised embedding projection, is at 1/725
     // (1/1024 called it an underflow); raw pixel values of up to 255 stay on the other side.
-    if (const auto [ratio, sibling] = below_siblings(run, layer, t.underflow_fraction); sibling && ratio < 1.0 / 512.0) {
+    const auto [ratio, sibling] = below_siblings(run, layer, t.underflow_fraction);
+    // Below a weight taking small inputs, a true gradient sits ~1 / |x| of the weight's, so
+    // the same bound holds for the ratio times |x|: the embeddings of DeBERTa's relative
+    // positions (RMS 0.02 without their norm) leave its position keys' bias at 1/47 of the
+    // weight's, rounding all the same (2^-11 / 0.02).
+    const double x = sibling ? input_rms(run, *sibling) : 0.0;
+    const bool small_input = x > 0.0 && x < 1.0 && ratio * x < 1.0 / 512.0;
+    if (sibling && (ratio < 1.0 / 512.0 || small_input)) {
       f.severity = Severity::kInfo;
       f.score = 5.0;
       f.title = layer.info.name + "'s gradient cancels to rounding, far below " + sibling->info.name +
                 "'s: not flushed by the scale";
       f.evidence = "on average " + pct(mean) + " of its values were zero or fp16-subnormal over " +
                    plural(finite, "sampled step") + ", while per element its gradient was " + fmt(ratio) + " of " +
-                   sibling->info.name + "'s at the same steps, which the same scale keeps in range: a sum that is "
+                   sibling->info.name + "'s at the same steps" +
+                   (ratio < 1.0 / 512.0 ? std::string()
+                                        : " (whose module's input is small, about " + fmt(x) + " per element, "
+                                          "estimated from its outputs and weights: a true gradient would be about " +
+                                          fmt(1.0 / x) + " times the weight's)") +
+                   ", which the same scale keeps in range: a sum that is "
                    "zero in exact arithmetic (an attention key's bias, which shifts every score of a query alike "
                    "under softmax; a bias just before a normalisation), left with rounding; no scale helps";
       f.steps.push_back(first);

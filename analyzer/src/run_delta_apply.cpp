@@ -234,6 +234,8 @@ void apply_run_delta(Run& run, RunDelta&& d) {
       module.before_first = m.before_first;
     }
     module.max_absmax = std::max(module.max_absmax, m.max_absmax);
+    module.output_rms_sum += m.rms_sum;
+    module.output_rms_rows += m.rms_rows;
     module.last_steps += m.last_steps;
     // The forward its calls were first counted in, or more of that same forward's calls.
     if (m.growth.calls > 0 && (module.growth.calls == 0 || (module.growth.step == m.growth.step &&

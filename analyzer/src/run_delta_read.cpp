@@ -417,7 +417,13 @@ std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t m
             forward_max = std::max(forward_max, out);
           }
         }
-        if (a.stats.nan + a.stats.inf == 0) return;
+        if (a.stats.nan + a.stats.inf == 0) {
+          if (a.stats.numel > 0 && std::isfinite(a.stats.l2)) {
+            m.rms_sum += a.stats.l2 / std::sqrt(double(a.stats.numel));
+            ++m.rms_rows;
+          }
+          return;
+        }
         ++m.nonfinite_steps;
         if (found_in_step) return;
         found_in_step = true;

@@ -79,9 +79,10 @@ class RunFixture {
     return *this;
   }
 
-  // Forward probe outputs for the current step (call before step()); with histograms(),
-  // 100 of its values sit in the bin of `absmax`, the rest in that of 0.1 (its amin_nz).
-  RunFixture& activation(const std::string& module, bool nonfinite, double absmax = 10.0) {
+  // Forward probe outputs for the current step (call before step()), 4096 values of L2 norm
+  // `l2`; with histograms(), 100 of its values sit in the bin of `absmax`, the rest in that of
+  // 0.1 (its amin_nz).
+  RunFixture& activation(const std::string& module, bool nonfinite, double absmax = 10.0, double l2 = 100.0) {
     std::int64_t id = -1;
     for (std::size_t i = 0; i < modules_.size(); ++i)
       if (modules_[i] == module) id = std::int64_t(i);
@@ -94,7 +95,7 @@ class RunFixture {
     a.step = step_;
     a.module_id = id;
     a.fwd_order = fwd_order_[step_]++;
-    a.stats = {4096, nonfinite ? 3 : 0, 0, 0, 0, absmax, 0.1, 100.0};
+    a.stats = {4096, nonfinite ? 3 : 0, 0, 0, 0, absmax, 0.1, l2};
     if (histograms_) {
       a.histogram.assign(rundb::kHistBins, 0);
       a.histogram[bin(absmax)] += 100;

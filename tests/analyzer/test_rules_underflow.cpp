@@ -144,6 +144,53 @@ TEST_CASE("a bias whose gradient is rounding far below its weight's at the same 
   CHECK(u->suggestions.empty());
 }
 
+namespace {
+
+// key.bias's gradient at 1/47 of key.weight's per element (95 % of it fp16-subnormal), and
+// key's outputs of per-element RMS `output_rms` from weights of per-element RMS 0.02 and
+// fan-in 64: an input of RMS output_rms / (8 * 0.02). No output rows where it is 0.
+Report small_input_bias_run(const TempDir& dir, double output_rms) {
+  RunFixture f(dir.file("run.db"), {"key.weight", "key.bias", "query.weight"});
+  f.zeros_fraction("key.bias", 0.0, 0.95);
+  for (int i = 0; i < 10; ++i) {
+    f.weight_norm("key.weight", 0.02 * 64);
+    if (output_rms > 0.0) f.activation("key", false, 1.0, output_rms * 64);
+    f.clipped(0.32, {"key.bias"}).step(65536, 65536);
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a bias at 1/47 of its weight's gradient whose module takes inputs of RMS 0.02 is rounding too", "[rules]") {
+  // DeBERTa's position keys' bias: their relative-position embeddings, without their norm,
+  // are of RMS 0.02, where a true bias gradient is ~50 times the weight's and rounding ~1/47.
+  TempDir dir;
+  const Report r = small_input_bias_run(dir, 0.0032);
+  CHECK(r.healthy());
+  const Finding& u = required(r, "underflow");
+  CHECK(u.severity == Severity::kInfo);
+  CHECK_THAT(u.title, Catch::StartsWith("key.bias's gradient cancels to rounding, far below key.weight's"));
+  CHECK_THAT(u.evidence, Catch::Contains("(whose module's input is small, about 0.02 per element, estimated from its "
+                                         "outputs and weights: a true gradient would be about 50 times the weight's)"));
+}
+
+TEST_CASE("the same bias whose module takes inputs of RMS 0.5 stays an underflow", "[rules]") {
+  TempDir dir;
+  const Report r = small_input_bias_run(dir, 0.08);
+  const Finding& u = required(r, "underflow");
+  CHECK(u.severity == Severity::kWarning);
+  CHECK_THAT(u.title, !Catch::Contains("cancels to rounding"));
+}
+
+TEST_CASE("the same bias without its module's outputs stays an underflow", "[rules]") {
+  TempDir dir;
+  const Report r = small_input_bias_run(dir, 0.0);
+  const Finding& u = required(r, "underflow");
+  CHECK(u.severity == Severity::kWarning);
+}
+
 TEST_CASE("a bias at 1/725 of its weight's gradient, ELECTRA's first key bias after an unnormalised projection, is "
           "rounding too",
           "[rules]") {

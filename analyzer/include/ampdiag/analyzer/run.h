@@ -68,6 +68,10 @@ struct ModuleSummary {
   std::int64_t before_first = -1;
   bool before_known = false;
   float max_absmax = 0.0f;            // largest finite |output|
+  // Per-element RMS (l2 / sqrt(numel)) of its finite outputs, summed over their rows, and
+  // how many: the typical size of what it makes.
+  double output_rms_sum = 0.0;
+  std::int64_t output_rms_rows = 0;
   // Recorded steps whose forward it finished last, the model's own output aside: nearest
   // the model's output. Ids follow the order modules *first* finish, which a module first
   // called in a later step (a mixture-of-experts' expert) leaves behind the model's head.

@@ -52,6 +52,8 @@ struct RunDelta {
     std::int64_t before_last = -1, position = -1;  // position -1: no full forward read ran it
     bool before_known = false;
     float max_absmax = 0.0f, jump_absmax = 0.0f, jump_before = 0.0f;
+    double rms_sum = 0.0;       // per-element RMS of its finite outputs, summed over their rows
+    std::int64_t rms_rows = 0;
     // Its calls in the first full forward read where it was first to go NaN/Inf, or more of
     // them where that forward began in an earlier read (calls 0: none).
     CallGrowth growth;
