@@ -374,9 +374,12 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
       // that cannot lift most of this one into the normal range, no scaler setting helps: by
       // Chebyshev's inequality at most (RMS * scale / 2^-14)^2 of its values reach 2^-14.
       std::vector<double> rms;  // per element, unscaled
+      double lowest_scale = INFINITY;  // of its finite samples
       for (const auto& s : layer.samples) {
         const auto at = scale_at.find(s.step);
-        if (s.nonfinite || s.zero_q == 65535 || at == scale_at.end() || !(at->second > 0.0)) continue;
+        if (s.nonfinite || at == scale_at.end() || !(at->second > 0.0)) continue;
+        lowest_scale = std::min(lowest_scale, at->second);
+        if (s.zero_q == 65535) continue;
         rms.push_back(double(s.l2) / std::sqrt(double(layer.info.numel)) / at->second);
       }
       const double typical = rms.empty() ? 0.0 : median_of(rms);
@@ -389,12 +392,23 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
       const double smallest_normal = std::ldexp(1.0, -14);
       const double reach = typical * room.scale / smallest_normal;
       const bool no_room = room.layer && room.scale < 2.0 * scale;
-      if (room.layer && (no_room || reach * reach <= 1.0 - t.underflow_fraction)) {
+      // A value fp16 flushed to zero was below 2^-25 at the scale it ran at: lifted by at most
+      // 2^10, it stays below 2^-14, so where such zeros alone pass the threshold no allowed
+      // scale clears it (CaiT's attention weights behind a LayerScale of 1e-5: two thirds
+      // exactly zero at 32768, while the head's gradients leave room for 65536 only).
+      const bool zeros_stay = room.layer && !no_room && mean_zero > t.underflow_fraction &&
+                              room.scale <= std::ldexp(lowest_scale, 10);
+      if (room.layer && (no_room || zeros_stay || reach * reach <= 1.0 - t.underflow_fraction)) {
         const std::string top = std::to_string(std::lround(run.fp_max));
         f.title = layer.info.name + ": most of its gradient is below fp16's normal range, and no loss scale lifts it "
                   "without " + room.layer->info.name + " overflowing";
         f.evidence += no_room ? "; the scale cannot double: " + room.layer->info.name + "'s gradients already came within a factor of " +
                                     three_digits(room.scale / scale) + " of " + top + " at the scale they ran at"
+                      : zeros_stay ? "; " + pct(mean_zero) + " of its values were exactly zero, below 2^-25 at the "
+                                     "scales they ran at (from " + fmt(lowest_scale) + "), and at " +
+                                     power_of_two(room.scale) + ", the largest scale at which " +
+                                     room.layer->info.name + "'s recorded gradients stay within " + top +
+                                     ", they stay below fp16's normal range"
                               : "; at " + power_of_two(room.scale) + ", the largest scale at which " +
                                     room.layer->info.name + "'s recorded gradients stay within " + top +
                                     ", its typical RMS (" + fmt(typical) + " unscaled) leaves at most " +

@@ -52,8 +52,9 @@ TEST_CASE("a parameter whose gradient autocast computed in FP32 is not an underf
 TEST_CASE("an underflow's higher init_scale is not held down by a module pinned to FP32", "[rules]") {
   // a's gradients at 1000 scaled at 65536 would cap the scale at 2^22, but pinned they are
   // float32's: the cap is head's, where its gradients would pass 65504.
+  // (Mostly subnormal: values a higher scale lifts, where exact zeros need 2^11 times it.)
   TempDir dir;
-  const auto r = underflowing_b(dir, 0.6, 0.2, 0.0, 1000.0, {{"pinned-fp32", "a"}});
+  const auto r = underflowing_b(dir, 0.1, 0.6, 0.0, 1000.0, {{"pinned-fp32", "a"}});
   const Finding& u = required(r, "underflow");
   CHECK_THAT(u.suggestions.front().summary, Catch::Contains("head.weight's recorded gradients"));
 }
@@ -72,7 +73,7 @@ TEST_CASE("an underflow's higher init_scale stops where another layer's gradient
   // Every other gradient at 1000 scaled at 65536: a scale above 65536 * 65504 / 1000 (2^22.03)
   // would make them Inf, and the scaler would back off to it anyway.
   TempDir dir;
-  const auto r = underflowing_b(dir, 0.6, 0.2);
+  const auto r = underflowing_b(dir, 0.1, 0.6);
   const Finding& u = required(r, "underflow");
   CHECK_THAT(u.suggestions.front().python, Catch::Contains("init_scale=2.0**22"));
   CHECK_THAT(u.suggestions.front().summary, Catch::Contains("up to 2**22: above it, a.weight's recorded gradients"));
@@ -298,4 +299,42 @@ TEST_CASE("a weight's gradient far below its bias's is an underflow, not a bias 
   const Finding& u = required(r, "underflow");
   CHECK(u.layer == "fc.weight");
   CHECK_THAT(u.title, !Catch::Contains("cancels to rounding"));
+}
+
+namespace {
+
+// blk.weight's gradients `zeros` exactly zero and `subnormal` fp16-subnormal at a scale of
+// 32768, beside head.weight's within a factor of 2.18 of 65504: room for 2**16 at most.
+Report behind_a_small_gain(const TempDir& dir, double zeros, double subnormal) {
+  RunFixture f(dir.file("run.db"), {"head.weight", "blk.weight"});
+  f.zeros_fraction("blk.weight", zeros, subnormal).absmax_times("blk.weight", 1e-6);
+  for (int i = 0; i < 10; ++i) f.step(32768, 32768, 30000);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a gradient mostly flushed to exact zeros is not told to let the scale grow by the little room left",
+          "[rules]") {
+  // CaiT's attention weights behind a LayerScale of 1e-5: two thirds of their gradient exactly
+  // zero at 32768; the head's gradients leave room for 65536, which lifts none of those zeros.
+  TempDir dir;
+  const Report r = behind_a_small_gain(dir, 0.67, 0.2);
+  const Finding& u = required(r, "underflow");
+  CHECK(u.title == "blk.weight: most of its gradient is below fp16's normal range, and no loss scale lifts it without "
+                   "head.weight overflowing");
+  CHECK_THAT(u.evidence, Catch::Contains("67% of its values were exactly zero, below 2^-25 at the scales they ran at "
+                                         "(from 32768), and at 2**16, the largest scale at which head.weight's recorded "
+                                         "gradients stay within 65504, they stay below fp16's normal range"));
+  REQUIRE(u.suggestions.size() == 1);
+  CHECK_THAT(u.suggestions.front().summary, Catch::StartsWith("Train in bfloat16"));
+}
+
+TEST_CASE("a gradient mostly subnormal with the same little room is still told to let the scale grow", "[rules]") {
+  TempDir dir;
+  const Report r = behind_a_small_gain(dir, 0.3, 0.5);
+  const Finding& u = required(r, "underflow");
+  REQUIRE_FALSE(u.suggestions.empty());
+  CHECK_THAT(u.suggestions.front().summary, Catch::StartsWith("Let the scale grow"));
 }
