@@ -1,64 +1,11 @@
 // The fixes for the code after a module that sends NaN/Inf back into it.
 #include "code_after_fixes.h"
 
-#include <cmath>
-#include <cstdlib>
-#include <optional>
-
 #include "loss_code.h"
-#include "rules.h"
+#include "model_parameters.h"
 #include "suggestions.h"
 
 namespace ampdiag::analyzer::rules {
-
-namespace {
-
-// CLIP's bound on its learnt temperature: logit_scale at most ln 100, a factor of 100.
-constexpr double kExpFactorBound = 100.0;
-
-// A one-value parameter of the model's own that the code after the module reads through
-// exp(), larger than CLIP's bound: "NAME: 11.5 (float32, 1 value), read by Exp" in the
-// agent's "output-parameters" detail ("; " between parameters). {name, value}.
-std::optional<std::pair<std::string, double>> exp_parameter(const std::string& detail) {
-  for (std::size_t at = 0; at < detail.size();) {
-    const std::size_t end = std::min(detail.find("; ", at), detail.size());
-    const std::string item = detail.substr(at, end - at);
-    at = end + 2;
-    const std::size_t colon = item.find(": ");
-    if (colon == std::string::npos || item.find("(float32, 1 value), read by Exp") == std::string::npos) continue;
-    const char* text = item.c_str() + colon + 2;
-    char* stop = nullptr;
-    const double value = std::strtod(text, &stop);
-    if (stop == text || !std::isfinite(value) || std::exp(value) <= kExpFactorBound) continue;
-    return std::make_pair(item.substr(0, colon), value);
-  }
-  return std::nullopt;
-}
-
-}  // namespace
-
-std::optional<Suggestion> bound_exp_parameter(const Run& run, const std::string& module) {
-  const auto found = exp_parameter(loss_code::parameters_after(run, module));
-  if (!found) return std::nullopt;
-  const auto& [name, value] = *found;
-  const std::string attr = suggest::python_attribute(name);
-  Suggestion s;
-  s.summary = "Bound " + name + ": the code after " + module + " reads it through exp(), and exp(" + fmt(value) +
-              ") = " + fmt(std::exp(value)) + " enlarges the gradient that code sends back into " + module +
-              " as much (a learnt temperature, as CLIP's logit_scale). CLIP clamps it at ln 100 = 4.605, a factor "
-              "of at most 100, which the loss scale absorbs.";
-  s.python = "import math\n"
-             "# after each optimizer step:\n"
-             "with torch.no_grad():\n"
-             "    " + attr + ".clamp_(0, math.log(100))";
-  s.cpp = "// after each optimizer step:\n"
-          "{\n"
-          "  torch::NoGradGuard no_grad;\n"
-          "  " + name + ".clamp_(0, std::log(100.0));  // the parameter tensor\n"
-          "}";
-  s.untried = true;
-  return s;
-}
 
 std::string code_after_evidence(const Run& run, const std::string& module) {
   const loss_code::Code code = loss_code::after_module(run, module, "output-code");
@@ -78,6 +25,10 @@ std::string code_after_evidence(const Run& run, const std::string& module) {
   const std::string own = loss_code::parameters_after(run, module);
   if (!own.empty()) text += "; it reads the model's own " + own;
   return text;
+}
+
+std::optional<Suggestion> bound_exp_parameter(const Run& run, const std::string& module) {
+  return model_parameters::exp_factor_bound(module, loss_code::parameters_after(run, module));
 }
 
 std::vector<Suggestion> code_after_fixes(const Run& run, const std::string& module, const std::string& code_after,

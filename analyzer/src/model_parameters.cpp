@@ -45,6 +45,26 @@ std::vector<Read> parse(const std::string& detail) {
   return reads;
 }
 
+namespace {
+
+// CLIP's bound on its learnt temperature: at most ln(100), a scale of 100.
+constexpr double kClipBound = 100.0;
+
+// The clamp of `name` before its exp(), in the model's forward() (or, where that is not the
+// user's to edit, a Hugging Face model's, after each optimizer step, as OpenCLIP does).
+Suggestion clamp_before_exp(const std::string& name) {
+  Suggestion s;
+  s.python = "# in the model's forward(), where it takes " + name + ".exp():\nscale = self." + name +
+             ".clamp(max=math.log(100)).exp()\n# or, where the forward() is not yours to edit, after each "
+             "optimizer step:\nwith torch.no_grad():\n    model." + name + ".clamp_(max=math.log(100))";
+  s.cpp = "// in the model's forward(), where it takes " + name + ".exp():\nauto scale = " + name +
+          ".clamp_max(std::log(100.0)).exp();";
+  s.untried = true;
+  return s;
+}
+
+}  // namespace
+
 std::optional<Suggestion> exp_bound(const Run& run, const std::string& detail) {
   for (const Read& r : parse(detail)) {
     // Several values give only their largest |x|: a large negative one's exp() is tiny.
@@ -52,17 +72,27 @@ std::optional<Suggestion> exp_bound(const Run& run, const std::string& detail) {
     const std::string half = run.fp_max > 1e6 ? "bfloat16" : "fp16";
     char largest[32];
     std::snprintf(largest, sizeof largest, "%.6g", run.fp_max);
-    Suggestion s;
+    Suggestion s = clamp_before_exp(r.name);
     s.summary = "Bound " + r.name + " before its exp(): at " + three_digits(r.value) + ", exp() gives " +
                 three_digits(std::exp(r.value)) + ", beyond " + half + "'s largest value (" + largest +
                 ") before it scales anything. Clamp it in the model's forward() (CLIP clamps its temperature at "
-                "ln(100), a scale of 100), and check its initial value: a parameter the model takes exp() of holds "
+                "ln(100), a scale of 100; or after each optimizer step where the forward() is not yours to edit), "
+                "and check its initial value: a parameter the model takes exp() of holds "
                 "the logarithm of the scale it stands for (CLIP starts at log(1/0.07) = 2.659).";
-    s.python = "# in the model's forward(), where it takes " + r.name + ".exp():\nscale = self." + r.name +
-               ".clamp(max=math.log(100)).exp()";
-    s.cpp = "// in the model's forward(), where it takes " + r.name + ".exp():\nauto scale = " + r.name +
-            ".clamp_max(std::log(100.0)).exp();";
-    s.untried = true;
+    return s;
+  }
+  return std::nullopt;
+}
+
+std::optional<Suggestion> exp_factor_bound(const std::string& module, const std::string& detail) {
+  for (const Read& r : parse(detail)) {
+    if (!r.one_value || r.reader != "Exp" || !(std::exp(r.value) > kClipBound)) continue;
+    Suggestion s = clamp_before_exp(r.name);
+    s.summary = "Bound " + r.name + " before its exp(): the code after " + module + " reads it through exp(), and "
+                "at " + three_digits(r.value) + " exp() gives " + three_digits(std::exp(r.value)) + ", which enlarges "
+                "the gradient that code sends back into " + module + " as much. Clamp it (CLIP clamps its temperature "
+                "at ln(100), a scale of 100, which the loss scale absorbs): in the model's forward(), or after each "
+                "optimizer step where the forward() is not yours to edit.";
     return s;
   }
   return std::nullopt;

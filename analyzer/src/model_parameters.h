@@ -28,4 +28,10 @@ std::vector<Read> parse(const std::string& detail);
 // run's largest finite value; none where no parameter does.
 std::optional<Suggestion> exp_bound(const Run& run, const std::string& detail);
 
+// The fix that bounds the first one-value parameter read by Exp, in the code after `module`
+// that sent NaN/Inf back into it (event "output-parameters"), whose exp() passes CLIP's bound
+// of 100: a factor that large on the gradient that code sends back brings the loss scale
+// down by as much. None where no parameter does.
+std::optional<Suggestion> exp_factor_bound(const std::string& module, const std::string& detail);
+
 }  // namespace ampdiag::analyzer::model_parameters

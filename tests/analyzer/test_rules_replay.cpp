@@ -137,7 +137,10 @@ TEST_CASE("a parameter whose exp() passes fp16's range by itself is bounded firs
   CHECK_THAT(fw->suggestions[0].summary, Catch::StartsWith("Bound logit_scale before its exp(): at 14.3, exp() gives "
                                                            "1.61e+06, beyond fp16's largest value (65504)"));
   CHECK(fw->suggestions[0].python == "# in the model's forward(), where it takes logit_scale.exp():\n"
-                                     "scale = self.logit_scale.clamp(max=math.log(100)).exp()");
+                                     "scale = self.logit_scale.clamp(max=math.log(100)).exp()\n"
+                                     "# or, where the forward() is not yours to edit, after each optimizer step:\n"
+                                     "with torch.no_grad():\n"
+                                     "    model.logit_scale.clamp_(max=math.log(100))");
   CHECK(fw->suggestions[0].untried);
   CHECK_THAT(fw->suggestions[1].summary, Catch::StartsWith("Run the model's own code after"));
 }

@@ -138,8 +138,9 @@ def test_a_learnt_temperature_whose_exp_overflows_the_similarities_backward_is_t
     assert top["module"] in ("image.2", "text.2")
     assert "it reads the model's own logit_scale: 11.5 (float32, 1 value), read by Exp" in top["evidence"]
     fixes = [s["summary"] for s in top["suggestions"]]
-    assert fixes[0].startswith("Bound logit_scale: the code after " + top["module"] + " reads it through exp()"), fixes
-    assert "math.log(100)" in top["suggestions"][0]["python"]
+    assert fixes[0].startswith("Bound logit_scale before its exp(): the code after " + top["module"] +
+                               " reads it through exp()"), fixes
+    assert "self.logit_scale.clamp(max=math.log(100)).exp()" in top["suggestions"][0]["python"]
     # The Mul by the temperature made them, after the Mm: traced at a later step.
     assert fixes[1].startswith(f"Run the model's own code that uses {top['module']}'s output in FP32: Mul's fp16 "
                                "backward made the NaN/Inf, after Mm"), fixes
