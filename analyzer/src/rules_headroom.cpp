@@ -398,7 +398,21 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
       // exactly zero at 32768, while the head's gradients leave room for 65536 only).
       const bool zeros_stay = room.layer && !no_room && mean_zero > t.underflow_fraction &&
                               room.scale <= std::ldexp(lowest_scale, 10);
-      if (room.layer && (no_room || zeros_stay || reach * reach <= 1.0 - t.underflow_fraction)) {
+      // Steps it already ran at the largest scale the room allows, and still underflowed: a
+      // run that started there has tried the fix (CaiT's attention projections, 82 % zero or
+      // subnormal, at 65536 for their first 13 steps).
+      const double room_scale = room.layer ? std::exp2(std::floor(std::log2(room.scale))) : INFINITY;
+      double tried_share = 0.0;
+      std::int64_t tried = 0;
+      for (const auto& s : layer.samples) {
+        const auto at = scale_at.find(s.step);
+        if (s.nonfinite || at == scale_at.end() || at->second < room_scale) continue;
+        tried_share += double(s.zero_q) / 65535.0 + double(s.sub_q) / 255.0;
+        ++tried;
+      }
+      const bool tried_there = room.layer && !no_room && !zeros_stay && tried >= 3 &&
+                               tried_share / double(tried) > t.underflow_fraction;
+      if (room.layer && (no_room || zeros_stay || tried_there || reach * reach <= 1.0 - t.underflow_fraction)) {
         const std::string top = std::to_string(std::lround(run.fp_max));
         f.title = layer.info.name + ": most of its gradient is below fp16's normal range, and no loss scale lifts it "
                   "without " + room.layer->info.name + " overflowing";
@@ -409,6 +423,11 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
                                      power_of_two(room.scale) + ", the largest scale at which " +
                                      room.layer->info.name + "'s recorded gradients stay within " + top +
                                      ", they stay below fp16's normal range"
+                      : tried_there ? "; it ran " + plural(tried, "sampled step") + " at " + power_of_two(room_scale) +
+                                          " or above, the largest scale at which " + room.layer->info.name +
+                                          "'s recorded gradients stay within " + top + ", with " +
+                                          pct(tried_share / double(tried)) + " of its values still zero or "
+                                          "fp16-subnormal there"
                               : "; at " + power_of_two(room.scale) + ", the largest scale at which " +
                                     room.layer->info.name + "'s recorded gradients stay within " + top +
                                     ", its typical RMS (" + fmt(typical) + " unscaled) leaves at most " +

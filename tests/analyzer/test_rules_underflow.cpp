@@ -338,3 +338,23 @@ TEST_CASE("a gradient mostly subnormal with the same little room is still told t
   REQUIRE_FALSE(u.suggestions.empty());
   CHECK_THAT(u.suggestions.front().summary, Catch::StartsWith("Let the scale grow"));
 }
+
+TEST_CASE("a gradient that underflowed at the largest scale the room allows is not told to let the scale grow",
+          "[rules]") {
+  // CaiT's attention projections: 80 % zero or subnormal at 65536, their run's first scale,
+  // and after one skip at 32768, where the head's gradients leave room for 65536 only.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"head.weight", "blk.weight"});
+  f.zeros_fraction("blk.weight", 0.3, 0.5).absmax_times("blk.weight", 1e-6);
+  for (int i = 0; i < 5; ++i) f.step(65536, 65536, 60000);
+  for (int i = 0; i < 5; ++i) f.step(32768, 32768, 30000);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& u = required(r, "underflow");
+  CHECK_THAT(u.title, Catch::EndsWith("no loss scale lifts it without head.weight overflowing"));
+  CHECK_THAT(u.evidence, Catch::Contains("it ran 5 sampled steps at 2**16 or above, the largest scale at which "
+                                         "head.weight's recorded gradients stay within 65504, with 80% of its values "
+                                         "still zero or fp16-subnormal there"));
+  REQUIRE(u.suggestions.size() == 1);
+  CHECK_THAT(u.suggestions.front().summary, Catch::StartsWith("Train in bfloat16"));
+}
