@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "ampdiag/rundb/module_paths.h"
 #include "overflow_events.h"
 #include "rules.h"
 #include "suggestions.h"
@@ -212,6 +213,45 @@ double input_rms(const Run& run, const LayerSummary& weight) {
   return module->output_rms_sum / double(module->output_rms_rows) / (std::sqrt(fan_in) * sum / double(rows));
 }
 
+// The layer scales (a learnt per-channel factor on a residual branch: CaiT's gamma_1, timm's
+// ls1.gamma, ConvNeXt's layer_scale_parameter) of the block holding `layer` whose values
+// started below 1e-3 per element: the branch's gradients are about that much smaller until
+// they grow. "blocks.1.gamma_1 or blocks.1.gamma_2, layer scales that started at about
+// 1e-05 per element"; empty where there is none.
+std::string small_layer_scales(const Run& run, const LayerSummary& layer) {
+  std::map<std::int64_t, const rundb::WeightNormRow*> first;  // by layer id
+  for (const auto& w : run.weight_norms) {
+    auto& at = first[w.layer_id];
+    if (at == nullptr || w.step < at->step) at = &w;
+  }
+  std::vector<std::string> names;
+  double largest = 0.0;
+  for (const auto& [id, w] : first) {
+    if (id < 0 || std::size_t(id) >= run.layers.size()) continue;
+    const rundb::LayerRow& p = run.layers[std::size_t(id)].info;
+    const std::string last = p.name.substr(p.name.rfind('.') + 1);
+    const bool layer_scale = p.module_type == "LayerScale";
+    if (dims_of(p.shape).size() != 1 || p.numel < 2 ||
+        !(layer_scale || last.find("gamma") != std::string::npos || last.find("scale") != std::string::npos))
+      continue;
+    const double rms = w->l2 / std::sqrt(double(p.numel));
+    // Its block: the module holding it, or a LayerScale module's parent.
+    const std::string block = layer_scale ? p.module_path.substr(0, p.module_path.rfind('.') == std::string::npos
+                                                                        ? 0 : p.module_path.rfind('.'))
+                                          : p.module_path;
+    if (!(rms > 0.0) || rms >= 1e-3 || block.empty() || !rundb::within(layer.info.module_path, block) ||
+        layer.info.module_path == p.module_path)
+      continue;
+    names.push_back(p.name);
+    largest = std::max(largest, rms);
+  }
+  if (names.empty()) return "";
+  std::string joined;
+  for (std::size_t i = 0; i < names.size() && i < 3; ++i) joined += (i ? " or " : "") + names[i];
+  return joined + (names.size() == 1 ? ", a layer scale that" : ", layer scales that") +
+         " started at about " + fmt(largest) + " per element";
+}
+
 // The largest loss scale at which none of a layer's recorded finite gradients would have
 // passed fp16's top, and that layer; infinite where there is none.
 struct ScaleRoom {
@@ -366,6 +406,9 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
     f.title = layer.info.name + ": most of its gradient is zero or below fp16's normal range at the current scale";
     f.evidence = "on average " + pct(mean) + " of its values were zero (" + pct(mean_zero) + ") or fp16-subnormal (" +
                  pct(mean_sub) + ") over " + plural(finite, "sampled step");
+    if (const std::string scales = small_layer_scales(run, layer); !scales.empty())
+      f.evidence += "; its block scales its branch by " + scales + ": the branch's gradients are about that much "
+                    "smaller until they grow";
     f.steps.push_back(first);
     if (!run.has_scaler()) {
       f.suggestions.push_back(suggest::add_scaler(run));

@@ -358,3 +358,41 @@ TEST_CASE("a gradient that underflowed at the largest scale the room allows is n
   REQUIRE(u.suggestions.size() == 1);
   CHECK_THAT(u.suggestions.front().summary, Catch::StartsWith("Train in bfloat16"));
 }
+
+namespace {
+
+// blocks.1.attn.qkv.weight's gradients 10 % zero and 70 % fp16-subnormal, in a block with
+// the per-channel factor `scale_name` ([64], of module type `type`) at `value` per element.
+Report behind_a_layer_scale(const TempDir& dir, const std::string& scale_name, const std::string& type, double value) {
+  RunFixture f(dir.file("run.db"), {"head.weight", "blocks.1.attn.qkv.weight", scale_name}, 0, 1, "float32",
+               {{scale_name, type}}, {{scale_name, {64}}});
+  f.zeros_fraction("blocks.1.attn.qkv.weight", 0.1, 0.7);
+  for (int i = 0; i < 10; ++i) f.weight_norm(scale_name, value * 8).step(65536, 65536, 1000);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("an underflow behind a small layer scale of its block names that scale", "[rules]") {
+  // CaiT's blocks scale each branch by gamma_1 or gamma_2, 1e-5 per element at the start.
+  TempDir dir;
+  const Report r = behind_a_layer_scale(dir, "blocks.1.gamma_1", "Block", 1e-5);
+  const Finding& u = required(r, "underflow");
+  CHECK_THAT(u.evidence, Catch::Contains("; its block scales its branch by blocks.1.gamma_1, a layer scale that "
+                                         "started at about 1e-05 per element: the branch's gradients are about that "
+                                         "much smaller until they grow"));
+}
+
+TEST_CASE("a LayerScale module beside the underflowing layer is its block's scale too", "[rules]") {
+  // timm's ViT: blocks.1.ls1 (LayerScale) holds gamma, beside blocks.1.attn.
+  TempDir dir;
+  const Report r = behind_a_layer_scale(dir, "blocks.1.ls1.gamma", "LayerScale", 1e-5);
+  CHECK_THAT(required(r, "underflow").evidence, Catch::Contains("its block scales its branch by blocks.1.ls1.gamma"));
+}
+
+TEST_CASE("a layer scale of its block that is not small is not named", "[rules]") {
+  TempDir dir;
+  const Report r = behind_a_layer_scale(dir, "blocks.1.gamma_1", "Block", 0.1);
+  CHECK_THAT(required(r, "underflow").evidence, !Catch::Contains("layer scale"));
+}
