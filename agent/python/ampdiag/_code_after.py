@@ -123,7 +123,9 @@ class CodeAfter:
 
 def _nonfinite(session, grads) -> bool:
     for g in grads:
-        if g is not None and g.is_cpu and g.is_floating_point() and holds_nonfinite(session, g):
+        # (A sparse gradient, an embedding's with sparse=True, is not looked at.)
+        if (g is not None and g.is_cpu and g.layout is torch.strided and g.is_floating_point()
+                and holds_nonfinite(session, g)):
             return True
     return False
 
