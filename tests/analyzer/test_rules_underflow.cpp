@@ -361,12 +361,14 @@ TEST_CASE("a gradient that underflowed at the largest scale the room allows is n
 
 namespace {
 
-// blocks.1.attn.qkv.weight's gradients 10 % zero and 70 % fp16-subnormal, in a block with
-// the per-channel factor `scale_name` ([64], of module type `type`) at `value` per element.
-Report behind_a_layer_scale(const TempDir& dir, const std::string& scale_name, const std::string& type, double value) {
+// blocks.1.attn.qkv.weight's gradients `zeros` exactly zero and `subnormal` fp16-subnormal, in a
+// block with the per-channel factor `scale_name` ([64], of module type `type`) at `value` per
+// element.
+Report behind_a_layer_scale(const TempDir& dir, const std::string& scale_name, const std::string& type, double value,
+                            double zeros = 0.1, double subnormal = 0.7) {
   RunFixture f(dir.file("run.db"), {"head.weight", "blocks.1.attn.qkv.weight", scale_name}, 0, 1, "float32",
                {{scale_name, type}}, {{scale_name, {64}}});
-  f.zeros_fraction("blocks.1.attn.qkv.weight", 0.1, 0.7);
+  f.zeros_fraction("blocks.1.attn.qkv.weight", zeros, subnormal);
   for (int i = 0; i < 10; ++i) f.weight_norm(scale_name, value * 8).step(65536, 65536, 1000);
   f.finish();
   return report_of(dir.file("run.db"));
@@ -395,4 +397,23 @@ TEST_CASE("a layer scale of its block that is not small is not named", "[rules]"
   TempDir dir;
   const Report r = behind_a_layer_scale(dir, "blocks.1.gamma_1", "Block", 0.1);
   CHECK_THAT(required(r, "underflow").evidence, !Catch::Contains("layer scale"));
+}
+
+TEST_CASE("exact zeros behind a small layer scale are an underflow, not zeros in any precision", "[rules]") {
+  // CaiT's qkv bias: the query and key thirds exactly zero (the branch scaled by 1e-5, flushed
+  // by fp16), the value third in range.
+  TempDir dir;
+  const Report r = behind_a_layer_scale(dir, "blocks.1.gamma_1", "Block", 1e-5, 0.67, 0.02);
+  const Finding& u = required(r, "underflow");
+  CHECK(u.severity == Severity::kWarning);
+  CHECK_THAT(u.title, !Catch::Contains("exact zeros that the loss scale does not make"));
+  CHECK_THAT(u.evidence, Catch::Contains("its block scales its branch by blocks.1.gamma_1"));
+}
+
+TEST_CASE("the same exact zeros beside a layer scale that is not small stay information", "[rules]") {
+  TempDir dir;
+  const Report r = behind_a_layer_scale(dir, "blocks.1.gamma_1", "Block", 0.1, 0.67, 0.02);
+  const Finding& u = required(r, "underflow");
+  CHECK(u.severity == Severity::kInfo);
+  CHECK_THAT(u.title, Catch::Contains("exact zeros that the loss scale does not make"));
 }
