@@ -315,6 +315,7 @@ void Agent::Impl::on_scale(const at::Tensor& outputs) {
   // Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
   if (scaler_ && outputs.scalar_type() == at::kHalf)  // without a scaler no scale is multiplied in
     session_.event_once("half-loss", "half-loss", "scaler.scale() received a float16 loss");
+  if (options_.replay) entries_.loss(outputs);
   if (!fp32_gradients_read_ && outputs.grad_fn()) {
     fp32_gradients_read_ = true;
     if (const auto graph = agent::gradient_graph(outputs, named_params_))

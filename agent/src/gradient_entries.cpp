@@ -8,6 +8,7 @@ namespace ampdiag::agent {
 
 void GradientEntries::output(const std::string& path, const at::Tensor& y) {
   senders_.output(path, y);
+  code_after_.output(path, y);
   if (!core_.armed() || !y.defined() || !y.requires_grad() || !y.device().is_cpu() || !at::GradMode::is_enabled())
     return;
   const std::vector<EntryWatches::Watch>& watches = core_.watches();
@@ -16,9 +17,13 @@ void GradientEntries::output(const std::string& path, const at::Tensor& y) {
     if (look.hooked || watches[k].done || watches[k].path != path) continue;
     look.hooked = true;
     std::shared_ptr<std::atomic<int>> reached = look.reached;
-    y.register_hook([reached](const at::Tensor& grad) {
+    // The named module's (the first watch): where NaN/Inf reached it, the code after it is read.
+    std::function<void(const at::Tensor&)> read = k == 0 ? code_after_.on_gradient(path, y) : nullptr;
+    y.register_hook([reached, read](const at::Tensor& grad) {
       if (!grad.defined() || !grad.device().is_cpu() || reached->load() == EntryWatches::kNonfinite) return;
-      reached->store(at::isfinite(grad).all().item<bool>() ? EntryWatches::kFinite : EntryWatches::kNonfinite);
+      const bool finite = at::isfinite(grad).all().item<bool>();
+      reached->store(finite ? EntryWatches::kFinite : EntryWatches::kNonfinite);
+      if (!finite && read) read(grad);
     });
   }
 }
@@ -41,6 +46,7 @@ std::vector<EntryWatches::Event> GradientEntries::step_ended(const std::string& 
   if (paths() != before) looks_ = std::vector<Look>(core_.watches().size());
   if (!ended.nonfinite.empty()) senders_.arm(ended.nonfinite);
   for (auto& e : ended.events) events.push_back(std::move(e));
+  for (auto& e : code_after_.step_ended()) events.push_back(std::move(e));
   return events;
 }
 

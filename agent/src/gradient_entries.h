@@ -5,6 +5,7 @@
 // the look for the module that sent them (gradient_senders.h).
 #pragma once
 
+#include "code_after.h"
 #include "entry_watches.h"
 #include "gradient_senders.h"
 
@@ -26,6 +27,8 @@ class GradientEntries {
   // output after (GradientSenders::input, returned).
   at::Tensor input(const std::string& path, const at::Tensor& x) { return senders_.input(path, x); }
   void returned(const at::Tensor& y) { senders_.returned(y); }
+  // scaler.scale()'s input: where the code after the named module is read (code_after.h).
+  void loss(const at::Tensor& loss) { code_after_.loss(loss); }
   // As a host step ends (see EntryWatches::step_ended): the events to write, the sender look's first.
   std::vector<EntryWatches::Event> step_ended(const std::string& named, const std::vector<std::string>& others);
 
@@ -41,6 +44,7 @@ class GradientEntries {
   EntryWatches core_;
   std::vector<Look> looks_;  // one per core_.watches(), in its order
   GradientSenders senders_;
+  CodeAfter code_after_;  // the code after the named module, where it received NaN/Inf
 };
 
 }  // namespace ampdiag::agent

@@ -25,7 +25,9 @@ std::string generated_op(const Node& node) {
   return numbered ? name.substr(0, at) : "";
 }
 
-std::string received(const Node& node) {
+}  // namespace
+
+std::string made_dtype(const Node& node) {
   if (node.num_inputs() == 0) return "?";
   const at::ScalarType dtype = c10::typeMetaToScalarType(node.input_metadata(0).options().dtype());
   switch (dtype) {
@@ -36,8 +38,6 @@ std::string received(const Node& node) {
     default: return "?";
   }
 }
-
-}  // namespace
 
 std::optional<GradientGraph> gradient_graph(const at::Tensor& loss,
                                             const std::vector<std::pair<std::string, at::Tensor>>& named,
@@ -50,7 +50,7 @@ std::optional<GradientGraph> gradient_graph(const at::Tensor& loss,
     const auto [it, added] = index.emplace(node, graph.ops.size());
     if (added) {
       graph.ops.push_back(generated_op(*node));
-      graph.received.push_back(received(*node));
+      graph.received.push_back(made_dtype(*node));
     }
     return std::make_pair(it->second, added);
   };

@@ -12,7 +12,15 @@
 
 #include "fp32_gradients.h"  // the core's (agent/core)
 
+namespace torch::autograd {
+struct Node;
+}
+
 namespace ampdiag::agent {
+
+// The dtype of the tensor `node` made in forward ("float32"; "?" where it does not say), as
+// the Python agent's made_dtype().
+std::string made_dtype(const torch::autograd::Node& node);
 
 // The graph under `loss`, its parts handed to the parameters in `named`; nullopt where it has
 // more than `walk_nodes` nodes.

@@ -1,0 +1,197 @@
+#include "code_after.h"
+
+#include <ATen/ops/isfinite.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "gradient_graph.h"
+
+namespace ampdiag::agent {
+
+using torch::autograd::Node;
+
+namespace {
+
+// "Mm" for "MmBackward0", as the Python agent's op_name(); other nodes by their own name.
+std::string op_name(const Node& node) {
+  std::string name = node.name();
+  if (const std::size_t colon = name.rfind("::"); colon != std::string::npos) name.erase(0, colon + 2);
+  std::size_t end = name.size();
+  while (end > 0 && std::isdigit(static_cast<unsigned char>(name[end - 1])) != 0) --end;
+  if (end >= 8 && name.compare(end - 8, 8, "Backward") == 0 && end > 8) name.erase(end - 8);
+  return name;
+}
+
+// The nodes on a path from `top` (the loss's) down to `target` (a module output's), in forward
+// order (nearest the output first); empty where none joins them or the walk passes `limit`.
+std::vector<Node*> path_nodes(Node* top, const Node* target, std::size_t limit) {
+  std::vector<Node*> order;
+  if (top == nullptr || target == nullptr || top == target) return order;
+  std::unordered_map<const Node*, bool> on_path;  // whether target is reached through it
+  std::vector<std::pair<Node*, bool>> stack{{top, false}};
+  std::size_t visited = 0;
+  while (!stack.empty()) {
+    auto [node, expanded] = stack.back();
+    stack.pop_back();
+    if (expanded) {
+      bool reached = false;
+      for (const auto& edge : node->next_edges()) {
+        const Node* child = edge.function.get();
+        if (child == target || (child != nullptr && on_path[child])) reached = true;
+      }
+      on_path[node] = reached;
+      if (reached) order.push_back(node);  // children first: forward order
+      continue;
+    }
+    if (on_path.count(node) > 0) continue;
+    if (++visited > limit) return {};
+    on_path[node] = false;  // in progress
+    stack.push_back({node, true});
+    for (const auto& edge : node->next_edges()) {
+      Node* child = edge.function.get();
+      if (child != nullptr && child != target && on_path.count(child) == 0) stack.push_back({child, false});
+    }
+  }
+  return order;
+}
+
+std::string described(const std::vector<Node*>& nodes) {
+  std::string out;
+  for (std::size_t i = 0; i < nodes.size() && i < CodeAfter::kNamed; ++i)
+    out += (i ? ", " : "") + op_name(*nodes[i]) + ":" + made_dtype(*nodes[i]);
+  return out;
+}
+
+bool any_nonfinite(const torch::autograd::variable_list& grads) {
+  for (const auto& g : grads)
+    if (g.defined() && g.device().is_cpu() && g.layout() == at::kStrided && at::isFloatingType(g.scalar_type()) &&
+        !at::isfinite(g).all().item<bool>())
+      return true;
+  return false;
+}
+
+}  // namespace
+
+struct CodeAfter::Shared {
+  std::mutex mutex;
+  c10::intrusive_ptr<Node> loss;    // this step's
+  std::set<std::string> read;     // modules whose code was read
+  std::string tracing;            // the module whose code's origin a later backward looks for
+  int left = 0;                   // steps that trace has left
+  c10::intrusive_ptr<Node> output;  // this step's output node of the traced module
+  std::vector<c10::intrusive_ptr<Node>> nodes;          // this step's traced nodes
+  std::vector<std::pair<Node*, std::uintptr_t>> hooks;  // with their hooks' keys
+  std::atomic<int> origin{-1};    // index in nodes of the one that made them
+  std::vector<EntryWatches::Event> events;
+};
+
+namespace {
+
+struct OriginHook : torch::autograd::FunctionPostHook {
+  OriginHook(std::shared_ptr<std::atomic<int>> origin, int index) : origin_(std::move(origin)), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& inputs) override {
+    if (origin_->load() < 0 && any_nonfinite(outputs) && !any_nonfinite(inputs)) {
+      int none = -1;
+      origin_->compare_exchange_strong(none, index_);
+    }
+    return outputs;
+  }
+
+ private:
+  std::shared_ptr<std::atomic<int>> origin_;
+  int index_;
+};
+
+}  // namespace
+
+CodeAfter::CodeAfter() : shared_(std::make_shared<Shared>()) {}
+
+CodeAfter::~CodeAfter() { step_ended(); }
+
+void CodeAfter::loss(const at::Tensor& loss) {
+  Shared& s = *shared_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.loss = loss.grad_fn();
+  if (s.tracing.empty() || !s.output || !s.hooks.empty() || !s.loss) return;
+  const std::vector<Node*> nodes = path_nodes(s.loss.get(), s.output.get(), kWalkNodes);
+  if (nodes.empty() || nodes.size() > kTraceNodes) return;
+  s.origin = -1;
+  // The index lands in a counter each hook shares; the Shared one is read as the step ends.
+  auto origin = std::shared_ptr<std::atomic<int>>(shared_, &s.origin);
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    s.nodes.push_back(nodes[i]->getptr());
+    s.hooks.emplace_back(nodes[i], nodes[i]->add_post_hook(std::make_unique<OriginHook>(origin, int(i))));
+  }
+}
+
+void CodeAfter::output(const std::string& path, const at::Tensor& y) {
+  Shared& s = *shared_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.tracing == path && !s.output && y.defined() && y.device().is_cpu() && y.grad_fn()) s.output = y.grad_fn();
+}
+
+std::function<void(const at::Tensor&)> CodeAfter::on_gradient(const std::string& path, const at::Tensor& y) {
+  c10::weak_intrusive_ptr<Node> node(y.grad_fn());  // weak: the hook lives in that node's graph
+  return [shared = shared_, path, node](const at::Tensor&) {
+    Shared& s = *shared;
+    std::lock_guard<std::mutex> lock(s.mutex);
+    const c10::intrusive_ptr<Node> target = node.lock();
+    if (!target || !s.loss || s.read.count(path) > 0 || s.read.size() >= std::size_t(kLooks)) return;
+    s.read.insert(path);
+    const std::vector<Node*> nodes = path_nodes(s.loss.get(), target.get(), kWalkNodes);
+    if (nodes.empty()) return;
+    s.events.push_back({"output-code", path + ": " + described(nodes)});
+    if (s.tracing.empty()) {
+      s.tracing = path;
+      s.left = kTraceSteps;
+    }
+  };
+}
+
+std::vector<EntryWatches::Event> CodeAfter::step_ended() {
+  Shared& s = *shared_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  for (const auto& [node, key] : s.hooks) node->del_post_hook(key);
+  const int origin = s.hooks.empty() ? -1 : s.origin.load();
+  if (!s.tracing.empty()) {
+    --s.left;
+    if (origin >= 0) {
+      // The traced nodes under the one that made them: those between the output and it.
+      const Node* made = s.nodes[std::size_t(origin)].get();
+      std::unordered_set<const Node*> under, in_code;
+      for (const auto& n : s.nodes) in_code.insert(n.get());
+      std::vector<const Node*> todo{made};
+      while (!todo.empty()) {
+        const Node* n = todo.back();
+        todo.pop_back();
+        for (const auto& edge : n->next_edges())
+          if (edge.function && in_code.count(edge.function.get()) > 0 && under.insert(edge.function.get()).second)
+            todo.push_back(edge.function.get());
+      }
+      std::vector<Node*> between;
+      for (const auto& n : s.nodes)
+        if (under.count(n.get()) > 0) between.push_back(n.get());
+      between.push_back(s.nodes[std::size_t(origin)].get());
+      s.events.push_back({"output-code-origin", s.tracing + ": " + described(between)});
+    }
+    if (origin >= 0 || s.left <= 0) s.tracing.clear();
+  }
+  s.hooks.clear();
+  s.nodes.clear();
+  s.output.reset();
+  s.loss.reset();
+  std::vector<EntryWatches::Event> events;
+  events.swap(s.events);
+  return events;
+}
+
+}  // namespace ampdiag::agent

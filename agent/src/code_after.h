@@ -1,0 +1,53 @@
+// The C++ agent's reading of the code after the module a skip names, as the Python agent's
+// _code_after.py (where the events are explained): where the gradient reaching that module's
+// output holds NaN/Inf, the operations from its output to the loss (event "output-code"),
+// and, at a later step, the first of them whose backward sent NaN/Inf back from finite
+// gradients, with those between the output and it ("output-code-origin"). The analyzer then
+// tells a pin that stops at a matmul autocast keeps in fp16 from one that keeps the gradient
+// in FP32. The model's own parameters beside that code ("output-parameters") are the Python
+// agent's alone. Host tensors only.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "entry_watches.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace ampdiag::agent {
+
+class CodeAfter {
+ public:
+  static constexpr int kLooks = 4;             // modules whose code after them is read, a run
+  static constexpr std::size_t kWalkNodes = 4096;
+  static constexpr std::size_t kTraceNodes = 1024;  // a longer code is not traced
+  static constexpr int kTraceSteps = 64;       // steps a trace waits for a backward that makes NaN/Inf there
+  static constexpr std::size_t kNamed = 32;    // operations an event names
+
+  CodeAfter();
+  ~CodeAfter();
+
+  // scaler.scale()'s input this step: the code after the traced module is hooked, if its
+  // output was seen this step.
+  void loss(const at::Tensor& loss);
+  // A probed module's output in a training forward: the traced module's is kept for the step.
+  void output(const std::string& path, const at::Tensor& y);
+  // A hook for the gradient reaching module `path`'s output (the named module's): where it
+  // holds NaN/Inf, that code is read (in backward, names and dtypes only).
+  std::function<void(const at::Tensor&)> on_gradient(const std::string& path, const at::Tensor& y);
+  // As a host step ends: the events to write; the step's hooks removed.
+  std::vector<EntryWatches::Event> step_ended();
+
+ private:
+  struct Shared;
+  std::shared_ptr<Shared> shared_;  // with the hooks in the graph, which may outlive a step
+};
+
+}  // namespace ampdiag::agent

@@ -1,0 +1,100 @@
+// The C++ agent's reading of the code after the module a skip names (agent/src/code_after.h),
+// as the Python agent's: the operations from its output to the loss (event "output-code") and
+// the first of them whose backward made the NaN/Inf ("output-code-origin"), which the report
+// follows to tell a pin that stops at a matmul autocast keeps in fp16 from one that helps.
+#include "../catch_with_torch.h"
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../rundb/temp_dir.h"
+#include "ampdiag/analyzer/analyze.h"
+#include "ampdiag/analyzer/run.h"
+#include "tiny_training.h"
+
+using namespace ampdiag;
+using namespace ampdiag::test;
+
+namespace {
+
+using LossOfOutputs = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
+using AfterA = std::function<torch::Tensor(const torch::Tensor&)>;
+
+// 24 steps of TinyNet's a, b and c run through agent.forward() under fp16 autocast: the model's
+// own code `after_a` on a's output, b on that, and the loss `loss_of(a's output, b's output)`,
+// or where none is given, c's output on relu(b's) squared and averaged.
+std::string run_code_after(const TempDir& dir, const LossOfOutputs& loss_of, const AfterA& after_a = nullptr) {
+  torch::manual_seed(0);
+  TinyNet net;
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(1e-4));
+  GradScaler scaler;
+  {
+    Agent agent(*net, scaler, options_for(dir.file("run.db")));
+    amp_steps(24, optimizer, scaler, [&](int) {
+      const auto x = agent.input("x", torch::randn({64, 16}));
+      const auto a = agent.forward("a", net->a, x);
+      const auto b = agent.forward("b", net->b, after_a ? after_a(a) : a);
+      if (loss_of) return loss_of(a, b);
+      return agent.forward("c", net->c, torch::relu(b)).to(torch::kFloat).pow(2).mean();
+    });
+  }
+  return dir.file("run.db");
+}
+
+// Two embeddings' similarities times a temperature of 98716 (CLIP's exp(11.5)), their
+// cross-entropy: the Mul after the Mm overflows the gradient it sends back in fp16.
+torch::Tensor similarities_loss(const torch::Tensor& a, const torch::Tensor& b) {
+  namespace F = torch::nn::functional;
+  const auto za = F::normalize(a, F::NormalizeFuncOptions().dim(1));
+  const auto zb = F::normalize(b, F::NormalizeFuncOptions().dim(1));
+  return F::cross_entropy((za.mm(zb.t()) * 98716.0).to(torch::kFloat), torch::arange(64));
+}
+
+const analyzer::Finding& overflow_origin_of(const analyzer::Report& report) {
+  const auto f = std::find_if(report.findings.begin(), report.findings.end(),
+                              [](const analyzer::Finding& x) { return x.rule == "overflow-origin"; });
+  REQUIRE(f != report.findings.end());
+  return *f;
+}
+
+}  // namespace
+
+TEST_CASE("the code after a module is read where NaN/Inf reaches its output", "[agent][code-after]") {
+  TempDir dir;
+  const std::string db = run_code_after(dir, similarities_loss);
+  const std::vector<std::string> code = event_details(db, "output-code");
+  REQUIRE(code.size() == 1);
+  CHECK_THAT(code[0], Catch::Matches("[ab]: .*Mm:float16, Mul:float16, .*"));
+}
+
+TEST_CASE("the first operation of that code whose backward made them is traced at a later skip",
+          "[agent][code-after]") {
+  TempDir dir;
+  const std::string db = run_code_after(dir, similarities_loss);
+  const std::vector<std::string> origin = event_details(db, "output-code-origin");
+  REQUIRE(origin.size() == 1);
+  CHECK_THAT(origin[0], Catch::EndsWith("Mm:float16, Mul:float16"));
+  // The report then gives that code in FP32, not the module's pin alone.
+  const auto report = analyzer::analyze({analyzer::load_run(db)});
+  const analyzer::Finding& o = overflow_origin_of(report);
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::Contains("Mul's fp16 backward made the NaN/Inf, after Mm"));
+}
+
+TEST_CASE("a gain after a module, before any matmul, keeps the module's pin first", "[agent][code-after]") {
+  // a's output divided, then multiplied by 3e6 in fp16 (test_agent_gradient_entry.cpp's gain,
+  // a thousand times over, so that the scale collapses): the Mul's backward overflows what b's
+  // backward sends, and pinned, a's float32 output keeps it in float32.
+  TempDir dir;
+  const std::string db =
+      run_code_after(dir, nullptr, [](const torch::Tensor& h) { return (h / 3e6) * 3e6; });
+  const std::vector<std::string> origin = event_details(db, "output-code-origin");
+  REQUIRE(origin.size() == 1);
+  CHECK(origin[0] == "a: Div:float16, Mul:float16");
+  const auto report = analyzer::analyze({analyzer::load_run(db)});
+  const analyzer::Finding& o = overflow_origin_of(report);
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run a in FP32 (pinned"));
+}
