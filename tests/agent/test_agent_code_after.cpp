@@ -26,20 +26,13 @@ using AfterA = std::function<torch::Tensor(const torch::Tensor&)>;
 // own code `after_a` on a's output, b on that, and the loss `loss_of(a's output, b's output)`,
 // or where none is given, c's output on relu(b's) squared and averaged.
 std::string run_code_after(const TempDir& dir, const LossOfOutputs& loss_of, const AfterA& after_a = nullptr) {
-  torch::manual_seed(0);
-  TinyNet net;
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(1e-4));
-  GradScaler scaler;
-  {
-    Agent agent(*net, scaler, options_for(dir.file("run.db")));
-    amp_steps(24, optimizer, scaler, [&](int) {
-      const auto x = agent.input("x", torch::randn({64, 16}));
-      const auto a = agent.forward("a", net->a, x);
-      const auto b = agent.forward("b", net->b, after_a ? after_a(a) : a);
-      if (loss_of) return loss_of(a, b);
-      return agent.forward("c", net->c, torch::relu(b)).to(torch::kFloat).pow(2).mean();
-    });
-  }
+  tiny_agent_steps(dir.file("run.db"), 24, [&](Agent& agent, TinyNet& net) {
+    const auto x = agent.input("x", torch::randn({64, 16}));
+    const auto a = agent.forward("a", net->a, x);
+    const auto b = agent.forward("b", net->b, after_a ? after_a(a) : a);
+    if (loss_of) return loss_of(a, b);
+    return agent.forward("c", net->c, torch::relu(b)).to(torch::kFloat).pow(2).mean();
+  });
   return dir.file("run.db");
 }
 

@@ -28,19 +28,12 @@ torch::Tensor same(const torch::Tensor& h) { return h; }
 // output squared (`linear`: c's output) and averaged; the details of the run's events of `kind`.
 std::vector<std::string> entries_of(const TempDir& dir, const Code& after_a, const Code& before_c, bool linear = false,
                                     const std::string& kind = "module-output-gradient") {
-  torch::manual_seed(0);
-  TinyNet net;
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(1e-4));
-  GradScaler scaler;
-  {
-    Agent agent(*net, scaler, options_for(dir.file("run.db")));
-    amp_steps(24, optimizer, scaler, [&](int) {
-      const auto x = agent.input("x", torch::randn({64, 16}));
-      const auto h = after_a(agent.forward("a", net->a, x));
-      const auto y = agent.forward("c", net->c, before_c(torch::relu(agent.forward("b", net->b, h))));
-      return linear ? y.to(torch::kFloat).mean() : y.to(torch::kFloat).pow(2).mean();
-    });
-  }
+  tiny_agent_steps(dir.file("run.db"), 24, [&](Agent& agent, TinyNet& net) {
+    const auto x = agent.input("x", torch::randn({64, 16}));
+    const auto h = after_a(agent.forward("a", net->a, x));
+    const auto y = agent.forward("c", net->c, before_c(torch::relu(agent.forward("b", net->b, h))));
+    return linear ? y.to(torch::kFloat).mean() : y.to(torch::kFloat).pow(2).mean();
+  });
   return event_details(dir.file("run.db"), kind);
 }
 

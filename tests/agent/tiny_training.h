@@ -73,6 +73,18 @@ inline AgentOptions options_for(const std::string& db) {
   return o;
 }
 
+// `steps` fp16 steps (amp_steps) of a fresh TinyNet (seed 0, SGD at 1e-4, a GradScaler) with
+// an Agent writing `db`: `loss_of(agent, net)` runs a step's forward and returns its loss.
+inline void tiny_agent_steps(const std::string& db, int steps,
+                             const std::function<torch::Tensor(Agent&, TinyNet&)>& loss_of) {
+  torch::manual_seed(0);
+  TinyNet net;
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(1e-4));
+  GradScaler scaler;
+  Agent agent(*net, scaler, options_for(db));
+  amp_steps(steps, optimizer, scaler, [&](int) { return loss_of(agent, net); });
+}
+
 // A recorded histogram has run.db's bins and counts exactly the row's finite non-zero values.
 inline bool counts_finite_nonzero(const std::vector<std::uint32_t>& histogram, const rundb::StatValues& s) {
   std::int64_t sum = 0;
