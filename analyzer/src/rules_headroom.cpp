@@ -452,7 +452,7 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
       std::int64_t tried = 0;
       for (const auto& s : layer.samples) {
         const auto at = scale_at.find(s.step);
-        if (s.nonfinite || at == scale_at.end() || at->second < room_scale) continue;
+        if (s.nonfinite || s.zero_q == 65535 || at == scale_at.end() || at->second < room_scale) continue;
         tried_share += double(s.zero_q) / 65535.0 + double(s.sub_q) / 255.0;
         ++tried;
       }

@@ -417,3 +417,18 @@ TEST_CASE("the same exact zeros beside a layer scale that is not small stay info
   CHECK(u.severity == Severity::kInfo);
   CHECK_THAT(u.title, Catch::Contains("exact zeros that the loss scale does not make"));
 }
+
+TEST_CASE("steps that left a layer unused at the largest scale the room allows are no try of that scale", "[rules]") {
+  // A branch not taken at 65536 (an all-zero gradient), then mostly subnormal at 32768.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"head.weight", "blk.weight"});
+  f.zeros_fraction("blk.weight", 1.0, 0.0).absmax_times("blk.weight", 1e-6);
+  for (int i = 0; i < 5; ++i) f.step(65536, 65536, 60000);
+  f.zeros_fraction("blk.weight", 0.3, 0.5);
+  for (int i = 0; i < 5; ++i) f.step(32768, 32768, 30000);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& u = required(r, "underflow");
+  REQUIRE_FALSE(u.suggestions.empty());
+  CHECK_THAT(u.suggestions.front().summary, Catch::StartsWith("Let the scale grow"));
+}
