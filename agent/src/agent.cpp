@@ -119,6 +119,7 @@ void Agent::Impl::register_layers(torch::nn::Module& model) {
   for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true))
     module_types_[item.key()] = agent::module_type_name(*item.value());
   for (const auto& item : model.named_parameters(/*recurse=*/true)) register_parameter(item.key(), item.value());
+  if (options_.replay) entries_.own_parameters(model.named_parameters(/*recurse=*/false).pairs());
   if (const at::Tensor* probe = agent::StaleGradients::probe_of(named_params_)) {
     const auto named = std::find_if(named_params_.begin(), named_params_.end(),
                                     [&](const auto& n) { return &n.second == probe; });

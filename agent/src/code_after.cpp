@@ -3,10 +3,13 @@
 #include <ATen/ops/isfinite.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdio>
+#include <map>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -70,6 +73,62 @@ std::string described(const std::vector<Node*>& nodes) {
   return out;
 }
 
+constexpr int kSideHops = 4;  // operations between a parameter and the code it feeds (exp, a cast, a clamp)
+
+// "logit_scale: 11.5 (float32, 1 value), read by Exp; ..." for each of `params` that reaches
+// a node of `nodes` through at most kSideHops nodes that are not in `nodes`, nor under
+// `stop` (the module's output), as the Python agent's parameters_beside(); by name.
+std::string parameters_beside(const std::vector<Node*>& nodes, const Node* stop,
+                              const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  std::unordered_map<const c10::TensorImpl*, const std::pair<std::string, at::Tensor>*> by_impl;
+  for (const auto& p : params) by_impl.emplace(p.second.unsafeGetTensorImpl(), &p);
+  std::unordered_set<const Node*> seen(nodes.begin(), nodes.end());
+  seen.insert(stop);
+  std::map<std::string, std::pair<const at::Tensor*, const Node*>> found;  // name -> (parameter, reader)
+  for (Node* reader : nodes) {
+    struct Todo {
+      Node* node;
+      int hops;
+      const Node* by;
+    };
+    std::vector<Todo> todo{{reader, 0, reader}};
+    while (!todo.empty()) {
+      Todo t = todo.back();
+      todo.pop_back();
+      const Node* by = t.by;
+      if (t.node != reader) {
+        if (const auto* accumulate = dynamic_cast<const torch::autograd::AccumulateGrad*>(t.node)) {
+          if (const auto p = by_impl.find(accumulate->variable.unsafeGetTensorImpl()); p != by_impl.end())
+            found.emplace(p->second->first, std::make_pair(&p->second->second, by));
+          continue;
+        }
+        if (t.hops > kSideHops) continue;
+        if (op_name(*t.node) != "ToCopy") by = t.node;  // the operation reading it, past autocast's cast
+      }
+      for (const auto& edge : t.node->next_edges())
+        if (edge.function && seen.insert(edge.function.get()).second) todo.push_back({edge.function.get(), t.hops + 1, by});
+    }
+  }
+  std::string out;
+  for (const auto& [name, read] : found) {
+    const at::Tensor& p = *read.first;
+    if (!p.device().is_cpu()) continue;  // its value would wait for the device
+    char value[48];
+    const at::Tensor v = p.detach();
+    if (p.numel() == 1)
+      std::snprintf(value, sizeof value, "%.4g", v.item<double>());
+    else
+      std::snprintf(value, sizeof value, "|x| up to %.4g", v.abs().max().item<double>());
+    const std::string dtype = p.scalar_type() == at::kFloat ? "float32" : p.scalar_type() == at::kHalf ? "float16"
+                              : p.scalar_type() == at::kBFloat16 ? "bfloat16" : p.scalar_type() == at::kDouble ? "float64"
+                              : "?";
+    const std::string count = p.numel() == 1 ? "1 value" : std::to_string(p.numel()) + " values";
+    out += (out.empty() ? "" : "; ") + name + ": " + value + " (" + dtype + ", " + count + "), read by " +
+           op_name(*read.second);
+  }
+  return out;
+}
+
 bool any_nonfinite(const torch::autograd::variable_list& grads) {
   for (const auto& g : grads)
     if (g.defined() && g.device().is_cpu() && g.layout() == at::kStrided && at::isFloatingType(g.scalar_type()) &&
@@ -91,6 +150,7 @@ struct CodeAfter::Shared {
   std::vector<std::pair<Node*, std::uintptr_t>> hooks;  // with their hooks' keys
   std::atomic<int> origin{-1};    // index in nodes of the one that made them
   std::vector<EntryWatches::Event> events;
+  std::vector<std::pair<std::string, at::Tensor>> own;  // the model's own parameters
 };
 
 namespace {
@@ -133,6 +193,11 @@ void CodeAfter::loss(const at::Tensor& loss) {
   }
 }
 
+void CodeAfter::own_parameters(std::vector<std::pair<std::string, at::Tensor>> params) {
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  shared_->own = std::move(params);
+}
+
 void CodeAfter::output(const std::string& path, const at::Tensor& y) {
   Shared& s = *shared_;
   std::lock_guard<std::mutex> lock(s.mutex);
@@ -150,6 +215,9 @@ std::function<void(const at::Tensor&)> CodeAfter::on_gradient(const std::string&
     const std::vector<Node*> nodes = path_nodes(s.loss.get(), target.get(), kWalkNodes);
     if (nodes.empty()) return;
     s.events.push_back({"output-code", path + ": " + described(nodes)});
+    if (!s.own.empty())
+      if (const std::string used = parameters_beside(nodes, target.get(), s.own); !used.empty())
+        s.events.push_back({"output-parameters", path + ": " + used});
     if (s.tracing.empty()) {
       s.tracing = path;
       s.left = kTraceSteps;

@@ -2,10 +2,10 @@
 // _code_after.py (where the events are explained): where the gradient reaching that module's
 // output holds NaN/Inf, the operations from its output to the loss (event "output-code"),
 // and, at a later step, the first of them whose backward sent NaN/Inf back from finite
-// gradients, with those between the output and it ("output-code-origin"). The analyzer then
-// tells a pin that stops at a matmul autocast keeps in fp16 from one that keeps the gradient
-// in FP32. The model's own parameters beside that code ("output-parameters") are the Python
-// agent's alone. Host tensors only.
+// gradients, with those between the output and it ("output-code-origin"), and the model's
+// own parameters beside that code ("output-parameters": a temperature read through exp()).
+// The analyzer then tells a pin that stops at a matmul autocast keeps in fp16 from one that
+// keeps the gradient in FP32, and bounds such a temperature. Host tensors only.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "entry_watches.h"
@@ -34,6 +35,8 @@ class CodeAfter {
   CodeAfter();
   ~CodeAfter();
 
+  // The model's own parameters (held by no submodule), by name: those the code reads are named.
+  void own_parameters(std::vector<std::pair<std::string, at::Tensor>> params);
   // scaler.scale()'s input this step: the code after the traced module is hooked, if its
   // output was seen this step.
   void loss(const at::Tensor& loss);

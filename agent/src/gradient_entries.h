@@ -29,6 +29,10 @@ class GradientEntries {
   void returned(const at::Tensor& y) { senders_.returned(y); }
   // scaler.scale()'s input: where the code after the named module is read (code_after.h).
   void loss(const at::Tensor& loss) { code_after_.loss(loss); }
+  // The model's own parameters, which that code may read (a temperature).
+  void own_parameters(std::vector<std::pair<std::string, at::Tensor>> params) {
+    code_after_.own_parameters(std::move(params));
+  }
   // As a host step ends (see EntryWatches::step_ended): the events to write, the sender look's first.
   std::vector<EntryWatches::Event> step_ended(const std::string& named, const std::vector<std::string>& others);
 

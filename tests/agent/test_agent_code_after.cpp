@@ -45,6 +45,36 @@ torch::Tensor similarities_loss(const torch::Tensor& a, const torch::Tensor& b) 
   return F::cross_entropy((za.mm(zb.t()) * 98716.0).to(torch::kFloat), torch::arange(64));
 }
 
+// CLIP's shape: two encoders, and the model's own temperature, logit_scale, whose exp()
+// scales their similarities.
+struct TowersImpl : torch::nn::Module {
+  explicit TowersImpl(double logit_scale) {
+    a = register_module("a", torch::nn::Linear(16, 32));
+    b = register_module("b", torch::nn::Linear(16, 32));
+    this->logit_scale = register_parameter("logit_scale", torch::full({}, logit_scale));
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  torch::Tensor logit_scale;
+};
+TORCH_MODULE(Towers);
+
+// 24 steps of Towers(logit_scale) with a and b run through agent.forward() on one batch.
+std::string run_towers(const TempDir& dir, double logit_scale) {
+  namespace F = torch::nn::functional;
+  torch::manual_seed(0);
+  Towers towers(logit_scale);
+  torch::optim::SGD optimizer(towers->parameters(), torch::optim::SGDOptions(1e-4));
+  GradScaler scaler;
+  Agent agent(*towers, scaler, options_for(dir.file("run.db")));
+  amp_steps(24, optimizer, scaler, [&](int) {
+    const auto x = agent.input("x", torch::randn({64, 16}));
+    const auto za = F::normalize(agent.forward("a", towers->a, x), F::NormalizeFuncOptions().dim(1));
+    const auto zb = F::normalize(agent.forward("b", towers->b, x), F::NormalizeFuncOptions().dim(1));
+    return F::cross_entropy((za.mm(zb.t()) * towers->logit_scale.exp()).to(torch::kFloat), torch::arange(64));
+  });
+  return dir.file("run.db");
+}
+
 const analyzer::Finding& overflow_origin_of(const analyzer::Report& report) {
   const auto f = std::find_if(report.findings.begin(), report.findings.end(),
                               [](const analyzer::Finding& x) { return x.rule == "overflow-origin"; });
@@ -90,4 +120,17 @@ TEST_CASE("a gain after a module, before any matmul, keeps the module's pin firs
   const analyzer::Finding& o = overflow_origin_of(report);
   REQUIRE_FALSE(o.suggestions.empty());
   CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run a in FP32 (pinned"));
+}
+
+TEST_CASE("the model's own temperature that code reads through exp() is named, and bounded first",
+          "[agent][code-after]") {
+  TempDir dir;
+  const std::string db = run_towers(dir, 11.5);
+  const std::vector<std::string> read = event_details(db, "output-parameters");
+  REQUIRE(read.size() == 1);
+  CHECK_THAT(read[0], Catch::Matches("[ab]: logit_scale: 11\\.5 \\(float32, 1 value\\), read by Exp"));
+  const auto report = analyzer::analyze({analyzer::load_run(db)});
+  const analyzer::Finding& o = overflow_origin_of(report);
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Bound logit_scale before its exp()"));
 }

@@ -16,8 +16,8 @@ gets a hook, and the first whose backward sends NaN/Inf back from finite gradien
 one that made them: event "output-code-origin", "X: the operations from X's output to it,
 it last" ("..., Mm:float16, Mul:float16"). Host tensors only; once per module, CODE_LOOKS
 modules a run.
-The C++ agent reads the code and traces it the same way (agent/src/code_after.h); the model's
-own parameters are read here only."""
+The C++ agent reads the code, its parameters and its origin the same way
+(agent/src/code_after.h)."""
 import torch
 
 from ._loss_code import loss_code, op_name, path_nodes
