@@ -56,6 +56,8 @@ std::string fmt(double v);
 // The middle value of `values` (the upper one of an even count), reordering them; NaN for
 // none.
 double median_of(std::vector<double>& values);
+// Each layer's weights at the first step the agent read them (Run::weight_norms), by layer id.
+std::map<std::int64_t, const rundb::WeightNormRow*> first_weight_norms(const Run& run);
 // A parameter dtype of a model stored in half precision (the layers table's name).
 bool half_dtype(const std::string& dtype);
 

@@ -219,14 +219,9 @@ double input_rms(const Run& run, const LayerSummary& weight) {
 // they grow. "blocks.1.gamma_1 or blocks.1.gamma_2, layer scales that started at about
 // 1e-05 per element"; empty where there is none.
 std::string small_layer_scales(const Run& run, const LayerSummary& layer) {
-  std::map<std::int64_t, const rundb::WeightNormRow*> first;  // by layer id
-  for (const auto& w : run.weight_norms) {
-    auto& at = first[w.layer_id];
-    if (at == nullptr || w.step < at->step) at = &w;
-  }
   std::vector<std::string> names;
   double largest = 0.0;
-  for (const auto& [id, w] : first) {
+  for (const auto& [id, w] : first_weight_norms(run)) {
     if (id < 0 || std::size_t(id) >= run.layers.size()) continue;
     const rundb::LayerRow& p = run.layers[std::size_t(id)].info;
     const std::string last = p.name.substr(p.name.rfind('.') + 1);

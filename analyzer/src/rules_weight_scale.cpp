@@ -37,6 +37,15 @@ std::vector<std::int64_t> dims_of(const std::string& shape) {
   return dims;
 }
 
+std::map<std::int64_t, const rundb::WeightNormRow*> first_weight_norms(const Run& run) {
+  std::map<std::int64_t, const rundb::WeightNormRow*> first;
+  for (const auto& w : run.weight_norms) {
+    auto& at = first[w.layer_id];
+    if (at == nullptr || w.step < at->step) at = &w;
+  }
+  return first;
+}
+
 namespace {
 
 // RMS times the square root of the fan-in from which a layer's weights count as oversized:
@@ -85,13 +94,8 @@ bool at_or_after(const Run& run, const std::string& later, const std::string& ea
 
 // The layers whose weights were oversized at their first reading, the largest gain first.
 std::vector<Oversized> oversized_layers(const Run& run) {
-  std::map<std::int64_t, const rundb::WeightNormRow*> first;  // by layer id
-  for (const auto& w : run.weight_norms) {
-    auto& at = first[w.layer_id];
-    if (at == nullptr || w.step < at->step) at = &w;
-  }
   std::vector<Oversized> found;
-  for (const auto& [id, w] : first) {
+  for (const auto& [id, w] : first_weight_norms(run)) {
     const LayerSummary& layer = run.layers[std::size_t(id)];
     const std::vector<std::int64_t> dims = dims_of(layer.info.shape);
     // A layer's weight matrix or kernel (biases and norms' scales have no fan-in), by its
