@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "agent_setup.h"
 #include "gradient_graph.h"
 
 namespace ampdiag::agent {
@@ -119,11 +120,8 @@ std::string parameters_beside(const std::vector<Node*>& nodes, const Node* stop,
       std::snprintf(value, sizeof value, "%.4g", v.item<double>());
     else
       std::snprintf(value, sizeof value, "|x| up to %.4g", v.abs().max().item<double>());
-    const std::string dtype = p.scalar_type() == at::kFloat ? "float32" : p.scalar_type() == at::kHalf ? "float16"
-                              : p.scalar_type() == at::kBFloat16 ? "bfloat16" : p.scalar_type() == at::kDouble ? "float64"
-                              : "?";
     const std::string count = p.numel() == 1 ? "1 value" : std::to_string(p.numel()) + " values";
-    out += (out.empty() ? "" : "; ") + name + ": " + value + " (" + dtype + ", " + count + "), read by " +
+    out += (out.empty() ? "" : "; ") + name + ": " + value + " (" + dtype_name(p.scalar_type()) + ", " + count + "), read by " +
            op_name(*read.second);
   }
   return out;

@@ -8,6 +8,8 @@
 #include <map>
 #include <unordered_map>
 
+#include "agent_setup.h"
+
 namespace ampdiag::agent {
 
 namespace {
@@ -30,13 +32,8 @@ std::string generated_op(const Node& node) {
 std::string made_dtype(const Node& node) {
   if (node.num_inputs() == 0) return "?";
   const at::ScalarType dtype = c10::typeMetaToScalarType(node.input_metadata(0).options().dtype());
-  switch (dtype) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    default: return "?";
-  }
+  const bool named = dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16;
+  return named ? dtype_name(dtype) : "?";
 }
 
 std::optional<GradientGraph> gradient_graph(const at::Tensor& loss,
