@@ -63,10 +63,7 @@ std::string run_towers(const TempDir& dir, double logit_scale) {
   namespace F = torch::nn::functional;
   torch::manual_seed(0);
   Towers towers(logit_scale);
-  torch::optim::SGD optimizer(towers->parameters(), torch::optim::SGDOptions(1e-4));
-  GradScaler scaler;
-  Agent agent(*towers, scaler, options_for(dir.file("run.db")));
-  amp_steps(24, optimizer, scaler, [&](int) {
+  agent_steps(*towers, dir.file("run.db"), 24, 1e-4, [&](Agent& agent) {
     const auto x = agent.input("x", torch::randn({64, 16}));
     const auto za = F::normalize(agent.forward("a", towers->a, x), F::NormalizeFuncOptions().dim(1));
     const auto zb = F::normalize(agent.forward("b", towers->b, x), F::NormalizeFuncOptions().dim(1));

@@ -54,11 +54,7 @@ TEST_CASE("the C++ agent names the parameters whose gradients autocast computes 
   TempDir dir;
   torch::manual_seed(0);
   Mixer net;
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
-  GradScaler scaler;
-  {
-    Agent agent(*net, scaler, options_for(dir.file("run.db")));
-    amp_steps(3, optimizer, scaler, [&](int) { return net->forward(torch::randn({4, 8})).to(torch::kFloat).mean(); });
-  }
+  agent_steps(*net, dir.file("run.db"), 3, 0.1,
+              [&](Agent&) { return net->forward(torch::randn({4, 8})).to(torch::kFloat).mean(); });
   CHECK(event_details(dir.file("run.db"), "fp32-gradients") == std::vector<std::string>{"A_log"});
 }

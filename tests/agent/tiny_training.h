@@ -73,16 +73,22 @@ inline AgentOptions options_for(const std::string& db) {
   return o;
 }
 
-// `steps` fp16 steps (amp_steps) of a fresh TinyNet (seed 0, SGD at 1e-4, a GradScaler) with
-// an Agent writing `db`: `loss_of(agent, net)` runs a step's forward and returns its loss.
+// `steps` fp16 steps (amp_steps) of `net` with SGD at `lr` and a GradScaler, an Agent on it
+// writing `db`, closed on return: `loss_of(agent)` runs a step's forward and returns its loss.
+inline void agent_steps(torch::nn::Module& net, const std::string& db, int steps, double lr,
+                        const std::function<torch::Tensor(Agent&)>& loss_of) {
+  torch::optim::SGD optimizer(net.parameters(), torch::optim::SGDOptions(lr));
+  GradScaler scaler;
+  Agent agent(net, scaler, options_for(db));
+  amp_steps(steps, optimizer, scaler, [&](int) { return loss_of(agent); });
+}
+
+// agent_steps() on a fresh TinyNet (seed 0, SGD at 1e-4): `loss_of(agent, net)`.
 inline void tiny_agent_steps(const std::string& db, int steps,
                              const std::function<torch::Tensor(Agent&, TinyNet&)>& loss_of) {
   torch::manual_seed(0);
   TinyNet net;
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(1e-4));
-  GradScaler scaler;
-  Agent agent(*net, scaler, options_for(db));
-  amp_steps(steps, optimizer, scaler, [&](int) { return loss_of(agent, net); });
+  agent_steps(*net, db, steps, 1e-4, [&](Agent& agent) { return loss_of(agent, net); });
 }
 
 // A recorded histogram has run.db's bins and counts exactly the row's finite non-zero values.
