@@ -10,11 +10,15 @@ encoder instead of the small one, and each step is timed up to a device synchron
 (the benchmark's own, after scaler.update()).
 
     PYTHONPATH=build/python python bench/python_attach_bench.py [--steps N] [--rounds R] [--device cpu|cuda]
-        [--precision fp16|fp32] [--mlp-ms MS]
+        [--precision fp16|fp32] [--mlp-ms MS] [--block K]
 
-Each round builds fresh loops and interleaves them for N steps, in an order that rotates
-every step; the table gives the median over all rounds' steps, and the spread of the
-per-round overheads.
+Each round builds fresh loops and runs them in turns of --block consecutive steps each, in
+an order that rotates every turn, until every loop has N timed steps; the first step of a
+turn is not timed (it inherits the previous loop's caches). A training loop runs one model
+step after step: interleaved step by step (--block 1, the older measurement), a small
+model's steps ran twice as long here as run consecutively while the agent's cost stayed
+the same, which halved its overhead in the table. The table gives the median over all
+rounds' timed steps, and the spread of the per-round overheads.
 """
 import argparse
 import math
@@ -63,7 +67,7 @@ def sized_mlp(device, autocast, target_ms):
         torch.manual_seed(0)
         model, optimizer, x, y = mlp_of(width)(device)
         scaler = torch.amp.GradScaler(device)
-        times = [step(model, optimizer, scaler, x, y, autocast) for _ in range(12)][4:]
+        times = [step(model, optimizer, scaler, x, y, autocast) for _ in range(30)][10:]  # warm, as the rounds time it
         ms = statistics.median(times) * 1e3
         if best is None or abs(math.log(ms / target_ms)) < abs(math.log(best[1] / target_ms)):
             best = (width, ms)
@@ -101,7 +105,7 @@ def step(model, optimizer, scaler, x, y, autocast=True):
     return time.perf_counter() - t0
 
 
-def run_round(make, device, steps, tmp, round_index, autocast=True):
+def run_round(make, device, steps, tmp, round_index, autocast=True, block=10):
     loops = {}
     for name, options in LOOPS:
         torch.manual_seed(0)
@@ -114,14 +118,18 @@ def run_round(make, device, steps, tmp, round_index, autocast=True):
     for model, optimizer, scaler, x, y, _, _ in loops.values():
         for _ in range(3):
             step(model, optimizer, scaler, x, y, autocast)  # warm-up
-    # The order rotates every step: the loop that runs right after another one inherits its
+    # The order rotates every turn: the loop that runs right after another one inherits its
     # caches, which moved a loop's median by ~0.5 % in a fixed order (two identical loops
     # without ampdiag measured -0.5 % apart).
     order = list(loops.values())
-    for i in range(steps):
-        k = i % len(order)
+    timed_per_turn = max(block - 1, 1)
+    for turn in range(math.ceil(steps / timed_per_turn)):
+        k = turn % len(order)
         for model, optimizer, scaler, x, y, _, times in order[k:] + order[:k]:
-            times.append(step(model, optimizer, scaler, x, y, autocast))
+            for i in range(block):
+                t = step(model, optimizer, scaler, x, y, autocast)
+                if (i > 0 or block == 1) and len(times) < steps:
+                    times.append(t)
     for *_, handle, _ in loops.values():
         if handle:
             handle.close()
@@ -154,15 +162,19 @@ def main():
     parser.add_argument("--mlp-ms", type=float, default=2.0,
                         help="the step time, in ms, the sized MLP aims at without ampdiag (the budget's 2 ms); 0: "
                              "no sized MLP")
+    parser.add_argument("--block", type=int, default=10,
+                        help="consecutive steps of one loop per turn, the first not timed (default 10); 1: "
+                             "interleaved step by step, every step timed")
     args = parser.parse_args()
-    if args.steps < 1 or args.rounds < 1:
-        parser.error("--steps and --rounds must be at least 1")
+    if args.steps < 1 or args.rounds < 1 or args.block < 1:
+        parser.error("--steps, --rounds and --block must be at least 1")
     if not (args.mlp_ms >= 0 and math.isfinite(args.mlp_ms)):
         parser.error("--mlp-ms must be a step time in ms (0: no sized MLP)")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here")
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"torch {torch.__version__}, {where}; {args.rounds} rounds of {args.steps} interleaved steps per loop.")
+    turns = "interleaved step by step" if args.block == 1 else f"in turns of {args.block} consecutive steps"
+    print(f"torch {torch.__version__}, {where}; {args.rounds} rounds of {args.steps} timed steps per loop, {turns}.")
     if args.device == "cpu":
         fp16, fp32 = matmul_gflops(torch.float16), matmul_gflops(torch.float32)
         print(f"Matrix multiply: fp16 {fp16:.1f} GFLOP/s, fp32 {fp32:.1f} GFLOP/s.")
@@ -179,7 +191,7 @@ def main():
     print()
     with tempfile.TemporaryDirectory() as tmp:
         for title, make in models.items():
-            rounds = [run_round(make, args.device, args.steps, tmp, r, args.precision == "fp16")
+            rounds = [run_round(make, args.device, args.steps, tmp, r, args.precision == "fp16", args.block)
                       for r in range(args.rounds)]
             all_times = {name: [t for r in rounds for t in r[name]] for name, _ in LOOPS}
             base = statistics.median(all_times["without ampdiag"])
