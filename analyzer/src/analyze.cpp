@@ -196,6 +196,31 @@ void missing_ranks(const std::vector<Run>& runs, std::vector<Finding>& out) {
   out.push_back(f);
 }
 
+// Whether any layer has a gradient row at `step` (samples are in step order).
+bool gradients_recorded(const Run& run, std::int64_t step) {
+  for (const auto& layer : run.layers) {
+    const auto it = std::lower_bound(layer.samples.begin(), layer.samples.end(), step,
+                                     [](const GradSample& g, std::int64_t s) { return g.step < s; });
+    if (it != layer.samples.end() && it->step == step) return true;
+  }
+  return false;
+}
+
+// A rank whose own gradients were finite in a skipped step is told which rank's were not at
+// that step, where one's were (FSDP's ShardedGradScaler reduces found_inf across ranks).
+void name_other_ranks(std::vector<SkippedStep>& skipped) {
+  std::map<std::int64_t, const SkippedStep*> nonfinite_at;
+  for (const auto& k : skipped)
+    if (!k.nonfinite_layers.empty()) nonfinite_at.emplace(k.step, &k);
+  for (auto& k : skipped) {
+    if (!k.nonfinite_layers.empty() || !k.gradients_recorded) continue;
+    const auto it = nonfinite_at.find(k.step);
+    if (it == nonfinite_at.end() || it->second->rank == k.rank) continue;
+    k.nonfinite_rank = it->second->rank;
+    k.nonfinite_rank_layer = it->second->nonfinite_layers.front();
+  }
+}
+
 }  // namespace
 
 Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
@@ -252,6 +277,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
       k.loss = s.row.loss;
       k.nonfinite_layer_count = std::int64_t(s.nonfinite_layers.size());
       k.nonfinite_ordered = s.nonfinite_ordered;
+      if (s.nonfinite_layers.empty()) k.gradients_recorded = gradients_recorded(run, s.row.step);
       for (std::size_t i = 0; i < s.nonfinite_layers.size() && i < 5; ++i)
         k.nonfinite_layers.push_back(run.layers[std::size_t(s.nonfinite_layers[i])].info.name);
       const StepCause cause = step_cause(run, s);
@@ -280,6 +306,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     o.device_profile = device_profile(run);
     report.runs.push_back(o);
   }
+  name_other_ranks(report.skipped);
   rules::rank_disagreement(runs, t, all);
   if (!runs.empty()) missing_ranks(runs, all);
 

@@ -143,6 +143,19 @@ std::string forward_sentence(ForwardSource forward, const std::string& forward_m
   return "";
 }
 
+std::string finite_gradients_sentence(const SkippedStep& k) {
+  if (!k.gradients_recorded) return "no gradient statistics recorded for this step";
+  if (k.nonfinite_rank < 0) return "every gradient recorded on this rank was finite";
+  return "every gradient recorded on this rank was finite; rank " + std::to_string(k.nonfinite_rank) + "'s held NaN/Inf (" +
+         k.nonfinite_rank_layer + "), and the ranks' scalers skip together";
+}
+
+std::string finite_gradients_label(const SkippedStep& k) {
+  if (!k.gradients_recorded) return "-";
+  if (k.nonfinite_rank < 0) return "none (finite)";
+  return "none (rank " + std::to_string(k.nonfinite_rank) + ": " + k.nonfinite_rank_layer + ")";
+}
+
 std::string forward_source_name(ForwardSource forward) {
   switch (forward) {
     case ForwardSource::kNone: return "none";

@@ -405,7 +405,7 @@ table{border-collapse:collapse;font-size:13px} td,th{border-bottom:1px solid #ee
       char scale[32];
       std::snprintf(scale, sizeof scale, "%g", k.scale);
       o += "<tr><td>" + std::to_string(k.rank) + "</td><td>" + std::to_string(k.step) + "</td><td>" + scale + "</td><td>" +
-           escape_markup(k.nonfinite_layers.empty() ? "-" : !k.nonfinite_ordered ? "order unknown: " + k.nonfinite_layers.front()
+           escape_markup(k.nonfinite_layers.empty() ? finite_gradients_label(k) : !k.nonfinite_ordered ? "order unknown: " + k.nonfinite_layers.front()
                                                                                  : k.nonfinite_layers.front()) +
            (k.nonfinite_layer_count > 1 ? " (+" + std::to_string(k.nonfinite_layer_count - 1) + ")" : "") + "</td><td>" +
            escape_markup(forward_label(k.forward, k.forward_module)) + "</td></tr>\n";

@@ -102,7 +102,10 @@ std::string render_json(const Report& r, const Gate& gate) {
          ", \"scale\": " + number(k.scale) + ", \"loss\": " + number(k.loss) + ", \"forward_module\": " +
          quote(k.forward_module) +
          ", \"forward_source\": " + quote(forward_source_name(k.forward)) + ", \"nonfinite_layer_count\": " + number(k.nonfinite_layer_count) +
-         ", \"backward_order_known\": " + (k.nonfinite_ordered ? "true" : "false") + ", \"nonfinite_layers\": [";
+         ", \"backward_order_known\": " + (k.nonfinite_ordered ? "true" : "false") +
+         ", \"gradients_recorded\": " + (k.gradients_recorded || !k.nonfinite_layers.empty() ? "true" : "false") +
+         ", \"nonfinite_rank\": " + (k.nonfinite_rank < 0 ? std::string("null") : number(k.nonfinite_rank)) +
+         ", \"nonfinite_layers\": [";
     for (std::size_t j = 0; j < k.nonfinite_layers.size(); ++j) o += (j ? ", " : "") + quote(k.nonfinite_layers[j]);
     o += "]}";
   }

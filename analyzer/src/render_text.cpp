@@ -124,7 +124,7 @@ std::string skipped_line(const SkippedStep& k, bool show_rank) {
                   " (scale " + fmt(k.scale) + "): ";
   const std::string forward = forward_sentence(k.forward, k.forward_module);
   if (!forward.empty()) s += forward + "; ";
-  if (k.nonfinite_layers.empty()) return s + "no gradient statistics recorded for this step";
+  if (k.nonfinite_layers.empty()) return s + finite_gradients_sentence(k);
   if (!k.nonfinite_ordered)
     return s + "non-finite gradients in " + std::to_string(k.nonfinite_layer_count) +
            (k.nonfinite_layer_count == 1 ? " layer, " : " layers, ") + k.nonfinite_layers.front() +

@@ -163,10 +163,11 @@ Finding unordered_overflow(const Run& run, const std::vector<std::int64_t>& step
             ", but no backward order was recorded: which layer overflowed first is unknown";
   f.evidence = "no gradient hook saw them arrive (steps " + step_list(steps) + ")";
   if (run.first_event("sharded-parameters"))
-    f.evidence += "; the parameters are sharded (FSDP2): their gradients are set after the reduce-scatter, where the "
+    f.evidence += "; the parameters are sharded (FSDP): their gradients are set after the reduce-scatter, where the "
                   "agent sees no arrival, and the reduce-scatter spreads a NaN to every layer it sums";
   f.steps.assign(steps.begin(), steps.begin() + std::min<std::size_t>(steps.size(), 20));
-  f.suggestions.push_back({"Train a few steps of the same loop unsharded on one process (without fully_shard), where "
+  f.suggestions.push_back({"Train a few steps of the same loop unsharded on one process (without fully_shard or "
+                           "FullyShardedDataParallel), where "
                            "the agent records the backward order and names the layer; the forward's findings still hold.",
                            "", ""});
   return f;

@@ -56,9 +56,9 @@ class RunFixture {
     s.losses = next_no_loss_ ? 0 : micro_batches_;
     s.scale_before = scale_before;
     s.scale_after = scale_after;
-    s.found_inf = !nonfinite.empty() || (!std::isfinite(loss) && !next_taken_);
+    s.found_inf = !nonfinite.empty() || (!std::isfinite(loss) && !next_taken_) || next_found_elsewhere_;
     s.skipped = s.found_inf && !next_taken_;
-    next_taken_ = next_no_loss_ = false;
+    next_taken_ = next_no_loss_ = next_found_elsewhere_ = false;
     s.sampled = true;
     s.wall_time = 1.7e9 + double(step_);
     std::int64_t order = 0;
@@ -124,8 +124,13 @@ class RunFixture {
     return *this;
   }
 
-  // The next step() records no loss (scale() was given a non-scalar: backward with an
-  // explicit gradient), which is unknown, not NaN.
+  // The next step() is skipped with every gradient of this rank finite: another rank's
+  // held NaN/Inf (a scaler that reduces found_inf across the ranks, FSDP's).
+  RunFixture& skipped_for_another_rank() {
+    next_found_elsewhere_ = true;
+    return *this;
+  }
+
   // The next step's gradients of `layers` arrive first in backward, finite (before its
   // non-finite ones).
   RunFixture& finite_first(std::vector<std::string> layers) {
@@ -139,6 +144,8 @@ class RunFixture {
     return *this;
   }
 
+  // The next step() records no loss (scale() was given a non-scalar: backward with an
+  // explicit gradient), which is unknown, not NaN.
   RunFixture& no_loss() {
     next_no_loss_ = true;
     return *this;
@@ -267,6 +274,7 @@ class RunFixture {
   bool next_unordered_ = false;
   std::vector<std::string> next_finite_first_;
   bool next_no_loss_ = false;
+  bool next_found_elsewhere_ = false;
   double next_l2_ = 0.0;  // 0: the varying default
   std::vector<std::string> clipped_only_;  // empty: next_l2_ is every layer's
 };

@@ -66,6 +66,10 @@ bool after_nonfinite_update(const Run& run, const StepSummary& step);
 // the model's input held no NaN (input-nan), and no earlier update wrote NaN/Inf into the
 // parameters (nonfinite-update).
 bool nonfinite_from_module(const Run& run, const StepSummary& step);
+// A skipped step without NaN/Inf gradients of its own, in words: none recorded, all finite,
+// or another rank's held them (the text report), and as the HTML table's cell.
+std::string finite_gradients_sentence(const SkippedStep& k);
+std::string finite_gradients_label(const SkippedStep& k);
 // "none", "module", "loss", "input", "update", "loss-backward": the JSON report's forward_source.
 std::string forward_source_name(ForwardSource forward);
 // The same in a table cell: the module, "(model forward)", "(loss)" or "(input)".

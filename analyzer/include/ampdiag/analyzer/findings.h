@@ -64,6 +64,12 @@ struct SkippedStep {
   std::vector<std::string> nonfinite_layers;  // earliest in backward order first (a few)
   std::int64_t nonfinite_layer_count = 0;
   bool nonfinite_ordered = true;  // false: no backward order was recorded, which went first is unknown
+  // Where nonfinite_layers is empty: whether the step had gradient rows (all finite, then),
+  // and another rank whose gradients held NaN/Inf at that step (-1: none), with its first
+  // such layer: scalers that share found_inf across ranks skip every rank's step for it.
+  bool gradients_recorded = false;
+  std::int64_t nonfinite_rank = -1;
+  std::string nonfinite_rank_layer;
   ForwardSource forward = ForwardSource::kNone;
   std::string forward_module;  // kModule: where the forward's NaN/Inf started; "" is the model's own code
 };
