@@ -1,7 +1,8 @@
 """FSDP2 (fully_shard) makes every parameter and gradient a DTensor: a wrapper whose own
 data pointer is null and whose numel() is the global size. The agent reads each rank's
 local shard, and leaves the unscale of DTensor gradients to torch (it reduces found_inf
-over the ranks). One process, a world of one, on the CPU."""
+over the ranks). FSDP1 (FullyShardedDataParallel) in a world of one keeps every parameter
+whole (NO_SHARD). One process, a world of one, on the CPU."""
 import sqlite3
 
 import pytest
@@ -82,3 +83,22 @@ def test_a_run_with_sharded_gradients_says_so_once(tmp_path, world_of_one):
     fp16_training(sharded_model(), tmp_path / "events.db")
     with sqlite3.connect(tmp_path / "events.db") as c:
         assert c.execute("SELECT COUNT(*) FROM events WHERE kind = 'sharded-parameters'").fetchone() == (1,)
+
+
+def test_fsdp1_in_a_world_of_one_keeps_its_parameters_whole_and_is_not_called_sharded(tmp_path, world_of_one):
+    from torch.distributed.fsdp import FullyShardedDataParallel  # torch makes it NO_SHARD in a world of one
+
+    torch.manual_seed(0)
+    model = FullyShardedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)),
+                                     device_id=torch.device("cpu"), use_orig_params=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, opt, db=tmp_path / "whole.db"):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.randn(4, 8)).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    with sqlite3.connect(tmp_path / "whole.db") as c:
+        assert c.execute("SELECT COUNT(*) FROM events WHERE kind = 'sharded-parameters'").fetchone() == (0,)
+        assert c.execute("SELECT COUNT(*) FROM weight_norms").fetchone()[0] > 0

@@ -143,7 +143,8 @@ class AttachHandle:
             self._watched_modules = weakref.WeakSet()  # the modules whose outputs have a hook
             self._layers = Layers(self, root)
             self._layer_id = self._layers.layer_id  # bound once: read for every gradient of every step
-            self._weights = WeightSampler(self, self._layers.registered)
+            sharding = _rank.fsdp1_sharding(root)
+            self._weights = WeightSampler(self, self._layers.registered, sharded=sharding is not None)
             watched = [(path, module) for path, module in root.named_modules() if path and not bounded_by_input(module)]
             if activations:
                 self._hooks.append(root.register_forward_pre_hook(self._forward_hook_as_run(input_hook(self, root)),
@@ -169,6 +170,9 @@ class AttachHandle:
                 if path and is_pinned(module):  # by `pins`, or by the user's own pin_fp32() before attach()
                     # The analyzer offers no pin that the run already had.
                     self._event("pinned-fp32", path)
+            if sharding is not None:
+                # The analyzer then compares no ranks layer by layer (as for FSDP2's DTensors).
+                self._event("sharded-parameters", sharding, key=("sharded",))
             if scaler is not None:
                 wrap_scaler(self, scaler)
                 _loss.watch_grad(self)

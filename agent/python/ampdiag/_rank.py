@@ -8,6 +8,7 @@ first training step starts, by which time the process group usually exists.
 """
 import multiprocessing
 import os
+import sys
 
 import torch
 
@@ -40,3 +41,23 @@ def known_rank():
 def rank_now_or_single():
     """The rank once training started: a worker that still has no process group trains alone."""
     return known_rank() or (0, 1)
+
+
+def fsdp1_sharding(root: torch.nn.Module) -> "str | None":
+    """How FSDP1 (FullyShardedDataParallel) shards the model, where it wraps the model or a
+    module in it and splits the parameters across ranks: each rank then holds and reads only
+    its own shard of each, as plain tensors (FSDP2's DTensors say so themselves), so no two
+    ranks' statistics of a layer are of the same values. None otherwise (NO_SHARD keeps
+    every parameter whole on every rank, as DDP does)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")  # loaded by whoever wrapped it
+    wrapper = getattr(fsdp, "FullyShardedDataParallel", None)
+    if wrapper is None:
+        return None
+    units = [m for m in root.modules() if isinstance(m, wrapper)]
+    sharded = [m for m in units if getattr(getattr(m, "sharding_strategy", None), "name", "") != "NO_SHARD"]
+    if not sharded:
+        return None
+    flat = not all(getattr(m, "_use_orig_params", True) for m in sharded)
+    return ("the model is wrapped in FullyShardedDataParallel (FSDP1): each rank's statistics cover its own shards"
+            + ("; use_orig_params=False flattens each wrapped unit's parameters into one, which is one layer here"
+               if flat else ""))

@@ -12,7 +12,8 @@ the report quotes the rate the weights grew under, not the warm-up's first. Devi
 parameters are reduced on their device (torch's foreach norms, L2 in float64) and their
 values copied to pinned memory without waiting; they are recorded, at the step they were
 read at, once the copy has landed (a later step's start or end, or close()). Sharded
-parameters are not read: that would see one shard.
+parameters (FSDP2's DTensors, every parameter under FSDP1) are not read: that would see one
+shard.
 """
 import math
 import weakref
@@ -61,8 +62,9 @@ def _norms(params):
 
 
 class WeightSampler:
-    def __init__(self, handle, registered):
+    def __init__(self, handle, registered, sharded=False):
         self._handle = handle
+        self._sharded = sharded  # FSDP1's shards, plain tensors: each would be read as a whole weight
         # (layer, parameter): floating-point tensors of the model, on the host and on devices
         self._params, self._device_params = [], {}
         for layer, p in registered:
@@ -74,7 +76,7 @@ class WeightSampler:
 
     def add(self, layer, p):
         """A parameter of the model (at attach(), or added to it since)."""
-        if not p.is_floating_point() or distributed(p):
+        if not p.is_floating_point() or distributed(p) or self._sharded:
             return
         if p.device.type == "cpu":
             self._params.append((layer, p))
