@@ -7,6 +7,37 @@
 
 namespace ampdiag::analyzer::rules {
 
+namespace {
+
+// How the fixes name the code after a module and where it is written, by where the agent
+// saw it run.
+struct CodeName {
+  std::string code, where;
+};
+
+CodeName code_name(const Run& run, const std::string& module) {
+  switch (loss_code::place_after(run, module)) {
+    case loss_code::Place::kModel: return {"the model's own code", "in the model's forward()"};
+    case loss_code::Place::kLoss: return {"the loss code", "where the loss is computed"};
+    case loss_code::Place::kModelThenLoss:
+      return {"the model's own code and the loss code", "in the model's forward() and where the loss is computed"};
+    case loss_code::Place::kUnknown: break;
+  }
+  return {"the code", "in the model's forward() or where the loss is computed"};
+}
+
+}  // namespace
+
+std::string code_after_place(const Run& run, const std::string& module) {
+  switch (loss_code::place_after(run, module)) {
+    case loss_code::Place::kModel: return "the model's own forward() after it";
+    case loss_code::Place::kLoss: return "the loss, which takes " + module + "'s output as the model's";
+    case loss_code::Place::kModelThenLoss: return "the model's own forward() after it, then the loss";
+    case loss_code::Place::kUnknown: break;
+  }
+  return "the model's own forward() after it, or the loss";
+}
+
 std::string code_after_evidence(const Run& run, const std::string& module) {
   const loss_code::Code code = loss_code::after_module(run, module, "output-code");
   if (code.empty()) return "";
@@ -35,7 +66,8 @@ std::vector<Suggestion> code_after_fixes(const Run& run, const std::string& modu
                                          bool pinned) {
   const loss_code::Code origin = loss_code::after_module(run, module, "output-code-origin");
   const std::string uses = "that uses " + module + "'s output";
-  Suggestion in_fp32 = suggest::fp32_model_code(run, uses, "");
+  const CodeName name = code_name(run, module);
+  Suggestion in_fp32 = suggest::fp32_model_code(run, uses, "", name.code, name.where);
   Suggestion pin = suggest::pin_fp32(run, module);
   pin.summary = "Run " + module + " in FP32 (pinned: its output, and the gradient it receives, become float32), so "
                 "that the large gradient " + code_after + " sends back stays in FP32 on its way into it.";
@@ -53,7 +85,7 @@ std::vector<Suggestion> code_after_fixes(const Run& run, const std::string& modu
     // Pinned, the module's float32 output still reaches that operation through one autocast
     // keeps in fp16 (CLIP's similarities' Mm before the temperature's Mul): tried, its
     // text_projection pinned still collapses the scale.
-    in_fp32.summary = "Run the model's own code " + uses + " in FP32: " + made + "'s fp16 backward made the NaN/Inf" +
+    in_fp32.summary = "Run " + name.code + " " + uses + " in FP32: " + made + "'s fp16 backward made the NaN/Inf" +
                       (half == made ? ", and autocast runs " + made
                                     : ", after " + half + ", which autocast runs") +
                       " in fp16 whatever the inputs' dtype, so pinning " + module + " alone leaves it in fp16; "
@@ -66,7 +98,7 @@ std::vector<Suggestion> code_after_fixes(const Run& run, const std::string& modu
   // log-variance after its encoder).
   pin.summary += " " + made + "'s backward made them in fp16, and pinned, it follows " + module +
                  "'s float32 output.";
-  in_fp32.summary = "Or run the model's own code " + uses + " in FP32: autocast off around it, its inputs cast to "
+  in_fp32.summary = "Or run " + name.code + " " + uses + " in FP32: autocast off around it, its inputs cast to "
                     "float32.";
   if (pinned) return {in_fp32};
   return {pin, in_fp32};

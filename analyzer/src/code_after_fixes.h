@@ -19,6 +19,10 @@ namespace ampdiag::analyzer::rules {
 // agent read none.
 std::string code_after_evidence(const Run& run, const std::string& module);
 
+// Where the code after `module` runs, in words for the evidence: "the model's own forward()
+// after it", "the loss, ...", both, or, where the agent did not say, either.
+std::string code_after_place(const Run& run, const std::string& module);
+
 // The fixes, first first. `code_after` names that code ("the code that uses X's output");
 // `pinned`: the module already ran in FP32. Where the agent traced the operation whose
 // backward made the NaN/Inf (event "output-code-origin") and an operation autocast runs in

@@ -261,6 +261,15 @@ std::string parameters_after(const Run& run, const std::string& module) {
   return module.empty() ? std::string() : run.module_event("output-parameters", module).second;
 }
 
+Place place_after(const Run& run, const std::string& module) {
+  if (module.empty()) return Place::kUnknown;
+  const std::string place = run.module_event("output-code-place", module).second;
+  if (place == "model") return Place::kModel;
+  if (place == "loss") return Place::kLoss;
+  if (place == "model, then loss") return Place::kModelThenLoss;
+  return Place::kUnknown;
+}
+
 NonfiniteInput nonfinite_input_at(const Run& run, const std::vector<std::int64_t>& steps) {
   NonfiniteInput in;
   for (const auto& e : run.events) {

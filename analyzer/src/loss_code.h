@@ -56,6 +56,12 @@ Code at_steps(const Run& run, const std::vector<std::int64_t>& steps, const std:
 Code after_module(const Run& run, const std::string& module, const std::string& kind);
 std::string parameters_after(const Run& run, const std::string& module);
 
+// Where that code runs (event "output-code-place"): the model's own forward() (a model that
+// returns its loss), the loss code after the model's output (the module's output is the
+// model's), or both; unknown where the agent did not say (the C++ agent, older runs).
+enum class Place { kUnknown, kModel, kLoss, kModelThenLoss };
+Place place_after(const Run& run, const std::string& module);
+
 // A tensor the loss code was given that held NaN/Inf before backward (event
 // "loss-input-nonfinite", "MseLoss target: 1 NaN, 0 Inf of 32 values, float32"; older runs
 // without the dtype): a target, a mask, another model's output, nothing this model's modules

@@ -485,7 +485,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                   module + "'s, its own gradients finite; ";
         for (const auto& path : m.between)
           if (std::find(through.begin(), through.end(), path) == through.end()) where += path + ", ";
-        f.evidence += code_after + " (" + where + "the model's own forward() after it, or the loss) made them" +
+        f.evidence += code_after + " (" + where + code_after_place(run, module) + ") made them" +
                       (at_any_scale ? std::string()
                                     : " in its fp16 backward, where a factor such as a gain, a temperature or an exp() "
                                       "enlarges the gradient it sends back");

@@ -201,18 +201,19 @@ Suggestion fp32_master_weights(const Run& run) {
   return s;
 }
 
-Suggestion fp32_model_code(const Run& run, const std::string& after, const std::string& ops) {
+Suggestion fp32_model_code(const Run& run, const std::string& after, const std::string& ops, const std::string& code,
+                           const std::string& where) {
   const std::string device = device_type(run);
   const std::string type = device == "cuda" ? "at::kCUDA" : "at::kCPU";
   Suggestion s;
-  s.summary = "Run the model's own code " + after + (ops.empty() ? "" : " (" + ops + ")") +
+  s.summary = "Run " + code + " " + after + (ops.empty() ? "" : " (" + ops + ")") +
               " in FP32: autocast off around it, its inputs cast to float32. Or move that code into a module, "
               "which ampdiag then names and pin_fp32() pins.";
-  s.python = "# in the model's forward(), around the code " + after + ":\n"
+  s.python = "# " + where + ", around the code " + after + ":\n"
              "with torch.autocast(device_type=\"" + device + "\", enabled=False):\n"
              "    h = h.float()\n"
              "    ...  # that code, now in float32";
-  s.cpp = "// in the model's forward(), around the code " + after + ":\n"
+  s.cpp = "// " + where + ", around the code " + after + ":\n"
           "at::autocast::set_autocast_enabled(" + type + ", false);\n"
           "h = h.to(torch::kFloat);\n"
           "// ... that code, now in float32\n"

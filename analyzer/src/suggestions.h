@@ -32,8 +32,12 @@ Suggestion add_scaler(const Run& run);
 // Parameters kept in float32, the forward under autocast (the model stored them in fp16/bf16).
 Suggestion fp32_master_weights(const Run& run);
 // The model's own code `after` its last submodule ("after norm, its last submodule") run
-// in FP32; `ops` the half-precision operations it ran ("Mul and Mm"), or empty.
-Suggestion fp32_model_code(const Run& run, const std::string& after, const std::string& ops);
+// in FP32; `ops` the half-precision operations it ran ("Mul and Mm"), or empty. `code` and
+// `where` name that code and where it is for another place (the loss code, where the loss
+// is computed).
+Suggestion fp32_model_code(const Run& run, const std::string& after, const std::string& ops,
+                           const std::string& code = "the model's own code",
+                           const std::string& where = "in the model's forward()");
 // The loss computed in FP32 from the model's output; `why` leads the summary.
 Suggestion fp32_loss(const std::string& why);
 Suggestion scaler_settings(const Run& run, double init_scale, std::int64_t growth_interval, const std::string& why);

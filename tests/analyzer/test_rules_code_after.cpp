@@ -14,9 +14,11 @@ constexpr const char* kSimilarities =
 // 12 skipped steps halving the scale from 65536, dec's gradients finite and enc's the first
 // NaN/Inf ones each time; at the third, the agent saw NaN/Inf reach enc's output and read the
 // code after it, `code` ("output-code"), and `parameters` ("output-parameters", if any); at
-// the fourth, `origin` ("output-code-origin", if any).
+// the fourth, `origin` ("output-code-origin", if any). `place`: where that code runs
+// ("output-code-place", if any).
 Report code_after_run(const std::string& origin, const std::string& parameters = "",
-                      const std::vector<std::string>& pinned = {}, const std::string& code = kSimilarities) {
+                      const std::vector<std::string>& pinned = {}, const std::string& code = kSimilarities,
+                      const std::string& place = "") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"dec.weight", "enc.weight"});
   for (const auto& path : pinned) f.event("pinned-fp32", path);
@@ -25,6 +27,7 @@ Report code_after_run(const std::string& origin, const std::string& parameters =
     if (i == 2) {
       f.event("output-code", "enc: " + code);
       if (!parameters.empty()) f.event("output-parameters", "enc: " + parameters);
+      if (!place.empty()) f.event("output-code-place", "enc: " + place);
       f.event("module-output-gradient", "enc: nonfinite");
     }
     if (i == 3 && !origin.empty()) f.event("output-code-origin", "enc: " + origin);
@@ -48,7 +51,7 @@ TEST_CASE("an overflow made after a matmul autocast keeps in fp16 is fixed by th
                                          "back from finite gradients, after Div, Mm (all float16)"));
   REQUIRE(o.suggestions.size() == 2);
   CHECK_THAT(o.suggestions[0].summary,
-             Catch::StartsWith("Run the model's own code that uses enc's output in FP32: Mul's fp16 backward made "
+             Catch::StartsWith("Run the code that uses enc's output in FP32: Mul's fp16 backward made "
                                "the NaN/Inf, after Mm, which autocast runs in fp16 whatever the inputs' dtype, so "
                                "pinning enc alone leaves it in fp16"));
   CHECK_THAT(o.suggestions[1].summary, Catch::Contains("bfloat16"));
@@ -74,7 +77,7 @@ TEST_CASE("an overflow made before any operation autocast keeps in fp16 keeps th
   CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run enc in FP32 (pinned: its output, and the gradient") &&
                                            Catch::EndsWith("Exp's backward made them in fp16, and pinned, it follows "
                                                            "enc's float32 output."));
-  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Or run the model's own code that uses enc's output in FP32"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Or run the code that uses enc's output in FP32"));
 }
 
 TEST_CASE("code after the module read without its origin traced leaves the pin first and the code in FP32 conditional",
@@ -93,7 +96,7 @@ TEST_CASE("a pinned module whose code after it overflows after a matmul in fp16 
   const Finding& o = required(r, "overflow-origin");
   CHECK_THAT(o.evidence, Catch::Contains("enc already ran in FP32 (pinned), so pinning it is no fix"));
   REQUIRE_FALSE(o.suggestions.empty());
-  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run the model's own code that uses enc's output in FP32: "
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run the code that uses enc's output in FP32: "
                                                          "Mul's fp16 backward made the NaN/Inf"));
   for (const auto& s : o.suggestions) CHECK_THAT(s.summary, !Catch::Contains("Run enc in FP32"));
 }
@@ -113,7 +116,7 @@ TEST_CASE("a parameter of the model's own read through exp() past CLIP's bound i
   // The same clamp as for a temperature whose exp() overflows the forward (model-parameters).
   CHECK_THAT(o.suggestions[0].python, Catch::Contains("scale = self.logit_scale.clamp(max=math.log(100)).exp()") &&
                                           Catch::Contains("model.logit_scale.clamp_(max=math.log(100))"));
-  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Run the model's own code that uses enc's output in FP32"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Run the code that uses enc's output in FP32"));
 }
 
 TEST_CASE("a temperature read through exp() within CLIP's bound is not told to be clamped", "[rules][code-after]") {
@@ -122,4 +125,28 @@ TEST_CASE("a temperature read through exp() within CLIP's bound is not told to b
   const Finding& o = required(r, "overflow-origin");
   REQUIRE_FALSE(o.suggestions.empty());
   for (const auto& s : o.suggestions) CHECK_THAT(s.summary, !Catch::StartsWith("Bound logit_scale"));
+}
+
+TEST_CASE("code after the module that only the loss runs is fixed where the loss is computed", "[rules][code-after]") {
+  // A two-tower model that returns its embeddings; the loop's loss takes their similarities.
+  const Report r = code_after_run("Div:float16, Mm:float16, Mul:float16", "", {}, kSimilarities, "loss");
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.evidence, Catch::Contains("the code that uses enc's output (the loss, which takes enc's output as the "
+                                         "model's) made them"));
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run the loss code that uses enc's output in FP32: Mul's fp16 "
+                                                         "backward made the NaN/Inf"));
+  CHECK_THAT(o.suggestions[0].python, Catch::StartsWith("# where the loss is computed, around the code that uses enc's "
+                                                        "output:"));
+}
+
+TEST_CASE("code after the module in the model's forward() is fixed there", "[rules][code-after]") {
+  // Hugging Face's CLIPModel computes its loss in its own forward().
+  const Report r = code_after_run("Div:float16, Mm:float16, Mul:float16", "", {}, kSimilarities, "model");
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.evidence, Catch::Contains("the code that uses enc's output (the model's own forward() after it) made them"));
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run the model's own code that uses enc's output in FP32"));
+  CHECK_THAT(o.suggestions[0].python, Catch::StartsWith("# in the model's forward(), around the code that uses enc's "
+                                                        "output:"));
 }

@@ -42,7 +42,7 @@ TEST_CASE("a NaN/Inf that reached a module through its output's gradient is blam
   REQUIRE(o.suggestions.size() == 3);
   // The pin keeps the gradient float32 on its way into enc; autocast off keeps the code's matmuls in FP32 too.
   CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run enc in FP32 (pinned: its output, and the gradient it receives"));
-  CHECK_THAT(o.suggestions[1].summary, Catch::Contains("also run the model's own code that uses enc's output in FP32"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::Contains("also run the code that uses enc's output in FP32"));
   CHECK_THAT(o.suggestions[2].summary, Catch::Contains("bfloat16"));
   const Finding& c = required(r, "scale-collapse");
   CHECK_THAT(c.suggestions.front().summary, Catch::StartsWith("Fix the NaN/Inf made in the code that uses enc's output"));
@@ -90,14 +90,14 @@ TEST_CASE("a module already pinned is not offered its pin again: the module that
   CHECK_THAT(o.suggestions[0].python, Catch::StartsWith("ampdiag.pin_fp32(model.dec)"));
 }
 
-TEST_CASE("a module already pinned with no module after it to pin is left the model's own code to run in FP32",
+TEST_CASE("a module already pinned with no module after it to pin is left the code after it to run in FP32",
           "[rules][gradient-entry]") {
   const Report r = entry_run("nonfinite", 12, 0, {}, {"enc"});
   const Finding& o = required(r, "overflow-origin");
   REQUIRE(o.suggestions.size() == 2);
   CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Where that code runs a matmul or another operation that "
-                                                         "autocast puts in fp16 whatever its inputs, run the model's "
-                                                         "own code that uses enc's output in FP32"));
+                                                         "autocast puts in fp16 whatever its inputs, run the code "
+                                                         "that uses enc's output in FP32"));
   CHECK_THAT(o.suggestions[1].summary, Catch::Contains("bfloat16"));
 }
 

@@ -1,7 +1,8 @@
 """The code after the module a skip names, where the gradient reaching its output held
 NaN/Inf: the operations from its output to the loss (event "output-code"), the model's own
-parameters beside them ("output-parameters"), and, traced at a later step, the first of them
-whose backward made the NaN/Inf, with those between the output and it ("output-code-origin")."""
+parameters beside them ("output-parameters"), where that code runs ("output-code-place": the
+model's forward(), the loss, or both), and, traced at a later step, the first of them whose
+backward made the NaN/Inf, with those between the output and it ("output-code-origin")."""
 import sqlite3
 
 import torch
@@ -43,14 +44,26 @@ class Gain(nn.Module):
         return (self.enc(x) * 3000.0).float().mean()
 
 
-def train(db, model, steps=6):
+class Encoder(nn.Module):
+    """The Gain's encoder times the gain in its own forward(), whose output the loop's loss
+    takes."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(12, 8)
+
+    def forward(self, x):
+        return self.enc(x) * 3000.0
+
+
+def train(db, model, steps=6, loss_of=lambda out: out):
     torch.manual_seed(0)
     opt, scaler = torch.optim.SGD(model.parameters(), lr=1e-4), torch.amp.GradScaler("cpu")
     with ampdiag.attach(model, scaler, db=db):
         for _ in range(steps):
             opt.zero_grad()
             with torch.autocast("cpu", dtype=torch.float16):
-                loss = model(torch.randn(16, 12) * 0.01)
+                loss = loss_of(model(torch.randn(16, 12) * 0.01))
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
@@ -78,3 +91,16 @@ def test_the_origin_traced_after_a_gain_has_nothing_autocast_keeps_in_fp16_befor
     train(db, Gain())
     [origin] = events(db, "output-code-origin")
     assert origin.startswith("enc: ") and "Mm" not in origin and "Addmm" not in origin, origin
+
+
+def test_the_code_after_a_tower_of_a_model_that_returns_its_loss_runs_in_the_model(tmp_path):
+    db = tmp_path / "run.db"
+    train(db, Towers(11.5))
+    [place] = events(db, "output-code-place")
+    assert place.split(": ", 1)[1] == "model"
+
+
+def test_the_code_after_a_module_split_between_the_models_forward_and_the_loss_says_so(tmp_path):
+    db = tmp_path / "run.db"
+    train(db, Encoder(), loss_of=lambda out: out.float().mean())
+    assert events(db, "output-code-place") == ["enc: model, then loss"]

@@ -9,9 +9,10 @@ temperature follows its similarities' Mm).
 
 So, once the named module's output is seen receiving NaN/Inf, that code is read from
 autograd's graph (in backward, where its nodes have run: names and dtypes only): event
-"output-code", "X: Pow(2):float16, ..., Mm:float16, Mul:float16, ...", and the model's own
-parameters beside it, "output-parameters", "X: logit_scale: 11.5 (float32, 1 value), read
-by Exp". At a later step (within TRACE_STEPS), before its backward, each node of that code
+"output-code", "X: Pow(2):float16, ..., Mm:float16, Mul:float16, ...", where it runs,
+"output-code-place" ("X: model", "X: loss" or "X: model, then loss": the model's own
+forward() after X, the loss after the model's output), and the model's own parameters
+beside it, "output-parameters", "X: logit_scale: 11.5 (float32, 1 value), read by Exp". At a later step (within TRACE_STEPS), before its backward, each node of that code
 gets a hook, and the first whose backward sends NaN/Inf back from finite gradients is the
 one that made them: event "output-code-origin", "X: the operations from X's output to it,
 it last" ("..., Mm:float16, Mul:float16"). Host tensors only; once per module, CODE_LOOKS
@@ -58,6 +59,9 @@ class CodeAfter:
         if code is None:
             return
         handle._session.event("output-code", f"{path}: {code}")
+        place = _place(nodes, path_nodes(handle._output_nodes, [node]) if handle._output_nodes else None)
+        if place is not None:
+            handle._session.event("output-code-place", f"{path}: {place}")
         mine = {id(p): name for name, p in handle._watched_model.named_parameters(recurse=False)}
         used = describe_parameters(parameters_beside(nodes, node, mine)) if mine else None
         if used is not None:
@@ -120,6 +124,19 @@ class CodeAfter:
         if self._forward is not None:
             self._forward.remove()
         self._path, self._forward, self._node, self._hooks, self._nodes = None, None, None, [], []
+
+
+def _place(nodes, in_model) -> "str | None":
+    """Where the code after a module runs: "model" (its every operation computes one of the
+    model's outputs: a model that returns its loss, as Hugging Face's CLIPModel), "loss" (the
+    module's output is the model's, and the loss code alone uses it), or "model, then loss".
+    `in_model`: the nodes from the module's output to the model's outputs (path_nodes); None
+    where the model's outputs are not known."""
+    if in_model is None or not nodes:
+        return None
+    inside = {id(n) for n in in_model}
+    count = sum(1 for n in nodes if id(n) in inside)
+    return "loss" if count == 0 else "model" if count == len(nodes) else "model, then loss"
 
 
 def _nonfinite(session, grads) -> bool:
