@@ -148,13 +148,25 @@ std::vector<svg::Series> top_layer_series(const Report& report, const Run& run, 
 
 // The rank whose layers the page shows: the first that a failing or warning finding is
 // about (a rank disagreement names the odd one out), else the first file.
+// The rank whose layers the report shows: the first finding's that is not information,
+// else the first finding's, else the one whose gradients held NaN/Inf in the most layer
+// steps (a sharded run's ranks each hold other layers: FSDP's one-element bias overflowing
+// on rank 1 only).
 const Run& focus_run(const Report& report, const std::vector<Run>& runs) {
-  for (const auto& f : report.findings) {
-    if (f.severity == Severity::kInfo || f.ranks.empty()) continue;
-    for (const auto& run : runs)
-      if (run.rank == f.ranks.front()) return run;
+  for (const bool info : {false, true})
+    for (const auto& f : report.findings) {
+      if ((f.severity == Severity::kInfo) != info || f.ranks.empty()) continue;
+      for (const auto& run : runs)
+        if (run.rank == f.ranks.front()) return run;
+    }
+  const Run* most = &runs.front();
+  std::int64_t most_nonfinite = 0;
+  for (const auto& run : runs) {
+    std::int64_t nonfinite = 0;
+    for (const auto& layer : run.layers) nonfinite += layer.nonfinite_steps;
+    if (nonfinite > most_nonfinite) most = &run, most_nonfinite = nonfinite;
   }
-  return runs.front();
+  return *most;
 }
 
 std::string rank_note(const std::vector<Run>& runs, const Run& run) {
@@ -378,7 +390,7 @@ table{border-collapse:collapse;font-size:13px} td,th{border-bottom:1px solid #ee
   if (!losses.empty()) o += "<h2>Loss</h2>\n" + losses;
   if (!runs.empty()) {
     const Run& run = focus_run(r, runs);
-    o += "<h2>Layers</h2>\n<p class=\"note\">The analyzer's ranking (as <code>ampdiag layers</code>): the layers the findings "
+    o += "<h2>Layers" + escape_markup(rank_note(runs, run)) + "</h2>\n<p class=\"note\">The analyzer's ranking (as <code>ampdiag layers</code>): the layers the findings "
          "name first, then NaN/Inf, then least headroom.</p>\n" +
          headroom_plot(r, runs, run) + l2_plot(r, runs, run) + offenders_chart(run) + layer_table(r, run) + histograms(r, run);
   }

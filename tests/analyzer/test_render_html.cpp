@@ -1,6 +1,7 @@
 // The HTML report's plots: "Top offenders" says where each skipped step's NaN/Inf started,
 // as the skipped-steps list says it (step_cause), not the layer a NaN loss reached first;
-// a series with one finite point is drawn as a dot, and a run of one step is centred.
+// a series with one finite point is drawn as a dot, and a run of one step is centred; a
+// report of ranks shows the layers of the rank a finding names.
 #include "rule_test.h"
 
 namespace {
@@ -92,4 +93,25 @@ TEST_CASE("a run of one step draws its dot under the step's tick, not on the y a
   CHECK(attribute(chart, "cx", dot) == tick_x);
   CHECK(std::stod(tick_x) > 64.0 + 100);  // the plot's left edge is at 64
   CHECK_THAT(chart, !Catch::Contains("text-anchor=\"middle\">1</text>"));
+}
+
+TEST_CASE("a report of ranks shows the layers of the rank a finding names, even an information one", "[render]") {
+  // FSDP1: rank 1 alone holds 4.bias, whose gradient overflowed once (a calibration skip).
+  TempDir dir;
+  {
+    RunFixture r0(dir.file("run.rank0.db"), {"0.weight", "2.weight"}, 0, 2);
+    RunFixture r1(dir.file("run.rank1.db"), {"2.weight", "4.bias"}, 1, 2);
+    for (int i = 0; i < 10; ++i) {
+      if (i == 0) r0.skipped_for_another_rank();
+      r0.step(i == 0 ? 65536 : 32768, 32768);
+      r1.step(i == 0 ? 65536 : 32768, 32768, 1000, i == 0 ? std::vector<std::string>{"4.bias"} : std::vector<std::string>{});
+    }
+    r0.finish();
+    r1.finish();
+  }
+  const std::vector<Run> runs = {load_run(dir.file("run.rank0.db")), load_run(dir.file("run.rank1.db"))};
+  const std::string page = render_html(analyze(runs), Gate("error"), runs);
+  const auto layers = page.find("<h2>Layers (rank 1)</h2>");
+  REQUIRE(layers != std::string::npos);
+  CHECK(page.find("<code>4.bias</code>", layers) < page.find("<h2>Findings</h2>"));
 }
