@@ -147,11 +147,10 @@ std::vector<svg::Series> top_layer_series(const Report& report, const Run& run, 
 }
 
 // The rank whose layers the page shows: the first that a failing or warning finding is
-// about (a rank disagreement names the odd one out), else the first file.
-// The rank whose layers the report shows: the first finding's that is not information,
-// else the first finding's, else the one whose gradients held NaN/Inf in the most layer
-// steps (a sharded run's ranks each hold other layers: FSDP's one-element bias overflowing
-// on rank 1 only).
+// about (a rank disagreement names the odd one out), else the first an information finding
+// is about, else the one whose gradients held NaN/Inf in the most layer steps (a sharded
+// run's ranks each hold other layers: FSDP's one-element bias overflowing on rank 1 only),
+// else the first file.
 const Run& focus_run(const Report& report, const std::vector<Run>& runs) {
   for (const bool info : {false, true})
     for (const auto& f : report.findings) {

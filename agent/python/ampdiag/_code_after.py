@@ -12,9 +12,10 @@ autograd's graph (in backward, where its nodes have run: names and dtypes only):
 "output-code", "X: Pow(2):float16, ..., Mm:float16, Mul:float16, ...", where it runs,
 "output-code-place" ("X: model", "X: loss" or "X: model, then loss": the model's own
 forward() after X, the loss after the model's output), and the model's own parameters
-beside it, "output-parameters", "X: logit_scale: 11.5 (float32, 1 value), read by Exp". At a later step (within TRACE_STEPS), before its backward, each node of that code
-gets a hook, and the first whose backward sends NaN/Inf back from finite gradients is the
-one that made them: event "output-code-origin", "X: the operations from X's output to it,
+beside it, "output-parameters", "X: logit_scale: 11.5 (float32, 1 value), read by Exp". At
+a later step (within TRACE_STEPS), before its backward, each node of that code gets a hook,
+and the first whose backward sends NaN/Inf back from finite gradients is the one that made
+them: event "output-code-origin", "X: the operations from X's output to it,
 it last" ("..., Mm:float16, Mul:float16"). Host tensors only; once per module, CODE_LOOKS
 modules a run.
 The C++ agent reads the code, its parameters and its origin the same way
