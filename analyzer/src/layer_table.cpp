@@ -65,4 +65,21 @@ std::vector<LayerRowSummary> rank_layers(const Run& run, const Report& report) {
   return rows;
 }
 
+std::size_t focus_run(const Report& report, const std::vector<Run>& runs) {
+  for (const bool info : {false, true})
+    for (const auto& f : report.findings) {
+      if ((f.severity == Severity::kInfo) != info || f.ranks.empty()) continue;
+      for (std::size_t i = 0; i < runs.size(); ++i)
+        if (runs[i].rank == f.ranks.front()) return i;
+    }
+  std::size_t most = 0;
+  std::int64_t most_nonfinite = 0;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    std::int64_t nonfinite = 0;
+    for (const auto& layer : runs[i].layers) nonfinite += layer.nonfinite_steps;
+    if (nonfinite > most_nonfinite) most = i, most_nonfinite = nonfinite;
+  }
+  return most;
+}
+
 }  // namespace ampdiag::analyzer

@@ -146,28 +146,6 @@ std::vector<svg::Series> top_layer_series(const Report& report, const Run& run, 
   return out;
 }
 
-// The rank whose layers the page shows: the first that a failing or warning finding is
-// about (a rank disagreement names the odd one out), else the first an information finding
-// is about, else the one whose gradients held NaN/Inf in the most layer steps (a sharded
-// run's ranks each hold other layers: FSDP's one-element bias overflowing on rank 1 only),
-// else the first file.
-const Run& focus_run(const Report& report, const std::vector<Run>& runs) {
-  for (const bool info : {false, true})
-    for (const auto& f : report.findings) {
-      if ((f.severity == Severity::kInfo) != info || f.ranks.empty()) continue;
-      for (const auto& run : runs)
-        if (run.rank == f.ranks.front()) return run;
-    }
-  const Run* most = &runs.front();
-  std::int64_t most_nonfinite = 0;
-  for (const auto& run : runs) {
-    std::int64_t nonfinite = 0;
-    for (const auto& layer : run.layers) nonfinite += layer.nonfinite_steps;
-    if (nonfinite > most_nonfinite) most = &run, most_nonfinite = nonfinite;
-  }
-  return *most;
-}
-
 std::string rank_note(const std::vector<Run>& runs, const Run& run) {
   return runs.size() > 1 ? " (rank " + std::to_string(run.rank) + ")" : "";
 }
@@ -388,7 +366,7 @@ table{border-collapse:collapse;font-size:13px} td,th{border-bottom:1px solid #ee
   const std::string losses = loss_plot(runs);
   if (!losses.empty()) o += "<h2>Loss</h2>\n" + losses;
   if (!runs.empty()) {
-    const Run& run = focus_run(r, runs);
+    const Run& run = runs[focus_run(r, runs)];
     o += "<h2>Layers" + escape_markup(rank_note(runs, run)) + "</h2>\n<p class=\"note\">The analyzer's ranking (as <code>ampdiag layers</code>): the layers the findings "
          "name first, then NaN/Inf, then least headroom.</p>\n" +
          headroom_plot(r, runs, run) + l2_plot(r, runs, run) + offenders_chart(run) + layer_table(r, run) + histograms(r, run);

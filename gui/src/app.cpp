@@ -39,6 +39,12 @@ void App::show(std::vector<analyzer::Run> runs, const std::vector<std::string>& 
   ranked_.clear();  // a new run selects its own top layer
   summaries_asked_ = std::chrono::steady_clock::now();
   use_analysis(analysis(rank_, true));
+  // The rank the HTML report shows the layers of (a finding's, or the one that went NaN/Inf).
+  if (const std::size_t focus = analyzer::focus_run(report_, runs_); focus != rank_) {
+    rank_ = focus;
+    ranked_.clear();  // its own top layer selected
+    rerank();
+  }
   whatif_open_ = !report_.runs.empty() && report_.runs.front().skipped > 0;
   row_offset_ = 0;
   updates_ = merged_ = whole_loads_ = 0;

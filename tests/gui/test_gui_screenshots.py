@@ -230,6 +230,15 @@ def test_rank_files_are_shown_one_rank_at_a_time(tmp_path):
     assert result.returncode == 2 and "rank 5" in result.stderr
 
 
+def test_rank_files_open_at_the_rank_the_findings_are_about(tmp_path):
+    make = binary("AMPDIAG_TEST_RUN")
+    r0, r1 = tmp_path / "run.rank0.db", tmp_path / "run.rank1.db"
+    subprocess.run([make, "healthy", r0, "0", "2"], check=True, timeout=60)
+    subprocess.run([make, "overflow", r1, "1", "2"], check=True, timeout=60)
+    _, plots = screenshot(tmp_path, r0, r1)
+    assert plots["shown"]["rank"] == 1  # as the HTML report's layers
+
+
 def test_the_loss_is_drawn_only_when_asked(tmp_path, dbs):
     loss_colour = np.array((120, 220, 140))  # gui/src/app.cpp: the loss line
     for args, drawn in (([], False), (["--loss"], True)):

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -26,5 +27,12 @@ struct LayerRowSummary {
 // One row per layer, in the analyzer's ranking: layers named by findings (in the findings'
 // order), then layers with non-finite gradients (most steps first), then least headroom.
 std::vector<LayerRowSummary> rank_layers(const Run& run, const Report& report);
+
+// Of several ranks' runs, the index of the one whose layers a view shows first: the first
+// rank a failing or warning finding is about (a rank disagreement names the odd one out),
+// else the first an information finding is about, else the one whose gradients held
+// NaN/Inf in the most layer steps (a sharded run's ranks each hold other layers: FSDP's
+// one-element bias overflowing on rank 1 only), else the first. `runs` must not be empty.
+std::size_t focus_run(const Report& report, const std::vector<Run>& runs);
 
 }  // namespace ampdiag::analyzer
