@@ -145,6 +145,22 @@ TEST_CASE("a bias whose gradient is rounding far below its weight's at the same 
   CHECK(u->suggestions.empty());
 }
 
+TEST_CASE("a key bias beside a weight whose gradient is mostly exact zeros still cancels to rounding", "[rules]") {
+  // BERT's query and key weights 3000 times too large: the softmax saturates to 0 and 1, so
+  // key.weight's gradient is mostly exact zeros (a structural population, not a flush), and
+  // key.bias's other values are the rounding its softmax leaves.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"key.weight", "key.bias", "query.weight"});
+  f.zeros_fraction("key.weight", 0.95, 0.005).zeros_fraction("key.bias", 0.79, 0.21);
+  for (int i = 0; i < 10; ++i) f.clipped(1e-4, {"key.bias"}).step(65536, 65536);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  CHECK(r.healthy());
+  const Finding& u = required(r, "underflow");
+  CHECK(u.severity == Severity::kInfo);
+  CHECK_THAT(u.title, Catch::StartsWith("key.bias's gradient cancels to rounding, far below key.weight's"));
+}
+
 namespace {
 
 // key.bias's gradient at 1/47 of key.weight's per element (95 % of it fp16-subnormal), and
