@@ -10,6 +10,7 @@
 #include "ampdiag/analyzer/causes.h"
 #include "loss_code.h"
 #include "model_parameters.h"
+#include "module_code.h"
 #include "rules.h"
 #include "suggestions.h"
 
@@ -526,6 +527,8 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     const bool replayed_pin = !path.empty() && cause.confirmation == "confirmed";
     if (replayed_pin) {
       f.suggestions = suggest::confirmed_fixes(run, path, cause.fp32_absmax);
+      f.evidence += module_code_evidence(run, path);
+      if (auto sum = divide_the_sum(run, path, cause.fp32_absmax)) f.suggestions.insert(f.suggestions.begin(), *sum);
     } else if (!path.empty()) {
       f.suggestions.push_back(suggest::pin_fp32(run, path));
     } else if (!cause.own_code) {

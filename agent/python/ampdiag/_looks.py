@@ -1,13 +1,14 @@
 """What the agent looks at once a step goes NaN/Inf, each once a step at most: the first
-module whose output is NaN/Inf (its FP32 replay, then its enclosing modules'), the batch,
-the parameters, and the loss code between the model's outputs and the loss."""
+module whose output is NaN/Inf (its FP32 replay, then its enclosing modules', and the code a
+module runs after its submodules), the batch, the parameters, and the loss code between the
+model's outputs and the loss."""
 import torch
 
 from ._loss_code import loss_code, nonfinite_constants, path_nodes
 from ._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
 from ._replay import FINITE, INTRINSIC, NONFINITE
-from ._tensors import DATA_LAYERS, beyond_fp16_in_inputs, holds_nonfinite, inf_in_model_input, model_argument, \
-    nan_in_inputs
+from ._tensors import DATA_LAYERS, beyond_fp16_in_inputs, first_float_tensor, float_tensors, holds_nonfinite, \
+    inf_in_model_input, model_argument, nan_in_inputs
 
 # Loss-code looks per run: each walks the step's graph from the loss to the outputs. Steps
 # whose output gradient only overflowed fp16 take at most half, leaving the rest to NaN ones.
@@ -62,8 +63,33 @@ def on_nonfinite_output(handle, path, module, args, kwargs, output):
             handle._event("buffers-nan", buffers)
     if verdict == FINITE and replays_now:
         look_at_input_range(handle, path, args, kwargs)
+        look_at_own_code(handle, path, module, args, output)
     if verdict == FINITE and handle._autopin is not None:
         handle._autopin.confirmed(path, module, handle._replayer.fp32_absmax(path))
+
+
+MODULE_CODE_LOOKS = 4  # "module-code" events a run
+
+
+def look_at_own_code(handle, path, module, args, output):
+    """A module with submodules whose output its FP32 replay found finite (fp16's range, not
+    its code): the operations its own code ran after its submodules' outputs and its inputs
+    (event "module-code", "c2: Index:float16, IndexAdd:float16": a graph layer's sum over a
+    hub's messages). A leaf's own code is its one operation, whose name its type says. Once
+    per module, MODULE_CODE_LOOKS modules a run."""
+    if path in handle._module_code_read or len(handle._module_code_read) >= MODULE_CODE_LOOKS:
+        return
+    if next(module.children(), None) is None:
+        return
+    tensor = first_float_tensor(output)
+    if tensor is None or tensor.grad_fn is None:
+        return
+    handle._module_code_read.add(path)
+    stops = [n for n in handle._module_nodes if n is not None] + \
+        [t.grad_fn for t in float_tensors(args) if t.grad_fn is not None]
+    code = loss_code(path_nodes([tensor.grad_fn], stops))
+    if code is not None:
+        handle._session.event("module-code", f"{path}: {code}")
 
 
 def look_at_input_range(handle, path, args, kwargs):

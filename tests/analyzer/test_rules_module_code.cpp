@@ -1,0 +1,64 @@
+// forward-nonfinite where the module's FP32 replay confirmed an fp16 overflow and the Python
+// agent read the code the module runs after its submodules (event "module-code"): the
+// evidence lists it, and where it sums and the FP32 output passed fp16's range, dividing
+// that sum by its number of terms is the first fix (a graph convolution's index_add_ over a
+// hub's messages: averaged, it trains healthy; tests/scenarios/test_module_code.py).
+#include "rule_test.h"
+
+namespace {
+
+// A graph layer c2 (with its Linear c2.lin) whose output overflows fp16 in every step, its
+// FP32 replay finite up to `absmax`, and its own code `code` read at step 0.
+Report graph_layer_run(const TempDir& dir, double absmax, const std::string& code) {
+  RunFixture f(dir.file("run.db"), {"c2.lin.weight", "head.weight"});
+  f.finite_replay("c2", absmax);
+  for (int i = 0; i < 4; ++i) {
+    if (i == 0 && !code.empty()) f.event("module-code", "c2: " + code);
+    f.activation("c2.lin", false).activation("c2", true).activation("head", true).step(65536, 32768, 1000, {}, kNaN);
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a sum in a module's own code whose FP32 output passed fp16's range is divided first", "[rules][module-code]") {
+  TempDir dir;
+  const Report r = graph_layer_run(dir, 107904.0, "Index:float16, IndexAdd:float16");
+  const Finding& fw = required(r, "forward-nonfinite");
+  CHECK(fw.module == "c2");
+  CHECK_THAT(fw.evidence, Catch::Contains("its own code after its submodules, read at step 0: Index, IndexAdd (all "
+                                          "float16)"));
+  REQUIRE(fw.suggestions.size() == 3);
+  CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Divide the sum in c2's own code (IndexAdd) by its number of "
+                                                          "terms") &&
+                                            Catch::Contains("reached 1.08e+05, beyond fp16's 65504"));
+  CHECK_THAT(fw.suggestions[0].python, Catch::Contains("index_add_(0, dst, m)"));
+  CHECK(fw.suggestions[0].untried);
+  CHECK_THAT(fw.suggestions[1].summary, Catch::StartsWith("Train in bfloat16"));
+}
+
+TEST_CASE("a sum in a module's own code whose FP32 output fits fp16 leaves the pin first", "[rules][module-code]") {
+  TempDir dir;
+  const Report r = graph_layer_run(dir, 30000.0, "Index:float16, IndexAdd:float16");
+  const Finding& fw = required(r, "forward-nonfinite");
+  CHECK_THAT(fw.evidence, Catch::Contains("its own code after its submodules"));
+  REQUIRE_FALSE(fw.suggestions.empty());
+  CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Run c2 in FP32"));
+}
+
+TEST_CASE("own code without a sum is listed and offers no division", "[rules][module-code]") {
+  TempDir dir;
+  const Report r = graph_layer_run(dir, 107904.0, "Mul:float16, Exp:float16");
+  const Finding& fw = required(r, "forward-nonfinite");
+  CHECK_THAT(fw.evidence, Catch::Contains("Mul, Exp (all float16)"));
+  for (const auto& s : fw.suggestions) CHECK_THAT(s.summary, !Catch::Contains("Divide the sum"));
+}
+
+TEST_CASE("a module's sum over a reduction is averaged with mean()", "[rules][module-code]") {
+  TempDir dir;
+  const Report r = graph_layer_run(dir, 107904.0, "Sum:float16");
+  const Finding& fw = required(r, "forward-nonfinite");
+  REQUIRE_FALSE(fw.suggestions.empty());
+  CHECK_THAT(fw.suggestions[0].python, Catch::Contains("out = x.mean(dim)  # was x.sum(dim)"));
+}

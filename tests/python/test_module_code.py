@@ -1,0 +1,63 @@
+"""The code a module runs after its submodules, read where its FP32 replay confirmed an fp16
+overflow (event "module-code"): the operations from its submodules' outputs and its inputs
+to its output. A leaf module's own code is its one operation: not read."""
+import sqlite3
+
+import torch
+from torch import nn
+
+import ampdiag
+
+
+def events(db, kind):
+    with sqlite3.connect(db) as c:
+        return [d for (d,) in c.execute("SELECT detail FROM events WHERE kind = ? ORDER BY step", (kind,))]
+
+
+class Summed(nn.Module):
+    """A Linear's 512 rows summed into one, past fp16's range on inputs up to 400."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x).sum(0, keepdim=True) * 2.0
+
+
+class Model(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.head = inner, nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.inner(x)))
+
+
+def train(db, inner, scale=400.0):
+    torch.manual_seed(0)
+    model = Model(inner)
+    opt, scaler = torch.optim.SGD(model.parameters(), lr=1e-4), torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.rand(512, 8) * scale).float().mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+def test_a_modules_own_code_after_its_submodules_is_read_once(tmp_path):
+    db = tmp_path / "run.db"
+    train(db, Summed())
+    assert events(db, "module-code") == ["inner: Sum:float16, Mul:float16"]
+
+
+def test_a_leaf_modules_code_is_not_read(tmp_path):
+    db = tmp_path / "run.db"
+    inner = nn.Linear(8, 8)
+    with torch.no_grad():
+        inner.weight.mul_(3e4)
+    train(db, inner)
+    assert events(db, "module-code") == []
