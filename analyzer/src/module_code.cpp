@@ -14,9 +14,9 @@ namespace ampdiag::analyzer::rules {
 namespace {
 
 // Operations that add up many terms of their input into one value each: a count of terms
-// past 65504 / |term| overflows fp16 whatever the module's weights.
-constexpr std::array<const char*, 7> kSums = {"IndexAdd", "ScatterAdd", "ScatterReduce", "Sum", "Cumsum",
-                                              "IndexPut", "EmbeddingBag"};
+// past 65504 / |term| overflows fp16 whatever the module's weights. (Not IndexPut or
+// EmbeddingBag, whose names do not say whether they accumulate or average.)
+constexpr std::array<const char*, 5> kSums = {"IndexAdd", "ScatterAdd", "ScatterReduce", "Sum", "Cumsum"};
 
 bool sums(const std::string& op) {
   return std::find(kSums.begin(), kSums.end(), op) != kSums.end();
@@ -42,12 +42,11 @@ std::optional<Suggestion> divide_the_sum(const Run& run, const std::string& modu
               ", which a sum over that many terms outgrows whatever the weights.";
   const std::string& op = sum->name;
   s.python = "# in " + module + "'s forward(): an average, not a sum\n" +
-             (op == "Sum"           ? std::string("out = x.mean(dim)  # was x.sum(dim)")
-              : op == "Cumsum"      ? std::string("out = x.cumsum(dim) / torch.arange(1, x.shape[dim] + 1)  # a running mean")
-              : op == "EmbeddingBag" ? std::string("bag = nn.EmbeddingBag(num, dim, mode=\"mean\")  # was mode=\"sum\"")
-                                     : std::string("out = torch.zeros(n, d, dtype=m.dtype).index_add_(0, dst, m)\n"
-                                                   "out = out / deg.clamp(min=1).unsqueeze(1).to(out.dtype)  # deg: the "
-                                                   "terms each row summed"));
+             (op == "Sum"      ? std::string("out = x.mean(dim)  # was x.sum(dim)")
+              : op == "Cumsum" ? std::string("out = x.cumsum(dim) / torch.arange(1, x.shape[dim] + 1)  # a running mean")
+                               : std::string("out = torch.zeros(n, d, dtype=m.dtype).index_add_(0, dst, m)\n"
+                                             "out = out / deg.clamp(min=1).unsqueeze(1).to(out.dtype)  # deg: the "
+                                             "terms each row summed"));
   s.untried = true;
   return s;
 }

@@ -12,11 +12,11 @@
 
 namespace ampdiag::analyzer::rules {
 
-// "; its own code after its submodules, read at step 0: Index (float16), IndexAdd (float16)";
+// "; its own code after its submodules, read at step 0: Index, IndexAdd (all float16)";
 // empty where none was read.
 std::string module_code_evidence(const Run& run, const std::string& module);
 
-// Where that code sums (IndexAdd, ScatterAdd, Sum, Cumsum, ...) and the module's FP32 output
+// Where that code sums (IndexAdd, ScatterAdd, ScatterReduce, Sum, Cumsum) and the module's FP32 output
 // passed fp16's range (`fp32_absmax`): the sum divided by its number of terms, untried.
 std::optional<Suggestion> divide_the_sum(const Run& run, const std::string& module, double fp32_absmax);
 
