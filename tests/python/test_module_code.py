@@ -1,6 +1,7 @@
 """The code a module runs after its submodules, read where its FP32 replay confirmed an fp16
 overflow (event "module-code"): the operations from its submodules' outputs and its inputs
-to its output. A leaf module's own code is its one operation: not read."""
+to its output. A leaf module's own code is its one operation, and a module whose output is
+its last submodule's ran its own code before it: neither is read."""
 import sqlite3
 
 import torch
@@ -23,6 +24,17 @@ class Summed(nn.Module):
 
     def forward(self, x):
         return self.lin(x).sum(0, keepdim=True) * 2.0
+
+
+class SummedThenProjected(nn.Module):
+    """The same sum, then a Linear: the block's output is its last submodule's."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.out = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.out(self.lin(x).sum(0, keepdim=True) * 2.0)
 
 
 class Model(nn.Module):
@@ -60,4 +72,11 @@ def test_a_leaf_modules_code_is_not_read(tmp_path):
     with torch.no_grad():
         inner.weight.mul_(3e4)
     train(db, inner)
+    assert events(db, "module-code") == []
+
+
+def test_a_module_whose_output_is_its_last_submodules_has_no_own_code_read(tmp_path):
+    # Its own code ran before that submodule: the report places it between them.
+    db = tmp_path / "run.db"
+    train(db, SummedThenProjected())
     assert events(db, "module-code") == []

@@ -75,11 +75,14 @@ def look_at_own_code(handle, path, module, args, output):
     """A module with submodules whose output its FP32 replay found finite (fp16's range, not
     its code): the operations its own code ran after its submodules' outputs and its inputs
     (event "module-code", "c2: Index:float16, IndexAdd:float16": a graph layer's sum over a
-    hub's messages). A leaf's own code is its one operation, whose name its type says. Once
-    per module, MODULE_CODE_LOOKS modules a run."""
+    hub's messages). A leaf's own code is its one operation, whose name its type says; a
+    module whose output is its last submodule's ran its own code before that one. Once per
+    module, MODULE_CODE_LOOKS modules a run."""
     if path in handle._module_code_read or len(handle._module_code_read) >= MODULE_CODE_LOOKS:
         return
-    if next(module.children(), None) is None:
+    # A leaf's, or one whose output is its last submodule's (attention's out projection): its
+    # own code does not make the output, and the report places it between its submodules.
+    if next(module.children(), None) is None or handle._last_output_path != path:
         return
     tensor = first_float_tensor(output)
     if tensor is None or tensor.grad_fn is None:
