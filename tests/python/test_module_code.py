@@ -1,7 +1,7 @@
 """The code a module runs after its submodules, read where its FP32 replay confirmed an fp16
 overflow (event "module-code"): the operations from its submodules' outputs and its inputs
-to its output. A leaf module's own code is its one operation, and a module whose output is
-its last submodule's ran its own code before it: neither is read."""
+to its output. torch's own leaf modules are one operation, and a module whose output is its
+last submodule's ran its own code before it: neither is read. A leaf of the user's is."""
 import sqlite3
 
 import torch
@@ -37,6 +37,17 @@ class SummedThenProjected(nn.Module):
         return self.out(self.lin(x).sum(0, keepdim=True) * 2.0)
 
 
+class WeightedSum(nn.Module):
+    """A leaf of the user's own: its weight applied to the rows (fp16 under autocast), summed."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.full((8, 8), 0.1))
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.w).sum(0, keepdim=True)
+
+
 class Model(nn.Module):
     def __init__(self, inner):
         super().__init__()
@@ -66,7 +77,7 @@ def test_a_modules_own_code_after_its_submodules_is_read_once(tmp_path):
     assert events(db, "module-code") == ["inner: Sum:float16, Mul:float16"]
 
 
-def test_a_leaf_modules_code_is_not_read(tmp_path):
+def test_a_torch_leaf_modules_code_is_not_read(tmp_path):
     db = tmp_path / "run.db"
     inner = nn.Linear(8, 8)
     with torch.no_grad():
@@ -80,3 +91,10 @@ def test_a_module_whose_output_is_its_last_submodules_has_no_own_code_read(tmp_p
     db = tmp_path / "run.db"
     train(db, SummedThenProjected())
     assert events(db, "module-code") == []
+
+
+def test_a_leaf_module_of_the_users_own_has_its_code_read(tmp_path):
+    db = tmp_path / "run.db"
+    train(db, WeightedSum())
+    [code] = events(db, "module-code")
+    assert code.startswith("inner: ") and ", Mm:float16, Sum:float16" in code, code  # after the weight's cast

@@ -4,7 +4,7 @@ module runs after its submodules), the batch, the parameters, and the loss code 
 model's outputs and the loss."""
 import torch
 
-from ._loss_code import loss_code, nonfinite_constants, path_nodes
+from ._loss_code import loss_code, nodes_under, nonfinite_constants, path_nodes
 from ._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
 from ._replay import FINITE, INTRINSIC, NONFINITE
 from ._tensors import DATA_LAYERS, beyond_fp16_in_inputs, first_float_tensor, float_tensors, holds_nonfinite, \
@@ -72,17 +72,19 @@ MODULE_CODE_LOOKS = 4  # "module-code" events a run
 
 
 def look_at_own_code(handle, path, module, args, output):
-    """A module with submodules whose output its FP32 replay found finite (fp16's range, not
-    its code): the operations its own code ran after its submodules' outputs and its inputs
-    (event "module-code", "c2: Index:float16, IndexAdd:float16": a graph layer's sum over a
-    hub's messages). A leaf's own code is its one operation, whose name its type says; a
-    module whose output is its last submodule's ran its own code before that one. Once per
-    module, MODULE_CODE_LOOKS modules a run."""
+    """A module of the user's, or one with submodules, whose output its FP32 replay found
+    finite (fp16's range, not its code): the operations its own code ran after its
+    submodules' outputs and its inputs (event "module-code", "c2: Index:float16,
+    IndexAdd:float16": a graph layer's sum over a hub's messages). torch's own leaves are
+    one operation, which their type names; a module whose output is its last submodule's
+    ran its own code before that one. Once per module, MODULE_CODE_LOOKS modules a run."""
     if path in handle._module_code_read or len(handle._module_code_read) >= MODULE_CODE_LOOKS:
         return
-    # A leaf's, or one whose output is its last submodule's (attention's out projection): its
-    # own code does not make the output, and the report places it between its submodules.
-    if next(module.children(), None) is None or handle._last_output_path != path:
+    # Not torch's own leaves (a Linear's code is its one operation, which its type names), nor
+    # one whose output is its last submodule's (attention's out projection): its own code does
+    # not make the output, and the report places it between its submodules.
+    if handle._last_output_path != path or (next(module.children(), None) is None
+                                           and type(module).__module__.startswith("torch.")):
         return
     tensor = first_float_tensor(output)
     if tensor is None or tensor.grad_fn is None:
@@ -90,7 +92,7 @@ def look_at_own_code(handle, path, module, args, output):
     handle._module_code_read.add(path)
     stops = [n for n in handle._module_nodes if n is not None] + \
         [t.grad_fn for t in float_tensors(args) if t.grad_fn is not None]
-    code = loss_code(path_nodes([tensor.grad_fn], stops))
+    code = loss_code(nodes_under(tensor.grad_fn, stops))
     if code is not None:
         handle._session.event("module-code", f"{path}: {code}")
 

@@ -155,3 +155,32 @@ def made_in_half(value) -> "str | None":
         if torch.equal(finite.to(half).float(), finite):
             return str(half).replace("torch.", "")
     return None
+
+
+_OWN_NODES = 64  # operations of a module's own code listed at most
+
+
+def nodes_under(node, stops) -> list:
+    """The graph nodes `node` (a module's output's grad_fn) is computed from, down to `stops`
+    (other modules' outputs, its inputs' grad_fns) and the parameters' accumulators, in
+    forward order: the code the module itself ran. At most _OWN_NODES (the nearest to the
+    output kept)."""
+    ends = {id(n) for n in stops if n is not None and n is not node}
+    done, order, held = set(), [], []
+    stack = [(node, False)]
+    while stack and len(held) < 4 * _OWN_NODES:
+        current, expanded = stack.pop()
+        if expanded:
+            order.append(current)  # children first: forward order
+            continue
+        if id(current) in done:
+            continue
+        done.add(id(current))
+        held.append(current)  # (held while ids are compared: see path_nodes)
+        stack.append((current, True))
+        for child, _ in current.next_functions:
+            if child is not None and id(child) not in ends and id(child) not in done \
+                    and getattr(child, "variable", None) is None:
+                stack.append((child, False))
+    return order[-_OWN_NODES:]
+
