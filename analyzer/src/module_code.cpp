@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 
 #include "loss_code.h"
-#include "rules.h"
 #include "suggestions.h"
 
 namespace ampdiag::analyzer::rules {
@@ -35,10 +35,12 @@ std::optional<Suggestion> divide_the_sum(const Run& run, const std::string& modu
   const loss_code::Code code = loss_code::after_module(run, module, "module-code");
   const auto sum = std::find_if(code.ops.rbegin(), code.ops.rend(), [](const loss_code::Op& op) { return sums(op.name); });
   if (sum == code.ops.rend()) return std::nullopt;
+  char reached[32];
+  std::snprintf(reached, sizeof reached, "%.6g", fp32_absmax);  // as the replay's evidence quotes it
   Suggestion s;
   s.summary = "Divide the sum in " + module + "'s own code (" + sum->name + ") by its number of terms (a mean, or a "
-              "degree normalisation as a graph convolution's): in FP32 " + module + "'s output reached " +
-              three_digits(fp32_absmax) + ", beyond fp16's " + std::to_string(std::lround(run.fp_max)) +
+              "degree normalisation as a graph convolution's): in FP32 " + module + "'s output reached " + reached +
+              ", beyond fp16's " + std::to_string(std::lround(run.fp_max)) +
               ", which a sum over that many terms outgrows whatever the weights.";
   const std::string& op = sum->name;
   s.python = "# in " + module + "'s forward(): an average, not a sum\n" +
