@@ -9,34 +9,31 @@ namespace ampdiag::analyzer::rules {
 
 namespace {
 
-// How the fixes name the code after a module and where it is written, by where the agent
-// saw it run.
+// How the evidence and the fixes name the code after a module, by where the agent saw it
+// run: the code, where to write the fix, and where it runs in the evidence's words.
 struct CodeName {
-  std::string code, where;
+  std::string code, where, runs;
 };
 
 CodeName code_name(const Run& run, const std::string& module) {
   switch (loss_code::place_after(run, module)) {
-    case loss_code::Place::kModel: return {"the model's own code", "in the model's forward()"};
-    case loss_code::Place::kLoss: return {"the loss code", "where the loss is computed"};
+    case loss_code::Place::kModel:
+      return {"the model's own code", "in the model's forward()", "the model's own forward() after it"};
+    case loss_code::Place::kLoss:
+      return {"the loss code", "where the loss is computed",
+              "the loss, which takes " + module + "'s output as the model's"};
     case loss_code::Place::kModelThenLoss:
-      return {"the model's own code and the loss code", "in the model's forward() and where the loss is computed"};
+      return {"the model's own code and the loss code", "in the model's forward() and where the loss is computed",
+              "the model's own forward() after it, then the loss"};
     case loss_code::Place::kUnknown: break;
   }
-  return {"the code", "in the model's forward() or where the loss is computed"};
+  return {"the code", "in the model's forward() or where the loss is computed",
+          "the model's own forward() after it, or the loss"};
 }
 
 }  // namespace
 
-std::string code_after_place(const Run& run, const std::string& module) {
-  switch (loss_code::place_after(run, module)) {
-    case loss_code::Place::kModel: return "the model's own forward() after it";
-    case loss_code::Place::kLoss: return "the loss, which takes " + module + "'s output as the model's";
-    case loss_code::Place::kModelThenLoss: return "the model's own forward() after it, then the loss";
-    case loss_code::Place::kUnknown: break;
-  }
-  return "the model's own forward() after it, or the loss";
-}
+std::string code_after_place(const Run& run, const std::string& module) { return code_name(run, module).runs; }
 
 std::string code_after_evidence(const Run& run, const std::string& module) {
   const loss_code::Code code = loss_code::after_module(run, module, "output-code");
