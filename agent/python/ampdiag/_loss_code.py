@@ -183,4 +183,3 @@ def nodes_under(node, stops) -> list:
                     and getattr(child, "variable", None) is None:
                 stack.append((child, False))
     return order[-_OWN_NODES:]
-
