@@ -75,10 +75,13 @@ ForwardCause forward_cause(const Run& run, const std::string& first_seen) {
   }
 }
 
-const ModuleSummary* overflow_after_intrinsic(const Run& run) {
+const ModuleSummary* overflow_after_intrinsic(const Run& run, const std::string& intrinsic) {
   const ModuleSummary* found = nullptr;
   for (const auto& m : run.modules) {
-    const rundb::ReplayRow* r = run.replay_of(m.info.path);
+    const std::string& path = m.info.path;
+    const bool inside = !intrinsic.empty() && path.size() > intrinsic.size() && path.rfind(intrinsic + ".", 0) == 0;
+    if (path == intrinsic || inside || !run.finishes_at_or_after(path, intrinsic)) continue;
+    const rundb::ReplayRow* r = run.replay_of(path);
     if (r && r->outcome == "finite" && m.nonfinite_steps > 0 && (!found || m.nonfinite_steps > found->nonfinite_steps))
       found = &m;
   }
@@ -99,7 +102,7 @@ StepCause step_cause(const Run& run, const StepSummary& step) {
       c.forward = ForwardSource::kModule;
       c.forward_module = cause.module;
       if (cause.intrinsic)
-        if (const ModuleSummary* m = overflow_after_intrinsic(run)) c.forward_module = m->info.path;
+        if (const ModuleSummary* m = overflow_after_intrinsic(run, cause.module)) c.forward_module = m->info.path;
     }
   } else if (!run.modules.empty() && run.loss_nonfinite(step.row)) {
     c.forward = ForwardSource::kLoss;

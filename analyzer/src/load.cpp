@@ -153,6 +153,14 @@ const ModuleSummary* Run::module_named(const std::string& path) const {
   return nullptr;
 }
 
+bool Run::finishes_at_or_after(const std::string& later, const std::string& earlier) const {
+  const ModuleSummary* a = module_named(later);
+  const ModuleSummary* b = module_named(earlier);
+  if (!a || !b) return false;
+  if (a->position >= 0 && b->position >= 0) return a->position >= b->position;
+  return a->info.id >= b->info.id;
+}
+
 const ModuleSummary* Run::last_module() const {
   const ModuleSummary* last = nullptr;
   std::int64_t most = -1;

@@ -2,27 +2,14 @@
 #include "module_code.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 
 #include "loss_code.h"
 #include "suggestions.h"
 
 namespace ampdiag::analyzer::rules {
-
-namespace {
-
-// Operations that add up many terms of their input into one value each: a count of terms
-// past 65504 / |term| overflows fp16 whatever the module's weights. (Not IndexPut or
-// EmbeddingBag, whose names do not say whether they accumulate or average.)
-constexpr std::array<const char*, 5> kSums = {"IndexAdd", "ScatterAdd", "ScatterReduce", "Sum", "Cumsum"};
-
-bool sums(const std::string& op) {
-  return std::find(kSums.begin(), kSums.end(), op) != kSums.end();
-}
-
-}  // namespace
 
 std::string module_code_evidence(const Run& run, const std::string& module) {
   const loss_code::Code code = loss_code::after_module(run, module, "module-code");
@@ -30,19 +17,20 @@ std::string module_code_evidence(const Run& run, const std::string& module) {
   return "; its own code after its submodules, read at step " + std::to_string(code.step) + ": " + code.describe();
 }
 
-std::optional<Suggestion> divide_the_sum(const Run& run, const std::string& module, double fp32_absmax) {
-  if (!suggest::beyond_fp16(run, fp32_absmax)) return std::nullopt;
-  const loss_code::Code code = loss_code::after_module(run, module, "module-code");
-  const auto sum = std::find_if(code.ops.rbegin(), code.ops.rend(), [](const loss_code::Op& op) { return sums(op.name); });
-  if (sum == code.ops.rend()) return std::nullopt;
+namespace {
+
+std::string quoted(double fp32_absmax) {
   char reached[32];
   std::snprintf(reached, sizeof reached, "%.6g", fp32_absmax);  // as the replay's evidence quotes it
+  return reached;
+}
+
+Suggestion divide_the_sum(const Run& run, const std::string& module, const std::string& op, double fp32_absmax) {
   Suggestion s;
-  s.summary = "Divide the sum in " + module + "'s own code (" + sum->name + ") by its number of terms (a mean, or a "
-              "degree normalisation as a graph convolution's): in FP32 " + module + "'s output reached " + reached +
-              ", beyond fp16's " + std::to_string(std::lround(run.fp_max)) +
+  s.summary = "Divide the sum in " + module + "'s own code (" + op + ") by its number of terms (a mean, or a "
+              "degree normalisation as a graph convolution's): in FP32 " + module + "'s output reached " +
+              quoted(fp32_absmax) + ", beyond fp16's " + std::to_string(std::lround(run.fp_max)) +
               ", which a sum over that many terms outgrows whatever the weights.";
-  const std::string& op = sum->name;
   s.python = "# in " + module + "'s forward(): an average, not a sum\n" +
              (op == "Sum"      ? std::string("out = x.mean(dim)  # was x.sum(dim)")
               : op == "Cumsum" ? std::string("out = x.cumsum(dim) / torch.arange(1, x.shape[dim] + 1)  # a running mean")
@@ -51,6 +39,43 @@ std::optional<Suggestion> divide_the_sum(const Run& run, const std::string& modu
                                              "terms each row summed"));
   s.untried = true;
   return s;
+}
+
+Suggestion bound_the_exponent(const Run& run, const std::string& module, const std::string& op, double fp32_absmax) {
+  Suggestion s;
+  s.summary = "Bound what " + module + "'s own code passes to exp() (" + op + "): in FP32 " + module +
+              "'s output reached " + quoted(fp32_absmax) + ", beyond fp16's " + std::to_string(std::lround(run.fp_max)) +
+              ", and an exponent without a bound grows it without limit (in fp16 exp() alone passes 65504 above "
+              "11.09). Squash it first, as a flow's coupling layer squashes its log-scale with tanh.";
+  s.python = "# in " + module + "'s forward(): exp() of a bounded value\n"
+             "s = torch.tanh(s)  # or s.clamp(max=c); a learnt range: s = scale * torch.tanh(s / scale)\n"
+             "y = x * torch.exp(s)";
+  s.untried = true;
+  return s;
+}
+
+// The last operation of `code` that `names` holds; null where none does.
+const loss_code::Op* last_of(const loss_code::Code& code, const std::initializer_list<const char*>& names) {
+  const auto op = std::find_if(code.ops.rbegin(), code.ops.rend(), [&](const loss_code::Op& o) {
+    return std::any_of(names.begin(), names.end(), [&](const char* name) { return o.name == name; });
+  });
+  return op == code.ops.rend() ? nullptr : &*op;
+}
+
+}  // namespace
+
+std::vector<Suggestion> own_code_fixes(const Run& run, const std::string& module, double fp32_absmax) {
+  std::vector<Suggestion> fixes;
+  if (!suggest::beyond_fp16(run, fp32_absmax)) return fixes;
+  const loss_code::Code code = loss_code::after_module(run, module, "module-code");
+  if (const loss_code::Op* exp = last_of(code, {"Exp", "Exp2", "Expm1"}))
+    fixes.push_back(bound_the_exponent(run, module, exp->name, fp32_absmax));
+  // Operations that add up many terms of their input into one value each: a count of terms
+  // past 65504 / |term| overflows fp16 whatever the module's weights. (Not IndexPut or
+  // EmbeddingBag, whose names do not say whether they accumulate or average.)
+  if (const loss_code::Op* sum = last_of(code, {"IndexAdd", "ScatterAdd", "ScatterReduce", "Sum", "Cumsum"}))
+    fixes.push_back(divide_the_sum(run, module, sum->name, fp32_absmax));
+  return fixes;
 }
 
 }  // namespace ampdiag::analyzer::rules

@@ -1,11 +1,11 @@
 // The code a module runs after its submodules, where its FP32 replay confirmed an fp16
 // overflow (event "module-code", Python agent): a graph layer's sum over a hub's messages
 // (`index_add_`) is the overflow itself, and fp16's range, not the module, is what a sum of
-// that many terms outgrows.
+// that many terms outgrows; so is a coupling layer's exp() of an unbounded log-scale.
 #pragma once
 
-#include <optional>
 #include <string>
+#include <vector>
 
 #include "ampdiag/analyzer/findings.h"
 #include "ampdiag/analyzer/run.h"
@@ -16,8 +16,12 @@ namespace ampdiag::analyzer::rules {
 // empty where none was read.
 std::string module_code_evidence(const Run& run, const std::string& module);
 
-// Where that code sums (IndexAdd, ScatterAdd, ScatterReduce, Sum, Cumsum) and the module's FP32 output
-// passed fp16's range (`fp32_absmax`): the sum divided by its number of terms, untried.
-std::optional<Suggestion> divide_the_sum(const Run& run, const std::string& module, double fp32_absmax);
+// Where the module's FP32 output passed fp16's range (`fp32_absmax`), the fixes its own code
+// calls for, untried, each first: where it takes exp() (Exp, Exp2, Expm1), its argument
+// bounded (a flow's coupling layer whose log-scale has no tanh: exp() grows the output
+// without limit, and alone passes 65504 above 11.09 in fp16); where it sums (IndexAdd,
+// ScatterAdd, ScatterReduce, Sum, Cumsum), the sum divided by its number of terms. The
+// exponent comes before the sum: it grows faster than any count of terms.
+std::vector<Suggestion> own_code_fixes(const Run& run, const std::string& module, double fp32_absmax);
 
 }  // namespace ampdiag::analyzer::rules

@@ -492,7 +492,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
       // (the loss stayed finite) is no problem at all.
       const std::int64_t lost = nonfinite_losses_caused(run, path), hurt = lost + c.dropped;
       // Where the loss went NaN/Inf, a module after it that overflowed fp16 may have made it so.
-      const ModuleSummary* after = hurt ? overflow_after_intrinsic(run) : nullptr;
+      const ModuleSummary* after = hurt ? overflow_after_intrinsic(run, path) : nullptr;
       if (hurt == 0 || after) {
         if (after) {
           out.push_back(confirmed_overflow(run, *after, name, top ? Severity::kError : Severity::kWarning, f.score + 1.0));
@@ -528,7 +528,8 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     if (replayed_pin) {
       f.suggestions = suggest::confirmed_fixes(run, path, cause.fp32_absmax);
       f.evidence += module_code_evidence(run, path);
-      if (auto sum = divide_the_sum(run, path, cause.fp32_absmax)) f.suggestions.insert(f.suggestions.begin(), *sum);
+      const std::vector<Suggestion> own = own_code_fixes(run, path, cause.fp32_absmax);
+      f.suggestions.insert(f.suggestions.begin(), own.begin(), own.end());
     } else if (!path.empty()) {
       f.suggestions.push_back(suggest::pin_fp32(run, path));
     } else if (!cause.own_code) {

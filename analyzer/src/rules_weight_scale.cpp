@@ -79,19 +79,6 @@ std::string whole_number(double v) {
   return b;
 }
 
-// Whether module `later` finishes at or after `earlier` in forward: by their places in the
-// last forwards with every call's row that ran them, where both have one; else by module
-// ids, which follow the order modules first finished (a module first called in a later
-// step, a mixture-of-experts' expert, gets an id after the head's). Unknown (false) where
-// either was not probed.
-bool at_or_after(const Run& run, const std::string& later, const std::string& earlier) {
-  const ModuleSummary* a = run.module_named(later);
-  const ModuleSummary* b = run.module_named(earlier);
-  if (!a || !b) return false;
-  if (a->position >= 0 && b->position >= 0) return a->position >= b->position;
-  return a->info.id >= b->info.id;
-}
-
 // The layers whose weights were oversized at their first reading, the largest gain first.
 std::vector<Oversized> oversized_layers(const Run& run) {
   std::vector<Oversized> found;
@@ -150,7 +137,7 @@ std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& 
     // Where both were probed their places in forward decide; else the backward's order: a
     // module whose gradient arrived before `module`'s NaN/Inf one ran after it in forward.
     const bool after = run.module_named(module) && run.module_named(maker)
-                           ? at_or_after(run, maker, module)
+                           ? run.finishes_at_or_after(maker, module)
                            : maker == module || ran_before.count(maker) > 0;
     if (!maker.empty() && after)
       return suggest::reinitialise(maker, o.scale,
@@ -192,7 +179,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
         if (explained || f.severity != severity || (f.module.empty() && !unplaced_loss(f)) || f.rule != rule ||
             (severity == Severity::kInfo && !harmful && !deep))
           continue;
-        if (f.rule == "overflow-origin" || !probed || !run.module_named(f.module) || at_or_after(run, f.module, module))
+        if (f.rule == "overflow-origin" || !probed || !run.module_named(f.module) || run.finishes_at_or_after(f.module, module))
           explained = &f;
       }
 

@@ -1,8 +1,10 @@
 // forward-nonfinite where the module's FP32 replay confirmed an fp16 overflow and the Python
 // agent read the code the module runs after its submodules (event "module-code"): the
-// evidence lists it, and where it sums and the FP32 output passed fp16's range, dividing
-// that sum by its number of terms is the first fix (a graph convolution's index_add_ over a
-// hub's messages: averaged, it trains healthy; tests/scenarios/test_module_code.py).
+// evidence lists it, and where the FP32 output passed fp16's range, an exp() in it has its
+// argument bounded first (a flow's coupling layer without tanh on its log-scale: bounded,
+// its forward stays finite) and a sum is divided by its number of terms (a graph
+// convolution's index_add_ over a hub's messages: averaged, it trains healthy; both in
+// tests/scenarios/test_module_code.py).
 #include "rule_test.h"
 
 namespace {
@@ -47,12 +49,46 @@ TEST_CASE("a sum in a module's own code whose FP32 output fits fp16 leaves the p
   CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Run c2 in FP32"));
 }
 
-TEST_CASE("own code without a sum is listed and offers no division", "[rules][module-code]") {
+TEST_CASE("own code without a sum or an exp is listed and offers neither fix", "[rules][module-code]") {
   TempDir dir;
-  const Report r = graph_layer_run(dir, 107904.0, "Mul:float16, Exp:float16");
+  const Report r = graph_layer_run(dir, 107904.0, "Mul:float16, Add:float16");
   const Finding& fw = required(r, "forward-nonfinite");
-  CHECK_THAT(fw.evidence, Catch::Contains("Mul, Exp (all float16)"));
-  for (const auto& s : fw.suggestions) CHECK_THAT(s.summary, !Catch::Contains("Divide the sum"));
+  CHECK_THAT(fw.evidence, Catch::Contains("Mul, Add (all float16)"));
+  for (const auto& s : fw.suggestions) {
+    CHECK_THAT(s.summary, !Catch::Contains("Divide the sum"));
+    CHECK_THAT(s.summary, !Catch::Contains("passes to exp()"));
+  }
+}
+
+TEST_CASE("an exp in a module's own code whose FP32 output passed fp16's range has its argument bounded first",
+          "[rules][module-code]") {
+  TempDir dir;
+  const Report r = graph_layer_run(dir, 4.72319e9, "Split:float16, Exp:float16, Mul:float32, Cat:float32");
+  const Finding& fw = required(r, "forward-nonfinite");
+  REQUIRE(fw.suggestions.size() == 3);
+  CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Bound what c2's own code passes to exp() (Exp): in FP32 c2's "
+                                                          "output reached 4.72319e+09, beyond fp16's 65504"));
+  CHECK_THAT(fw.suggestions[0].python, Catch::Contains("s = torch.tanh(s)"));
+  CHECK(fw.suggestions[0].untried);
+  CHECK_THAT(fw.suggestions[1].summary, Catch::StartsWith("Train in bfloat16"));
+}
+
+TEST_CASE("an exp in a module's own code whose FP32 output fits fp16 leaves the pin first", "[rules][module-code]") {
+  TempDir dir;
+  const Report r = graph_layer_run(dir, 30000.0, "Split:float16, Exp:float16, Mul:float32");
+  const Finding& fw = required(r, "forward-nonfinite");
+  REQUIRE_FALSE(fw.suggestions.empty());
+  CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Run c2 in FP32"));
+}
+
+TEST_CASE("a module's own code with an exp and a sum bounds the exponent before dividing the sum",
+          "[rules][module-code]") {
+  TempDir dir;
+  const Report r = graph_layer_run(dir, 107904.0, "Exp:float16, Sum:float16");
+  const Finding& fw = required(r, "forward-nonfinite");
+  REQUIRE(fw.suggestions.size() >= 2);
+  CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Bound what c2's own code passes to exp() (Exp)"));
+  CHECK_THAT(fw.suggestions[1].summary, Catch::StartsWith("Divide the sum in c2's own code (Sum)"));
 }
 
 TEST_CASE("a module's sum over a reduction is averaged with mean()", "[rules][module-code]") {

@@ -1,8 +1,17 @@
-"""A graph convolution that sums its messages with index_add_: on a graph whose ten hub nodes
+"""A module's own code after its submodules (event "module-code") as the first fix of a
+confirmed forward overflow.
+
+A graph convolution that sums its messages with index_add_: on a graph whose ten hub nodes
 receive most of the edges, a hub's fp16 sum passes 65504 whatever the weights. The report
-names the layer, the IndexAdd its own code runs after its Linear (event "module-code"), and
-dividing that sum by the node's degree as the first fix; so divided, the same loop is
-healthy."""
+names the layer, the IndexAdd its own code runs after its Linear, and dividing that sum by
+the node's degree as the first fix; so divided, the same loop is healthy.
+
+A normalizing flow's affine coupling layers, `x2 * exp(s) + t`, with no tanh on the
+log-scale `s`, trained by maximum likelihood on data four times the unit scale: a coupling's
+exp() passes fp16's range, and in FP32 its output reaches billions. The report bounds the
+exponent first; bounded with tanh, no module's output goes NaN/Inf in forward."""
+import math
+
 import torch
 from torch import nn
 
@@ -69,3 +78,65 @@ def test_the_graph_layer_averaged_over_its_degree_trains_healthy(tmp_path, verdi
     train(db, mean=True)
     code, report = verdict(db)
     assert (code, report["healthy"]) == (0, True), report["findings"]
+
+
+class Coupling(nn.Module):
+    def __init__(self, flip, bounded):
+        super().__init__()
+        self.flip, self.bounded = flip, bounded
+        self.net = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 16))
+
+    def forward(self, x):
+        x1, x2 = x.chunk(2, -1)
+        if self.flip:
+            x1, x2 = x2, x1
+        s, t = self.net(x1).chunk(2, -1)
+        if self.bounded:
+            s = torch.tanh(s)
+        y2 = x2 * torch.exp(s) + t
+        return torch.cat([y2, x1] if self.flip else [x1, y2], -1), s.sum(-1)
+
+
+class Flow(nn.Module):
+    def __init__(self, bounded):
+        super().__init__()
+        self.layers = nn.ModuleList(Coupling(i % 2 == 1, bounded) for i in range(6))
+
+    def forward(self, x):
+        logdet = 0
+        for layer in self.layers:
+            x, step_logdet = layer(x)
+            logdet = logdet + step_logdet
+        return x, logdet
+
+
+def train_flow(db, bounded):
+    torch.manual_seed(0)
+    model = Flow(bounded)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def nll(g):
+        x = torch.randn(128, 16, generator=g) * torch.linspace(0.5, 3, 16) * 4
+        z, logdet = model(x)
+        return (0.5 * (z.float() ** 2).sum(-1) + 8 * math.log(2 * math.pi) - logdet.float()).mean()
+
+    amp_training(db, model, opt, 12, nll)
+
+
+def test_a_couplings_unbounded_exp_is_bounded_first(tmp_path, verdict):
+    db = tmp_path / "flow.db"
+    train_flow(db, bounded=False)
+    code, report = verdict(db)
+    assert code == 1
+    top = report["findings"][0]
+    assert top["rule"] == "forward-nonfinite" and top["module"].startswith("layers."), report["findings"]
+    assert "Exp (float16)" in top["evidence"]
+    module = top["module"]
+    assert top["suggestions"][0]["summary"].startswith(f"Bound what {module}'s own code passes to exp() (Exp)")
+
+
+def test_the_coupling_with_its_log_scale_bounded_stays_finite_in_forward(tmp_path, verdict):
+    db = tmp_path / "bounded.db"
+    train_flow(db, bounded=True)
+    _, report = verdict(db)
+    assert not [f for f in report["findings"] if f["rule"] == "forward-nonfinite"], report["findings"]

@@ -34,10 +34,13 @@ struct ForwardCause {
 
 ForwardCause forward_cause(const Run& run, const std::string& first_seen);
 
-// The module that overflowed fp16 in forward after one that makes NaN/Inf by design (the
-// agent replays the next module once the first is intrinsic): its FP32 replay was finite
-// and its output NaN/Inf; the one that was so most often. nullptr: none.
-const ModuleSummary* overflow_after_intrinsic(const Run& run);
+// The module that overflowed fp16 in forward after `intrinsic`, one that makes NaN/Inf by
+// design (the agent replays the next module once the first is intrinsic): its FP32 replay
+// was finite, its output NaN/Inf, and it finishes after `intrinsic` in forward without
+// being part of it; the one that was so most often. nullptr: none, and the NaN/Inf that
+// reached the loss is `intrinsic`'s own (a flow's exp() beyond float32, not a mask): a
+// module that went NaN/Inf before it, or inside it, cannot have sent it on.
+const ModuleSummary* overflow_after_intrinsic(const Run& run, const std::string& intrinsic);
 
 // What the timeline and the skipped-steps list say about one step.
 struct StepCause {

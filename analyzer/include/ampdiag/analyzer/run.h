@@ -281,6 +281,12 @@ struct Run {
   const rundb::ReplayRow* replay_of(const std::string& module) const;
   // The row of a probed module, or null.
   const ModuleSummary* module_named(const std::string& path) const;
+  // Whether module `later` finishes at or after `earlier` in forward: by their places in the
+  // last forwards with every call's row that ran them, where both have one; else by module
+  // ids, which follow the order modules first finished (a module first called in a later
+  // step, a mixture-of-experts' expert, gets an id after the head's). Unknown (false) where
+  // either was not probed.
+  bool finishes_at_or_after(const std::string& later, const std::string& earlier) const;
   // The probed module with recorded outputs, the model's own ("") aside, that finished its
   // forward last in the most recorded steps: nearest the model's output. Null where none.
   const ModuleSummary* last_module() const;
