@@ -73,6 +73,20 @@ std::string call_arguments(const std::string& inputs) {
   return out;
 }
 
+// The nearest module above `module_path` that ran (it has a row in the modules table): the
+// one whose forward() calls it, since a ModuleList or ModuleDict between them has no
+// forward. "" where none did.
+std::string ran_ancestor(const Run& run, const std::string& module_path) {
+  for (auto dot = module_path.rfind('.'); dot != std::string::npos;
+       dot = dot == 0 ? std::string::npos : module_path.rfind('.', dot - 1)) {
+    const std::string above = module_path.substr(0, dot);
+    if (run.module_named(above)) return above;
+  }
+  return "";
+}
+
+bool python_agent(const Run& run) { return run.meta_or("source", "") == "ampdiag Python agent"; }
+
 }  // namespace
 
 Suggestion pin_fp32(const Run& run, const std::string& module_path) {
@@ -83,8 +97,15 @@ Suggestion pin_fp32(const Run& run, const std::string& module_path) {
   const std::string args = call_arguments(m ? m->info.inputs : "");
   const auto dot = module_path.rfind('.');
   const std::string last = dot == std::string::npos ? module_path : module_path.substr(dot + 1);
-  const std::string parent = dot == std::string::npos ? "the model" : module_path.substr(0, dot);
-  const std::string callee = all_digits(last) || !python_identifier(last) ? attr : "self." + last;
+  // Where the Python agent watched every module that ran and none above it did (a block in
+  // the model's ModuleList), the model's forward() calls it; else the path above it.
+  std::string parent = ran_ancestor(run, module_path);
+  if (parent.empty())
+    parent = dot == std::string::npos || (python_agent(run) && !run.modules.empty()) ? "the model"
+                                                                                     : module_path.substr(0, dot);
+  // In the caller's forward(), the module is self.<its path below the caller>.
+  const std::string below = parent == "the model" ? module_path : module_path.substr(parent.size() + 1);
+  const std::string callee = all_digits(last) || !python_identifier(last) ? attr : "self" + python_attribute(below).substr(5);
   s.python = "ampdiag.pin_fp32(" + attr + ")  # autocast off inside it; float inputs cast, ids and masks untouched\n"
              "# or in plain torch, where " + printable(parent) + "'s forward() calls it:\n"
              "with torch.autocast(device_type=\"" + device_type(run) + "\", enabled=False):\n"
@@ -141,15 +162,9 @@ std::vector<Suggestion> confirmed_fixes(const Run& run, const std::string& modul
   // in a ModuleDict, a block's layers in a ModuleList, neither of which has a forward to
   // pin). Where none ran: a run of the Python agent, which watches every module, has none
   // to pin; another's (the C++ agent's probes) names the path above it.
-  std::string parent;
-  for (auto dot = module_path.rfind('.'); dot != std::string::npos && parent.empty();
-       dot = dot == 0 ? std::string::npos : module_path.rfind('.', dot - 1)) {
-    const std::string above = module_path.substr(0, dot);
-    for (const auto& m : run.modules)
-      if (m.info.path == above) parent = above;
-  }
+  std::string parent = ran_ancestor(run, module_path);
   const auto dot = module_path.rfind('.');
-  if (parent.empty() && dot != std::string::npos && run.meta_or("source", "") != "ampdiag Python agent")
+  if (parent.empty() && dot != std::string::npos && !python_agent(run))
     parent = module_path.substr(0, dot);
   if (parent.empty()) {
     Suggestion alone = pin_fp32(run, module_path);

@@ -492,6 +492,41 @@ TEST_CASE("the gate fails on the rules it names and only those", "[rules][gate]"
   CHECK_THROWS_WITH(Gate("no-such-rule"), Catch::Contains("unknown rule"));
 }
 
+// A forward overflow first at `first` in a Python agent's run whose modules are `ran` (every
+// module that ran has a row: the agent watches them all), not replayed.
+Report python_forward_overflow(const TempDir& dir, const std::vector<std::string>& ran, const std::string& first) {
+  RunFixture f(dir.file("run.db"), {"layers.2.weight", "head.weight"});
+  f.meta("source", "ampdiag Python agent");
+  for (int i = 0; i < 3; ++i) {
+    for (const auto& m : ran) f.activation(m, m == first);
+    f.step(65536, 32768, 1000, {}, kNaN);
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+TEST_CASE("a pin's plain-torch lines go in the model's forward() where the module's container never ran",
+          "[rules][suggestions]") {
+  // A block in the model's ModuleList: the list has no forward, the model's calls the block.
+  TempDir dir;
+  const Report r = python_forward_overflow(dir, {"layers.1", "layers.2", "head"}, "layers.2");
+  const Finding& fw = required(r, "forward-nonfinite");
+  REQUIRE_FALSE(fw.suggestions.empty());
+  CHECK_THAT(fw.suggestions.front().python, Catch::Contains("where the model's forward() calls it"));
+  CHECK_THAT(fw.suggestions.front().python, Catch::Contains("out = model.layers[2]("));
+}
+
+TEST_CASE("a pin's plain-torch lines go in the nearest module above it that ran, called by its path below it",
+          "[rules][suggestions]") {
+  // blocks.3's forward() calls self.attn.qkv directly: attn itself never ran.
+  TempDir dir;
+  const Report r = python_forward_overflow(dir, {"blocks.3.attn.qkv", "blocks.3", "head"}, "blocks.3.attn.qkv");
+  const Finding& fw = required(r, "forward-nonfinite");
+  REQUIRE_FALSE(fw.suggestions.empty());
+  CHECK_THAT(fw.suggestions.front().python, Catch::Contains("where blocks.3's forward() calls it"));
+  CHECK_THAT(fw.suggestions.front().python, Catch::Contains("out = self.attn.qkv("));
+}
+
 TEST_CASE("suggestions name the exact module path in Python and C++", "[rules][suggestions]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"blocks.3.attn.qkv.weight", "head.weight"});
