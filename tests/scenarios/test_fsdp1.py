@@ -1,7 +1,8 @@
 """FSDP1 (FullyShardedDataParallel) on two CPU ranks with its ShardedGradScaler: each rank
 holds a shard of the parameters as plain tensors (a one-element bias on one rank only) and
 the scaler reduces found_inf across the ranks, so a skip is every rank's. A shard's NaN/Inf
-on one rank is no disagreement between the ranks."""
+on one rank is no disagreement between the ranks. Layers and modules are named as in the
+model FSDP1 wraps, without its `_fsdp_wrapped_module`."""
 import os
 import socket
 import sys
@@ -84,11 +85,18 @@ def test_each_fsdp1_rank_says_its_parameters_are_sharded_and_reads_no_weights(or
 def test_a_rank_whose_own_gradients_were_finite_names_the_rank_whose_were_not(orig_params_run, ampdiag):
     text = ampdiag("report", *orig_params_run).stdout
     assert ("rank 0 step 0 (scale 65536): every gradient recorded on this rank was finite; rank 1's held NaN/Inf "
-            "(_fsdp_wrapped_module.4.") in text
+            "(4.") in text
+
+
+def test_fsdp1_layers_and_modules_are_named_as_in_the_unwrapped_model(orig_params_run):
+    for db in orig_params_run:
+        names = {name for (name,) in rows(db, "SELECT name FROM layers")}
+        assert names <= {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"} and names, names
+        assert {path for (path,) in rows(db, "SELECT path FROM modules")} == {"0", "2", "4"}
 
 
 def test_fsdp1_flat_parameters_are_named_as_one_layer_per_unit(tmp_path):
     dbs = fsdp1_run(tmp_path, orig_params=False)
-    assert rows(dbs[0], "SELECT name FROM layers") == [("_fsdp_wrapped_module._flat_param",)]
+    assert rows(dbs[0], "SELECT name FROM layers") == [("_flat_param",)]
     (detail,), = rows(dbs[0], "SELECT detail FROM events WHERE kind = 'sharded-parameters'")
     assert "use_orig_params=False" in detail

@@ -27,6 +27,7 @@ from ._layers import Layers, source_of
 from ._fused_momentum import FusedMomentumProbe
 from ._forward import compiled_in_place, forward_hook, input_hook, output_hook, outside_compiled_graph
 from ._looks import look_at_loss_code, look_at_parameters
+from ._names import named_modules
 from ._options import check_options, check_watched, default_amp_dtype, trains_fp16_parameters
 from ._backward_replay import BackwardReplayer
 from ._gradient_entry import GradientEntries
@@ -146,7 +147,7 @@ class AttachHandle:
             self._layer_id = self._layers.layer_id  # bound once: read for every gradient of every step
             sharding = _rank.fsdp1_sharding(root)
             self._weights = WeightSampler(self, self._layers.registered, sharded=sharding is not None)
-            watched = [(path, module) for path, module in root.named_modules() if path and not bounded_by_input(module)]
+            watched = [(path, module) for path, module in named_modules(root) if path and not bounded_by_input(module)]
             if activations:
                 self._hooks.append(root.register_forward_pre_hook(self._forward_hook_as_run(input_hook(self, root)),
                                                                   with_kwargs=True))
@@ -167,7 +168,7 @@ class AttachHandle:
                     raise ValueError(f"pins: the model has no module {path!r}") from None
                 pin_fp32(module)
                 self._pinned.append(module)
-            for path, module in root.named_modules():
+            for path, module in named_modules(root):
                 if path and is_pinned(module):  # by `pins`, or by the user's own pin_fp32() before attach()
                     # The analyzer offers no pin that the run already had.
                     self._event("pinned-fp32", path)
@@ -398,7 +399,7 @@ class AttachHandle:
         their outputs are watched from their next call, as attach() watches the others'."""
         if not self._activations_on:
             return
-        for path, module in root.named_modules():
+        for path, module in named_modules(root):
             if path and module not in self._watched_modules and not bounded_by_input(module):
                 self._watch_output(path, module, root)
 

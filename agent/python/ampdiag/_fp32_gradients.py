@@ -9,6 +9,7 @@ from torch.autograd.function import BackwardCFunction
 
 from . import _ampdiag
 from ._loss_code import made_dtype, op_name
+from ._names import named_parameters
 
 
 def gradient_graph(loss_nodes, names):
@@ -57,7 +58,7 @@ def record(handle, roots, model):
     nodes = [t.grad_fn for t in roots if t.grad_fn is not None]
     if not nodes or model is None:
         return False
-    graph = gradient_graph(nodes, {id(p): name for name, p in model.named_parameters() if p.requires_grad})
+    graph = gradient_graph(nodes, {id(p): name for name, p in named_parameters(model) if p.requires_grad})
     detail = _ampdiag.fp32_gradients(*graph) if graph is not None else ""
     if detail:
         handle._event(_ampdiag.FP32_GRADIENTS, detail)

@@ -18,6 +18,7 @@ looked at once: those decisions are the session core's SenderWatch
 import torch
 
 from . import _ampdiag
+from ._names import named_modules
 from ._tensors import first_float_tensor, float_tensors, holds_nonfinite
 
 KIND = "module-gradient-sender"
@@ -93,7 +94,7 @@ class GradientSenders:
         except AttributeError:
             return
         self._hooks = [watched.register_forward_hook(handle._forward_hook_as_run(self._output_hook(watched)))]
-        for name, module in model.named_modules():
+        for name, module in named_modules(model):
             if self._core.user(name):
                 self._hooks.append(module.register_forward_hook(handle._forward_hook_as_run(self._user_hook(name, module))))
 

@@ -10,6 +10,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _stale_gradients
 from ._accumulation import AccumulationProbe
+from ._names import named_modules, named_parameters
 from ._own_uses import OwnUses
 from ._tied import TiedUse, tied_owners
 
@@ -33,11 +34,11 @@ class Layers:
         self.registered = []   # (layer, parameter) of the model, each tensor once
         self._model = weakref.ref(model)
         session = handle._session
-        modules = dict(model.named_modules())
+        modules = dict(named_modules(model))
         probe = _stale_gradients.probe_of(list(model.parameters()))
         tied = tied_owners(model)
         held_by_submodules = []  # (layer, name, tensor): the model's own code may use them too
-        for name, p in model.named_parameters(remove_duplicate=False):
+        for name, p in named_parameters(model, remove_duplicate=False):
             module_path = name.rpartition(".")[0]
             module = modules.get(module_path)
             layer, added, _ = session.add_layer(id(p), name, module_path, type(module).__name__ if module is not None else "",
@@ -99,7 +100,7 @@ class Layers:
         model = self._model()
         if model is None:
             return None
-        for name, p in model.named_parameters():
+        for name, p in named_parameters(model):
             if p is not param:
                 continue
             module_path = name.rpartition(".")[0]

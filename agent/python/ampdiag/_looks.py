@@ -5,6 +5,7 @@ model's outputs and the loss."""
 import torch
 
 from ._loss_code import loss_code, nodes_under, nonfinite_constants, path_nodes
+from ._names import named_parameters
 from ._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
 from ._replay import FINITE, INTRINSIC, NONFINITE
 from ._tensors import DATA_LAYERS, beyond_fp16_in_inputs, first_float_tensor, float_tensors, holds_nonfinite, \
@@ -170,7 +171,7 @@ def look_at_parameters(handle):
     earlier update left NaN/Inf in the parameters (see _parameters.py)."""
     if handle._parameters_nonfinite:
         return
-    where = nonfinite_parameters(handle._watched_model.named_parameters())
+    where = nonfinite_parameters(named_parameters(handle._watched_model))
     if where is None:
         return
     handle._parameters_nonfinite = True

@@ -18,6 +18,7 @@ import collections
 import torch
 
 from ._forward import compiling
+from ._names import named_modules
 from ._tensors import first_float_tensor, holds_nonfinite
 
 EVENT = "tied-gradient-nonfinite"
@@ -28,7 +29,7 @@ def tied_owners(model: torch.nn.Module) -> dict:
     """id(tensor) -> [(module path, module)] for each trainable tensor more than one module
     holds directly."""
     owners = collections.defaultdict(list)
-    for path, module in model.named_modules():
+    for path, module in named_modules(model):
         for p in module._parameters.values():
             if p is not None and p.requires_grad:
                 owners[id(p)].append((path, module))
