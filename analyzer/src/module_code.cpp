@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <initializer_list>
+#include <iterator>
 
 #include "loss_code.h"
 #include "suggestions.h"
@@ -41,12 +41,11 @@ Suggestion divide_the_sum(const Run& run, const std::string& module, const std::
   return s;
 }
 
-Suggestion bound_the_exponent(const Run& run, const std::string& module, const std::string& op, double fp32_absmax) {
+// "Bound what M's own code passes to exp() (Exp): <why>. Squash it first, ...", with a snippet.
+Suggestion bound_the_exponent(const std::string& module, const std::string& op, const std::string& why) {
   Suggestion s;
-  s.summary = "Bound what " + module + "'s own code passes to exp() (" + op + "): in FP32 " + module +
-              "'s output reached " + quoted(fp32_absmax) + ", beyond fp16's " + std::to_string(std::lround(run.fp_max)) +
-              ", and an exponent without a bound grows it without limit (in fp16 exp() alone passes 65504 above "
-              "11.09). Squash it first, as a flow's coupling layer squashes its log-scale with tanh.";
+  s.summary = "Bound what " + module + "'s own code passes to exp() (" + op + "): " + why +
+              ". Squash it first, as a flow's coupling layer squashes its log-scale with tanh.";
   s.python = "# in " + module + "'s forward(): exp() of a bounded value\n"
              "s = torch.tanh(s)  # or s.clamp(max=c); a learnt range: s = scale * torch.tanh(s / scale)\n"
              "y = x * torch.exp(s)";
@@ -54,10 +53,13 @@ Suggestion bound_the_exponent(const Run& run, const std::string& module, const s
   return s;
 }
 
+const char* const kExps[] = {"Exp", "Exp2", "Expm1"};
+
 // The last operation of `code` that `names` holds; null where none does.
-const loss_code::Op* last_of(const loss_code::Code& code, const std::initializer_list<const char*>& names) {
+template <typename Names>
+const loss_code::Op* last_of(const loss_code::Code& code, const Names& names) {
   const auto op = std::find_if(code.ops.rbegin(), code.ops.rend(), [&](const loss_code::Op& o) {
-    return std::any_of(names.begin(), names.end(), [&](const char* name) { return o.name == name; });
+    return std::any_of(std::begin(names), std::end(names), [&](const char* name) { return o.name == name; });
   });
   return op == code.ops.rend() ? nullptr : &*op;
 }
@@ -68,14 +70,28 @@ std::vector<Suggestion> own_code_fixes(const Run& run, const std::string& module
   std::vector<Suggestion> fixes;
   if (!suggest::beyond_fp16(run, fp32_absmax)) return fixes;
   const loss_code::Code code = loss_code::after_module(run, module, "module-code");
-  if (const loss_code::Op* exp = last_of(code, {"Exp", "Exp2", "Expm1"}))
-    fixes.push_back(bound_the_exponent(run, module, exp->name, fp32_absmax));
+  if (const loss_code::Op* exp = last_of(code, kExps))
+    fixes.push_back(bound_the_exponent(module, exp->name,
+                                       "in FP32 " + module + "'s output reached " + quoted(fp32_absmax) +
+                                           ", beyond fp16's " + std::to_string(std::lround(run.fp_max)) +
+                                           ", and an exponent without a bound grows it without limit (in fp16 exp() "
+                                           "alone passes 65504 above 11.09)"));
   // Operations that add up many terms of their input into one value each: a count of terms
   // past 65504 / |term| overflows fp16 whatever the module's weights. (Not IndexPut or
   // EmbeddingBag, whose names do not say whether they accumulate or average.)
-  if (const loss_code::Op* sum = last_of(code, {"IndexAdd", "ScatterAdd", "ScatterReduce", "Sum", "Cumsum"}))
-    fixes.push_back(divide_the_sum(run, module, sum->name, fp32_absmax));
+  static const char* const kSums[] = {"IndexAdd", "ScatterAdd", "ScatterReduce", "Sum", "Cumsum"};
+  if (const loss_code::Op* sum = last_of(code, kSums)) fixes.push_back(divide_the_sum(run, module, sum->name, fp32_absmax));
   return fixes;
+}
+
+std::optional<Suggestion> bound_the_exponent_beyond_fp32(const Run& run, const std::string& module) {
+  const loss_code::Code code = loss_code::after_module(run, module, "module-code");
+  const loss_code::Op* exp = last_of(code, kExps);
+  if (!exp) return std::nullopt;
+  return bound_the_exponent(module, exp->name,
+                            "from finite inputs " + module + "'s output holds NaN/Inf in FP32 too, and exp() passes "
+                            "float32's range above 88.72 (fp16's above 11.09), so an argument without a bound ends in "
+                            "Inf whatever the precision");
 }
 
 }  // namespace ampdiag::analyzer::rules

@@ -4,6 +4,7 @@
 // that many terms outgrows; so is a coupling layer's exp() of an unbounded log-scale.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,5 +24,10 @@ std::string module_code_evidence(const Run& run, const std::string& module);
 // ScatterAdd, ScatterReduce, Sum, Cumsum), the sum divided by its number of terms. The
 // exponent comes before the sum: it grows faster than any count of terms.
 std::vector<Suggestion> own_code_fixes(const Run& run, const std::string& module, double fp32_absmax);
+
+// Where the module makes NaN/Inf from finite inputs in FP32 too (its replay `intrinsic`) and
+// its own code takes exp(): the argument bounded, untried (exp() passes float32's range above
+// 88.72, so one without a bound ends in Inf whatever the precision); none otherwise.
+std::optional<Suggestion> bound_the_exponent_beyond_fp32(const Run& run, const std::string& module);
 
 }  // namespace ampdiag::analyzer::rules

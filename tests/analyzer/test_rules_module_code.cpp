@@ -98,3 +98,26 @@ TEST_CASE("a module's sum over a reduction is averaged with mean()", "[rules][mo
   REQUIRE_FALSE(fw.suggestions.empty());
   CHECK_THAT(fw.suggestions[0].python, Catch::Contains("out = x.mean(dim)  # was x.sum(dim)"));
 }
+
+TEST_CASE("a module whose own exp() makes Inf in FP32 too has its argument bounded before the look at its code",
+          "[rules][module-code]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"c2.lin.weight", "head.weight"});
+  f.replay("c2", "intrinsic");
+  for (int i = 0; i < 4; ++i) {
+    if (i == 0) f.event("module-code", "c2: Exp:float16, Mul:float32");
+    f.activation("c2.lin", false).activation("c2", true).activation("head", true).step(65536, 32768, 1000, {}, kNaN);
+  }
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& fw = required(r, "forward-nonfinite");
+  CHECK(fw.module == "c2");
+  CHECK_THAT(fw.title, Catch::Contains("even in FP32: its code"));
+  CHECK_THAT(fw.evidence, Catch::Contains("its own code after its submodules, read at step 0: Exp (float16), Mul "
+                                          "(float32)"));
+  REQUIRE(fw.suggestions.size() == 2);
+  CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Bound what c2's own code passes to exp() (Exp): from finite "
+                                                          "inputs c2's output holds NaN/Inf in FP32 too"));
+  CHECK(fw.suggestions[0].untried);
+  CHECK_THAT(fw.suggestions[1].summary, Catch::StartsWith("Look at c2's code"));
+}

@@ -1,7 +1,8 @@
 """The code a module runs after its submodules, read where its FP32 replay confirmed an fp16
-overflow (event "module-code"): the operations from its submodules' outputs and its inputs
-to its output. torch's own leaf modules are one operation, and a module whose output is its
-last submodule's ran its own code before it: neither is read. A leaf of the user's is."""
+overflow, or found NaN/Inf from finite inputs in FP32 too (event "module-code"): the
+operations from its submodules' outputs and its inputs to its output. torch's own leaf
+modules are one operation, and a module whose output is its last submodule's ran its own
+code before it: neither is read. A leaf of the user's is."""
 import sqlite3
 
 import torch
@@ -46,6 +47,18 @@ class WeightedSum(nn.Module):
 
     def forward(self, x):
         return nn.functional.linear(x, self.w).sum(0, keepdim=True)
+
+
+class Scaled(nn.Module):
+    """A coupling layer's affine transform, its log-scale without a bound: exp() passes
+    float32's range too on inputs up to 400."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x * torch.exp(self.lin(x))
 
 
 class Model(nn.Module):
@@ -98,3 +111,12 @@ def test_a_leaf_module_of_the_users_own_has_its_code_read(tmp_path):
     train(db, WeightedSum())
     [code] = events(db, "module-code")
     assert code.startswith("inner: ") and ", Mm:float16, Sum:float16" in code, code  # after the weight's cast
+
+
+def test_a_modules_own_code_is_read_where_it_makes_inf_in_fp32_too(tmp_path):
+    db = tmp_path / "run.db"
+    train(db, Scaled())
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT module, outcome FROM replays").fetchall()[0] == ("inner", "intrinsic")
+    [code] = events(db, "module-code")
+    assert code.startswith("inner: ") and "Exp:float16" in code, code

@@ -62,6 +62,8 @@ def on_nonfinite_output(handle, path, module, args, kwargs, output):
         buffers = nan_buffers(path, module)
         if buffers is not None:
             handle._event("buffers-nan", buffers)
+        elif replays_now:
+            look_at_own_code(handle, path, module, args, output)
     if verdict == FINITE and replays_now:
         look_at_input_range(handle, path, args, kwargs)
         look_at_own_code(handle, path, module, args, output)
@@ -74,8 +76,9 @@ MODULE_CODE_LOOKS = 4  # "module-code" events a run
 
 def look_at_own_code(handle, path, module, args, output):
     """A module of the user's, or one with submodules, whose output its FP32 replay found
-    finite (fp16's range, not its code): the operations its own code ran after its
-    submodules' outputs and its inputs (event "module-code", "c2: Index:float16,
+    finite (fp16's range, not its code) or NaN/Inf from finite inputs (its code: a flow's
+    coupling whose exp() passes float32's range too): the operations its own code ran after
+    its submodules' outputs and its inputs (event "module-code", "c2: Index:float16,
     IndexAdd:float16": a graph layer's sum over a hub's messages). torch's own leaves are
     one operation, which their type names; a module whose output is its last submodule's
     ran its own code before that one. Once per module, MODULE_CODE_LOOKS modules a run."""
