@@ -113,6 +113,14 @@ const std::vector<Known>& known() {
         "its argument.",
         "y = torch.logsumexp(x, dim=-1)  # not x.exp().sum(-1).log()", "auto y = torch::logsumexp(x, -1);", ""},
        {}},
+      {{"Cosh", "Sinh"},
+       {"cosh() / sinh() overflow above 89.4 in float32 (11.8 in float16), so log(cosh(x)), a log-cosh loss written "
+        "as it reads, is Inf for residuals that large in any precision: take its stable form, |x| + softplus(-2|x|) - "
+        "log 2, finite for every x.",
+        "loss = (d.abs() + F.softplus(-2 * d.abs()) - math.log(2)).mean()  # log(cosh(d)), d = pred - y",
+        "auto loss = (d.abs() + torch::nn::functional::softplus(-2 * d.abs()) - std::log(2.0)).mean();  // log(cosh(d))",
+        ""},
+       {}},
   };
   return table;
 }
@@ -314,14 +322,24 @@ Suggestion in_precision(const Known& k, const Suggestion& s, const std::string& 
   return out;
 }
 
+// Whether a forward log()'s argument is the output of the operation before it that only
+// makes positive values and overflows to +Inf (log(exp(x)), log(cosh(x))): the Inf is that
+// operation's, and log()'s own 0 or negative argument is not possible.
+bool log_of_overflow(const Op& op, const Op* before) {
+  static const std::set<std::string> positive = {"Exp", "Cosh"};
+  return before && op.name.rfind("Log", 0) == 0 && positive.count(before->name) > 0;
+}
+
 }  // namespace
 
 std::vector<Fix> fixes(const Code& code, Phase phase) {
   std::vector<Fix> out;
   std::set<const Known*> given;
-  for (const auto& op : code.ops)
+  for (std::size_t i = 0; i < code.ops.size(); ++i)
     for (const auto& k : known()) {
+      const Op& op = code.ops[i];
       if (!matches(op, k) || given.count(&k)) continue;
+      if (phase == Phase::kForward && log_of_overflow(op, i ? &code.ops[i - 1] : nullptr)) continue;
       const Suggestion& s = phase == Phase::kForward ? k.forward : k.backward;
       if (s.summary.empty()) continue;
       given.insert(&k);

@@ -193,6 +193,33 @@ TEST_CASE("a known operation that ran in float32 after a float16 one gets its ow
   CHECK(offers_fp32_loss(*fw));  // the float16 sum before it may still overflow
 }
 
+TEST_CASE("a log-cosh loss in float32 names cosh's overflow with its stable form, not log()'s argument",
+          "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "Sub:float32, Cosh:float32, Log:float32, Mean:float32");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  REQUIRE_FALSE(fw->suggestions.empty());
+  CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("cosh() / sinh() overflow above 89.4 in float32"));
+  CHECK_THAT(fw->suggestions.front().python, Catch::Contains("d.abs() + F.softplus(-2 * d.abs()) - math.log(2)"));
+  for (const auto& s : fw->suggestions) {
+    CHECK_THAT(s.summary, !Catch::Contains("log() of 0"));
+    CHECK_THAT(s.summary, !Catch::Contains("as Log can make NaN/Inf too"));
+  }
+  CHECK_FALSE(offers_fp32_loss(*fw));
+}
+
+TEST_CASE("a log after a sum of exponentials is still named beside exp()", "[rules][loss-code]") {
+  // x.exp().sum().log(): the sum of exp() may be 0 where every exp() underflows.
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "Exp:float32, Sum:float32, Log:float32, Mean:float32");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  REQUIRE(fw->suggestions.size() >= 2);
+  CHECK_THAT(fw->suggestions[0].summary, Catch::StartsWith("exp() overflows above 88.7"));
+  CHECK_THAT(fw->suggestions[1].summary, Catch::StartsWith("Else, as Log can make NaN/Inf too"));
+}
+
 TEST_CASE("a loss code with no operation known to make NaN/Inf keeps the generic look and the FP32 loss", "[rules][loss-code]") {
   TempDir dir;
   const Report r = nan_loss_run(dir, "Sum:float16, Mean:float32");

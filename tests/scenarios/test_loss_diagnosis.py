@@ -4,6 +4,7 @@ already in the batch. Named as such, never blamed on the layer nearest to it or 
 model's own code."""
 import csv
 import io
+import math
 import re
 import subprocess
 
@@ -408,6 +409,41 @@ def test_a_sqrt_of_zero_in_the_loss_is_named_as_the_losss_backward_not_a_layer_t
 def test_the_epsilon_the_report_gives_trains_the_same_loop_healthy(tmp_path, verdict):
     db = tmp_path / "sqrt_eps.db"
     metric_learning(db, eps=1e-12)
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rules(rep)
+
+
+def log_cosh_regression(db, stable):
+    """A regression on targets up to 200 under a log-cosh loss, written as it reads or in its
+    stable form: cosh() of a residual above 89.4 is Inf in float32."""
+    torch.manual_seed(0)
+
+    def loss_of(step, model):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(64, 16, generator=g), torch.rand(64, 1, generator=g) * 200
+        with torch.autocast("cpu", dtype=torch.float16):
+            d = model(x).float() - y
+        if stable:
+            return (d.abs() + nn.functional.softplus(-2 * d.abs()) - math.log(2)).mean()
+        return torch.log(torch.cosh(d)).mean()
+
+    train(db, nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)), 10, loss_of)
+
+
+def test_a_log_cosh_loss_written_as_it_reads_is_given_its_stable_form_not_a_clamp_of_log(tmp_path, verdict):
+    db = tmp_path / "logcosh.db"
+    log_cosh_regression(db, stable=False)
+    code, rep = verdict(db)
+    assert code == 1
+    top = next(f for f in rep["findings"] if f["rule"] == "forward-nonfinite")
+    assert "Sub, Cosh, Log, Mean (all float32)" in top["evidence"]
+    assert top["suggestions"][0]["summary"].startswith("cosh() / sinh() overflow above 89.4 in float32")
+    assert not any("log() of 0" in s["summary"] for s in top["suggestions"])
+
+
+def test_the_stable_log_cosh_the_report_gives_trains_the_same_regression_healthy(tmp_path, verdict):
+    db = tmp_path / "logcosh_stable.db"
+    log_cosh_regression(db, stable=True)
     code, rep = verdict(db)
     assert (code, rep["healthy"]) == (0, True), rules(rep)
 
