@@ -80,10 +80,9 @@ void App::timeline(float x, float y, float w, float h) {
   }
   lo = std::floor(lo) - 1, hi = std::ceil(hi) + 1;
   const auto Y = [&](double v) { return float(p1.y - (v - lo) / (hi - lo) * (p1.y - p0.y)); };
-  for (int k = int(lo); scaler && k <= int(hi); ++k) {
-    if ((int(hi - lo) > 16) && k % 2) continue;
+  const int stride = log2_label_stride(hi - lo, p1.y - p0.y, ImGui::GetTextLineHeight() + 2);
+  for (int k = int(std::ceil(lo / stride)) * stride; scaler && k <= int(hi); k += stride)
     log2_gridline(draw, p0.x, p1.x, Y(k), k);
-  }
   if (scaler) draw->AddLine(ImVec2(p0.x, Y(std::log2(kScaleFloor))), ImVec2(p1.x, Y(std::log2(kScaleFloor))), kFloor, 1.5f);
 
   const int width = std::max(1, int(p1.x - p0.x));

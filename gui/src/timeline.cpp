@@ -53,4 +53,12 @@ std::vector<TimelineColumn> timeline_columns(const analyzer::Run& run, std::int6
   return columns;
 }
 
+int log2_label_stride(double powers, float pixels, float min_gap) {
+  if (!(powers > 0) || !(pixels > 0)) return 1;
+  const double per_power = double(pixels) / powers;
+  int stride = 1;
+  while (stride < (1 << 20) && per_power * stride < double(min_gap)) stride *= 2;
+  return stride;
+}
+
 }  // namespace ampdiag::gui

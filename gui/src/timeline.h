@@ -24,6 +24,11 @@ double step_to_x(std::int64_t step, std::int64_t first, std::int64_t last, doubl
 // The pixel column (0..width-1) that holds step `step`.
 int column_of(std::int64_t step, std::int64_t first, std::int64_t last, int width);
 
+// How many powers of two apart the loss-scale axis labels its gridlines (1, 2, 4, 8, ...):
+// the fewest that leaves `min_gap` pixels between labels, where `powers` powers of two span
+// `pixels` (a scale that fell 60 halvings in a short plot would stack its labels).
+int log2_label_stride(double powers, float pixels, float min_gap);
+
 // column_of for increasing steps, without its arithmetic for every step: a zoomed-out
 // view puts hundreds of steps in each column, and only a step past the column's last
 // one needs the next column worked out.

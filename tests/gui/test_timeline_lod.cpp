@@ -56,3 +56,17 @@ TEST_CASE("a zoomed range leaves the steps outside it out", "[gui]") {
   const auto columns = gui::timeline_columns(run, 20, 80, 61);
   for (const auto& c : columns) CHECK_FALSE(c.skipped);
 }
+
+TEST_CASE("the scale axis labels every power of two where they fit, and fewer, evenly, where they would stack", "[gui]") {
+  CHECK(gui::log2_label_stride(10, 300, 15) == 1);  // 30 px a power
+  CHECK(gui::log2_label_stride(18, 190, 15) == 2);  // 10.6 px a power: every other one
+  const int stride = gui::log2_label_stride(62, 190, 15);  // a scale that fell 60 halvings, 3 px a power
+  CHECK(stride == 8);
+  CHECK(190.0 / 62 * stride >= 15);
+  CHECK(190.0 / 62 * (stride / 2) < 15);  // no sparser than it needs
+}
+
+TEST_CASE("a degenerate axis labels every power", "[gui]") {
+  CHECK(gui::log2_label_stride(0, 190, 15) == 1);
+  CHECK(gui::log2_label_stride(10, 0, 15) == 1);
+}
