@@ -492,6 +492,8 @@ TEST_CASE("the gate fails on the rules it names and only those", "[rules][gate]"
   CHECK_THROWS_WITH(Gate("no-such-rule"), Catch::Contains("unknown rule"));
 }
 
+namespace {
+
 // A forward overflow first at `first` in a Python agent's run whose modules are `ran` (every
 // module that ran has a row: the agent watches them all), not replayed.
 Report python_forward_overflow(const TempDir& dir, const std::vector<std::string>& ran, const std::string& first) {
@@ -504,6 +506,8 @@ Report python_forward_overflow(const TempDir& dir, const std::vector<std::string
   f.finish();
   return report_of(dir.file("run.db"));
 }
+
+}  // namespace
 
 TEST_CASE("a pin's plain-torch lines go in the model's forward() where the module's container never ran",
           "[rules][suggestions]") {
