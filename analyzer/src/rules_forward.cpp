@@ -244,13 +244,21 @@ const ModuleSummary* finished_before(const Run& run, const std::string& path) {
   return before >= 0 && std::size_t(before) < run.modules.size() ? &run.modules[std::size_t(before)] : nullptr;
 }
 
-std::string own_code_place(const Run& run, const std::string& owner, const std::string& first_seen) {
+// The module inside `owner` (the model: "") that finished just before `first_seen`; "" where
+// none did or `first_seen` is no module.
+std::string own_code_after(const Run& run, const std::string& owner, const std::string& first_seen) {
   if (!run.module_named(first_seen)) return "";
   if (const ModuleSummary* before = finished_before(run, first_seen)) {
     const std::string& path = before->info.path;
-    if (owner.empty() || path.rfind(owner + ".", 0) == 0) return "between " + path + " and " + first_seen;
+    if (owner.empty() || path.rfind(owner + ".", 0) == 0) return path;
   }
-  return "before " + first_seen;
+  return "";
+}
+
+std::string own_code_place(const Run& run, const std::string& owner, const std::string& first_seen) {
+  if (!run.module_named(first_seen)) return "";
+  const std::string after = own_code_after(run, owner, first_seen);
+  return after.empty() ? "before " + first_seen : "between " + after + " and " + first_seen;
 }
 
 // The module's buffers that held NaN when its FP32 replay made NaN from finite inputs
@@ -446,6 +454,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     f.score = 95.0 * double(c.first) / double(std::max<std::int64_t>(1, with_module)) + (top ? 5.0 : 0.0);
     f.title = name + " is the first module whose output is NaN/Inf in forward";
     const std::string where = cause.own_code ? own_code_place(run, path, cause.first_seen) : "";
+    if (cause.own_code) f.made_after = own_code_after(run, path, cause.first_seen);
     if (cause.own_code)
       f.title = (path.empty() ? "The first NaN/Inf in forward is made in the model's own forward(), outside its submodules"
                               : path + " produces the first NaN/Inf in forward, in its own code") +

@@ -173,15 +173,23 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   const auto unplaced_loss = [&run](const Finding& f) {
     return f.rule == "forward-nonfinite" && f.module.empty() && run.modules.empty();
   };
+  // The model's own code that made a forward NaN/Inf runs after the module that finished just
+  // before it (a VAE's exp(0.5 * logvar) after a logvar head that starts too large).
+  const auto own_code = [](const Finding& f) { return f.rule == "forward-nonfinite" && f.module.empty() && !f.made_after.empty(); };
   for (const Severity severity : {Severity::kError, Severity::kWarning, Severity::kInfo})
     for (const char* rule : {"forward-nonfinite", "overflow-origin"})
       for (const auto& f : out) {
-        if (explained || f.severity != severity || (f.module.empty() && !unplaced_loss(f)) || f.rule != rule ||
-            (severity == Severity::kInfo && !harmful && !deep))
+        if (explained || f.severity != severity || (f.module.empty() && !unplaced_loss(f) && !own_code(f)) ||
+            f.rule != rule || (severity == Severity::kInfo && !harmful && !deep))
           continue;
-        if (f.rule == "overflow-origin" || !probed || !run.module_named(f.module) || run.finishes_at_or_after(f.module, module))
+        const std::string& at = own_code(f) ? f.made_after : f.module;
+        if (f.rule == "overflow-origin" || !probed || !run.module_named(at) || run.finishes_at_or_after(at, module))
           explained = &f;
       }
+  // Where the explained finding is: a module, or the model's own code after one.
+  const std::string place = !explained ? ""
+                            : own_code(*explained) ? "the model's own forward() after " + explained->made_after
+                                                   : explained->module;
 
   // An occasional overflow the scaler copes with (information) still weighs where it holds
   // the scale down enough for scale-collapse or skip-rate to speak.
@@ -204,10 +212,10 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
             ", far above any standard initialisation's" +
             (explained && unplaced_loss(*explained) ? ": the NaN/Inf loss likely follows from it"
              : explained && occasional && deep
-                 ? ": the overflows at " + explained->module + " that brought the loss scale down " +
+                 ? ": the overflows at " + place + " that brought the loss scale down " +
                        plural(calibration, "halving") + " at the start likely follow from it"
-             : explained ? ": the " + std::string(occasional ? "occasional " : "") + "overflow at " +
-                               explained->module + " likely follows from it"
+             : explained ? ": the " + std::string(occasional ? "occasional " : "") + "overflow " +
+                               (own_code(*explained) ? "in " : "at ") + place + " likely follows from it"
              : harmful || calibration > 0 ? ", and no overflow follows from it"
                                           : ", and nothing overflowed");
   f.evidence = "at step " + std::to_string(top.step) + " its gain, the root-mean-square value times the square root of its fan-in, was " +
@@ -220,7 +228,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
     f.evidence += "; the loss went NaN/Inf, and no module output was probed to say where it started (see "
                   "forward-nonfinite)";
   else if (explained)
-    f.evidence += "; " + explained->module + (explained->rule == "forward-nonfinite" ? " went NaN/Inf in forward"
+    f.evidence += "; " + place + (explained->rule == "forward-nonfinite" ? " went NaN/Inf in forward"
                                                                                       : "'s gradients overflowed first") +
                   " (see " + explained->rule + ")";
   if (explained) f.suggestions.push_back(suggest::reinitialise(module));

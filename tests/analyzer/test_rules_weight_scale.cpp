@@ -41,7 +41,46 @@ Report head_oversized_run(const TempDir& dir, const std::map<std::string, std::v
   return report_of(dir.file("run.db"));
 }
 
+// `layer` read at a gain of 1000, then 6 steps whose NaN/Inf the model's own code makes
+// between a and b (b only receives it: its FP32 replay is NaN/Inf too), as a VAE's
+// exp(0.5 * logvar) between its logvar head and its decoder.
+Report own_code_after_a_run(const TempDir& dir, const std::string& layer) {
+  RunFixture f(dir.file("run.db"), kNet, 0, 1, "float32");
+  for (const auto& name : kNet) f.weight_norm(name, name == layer ? 8000.0 : 2.4);
+  f.replay("b", "nonfinite");
+  double scale = 65536;
+  for (int i = 0; i < 6; ++i, scale /= 2)
+    f.activation("a", false).activation("b", true).activation("head", true).step(scale, scale / 2, 1000, {}, kNaN);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
 }  // namespace
+
+TEST_CASE("weights of the module after which the model's own code overflows explain that overflow",
+          "[rules][oversized-weights]") {
+  TempDir dir;
+  const Report r = own_code_after_a_run(dir, "a.weight");
+  const Finding& fw = required(r, "forward-nonfinite");
+  REQUIRE(fw.module.empty());
+  CHECK_THAT(fw.title, Catch::EndsWith("between a and b"));
+  const Finding& w = required(r, "oversized-weights");
+  CHECK(w.severity == Severity::kWarning);
+  CHECK(w.title == "a.weight starts at a gain of 1000, far above any standard initialisation's: the overflow in the "
+                   "model's own forward() after a likely follows from it");
+  CHECK_THAT(w.evidence, Catch::EndsWith("; the model's own forward() after a went NaN/Inf in forward (see "
+                                         "forward-nonfinite)"));
+  REQUIRE_FALSE(w.suggestions.empty());
+}
+
+TEST_CASE("weights of a module after the model's own code that overflowed do not explain it", "[rules][oversized-weights]") {
+  TempDir dir;
+  const Report r = own_code_after_a_run(dir, "head.weight");
+  const Finding& w = required(r, "oversized-weights");
+  CHECK(w.severity == Severity::kInfo);
+  CHECK_THAT(w.title, Catch::EndsWith("and no overflow follows from it"));
+  CHECK(w.suggestions.empty());
+}
 
 TEST_CASE("weights starting far above a standard initialisation's gain are named beside the overflow after them",
           "[rules][oversized-weights]") {

@@ -148,3 +148,54 @@ def test_a_temperature_initialised_as_its_log_is_healthy(tmp_path, verdict):
     clip_loop(db, log_init=True)
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
+
+
+class Vae(nn.Module):
+    """A VAE whose reparameterisation, exp(0.5 * logvar), runs in its own forward() between
+    the logvar head and the decoder."""
+
+    def __init__(self, logvar_gain):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(64, 128), nn.ReLU())
+        self.mu, self.logvar = nn.Linear(128, 16), nn.Linear(128, 16)
+        self.dec = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 64))
+        with torch.no_grad():
+            self.logvar.weight.mul_(logvar_gain)
+
+    def forward(self, x):
+        h = self.enc(x)
+        mu, logvar = self.mu(h), self.logvar(h)
+        return self.dec(mu + torch.exp(0.5 * logvar) * torch.randn_like(mu)), mu, logvar
+
+
+def vae_loop(db, logvar_gain):
+    torch.manual_seed(0)
+    model = Vae(logvar_gain)
+
+    def loss_of(g):
+        x = torch.rand(32, 64, generator=g)
+        recon, mu, logvar = model(x)
+        kl = -0.5 * (1 + logvar.float() - mu.float() ** 2 - logvar.float().exp()).sum(-1).mean()
+        return nn.functional.mse_loss(recon.float(), x) + 1e-3 * kl
+
+    amp_training(db, model, torch.optim.Adam(model.parameters(), lr=1e-3), 12, loss_of)
+
+
+def test_a_logvar_head_far_too_large_explains_the_overflow_in_the_reparameterisation_after_it(tmp_path, verdict):
+    db = tmp_path / "vae.db"
+    vae_loop(db, logvar_gain=200.0)
+    code, report = verdict(db)
+    assert code == 1
+    own = next(f for f in report["findings"] if f["rule"] == "forward-nonfinite")
+    assert own["module"] == "" and own["title"].endswith("between logvar and dec.0"), own["title"]
+    oversized = next(f for f in report["findings"] if f["rule"] == "oversized-weights")
+    assert oversized["severity"] == "warning"
+    assert oversized["title"].endswith("the overflow in the model's own forward() after logvar likely follows from it")
+    assert "reset_parameters()" in oversized["suggestions"][0]["python"]
+
+
+def test_the_logvar_head_at_its_standard_initialisation_trains_healthy(tmp_path, verdict):
+    db = tmp_path / "vae_reset.db"
+    vae_loop(db, logvar_gain=1.0)
+    code, report = verdict(db)
+    assert (code, report["healthy"]) == (0, True), report["findings"]

@@ -42,6 +42,9 @@ struct Finding {
   // code after the model's last module. Empty: an overflow, in the module or the model's
   // own forward().
   std::string blame;
+  // A forward NaN/Inf made in a module's own code (the model's: module ""): the module that
+  // finished just before it was made, after which that code runs. Empty: none or unknown.
+  std::string made_after;
 };
 
 // Where a step's NaN/Inf came from in forward, as far as the run can tell (causes.h).
