@@ -94,4 +94,31 @@ std::optional<Suggestion> bound_the_exponent_beyond_fp32(const Run& run, const s
                             "Inf whatever the precision");
 }
 
+std::string input_code_evidence(const Run& run, const std::string& first_seen) {
+  const loss_code::Code code = loss_code::after_module(run, first_seen, "input-code");
+  if (code.empty()) return "";
+  return "; the code that made " + first_seen + "'s input, read at step " + std::to_string(code.step) + ": " +
+         code.describe();
+}
+
+std::optional<Suggestion> exp_in_input_code(const Run& run, const std::string& first_seen, const std::string& who,
+                                            const std::string& where) {
+  const loss_code::Code code = loss_code::after_module(run, first_seen, "input-code");
+  const loss_code::Op* exp = last_of(code, kExps);
+  if (!exp) return std::nullopt;
+  const bool half = exp->dtype == "float16" || exp->dtype == "bfloat16";
+  const bool fp16 = exp->dtype == "float16";
+  Suggestion s;
+  s.summary = "Bound what " + who + " passes to exp() " + where + " (" + exp->name + (exp->dtype == "?" ? "" : ", " + exp->dtype) +
+              "): that code made the NaN/Inf " + first_seen + " received, and exp() passes " +
+              (fp16 ? std::string("65504 above 11.09 in float16, float32's range above 88.72")
+                    : std::string("float32's range above 88.72")) +
+              (half ? ". Compute it in FP32, its argument clamped" : ". Clamp its argument") +
+              " (a VAE's log-variance, whose exp(0.5 * logvar) grows without limit as logvar does).";
+  s.python = half ? "y = torch.exp(x.float().clamp(max=20))  # was torch.exp(x): in FP32, its argument bounded"
+                  : "y = torch.exp(x.clamp(max=80))  # was torch.exp(x): its argument bounded";
+  s.untried = true;
+  return s;
+}
+
 }  // namespace ampdiag::analyzer::rules

@@ -30,4 +30,15 @@ std::vector<Suggestion> own_code_fixes(const Run& run, const std::string& module
 // 88.72, so one without a bound ends in Inf whatever the precision); none otherwise.
 std::optional<Suggestion> bound_the_exponent_beyond_fp32(const Run& run, const std::string& module);
 
+// The code that made the NaN/Inf input of `first_seen`, the first module to show it, which
+// only received it (event "input-code", Python agent): "; the code that made dec.0's input,
+// read at step 0: Mul, Exp, Mul, Add (all float16)"; empty where none was read.
+std::string input_code_evidence(const Run& run, const std::string& first_seen);
+
+// Where that code takes exp(): its argument bounded, and in FP32 where it ran in half
+// precision, untried (a VAE's exp(0.5 * logvar) in its own forward()). `who` names the code
+// ("the model's own forward()"), `where` places it ("between logvar and dec.0").
+std::optional<Suggestion> exp_in_input_code(const Run& run, const std::string& first_seen, const std::string& who,
+                                            const std::string& where);
+
 }  // namespace ampdiag::analyzer::rules

@@ -39,6 +39,57 @@ TEST_CASE("the model's own code that made NaN/Inf is placed after the module tha
 
 namespace {
 
+// The VAE run above, with the agent's read of the code that made dec.0's input (`code`).
+Report vae_with_input_code(const TempDir& dir, const std::string& code) {
+  RunFixture f(dir.file("run.db"), {"mu.weight", "logvar.weight", "dec.0.weight"});
+  f.replay("dec.0", "nonfinite").replay("dec", "nonfinite");
+  for (int i = 0; i < 4; ++i) {
+    if (i == 0) f.event("input-code", "dec.0: " + code);
+    f.activation("mu", false).activation("logvar", false).activation("dec.0", true).activation("dec", true)
+        .step(65536, 32768, 1000, {"dec.0.weight"}, kNaN);
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("the model's own code that made NaN/Inf has its exp() computed in FP32 and bounded first", "[rules][replay]") {
+  TempDir dir;
+  const Report r = vae_with_input_code(dir, "Mul:float16, Exp:float16, Mul:float16, Add:float16");
+  const Finding& fw = required(r, "forward-nonfinite");
+  CHECK_THAT(fw.evidence, Catch::EndsWith("; the code that made dec.0's input, read at step 0: Mul, Exp, Mul, Add (all "
+                                          "float16)"));
+  REQUIRE(fw.suggestions.size() >= 2);
+  CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Bound what the model's own forward() passes to exp() between "
+                                                          "logvar and dec.0 (Exp, float16)") &&
+                                            Catch::Contains("Compute it in FP32, its argument clamped"));
+  CHECK_THAT(fw.suggestions[0].python, Catch::Contains("torch.exp(x.float().clamp(max=20))"));
+  CHECK(fw.suggestions[0].untried);
+  CHECK_THAT(fw.suggestions[1].summary, Catch::StartsWith("Look at the model's own forward() between logvar and dec.0"));
+}
+
+TEST_CASE("the model's own code whose exp() ran in float32 has its argument clamped, not cast", "[rules][replay]") {
+  TempDir dir;
+  const Report r = vae_with_input_code(dir, "Mul:float32, Exp:float32, Mul:float32, Add:float32");
+  const Finding& fw = required(r, "forward-nonfinite");
+  REQUIRE_FALSE(fw.suggestions.empty());
+  CHECK_THAT(fw.suggestions[0].summary, Catch::Contains("(Exp, float32)") && Catch::Contains("Clamp its argument") &&
+                                            !Catch::Contains("Compute it in FP32"));
+  CHECK_THAT(fw.suggestions[0].python, Catch::Contains("torch.exp(x.clamp(max=80))"));
+}
+
+TEST_CASE("the model's own code without an exp keeps the look at it first, its operations listed", "[rules][replay]") {
+  TempDir dir;
+  const Report r = vae_with_input_code(dir, "Mul:float16, Div:float16");
+  const Finding& fw = required(r, "forward-nonfinite");
+  CHECK_THAT(fw.evidence, Catch::Contains("Mul, Div (all float16)"));
+  REQUIRE_FALSE(fw.suggestions.empty());
+  CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Look at the model's own forward() between logvar and dec.0"));
+}
+
+namespace {
+
 // The title of the run's forward-nonfinite finding; the test fails where there is none.
 std::string forward_nonfinite_title(const std::string& db) {
   const auto r = report_of(db);

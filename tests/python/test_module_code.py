@@ -61,6 +61,19 @@ class Scaled(nn.Module):
         return x * torch.exp(self.lin(x))
 
 
+class Reparameterised(nn.Module):
+    """A head whose outputs its own forward() passes to exp(), as a VAE's exp(0.5 * logvar),
+    before another Linear: exp() passes fp16's range on inputs up to 400, and that Linear only
+    receives the Inf."""
+
+    def __init__(self):
+        super().__init__()
+        self.logvar, self.dec = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.dec(torch.exp(0.5 * self.logvar(x)))
+
+
 class Model(nn.Module):
     def __init__(self, inner):
         super().__init__()
@@ -120,3 +133,11 @@ def test_a_modules_own_code_is_read_where_it_makes_inf_in_fp32_too(tmp_path):
         assert c.execute("SELECT module, outcome FROM replays").fetchall()[0] == ("inner", "intrinsic")
     [code] = events(db, "module-code")
     assert code.startswith("inner: ") and "Exp:float16" in code, code
+
+
+def test_the_code_that_made_the_input_of_a_module_that_only_received_nan_is_read(tmp_path):
+    db = tmp_path / "run.db"
+    train(db, Reparameterised())
+    # (inner's exp() passes float32's range too: inner makes Inf from finite inputs, and the
+    # next module to show NaN, head, is looked at in turn.)
+    assert events(db, "input-code")[0] == "inner.dec: Mul:float16, Exp:float16"

@@ -3,7 +3,9 @@ output is finite: a log-sum-exp written by hand, whose fp16 sum of exponentials 
 65504. The report blamed the loss code (the only code it knew of outside the modules);
 it must name the model's own code after its last submodule, with its operations, and the
 fix it gives (that code in FP32) must make the run healthy. Where that code reads a parameter
-of the model's own (CLIP's temperature), the evidence names it with its value."""
+of the model's own (CLIP's temperature), the evidence names it with its value. A VAE's
+reparameterisation between two of its modules is read as the code that made the decoder's
+input, its exp() bounded first; a logvar head far too large before it explains it."""
 import math
 
 import torch
@@ -192,6 +194,16 @@ def test_a_logvar_head_far_too_large_explains_the_overflow_in_the_reparameterisa
     assert oversized["severity"] == "warning"
     assert oversized["title"].endswith("the overflow in the model's own forward() after logvar likely follows from it")
     assert "reset_parameters()" in oversized["suggestions"][0]["python"]
+
+
+def test_the_reparameterisations_exp_is_read_in_the_models_own_code_and_bounded_first(tmp_path, verdict):
+    db = tmp_path / "vae.db"
+    vae_loop(db, logvar_gain=200.0)
+    _, report = verdict(db)
+    own = next(f for f in report["findings"] if f["rule"] == "forward-nonfinite")
+    assert "the code that made dec.0's input, read at step 0: Mul, Exp, Mul, Add (all float16)" in own["evidence"]
+    assert own["suggestions"][0]["summary"].startswith(
+        "Bound what the model's own forward() passes to exp() between logvar and dec.0 (Exp, float16)")
 
 
 def test_the_logvar_head_at_its_standard_initialisation_trains_healthy(tmp_path, verdict):

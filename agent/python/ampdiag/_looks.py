@@ -67,6 +67,8 @@ def on_nonfinite_output(handle, path, module, args, kwargs, output):
     if verdict == FINITE and replays_now:
         look_at_input_range(handle, path, args, kwargs)
         look_at_own_code(handle, path, module, args, output)
+    if verdict == NONFINITE and replays_now and path == handle._first_nonfinite:
+        look_at_input_code(handle, path, args)
     if verdict == FINITE and handle._autopin is not None:
         handle._autopin.confirmed(path, module, handle._replayer.fp32_absmax(path))
 
@@ -99,6 +101,28 @@ def look_at_own_code(handle, path, module, args, output):
     code = loss_code(nodes_under(tensor.grad_fn, stops))
     if code is not None:
         handle._session.event("module-code", f"{path}: {code}")
+
+
+def look_at_input_code(handle, path, args):
+    """The first module to show NaN/Inf only received it (its FP32 replay was NaN/Inf too):
+    the operations that made its first floating-point input since the modules before it
+    finished, the code of whoever calls it (event "input-code", "dec.0: Mul:float16,
+    Exp:float16, Mul:float16, Add:float16": a VAE's exp(0.5 * logvar) in its own forward()).
+    None where that input is a module's output as it is, or the data. Once per module, within
+    the module-code looks' count."""
+    key = ("input", path)
+    if key in handle._module_code_read or len(handle._module_code_read) >= MODULE_CODE_LOOKS:
+        return
+    tensor = first_float_tensor(args)
+    if tensor is None or tensor.grad_fn is None:
+        return
+    stops = [n for n in handle._module_nodes if n is not None]
+    if any(n is tensor.grad_fn for n in stops):
+        return  # a module's output, as it is: no code in between
+    handle._module_code_read.add(key)
+    code = loss_code(nodes_under(tensor.grad_fn, stops))
+    if code is not None:
+        handle._session.event("input-code", f"{path}: {code}")
 
 
 def look_at_input_range(handle, path, args, kwargs):
