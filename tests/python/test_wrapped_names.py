@@ -54,3 +54,10 @@ def test_a_checkpoint_wrapped_block_is_watched_once_under_its_own_type(tmp_path)
 def test_a_pin_by_the_unwrapped_name_reaches_the_wrapped_block(tmp_path):
     run = train(tmp_path / "run.db", pins=("1.fc",))
     assert run.execute("SELECT detail FROM events WHERE kind = 'pinned-fp32'").fetchall() == [("1.fc",)]
+
+
+def test_a_pin_on_the_wrapper_itself_is_recorded_under_the_wrapped_name(tmp_path):
+    # pins=("1",) reaches the CheckpointWrapper, which holds the name "1" without being the
+    # module the run watches under it.
+    run = train(tmp_path / "run.db", pins=("1",))
+    assert run.execute("SELECT detail FROM events WHERE kind = 'pinned-fp32'").fetchall() == [("1",)]

@@ -27,7 +27,7 @@ from ._layers import Layers, source_of
 from ._fused_momentum import FusedMomentumProbe
 from ._forward import compiled_in_place, forward_hook, input_hook, output_hook, outside_compiled_graph
 from ._looks import look_at_loss_code, look_at_parameters
-from ._names import named_modules
+from ._names import clean, named_modules
 from ._options import check_options, check_watched, default_amp_dtype, trains_fp16_parameters
 from ._backward_replay import BackwardReplayer
 from ._gradient_entry import GradientEntries
@@ -168,10 +168,12 @@ class AttachHandle:
                     raise ValueError(f"pins: the model has no module {path!r}") from None
                 pin_fp32(module)
                 self._pinned.append(module)
-            for path, module in named_modules(root):
-                if path and is_pinned(module):  # by `pins`, or by the user's own pin_fp32() before attach()
-                    # The analyzer offers no pin that the run already had.
-                    self._event("pinned-fp32", path)
+            # Wrappers too: `pins` reaches a path through FSDP1's wrapper, and pins the wrapper
+            # (named_modules() gives its name to the module it wraps).
+            pinned = {clean(path) for path, module in root.named_modules() if path and is_pinned(module)}
+            for path in sorted(pinned - {""}):  # by `pins`, or by the user's own pin_fp32() before attach()
+                # The analyzer offers no pin that the run already had.
+                self._event("pinned-fp32", path)
             if sharding is not None:
                 # The analyzer then compares no ranks layer by layer (as for FSDP2's DTensors).
                 self._event("sharded-parameters", sharding, key=("sharded",))
