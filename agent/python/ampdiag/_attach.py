@@ -108,7 +108,7 @@ class AttachHandle:
         self._parameters_nonfinite = False  # found once: every NaN/Inf after it is theirs, no replay
         self._loss_code_looks = 0  # loss-code events written (see _looks.look_at_loss_code)
         self._model_code_looks = 0  # model-code events written (see _forward.look_at_model_output)
-        self._module_code_read = set()  # modules whose own code a module-code event gave (_looks.look_at_own_code)
+        self._module_code_read = set()  # (event kind, module) of the code _looks.py read
         self._output_nodes = []  # the grad_fn of the last training forward's outputs
         self._dropped = DroppedForwards()
         self._evaluations = Evaluations(self)

@@ -73,7 +73,7 @@ def on_nonfinite_output(handle, path, module, args, kwargs, output):
         handle._autopin.confirmed(path, module, handle._replayer.fp32_absmax(path))
 
 
-MODULE_CODE_LOOKS = 4  # "module-code" events a run
+MODULE_CODE_LOOKS = 4  # "module-code" and "input-code" events a run
 
 
 def look_at_own_code(handle, path, module, args, output):
@@ -83,24 +83,16 @@ def look_at_own_code(handle, path, module, args, output):
     its submodules' outputs and its inputs (event "module-code", "c2: Index:float16,
     IndexAdd:float16": a graph layer's sum over a hub's messages). torch's own leaves are
     one operation, which their type names; a module whose output is its last submodule's
-    ran its own code before that one. Once per module, MODULE_CODE_LOOKS modules a run."""
-    if path in handle._module_code_read or len(handle._module_code_read) >= MODULE_CODE_LOOKS:
-        return
+    ran its own code before that one."""
     # Not torch's own leaves (a Linear's code is its one operation, which its type names), nor
     # one whose output is its last submodule's (attention's out projection): its own code does
     # not make the output, and the report places it between its submodules.
     if handle._last_output_path != path or (next(module.children(), None) is None
                                            and type(module).__module__.startswith("torch.")):
         return
-    tensor = first_float_tensor(output)
-    if tensor is None or tensor.grad_fn is None:
-        return
-    handle._module_code_read.add(path)
-    stops = [n for n in handle._module_nodes if n is not None] + \
-        [t.grad_fn for t in float_tensors(args) if t.grad_fn is not None]
-    code = loss_code(nodes_under(tensor.grad_fn, stops))
-    if code is not None:
-        handle._session.event("module-code", f"{path}: {code}")
+    _read_code(handle, "module-code", path, first_float_tensor(output),
+               [n for n in handle._module_nodes if n is not None] +
+               [t.grad_fn for t in float_tensors(args) if t.grad_fn is not None])
 
 
 def look_at_input_code(handle, path, args):
@@ -108,21 +100,26 @@ def look_at_input_code(handle, path, args):
     the operations that made its first floating-point input since the modules before it
     finished, the code of whoever calls it (event "input-code", "dec.0: Mul:float16,
     Exp:float16, Mul:float16, Add:float16": a VAE's exp(0.5 * logvar) in its own forward()).
-    None where that input is a module's output as it is, or the data. Once per module, within
-    the module-code looks' count."""
-    key = ("input", path)
+    None where that input is a module's output as it is, or the data."""
+    tensor = first_float_tensor(args)
+    stops = [n for n in handle._module_nodes if n is not None]
+    if tensor is not None and any(n is tensor.grad_fn for n in stops):
+        return  # a module's output, as it is: no code in between
+    _read_code(handle, "input-code", path, tensor, stops)
+
+
+def _read_code(handle, kind, path, tensor, stops):
+    """Event `kind`, "PATH: Op:dtype, ...", of the operations that made `tensor` down to
+    `stops` (nodes_under): once per kind and module, MODULE_CODE_LOOKS such reads a run."""
+    key = (kind, path)
     if key in handle._module_code_read or len(handle._module_code_read) >= MODULE_CODE_LOOKS:
         return
-    tensor = first_float_tensor(args)
     if tensor is None or tensor.grad_fn is None:
         return
-    stops = [n for n in handle._module_nodes if n is not None]
-    if any(n is tensor.grad_fn for n in stops):
-        return  # a module's output, as it is: no code in between
     handle._module_code_read.add(key)
     code = loss_code(nodes_under(tensor.grad_fn, stops))
     if code is not None:
-        handle._session.event("input-code", f"{path}: {code}")
+        handle._session.event(kind, f"{path}: {code}")
 
 
 def look_at_input_range(handle, path, args, kwargs):
