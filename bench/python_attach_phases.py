@@ -35,6 +35,7 @@ from torch import nn
 
 import ampdiag
 import ampdiag._attach as attach_module
+from python_attach_bench import mlp_of  # the same MLP, optimizer and batch (this script's folder is on the path)
 
 SHIPPED = (attach_module.forward_hook, attach_module.input_hook, attach_module.output_hook)
 PHASES = ("zero_grad", "forward + loss", "backward", "scaler.step", "scaler.update", "step")
@@ -95,11 +96,6 @@ LOOPS = (
 )
 
 
-def mlp(width):
-    return nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width),
-                         nn.ReLU(), nn.Linear(width, 1))
-
-
 def step(model, optimizer, scaler, x, y, autocast):
     now = time.perf_counter_ns
     t0 = now()
@@ -143,8 +139,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, options, hooks) in enumerate(LOOPS):
             torch.manual_seed(0)
-            model = mlp(args.width)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            model, optimizer, x, y = mlp_of(args.width)("cpu")
             scaler = torch.amp.GradScaler("cpu")
             handle = None
             if options is not None:
@@ -153,7 +148,6 @@ def main():
                     handle = ampdiag.attach(model, scaler, db=Path(tmp) / f"loop{i}.db", **options)
                 finally:
                     attach_module.forward_hook, attach_module.input_hook, attach_module.output_hook = SHIPPED
-            x, y = torch.randn(128, 256), torch.randn(128, 1)
             loops.append((name, model, optimizer, scaler, x, y, handle, []))
         for turn in range(args.turns):
             k = turn % len(loops)
