@@ -10,6 +10,7 @@
 #include "ampdiag/analyzer/causes.h"
 #include "loss_code.h"
 #include "model_parameters.h"
+#include "forward_recurrence.h"
 #include "module_code.h"
 #include "rules.h"
 #include "suggestions.h"
@@ -229,10 +230,6 @@ Suggestion scale_the_input() {
 }
 }  // namespace
 
-// Where in `owner`'s own code (the model's: "") the NaN/Inf that `first_seen` received was
-// made: "between A and first_seen", A the module inside `owner` that finished just before
-// it in forward order (its output was finite, or it would have been first); "before
-// first_seen" where none inside `owner` did.
 // The module that finished just before `path` in the first forward with a row for every call
 // where `path` was the first NaN/Inf module; without such a forward, the one that first
 // finished just before it (module ids are given in that order, which a module first called
@@ -255,6 +252,10 @@ std::string own_code_after(const Run& run, const std::string& owner, const std::
   return "";
 }
 
+// Where in `owner`'s own code (the model's: "") the NaN/Inf that `first_seen` received was
+// made: "between A and first_seen", A the module inside `owner` that finished just before
+// it in forward order (its output was finite, or it would have been first); "before
+// first_seen" where none inside `owner` did.
 std::string own_code_place(const Run& run, const std::string& owner, const std::string& first_seen) {
   if (!run.module_named(first_seen)) return "";
   const std::string after = own_code_after(run, owner, first_seen);
@@ -305,76 +306,6 @@ void model_code_after_modules(const Run& run, const std::vector<std::int64_t>& s
       }
   }
   f.suggestions.push_back(suggest::fp32_model_code(run, after, code.float16_compute()));
-}
-
-// The growth of a module whose |output| rose by a steady factor call after call in one
-// forward until it went NaN/Inf (a hand-written recurrence, a weight-shared layer run again
-// and again): its state is amplified, and FP32 only postpones the overflow. Null: none.
-const CallGrowth* recurrence(const Run& run, const ForwardCause& cause) {
-  if (cause.intrinsic || cause.own_code || cause.module.empty() || cause.module != cause.first_seen) return nullptr;
-  const ModuleSummary* m = run.module_named(cause.module);
-  return m && m->growth.grows() ? &m->growth : nullptr;
-}
-
-// A module run several times in one forward whose outputs did not grow steadily (ALBERT's
-// shared block, a layer reused by hand): which call went NaN/Inf says where in the forward
-// it happened. Empty where it ran once, or no forward with a row for every call showed it.
-std::string repeated_calls(const Run& run, const ForwardCause& cause) {
-  if (cause.intrinsic || cause.own_code || cause.module.empty() || cause.module != cause.first_seen) return "";
-  const ModuleSummary* m = run.module_named(cause.module);
-  if (!m || m->growth.calls < 2 || m->growth.nonfinite_call < 0) return "";
-  const CallGrowth& g = m->growth;
-  std::string said = "it ran " + std::to_string(g.calls) + " times in step " + std::to_string(g.step) +
-                     "'s forward and went NaN/Inf at call " + std::to_string(g.nonfinite_call + 1);
-  if (g.nonfinite_call == 0) return said + ", its first";
-  if (g.to_call + 1 != g.nonfinite_call) return said;
-  said += ", after an |output| of ";
-  if (g.from_call < g.to_call) said += three_digits(g.from) + " at call " + std::to_string(g.from_call + 1) + " and ";
-  return said + three_digits(g.to) + " at call " + std::to_string(g.to_call + 1);
-}
-
-// Its |output| at its last call in that forward had it kept growing at that rate, as FP32 would let it.
-double projected_last(const CallGrowth& g) {
-  return double(g.to) * std::pow(g.rate(), double(g.calls - 1 - g.to_call));
-}
-
-// Says how `name`'s output grew (evidence), retitles the finding, and puts bounding the
-// recurrence before the pins, which only postpone the overflow.
-void recurrence_fixes(const Run& run, const std::string& name, const CallGrowth& g, Finding& f) {
-  const std::string rate = three_digits(g.rate());
-  f.title = name + "'s output grows about " + rate + "x with each of its calls in a forward, and overflows fp16 at call " +
-            std::to_string(g.nonfinite_call + 1) + " of " + std::to_string(g.calls);
-  f.evidence += "; in step " + std::to_string(g.step) + "'s forward it ran " + std::to_string(g.calls) +
-                " times: its |output| rose from " + three_digits(g.from) + " at call " + std::to_string(g.from_call + 1) +
-                " to " + three_digits(g.to) + " at call " + std::to_string(g.to_call + 1) + " (above the call before in " +
-                std::to_string(g.rises) + " of " + std::to_string(g.to_call - g.from_call) + "), about " + rate +
-                "x a call, then went NaN/Inf at call " + std::to_string(g.nonfinite_call + 1);
-  const std::int64_t after = g.calls - 1 - g.nonfinite_call;
-  const double last = projected_last(g);
-  const bool beyond = after > 0 && last > run.fp_max;
-  std::string pinned;
-  if (beyond)
-    pinned = " Pinned to FP32, it would go on growing for " + plural(after, "more call") + " in that forward, to about " +
-             three_digits(last) + " by its last: beyond fp16's range again, for whatever uses it in fp16.";
-  Suggestion bound;
-  bound.summary = "Keep the state that " + name + " is called on from growing: its output grows about " + rate +
-                  "x a call, so it overflows wherever its calls run long enough, and FP32 only postpones it." + pinned +
-                  " Bound it each call: a saturating nonlinearity on the state (tanh, as nn.RNN has), a LayerNorm on "
-                  "it, or recurrent weights with a gain below 1 (orthogonal or spectral-norm initialisation); clipping "
-                  "gradients does not bound the forward.";
-  const std::string own = name.substr(name.rfind('.') + 1);  // the attribute its caller holds it as
-  bound.python = "# where a forward() calls " + name + " once per step of the sequence:\n"
-                 "h = torch.tanh(self." + own + "(h) + u)  # bounded in (-1, 1), as nn.RNN's state\n"
-                 "# or normalise it each step: h = self.norm(...), with self.norm = nn.LayerNorm(hidden_size)";
-  bound.cpp = "// where a forward() calls " + name + " once per step of the sequence:\n"
-              "h = torch::tanh(" + own + "->forward(h) + u);  // bounded in (-1, 1)";
-  bound.untried = true;
-  for (Suggestion& fix : f.suggestions)
-    if (fix.python.find("ampdiag.pin_fp32") != std::string::npos) {
-      fix.untried = true;
-      fix.summary += " The growth goes on in FP32" + std::string(beyond ? ", and beyond fp16's range by its last call." : ".");
-    }
-  f.suggestions.insert(f.suggestions.begin(), bound);
 }
 
 // The agent's own pin of `path` or of a module holding it (event "autopin": attach(autopin=N)),
