@@ -3,10 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <iterator>
 
 #include "loss_code.h"
+#include "rules.h"
 #include "suggestions.h"
 
 namespace ampdiag::analyzer::rules {
@@ -19,17 +19,11 @@ std::string module_code_evidence(const Run& run, const std::string& module) {
 
 namespace {
 
-std::string quoted(double fp32_absmax) {
-  char reached[32];
-  std::snprintf(reached, sizeof reached, "%.6g", fp32_absmax);  // as the replay's evidence quotes it
-  return reached;
-}
-
 Suggestion divide_the_sum(const Run& run, const std::string& module, const std::string& op, double fp32_absmax) {
   Suggestion s;
   s.summary = "Divide the sum in " + module + "'s own code (" + op + ") by its number of terms (a mean, or a "
               "degree normalisation as a graph convolution's): in FP32 " + module + "'s output reached " +
-              quoted(fp32_absmax) + ", beyond fp16's " + std::to_string(std::lround(run.fp_max)) +
+              replay_absmax(fp32_absmax) + ", beyond fp16's " + std::to_string(std::lround(run.fp_max)) +
               ", which a sum over that many terms outgrows whatever the weights.";
   s.python = "# in " + module + "'s forward(): an average, not a sum\n" +
              (op == "Sum"      ? std::string("out = x.mean(dim)  # was x.sum(dim)")
@@ -72,7 +66,7 @@ std::vector<Suggestion> own_code_fixes(const Run& run, const std::string& module
   const loss_code::Code code = loss_code::after_module(run, module, "module-code");
   if (const loss_code::Op* exp = last_of(code, kExps))
     fixes.push_back(bound_the_exponent(module, exp->name,
-                                       "in FP32 " + module + "'s output reached " + quoted(fp32_absmax) +
+                                       "in FP32 " + module + "'s output reached " + replay_absmax(fp32_absmax) +
                                            ", beyond fp16's " + std::to_string(std::lround(run.fp_max)) +
                                            ", and an exponent without a bound grows it without limit (in fp16 exp() "
                                            "alone passes 65504 above 11.09)"));

@@ -53,6 +53,9 @@ std::vector<std::int64_t> dims_of(const std::string& shape);
 std::string three_digits(double v);
 // A scale or a count as the report prints it ("%g", a power of two from 1 up whole).
 std::string fmt(double v);
+// An FP32 replay's largest |output| as the report quotes it, in the evidence and in the fixes
+// that cite it alike ("%.6g": 107904, 4.72319e+09).
+std::string replay_absmax(double v);
 // The middle value of `values` (the upper one of an even count), reordering them; NaN for
 // none.
 double median_of(std::vector<double>& values);

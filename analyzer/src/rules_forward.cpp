@@ -21,8 +21,7 @@ namespace {
 
 // The evidence a replay whose FP32 output was finite gives.
 std::string confirmed_evidence(const Run& run, double fp32_absmax) {
-  char absmax[48];
-  std::snprintf(absmax, sizeof absmax, "%.6g", fp32_absmax);
+  const std::string absmax = replay_absmax(fp32_absmax);
   if (suggest::beyond_fp16(run, fp32_absmax))
     return std::string("confirmed: re-run once in FP32 on copies of the same inputs, its output was finite but up to ") +
            absmax + ", beyond fp16's largest value (65504): whatever uses it in fp16 overflows next";

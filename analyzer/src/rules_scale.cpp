@@ -15,6 +15,12 @@ std::string three_digits(double v) {
   return b;
 }
 
+std::string replay_absmax(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.6g", v);
+  return b;
+}
+
 std::string fmt(double v) {
   char b[32];
   // A loss scale is a power of two, set as one (init_scale=2**24): "%g" would print
