@@ -1,4 +1,5 @@
-// What a module's own code after its submodules says about a confirmed forward overflow.
+// What a module's own code after its submodules, and the code that made the input of one that
+// only received NaN/Inf, say about a forward NaN/Inf.
 #include "module_code.h"
 
 #include <algorithm>
@@ -11,13 +12,15 @@
 
 namespace ampdiag::analyzer::rules {
 
-std::string module_code_evidence(const Run& run, const std::string& module) {
-  const loss_code::Code code = loss_code::after_module(run, module, "module-code");
-  if (code.empty()) return "";
-  return "; its own code after its submodules, read at step " + std::to_string(code.step) + ": " + code.describe();
-}
-
 namespace {
+
+// "; <what>, read at step N: Op, Op (all float16)" for the code event `kind` about `module`;
+// empty where none was read.
+std::string code_evidence(const Run& run, const std::string& module, const char* kind, const std::string& what) {
+  const loss_code::Code code = loss_code::after_module(run, module, kind);
+  if (code.empty()) return "";
+  return "; " + what + ", read at step " + std::to_string(code.step) + ": " + code.describe();
+}
 
 Suggestion divide_the_sum(const Run& run, const std::string& module, const std::string& op, double fp32_absmax) {
   Suggestion s;
@@ -60,6 +63,10 @@ const loss_code::Op* last_of(const loss_code::Code& code, const Names& names) {
 
 }  // namespace
 
+std::string module_code_evidence(const Run& run, const std::string& module) {
+  return code_evidence(run, module, "module-code", "its own code after its submodules");
+}
+
 std::vector<Suggestion> own_code_fixes(const Run& run, const std::string& module, double fp32_absmax) {
   std::vector<Suggestion> fixes;
   if (!suggest::beyond_fp16(run, fp32_absmax)) return fixes;
@@ -89,10 +96,7 @@ std::optional<Suggestion> bound_the_exponent_beyond_fp32(const Run& run, const s
 }
 
 std::string input_code_evidence(const Run& run, const std::string& first_seen) {
-  const loss_code::Code code = loss_code::after_module(run, first_seen, "input-code");
-  if (code.empty()) return "";
-  return "; the code that made " + first_seen + "'s input, read at step " + std::to_string(code.step) + ": " +
-         code.describe();
+  return code_evidence(run, first_seen, "input-code", "the code that made " + first_seen + "'s input");
 }
 
 std::optional<Suggestion> exp_in_input_code(const Run& run, const std::string& first_seen, const std::string& who,
