@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 
@@ -139,6 +141,9 @@ bool nll_can_be_nan(const std::string& args) {
 // ("Pow(0.5)"): one of 1 or more is finite wherever its base is; without one, it may be
 // anything.
 bool matches(const Op& op, const Known& k) {
+  // A division by a constant other than 0 (a temperature) is finite wherever its dividend is,
+  // but for fp16's range (float16_enlarging).
+  if (op.name == "Div" && op.constant != 0.0) return false;
   const std::size_t paren = op.name.find('(');
   const std::string base = op.name.substr(0, paren);
   if (std::find(k.names.begin(), k.names.end(), base) == k.names.end()) return false;
@@ -152,6 +157,30 @@ bool matches(const Op& op, const Known& k) {
 }
 
 }  // namespace
+
+double Op::gain() const {
+  if (constant == 0.0) return 1.0;
+  return name == "Div" ? 1.0 / std::fabs(constant) : name == "Mul" ? std::fabs(constant) : 1.0;
+}
+
+const Op* float16_enlarging(const Code& code) {
+  const auto op = std::find_if(code.ops.rbegin(), code.ops.rend(),
+                               [](const Op& o) { return o.dtype == "float16" && o.gain() > 1.0; });
+  return op == code.ops.rend() ? nullptr : &*op;
+}
+
+std::string enlarging_text(const Op& op, double fp_max) {
+  // Four digits, whole numbers up to a billion written out (10000, not 1e+04).
+  const auto g = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, v >= 1e4 && v < 1e9 ? "%.0f" : "%.4g", v);
+    return std::string(b);
+  };
+  const bool div = op.name == "Div";
+  return "the " + std::string(div ? "division" : "multiplication") + " by " + g(op.constant) + " (" + op.name +
+         ") multiplies " + (div ? "what it divides" : "its input") + " by " + g(op.gain()) + ", so every value above " +
+         g(fp_max / op.gain()) + " passes fp16's " + std::to_string(std::lround(fp_max));
+}
 
 bool Code::any_half() const {
   return std::any_of(ops.begin(), ops.end(), [](const Op& op) { return half(op.dtype); });
@@ -238,6 +267,11 @@ std::vector<Op> parse(const std::string& detail) {
       ops.push_back(colon == std::string::npos || colon == 0 ? Op{item, "?"}
                                                              : Op{item.substr(0, colon), item.substr(colon + 1)});
       if (ops.back().dtype.empty()) ops.back().dtype = "?";
+      Op& op = ops.back();
+      if ((op.name.rfind("Div(", 0) == 0 || op.name.rfind("Mul(", 0) == 0) && op.name.back() == ')') {
+        op.constant = std::strtod(op.name.c_str() + 4, nullptr);
+        op.name.resize(3);
+      }
     }
     start = end + 2;
   }
@@ -365,6 +399,12 @@ std::vector<Suggestion> forward_suggestions(const Code& code, const std::string&
     // The loss already runs in FP32: computing it so cannot change what it makes.
     if (!found.empty()) out.push_back(found.front().suggestion);
     out.push_back({rest + " The loss code ran in float32 here, so computing it in FP32 will not help.", "", "", ""});
+  } else if (const Op* enlarging = found.empty() ? float16_enlarging(code) : nullptr) {
+    // A temperature's division in float16 overflows where float32 would not: no operation
+    // that makes NaN/Inf in any precision, and the FP32 loss is the fix.
+    out.push_back(suggest::fp32_loss(code.float16_compute() + " ran in float16, whose range ends at 65504, and " +
+                                     enlarging_text(*enlarging, 65504.0) + "."));
+    out.push_back({rest, "", "", ""});
   } else if (found.empty()) {
     out.push_back(suggest::fp32_loss(rest));
   } else if (found.front().dtype == "float16") {

@@ -16,7 +16,17 @@ namespace ampdiag::analyzer::loss_code {
 struct Op {
   std::string name;   // autograd's name without "Backward0": "CtcLoss", "Sqrt"
   std::string dtype;  // the dtype it made in forward; "?" where torch did not say
+  // A Div's or Mul's constant, as the agent wrote it ("Div(0.07)": x / 0.07), kept out of
+  // `name`: 0 where the operand was a tensor of more than one value, or not said.
+  double constant = 0.0;
+  // How many times larger the operation makes its input: 1 / c for a division by c, c for
+  // a multiplication; 1 where it has no constant.
+  double gain() const;
 };
+
+// The last operation of `code` that made float16 and multiplies its input by a constant
+// above 1 (x / tau, a temperature; x * 1e4): in float16 every input above 65504 / gain
+// passes the range, where float32 holds it. Null where none does.
 
 struct Code {
   std::int64_t step = -1;  // the step it was read in; -1: none was recorded
@@ -39,6 +49,13 @@ struct Code {
   std::string autocast_float16() const;
 };
 
+// The last operation of `code` that made float16 and multiplies its input by a constant
+// above 1 (x / tau, a temperature; x * 1e4): in float16 every input above 65504 / gain
+// passes the range, where float32 holds it. Null where none does.
+const Op* float16_enlarging(const Code& code);
+// "the division by 0.07 (Div) multiplies what it divides by 14.29, so every value above
+// 4585 passes fp16's 65504" for such an operation.
+std::string enlarging_text(const Op& op, double fp_max);
 // "ToCopy:float32, CtcLoss:float32" -> ops; malformed items are kept by name, dtype "?".
 std::vector<Op> parse(const std::string& detail);
 

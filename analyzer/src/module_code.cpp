@@ -119,4 +119,21 @@ std::optional<Suggestion> exp_in_input_code(const Run& run, const std::string& f
   return s;
 }
 
+std::optional<Suggestion> enlarging_in_input_code(const Run& run, const std::string& first_seen, const std::string& who,
+                                                  const std::string& where) {
+  const loss_code::Code code = loss_code::after_module(run, first_seen, "input-code");
+  const loss_code::Op* op = loss_code::float16_enlarging(code);
+  if (!op) return std::nullopt;
+  const bool div = op->name == "Div";
+  Suggestion s;
+  s.summary = "Compute in FP32 what " + who + " " + (div ? "divides" : "multiplies") + " " + where + ": in float16 " +
+              loss_code::enlarging_text(*op, run.fp_max) + ", where float32 holds it; " + first_seen +
+              " received NaN/Inf from that code. Cast the operand to float32 first, as for a temperature: "
+              "F.gumbel_softmax(logits.float(), tau), (logits.float() / tau).softmax(-1).";
+  s.python = div ? "y = x.float() / tau  # was x / tau in float16: x / tau passes 65504 where x is above 65504 * tau"
+                 : "y = x.float() * c  # was x * c in float16: x * c passes 65504 where x is above 65504 / c";
+  s.untried = true;
+  return s;
+}
+
 }  // namespace ampdiag::analyzer::rules

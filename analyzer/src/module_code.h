@@ -41,4 +41,10 @@ std::string input_code_evidence(const Run& run, const std::string& first_seen);
 std::optional<Suggestion> exp_in_input_code(const Run& run, const std::string& first_seen, const std::string& who,
                                             const std::string& where);
 
+// Where that code divides by a constant below 1 (a temperature) or multiplies by one above 1
+// in float16: the operand in FP32, untried (F.gumbel_softmax(logits, tau) with tau = 1e-4
+// between an encoder and a codebook). `who` and `where` as for exp_in_input_code.
+std::optional<Suggestion> enlarging_in_input_code(const Run& run, const std::string& first_seen, const std::string& who,
+                                                  const std::string& where);
+
 }  // namespace ampdiag::analyzer::rules

@@ -484,9 +484,10 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
     if (run.fp16() && !replayed_pin) f.suggestions.push_back(suggest::use_bf16(run));
     if (cause.own_code) {
       f.evidence += input_code_evidence(run, cause.first_seen);
-      if (auto exp = exp_in_input_code(run, cause.first_seen, path.empty() ? "the model's own forward()" : path + "'s own code",
-                                       where))
-        f.suggestions.insert(f.suggestions.begin(), *exp);
+      const std::string who = path.empty() ? "the model's own forward()" : path + "'s own code";
+      if (auto scaled = enlarging_in_input_code(run, cause.first_seen, who, where))
+        f.suggestions.insert(f.suggestions.begin(), *scaled);
+      if (auto exp = exp_in_input_code(run, cause.first_seen, who, where)) f.suggestions.insert(f.suggestions.begin(), *exp);
     }
     if (const CallGrowth* growth = recurrence(run, cause))
       recurrence_fixes(run, name, *growth, f);

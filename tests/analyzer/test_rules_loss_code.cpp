@@ -184,6 +184,30 @@ TEST_CASE("a contrastive loss's float16 matmul is named with the division by its
   CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Mm and Div ran in float16"));
 }
 
+TEST_CASE("a float16 division by a constant temperature gets the FP32 loss with its gain and no clamp of a denominator",
+          "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "Permute:float16, Mm:float16, Div(0.07):float16, ToCopy:float32, LogSoftmax:float32, "
+                                     "NllLoss(mean of 64):float32");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->evidence, Catch::Contains("Mm (float16), Div (float16), ToCopy (float32)"));
+  CHECK_THAT(fw->suggestions.front().summary,
+             Catch::StartsWith("Mm and Div ran in float16, whose range ends at 65504, and the division by 0.07 (Div) "
+                               "multiplies what it divides by 14.29, so every value above 4585 passes fp16's 65504. "
+                               "Compute the loss in FP32"));
+  for (const Suggestion& s : fw->suggestions) CHECK_THAT(s.python, !Catch::Contains("clamp_min"));
+}
+
+TEST_CASE("a float32 division by a constant is no division by 0", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_run(dir, "ToCopy:float32, Div(0.5):float32, Sqrt:float32, Mean:float32");
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("sqrt() of a negative number"));
+  CHECK_THAT(fw->suggestions.at(1).summary, Catch::StartsWith("Else, look at"));  // no "as Div can make NaN/Inf too"
+}
+
 TEST_CASE("a known operation that ran in float32 after a float16 one gets its own fix first", "[rules][loss-code]") {
   TempDir dir;
   const Report r = nan_loss_run(dir, "Sum:float16, ToCopy:float32, Log:float32, Mean:float32");

@@ -1,5 +1,7 @@
 // The module an FP32 replay confirms or clears: where a NaN/Inf in forward is pinned, and where
 // it is a mask's -inf, a buffer's NaN or the caller's code (one situation per test).
+#include <cstdio>
+
 #include "rule_test.h"
 
 TEST_CASE("a module whose FP32 replay is still NaN/Inf is never the pin: the parent whose replay is finite is", "[rules][replay]") {
@@ -86,6 +88,44 @@ TEST_CASE("the model's own code without an exp keeps the look at it first, its o
   CHECK_THAT(fw.evidence, Catch::Contains("Mul, Div (all float16)"));
   REQUIRE_FALSE(fw.suggestions.empty());
   CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Look at the model's own forward() between logvar and dec.0"));
+}
+
+TEST_CASE("the model's own code that divides by a small constant in float16 is told to divide in FP32 first",
+          "[rules][replay]") {
+  TempDir dir;  // F.gumbel_softmax(logits, tau=1e-4) between an encoder and a codebook
+  const Report r = vae_with_input_code(dir, "Add:float16, Div(0.0001):float16, Softmax:float16");
+  const Finding& fw = required(r, "forward-nonfinite");
+  CHECK_THAT(fw.evidence, Catch::Contains("Add, Div, Softmax (all float16)"));
+  REQUIRE(fw.suggestions.size() >= 2);
+  CHECK_THAT(fw.suggestions[0].summary,
+             Catch::StartsWith("Compute in FP32 what the model's own forward() divides between logvar and dec.0: in "
+                               "float16 the division by 0.0001 (Div) multiplies what it divides by 10000, so every value "
+                               "above 6.55 passes fp16's 65504"));
+  CHECK_THAT(fw.suggestions[0].python, Catch::StartsWith("y = x.float() / tau"));
+  CHECK(fw.suggestions[0].untried);
+  CHECK_THAT(fw.suggestions[1].summary, Catch::StartsWith("Look at the model's own forward() between logvar and dec.0"));
+}
+
+TEST_CASE("a constant that shrinks its input or one in float32 is no reason to compute in FP32", "[rules][replay]") {
+  TempDir dir;
+  for (const char* code : {"Mul(0.5):float16, Add:float16", "Div(4):float16, Add:float16", "Div(0.0001):float32, Add:float32"}) {
+    const Report r = vae_with_input_code(dir, code);
+    const Finding& fw = required(r, "forward-nonfinite");
+    REQUIRE_FALSE(fw.suggestions.empty());
+    CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Look at the model's own forward() between logvar and dec.0"));
+    std::remove(dir.file("run.db").c_str());
+  }
+}
+
+TEST_CASE("an exp() in the model's own code comes before the multiplication by a constant that feeds it", "[rules][replay]") {
+  TempDir dir;
+  const Report r = vae_with_input_code(dir, "Mul(100):float16, Exp:float16, Add:float16");
+  const Finding& fw = required(r, "forward-nonfinite");
+  REQUIRE(fw.suggestions.size() >= 3);
+  CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Bound what the model's own forward() passes to exp()"));
+  CHECK_THAT(fw.suggestions[1].summary, Catch::StartsWith("Compute in FP32 what the model's own forward() multiplies") &&
+                                            Catch::Contains("the multiplication by 100 (Mul) multiplies its input by 100"));
+  CHECK_THAT(fw.suggestions[1].python, Catch::StartsWith("y = x.float() * c"));
 }
 
 namespace {

@@ -4,6 +4,7 @@ the loss), and written as event "loss-code" in a step whose loss, or the gradien
 the output, went NaN/Inf while no module's output did; before backward, what the loss was
 given (a target) is looked at too (event "loss-input-nonfinite")."""
 import sqlite3
+import warnings
 import weakref
 
 import pytest
@@ -86,6 +87,23 @@ def test_a_power_carries_its_exponent_and_a_sqrt_is_named():
     assert loss_code(path_nodes([loss.grad_fn], [out.grad_fn])) == "Pow(0.5):float32, Sqrt:float32, Sum:float32"
 
 
+def test_a_division_or_a_product_by_a_number_carries_it_and_one_by_a_tensor_does_not():
+    out = torch.randn(4, 3, requires_grad=True) * 1
+    loss = ((out / 0.07) * 1e4 / out.detach().abs().add(1)).sum()
+    assert loss_code(path_nodes([loss.grad_fn], [out.grad_fn])) == "Div(0.07):float32, Mul(10000):float32, Div:float32, " \
+                                                                   "Sum:float32"
+
+
+def test_a_learnt_scale_is_read_without_a_warning():
+    out = torch.randn(4, 3, requires_grad=True) * 1
+    logit_scale = torch.tensor(2.0, requires_grad=True)
+    loss = (out * logit_scale.exp()).sum()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # float() of a tensor that requires grad warns
+        code = loss_code(path_nodes([loss.grad_fn], [out.grad_fn]))
+    assert code.startswith("Mul(7.38906):float32")
+
+
 def nll_name(loss, out):
     return next(op for op in loss_code(path_nodes([loss.grad_fn], [out.grad_fn])).split(", ") if "NllLoss" in op)
 
@@ -163,7 +181,7 @@ def train(db, loss_of, steps=4, first=None, inputs=torch.randn):
 def test_the_agent_writes_the_loss_code_once_in_each_step_whose_loss_went_nan(tmp_path):
     db = tmp_path / "run.db"
     train(db, lambda step, out: -torch.log(out.float().softmax(-1) * (step != 2)).mean())
-    assert loss_code_events(db) == [(2, "ToCopy:float32, Softmax:float32, Mul:float32, Log:float32, Mean:float32, "
+    assert loss_code_events(db) == [(2, "ToCopy:float32, Softmax:float32, Mul(0):float32, Log:float32, Mean:float32, "
                                         "Neg:float32")]
 
 

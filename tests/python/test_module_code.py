@@ -100,7 +100,7 @@ def train(db, inner, scale=400.0):
 def test_a_modules_own_code_after_its_submodules_is_read_once(tmp_path):
     db = tmp_path / "run.db"
     train(db, Summed())
-    assert events(db, "module-code") == ["inner: Sum:float16, Mul:float16"]
+    assert events(db, "module-code") == ["inner: Sum:float16, Mul(2):float16"]
 
 
 def test_a_torch_leaf_modules_code_is_not_read(tmp_path):
@@ -140,4 +140,4 @@ def test_the_code_that_made_the_input_of_a_module_that_only_received_nan_is_read
     train(db, Reparameterised())
     # (inner's exp() passes float32's range too: inner makes Inf from finite inputs, and the
     # next module to show NaN, head, is looked at in turn.)
-    assert events(db, "input-code")[0] == "inner.dec: Mul:float16, Exp:float16"
+    assert events(db, "input-code")[0] == "inner.dec: Mul(0.5):float16, Exp:float16"

@@ -5,14 +5,16 @@ it must name the model's own code after its last submodule, with its operations,
 fix it gives (that code in FP32) must make the run healthy. Where that code reads a parameter
 of the model's own (CLIP's temperature), the evidence names it with its value. A VAE's
 reparameterisation between two of its modules is read as the code that made the decoder's
-input, its exp() bounded first; a logvar head far too large before it explains it."""
+input, its exp() bounded first; a logvar head far too large before it explains it. A dVAE's
+Gumbel-softmax at a small temperature divides its float16 logits past 65504: that division is
+named with its constant, and done in FP32 as the report says, nothing overflows."""
 import math
 
 import torch
 from torch import nn
 
 import ampdiag
-from conftest import amp_step, amp_training
+from conftest import amp_step, amp_training, rows
 
 
 class EnergyModel(nn.Module):
@@ -211,3 +213,56 @@ def test_the_logvar_head_at_its_standard_initialisation_trains_healthy(tmp_path,
     vae_loop(db, logvar_gain=1.0)
     code, report = verdict(db)
     assert (code, report["healthy"]) == (0, True), report["findings"]
+
+
+class GumbelDvae(nn.Module):
+    """A dVAE's quantiser: the encoder's logits through F.gumbel_softmax at temperature `tau`
+    in its own forward(), then a codebook. `fp32_logits`: the logits cast to float32 first."""
+
+    def __init__(self, tau, fp32_logits=False):
+        super().__init__()
+        self.tau, self.fp32_logits = tau, fp32_logits
+        self.enc = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 512))
+        self.codebook = nn.Linear(512, 128, bias=False)
+        self.dec = nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 64))
+
+    def forward(self, x):
+        logits = self.enc(x)
+        z = nn.functional.gumbel_softmax(logits.float() if self.fp32_logits else logits, tau=self.tau)
+        return self.dec(self.codebook(z))
+
+
+def gumbel_loop(db, fp32_logits):
+    torch.manual_seed(0)
+    model = GumbelDvae(1e-4, fp32_logits)
+
+    def loss_of(g):
+        x = torch.randn(128, 64, generator=g)
+        return nn.functional.mse_loss(model(x).float(), x)
+
+    amp_training(db, model, torch.optim.AdamW(model.parameters(), lr=1e-3), 10, loss_of)
+
+
+def test_a_gumbel_softmax_at_a_small_temperature_is_told_to_divide_in_fp32(tmp_path, verdict):
+    db = tmp_path / "dvae.db"
+    gumbel_loop(db, fp32_logits=False)
+    code, report = verdict(db)
+    assert code == 1
+    own = next(f for f in report["findings"] if f["rule"] == "forward-nonfinite")
+    assert own["module"] == "" and own["title"].endswith("between enc.2 and codebook"), own["title"]
+    assert "the code that made codebook's input, read at step 0: Add, Div, Softmax (all float16)" in own["evidence"]
+    first = own["suggestions"][0]
+    assert first["summary"].startswith("Compute in FP32 what the model's own forward() divides between enc.2 and "
+                                       "codebook: in float16 the division by 0.0001 (Div) multiplies what it divides "
+                                       "by 10000"), first["summary"]
+    assert "F.gumbel_softmax(logits.float(), tau)" in first["summary"]
+
+
+def test_the_gumbel_softmax_on_float32_logits_as_the_report_says_trains_without_an_overflow(tmp_path, verdict):
+    db = tmp_path / "dvae.db"
+    gumbel_loop(db, fp32_logits=True)
+    code, report = verdict(db)
+    # A softmax that sharp passes the encoder gradients too small for fp16 (warned as
+    # underflow), which is the temperature's, not an overflow.
+    assert code == 0 and [f for f in report["findings"] if f["severity"] != "warning" or f["rule"] != "underflow"] == []
+    assert rows(db, "SELECT COUNT(*) FROM steps WHERE skipped = 1")[0][0] == 0

@@ -36,7 +36,26 @@ def op_name(node) -> str:
             pass
     if name in ("NllLoss", "NllLoss2D"):
         return _nll_name(node, name)
+    if full in ("DivBackward0", "MulBackward0"):
+        # x / tau, x * 1e4: a constant other than 0 makes no NaN from finite values, yet in
+        # float16 it passes the range above 65504 * tau; the analyzer needs it to tell which.
+        constant = _scalar(node, "_saved_other")
+        if constant is not None:
+            return f"{name}({constant:g})"
     return name
+
+
+def _scalar(node, attr):
+    """The value of a one-element host tensor `node` saved as `attr` (a Python number becomes
+    one); None for a tensor of more values, a device tensor (its read would wait for the
+    device), one backward freed, or none saved."""
+    try:
+        value = getattr(node, attr)
+    except (AttributeError, RuntimeError):
+        return None
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_cpu and not value.is_complex():
+        return float(value.detach())
+    return None
 
 
 def _nll_name(node, name) -> str:
@@ -108,7 +127,7 @@ def path_nodes(loss_nodes, output_nodes) -> list:
 
 def loss_code(nodes) -> "str | None":
     """'Name:dtype, ...' ('Pow(0.5):float32' for a power with a scalar exponent,
-    'NllLoss(mean of 0):float32' for nll_loss) for path_nodes()'s nodes; None for none."""
+    'Div(0.07):float16' for a division or a product by one, 'NllLoss(mean of 0):float32' for nll_loss) for path_nodes()'s nodes; None for none."""
     if not nodes:
         return None
     return ", ".join(f"{op_name(n)}:{made_dtype(n)}" for n in nodes[:_MAX_NAMED])
