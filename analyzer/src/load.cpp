@@ -161,11 +161,11 @@ bool Run::finishes_at_or_after(const std::string& later, const std::string& earl
   return a->info.id >= b->info.id;
 }
 
-const ModuleSummary* Run::last_module() const {
+const ModuleSummary* Run::last_module(bool zeros) const {
   const ModuleSummary* last = nullptr;
   std::int64_t most = -1;
   for (const ModuleSummary& m : modules) {
-    if (m.info.path.empty() || !(m.max_absmax > 0.0f)) continue;
+    if (m.info.path.empty() || !(m.max_absmax > 0.0f || (zeros && m.zero_step >= 0))) continue;
     // The step the cursor is in has not ended yet: its last module so far counts too.
     const std::int64_t steps = m.last_steps + (m.info.id == cursor.act_step_last ? 1 : 0);
     if (steps >= most) {  // among equals, the latest to first finish

@@ -33,6 +33,30 @@ Suggestion zeroing_loop(const Run& run, const std::string& summary, const std::s
   return {summary, python + "loss.backward()\noptimizer.step()", cpp + "loss.backward();\noptimizer.step();"};
 }
 
+// "at step 10 classifier.3's output, the model's last, was all zeros (80 of 80 values), while
+// classifier.1's, which finished just before it, was not" where the last module's output was
+// all zeros at a step from `from` on; empty where it was not (or no module was probed).
+std::string zero_output(const Run& run, std::int64_t from) {
+  const ModuleSummary* last = run.last_module(true);
+  if (!last || last->zero_step < from) return "";
+  // Back to the first of the modules before it whose outputs were all zeros too.
+  const ModuleSummary* zero = last;
+  for (std::size_t hops = 0; hops < run.modules.size() && zero->before_last >= 0; ++hops) {
+    const ModuleSummary& before = run.modules[std::size_t(zero->before_last)];
+    if (before.zero_step < from) break;
+    zero = &before;
+  }
+  std::string text = "at step " + std::to_string(zero->zero_step) + " " + zero->info.path + "'s output" +
+                     (zero == last ? ", the model's last," : "") + " was all zeros (" + std::to_string(zero->zero_numel) +
+                     " of " + std::to_string(zero->zero_numel) + " values)";
+  if (zero != last) text += ", and so were those after it up to the model's last, " + last->info.path;
+  if (zero->before_last >= 0)
+    text += ", while " + run.modules[std::size_t(zero->before_last)].info.path +
+            "'s, which finished just before it, was not: what ran between them or in " + zero->info.path +
+            " zeroed every value";
+  return text;
+}
+
 }  // namespace
 
 void gradients_not_zeroed(const Run& run, std::vector<Finding>& out) {
@@ -104,9 +128,11 @@ void gradients_cleared(const Run& run, const std::map<std::int64_t, StepGradient
   if (arrived || loss_zero) {
     f.rule = "zero-gradients";
     f.title = "Every gradient was exactly zero when the optimizer stepped: backward made them zero, and nothing trains";
+    const std::string zeros = loss_zero ? std::string() : zero_output(run, first);
     if (arrived)
       f.evidence += "; in step " + std::to_string(arrived->step) + ", " + arrived->detail +
-                    ", before anything could clear it: the loss's gradient is zero";
+                    ", before anything could clear it: " +
+                    (zeros.empty() ? "the loss's gradient is zero" : "backward made it zero");
     if (loss_zero) f.evidence += std::string(arrived ? ", and" : ";") + " the loss was exactly 0 in every one of those steps";
     // Steps before the first all-zero one whose finite gradients were not all zero: the model
     // trained, then its loss reached 0 (a triplet loss once every triplet meets its margin).
@@ -125,6 +151,16 @@ void gradients_cleared(const Run& run, const std::map<std::int64_t, StepGradient
                                "satisfied by every sample (a margin every triplet or pair meets, a hinge or a clamp at "
                                "0). If the model should go on learning, make the loss harder where it saturates (hard "
                                "negatives, a larger margin), or stop the training where it reaches 0.",
+                               "", ""});
+    } else if (!zeros.empty()) {
+      f.title = "Every gradient was exactly zero when the optimizer stepped: the model's output was all zeros, so "
+                "backward sent none back, and nothing trains";
+      f.evidence += "; " + zeros;
+      f.suggestions.push_back({"Find what zeroes the model's output: with every output 0 the loss's gradient stops "
+                               "there and no layer gets any. A ReLU at the end whose inputs have all gone negative "
+                               "(a dead ReLU, after an optimizer step too large: SqueezeNet's classifier ends in a "
+                               "ReLU before its pooling) passes none back. Lower the learning rate or warm it up, and "
+                               "end the model with its last linear layer or convolution, no activation after it.",
                                "", ""});
     } else {
       f.suggestions.push_back({"Look at the loss, not at zero_grad(): its gradient is zero. It is exactly 0 or "

@@ -236,6 +236,10 @@ void apply_run_delta(Run& run, RunDelta&& d) {
     module.max_absmax = std::max(module.max_absmax, m.max_absmax);
     module.output_rms_sum += m.rms_sum;
     module.output_rms_rows += m.rms_rows;
+    if (m.zero_step >= module.zero_step) {
+      module.zero_step = m.zero_step;
+      module.zero_numel = m.zero_numel;
+    }
     module.last_steps += m.last_steps;
     // The forward its calls were first counted in, or more of that same forward's calls.
     if (m.growth.calls > 0 && (module.growth.calls == 0 || (module.growth.step == m.growth.step &&

@@ -418,6 +418,10 @@ std::int64_t read_acts(RunDbReader& reader, const RunCursor& from, std::size_t m
           }
         }
         if (a.stats.nan + a.stats.inf == 0) {
+          if (a.stats.numel > 0 && a.stats.zeros == a.stats.numel && a.step >= m.zero_step) {
+            m.zero_step = a.step;
+            m.zero_numel = a.stats.numel;
+          }
           if (a.stats.numel > 0 && std::isfinite(a.stats.l2)) {
             m.rms_sum += a.stats.l2 / std::sqrt(double(a.stats.numel));
             ++m.rms_rows;

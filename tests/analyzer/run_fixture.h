@@ -82,7 +82,9 @@ class RunFixture {
   // Forward probe outputs for the current step (call before step()), 4096 values of L2 norm
   // `l2`; with histograms(), 100 of its values sit in the bin of `absmax`, the rest in that of
   // 0.1 (its amin_nz).
-  RunFixture& activation(const std::string& module, bool nonfinite, double absmax = 10.0, double l2 = 100.0) {
+  // `zeros`: every value 0 (a dead ReLU's output), absmax and l2 0.
+  RunFixture& activation(const std::string& module, bool nonfinite, double absmax = 10.0, double l2 = 100.0,
+                         bool zeros = false) {
     std::int64_t id = -1;
     for (std::size_t i = 0; i < modules_.size(); ++i)
       if (modules_[i] == module) id = std::int64_t(i);
@@ -95,7 +97,8 @@ class RunFixture {
     a.step = step_;
     a.module_id = id;
     a.fwd_order = fwd_order_[step_]++;
-    a.stats = {4096, nonfinite ? 3 : 0, 0, 0, 0, absmax, 0.1, l2};
+    a.stats = {4096, nonfinite ? 3 : 0, 0, zeros ? 4096 : 0, 0, absmax, 0.1, l2};
+    if (zeros) a.stats.absmax = a.stats.amin_nz = a.stats.l2 = 0.0;
     if (histograms_) {
       a.histogram.assign(rundb::kHistBins, 0);
       a.histogram[bin(absmax)] += 100;

@@ -116,6 +116,50 @@ TEST_CASE("all-zero gradients that arrived zero from backward are the loss's, no
 
 namespace {
 
+// A classifier whose last module's output turned all zeros from step 3 on (SqueezeNet's
+// dead ReLU before its pooling), its gradients all zero in those steps, seen arriving zero
+// from backward; `dead` false: its output stays nonzero (a loss that saturated).
+Report dead_output(const TempDir& dir, bool dead) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  for (int i = 0; i < 11; ++i) {
+    if (i == 3) f.event("gradients-arrived-zero", "head.bias's gradient arrived from backward all zeros");
+    f.activation("features", false).activation("classifier.1", false).activation("classifier.3", false, 10.0, 100.0,
+                                                                                  dead && i >= 3);
+    if (i < 3)
+      f.step(65536, 65536, 1000.0, {}, 2.2);
+    else
+      f.step(65536, 65536, 0.0, {}, 2.302585);
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("all-zero gradients under a model output of all zeros name that output, not the loss", "[rules][zero-grad]") {
+  TempDir dir;
+  const Report r = dead_output(dir, true);
+  const Finding& z = required(r, "zero-gradients");
+  CHECK(z.severity == Severity::kError);
+  CHECK(z.title == "Every gradient was exactly zero when the optimizer stepped: the model's output was all zeros, so "
+                   "backward sent none back, and nothing trains");
+  CHECK_THAT(z.evidence, Catch::Contains("before anything could clear it: backward made it zero; at step 10 "
+                                         "classifier.3's output, the model's last, was all zeros (4096 of 4096 "
+                                         "values), while classifier.1's, which finished just before it, was not"));
+  CHECK_THAT(z.suggestions.front().summary, Catch::StartsWith("Find what zeroes the model's output") &&
+                                                Catch::Contains("a dead ReLU"));
+}
+
+TEST_CASE("all-zero gradients under a model output that is not zero keep the look at the loss", "[rules][zero-grad]") {
+  TempDir dir;
+  const Report r = dead_output(dir, false);
+  const Finding& z = required(r, "zero-gradients");
+  CHECK_THAT(z.title, Catch::Contains("backward made them zero"));
+  CHECK_THAT(z.suggestions.front().summary, Catch::StartsWith("Look at the loss, not at zero_grad()"));
+}
+
+namespace {
+
 // `trained` steps with gradients and a loss of 0.4, then 10 whose gradients were all zero
 // with a loss of `then`, seen arriving zero from backward at the first of them (`seen`).
 Report trained_then_zero(const TempDir& dir, int trained, double then, bool seen = true) {

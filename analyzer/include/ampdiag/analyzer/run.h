@@ -72,6 +72,10 @@ struct ModuleSummary {
   // how many: the typical size of what it makes.
   double output_rms_sum = 0.0;
   std::int64_t output_rms_rows = 0;
+  // The last step whose output was all zeros (every value of a row holding some), and how
+  // many values that row held; -1: none. A model whose output is all zeros (a dead ReLU
+  // before it) sends no gradient back.
+  std::int64_t zero_step = -1, zero_numel = 0;
   // Recorded steps whose forward it finished last, the model's own output aside: nearest
   // the model's output. Ids follow the order modules *first* finish, which a module first
   // called in a later step (a mixture-of-experts' expert) leaves behind the model's head.
@@ -289,7 +293,8 @@ struct Run {
   bool finishes_at_or_after(const std::string& later, const std::string& earlier) const;
   // The probed module with recorded outputs, the model's own ("") aside, that finished its
   // forward last in the most recorded steps: nearest the model's output. Null where none.
-  const ModuleSummary* last_module() const;
+  // `zeros`: one whose outputs were only ever zeros counts too.
+  const ModuleSummary* last_module(bool zeros = false) const;
 };
 
 struct LoadOptions {

@@ -54,6 +54,7 @@ struct RunDelta {
     float max_absmax = 0.0f, jump_absmax = 0.0f, jump_before = 0.0f;
     double rms_sum = 0.0;       // per-element RMS of its finite outputs, summed over their rows
     std::int64_t rms_rows = 0;
+    std::int64_t zero_step = -1, zero_numel = 0;  // as ModuleSummary's
     // Its calls in the first full forward read where it was first to go NaN/Inf, or more of
     // them where that forward began in an earlier read (calls 0: none).
     CallGrowth growth;
