@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <iterator>
 
 #include "loss_code.h"
@@ -50,6 +51,23 @@ Suggestion bound_the_exponent(const std::string& module, const std::string& op, 
   return s;
 }
 
+// "Bring down the constant M's own code multiplies by ...": its FP32 output without it would
+// have fit fp16.
+Suggestion shrink_the_factor(const Run& run, const std::string& module, const loss_code::Op& op, double fp32_absmax) {
+  char without[32];
+  std::snprintf(without, sizeof without, "%.3g", fp32_absmax / op.gain());
+  Suggestion s;
+  s.summary = "Bring down the constant " + module + "'s own code " + (op.name == "Div" ? "divides" : "multiplies") +
+              " by: " + loss_code::enlarging_text(op, run.fp_max) + ", and in FP32 " + module + "'s output reached " +
+              replay_absmax(fp32_absmax) + ", which without it would be about " + without +
+              ". Where it is a setting (a LoRA adapter's scaling alpha / r, a loss or output multiplier), lower it; "
+              "where it is by design, the fixes that follow apply.";
+  s.python = "# a LoRA adapter's scaling: alpha / r of 1 or 2 is usual\n"
+             "config = LoraConfig(r=8, lora_alpha=16)  # scaling = lora_alpha / r = 2";
+  s.untried = true;
+  return s;
+}
+
 const char* const kExps[] = {"Exp", "Exp2", "Expm1"};
 
 // The last operation of `code` that `names` holds; null where none does.
@@ -71,6 +89,13 @@ std::vector<Suggestion> own_code_fixes(const Run& run, const std::string& module
   std::vector<Suggestion> fixes;
   if (!suggest::beyond_fp16(run, fp32_absmax)) return fixes;
   const loss_code::Code code = loss_code::after_module(run, module, "module-code");
+  // A factor that alone takes the output past fp16's range: a setting more likely than a
+  // design (a factor of design, sqrt(d_model), is smaller), so the first fix.
+  constexpr double kLargeGain = 16.0;
+  const auto factor = std::find_if(code.ops.rbegin(), code.ops.rend(), [&](const loss_code::Op& op) {
+    return op.gain() >= kLargeGain && fp32_absmax / op.gain() <= run.fp_max;
+  });
+  if (factor != code.ops.rend()) fixes.push_back(shrink_the_factor(run, module, *factor, fp32_absmax));
   if (const loss_code::Op* exp = last_of(code, kExps))
     fixes.push_back(bound_the_exponent(module, exp->name,
                                        "in FP32 " + module + "'s output reached " + replay_absmax(fp32_absmax) +

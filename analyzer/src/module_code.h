@@ -22,7 +22,10 @@ std::string module_code_evidence(const Run& run, const std::string& module);
 // bounded (a flow's coupling layer whose log-scale has no tanh: exp() grows the output
 // without limit, and alone passes 65504 above 11.09 in fp16); where it sums (IndexAdd,
 // ScatterAdd, ScatterReduce, Sum, Cumsum), the sum divided by its number of terms. The
-// exponent comes before the sum: it grows faster than any count of terms.
+// exponent comes before the sum: it grows faster than any count of terms. Where it
+// multiplies by a constant of 16 or more (or divides by one of 1/16 or less) without which
+// the output would have stayed within fp16's range, that constant brought down, first of
+// all (a LoRA adapter whose scaling alpha / r is 50000).
 std::vector<Suggestion> own_code_fixes(const Run& run, const std::string& module, double fp32_absmax);
 
 // Where the module makes NaN/Inf from finite inputs in FP32 too (its replay `intrinsic`) and

@@ -5,6 +5,9 @@
 // its forward stays finite) and a sum is divided by its number of terms (a graph
 // convolution's index_add_ over a hub's messages: averaged, it trains healthy; both in
 // tests/scenarios/test_module_code.py).
+#include <cstdio>
+#include <utility>
+
 #include "rule_test.h"
 
 namespace {
@@ -120,4 +123,32 @@ TEST_CASE("a module whose own exp() makes Inf in FP32 too has its argument bound
                                                           "inputs c2's output holds NaN/Inf in FP32 too"));
   CHECK(fw.suggestions[0].untried);
   CHECK_THAT(fw.suggestions[1].summary, Catch::StartsWith("Look at c2's code"));
+}
+
+TEST_CASE("a large constant a module's own code multiplies by, without which its FP32 output fits fp16, is brought "
+          "down first", "[rules][module-code]") {
+  TempDir dir;  // a LoRA adapter: base(x) + lora_B(lora_A(x)) * 50000
+  const Report r = graph_layer_run(dir, 207983.0, "Mul(50000):float16, Add:float16");
+  const Finding& fw = required(r, "forward-nonfinite");
+  CHECK_THAT(fw.evidence, Catch::Contains("Mul, Add (all float16)"));
+  REQUIRE(fw.suggestions.size() >= 2);
+  CHECK_THAT(fw.suggestions[0].summary,
+             Catch::StartsWith("Bring down the constant c2's own code multiplies by: the multiplication by 50000 (Mul) "
+                               "multiplies its input by 50000, so every value above 1.31 passes fp16's 65504, and in "
+                               "FP32 c2's output reached 207983, which without it would be about 4.16."));
+  CHECK_THAT(fw.suggestions[0].python, Catch::Contains("lora_alpha"));
+  CHECK(fw.suggestions[0].untried);
+  CHECK_THAT(fw.suggestions[1].summary, Catch::StartsWith("Train in bfloat16"));  // then c2 with the code after it
+}
+
+TEST_CASE("a small constant, or one without which the FP32 output still passes fp16, is not blamed", "[rules][module-code]") {
+  TempDir dir;
+  for (const auto& [absmax, code] : {std::pair<double, const char*>{207983.0, "Mul(8):float16, Add:float16"},
+                                     {1e11, "Mul(50000):float16, Add:float16"},
+                                     {207983.0, "Div(2):float16, Add:float16"}}) {
+    const Report r = graph_layer_run(dir, absmax, code);
+    const Finding& fw = required(r, "forward-nonfinite");
+    for (const auto& s : fw.suggestions) CHECK_THAT(s.summary, !Catch::Contains("Bring down the constant"));
+    std::remove(dir.file("run.db").c_str());
+  }
 }

@@ -9,7 +9,11 @@ the node's degree as the first fix; so divided, the same loop is healthy.
 A normalizing flow's affine coupling layers, `x2 * exp(s) + t`, with no tanh on the
 log-scale `s`, trained by maximum likelihood on data four times the unit scale: a coupling's
 exp() passes fp16's range, and in FP32 its output reaches billions. The report bounds the
-exponent first; bounded with tanh, no module's output goes NaN/Inf in forward."""
+exponent first; bounded with tanh, no module's output goes NaN/Inf in forward.
+
+LoRA adapters whose scaling, alpha / r, was set to 50000 (alpha 400000 for r 8): each
+adapted projection multiplies its adapter's output by it, and its FP32 output passes fp16's
+range. The report names the constant first; at PEFT's usual scaling of 2 the loop trains."""
 import math
 
 import torch
@@ -140,3 +144,44 @@ def test_the_coupling_with_its_log_scale_bounded_stays_finite_in_forward(tmp_pat
     train_flow(db, bounded=True)
     _, report = verdict(db)
     assert not [f for f in report["findings"] if f["rule"] == "forward-nonfinite"], report["findings"]
+
+
+class LoraLinear(nn.Module):
+    """A frozen Linear plus a trained low-rank adapter scaled by alpha / r, as PEFT's."""
+
+    def __init__(self, base, r, alpha):
+        super().__init__()
+        self.base, self.scaling = base, alpha / r
+        self.lora_A, self.lora_B = nn.Linear(base.in_features, r, bias=False), nn.Linear(r, base.out_features, bias=False)
+        nn.init.normal_(self.lora_B.weight, std=0.02)  # as after a few steps (PEFT starts it at 0)
+        base.requires_grad_(False)
+
+    def forward(self, x):
+        return self.base(x) + self.lora_B(self.lora_A(x)) * self.scaling
+
+
+def train_lora(db, alpha):
+    torch.manual_seed(0)
+    model = nn.Sequential(LoraLinear(nn.Linear(64, 128), 8, alpha), nn.GELU(), LoraLinear(nn.Linear(128, 10), 8, alpha))
+    params = [p for p in model.parameters() if p.requires_grad]
+    amp_training(db, model, torch.optim.AdamW(params, lr=1e-3), 8, lambda g: nn.functional.cross_entropy(
+        model(torch.randn(32, 64, generator=g)).float(), torch.randint(0, 10, (32,), generator=g)))
+
+
+def test_a_lora_scaling_far_too_large_is_brought_down_first(tmp_path, verdict):
+    db = tmp_path / "lora.db"
+    train_lora(db, alpha=400000.0)
+    code, report = verdict(db)
+    assert code == 1
+    fw = next(f for f in report["findings"] if f["rule"] == "forward-nonfinite")
+    assert fw["module"] == "2", fw["module"]
+    assert fw["suggestions"][0]["summary"].startswith(
+        "Bring down the constant 2's own code multiplies by: the multiplication by 50000 (Mul) multiplies its input "
+        "by 50000"), fw["suggestions"][0]["summary"]
+
+
+def test_the_lora_scaling_peft_uses_trains_healthy(tmp_path, verdict):
+    db = tmp_path / "lora.db"
+    train_lora(db, alpha=16.0)
+    code, report = verdict(db)
+    assert (code, report["healthy"]) == (0, True), report["findings"]
