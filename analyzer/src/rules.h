@@ -173,6 +173,11 @@ std::optional<Suggestion> reinitialise_for_outputs(const Run& run, const std::st
 // sends back to `receiver`, where `sender` holds a weight that oversized-weights counts. None
 // where it holds no such weight.
 std::optional<Suggestion> reinitialise_sender(const Run& run, const std::string& sender, const std::string& receiver);
+// The look at `sender`'s backward code where it holds no parameters: no weight of its own
+// enlarges the gradient it sends back to `receiver`, its code does (a gradient reversal's
+// -lambda * g, a constant factor, a division by a small value). Untried. None where it holds
+// parameters, is one of torch's own modules (by its source), or was not probed.
+std::optional<Suggestion> sender_code_fix(const Run& run, const std::string& sender, const std::string& receiver);
 // The re-initialisation that leads a finding whose module's own backward overflowed, where the
 // most oversized layer (oversized-weights) is at or after `module` in forward order: the
 // gradients reaching `module` passed back through it. Both probed, by their places in forward;

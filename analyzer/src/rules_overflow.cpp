@@ -393,6 +393,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     const bool entered = entry.seen == "nonfinite";
     const GradientSenders senders = entered ? gradient_senders(run, module) : GradientSenders{};
     const bool sent = !senders.paths.empty();
+    bool sender_code_given = false;  // the look at a sender's code that holds no parameters
     if (at_any_scale && !too_large) {
       f.title = place + " goes NaN/Inf first in backward at every loss scale, down to " + fmt(m.lowest_scale);
       f.evidence += "; down to a loss scale of " + fmt(m.lowest_scale) + ", which no longer enlarges the gradients";
@@ -533,6 +534,9 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
             if (auto fix = reinitialise_sender(run, sender, module)) {
               f.suggestions.push_back(*fix);
               reinitialised = true;
+            } else if (auto code = sent ? sender_code_fix(run, sender, module) : std::nullopt) {
+              f.suggestions.push_back(*code);
+              reinitialised = sender_code_given = true;
             }
           f.suggestions.push_back(suggest::pin_fp32_both(
               run, module, user,
@@ -587,6 +591,11 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       }
       f.suggestions.push_back(suggest::use_bf16(run));
     }
+    // A sender without parameters enlarged the gradient in its own code, whatever the scale
+    // and the loss: that code leads every other fix (a gradient reversal's lambda of 1e5).
+    if (harms && sent && !sender_code_given)
+      if (auto code = sender_code_fix(run, senders.paths.front(), module))
+        f.suggestions.insert(f.suggestions.begin(), *code);
     out.push_back(f);
     top = top && !harms;
   }

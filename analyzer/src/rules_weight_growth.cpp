@@ -11,10 +11,12 @@
 #include <initializer_list>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "overflow_events.h"
 #include "rules.h"
 #include "suggestions.h"
 
@@ -157,8 +159,14 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
   f.score = 102.0;  // before the overflows it causes (scale-collapse 100)
   f.module = named ? module : "";
   f.steps = {start->first, at->first};
+  // Gradients that a module without parameters sent back enlarged (a gradient reversal's
+  // lambda far above 1): the steps are that large because of its code, not the learning rate.
+  const GradientSenders senders = named ? gradient_senders(run, module) : GradientSenders{};
+  const std::optional<Suggestion> sender_code =
+      senders.paths.empty() ? std::nullopt : sender_code_fix(run, senders.paths.front(), module);
   f.title = "The weights grew " + times(growth) + " in " + plural(at->first - start->first, "step") +
-            " while the run overflowed: the optimizer's steps are far too large";
+            " while the run overflowed: the optimizer's steps are far too large" +
+            (sender_code ? ", on gradients " + senders.paths.front() + "'s backward enlarges" : std::string());
   f.evidence = what + " (L2 norm, all their parameters together) went from " + fmt(std::sqrt(start->second)) +
                " at step " + std::to_string(start->first) + " to " + fmt(std::sqrt(at->second)) + " at step " +
                std::to_string(at->first) + "; NaN/Inf or skipped steps until step " + std::to_string(last) +
@@ -167,11 +175,16 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
                                 " at step " + std::to_string(first_settings->step) + ": a schedule moved it)"
                           : std::string()) +
                ". The overflows are where the growth left fp16's range, not why";
+  if (sender_code)
+    f.evidence += "; at step " + std::to_string(senders.step) + " " + senders.paths.front() + ", given " + module +
+                  "'s output, received a finite gradient at its own output and sent NaN/Inf back to it, and it holds "
+                  "no parameters: its code enlarges the gradients " + module + " and the layers before it step on";
   const std::string summary =
       "Lower the learning rate (or warm it up): each step moves the weights so far that they and the activations "
       "they make grow until the half-precision range ends. Pinning the module that overflows first to FP32 only "
       "moves the overflow on.";
   const auto [python, cpp] = lower_lr(settings, scheduled);
+  if (sender_code) f.suggestions.push_back(*sender_code);
   f.suggestions.push_back({summary, python, cpp, ""});
   // Pointed to from the window's first step: calibration skips before the weights moved are
   // part of the same run of overflows. Hence the growth's steps, not "after it".

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "overflow_events.h"
 #include "rules.h"
 #include "suggestions.h"
 
@@ -122,6 +123,28 @@ std::optional<Suggestion> reinitialise_sender(const Run& run, const std::string&
       return suggest::reinitialise(sender, o.scale, "the gradient its backward sends back to " + receiver +
                                                         " is about that many times the one it receives");
   return std::nullopt;
+}
+
+std::optional<Suggestion> sender_code_fix(const Run& run, const std::string& sender, const std::string& receiver) {
+  if (sender.empty() || holds_parameters(run, sender)) return std::nullopt;
+  // torch's own modules without parameters (an activation, a pooling) enlarge a gradient by
+  // their derivative at most, which their type says: the overflow's other fixes stay first.
+  const ModuleSummary* m = run.module_named(sender);
+  if (m == nullptr || m->info.source.find("/torch/nn/") != std::string::npos ||
+      m->info.source.find("\\torch\\nn\\") != std::string::npos)
+    return std::nullopt;
+  Suggestion s;
+  s.summary = "Look at " + sender + "'s backward: it holds no parameters, so what enlarges the gradient it sends back "
+              "to " + receiver + " is its own code: a custom autograd.Function whose backward multiplies the gradient "
+              "(a gradient reversal layer's -lambda * grad with lambda far above 1), a constant factor, a division by "
+              "a small value. Bring that factor down: every layer before " + sender + " takes gradients that many "
+              "times too large, which no loss scale fits and a lower learning rate only offsets.";
+  s.python = "class GradReverse(torch.autograd.Function):\n"
+             "    @staticmethod\n"
+             "    def backward(ctx, grad):\n"
+             "        return -ctx.lam * grad, None  # lambda of about 1 (DANN ramps it from 0 to 1)";
+  s.untried = true;
+  return s;
 }
 
 void by_design(Suggestion& pin) {

@@ -91,7 +91,8 @@ class RunFixture {
     if (id < 0) {
       id = std::int64_t(modules_.size());
       modules_.push_back(module);
-      writer_.add_module({id, module, "Module", "", ""});
+      const auto source = sources_.find(module);
+      writer_.add_module({id, module, "Module", source == sources_.end() ? "" : source->second, ""});
     }
     rundb::ActStatRow a;
     a.step = step_;
@@ -105,6 +106,13 @@ class RunFixture {
       a.histogram[bin(a.stats.amin_nz)] += 4096 - 100 - (nonfinite ? 3 : 0);
     }
     writer_.add_act_stat(a);
+    return *this;
+  }
+
+  // Where `module` is defined ("/torch/nn/modules/activation.py:100"), as its row will say: call
+  // before its first activation().
+  RunFixture& module_source(const std::string& module, const std::string& source) {
+    sources_[module] = source;
     return *this;
   }
 
@@ -269,6 +277,7 @@ class RunFixture {
   std::map<std::int64_t, std::int64_t> fwd_order_;
   std::map<std::string, double> zero_fraction_;
   std::map<std::string, double> absmax_factor_;
+  std::map<std::string, std::string> sources_;  // module_source()
   std::map<std::string, double> subnormal_fraction_;
   std::int64_t step_ = 0;
   bool histograms_ = false;

@@ -341,3 +341,42 @@ TEST_CASE("at every loss scale the look at the backward starts with the module t
   CHECK_THAT(o.suggestions.front().summary, Catch::StartsWith("Look first at the backward of head, enc:"));
   for (const auto& s : o.suggestions) CHECK_THAT(s.summary, !Catch::Contains("Run enc"));
 }
+
+namespace {
+
+// enc's gradients first NaN/Inf in 12 skips halving the scale, sent through its output by
+// `sender`, a probed module without parameters defined at `source` (DANN's gradient reversal).
+Report parameterless_sender_run(const std::string& sender, const std::string& source) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"dec.weight", "enc.weight"});
+  f.module_source(sender, source);
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2) {
+    if (i == 2) f.event("module-output-gradient", "enc: nonfinite");
+    if (i == 3) f.event("module-gradient-sender", "enc: " + sender);
+    f.activation("enc", false).activation(sender, false).activation("dec", false);
+    f.finite_first({"dec.weight"}).step(scale, scale / 2, 1000, {"enc.weight"});
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a sender without parameters has its backward code looked at before any other fix", "[rules][gradient-entry]") {
+  const Report r = parameterless_sender_run("grl", "/work/dann.py:13");
+  const Finding& o = required(r, "overflow-origin");
+  CHECK(o.module == "enc");
+  CHECK_THAT(o.evidence, Catch::Contains("at step 3 grl, given enc's output, received a finite gradient at its own output "
+                                         "and sent NaN/Inf back to it"));
+  REQUIRE(o.suggestions.size() >= 2);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Look at grl's backward: it holds no parameters, so what "
+                                                         "enlarges the gradient it sends back to enc is its own code"));
+  CHECK(o.suggestions[0].untried);
+}
+
+TEST_CASE("one of torch's own modules without parameters as the sender gets no look at its code", "[rules][gradient-entry]") {
+  const Report r = parameterless_sender_run("act", "/venv/lib/python3.11/site-packages/torch/nn/modules/activation.py:700");
+  const Finding& o = required(r, "overflow-origin");
+  for (const Suggestion& s : o.suggestions) CHECK_THAT(s.summary, !Catch::StartsWith("Look at act's backward"));
+}

@@ -9,12 +9,18 @@ namespace {
 // `calm` steps at weights of L2 `start` (4096 values a layer), then weights growing `factor` times over 8 steps, then
 // `overflows` steps where mlp.down's output goes Inf (skipped, the weights as they were).
 // `settings`: event optimizer-settings, none where empty.
+// `sender`: a module without parameters, probed, that sent mlp.down NaN/Inf from a finite
+// gradient (event module-gradient-sender); none where empty.
 Report grown(const TempDir& dir, double factor, int overflows = 6, int calm = 1, const std::string& settings = "",
-              double start = 1.8) {
+              double start = 1.8, const std::string& sender = "") {
   RunFixture f(dir.file("run.db"), {"mlp.down.weight", "head.weight"});
   if (!settings.empty()) f.event("optimizer-settings", settings);
+  if (!sender.empty()) f.event("module-gradient-sender", "mlp.down: " + sender);
   double l2 = start;
-  for (int i = 0; i < calm; ++i) f.weight_norms(l2).step(65536, 65536);
+  for (int i = 0; i < calm; ++i) {
+    if (!sender.empty()) f.activation(sender, false);
+    f.weight_norms(l2).step(65536, 65536);
+  }
   for (int i = 1; i <= 8; ++i) f.weight_norms(l2 = start * std::pow(factor, i / 8.0)).step(65536, 65536);
   double scale = 65536;
   for (int i = 0; i < overflows; ++i, scale /= 2)
@@ -36,6 +42,31 @@ TEST_CASE("weights grown many times over before their module overflowed are the 
   CHECK_THAT(f->evidence, Catch::StartsWith("mlp.down's weights (L2 norm, all their parameters together) went from 1.8 "
                                             "at step 0 to 102.6 at step 8"));
   CHECK(r.findings.front().rule == "weight-growth");
+}
+
+TEST_CASE("weights grown on gradients a module without parameters enlarged point to its backward first",
+          "[rules][weight-growth]") {
+  TempDir dir;  // DANN's gradient reversal layer at lambda 1e5
+  const Report r = grown(dir, 57.0, 6, 1, "", 1.8, "grl");
+  const Finding& f = required(r, "weight-growth");
+  CHECK(f.title == "The weights grew 57x in 8 steps while the run overflowed: the optimizer's steps are far too large, on "
+                   "gradients grl's backward enlarges");
+  CHECK_THAT(f.evidence, Catch::EndsWith("; at step 0 grl, given mlp.down's output, received a finite gradient at its own "
+                                         "output and sent NaN/Inf back to it, and it holds no parameters: its code "
+                                         "enlarges the gradients mlp.down and the layers before it step on"));
+  REQUIRE(f.suggestions.size() == 2);
+  CHECK_THAT(f.suggestions[0].summary, Catch::StartsWith("Look at grl's backward: it holds no parameters"));
+  CHECK_THAT(f.suggestions[0].python, Catch::Contains("-ctx.lam * grad"));
+  CHECK(f.suggestions[0].untried);
+  CHECK_THAT(f.suggestions[1].summary, Catch::StartsWith("Lower the learning rate"));
+}
+
+TEST_CASE("weights grown on gradients a module with parameters sent keep the learning rate first", "[rules][weight-growth]") {
+  TempDir dir;
+  const Report r = grown(dir, 57.0, 6, 1, "", 1.8, "head");  // head holds head.weight
+  const Finding& f = required(r, "weight-growth");
+  CHECK(f.title == "The weights grew 57x in 8 steps while the run overflowed: the optimizer's steps are far too large");
+  CHECK_THAT(f.suggestions.front().summary, Catch::StartsWith("Lower the learning rate"));
 }
 
 TEST_CASE("weights that stood still through the first steps grew from where they first moved", "[rules][weight-growth]") {

@@ -2,12 +2,19 @@
 fp16 backward multiplies the gradient it sends into the final norm by that gain, so the norm's
 gradients go NaN/Inf first, through its output. Pinning the norm and the head keeps that one
 gradient in FP32, yet every layer before them still takes gradients thousands of times too
-large, and the scale still collapses: the report leads with the head's re-initialisation."""
+large, and the scale still collapses: the report leads with the head's re-initialisation.
+
+DANN's gradient reversal layer, a module without parameters whose autograd.Function sends
+back -lambda times the gradient, at a lambda of 1e5: the feature extractor takes gradients
+1e5 times too large, the scale collapses and, once it is below 1, the steps it takes make
+the loss diverge or the weights grow. The report pointed to the loss and the learning rate;
+it leads with the reversal's backward. At lambda 1 the same loop is healthy."""
 import torch
 from torch import nn
 import torch.nn.functional as F
 
 import ampdiag
+from conftest import amp_training
 
 
 class Block(nn.Module):
@@ -103,3 +110,66 @@ def test_the_head_at_a_standard_initialisation_keeps_the_scale_up(tmp_path, verd
     lm_steps(db, head_gain=1.0)
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
+
+
+class Reverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, lam):
+        ctx.lam = lam
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -ctx.lam * grad, None
+
+
+class GradientReversal(nn.Module):
+    def __init__(self, lam):
+        super().__init__()
+        self.lam = lam
+
+    def forward(self, x):
+        return Reverse.apply(x, self.lam)
+
+
+class Dann(nn.Module):
+    def __init__(self, lam):
+        super().__init__()
+        self.features = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU())
+        self.classifier, self.grl = nn.Linear(128, 10), GradientReversal(lam)
+        self.domain = nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 2))
+
+    def forward(self, x):
+        f = self.features(x)
+        return self.classifier(f), self.domain(self.grl(f))
+
+
+def dann_steps(db, lam):
+    torch.manual_seed(0)
+    model = Dann(lam)
+
+    def loss_of(g):
+        x, y, d = torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g), \
+            torch.randint(0, 2, (64,), generator=g)
+        label, domain = model(x)
+        return F.cross_entropy(label.float(), y) + F.cross_entropy(domain.float(), d)
+
+    amp_training(db, model, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9), 40, loss_of)
+
+
+def test_a_gradient_reversal_far_too_strong_is_looked_at_before_the_learning_rate(tmp_path, verdict):
+    db = tmp_path / "dann.db"
+    dann_steps(db, 1e5)
+    code, rep = verdict(db)
+    first = rep["findings"][0]
+    assert (code, first["rule"], first["module"]) == (1, "overflow-origin", "features.2")
+    assert first["suggestions"][0]["summary"].startswith("Look at grl's backward: it holds no parameters")
+    collapse = next(f for f in rep["findings"] if f["rule"] == "scale-collapse")
+    assert collapse["suggestions"][0]["summary"].startswith("Fix the NaN/Inf made in grl's backward")
+
+
+def test_a_gradient_reversal_at_lambda_1_is_healthy(tmp_path, verdict):
+    db = tmp_path / "dann.db"
+    dann_steps(db, 1.0)
+    code, rep = verdict(db)
+    assert (code, rep["healthy"]) == (0, True), rep["findings"]
