@@ -593,7 +593,9 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     }
     // A sender without parameters enlarged the gradient in its own code, whatever the scale
     // and the loss: that code leads every other fix (a gradient reversal's lambda of 1e5).
-    if (harms && sent && !sender_code_given)
+    // Not where the NaN/Inf came at every scale while the finite steps' gradients fit: a
+    // function whose gradient is infinite somewhere (sqrt of 0), which the look above names.
+    if (harms && sent && !sender_code_given && (too_large || !at_any_scale))
       if (auto code = sender_code_fix(run, senders.paths.front(), module))
         f.suggestions.insert(f.suggestions.begin(), *code);
     out.push_back(f);

@@ -162,8 +162,16 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
   // Gradients that a module without parameters sent back enlarged (a gradient reversal's
   // lambda far above 1): the steps are that large because of its code, not the learning rate.
   const GradientSenders senders = named ? gradient_senders(run, module) : GradientSenders{};
-  const std::optional<Suggestion> sender_code =
+  std::optional<Suggestion> sender_code =
       senders.paths.empty() ? std::nullopt : sender_code_fix(run, senders.paths.front(), module);
+  // Only where the module's overflow finding took it for an enlargement, not for a function
+  // whose gradient is infinite somewhere (sqrt of 0), which a gain does not explain.
+  if (sender_code && std::none_of(out.begin(), out.end(), [&](const Finding& o) {
+        return o.rule == "overflow-origin" && o.module == module &&
+               std::any_of(o.suggestions.begin(), o.suggestions.end(),
+                           [&](const Suggestion& s) { return s.summary == sender_code->summary; });
+      }))
+    sender_code.reset();
   f.title = "The weights grew " + times(growth) + " in " + plural(at->first - start->first, "step") +
             " while the run overflowed: the optimizer's steps are far too large" +
             (sender_code ? ", on gradients " + senders.paths.front() + "'s backward enlarges" : std::string());

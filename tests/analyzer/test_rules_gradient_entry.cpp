@@ -344,14 +344,15 @@ TEST_CASE("at every loss scale the look at the backward starts with the module t
 
 namespace {
 
-// enc's gradients first NaN/Inf in 12 skips halving the scale, sent through its output by
-// `sender`, a probed module without parameters defined at `source` (DANN's gradient reversal).
-Report parameterless_sender_run(const std::string& sender, const std::string& source) {
+// enc's gradients first NaN/Inf in `skips` skips halving the scale from 65536, sent through
+// its output by `sender`, a probed module without parameters defined at `source` (DANN's
+// gradient reversal).
+Report parameterless_sender_run(const std::string& sender, const std::string& source, int skips = 12) {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"dec.weight", "enc.weight"});
   f.module_source(sender, source);
   double scale = 65536;
-  for (int i = 0; i < 12; ++i, scale /= 2) {
+  for (int i = 0; i < skips; ++i, scale /= 2) {
     if (i == 2) f.event("module-output-gradient", "enc: nonfinite");
     if (i == 3) f.event("module-gradient-sender", "enc: " + sender);
     f.activation("enc", false).activation(sender, false).activation("dec", false);
@@ -379,4 +380,14 @@ TEST_CASE("one of torch's own modules without parameters as the sender gets no l
   const Report r = parameterless_sender_run("act", "/venv/lib/python3.11/site-packages/torch/nn/modules/activation.py:700");
   const Finding& o = required(r, "overflow-origin");
   for (const Suggestion& s : o.suggestions) CHECK_THAT(s.summary, !Catch::StartsWith("Look at act's backward"));
+}
+
+TEST_CASE("a sender without parameters whose NaN/Inf came at every scale is looked at for a singular gradient",
+          "[rules][gradient-entry]") {
+  // A pairwise distance written as a module: sqrt(0)'s gradient at every scale, not a gain.
+  const Report r = parameterless_sender_run("dist", "/work/model.py:40", 24);
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Look first at the backward of dist, enc"));
+  for (const Suggestion& s : o.suggestions) CHECK_THAT(s.summary, !Catch::StartsWith("Look at dist's backward"));
 }

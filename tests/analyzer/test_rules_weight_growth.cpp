@@ -9,18 +9,12 @@ namespace {
 // `calm` steps at weights of L2 `start` (4096 values a layer), then weights growing `factor` times over 8 steps, then
 // `overflows` steps where mlp.down's output goes Inf (skipped, the weights as they were).
 // `settings`: event optimizer-settings, none where empty.
-// `sender`: a module without parameters, probed, that sent mlp.down NaN/Inf from a finite
-// gradient (event module-gradient-sender); none where empty.
 Report grown(const TempDir& dir, double factor, int overflows = 6, int calm = 1, const std::string& settings = "",
-              double start = 1.8, const std::string& sender = "") {
+              double start = 1.8) {
   RunFixture f(dir.file("run.db"), {"mlp.down.weight", "head.weight"});
   if (!settings.empty()) f.event("optimizer-settings", settings);
-  if (!sender.empty()) f.event("module-gradient-sender", "mlp.down: " + sender);
   double l2 = start;
-  for (int i = 0; i < calm; ++i) {
-    if (!sender.empty()) f.activation(sender, false);
-    f.weight_norms(l2).step(65536, 65536);
-  }
+  for (int i = 0; i < calm; ++i) f.weight_norms(l2).step(65536, 65536);
   for (int i = 1; i <= 8; ++i) f.weight_norms(l2 = start * std::pow(factor, i / 8.0)).step(65536, 65536);
   double scale = 65536;
   for (int i = 0; i < overflows; ++i, scale /= 2)
@@ -44,16 +38,42 @@ TEST_CASE("weights grown many times over before their module overflowed are the 
   CHECK(r.findings.front().rule == "weight-growth");
 }
 
+namespace {
+
+// DANN's gradient reversal at lambda 1e5 in miniature: `sender` (probed, holding no
+// parameters) sends mlp.down NaN/Inf through its output (events module-output-gradient,
+// module-gradient-sender) while the scale falls from 65536 to 0.5; there mlp.down's finite
+// gradients reach 80000 unscaled, the steps go through and its weights grow 57x; then
+// NaN/Inf again.
+Report grown_through(const TempDir& dir, const std::string& sender) {
+  RunFixture f(dir.file("run.db"), {"mlp.down.weight", "head.weight"});
+  f.event("module-output-gradient", "mlp.down: nonfinite").event("module-gradient-sender", "mlp.down: " + sender);
+  double scale = 65536;
+  for (; scale >= 1; scale /= 2)
+    f.activation("mlp.down", false).activation(sender, false).weight_norms(1.8)
+        .step(scale, scale / 2, 1000, {"mlp.down.weight"});
+  for (int i = 1; i <= 8; ++i)
+    f.activation("mlp.down", false).activation(sender, false).weight_norms(1.8 * std::pow(57.0, i / 8.0))
+        .step(scale, scale, 40000);
+  for (int i = 0; i < 2; ++i, scale /= 2)
+    f.activation("mlp.down", false).activation(sender, false).weight_norms(1.8 * 57.0)
+        .step(scale, scale / 2, 1000, {"mlp.down.weight"});
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
 TEST_CASE("weights grown on gradients a module without parameters enlarged point to its backward first",
           "[rules][weight-growth]") {
-  TempDir dir;  // DANN's gradient reversal layer at lambda 1e5
-  const Report r = grown(dir, 57.0, 6, 1, "", 1.8, "grl");
+  TempDir dir;
+  const Report r = grown_through(dir, "grl");
   const Finding& f = required(r, "weight-growth");
-  CHECK(f.title == "The weights grew 57x in 8 steps while the run overflowed: the optimizer's steps are far too large, on "
-                   "gradients grl's backward enlarges");
-  CHECK_THAT(f.evidence, Catch::EndsWith("; at step 0 grl, given mlp.down's output, received a finite gradient at its own "
-                                         "output and sent NaN/Inf back to it, and it holds no parameters: its code "
-                                         "enlarges the gradients mlp.down and the layers before it step on"));
+  CHECK_THAT(f.title, Catch::StartsWith("The weights grew 57x in 8 steps while the run overflowed") &&
+                          Catch::EndsWith("the optimizer's steps are far too large, on gradients grl's backward enlarges"));
+  CHECK_THAT(f.evidence, Catch::EndsWith("grl, given mlp.down's output, received a finite gradient at its own output and "
+                                         "sent NaN/Inf back to it, and it holds no parameters: its code enlarges the "
+                                         "gradients mlp.down and the layers before it step on"));
   REQUIRE(f.suggestions.size() == 2);
   CHECK_THAT(f.suggestions[0].summary, Catch::StartsWith("Look at grl's backward: it holds no parameters"));
   CHECK_THAT(f.suggestions[0].python, Catch::Contains("-ctx.lam * grad"));
@@ -63,9 +83,9 @@ TEST_CASE("weights grown on gradients a module without parameters enlarged point
 
 TEST_CASE("weights grown on gradients a module with parameters sent keep the learning rate first", "[rules][weight-growth]") {
   TempDir dir;
-  const Report r = grown(dir, 57.0, 6, 1, "", 1.8, "head");  // head holds head.weight
+  const Report r = grown_through(dir, "head");  // head holds head.weight
   const Finding& f = required(r, "weight-growth");
-  CHECK(f.title == "The weights grew 57x in 8 steps while the run overflowed: the optimizer's steps are far too large");
+  CHECK_THAT(f.title, Catch::EndsWith("the optimizer's steps are far too large"));
   CHECK_THAT(f.suggestions.front().summary, Catch::StartsWith("Lower the learning rate"));
 }
 
