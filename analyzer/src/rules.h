@@ -178,6 +178,16 @@ std::optional<Suggestion> reinitialise_sender(const Run& run, const std::string&
 // -lambda * g, a constant factor, a division by a small value). Untried. None where it holds
 // parameters, is one of torch's own modules (by its source), or was not probed.
 std::optional<Suggestion> sender_code_fix(const Run& run, const std::string& sender, const std::string& receiver);
+// An overflow-origin finding of `out` (for `module`; any where empty) that leads with that
+// look: its module, the sender, the step the sender was seen at, and the look. None where
+// none does (the symptoms of its enlarged gradients, weight growth and a diverging loss, then
+// keep the learning rate first).
+struct SenderCode {
+  std::string receiver, sender;
+  std::int64_t step = -1;
+  Suggestion look;
+};
+std::optional<SenderCode> sender_code_in(const Run& run, const std::vector<Finding>& out, const std::string& module);
 // The re-initialisation that leads a finding whose module's own backward overflowed, where the
 // most oversized layer (oversized-weights) is at or after `module` in forward order: the
 // gradients reaching `module` passed back through it. Both probed, by their places in forward;

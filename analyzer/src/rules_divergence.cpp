@@ -157,6 +157,15 @@ void loss_divergence(const Run& run, std::vector<Finding>& out) {
   }
   f.title = "The loss diverged before anything overflowed: it grew " + d.factor() + " while finite, and the NaN/Inf came after";
   f.evidence = climb(", above " + fmt(kDiverged) + "x from step " + std::to_string(d.onset), true, "the growth");
+  // Steps taken on gradients that a module without parameters enlarged (a gradient
+  // reversal's lambda far above 1): its code first, then the learning rate.
+  const std::optional<SenderCode> sender = sender_code_in(run, out, "");
+  if (sender) {
+    f.evidence += "; " + sender->sender + ", which holds no parameters, sent " + sender->receiver +
+                  " NaN/Inf from a finite gradient at step " + std::to_string(sender->step) +
+                  " (see overflow-origin): the steps that followed took gradients its code enlarges";
+    f.suggestions.push_back(sender->look);
+  }
   const std::string summary =
       "Lower the learning rate (or warm it up) and clip the gradient norm: the weights and activations grow until "
       "the half-precision range ends. Pinning the module that overflows first to FP32 only delays the NaN.";

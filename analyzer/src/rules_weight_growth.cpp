@@ -161,20 +161,10 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
   f.steps = {start->first, at->first};
   // Gradients that a module without parameters sent back enlarged (a gradient reversal's
   // lambda far above 1): the steps are that large because of its code, not the learning rate.
-  const GradientSenders senders = named ? gradient_senders(run, module) : GradientSenders{};
-  std::optional<Suggestion> sender_code =
-      senders.paths.empty() ? std::nullopt : sender_code_fix(run, senders.paths.front(), module);
-  // Only where the module's overflow finding took it for an enlargement, not for a function
-  // whose gradient is infinite somewhere (sqrt of 0), which a gain does not explain.
-  if (sender_code && std::none_of(out.begin(), out.end(), [&](const Finding& o) {
-        return o.rule == "overflow-origin" && o.module == module &&
-               std::any_of(o.suggestions.begin(), o.suggestions.end(),
-                           [&](const Suggestion& s) { return s.summary == sender_code->summary; });
-      }))
-    sender_code.reset();
+  const std::optional<SenderCode> sender = named ? sender_code_in(run, out, module) : std::nullopt;
   f.title = "The weights grew " + times(growth) + " in " + plural(at->first - start->first, "step") +
             " while the run overflowed: the optimizer's steps are far too large" +
-            (sender_code ? ", on gradients " + senders.paths.front() + "'s backward enlarges" : std::string());
+            (sender ? ", on gradients " + sender->sender + "'s backward enlarges" : std::string());
   f.evidence = what + " (L2 norm, all their parameters together) went from " + fmt(std::sqrt(start->second)) +
                " at step " + std::to_string(start->first) + " to " + fmt(std::sqrt(at->second)) + " at step " +
                std::to_string(at->first) + "; NaN/Inf or skipped steps until step " + std::to_string(last) +
@@ -183,8 +173,8 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
                                 " at step " + std::to_string(first_settings->step) + ": a schedule moved it)"
                           : std::string()) +
                ". The overflows are where the growth left fp16's range, not why";
-  if (sender_code)
-    f.evidence += "; at step " + std::to_string(senders.step) + " " + senders.paths.front() + ", given " + module +
+  if (sender)
+    f.evidence += "; at step " + std::to_string(sender->step) + " " + sender->sender + ", given " + module +
                   "'s output, received a finite gradient at its own output and sent NaN/Inf back to it, and it holds "
                   "no parameters: its code enlarges the gradients " + module + " and the layers before it step on";
   const std::string summary =
@@ -192,7 +182,7 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
       "they make grow until the half-precision range ends. Pinning the module that overflows first to FP32 only "
       "moves the overflow on.";
   const auto [python, cpp] = lower_lr(settings, scheduled);
-  if (sender_code) f.suggestions.push_back(*sender_code);
+  if (sender) f.suggestions.push_back(sender->look);
   f.suggestions.push_back({summary, python, cpp, ""});
   // Pointed to from the window's first step: calibration skips before the weights moved are
   // part of the same run of overflows. Hence the growth's steps, not "after it".

@@ -147,6 +147,19 @@ std::optional<Suggestion> sender_code_fix(const Run& run, const std::string& sen
   return s;
 }
 
+std::optional<SenderCode> sender_code_in(const Run& run, const std::vector<Finding>& out, const std::string& module) {
+  for (const Finding& o : out) {
+    if (o.rule != "overflow-origin" || o.module.empty() || (!module.empty() && o.module != module)) continue;
+    const GradientSenders senders = gradient_senders(run, o.module);
+    if (senders.paths.empty()) continue;
+    const std::optional<Suggestion> code = sender_code_fix(run, senders.paths.front(), o.module);
+    if (code && std::any_of(o.suggestions.begin(), o.suggestions.end(),
+                            [&](const Suggestion& s) { return s.summary == code->summary; }))
+      return SenderCode{o.module, senders.paths.front(), senders.step, *code};
+  }
+  return std::nullopt;
+}
+
 void by_design(Suggestion& pin) {
   pin.summary[0] = 'r';  // "Run ..." continues the sentence
   pin.summary = "Where that gain is by design, " + pin.summary;

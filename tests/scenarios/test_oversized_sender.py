@@ -166,6 +166,10 @@ def test_a_gradient_reversal_far_too_strong_is_looked_at_before_the_learning_rat
     assert first["suggestions"][0]["summary"].startswith("Look at grl's backward: it holds no parameters")
     collapse = next(f for f in rep["findings"] if f["rule"] == "scale-collapse")
     assert collapse["suggestions"][0]["summary"].startswith("Fix the NaN/Inf made in grl's backward")
+    # The loss diverged on the steps taken at scales below 1: the reversal's code before the rate.
+    divergence = next(f for f in rep["findings"] if f["rule"] == "loss-divergence")
+    assert divergence["suggestions"][0]["summary"] == first["suggestions"][0]["summary"]
+    assert divergence["suggestions"][1]["summary"].startswith("Lower the learning rate")
 
 
 def test_a_gradient_reversal_at_lambda_1_is_healthy(tmp_path, verdict):
