@@ -24,10 +24,6 @@ struct Op {
   double gain() const;
 };
 
-// The last operation of `code` that made float16 and multiplies its input by a constant
-// above 1 (x / tau, a temperature; x * 1e4): in float16 every input above 65504 / gain
-// passes the range, where float32 holds it. Null where none does.
-
 struct Code {
   std::int64_t step = -1;  // the step it was read in; -1: none was recorded
   std::vector<Op> ops;     // in forward order, nearest the model's output first

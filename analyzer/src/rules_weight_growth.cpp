@@ -16,7 +16,6 @@
 #include <utility>
 #include <vector>
 
-#include "overflow_events.h"
 #include "rules.h"
 #include "suggestions.h"
 

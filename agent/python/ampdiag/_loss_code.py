@@ -127,7 +127,8 @@ def path_nodes(loss_nodes, output_nodes) -> list:
 
 def loss_code(nodes) -> "str | None":
     """'Name:dtype, ...' ('Pow(0.5):float32' for a power with a scalar exponent,
-    'Div(0.07):float16' for a division or a product by one, 'NllLoss(mean of 0):float32' for nll_loss) for path_nodes()'s nodes; None for none."""
+    'Div(0.07):float16' for a division or a product by one number, 'NllLoss(mean of
+    0):float32' for nll_loss) for path_nodes()'s nodes; None for none."""
     if not nodes:
         return None
     return ", ".join(f"{op_name(n)}:{made_dtype(n)}" for n in nodes[:_MAX_NAMED])
