@@ -165,7 +165,7 @@ double Op::gain() const {
 
 const Op* float16_enlarging(const Code& code) {
   const auto op = std::find_if(code.ops.rbegin(), code.ops.rend(),
-                               [](const Op& o) { return o.dtype == "float16" && o.gain() > 1.0; });
+                               [](const Op& o) { return o.dtype == "float16" && o.gain() >= kEnlarging; });
   return op == code.ops.rend() ? nullptr : &*op;
 }
 

@@ -45,9 +45,11 @@ struct Code {
   std::string autocast_float16() const;
 };
 
-// The last operation of `code` that made float16 and multiplies its input by a constant
-// above 1 (x / tau, a temperature; x * 1e4): in float16 every input above 65504 / gain
-// passes the range, where float32 holds it. Null where none does.
+// The last operation of `code` that made float16 and multiplies its input by a constant of
+// at least kEnlarging (x / tau, a temperature below 1/8; x * 1e4): in float16 every input
+// above 65504 / gain passes the range, where float32 holds it. Null where none does. (A
+// smaller factor, x * 2, leaves values up to 32752: too near the range to tell a cause.)
+constexpr double kEnlarging = 8.0;
 const Op* float16_enlarging(const Code& code);
 // "the division by 0.07 (Div) multiplies what it divides by 14.29, so every value above
 // 4585 passes fp16's 65504" for such an operation.

@@ -91,7 +91,7 @@ std::vector<Suggestion> own_code_fixes(const Run& run, const std::string& module
   const loss_code::Code code = loss_code::after_module(run, module, "module-code");
   // A factor that alone takes the output past fp16's range: a setting more likely than a
   // design (a factor of design, sqrt(d_model), is smaller), so the first fix.
-  constexpr double kLargeGain = 16.0;
+  constexpr double kLargeGain = 256.0;  // above sqrt(d_model) for any width in use
   const auto factor = std::find_if(code.ops.rbegin(), code.ops.rend(), [&](const loss_code::Op& op) {
     return op.gain() >= kLargeGain && fp32_absmax / op.gain() <= run.fp_max;
   });
@@ -148,7 +148,12 @@ std::optional<Suggestion> enlarging_in_input_code(const Run& run, const std::str
                                                   const std::string& where) {
   const loss_code::Code code = loss_code::after_module(run, first_seen, "input-code");
   const loss_code::Op* op = loss_code::float16_enlarging(code);
+  // An operation that makes NaN from finite values in any precision (a log, a sqrt) is the
+  // likelier cause there: no factor is blamed beside it. (exp() and cosh() only pass the
+  // range, as the factor does: the exp()'s fix comes first, this one after it.)
   if (!op) return std::nullopt;
+  for (const loss_code::Fix& known : loss_code::fixes(code, loss_code::Phase::kForward))
+    if (known.op != "Exp" && known.op != "Cosh" && known.op != "Sinh") return std::nullopt;
   const bool div = op->name == "Div";
   Suggestion s;
   s.summary = "Compute in FP32 what " + who + " " + (div ? "divides" : "multiplies") + " " + where + ": in float16 " +

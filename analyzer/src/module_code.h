@@ -23,7 +23,7 @@ std::string module_code_evidence(const Run& run, const std::string& module);
 // without limit, and alone passes 65504 above 11.09 in fp16); where it sums (IndexAdd,
 // ScatterAdd, ScatterReduce, Sum, Cumsum), the sum divided by its number of terms. The
 // exponent comes before the sum: it grows faster than any count of terms. Where it
-// multiplies by a constant of 16 or more (or divides by one of 1/16 or less) without which
+// multiplies by a constant of 256 or more (or divides by one of 1/256 or less) without which
 // the output would have stayed within fp16's range, that constant brought down, first of
 // all (a LoRA adapter whose scaling alpha / r is 50000).
 std::vector<Suggestion> own_code_fixes(const Run& run, const std::string& module, double fp32_absmax);
@@ -44,8 +44,9 @@ std::string input_code_evidence(const Run& run, const std::string& first_seen);
 std::optional<Suggestion> exp_in_input_code(const Run& run, const std::string& first_seen, const std::string& who,
                                             const std::string& where);
 
-// Where that code divides by a constant below 1 (a temperature) or multiplies by one above 1
-// in float16: the operand in FP32, untried (F.gumbel_softmax(logits, tau) with tau = 1e-4
+// Where that code divides by a constant of 1/8 or less (a temperature) or multiplies by one
+// of 8 or more in float16, and holds no operation that makes NaN/Inf in any precision (a log,
+// a sqrt): the operand in FP32, untried (F.gumbel_softmax(logits, tau) with tau = 1e-4
 // between an encoder and a codebook). `who` and `where` as for exp_in_input_code.
 std::optional<Suggestion> enlarging_in_input_code(const Run& run, const std::string& first_seen, const std::string& who,
                                                   const std::string& where);

@@ -144,6 +144,7 @@ TEST_CASE("a large constant a module's own code multiplies by, without which its
 TEST_CASE("a small constant, or one without which the FP32 output still passes fp16, is not blamed", "[rules][module-code]") {
   TempDir dir;
   for (const auto& [absmax, code] : {std::pair<double, const char*>{207983.0, "Mul(8):float16, Add:float16"},
+                                     {207983.0, "Mul(100):float16, Add:float16"},  // below 256: sqrt(d_model)'s range
                                      {1e11, "Mul(50000):float16, Add:float16"},
                                      {207983.0, "Div(2):float16, Add:float16"}}) {
     const Report r = graph_layer_run(dir, absmax, code);

@@ -106,9 +106,11 @@ TEST_CASE("the model's own code that divides by a small constant in float16 is t
   CHECK_THAT(fw.suggestions[1].summary, Catch::StartsWith("Look at the model's own forward() between logvar and dec.0"));
 }
 
-TEST_CASE("a constant that shrinks its input or one in float32 is no reason to compute in FP32", "[rules][replay]") {
+TEST_CASE("a constant that shrinks its input, one in float32, a small one, or one beside a log is no reason to compute "
+          "in FP32", "[rules][replay]") {
   TempDir dir;
-  for (const char* code : {"Mul(0.5):float16, Add:float16", "Div(4):float16, Add:float16", "Div(0.0001):float32, Add:float32"}) {
+  for (const char* code : {"Mul(0.5):float16, Add:float16", "Div(4):float16, Add:float16", "Div(0.0001):float32, Add:float32",
+                           "Mul(2):float16, Add:float16", "Div(0.0001):float16, Log:float16"}) {
     const Report r = vae_with_input_code(dir, code);
     const Finding& fw = required(r, "forward-nonfinite");
     REQUIRE_FALSE(fw.suggestions.empty());
