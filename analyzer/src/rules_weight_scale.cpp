@@ -227,6 +227,31 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
                             : own_code(*explained) ? "the model's own forward() after " + explained->made_after
                                                    : explained->module;
 
+  // Where nothing overflowed: underflowing gradients of modules whose outputs are far smaller
+  // than its own. Summed with theirs into a residual stream that a norm then divides (a
+  // pre-norm transformer's), a branch this large divides every other gradient the stream
+  // carries by about its size: Phi's fc2 at a gain of 6844 leaves the attention's key bias
+  // 81% subnormal. The underflow findings get its re-initialisation first.
+  std::vector<std::string> shrunk;
+  const ModuleSummary* big = explained ? nullptr : run.module_named(module);
+  constexpr double kDominates = 100.0, kLarge = 256.0;
+  for (auto& g : out) {
+    if (!big || !(big->max_absmax >= kLarge) || g.rule != "underflow" || g.severity == Severity::kInfo ||
+        g.module == module || suggest::within(g.module, module))
+      continue;
+    const ModuleSummary* small = run.module_named(g.module);
+    if (!small || !(small->max_absmax > 0.0f) || big->max_absmax < kDominates * small->max_absmax) continue;
+    const std::string times = fmt(std::round(double(big->max_absmax / small->max_absmax)));
+    g.evidence += "; " + module + "'s weights start at a gain of " + whole_number(top.scale) +
+                  " (see oversized-weights), and its outputs reach " + fmt(big->max_absmax) + ", " + times + " times " +
+                  g.module + "'s: summed into a residual stream that a norm then divides, a branch that large shrinks "
+                  "the gradients of everything else the stream carries by about as much";
+    g.suggestions.insert(g.suggestions.begin(),
+                         suggest::reinitialise(module, top.scale, "the other branches' gradients shrink by about as "
+                                                                   "much where a norm divides the sum"));
+    shrunk.push_back(g.layer.empty() ? g.module : g.layer);
+  }
+
   // An occasional overflow the scaler copes with (information) still weighs where it holds
   // the scale down enough for scale-collapse or skip-rate to speak.
   bool scale_hurt = false;
@@ -242,8 +267,8 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   f.steps.push_back(top.step);
   // A warning beside the overflow's own finding, which keeps its fixes: a gain this large is
   // what makes outputs large, but a model may have it by design (trainable Fourier features).
-  f.severity = weighs ? Severity::kWarning : Severity::kInfo;
-  f.score = weighs ? 60.0 : 5.0;
+  f.severity = weighs || !shrunk.empty() ? Severity::kWarning : Severity::kInfo;
+  f.score = weighs || !shrunk.empty() ? 60.0 : 5.0;
   f.title = top.layer->info.name + " starts at a gain of " + whole_number(top.scale) +
             ", far above any standard initialisation's" +
             (explained && unplaced_loss(*explained) ? ": the NaN/Inf loss likely follows from it"
@@ -252,6 +277,10 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
                        plural(calibration, "halving") + " at the start likely follow from it"
              : explained ? ": the " + std::string(occasional ? "occasional " : "") + "overflow " +
                                (own_code(*explained) ? "in " : "at ") + place + " likely follows from it"
+             : !shrunk.empty() ? ": the underflow in " + shrunk.front() +
+                                     (shrunk.size() > 1 ? " and " + plural(std::int64_t(shrunk.size() - 1), "more layer")
+                                                        : std::string()) +
+                                     " likely follows from it"
              : harmful || calibration > 0 ? ", and no overflow follows from it"
                                           : ", and nothing overflowed");
   f.evidence = "at step " + std::to_string(top.step) + " its gain, the root-mean-square value times the square root of its fan-in, was " +
@@ -267,7 +296,16 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
     f.evidence += "; " + place + (explained->rule == "forward-nonfinite" ? " went NaN/Inf in forward"
                                                                                       : "'s gradients overflowed first") +
                   " (see " + explained->rule + ")";
-  if (explained) f.suggestions.push_back(suggest::reinitialise(module));
+  if (!shrunk.empty())
+    f.evidence += "; its outputs reach " + fmt(big->max_absmax) + ", at least " + whole_number(kDominates) +
+                  " times those of the modules whose gradients underflow (see underflow)";
+  if (explained || !shrunk.empty()) f.suggestions.push_back(suggest::reinitialise(module));
+  if (!explained && !shrunk.empty()) {
+    std::string& by_design = f.suggestions.back().summary;
+    const std::string overflow = "the overflow's own fixes";
+    if (const std::size_t at = by_design.find(overflow); at != std::string::npos)
+      by_design.replace(at, overflow.size(), "the underflow's own fixes");
+  }
   out.push_back(f);
 }
 

@@ -287,3 +287,49 @@ TEST_CASE("a matrix of a few values is not judged by its gain", "[rules][oversiz
   const Report r = head_oversized_run(dir, {{"head.weight", {2, 2}}});
   CHECK(find(r, "oversized-weights") == nullptr);
 }
+
+namespace {
+
+// b's weights read at a gain of 1000, its outputs reaching `b_output`; a's at most 0.75 (a
+// branch beside b in a residual stream that a norm divides, as Phi's attention beside its
+// MLP); a.weight's gradients 5% zero and 81% fp16-subnormal in every step, nothing overflowing.
+Report underflow_beside_oversized(const TempDir& dir, double b_output) {
+  RunFixture f(dir.file("run.db"), kNet, 0, 1, "float32");
+  for (const auto& name : kNet) f.weight_norm(name, name == "b.weight" ? 8000.0 : 2.4);
+  f.zeros_fraction("a.weight", 0.05, 0.81);
+  for (int i = 0; i < 8; ++i)
+    f.activation("a", false, 0.75).activation("b", false, b_output).activation("head", false, 1.0).step(65536, 65536);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("weights whose outputs dwarf an underflowing module's explain its underflow, re-initialised first",
+          "[rules][oversized-weights]") {
+  TempDir dir;
+  const Report r = underflow_beside_oversized(dir, 2442.0);
+  const Finding& o = required(r, "oversized-weights");
+  CHECK(o.severity == Severity::kWarning);
+  CHECK_THAT(o.title, Catch::EndsWith(": the underflow in a.weight likely follows from it"));
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::EndsWith("Where the gain is by design, the underflow's own fixes apply."));
+  const Finding& u = required(r, "underflow");
+  CHECK_THAT(u.evidence, Catch::EndsWith("; b's weights start at a gain of 1000 (see oversized-weights), and its outputs "
+                                         "reach 2442, 3256 times a's: summed into a residual stream that a norm then "
+                                         "divides, a branch that large shrinks the gradients of everything else the "
+                                         "stream carries by about as much"));
+  REQUIRE(u.suggestions.size() >= 2);
+  CHECK_THAT(u.suggestions[0].summary, Catch::StartsWith("Initialise b at a standard scale"));
+  CHECK_THAT(u.suggestions[1].summary, Catch::StartsWith("Let the scale grow"));
+}
+
+TEST_CASE("weights whose outputs are not far above an underflowing module's leave its underflow alone", "[rules][oversized-weights]") {
+  TempDir dir;
+  const Report r = underflow_beside_oversized(dir, 40.0);
+  const Finding& o = required(r, "oversized-weights");
+  CHECK(o.severity == Severity::kInfo);
+  const Finding& u = required(r, "underflow");
+  CHECK_THAT(u.evidence, !Catch::Contains("see oversized-weights"));
+  CHECK_THAT(u.suggestions.front().summary, Catch::StartsWith("Let the scale grow"));
+}
