@@ -62,8 +62,8 @@ Suggestion shrink_the_factor(const Run& run, const std::string& module, const lo
               replay_absmax(fp32_absmax) + ", which without it would be about " + without +
               ". Where it is a setting (a LoRA adapter's scaling alpha / r, a loss or output multiplier), lower it; "
               "where it is by design, the fixes that follow apply.";
-  s.python = "# a LoRA adapter's scaling: alpha / r of 1 or 2 is usual\n"
-             "config = LoraConfig(r=8, lora_alpha=16)  # scaling = lora_alpha / r = 2";
+  s.python = "# in " + module + "'s forward(), where it multiplies by the constant: a LoRA adapter's\n"
+             "self.scaling = alpha / r  # 1 or 2 is usual (PEFT: LoraConfig(r=8, lora_alpha=16))";
   s.untried = true;
   return s;
 }
