@@ -30,6 +30,9 @@ struct Known {
     std::string python_from, python_to, cpp_from, cpp_to, why;
     bool bfloat16 = false;  // bfloat16 rounds it away too (it keeps fp32's range, not its precision)
   } in_float32{};
+  // Its NaN/Inf is a value passing the range (exp, cosh), not a point where it is undefined
+  // or infinite (log of 0, sqrt's gradient at 0).
+  bool range = false;
 };
 
 constexpr const char* kTiny =
@@ -114,7 +117,9 @@ const std::vector<Known>& known() {
        {"exp() overflows above 88.7 in float32 (11.1 in float16): subtract the maximum first (logsumexp), or clamp "
         "its argument.",
         "y = torch.logsumexp(x, dim=-1)  # not x.exp().sum(-1).log()", "auto y = torch::logsumexp(x, -1);", ""},
-       {}},
+       {},
+       {},
+       true},
       {{"Cosh", "Sinh"},
        {"cosh() / sinh() overflow above 89.4 in float32 (11.8 in float16), so log(cosh(x)), a log-cosh loss written "
         "as it reads, is Inf for residuals that large in any precision: take its stable form, |x| + softplus(-2|x|) - "
@@ -122,7 +127,9 @@ const std::vector<Known>& known() {
         "loss = (d.abs() + F.softplus(-2 * d.abs()) - math.log(2)).mean()  # log(cosh(d)), d = pred - y",
         "auto loss = (d.abs() + torch::nn::functional::softplus(-2 * d.abs()) - std::log(2.0)).mean();  // log(cosh(d))",
         ""},
-       {}},
+       {},
+       {},
+       true},
   };
   return table;
 }
@@ -377,7 +384,7 @@ std::vector<Fix> fixes(const Code& code, Phase phase) {
       const Suggestion& s = phase == Phase::kForward ? k.forward : k.backward;
       if (s.summary.empty()) continue;
       given.insert(&k);
-      out.push_back({op.name, op.dtype, in_precision(k, s, op.dtype)});
+      out.push_back({op.name, op.dtype, in_precision(k, s, op.dtype), k.range});
     }
   return out;
 }

@@ -101,6 +101,7 @@ struct Fix {
   std::string op;     // the operation's name, as in the code
   std::string dtype;  // the dtype it ran in
   Suggestion suggestion;
+  bool range = false;  // its NaN/Inf is a value passing the range (exp, cosh), not a singular point
 };
 
 // One fix per operation in `code` known to make NaN/Inf from finite values in `phase` (a

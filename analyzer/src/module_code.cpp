@@ -70,13 +70,19 @@ Suggestion shrink_the_factor(const Run& run, const std::string& module, const lo
 
 const char* const kExps[] = {"Exp", "Exp2", "Expm1"};
 
+// The last operation of `code` for which `keep` holds; null where none does.
+template <typename Keep>
+const loss_code::Op* last_where(const loss_code::Code& code, Keep keep) {
+  const auto op = std::find_if(code.ops.rbegin(), code.ops.rend(), keep);
+  return op == code.ops.rend() ? nullptr : &*op;
+}
+
 // The last operation of `code` that `names` holds; null where none does.
 template <typename Names>
 const loss_code::Op* last_of(const loss_code::Code& code, const Names& names) {
-  const auto op = std::find_if(code.ops.rbegin(), code.ops.rend(), [&](const loss_code::Op& o) {
+  return last_where(code, [&](const loss_code::Op& o) {
     return std::any_of(std::begin(names), std::end(names), [&](const char* name) { return o.name == name; });
   });
-  return op == code.ops.rend() ? nullptr : &*op;
 }
 
 }  // namespace
@@ -92,10 +98,10 @@ std::vector<Suggestion> own_code_fixes(const Run& run, const std::string& module
   // A factor that alone takes the output past fp16's range: a setting more likely than a
   // design (a factor of design, sqrt(d_model), is smaller), so the first fix.
   constexpr double kLargeGain = 256.0;  // above sqrt(d_model) for any width in use
-  const auto factor = std::find_if(code.ops.rbegin(), code.ops.rend(), [&](const loss_code::Op& op) {
-    return op.gain() >= kLargeGain && fp32_absmax / op.gain() <= run.fp_max;
-  });
-  if (factor != code.ops.rend()) fixes.push_back(shrink_the_factor(run, module, *factor, fp32_absmax));
+  if (const loss_code::Op* factor = last_where(code, [&](const loss_code::Op& op) {
+        return op.gain() >= kLargeGain && fp32_absmax / op.gain() <= run.fp_max;
+      }))
+    fixes.push_back(shrink_the_factor(run, module, *factor, fp32_absmax));
   if (const loss_code::Op* exp = last_of(code, kExps))
     fixes.push_back(bound_the_exponent(module, exp->name,
                                        "in FP32 " + module + "'s output reached " + replay_absmax(fp32_absmax) +
@@ -153,7 +159,7 @@ std::optional<Suggestion> enlarging_in_input_code(const Run& run, const std::str
   // range, as the factor does: the exp()'s fix comes first, this one after it.)
   if (!op) return std::nullopt;
   for (const loss_code::Fix& known : loss_code::fixes(code, loss_code::Phase::kForward))
-    if (known.op != "Exp" && known.op != "Cosh" && known.op != "Sinh") return std::nullopt;
+    if (!known.range) return std::nullopt;
   const bool div = op->name == "Div";
   Suggestion s;
   s.summary = "Compute in FP32 what " + who + " " + (div ? "divides" : "multiplies") + " " + where + ": in float16 " +

@@ -425,18 +425,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                       between.substr(0, between.size() - 2) +
                       (m.between.size() == 1 ? ", which holds no parameters" : ", which hold no parameters");
       suspects += module.empty() ? std::string("the code that uses ") + row.name : module;
-      if (replay.outcome != "finite")
-        f.suggestions.push_back(
-            {"Look first at the backward of " + suspects +
-                 ": a function whose gradient is infinite where it is evaluated (sqrt or norm of 0, a division by 0, "
-                 "log of 0) makes NaN from finite values in any precision, which pinning cannot help; keep its "
-                 "argument off that point (sqrt(x + 1e-12)). Behind a torch.where that masks such values "
-                 "(where(x > 0, x.sqrt(), 0)) it still runs on them, and their gradient comes back as 0 times "
-                 "NaN: clamp the argument before the operation, then select.",
-             "d = (x.pow(2).sum(-1) + 1e-12).sqrt()  # sqrt(0)'s gradient is infinite\n"
-             "y = torch.where(x > 0, x.clamp_min(1e-12).sqrt(), 0.0)  # not where(x > 0, x.sqrt(), 0)",
-             "auto d = (x.pow(2).sum(-1) + 1e-12).sqrt();  // sqrt(0)'s gradient is infinite\n"
-             "auto y = torch::where(x > 0, x.clamp_min(1e-12).sqrt(), torch::zeros_like(x));", ""});
+      if (replay.outcome != "finite") f.suggestions.push_back(suggest::singular_backward(suspects));
       // The modules without parameters it passed get no replay of their own; the other kind
       // of NaN, an fp16 value inside their backward beyond 65504, is theirs to pin (a custom
       // activation whose backward takes exp() of its fp16 input: pinned, it trains).

@@ -236,6 +236,20 @@ Suggestion fp32_model_code(const Run& run, const std::string& after, const std::
   return s;
 }
 
+Suggestion singular_backward(const std::string& suspects) {
+  return {"Look first at the backward of " + suspects +
+              ": a function whose gradient is infinite where it is evaluated (sqrt or norm of 0, a division by 0, log "
+              "of 0) makes NaN from finite values in any precision, which pinning cannot help; keep its argument off "
+              "that point (sqrt(x + 1e-12)). Behind a torch.where that masks such values (where(x > 0, x.sqrt(), 0)) "
+              "it still runs on them, and their gradient comes back as 0 times NaN: clamp the argument before the "
+              "operation, then select.",
+          "d = (x.pow(2).sum(-1) + 1e-12).sqrt()  # sqrt(0)'s gradient is infinite\n"
+          "y = torch.where(x > 0, x.clamp_min(1e-12).sqrt(), 0.0)  # not where(x > 0, x.sqrt(), 0)",
+          "auto d = (x.pow(2).sum(-1) + 1e-12).sqrt();  // sqrt(0)'s gradient is infinite\n"
+          "auto y = torch::where(x > 0, x.clamp_min(1e-12).sqrt(), torch::zeros_like(x));",
+          ""};
+}
+
 Suggestion fp32_loss(const std::string& why) {
   Suggestion s;
   // Casting the output alone is not enough under autocast: it still runs the loss's

@@ -38,6 +38,9 @@ Suggestion fp32_master_weights(const Run& run);
 Suggestion fp32_model_code(const Run& run, const std::string& after, const std::string& ops,
                            const std::string& code = "the model's own code",
                            const std::string& where = "in the model's forward()");
+// "Look first at the backward of `suspects`": a function whose gradient is infinite where it
+// is evaluated (sqrt of 0), also behind a torch.where that masks such values; no pin helps.
+Suggestion singular_backward(const std::string& suspects);
 // The loss computed in FP32 from the model's output; `why` leads the summary.
 Suggestion fp32_loss(const std::string& why);
 Suggestion scaler_settings(const Run& run, double init_scale, std::int64_t growth_interval, const std::string& why);
