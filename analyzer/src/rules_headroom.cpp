@@ -254,11 +254,19 @@ std::string small_layer_scales(const Run& run, const LayerSummary& layer) {
 }
 
 // The largest loss scale at which none of a layer's recorded finite gradients would have
-// passed fp16's top, and that layer; infinite where there is none.
+// passed fp16's top, and that layer; infinite where there is none. Gradients far larger in
+// the run's first half than in its second are a start that has passed (MobileViT's first
+// attention output: 6.7 unscaled at step 4, 4e-5 from step 15 on, leaving the scale at 4096
+// for torch's 2000 steps a doubling): the room is then the second half's, `early` the first's.
 struct ScaleRoom {
   double scale = INFINITY;
   const LayerSummary* layer = nullptr;
+  double early = INFINITY;    // the room the first half left, where it bounds no more
+  std::int64_t settled = -1;  // the first step of the second half, where `early` is set
 };
+
+// A start at least this many times tighter than what followed has passed.
+constexpr double kTransientRoom = 16.0;
 
 // Each layer's whose gradient fp16 bounds (bounds_the_scale).
 std::vector<ScaleRoom> scale_rooms(const Run& run, const std::map<std::int64_t, double>& scale_at,
@@ -268,15 +276,34 @@ std::vector<ScaleRoom> scale_rooms(const Run& run, const std::map<std::int64_t, 
   std::vector<ScaleRoom> rooms;
   for (const auto& layer : run.layers) {
     if (!bounds_the_scale(run, layer, shared, sums, fp32)) continue;
-    ScaleRoom room{INFINITY, &layer};
+    std::vector<std::pair<std::int64_t, double>> per_step;  // samples are in step order
     for (const auto& g : layer.samples) {
       const auto at = scale_at.find(g.step);
       if (g.nonfinite || !(g.absmax > 0.0f) || at == scale_at.end() || !(at->second > 0.0)) continue;
-      room.scale = std::min(room.scale, at->second * run.fp_max / double(g.absmax));
+      per_step.emplace_back(g.step, at->second * run.fp_max / double(g.absmax));
+    }
+    const std::size_t half = per_step.size() / 2;
+    const auto least = [&](std::size_t from, std::size_t to) {
+      double room = INFINITY;
+      for (std::size_t i = from; i < to; ++i) room = std::min(room, per_step[i].second);
+      return room;
+    };
+    ScaleRoom room{std::min(least(0, half), least(half, per_step.size())), &layer};
+    if (per_step.size() >= 8 && least(half, per_step.size()) >= kTransientRoom * least(0, half)) {
+      room.early = least(0, half);
+      room.scale = least(half, per_step.size());
+      room.settled = per_step[half].first;
     }
     rooms.push_back(room);
   }
   return rooms;
+}
+
+// Whose gradients `room` is read from: "X's recorded gradients", or those since a start that
+// has passed.
+std::string room_gradients(const ScaleRoom& room) {
+  return room.layer->info.name +
+         (room.settled < 0 ? "'s recorded gradients" : "'s gradients from step " + std::to_string(room.settled) + " on");
 }
 
 // The least of `rooms` but `except`'s: how far the other layers let the scale grow.
@@ -285,6 +312,15 @@ ScaleRoom room_beside(const std::vector<ScaleRoom>& rooms, const LayerSummary& e
   for (const auto& room : rooms)
     if (room.layer != &except && room.scale < least.scale) least = room;
   return least;
+}
+
+// Of `rooms` but `except`'s, the one whose start was tightest: where a start that has passed
+// holds the scale down, what to wait out rather than raise the scale over.
+ScaleRoom start_beside(const std::vector<ScaleRoom>& rooms, const LayerSummary& except) {
+  ScaleRoom tightest;
+  for (const auto& room : rooms)
+    if (room.layer != &except && room.early < tightest.early) tightest = room;
+  return tightest;
 }
 
 // A power of two as Python writes it: "2**19".
@@ -468,15 +504,15 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
                       : zeros_stay ? "; " + pct(mean_zero) + " of its values were exactly zero, below 2^-25 at the "
                                      "scales they ran at (from " + fmt(lowest_scale) + "), and at " +
                                      power_of_two(room.scale) + ", the largest scale at which " +
-                                     room.layer->info.name + "'s recorded gradients stay within " + top +
+                                     room_gradients(room) + " stay within " + top +
                                      ", they stay below fp16's normal range"
                       : tried_there ? "; it ran " + plural(tried, "sampled step") + " at " + power_of_two(room_scale) +
-                                          " or above, the largest scale at which " + room.layer->info.name +
-                                          "'s recorded gradients stay within " + top + ", with " +
+                                          " or above, the largest scale at which " + room_gradients(room) +
+                                          " stay within " + top + ", with " +
                                           pct(tried_share / double(tried)) + " of its values still zero or "
                                           "fp16-subnormal there"
                               : "; at " + power_of_two(room.scale) + ", the largest scale at which " +
-                                    room.layer->info.name + "'s recorded gradients stay within " + top +
+                                    room_gradients(room) + " stay within " + top +
                                     ", its typical RMS (" + fmt(typical) + " unscaled) leaves at most " +
                                     pct(reach * reach) + " of its values in fp16's normal range";
         Suggestion bf16 = suggest::use_bf16(run);
@@ -489,14 +525,34 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
         // analyze() replaces this when an overflow holds the scale down (the findings must agree).
         const double wanted = std::max(scale * 256.0, 65536.0);
         const double limit = room.layer ? std::exp2(std::floor(std::log2(room.scale))) : INFINITY;
-        f.suggestions.push_back(suggest::scaler_settings(
-            run, std::min(wanted, limit), 500,
-            limit < wanted ? "Let the scale grow: a higher init_scale (up to " + power_of_two(limit) + ": above it, " +
-                                 room.layer->info.name + "'s recorded gradients would pass " +
-                                 std::to_string(std::lround(run.fp_max)) +
-                                 ") and a shorter growth_interval keep small gradients in range."
-                           : "Let the scale grow: a higher init_scale and a shorter growth_interval keep small "
-                             "gradients in range."));
+        const std::string top = std::to_string(std::lround(run.fp_max));
+        const ScaleRoom start = start_beside(rooms, layer);
+        if (start.layer && start.early < std::min(wanted, limit)) {
+          // The start's large gradients brought the scale down, and torch doubles it only once
+          // every growth_interval: a higher init_scale would overflow that start again.
+          const std::int64_t interval = std::max<std::int64_t>(1, std::atoll(run.meta_or("scaler_growth_interval", "2000").c_str()));
+          f.evidence += "; the run's first steps, whose gradients were far larger, left the scale at " + fmt(scale) + ": " +
+                        start.layer->info.name + "'s before step " + std::to_string(start.settled) +
+                        " would pass " + top + " above " + power_of_two(start.early) + ", those from then on only above " +
+                        power_of_two(start.scale) + ", and the scaler doubles the scale once every " +
+                        plural(interval, "step") + " without a skip";
+          const std::int64_t sooner = interval > 200 ? 200 : std::max<std::int64_t>(1, interval / 2);
+          f.suggestions.push_back(suggest::scaler_settings(
+              run, scale, sooner,
+              "Let the scale grow back sooner: a growth_interval of " + std::to_string(sooner) + " doubles it every " +
+              plural(sooner, "step") + " instead of every " + std::to_string(interval) + ", up to " +
+              power_of_two(limit) + " (above it, " + room_gradients(room) + " would pass " + top +
+              "), which lifts these gradients into fp16's range; a higher init_scale would only overflow the start "
+              "again."));
+        } else {
+          f.suggestions.push_back(suggest::scaler_settings(
+              run, std::min(wanted, limit), 500,
+              limit < wanted ? "Let the scale grow: a higher init_scale (up to " + power_of_two(limit) + ": above it, " +
+                                   room_gradients(room) + " would pass " + top +
+                                   ") and a shorter growth_interval keep small gradients in range."
+                             : "Let the scale grow: a higher init_scale and a shorter growth_interval keep small "
+                               "gradients in range."));
+        }
       }
     }
     f.suggestions.push_back(suggest::use_bf16(run));

@@ -79,6 +79,48 @@ TEST_CASE("an underflow's higher init_scale stops where another layer's gradient
   CHECK_THAT(u.suggestions.front().summary, Catch::Contains("up to 2**22: above it, a.weight's recorded gradients"));
 }
 
+namespace {
+
+// b.weight underflowing at a scale of 4096 for 20 steps, beside a.weight's gradients at a
+// scaled abs-max of 30000 for the five from `spike_from` and at 1 in the others.
+Report underflow_beside_a_spike(const TempDir& dir, int spike_from) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.zeros_fraction("b.weight", 0.1, 0.6).absmax_times("b.weight", 1e-3);
+  for (int i = 0; i < 20; ++i) f.step(4096, 4096, i >= spike_from && i < spike_from + 5 ? 30000 : 1);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("an underflow behind gradients that were large only at the run's start is told to let the scale grow back",
+          "[rules]") {
+  // MobileViT's first attention output: 6.7 unscaled at step 4, 4e-5 from step 15 on, which
+  // left the scale at 4096 for torch's 2000 steps a doubling. Raising init_scale to what the
+  // start allows changes nothing; a shorter growth_interval climbs to what the rest allows.
+  TempDir dir;
+  const Report r = underflow_beside_a_spike(dir, 0);
+  const Finding& u = required(r, "underflow");
+  CHECK_THAT(u.evidence, Catch::Contains("the run's first steps, whose gradients were far larger, left the scale at "
+                                         "4096: a.weight's before step 10 would pass 65504 above 2**13, those from then "
+                                         "on only above 2**27"));
+  REQUIRE_FALSE(u.suggestions.empty());
+  CHECK_THAT(u.suggestions.front().summary, Catch::StartsWith("Let the scale grow back sooner"));
+  CHECK_THAT(u.suggestions.front().summary, Catch::Contains("up to 2**27 (above it, a.weight's gradients from step 10 "
+                                                            "on would pass 65504)"));
+  CHECK(u.suggestions.front().python == "scaler = torch.amp.GradScaler(\"cpu\", init_scale=2.0**12, growth_interval=200)");
+}
+
+TEST_CASE("gradients as large in the run's second half still bound the scale an underflow is told to reach", "[rules]") {
+  TempDir dir;
+  const Report r = underflow_beside_a_spike(dir, 12);
+  const Finding& u = required(r, "underflow");
+  CHECK_THAT(u.evidence, !Catch::Contains("first steps"));
+  REQUIRE_FALSE(u.suggestions.empty());
+  CHECK_THAT(u.suggestions.front().summary, Catch::Contains("a higher init_scale (up to 2**13: above it, a.weight's "
+                                                            "recorded gradients would pass 65504)"));
+}
+
 TEST_CASE("an underflow no loss scale lifts without another layer overflowing is not told to raise the scale",
           "[rules]") {
   // b's gradient: RMS 1e-7 at a scale of 65536. At 2^22, where a's gradients would pass
