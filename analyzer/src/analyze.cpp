@@ -253,6 +253,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::gradients_cleared(run, by_step, found);
     rules::accumulated_gradients_cleared(run, found);
     rules::precision_loss(run, t, found);
+    rules::group_underflows(found);
     for (auto& f : found) {
       f.ranks = {run.rank};
       all.push_back(std::move(f));

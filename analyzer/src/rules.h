@@ -135,6 +135,9 @@ void forward_nonfinite(const Run& run, const Thresholds& t, std::vector<Finding>
 // (`out` already holds this run's underflow findings); else info: the limit costs nothing.
 void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out);
+// Three or more underflow findings that the scale lifts, with the same first fix, made one
+// (after the rules that add to each: oversized-weights).
+void group_underflows(std::vector<Finding>& found);
 void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 // Modules the agent pinned itself (events "autopin"): info, with the skips after the pin.
 void autopin(const Run& run, std::vector<Finding>& out);

@@ -326,10 +326,13 @@ ScaleRoom start_beside(const std::vector<ScaleRoom>& rooms, const LayerSummary& 
 // A power of two as Python writes it: "2**19".
 std::string power_of_two(double scale) { return "2**" + std::to_string(int(std::floor(std::log2(scale)))); }
 
-// The underflows that no loss scale lifts without the same layer overflowing, `limit`: one
-// finding per layer up to two; from three on (a deep plain network whose first layers'
-// gradients vanish, 17 findings alike), one for them all, led by the layer most below.
-void add_unliftable(const std::string& limit, std::vector<Finding> found, std::vector<Finding>& out) {
+// What an underflow the scale lifts says of its gradient.
+constexpr char kAtCurrentScale[] = "zero or below fp16's normal range at the current scale";
+
+// Underflow findings alike, `found`: one per layer up to two; from three on (a deep plain
+// network whose first layers' gradients vanish, 17 findings alike), one for them all, led by
+// the layer most below, its title the leader's name, "and N more layers", and `said`.
+void add_alike(const std::string& said, std::vector<Finding> found, std::vector<Finding>& out) {
   if (found.size() < 3) {
     for (auto& f : found) out.push_back(std::move(f));
     return;
@@ -341,9 +344,7 @@ void add_unliftable(const std::string& limit, std::vector<Finding> found, std::v
   for (std::size_t i = 1; i < found.size() && i <= kNamed; ++i) others += (i > 1 ? ", " : "") + found[i].layer;
   if (found.size() > kNamed + 1) others += " and " + plural(std::int64_t(found.size() - kNamed - 1), "more layer");
   for (const auto& other : found) f.steps.front() = std::min(f.steps.front(), other.steps.front());
-  f.title = f.layer + " and " + plural(std::int64_t(found.size() - 1), "more layer") +
-            ": most of their gradients are below fp16's normal range, and no loss scale lifts them without " + limit +
-            " overflowing";
+  f.title = f.layer + " and " + plural(std::int64_t(found.size() - 1), "more layer") + ": " + said;
   f.evidence += "; the same holds for " + others;
   out.push_back(std::move(f));
 }
@@ -443,7 +444,7 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
       continue;
     }
     f.score = 30.0 + 10.0 * mean;
-    f.title = layer.info.name + ": most of its gradient is zero or below fp16's normal range at the current scale";
+    f.title = layer.info.name + ": most of its gradient is " + kAtCurrentScale;
     f.evidence = "on average " + pct(mean) + " of its values were zero (" + pct(mean_zero) + ") or fp16-subnormal (" +
                  pct(mean_sub) + ") over " + plural(finite, "sampled step");
     if (!scales.empty())
@@ -558,7 +559,41 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
     f.suggestions.push_back(suggest::use_bf16(run));
     out.push_back(f);
   }
-  for (auto& [limit, found] : unliftable) add_unliftable(limit, std::move(found), out);
+  for (auto& [limit, found] : unliftable)
+    add_alike("most of their gradients are below fp16's normal range, and no loss scale lifts them without " + limit +
+                  " overflowing",
+              std::move(found), out);
+
+}
+
+void group_underflows(std::vector<Finding>& found) {
+  // MobileViT's 34 convolutions and norms under a scale the run's start left low, one fix.
+  std::map<std::string, std::vector<Finding>> alike;  // by their first fix
+  std::vector<Finding> rest;
+  std::map<std::string, std::size_t> place;  // where each group's first member stood in `rest`
+  for (auto& f : found) {
+    const std::size_t said = sizeof kAtCurrentScale - 1;
+    const bool lifted = f.rule == "underflow" && f.severity != Severity::kInfo && !f.suggestions.empty() &&
+                        f.title.size() > said && f.title.compare(f.title.size() - said, said, kAtCurrentScale) == 0;
+    if (!lifted) {
+      rest.push_back(std::move(f));
+      continue;
+    }
+    const std::string key = f.suggestions.front().summary + '\n' + f.suggestions.front().python;
+    if (!place.count(key)) place[key] = rest.size();
+    alike[key].push_back(std::move(f));
+  }
+  // Back in place, from the last group's place so that the earlier ones stay put.
+  std::vector<std::pair<std::size_t, std::string>> order;
+  for (const auto& [key, at] : place) order.emplace_back(at, key);
+  std::sort(order.rbegin(), order.rend());
+  for (const auto& [at, key] : order) {
+    std::vector<Finding> grouped;
+    add_alike(std::string("most of their gradients are ") + kAtCurrentScale, std::move(alike[key]), grouped);
+    rest.insert(rest.begin() + std::ptrdiff_t(at), std::make_move_iterator(grouped.begin()),
+                std::make_move_iterator(grouped.end()));
+  }
+  found = std::move(rest);
 }
 
 }  // namespace ampdiag::analyzer::rules

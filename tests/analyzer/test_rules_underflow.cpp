@@ -341,6 +341,37 @@ TEST_CASE("three or more underflows that the same layer leaves no scale to lift 
   CHECK_THAT(u.suggestions.front().summary, Catch::StartsWith("Train in bfloat16"));
 }
 
+namespace {
+
+// The first `n` of three layers underflowing alike beside head.weight, 10 steps at 65536.
+Report alike_underflows(const TempDir& dir, int n) {
+  const std::vector<std::string> layers = {"head.weight", "l1.weight", "l2.weight", "l3.weight"};
+  RunFixture f(dir.file("run.db"), layers);
+  for (int i = 1; i <= n; ++i) f.zeros_fraction(layers[std::size_t(i)], 0.1, 0.6);
+  for (int i = 0; i < 10; ++i) f.step(65536, 65536, 1000);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("three or more underflows that the scale lifts with the same fix are one finding", "[rules]") {
+  // MobileViT under a scale its start left at 4096: 34 such findings, each fix the same.
+  TempDir dir;
+  const Report r = alike_underflows(dir, 3);
+  REQUIRE(count_of(r, "underflow") == 1);
+  const Finding& u = required(r, "underflow");
+  CHECK(u.title == "l1.weight and 2 more layers: most of their gradients are zero or below fp16's normal range at the "
+                   "current scale");
+  CHECK_THAT(u.evidence, Catch::EndsWith("; the same holds for l2.weight, l3.weight"));
+  CHECK_THAT(u.suggestions.front().summary, Catch::StartsWith("Let the scale grow"));
+}
+
+TEST_CASE("two underflows that the scale lifts with the same fix stay two findings", "[rules]") {
+  TempDir dir;
+  CHECK(count_of(alike_underflows(dir, 2), "underflow") == 2);
+}
+
 TEST_CASE("two underflows that the same layer leaves no scale to lift stay two findings", "[rules]") {
   TempDir dir;
   CHECK(count_of(vanishing(dir, 2), "underflow") == 2);
