@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "loss_code.h"
 #include "rules.h"
 #include "suggestions.h"
 
@@ -39,6 +40,41 @@ OutputJump output_jump(const Run& run) {
     if (!jump.module || m.jump_absmax / m.jump_before > jump.absmax / jump.before) jump = {&m, m.jump_absmax, m.jump_before};
   }
   return jump;
+}
+
+// The operation of the loss code read in `steps` (or, where none was, in any step whose
+// output gradient overflowed) that enlarges by the most, at least kEnlarging: a manual loss
+// scale on top of the GradScaler's, a weight meant for another loss's scale, a temperature.
+// Null where none does; `code` holds what was read.
+const loss_code::Op* largest_factor(const Run& run, const std::vector<std::int64_t>& steps, loss_code::Code& code) {
+  code = loss_code::at_steps(run, steps);
+  if (code.empty()) code = loss_code::at_steps(run, run.output_overflow_steps);
+  const loss_code::Op* largest = nullptr;
+  for (const auto& op : code.ops)
+    if (op.gain() >= loss_code::kEnlarging && (!largest || op.gain() > largest->gain())) largest = &op;
+  return largest;
+}
+
+// "Take out the loss code's multiplication by 1e+06 (Mul) ...": what it multiplies, every
+// gradient is that many times larger for; `loss` the loss it makes (NaN: unknown).
+Suggestion take_out_factor(const loss_code::Code& code, const loss_code::Op& op, double loss) {
+  const bool div = op.name == "Div";
+  const bool last = &op == &code.ops.back();  // on the loss itself, after its reduction
+  std::string summary = "Take out the loss code's " + std::string(div ? "division" : "multiplication") + " by " +
+                        fmt(op.constant) + " (" + op.name + ", " + op.dtype + "), which makes every gradient " +
+                        fmt(op.gain()) + " times larger";
+  if (last && std::isfinite(loss))
+    summary += ": the loss is around " + fmt(loss) + " with it, about " + fmt(loss / op.gain()) + " without";
+  summary += ". The GradScaler already multiplies the loss for fp16's sake and divides the gradients back before "
+             "the optimizer sees them; a factor of the code's own on top of it only brings them nearer 65504. Where "
+             "it weighs this loss against another, weigh the other down instead. Adam's steps stay the same without "
+             "it; SGD's shrink by as much, which its learning rate makes up.";
+  return {summary,
+          "loss = loss_fn(model(x), y)  # without the factor of " + fmt(op.gain()) +
+              ": scaler.scale(loss) does fp16's scaling\nscaler.scale(loss).backward()",
+          "auto loss = loss_fn(model->forward(x), y);  // without the factor of " + fmt(op.gain()) +
+              ": scaler.scale(loss) does fp16's scaling\nscaler.scale(loss).backward();",
+          ""};
 }
 
 }  // namespace
@@ -80,6 +116,8 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
     // Outputs this large from weights that started far too large: re-initialising them
     // comes first (an LM head 3e4 times too large, over token ids no target normalisation
     // helps). Small outputs leave the loss to the targets or a sum, whatever the gains.
+    loss_code::Code code;
+    if (const loss_code::Op* factor = largest_factor(run, steps, code)) f.suggestions.push_back(take_out_factor(code, *factor, loss));
     const ModuleSummary* maker = !jumped.empty() ? jump.module : last;
     if (large_outputs && maker)
       if (auto fix = reinitialise_for_outputs(run, maker->info.path,

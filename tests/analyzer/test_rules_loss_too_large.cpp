@@ -12,11 +12,14 @@ namespace {
 // expert between them first called at step 5 (its outputs `late_expert`, head's 10 before it),
 // where given; with the weights of `oversized` (enc.weight or head.weight) read at step 0 at a
 // gain of `gain` ([64, 64]: l2 = 8 * gain), the other's at 0.3, where given. Not `probed`: no
-// module's output recorded at all (a LibTorch model no agent.probe() watched).
+// module's output recorded at all (a LibTorch model no agent.probe() watched). With the
+// loss code `loss_code` read at step 0, where given.
 Report loss_too_large_run(double head_output, double mid_output = 0.0, double late_expert = 0.0, double gain = 0.0,
-                          const std::string& oversized = "head.weight", bool probed = true) {
+                          const std::string& oversized = "head.weight", bool probed = true,
+                          const std::string& loss_code = "") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  if (!loss_code.empty()) f.event("loss-code", loss_code);
   if (gain > 0.0)
     for (const char* layer : {"enc.weight", "head.weight"}) f.weight_norm(layer, layer == oversized ? 8.0 * gain : 2.4);
   double scale = 65536;
@@ -44,6 +47,27 @@ TEST_CASE("a loss too large for fp16 with small model outputs points at the targ
   const Finding& o = required(r, "overflow-origin");
   CHECK_THAT(o.suggestions[0].summary, Catch::Contains(": normalise the regression targets to unit spread, average"));
   CHECK_THAT(o.suggestions[0].summary, !Catch::Contains("outputs"));
+}
+
+TEST_CASE("a loss too large for fp16 that its code multiplies by a large factor is told to take the factor out",
+          "[rules]") {
+  // A cross-entropy times 1e6 "to keep small gradients from underflowing", on top of the
+  // GradScaler: the loss is around 2.3e6 and its gradients as large.
+  const Report r = loss_too_large_run(10.0, 0.0, 0.0, 0.0, "head.weight", true,
+                                      "ToCopy:float32, LogSoftmax:float32, NllLoss(mean):float32, Mul(1e+06):float32");
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE(o.suggestions.size() >= 2);
+  CHECK(o.suggestions[0].summary.rfind("Take out the loss code's multiplication by 1e+06 (Mul, float32), which makes "
+                                       "every gradient 1e+06 times larger: the loss is around 9e+10 with it, about "
+                                       "90000 without.", 0) == 0);
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Shrink the loss where it is made"));
+}
+
+TEST_CASE("a loss too large for fp16 whose code scales it by a small factor is not told to take it out", "[rules]") {
+  // A mean over 4 accumulated micro-batches (Div(4)), a weight of 2: not what makes it large.
+  const Report r = loss_too_large_run(10.0, 0.0, 0.0, 0.0, "head.weight", true,
+                                      "ToCopy:float32, MseLoss(mean):float32, Mul(2):float32, Div(4):float32");
+  for (const auto& s : required(r, "overflow-origin").suggestions) CHECK_THAT(s.summary, !Catch::Contains("Take out"));
 }
 
 TEST_CASE("a loss too large for fp16 where no module output was probed names both readings", "[rules]") {

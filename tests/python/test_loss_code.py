@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import ampdiag
-from ampdiag._loss_code import loss_code, nonfinite_constants, path_nodes
+from ampdiag._loss_code import loss_code, nonfinite_constants, path_nodes, with_numbers
 
 
 def test_the_operations_from_the_output_to_the_loss_come_in_forward_order_with_their_dtypes():
@@ -203,6 +203,28 @@ def test_no_loss_code_is_read_where_a_module_made_the_nan(tmp_path):
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT COUNT(*) FROM steps WHERE skipped = 1").fetchone() == (2,)
     assert loss_code_events(db) == []
+
+
+def test_a_factor_on_the_loss_whose_gradient_overflowed_at_the_output_is_written_with_its_number(tmp_path):
+    # The look runs in backward, after the product's saved number was freed: the number comes
+    # from the loss code read as the first backward was about to start.
+    db = tmp_path / "run.db"
+    train(db, lambda step, out: nn.functional.cross_entropy(out.float(), torch.zeros(6, dtype=torch.long)) * 1e6,
+          steps=1)
+    assert loss_code_events(db) == [(0, "ToCopy:float32, LogSoftmax:float32, NllLoss(mean):float32, "
+                                        "Mul(1e+06):float32")]
+
+
+def test_numbers_read_before_are_taken_only_for_the_same_operations_and_only_a_products_or_divisions():
+    before = "ToCopy:float32, NllLoss(mean of 64):float32, Mul(1e+06):float32"
+    assert with_numbers("ToCopy:float32, NllLoss(mean):float32, Mul:float32", before) == (
+        "ToCopy:float32, NllLoss(mean):float32, Mul(1e+06):float32")  # a count is that batch's alone
+    assert with_numbers("ToCopy:float32, MseLoss(mean):float32, Mul:float32", before) == (
+        "ToCopy:float32, MseLoss(mean):float32, Mul:float32")
+    assert with_numbers("ToCopy:float32, NllLoss(mean):float32, Mul:float16", before) == (
+        "ToCopy:float32, NllLoss(mean):float32, Mul:float16")
+    assert with_numbers("ToCopy:float32, NllLoss(mean of 0):float32, Mul(0):float32", before) == (
+        "ToCopy:float32, NllLoss(mean of 0):float32, Mul(0):float32")
 
 
 def test_a_healthy_run_reads_no_loss_code(tmp_path):

@@ -4,7 +4,7 @@ module runs after its submodules), the batch, the parameters, and the loss code 
 model's outputs and the loss."""
 import torch
 
-from ._loss_code import loss_code, nodes_under, nonfinite_constants, path_nodes
+from ._loss_code import loss_code, nodes_under, nonfinite_constants, path_nodes, with_numbers
 from ._names import named_parameters
 from ._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
 from ._replay import FINITE, INTRINSIC, NONFINITE
@@ -181,7 +181,7 @@ def look_at_loss_code(handle, looks=LOSS_CODE_LOOKS):
         return
     handle._loss_code_seen = True
     nodes = path_nodes(handle._loss_nodes, handle._output_nodes)
-    code = loss_code(nodes)
+    code = with_numbers(loss_code(nodes), handle._first_loss_code)
     if code is not None:
         handle._loss_code_looks += 1
         handle._session.event("loss-code", code)

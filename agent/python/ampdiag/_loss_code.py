@@ -134,6 +134,31 @@ def loss_code(nodes) -> "str | None":
     return ", ".join(f"{op_name(n)}:{made_dtype(n)}" for n in nodes[:_MAX_NAMED])
 
 
+def with_numbers(code, read_before) -> "str | None":
+    """`code` with the numbers of its divisions and products by one number taken from
+    `read_before`, the loss code read while its saved values were alive (as the first
+    backward was about to start), where both are the same operations: a look during a
+    backward (the gradient reaching the model's output overflowed) finds those values freed,
+    'Mul:float32' where the code says 'Mul(1e+06)'. A divisor the batch makes (a token count)
+    is then the first batch's. Other details stay this step's ('NllLoss(mean)', its count of
+    targets freed too, is no other batch's count)."""
+    if not code or not read_before:
+        return code
+    now, before = code.split(", "), read_before.split(", ")
+    if len(now) != len(before):
+        return code
+    merged = []
+    for op, known in zip(now, before):
+        name, _, dtype = op.rpartition(":")
+        known_name, _, known_dtype = known.rpartition(":")
+        base, _, detail = name.partition("(")
+        known_base, _, known_detail = known_name.partition("(")
+        if dtype != known_dtype or base != known_base or not known_detail.startswith(detail.rstrip(")")):
+            return code
+        merged.append(known if base in ("Div", "Mul") and not detail else op)
+    return ", ".join(merged)
+
+
 def nonfinite_constants(nodes) -> "str | None":
     """'MseLoss target: 1 NaN, 0 Inf of 32 values, float32' for the first tensor an operation of the
     loss code saved that holds NaN/Inf and that nothing differentiable made (a target, a

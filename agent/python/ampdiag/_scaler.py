@@ -131,6 +131,7 @@ def _scale(handle, outputs, scaled):
     handle._keep_loss_nodes(given)
     if not handle._fp32_gradients_read:
         handle._fp32_gradients_read = _fp32_gradients.record(handle, given, handle._layers.model())
+    handle._read_loss_code_once()
     handle._look_before_backward(added)
     handle._python_ns += time.perf_counter_ns() - t0
 
