@@ -43,16 +43,23 @@ OutputJump output_jump(const Run& run) {
 }
 
 // The operation of the loss code read in `steps` (or, where none was, in any step whose
-// output gradient overflowed) that enlarges by the most, at least kEnlarging: a manual loss
-// scale on top of the GradScaler's, a weight meant for another loss's scale, a temperature.
-// Null where none does; `code` holds what was read.
-const loss_code::Op* largest_factor(const Run& run, const std::vector<std::int64_t>& steps, loss_code::Code& code) {
+// output gradient overflowed) that enlarges by the most, at least kEnlarging, where the
+// code's factors together enlarge at least `excess` times, so that without them the
+// gradients would fit: a manual loss scale on top of the GradScaler's, a weight meant for
+// another loss's scale. Not a distillation's T * T, which makes up for the 1 / T its
+// softened logits took (net T), unless that is what the gradients exceed by. Null where
+// none does; `code` holds what was read.
+const loss_code::Op* largest_factor(const Run& run, const std::vector<std::int64_t>& steps, double excess,
+                                    loss_code::Code& code) {
   code = loss_code::at_steps(run, steps);
   if (code.empty()) code = loss_code::at_steps(run, run.output_overflow_steps);
   const loss_code::Op* largest = nullptr;
-  for (const auto& op : code.ops)
+  double net = 1.0;
+  for (const auto& op : code.ops) {
+    net *= op.gain();
     if (op.gain() >= loss_code::kEnlarging && (!largest || op.gain() > largest->gain())) largest = &op;
-  return largest;
+  }
+  return largest && net >= excess ? largest : nullptr;
 }
 
 // "Take out the loss code's multiplication by 1e+06 (Mul) ...": what it multiplies, every
@@ -80,7 +87,7 @@ Suggestion take_out_factor(const loss_code::Code& code, const loss_code::Op& op,
 }  // namespace
 
 void shrink_the_loss(const Run& run, const std::vector<double>& losses, const std::vector<std::int64_t>& steps,
-                     Finding& f) {
+                     double excess, Finding& f) {
   // The loss of the steps it overflowed in: the one that made its gradients this large,
   // not the smaller one the run trains down to once they fit (a loss of ~1000 while an
   // oversized layer's outputs overflowed, 0.08 later).
@@ -117,7 +124,8 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
     // comes first (an LM head 3e4 times too large, over token ids no target normalisation
     // helps). Small outputs leave the loss to the targets or a sum, whatever the gains.
     loss_code::Code code;
-    if (const loss_code::Op* factor = largest_factor(run, steps, code)) f.suggestions.push_back(take_out_factor(code, *factor, loss));
+    if (const loss_code::Op* factor = largest_factor(run, steps, excess, code))
+      f.suggestions.push_back(take_out_factor(code, *factor, loss));
     const ModuleSummary* maker = !jumped.empty() ? jump.module : last;
     if (large_outputs && maker)
       if (auto fix = reinitialise_for_outputs(run, maker->info.path,

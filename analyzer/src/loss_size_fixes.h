@@ -11,8 +11,9 @@
 namespace ampdiag::analyzer::rules {
 
 // Adds them to `f`: `losses` are the finite recorded losses of the skipped `steps`
-// (ascending) that the finding's module overflowed first in.
+// (ascending) that the finding's module overflowed first in, and `excess` how many times
+// its largest unscaled gradient exceeds what the scale can hold.
 void shrink_the_loss(const Run& run, const std::vector<double>& losses, const std::vector<std::int64_t>& steps,
-                     Finding& f);
+                     double excess, Finding& f);
 
 }  // namespace ampdiag::analyzer::rules
