@@ -288,10 +288,11 @@ std::vector<ScaleRoom> scale_rooms(const Run& run, const std::map<std::int64_t, 
       for (std::size_t i = from; i < to; ++i) room = std::min(room, per_step[i].second);
       return room;
     };
-    ScaleRoom room{std::min(least(0, half), least(half, per_step.size())), &layer};
-    if (per_step.size() >= 8 && least(half, per_step.size()) >= kTransientRoom * least(0, half)) {
-      room.early = least(0, half);
-      room.scale = least(half, per_step.size());
+    const double early = least(0, half), late = least(half, per_step.size());
+    ScaleRoom room{std::min(early, late), &layer};
+    if (per_step.size() >= 8 && late >= kTransientRoom * early) {
+      room.scale = late;
+      room.early = early;
       room.settled = per_step[half].first;
     }
     rooms.push_back(room);
@@ -531,7 +532,8 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
         if (start.layer && start.early < std::min(wanted, limit)) {
           // The start's large gradients brought the scale down, and torch doubles it only once
           // every growth_interval: a higher init_scale would overflow that start again.
-          const std::int64_t interval = std::max<std::int64_t>(1, std::atoll(run.meta_or("scaler_growth_interval", "2000").c_str()));
+          const std::int64_t interval =
+              std::max<std::int64_t>(1, std::atoll(run.meta_or("scaler_growth_interval", "2000").c_str()));
           f.evidence += "; the run's first steps, whose gradients were far larger, left the scale at " + fmt(scale) + ": " +
                         start.layer->info.name + "'s before step " + std::to_string(start.settled) +
                         " would pass " + top + " above " + power_of_two(start.early) + ", those from then on only above " +
