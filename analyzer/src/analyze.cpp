@@ -38,7 +38,8 @@ const std::vector<std::string>& rule_ids() {
                                                "clip-before-unscale", "unscaled-backward",
                                                "gradients-not-zeroed", "gradients-cleared", "zero-gradients", "fused-sgd-momentum",
                                                "accumulated-gradients-cleared", "precision-loss",
-                                               "weight-growth", "oversized-weights", "training-raised", "evaluation-overflow"};
+                                               "weight-growth", "oversized-weights", "training-raised", "evaluation-overflow",
+                                               "scale-held"};
   return ids;
 }
 
@@ -250,6 +251,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::fused_sgd_momentum(run, found);
     rules::oversized_weights(run, found);
     rules::gradients_not_zeroed(run, found);  // after the findings it explains
+    rules::scale_held(run, found);            // so too
     rules::gradients_cleared(run, by_step, found);
     rules::accumulated_gradients_cleared(run, found);
     rules::precision_loss(run, t, found);

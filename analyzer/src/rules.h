@@ -88,6 +88,9 @@ bool updates_held_scale(const Run& run);
 void optimizer_outside_scaler(const Run& run, std::vector<Finding>& out);
 // backward() on the loss scaler.scale() received, not on its output (Python agent's event).
 void unscaled_backward(const Run& run, std::vector<Finding>& out);
+// Skipped steps whose scale did not back off: an error from a tenth of the steps. After
+// overflow-origin and skip-rate, whose findings on those steps point to it.
+void scale_held(const Run& run, std::vector<Finding>& out);
 // An evaluation between the steps (eval mode, gradients off) whose output went NaN/Inf
 // (Python agent's event evaluation-output-nonfinite): a warning naming the first module.
 void evaluation_overflow(const Run& run, std::vector<Finding>& out);

@@ -7,6 +7,9 @@
 // unscaled-backward: backward() ran on the loss given to scaler.scale(), not on its output
 // (event from the Python agent): the gradients never held the scale that scaler.step()
 // divides them by, so every update is 1/scale of the gradient.
+// scale-held: skipped steps whose scale did not back off (update(new_scale=...), or a
+// scale set after update()): every step that overflows at that scale is skipped again.
+#include <algorithm>
 #include <string>
 
 #include "rules.h"
@@ -102,6 +105,67 @@ void unscaled_backward(const Run& run, std::vector<Finding>& out) {
                            "scaler.step(optimizer);\n"
                            "scaler.update();",
                            ""});
+  out.push_back(f);
+}
+
+void scale_held(const Run& run, std::vector<Finding>& out) {
+  if (!run.has_scaler()) return;
+  // torch requires backoff_factor below 1: a skipped step whose scale did not fall had it set
+  // after the back-off (update(new_scale=...), a second update() or a load_state_dict()).
+  std::vector<std::int64_t> held;
+  double scale = 0.0;
+  for (const auto& s : run.steps)
+    if (s.row.skipped && s.row.found_inf && s.row.scale_before > 0.0 && s.row.scale_after >= s.row.scale_before) {
+      held.push_back(s.row.step);
+      scale = std::max(scale, s.row.scale_after);
+    }
+  constexpr std::size_t kMinHeld = 2;
+  if (held.size() < kMinHeld) return;
+  std::int64_t skipped = 0;
+  for (const auto& s : run.steps) skipped += s.row.skipped;
+  const rundb::EventRow* set = run.first_event("update-new-scale");
+  Finding f;
+  f.rule = "scale-held";
+  const double share = double(held.size()) / double(run.steps.size());
+  f.severity = share > 0.1 ? Severity::kError : Severity::kWarning;
+  f.score = 101.0;  // before what it causes: the skips, and the overflows that the scale holds
+  f.steps = {held.front()};
+  f.title = "The loss scale is held by hand: it did not back off after " + plural(std::int64_t(held.size()), "overflow") +
+            ", so each step that overflows at it is skipped";
+  std::string listed;
+  for (std::size_t i = 0; i < held.size() && i < 6; ++i) listed += (i ? ", " : "") + std::to_string(held[i]);
+  if (held.size() > 6) listed += ", ...";
+  f.evidence = std::to_string(held.size()) + " of " + plural(skipped, "skipped step") +
+               " kept their scale (up to " + fmt(scale) + " before and after; steps " + listed +
+               "), where a GradScaler lowers it after each overflow (its backoff_factor, which torch requires below "
+               "1): " + (set ? "scaler.update(new_scale=" + set->detail + ") set it, from step " + std::to_string(set->step)
+                              : "something sets it after the back-off: update(new_scale=...), a second update() or "
+                                "load_state_dict()");
+  f.suggestions.push_back({"Let the scaler set the scale: call scaler.update() without new_scale, so that an overflow "
+                           "lowers the scale and the next step is taken at one the gradients fit; it grows again once "
+                           "they allow. A minimum held by hand skips every step that overflows at it: where one is "
+                           "needed, hold it only below where the gradients overflow.",
+                           "scaler.step(optimizer)\nscaler.update()  # not scaler.update(new_scale=...)",
+                           "scaler.step(optimizer);\nscaler.update();  // not scaler.update(new_scale)",
+                           ""});
+  // The overflows it keeps skipping, and the skip rate, are its doing.
+  const std::string see = "The scale is held by hand (see scale-held): ";
+  for (auto& g : out) {
+    const auto within = std::count_if(g.steps.begin(), g.steps.end(), [&](std::int64_t step) {
+      return std::binary_search(held.begin(), held.end(), step);
+    });
+    if (g.rule == "overflow-origin" && !g.steps.empty() && 2 * within > std::int64_t(g.steps.size())) {
+      if (g.severity == Severity::kError) g.severity = Severity::kWarning;
+      g.evidence += "; these skips are at a scale held by hand";
+      g.suggestions.insert(g.suggestions.begin(),
+                           {see + "let the scaler lower it first; what follows holds only if these gradients still "
+                                  "overflow at the scale it settles at.",
+                            "", "", ""});
+    } else if (g.rule == "skip-rate" || g.rule == "scale-collapse") {
+      g.suggestions = {{see + "let the scaler lower it, and the steps at a scale the gradients fit are taken.", "", "",
+                        ""}};
+    }
+  }
   out.push_back(f);
 }
 

@@ -119,3 +119,59 @@ TEST_CASE("underflow of gradients that never held the scale points to the backwa
   REQUIRE(under->suggestions.size() == 1);
   CHECK_THAT(under->suggestions.front().summary, Catch::Contains("see unscaled-backward"));
 }
+
+namespace {
+
+// 10 steps at 65536 whose head.weight overflows in `held` of them (the first ones), the scale
+// kept where `kept`, else halved; with event "update-new-scale" where `said`.
+Report held_run(const TempDir& dir, int held, bool kept, bool said = false) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  if (said) f.event("update-new-scale", "65536");
+  double scale = 65536;
+  for (int i = 0; i < 10; ++i) {
+    const bool overflows = i < held;
+    const double after = overflows && !kept ? scale / 2 : scale;
+    f.step(scale, after, 1000, overflows ? std::vector<std::string>{"head.weight"} : std::vector<std::string>{});
+    scale = after;
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("skipped steps whose scale did not back off are a scale held by hand, the first error", "[rules][scaler-use]") {
+  TempDir dir;
+  const Report r = held_run(dir, 10, true, true);
+  REQUIRE_FALSE(r.findings.empty());
+  const Finding& first = r.findings.front();
+  CHECK(first.rule == "scale-held");
+  CHECK(first.severity == Severity::kError);
+  CHECK_THAT(first.evidence, Catch::StartsWith("10 of 10 skipped steps kept their scale (up to 65536 before and after; "
+                                               "steps 0, 1, 2, 3, 4, 5, ...)") &&
+                                 Catch::EndsWith("scaler.update(new_scale=65536) set it, from step 0"));
+  const Finding& origin = required(r, "overflow-origin");
+  CHECK(origin.severity == Severity::kWarning);
+  CHECK_THAT(origin.suggestions.front().summary, Catch::StartsWith("The scale is held by hand (see scale-held)"));
+  CHECK_THAT(required(r, "skip-rate").suggestions.front().summary, Catch::StartsWith("The scale is held by hand"));
+}
+
+TEST_CASE("a scale held without the agent's event is said to be set after the back-off", "[rules][scaler-use]") {
+  TempDir dir;
+  const Report r = held_run(dir, 10, true);
+  CHECK_THAT(required(r, "scale-held").evidence,
+             Catch::EndsWith("something sets it after the back-off: update(new_scale=...), a second update() or "
+                             "load_state_dict()"));
+}
+
+TEST_CASE("skipped steps whose scale backed off are no scale held", "[rules][scaler-use]") {
+  TempDir dir;
+  const Report r = held_run(dir, 4, false);
+  CHECK(find(r, "scale-held") == nullptr);
+}
+
+TEST_CASE("one skipped step that kept its scale is no scale held", "[rules][scaler-use]") {
+  TempDir dir;
+  const Report r = held_run(dir, 1, true);
+  CHECK(find(r, "scale-held") == nullptr);
+}

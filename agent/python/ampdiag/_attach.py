@@ -116,6 +116,7 @@ class AttachHandle:
         self._loss_nodes = []    # the grad_fn of this cycle's losses
         self._fp32_gradients_read = False  # _fp32_gradients.record() has read a loss's graph
         self._first_loss_code = None  # the loss code at the first scale(), its numbers still saved
+        self._new_scale_said = False  # event "update-new-scale" written
         self._scaled = []
         self._has_scaler = scaler is not None
         self._in_scaler_step = False  # inside scaler.step(): its optimizer step is the normal path

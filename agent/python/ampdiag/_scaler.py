@@ -45,6 +45,8 @@ def wrap_scaler(handle, scaler):
         return result
 
     def update(new_scale=None):
+        if new_scale is not None and not handle._inert:
+            _scale_set(handle, new_scale)
         if scale_on_device(scaler):
             # A CUDA scale stays on the device: the outcome is read back without waiting.
             checked = inf_checked(scaler)
@@ -69,6 +71,22 @@ def wrap_scaler(handle, scaler):
         end_step(handle, before, host_scale(scaler), found, skipped=found and not taken)
 
     _replace(handle, scaler, _unscale_grads_=_unscale_grads_, scale=scale, step=step, update=update)
+
+
+def _scale_set(handle, new_scale):
+    """update(new_scale=...): event "update-new-scale" once a run, with the scale given (a
+    device tensor's is not read: that would wait for the device). The analyzer reads it where
+    skipped steps kept their scale."""
+    if handle._new_scale_said:
+        return
+    handle._new_scale_said = True
+    value = "a device tensor"
+    if not isinstance(new_scale, torch.Tensor) or (new_scale.numel() == 1 and new_scale.is_cpu):
+        try:
+            value = f"{float(new_scale):g}"
+        except (TypeError, ValueError, RuntimeError):
+            value = type(new_scale).__name__  # torch's own update() says what is wrong with it
+    handle._session.event("update-new-scale", value)
 
 
 def wrap_disabled_scaler(handle, scaler):
