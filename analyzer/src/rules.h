@@ -91,7 +91,8 @@ void unscaled_backward(const Run& run, std::vector<Finding>& out);
 // Skipped steps whose scale did not back off: an error from a tenth of the steps. After
 // overflow-origin and skip-rate, whose findings on those steps point to it.
 void scale_held(const Run& run, std::vector<Finding>& out);
-// Most of the trainable values never received a gradient in the whole run (a warning).
+// Most of the values an optimizer holds never received a gradient (event
+// "parameters-unreached"): a warning.
 void unreached_layers(const Run& run, std::vector<Finding>& out);
 // An evaluation between the steps (eval mode, gradients off) whose output went NaN/Inf
 // (Python agent's event evaluation-output-nonfinite): a warning naming the first module.

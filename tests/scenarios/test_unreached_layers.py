@@ -1,7 +1,7 @@
 """A model whose frozen embedding feeds blocks checkpointed with use_reentrant=True: the
 checkpoint's input needs no gradient, so torch gives the blocks none, and only the head
-trains. The report said healthy; it warns that most trainable values never received a
-gradient. With use_reentrant=False the same loop trains every block, healthy."""
+trains. The report said healthy; it warns that most of the values the optimizer holds never
+received a gradient. With use_reentrant=False the same loop trains every block, healthy."""
 import warnings
 
 import torch
@@ -48,7 +48,7 @@ def test_blocks_a_reentrant_checkpoint_gives_no_gradient_are_unreached_layers(tm
     assert code == 0
     [finding] = report["findings"]
     assert (finding["rule"], finding["severity"]) == ("unreached-layers", "warning")
-    assert finding["title"].startswith("6 of 8 trainable layers never received a gradient")
+    assert finding["title"].startswith("6 of the 8 parameters the optimizer holds never received a gradient")
     assert "use_reentrant=False" in finding["suggestions"][0]["python"]
 
 

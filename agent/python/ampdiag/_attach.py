@@ -29,6 +29,7 @@ from ._forward import compiled_in_place, forward_hook, input_hook, output_hook, 
 from ._looks import look_at_loss_code, look_at_parameters
 from ._loss_code import loss_code, path_nodes
 from ._names import clean, named_modules
+from ._unreached import UnreachedParameters
 from ._options import check_options, check_watched, default_amp_dtype, trains_fp16_parameters
 from ._backward_replay import BackwardReplayer
 from ._gradient_entry import GradientEntries
@@ -117,6 +118,7 @@ class AttachHandle:
         self._fp32_gradients_read = False  # _fp32_gradients.record() has read a loss's graph
         self._first_loss_code = None  # the loss code at the first scale(), its numbers still saved
         self._new_scale_said = False  # event "update-new-scale" written
+        self._unreached = UnreachedParameters(self)
         self._scaled = []
         self._has_scaler = scaler is not None
         self._in_scaler_step = False  # inside scaler.step(): its optimizer step is the normal path
@@ -268,6 +270,7 @@ class AttachHandle:
         if self._gradient_probe is not None:
             self._gradient_probe.flush()
         self._fused_momentum.flush()
+        self._unreached.close()
         if self._weights is not None:
             self._weights.flush()
         self._finalizer()

@@ -27,6 +27,8 @@ def optimizer_gradients(handle, optimizer):
                               "statistics cover its own shards", key=("sharded",))
             layers.append(layer)
             grads.append(grad)
+    if not handle._unreached.done:
+        handle._unreached.check(optimizer, layers)
     return layers, grads, sparse
 
 

@@ -174,6 +174,8 @@ def _unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16):
         host = host_gradients(optimizer, handle._layer_id, handle._layers.known)
         if host is not None and host[0]:  # the common case: one pass over the gradients
             layers, ptrs, numels, codes = host
+            if not handle._unreached.done:
+                handle._unreached.check(optimizer, layers)
             places = [0] * len(layers)
             if handle._session.grads(layers, ptrs, numels, codes, places, places, places, float(inv_scale.item()),
                                    None):
