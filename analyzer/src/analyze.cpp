@@ -39,7 +39,7 @@ const std::vector<std::string>& rule_ids() {
                                                "gradients-not-zeroed", "gradients-cleared", "zero-gradients", "fused-sgd-momentum",
                                                "accumulated-gradients-cleared", "precision-loss",
                                                "weight-growth", "oversized-weights", "training-raised", "evaluation-overflow",
-                                               "scale-held", "unreached-layers"};
+                                               "scale-held", "unreached-layers", "dead-layers"};
   return ids;
 }
 
@@ -256,6 +256,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::accumulated_gradients_cleared(run, found);
     rules::precision_loss(run, t, found);
     rules::unreached_layers(run, found);
+    rules::dead_layers(run, found);
     rules::group_underflows(found);
     for (auto& f : found) {
       f.ranks = {run.rank};

@@ -91,6 +91,12 @@ void unscaled_backward(const Run& run, std::vector<Finding>& out);
 // Skipped steps whose scale did not back off: an error from a tenth of the steps. After
 // overflow-origin and skip-rate, whose findings on those steps point to it.
 void scale_held(const Run& run, std::vector<Finding>& out);
+// Rows a batch does not touch (tokens, positions not in it) get exact-zero gradients that
+// no loss scale would change: an embedding's zeros are neither underflow nor a dead layer.
+bool embedding_like(const rundb::LayerRow& layer);
+// Most of the trained values got exactly zero gradients in every recorded step, while
+// others did not (a dead ReLU): a warning.
+void dead_layers(const Run& run, std::vector<Finding>& out);
 // Most of the values an optimizer holds never received a gradient (event
 // "parameters-unreached"): a warning.
 void unreached_layers(const Run& run, std::vector<Finding>& out);

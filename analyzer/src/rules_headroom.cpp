@@ -13,6 +13,8 @@
 
 namespace ampdiag::analyzer::rules {
 
+bool embedding_like(const rundb::LayerRow& layer) { return layer.module_type.find("Embedding") != std::string::npos; }
+
 namespace {
 
 std::string pct(double v) {
@@ -20,10 +22,6 @@ std::string pct(double v) {
   std::snprintf(b, sizeof b, "%.0f%%", v * 100.0);
   return b;
 }
-
-// Rows a batch does not touch (tokens, positions not in it) get exact-zero gradients that
-// no loss scale would change: an embedding's zeros are not underflow.
-bool embedding_like(const rundb::LayerRow& layer) { return layer.module_type.find("Embedding") != std::string::npos; }
 
 // Layer ids that share their tensor with another parameter (event "shared-parameter":
 // "lm_head.weight is the same tensor as layer 0; ...").

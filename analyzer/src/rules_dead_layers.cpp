@@ -1,0 +1,95 @@
+// dead-layers: most of the values the run trains got exactly zero gradients in every
+// recorded step from some step to the end (at least 5), while another layer's last did not: nothing passes back through them (a ReLU whose
+// every input is below 0, after a bias or an update that pushed it there), so they do not
+// train while the report's other rules see nothing wrong. A module whose output was all
+// zeros is named. A small share is a module the task leaves unused behind `0 * p` (DDP's
+// workaround for unused parameters), not a finding; every gradient zero is zero-gradients'.
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "rules.h"
+
+namespace ampdiag::analyzer::rules {
+
+void dead_layers(const Run& run, std::vector<Finding>& out) {
+  constexpr std::int64_t kMinSamples = 5;
+  std::int64_t values = 0, dead_values = 0, first = -1;
+  std::vector<const LayerSummary*> dead;
+  const LayerSummary* alive = nullptr;
+  for (const auto& layer : run.layers) {
+    if (!layer.info.trainable) continue;
+    // Its finite samples, and the all-zero ones at their end: from where it died to the end.
+    std::int64_t finite = 0, trailing = 0, from = -1;
+    for (const auto& s : layer.samples) {
+      if (s.nonfinite) continue;
+      ++finite;
+      if (s.zero_q != 65535) {
+        trailing = 0;
+      } else if (trailing++ == 0) {
+        from = s.step;
+      }
+    }
+    if (finite == 0) continue;
+    values += layer.info.numel;
+    if (trailing >= kMinSamples && !embedding_like(layer.info)) {
+      dead.push_back(&layer);
+      dead_values += layer.info.numel;
+      if (first < 0 || from < first) first = from;
+    } else if (trailing == 0 && !alive) {
+      alive = &layer;  // its last gradient was not all zeros
+    }
+  }
+  if (!alive || dead.empty() || 2 * dead_values <= values) return;
+  Finding f;
+  f.rule = "dead-layers";
+  f.severity = Severity::kWarning;
+  f.score = 46.0;
+  f.layer = dead.front()->info.name;
+  f.module = dead.front()->info.module_path;
+  f.steps = {first};
+  char share[16];
+  std::snprintf(share, sizeof share, "%.0f%%", 100.0 * double(dead_values) / double(values));
+  const bool from_start = first <= run.steps.front().row.step;
+  f.title = std::to_string(dead.size()) + " layers' gradients were exactly zero in every step" +
+            (from_start ? std::string() : " from step " + std::to_string(first)) + " (" + share +
+            " of the trained values): nothing passes back through them, so they do not train";
+  std::string named;
+  for (std::size_t i = 0; i < dead.size() && i < 6; ++i) named += (i ? ", " : "") + dead[i]->info.name;
+  if (dead.size() > 6) named += " and " + plural(std::int64_t(dead.size() - 6), "more layer");
+  f.evidence = "every recorded gradient of " + named + " was all zeros, from step " + std::to_string(first) +
+               ", while " + alive->info.name + "'s was not";
+  // A module whose weight's gradient was zero while its bias's was not took all-zero inputs:
+  // what fed it zeroed every value (the dead ReLU before a classifier's last Linear).
+  for (const LayerSummary* weight : dead) {
+    const std::string& name = weight->info.name;
+    if (name.size() < 7 || name.compare(name.size() - 7, 7, ".weight") != 0) continue;
+    const std::string bias = name.substr(0, name.size() - 7) + ".bias";
+    bool bias_alive = false;
+    for (const auto& layer : run.layers)
+      if (layer.info.name == bias)
+        for (const auto& s : layer.samples) bias_alive = bias_alive || (!s.nonfinite && s.zero_q != 65535);
+    if (!bias_alive) continue;
+    f.evidence += "; " + weight->info.module_path + "'s weight got none while its bias did, so its input was all "
+                  "zeros: what feeds it zeroed every value";
+    break;
+  }
+  // The modules whose output was all zeros: where the gradient stops.
+  std::string zeros;
+  int listed = 0;
+  for (const auto& m : run.modules)
+    if (m.zero_step >= first && listed < 3) {
+      zeros += (listed++ ? ", " : "") + m.info.path + (m.info.module_type.empty() ? "" : " (" + m.info.module_type + ")");
+    }
+  if (!zeros.empty())
+    f.evidence += "; the output of " + zeros + " was all zeros, which sends back no gradient";
+  f.suggestions.push_back(
+      {"Look for what zeroes everything after them: a ReLU whose every input is below 0 (a bias or an update that "
+       "pushed its inputs there: lower the learning rate, initialise the bias at 0, or use LeakyReLU or GELU), a gate or "
+       "mask stuck at 0. Where they are meant to be unused, freeze them and leave them out of the optimizer.",
+       "", "", ""});
+  out.push_back(f);
+}
+
+}  // namespace ampdiag::analyzer::rules
