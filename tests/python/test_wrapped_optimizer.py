@@ -88,3 +88,18 @@ def test_an_object_holding_no_optimizer_is_refused_by_its_type(tmp_path):
     with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer, or a wrapper holding one as "
                                         r"\.optimizer, not str"):
         ampdiag.attach(Tiny(), optimizer="adamw", db=tmp_path / "run.db")
+
+
+def test_a_list_of_optimizers_with_a_scaler_is_told_to_leave_the_argument_out(tmp_path):
+    model = Tiny()
+    both = [torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.Adam(model.parameters())]
+    with pytest.raises(TypeError, match="optimizer takes one torch optimizer, not a list of 2: leave optimizer= out: "
+                                        "with a GradScaler every optimizer that scaler.step"):
+        ampdiag.attach(model, torch.amp.GradScaler("cpu"), both, db=tmp_path / "run.db")
+
+
+def test_a_list_of_optimizers_without_a_scaler_is_told_to_pass_the_one_that_ends_the_step(tmp_path):
+    model = Tiny()
+    both = (torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.Adam(model.parameters()))
+    with pytest.raises(TypeError, match=r"not a tuple of 2: pass the one whose step\(\) ends each training step"):
+        ampdiag.attach(model, optimizer=both, db=tmp_path / "run.db")

@@ -121,6 +121,12 @@ def check_watched(model, scaler, optimizer, activations, attached):
     if scaler is None and optimizer is None and disabled is None:
         raise ValueError("pass scaler= (fp16 with a torch.amp.GradScaler) or optimizer= (bf16 without a "
                          "scaler) so ampdiag knows where each step's gradients are final")
+    if isinstance(optimizer, (list, tuple)):
+        # Two optimizers (a GAN's, a sparse embedding's beside a dense one's) given together.
+        raise TypeError(f"optimizer takes one torch optimizer, not a {type(optimizer).__name__} of {len(optimizer)}: "
+                        + ("leave optimizer= out: with a GradScaler every optimizer that scaler.step() receives is "
+                           "watched" if scaler is not None or disabled is not None else
+                           "pass the one whose step() ends each training step (bf16 without a scaler)"))
     if optimizer is not None:
         optimizer = torch_optimizer(optimizer)
     root = watched_root(model)
