@@ -258,6 +258,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::unreached_layers(run, found);
     rules::dead_layers(run, found);
     rules::group_underflows(found);
+    rules::group_calibration_overflows(found);
     for (auto& f : found) {
       f.ranks = {run.rank};
       all.push_back(std::move(f));

@@ -150,6 +150,9 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 // Three or more underflow findings that the scale lifts, with the same first fix, made one
 // (after the rules that add to each: oversized-weights).
 void group_underflows(std::vector<Finding>& found);
+// Three or more overflow-origin information findings whose skips only calibrated the scale
+// or answered its growth probes, made one (after every rule that reads them).
+void group_calibration_overflows(std::vector<Finding>& found);
 void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 // Modules the agent pinned itself (events "autopin"): info, with the skips after the pin.
 void autopin(const Run& run, std::vector<Finding>& out);
