@@ -251,7 +251,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::fused_sgd_momentum(run, found);
     rules::oversized_weights(run, found);
     rules::gradients_not_zeroed(run, found);  // after the findings it explains
-    rules::scale_held(run, found);            // so too
+    rules::scale_held(run, t, found);            // so too
     rules::gradients_cleared(run, by_step, found);
     rules::accumulated_gradients_cleared(run, found);
     rules::precision_loss(run, t, found);

@@ -88,9 +88,10 @@ bool updates_held_scale(const Run& run);
 void optimizer_outside_scaler(const Run& run, std::vector<Finding>& out);
 // backward() on the loss scaler.scale() received, not on its output (Python agent's event).
 void unscaled_backward(const Run& run, std::vector<Finding>& out);
-// Skipped steps whose scale did not back off: an error from a tenth of the steps. After
-// overflow-origin and skip-rate, whose findings on those steps point to it.
-void scale_held(const Run& run, std::vector<Finding>& out);
+// Skipped steps whose scale did not back off: an error above the skip-rate threshold's
+// share of the steps. After overflow-origin and skip-rate, whose findings on those steps
+// point to it.
+void scale_held(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 // Rows a batch does not touch (tokens, positions not in it) get exact-zero gradients that
 // no loss scale would change: an embedding's zeros are neither underflow nor a dead layer.
 bool embedding_like(const rundb::LayerRow& layer);

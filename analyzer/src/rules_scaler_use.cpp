@@ -108,7 +108,7 @@ void unscaled_backward(const Run& run, std::vector<Finding>& out) {
   out.push_back(f);
 }
 
-void scale_held(const Run& run, std::vector<Finding>& out) {
+void scale_held(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   if (!run.has_scaler()) return;
   // torch requires backoff_factor below 1: a skipped step whose scale did not fall had it set
   // after the back-off (update(new_scale=...), a second update() or a load_state_dict()).
@@ -127,7 +127,7 @@ void scale_held(const Run& run, std::vector<Finding>& out) {
   Finding f;
   f.rule = "scale-held";
   const double share = double(held.size()) / double(run.steps.size());
-  f.severity = share > 0.1 ? Severity::kError : Severity::kWarning;
+  f.severity = share > t.skip_rate ? Severity::kError : Severity::kWarning;  // skips the skip rate counts
   f.score = 101.0;  // before what it causes: the skips, and the overflows that the scale holds
   f.steps = {held.front()};
   f.title = "The loss scale is held by hand: it did not back off after " + plural(std::int64_t(held.size()), "overflow") +
