@@ -62,6 +62,13 @@ const loss_code::Op* largest_factor(const Run& run, const std::vector<std::int64
   return largest && net >= excess ? largest : nullptr;
 }
 
+// Whether the loss code computes a loss over class indices (nll_loss, cross_entropy's),
+// whose targets no normalisation shrinks.
+bool classifies(const loss_code::Code& code) {
+  return std::any_of(code.ops.begin(), code.ops.end(),
+                     [](const loss_code::Op& op) { return op.name.rfind("NllLoss", 0) == 0; });
+}
+
 // "Take out the loss code's multiplication by 1e+06 (Mul) ...": what it multiplies, every
 // gradient is that many times larger for; `loss` the loss it makes (NaN: unknown).
 Suggestion take_out_factor(const loss_code::Code& code, const loss_code::Op& op, double loss) {
@@ -142,16 +149,20 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
         : run.modules.empty() ? "; no module output was probed to say whether the model's outputs are that large: "
                                 "where the targets are, normalise them to unit spread, and where they are not, find "
                                 "what makes the outputs so large (its weights, its input's scale); or average"
+        : classifies(code)    ? ": its targets are class indices, which no normalisation shrinks; average"
                               : ": normalise the regression targets to unit spread, average";
     summary += (std::isfinite(loss) ? " (it is around " + fmt(loss) + ", and its gradients are as large)" : std::string()) +
                targets + " over the batch instead of summing, or divide the loss by a constant.";
-    f.suggestions.push_back(
-        {summary,
-         "y = (y - y_mean) / y_std  # targets in units of their spread (predictions: * y_std + y_mean)\n"
-         "loss = loss_fn(model(x).float(), y)",
-         "auto y_n = (y - y_mean) / y_std;  // predictions: * y_std + y_mean\n"
-         "auto loss = loss_fn(model->forward(x).to(torch::kFloat), y_n);",
-         ""});
+    if (!large_outputs && !run.modules.empty() && classifies(code))
+      f.suggestions.push_back({summary, "", "", ""});
+    else
+      f.suggestions.push_back(
+          {summary,
+           "y = (y - y_mean) / y_std  # targets in units of their spread (predictions: * y_std + y_mean)\n"
+           "loss = loss_fn(model(x).float(), y)",
+           "auto y_n = (y - y_mean) / y_std;  // predictions: * y_std + y_mean\n"
+           "auto loss = loss_fn(model->forward(x).to(torch::kFloat), y_n);",
+           ""});
   }
 }
 

@@ -63,6 +63,16 @@ TEST_CASE("a loss too large for fp16 that its code multiplies by a large factor 
   CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Shrink the loss where it is made"));
 }
 
+TEST_CASE("a class-index loss too large for fp16 is not told to normalise regression targets", "[rules]") {
+  const Report r = loss_too_large_run(10.0, 0.0, 0.0, 0.0, "head.weight", true,
+                                      "ToCopy:float32, LogSoftmax:float32, NllLoss(mean):float32, Mul(1e+06):float32");
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE(o.suggestions.size() >= 2);
+  CHECK_THAT(o.suggestions[1].summary, Catch::Contains(": its targets are class indices, which no normalisation "
+                                                       "shrinks; average over the batch instead of summing"));
+  CHECK(o.suggestions[1].python.empty());
+}
+
 TEST_CASE("a loss too large for fp16 whose code scales it by a small factor is not told to take it out", "[rules]") {
   // A mean over 4 accumulated micro-batches (Div(4)), a weight of 2: not what makes it large.
   const Report r = loss_too_large_run(10.0, 0.0, 0.0, 0.0, "head.weight", true,
