@@ -27,7 +27,7 @@ from ._layers import Layers, source_of
 from ._fused_momentum import FusedMomentumProbe
 from ._forward import compiled_in_place, forward_hook, input_hook, output_hook, outside_compiled_graph
 from ._looks import look_at_loss_code, look_at_parameters
-from ._loss_code import loss_code, path_nodes
+from ._loss_code import read_first_loss_code
 from ._names import clean, named_modules
 from ._unreached import UnreachedParameters
 from ._options import check_options, check_watched, default_amp_dtype, trains_fp16_parameters
@@ -436,12 +436,6 @@ class AttachHandle:
             if node is not None:
                 self._loss_nodes.append(node)
 
-    def _read_loss_code_once(self):
-        """The loss code as the first loss's backward is about to start, its saved values alive:
-        a look during a backward finds a Mul's or Div's number freed (_loss_code.with_numbers)."""
-        if self._first_loss_code is None and self._output_nodes and self._loss_nodes:
-            self._first_loss_code = loss_code(path_nodes(self._loss_nodes, self._output_nodes)) or ""
-
     def _scaled_gradients_differentiated(self):
         # create_graph=True from scaler.scale()'s output: the gradients of the scaled loss
         # are differentiable, and a loss built from them (a gradient penalty) holds the
@@ -480,7 +474,7 @@ class AttachHandle:
         self._roots = _loss.scalar_losses(roots)
         self._own_backward = True  # without a scaler, any backward that reaches the model is the loss's
         self._keep_loss_nodes(_loss.tensors(roots))
-        self._read_loss_code_once()
+        read_first_loss_code(self)
         self._look_before_backward(self._roots)
 
     def _look_before_backward(self, losses):

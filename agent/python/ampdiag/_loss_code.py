@@ -134,6 +134,14 @@ def loss_code(nodes) -> "str | None":
     return ", ".join(f"{op_name(n)}:{made_dtype(n)}" for n in nodes[:_MAX_NAMED])
 
 
+def read_first_loss_code(handle):
+    """The loss code as the run's first backward is about to start, its saved values alive,
+    kept as handle._first_loss_code: a look during a backward finds a Mul's or Div's number
+    freed (with_numbers)."""
+    if handle._first_loss_code is None and handle._output_nodes and handle._loss_nodes:
+        handle._first_loss_code = loss_code(path_nodes(handle._loss_nodes, handle._output_nodes)) or ""
+
+
 def with_numbers(code, read_before) -> "str | None":
     """`code` with the numbers of its divisions and products by one number taken from
     `read_before`, the loss code read while its saved values were alive (as the first

@@ -10,6 +10,7 @@ import torch
 
 from . import _fp32_gradients, _loss
 from ._grad_reads import optimizer_gradients, post_stats
+from ._loss_code import read_first_loss_code
 from ._step_end import end_step, end_step_on_device
 from ._tensors import (directly_readable, found_inf_tensor, host_gradients, host_outcome, host_scale, inf_checked,
                        scale_on_device)
@@ -149,7 +150,7 @@ def _scale(handle, outputs, scaled):
     handle._keep_loss_nodes(given)
     if not handle._fp32_gradients_read:
         handle._fp32_gradients_read = _fp32_gradients.record(handle, given, handle._layers.model())
-    handle._read_loss_code_once()
+    read_first_loss_code(handle)
     handle._look_before_backward(added)
     handle._python_ns += time.perf_counter_ns() - t0
 
