@@ -10,14 +10,6 @@
 
 namespace ampdiag::analyzer::rules {
 
-namespace {
-
-bool ends_with(const std::string& text, const std::string& end) {
-  return text.size() >= end.size() && text.compare(text.size() - end.size(), end.size(), end) == 0;
-}
-
-}  // namespace
-
 void group_calibration_overflows(std::vector<Finding>& found) {
   const std::string copes = " is where the occasional overflow starts; the loss scale copes with it";
   const std::string calibrates = "these skips only calibrate it or answer its growth probes";

@@ -44,6 +44,10 @@ std::pair<double, std::int64_t> largest_true_gradient(const LayerSummary& layer,
 bool float32_embedding(const rundb::LayerRow& layer);
 // "1 step", "3 steps".
 std::string plural(std::int64_t n, const std::string& noun);
+// A share as a whole percentage: "97%".
+std::string pct(double share);
+// Whether `text` ends with `end`.
+bool ends_with(const std::string& text, const std::string& end);
 // "3, 7, 11, ..." : the first `limit` steps, and "..." for more.
 std::string step_list(const std::vector<std::int64_t>& steps, std::size_t limit = 6);
 // A parameter's shape as run.db writes it ("[256, 64, 3, 3]") as numbers; empty where it is

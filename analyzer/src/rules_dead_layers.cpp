@@ -1,11 +1,12 @@
 // dead-layers: most of the values the run trains got exactly zero gradients in every
-// recorded step from some step to the end (at least 5), while another layer's last did not: nothing passes back through them (a ReLU whose
-// every input is below 0, after a bias or an update that pushed it there), so they do not
-// train while the report's other rules see nothing wrong. A module whose output was all
-// zeros is named. A small share is a module the task leaves unused behind `0 * p` (DDP's
-// workaround for unused parameters), not a finding; every gradient zero is zero-gradients'.
+// recorded step from some step to the end (at least 5), while another layer's last did not:
+// nothing passes back through them (a ReLU whose every input is below 0, after a bias or an
+// update that pushed it there), so they do not train while the report's other rules see
+// nothing wrong. A module whose output was all zeros is named. A small share is a module the
+// task leaves unused behind `0 * p` (DDP's workaround for unused parameters), not a finding;
+// every gradient zero is zero-gradients'.
 #include <cstdint>
-#include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@ void dead_layers(const Run& run, std::vector<Finding>& out) {
   std::int64_t values = 0, dead_values = 0, first = -1;
   std::vector<const LayerSummary*> dead;
   const LayerSummary* alive = nullptr;
+  std::set<std::string> lively;  // trainable layers with a gradient not all zeros in some step
   for (const auto& layer : run.layers) {
     if (!layer.info.trainable) continue;
     // Its finite samples, and the all-zero ones at their end: from where it died to the end.
@@ -32,6 +34,7 @@ void dead_layers(const Run& run, std::vector<Finding>& out) {
       }
     }
     if (finite == 0) continue;
+    if (trailing < finite) lively.insert(layer.info.name);
     values += layer.info.numel;
     if (trailing >= kMinSamples && !embedding_like(layer.info)) {
       dead.push_back(&layer);
@@ -49,12 +52,10 @@ void dead_layers(const Run& run, std::vector<Finding>& out) {
   f.layer = dead.front()->info.name;
   f.module = dead.front()->info.module_path;
   f.steps = {first};
-  char share[16];
-  std::snprintf(share, sizeof share, "%.0f%%", 100.0 * double(dead_values) / double(values));
   const bool from_start = first <= run.steps.front().row.step;
   f.title = std::to_string(dead.size()) + " layers' gradients were exactly zero in every step" +
-            (from_start ? std::string() : " from step " + std::to_string(first)) + " (" + share +
-            " of the trained values): nothing passes back through them, so they do not train";
+            (from_start ? std::string() : " from step " + std::to_string(first)) + " (" +
+            pct(double(dead_values) / double(values)) + " of the trained values): nothing passes back through them, so they do not train";
   std::string named;
   for (std::size_t i = 0; i < dead.size() && i < 6; ++i) named += (i ? ", " : "") + dead[i]->info.name;
   if (dead.size() > 6) named += " and " + plural(std::int64_t(dead.size() - 6), "more layer");
@@ -64,13 +65,7 @@ void dead_layers(const Run& run, std::vector<Finding>& out) {
   // what fed it zeroed every value (the dead ReLU before a classifier's last Linear).
   for (const LayerSummary* weight : dead) {
     const std::string& name = weight->info.name;
-    if (name.size() < 7 || name.compare(name.size() - 7, 7, ".weight") != 0) continue;
-    const std::string bias = name.substr(0, name.size() - 7) + ".bias";
-    bool bias_alive = false;
-    for (const auto& layer : run.layers)
-      if (layer.info.name == bias)
-        for (const auto& s : layer.samples) bias_alive = bias_alive || (!s.nonfinite && s.zero_q != 65535);
-    if (!bias_alive) continue;
+    if (!ends_with(name, ".weight") || !lively.count(name.substr(0, name.size() - 7) + ".bias")) continue;
     f.evidence += "; " + weight->info.module_path + "'s weight got none while its bias did, so its input was all "
                   "zeros: what feeds it zeroed every value";
     break;

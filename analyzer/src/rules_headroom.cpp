@@ -17,12 +17,6 @@ bool embedding_like(const rundb::LayerRow& layer) { return layer.module_type.fin
 
 namespace {
 
-std::string pct(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.0f%%", v * 100.0);
-  return b;
-}
-
 // Layer ids that share their tensor with another parameter (event "shared-parameter":
 // "lm_head.weight is the same tensor as layer 0; ...").
 std::set<std::int64_t> shared_layers(const Run& run) {
@@ -572,9 +566,8 @@ void group_underflows(std::vector<Finding>& found) {
   std::vector<Finding> rest;
   std::map<std::string, std::size_t> place;  // where each group's first member stood in `rest`
   for (auto& f : found) {
-    const std::size_t said = sizeof kAtCurrentScale - 1;
     const bool lifted = f.rule == "underflow" && f.severity != Severity::kInfo && !f.suggestions.empty() &&
-                        f.title.size() > said && f.title.compare(f.title.size() - said, said, kAtCurrentScale) == 0;
+                        ends_with(f.title, kAtCurrentScale);
     if (!lifted) {
       rest.push_back(std::move(f));
       continue;

@@ -48,6 +48,16 @@ std::string plural(std::int64_t n, const std::string& noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
+std::string pct(double share) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.0f%%", share * 100.0);
+  return b;
+}
+
+bool ends_with(const std::string& text, const std::string& end) {
+  return text.size() >= end.size() && text.compare(text.size() - end.size(), end.size(), end) == 0;
+}
+
 std::string step_list(const std::vector<std::int64_t>& steps, std::size_t limit) {
   std::string s;
   for (std::size_t i = 0; i < steps.size() && i < limit; ++i) s += (i ? ", " : "") + std::to_string(steps[i]);
@@ -192,9 +202,7 @@ Finding skipped_share(double rate, const std::string& rest) {
   f.rule = "skip-rate";
   f.severity = rate >= 0.5 ? Severity::kError : Severity::kWarning;
   f.score = 50.0 + rate * 10.0;
-  char pct[32];
-  std::snprintf(pct, sizeof pct, "%.0f%%", rate * 100.0);
-  f.title = std::string(pct) + " of optimizer steps were skipped" + rest;
+  f.title = pct(rate) + " of optimizer steps were skipped" + rest;
   return f;
 }
 

@@ -35,10 +35,8 @@ void unreached_layers(const Run& run, std::vector<Finding>& out) {
   for (const auto& layer : run.layers)
     if (layer.info.name == f.layer) f.module = suggest::module_for_layer(run, layer.info);
   f.steps = {e->step >= 0 ? e->step : run.steps.front().row.step};
-  char share[16];
-  std::snprintf(share, sizeof share, "%.0f%%", 100.0 * double(values) / double(total));
   f.title = std::to_string(count) + " of the " + plural(held, "parameter") + " the optimizer holds never received a " +
-            "gradient (" + share + " of their values): the backward from the loss never reached them, so they do "
+            "gradient (" + pct(double(values) / double(total)) + " of their values): the backward from the loss never reached them, so they do "
             "not train";
   f.evidence = "by step " + std::to_string(f.steps.front()) + " no gradient of " + names +
                " had arrived; no overflow or underflow of theirs could be judged";
