@@ -7,6 +7,7 @@
 #include <set>
 
 #include "ampdiag/rundb/module_paths.h"
+#include "gradient_cancellation.h"
 #include "overflow_events.h"
 #include "rules.h"
 #include "suggestions.h"
@@ -144,72 +145,6 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
 }
 
 namespace {
-
-// A bias, or a vector of one value per feature (its name's last part says "bias", or its
-// shape has one dimension): what can cancel to rounding. A weight's gradient far below its
-// bias's is one taken on tiny inputs (a deep network's vanishing activations), which the
-// scale does flush.
-bool bias_like(const rundb::LayerRow& info) {
-  return info.name.find("bias", info.name.rfind('.') + 1) != std::string::npos || dims_of(info.shape).size() == 1;
-}
-
-// How far `layer`'s gradient sits below the other gradients of its module at the same
-// steps, per element (RMS): {ratio to the smallest of them, that layer}; {1, null} where
-// it has none. A bias whose sum over a softmax's shifted dimension (an attention key's) or
-// over what a normalisation after it removes is zero in exact arithmetic is left with
-// rounding, hundreds to thousands of times below its weight's gradient: not what the scale
-// flushes.
-std::pair<double, const LayerSummary*> below_siblings(const Run& run, const LayerSummary& layer,
-                                                     double underflow_fraction) {
-  std::pair<double, const LayerSummary*> lowest{1.0, nullptr};
-  if (layer.info.module_path.empty() || !bias_like(layer.info)) return lowest;
-  for (const auto& other : run.layers) {
-    if (&other == &layer || other.info.module_path != layer.info.module_path || other.info.numel < 16) continue;
-    double mine = 0.0, theirs = 0.0, their_zeros = 0.0, their_sub = 0.0;
-    std::int64_t n = 0;
-    auto o = other.samples.begin();
-    for (const auto& s : layer.samples) {
-      while (o != other.samples.end() && o->step < s.step) ++o;
-      if (o == other.samples.end()) break;
-      if (o->step != s.step || s.nonfinite || o->nonfinite) continue;
-      mine += double(s.l2) / std::sqrt(double(layer.info.numel));
-      theirs += double(o->l2) / std::sqrt(double(other.info.numel));
-      their_zeros += double(o->zero_q) / 65535.0;
-      their_sub += double(o->sub_q) / 255.0;
-      ++n;
-    }
-    if (n == 0) continue;
-    // Only against a gradient the same scale keeps in range: mostly normal values, or exact
-    // zeros many times its subnormals, a population no scale makes, beside more normal values
-    // than subnormal ones (BERT's key weight under a softmax saturated to 0 and 1 by query and
-    // key weights 3000 times too large: 98 % zeros, 0.9 % subnormal, 1.3 % normal).
-    const double zeros = their_zeros / double(n), sub = their_sub / double(n);
-    const bool in_range = zeros + sub <= underflow_fraction || (zeros >= 5.0 * sub && 1.0 - zeros - sub > sub);
-    if (theirs > 0.0 && in_range && mine / theirs < lowest.first) lowest = {mine / theirs, &other};
-  }
-  return lowest;
-}
-
-// The per-element RMS of what a weight matrix's module takes in, estimated from what it makes:
-// y = W x (+ b) sums fan-in products, |y| ~ sqrt(fan_in) |W| |x| for weights not aligned with
-// their input (a bias in y only raises the estimate). 0 where the run has no finite output
-// row for the module or no norm of the weight.
-double input_rms(const Run& run, const LayerSummary& weight) {
-  const std::vector<std::int64_t> dims = dims_of(weight.info.shape);
-  if (dims.size() < 2 || dims.front() <= 0 || weight.info.numel <= 0) return 0.0;
-  const ModuleSummary* module = run.module_named(weight.info.module_path);
-  if (module == nullptr || module->output_rms_rows == 0) return 0.0;
-  double sum = 0.0;
-  std::int64_t rows = 0;
-  for (const auto& w : run.weight_norms)
-    if (w.layer_id == weight.info.id && std::isfinite(w.l2)) {
-      sum += w.l2 / std::sqrt(double(weight.info.numel));
-      ++rows;
-    }
-  if (rows == 0 || !(sum > 0.0)) return 0.0;
-  const double fan_in = double(weight.info.numel) / double(dims.front());
-  return module->output_rms_sum / double(module->output_rms_rows) / (std::sqrt(fan_in) * sum / double(rows));
-}
 
 // The layer scales (a learnt per-channel factor on a residual branch: CaiT's gamma_1, timm's
 // ls1.gamma, ConvNeXt's layer_scale_parameter) of the block holding `layer` whose values
@@ -404,34 +339,25 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
       out.push_back(f);
       continue;
     }
-    // Rounding left by a sum that cancels (n terms of a gradient g, each rounded to fp16's
-    // 2^-11) is ~3e-4 of g per element, and the weight's gradient beside it ~|x| times g, x
-    // the module's input: a ratio of ~3e-4 / |x|. A bias that truly underflows sits at
-    // ~1 / |x| of its weight's. Below 1/512 separates the two for inputs of RMS 0.14 to 512:
-    // ELECTRA's first key bias, after its unnormalised embedding projection, is at 1/725
-    // (1/1024 called it an underflow); raw pixel values of up to 255 stay on the other side.
-    const auto [ratio, sibling] = below_siblings(run, layer, t.underflow_fraction);
-    // Below a weight taking small inputs, a true gradient sits ~1 / |x| of the weight's, so
-    // the same bound holds for the ratio times |x|: the embeddings of DeBERTa's relative
-    // positions (RMS 0.02 without their norm) leave its position keys' bias at 1/47 of the
-    // weight's, rounding all the same (2^-11 / 0.02).
-    const double x = sibling ? input_rms(run, *sibling) : 0.0;
-    const bool small_input = x > 0.0 && x < 1.0 && ratio * x < 1.0 / 512.0;
-    if (sibling && (ratio < 1.0 / 512.0 || small_input)) {
+    const Cancellation c = cancellation_of(run, layer, t.underflow_fraction);
+    if (c.cancels()) {
       f.severity = Severity::kInfo;
       f.score = 5.0;
-      f.title = layer.info.name + "'s gradient cancels to rounding, far below " + sibling->info.name +
+      f.title = layer.info.name + "'s gradient cancels to rounding, far below " + c.sibling->info.name +
                 "'s: not flushed by the scale";
       f.evidence = "on average " + pct(mean) + " of its values were zero or fp16-subnormal over " +
-                   plural(finite, "sampled step") + ", while per element its gradient was " + fmt(ratio) + " of " +
-                   sibling->info.name + "'s at the same steps" +
-                   (ratio < 1.0 / 512.0 ? std::string()
-                                        : " (whose module's input is small, about " + fmt(x) + " per element, "
-                                          "estimated from its outputs and weights: a true gradient would be about " +
-                                          fmt(1.0 / x) + " times the weight's)") +
-                   ", which the same scale keeps in range: a sum that is "
-                   "zero in exact arithmetic (an attention key's bias, which shifts every score of a query alike "
-                   "under softmax; a bias just before a normalisation), left with rounding; no scale helps";
+                   plural(finite, "sampled step") + ", while per element its gradient was " + fmt(c.ratio) + " of " +
+                   c.sibling->info.name + "'s at the same steps";
+      if (c.twin == nullptr && c.ratio >= 1.0 / 512.0)
+        f.evidence += " (whose module's input is small, about " + fmt(c.input) + " per element, estimated from its "
+                      "outputs and weights: a true gradient would be about " + fmt(1.0 / c.input) +
+                      " times the weight's)";
+      f.evidence += ", which the same scale keeps in range: a sum that is "
+                    "zero in exact arithmetic (an attention key's bias, which shifts every score of a query alike "
+                    "under softmax; a bias just before a normalisation), left with rounding; no scale helps";
+      if (c.twin != nullptr)
+        f.evidence += "; " + c.twin->info.name + ", the same parameter in another block of the same structure, sits "
+                      "at " + fmt(c.twin_ratio) + " of its weight's: the same sum, with more rounding left in this block";
       f.steps.push_back(first);
       out.push_back(f);
       continue;

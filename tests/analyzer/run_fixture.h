@@ -73,7 +73,7 @@ class RunFixture {
     next_finite_first_.clear();
     next_unordered_ = false;
     next_l2_ = 0.0;
-    clipped_only_.clear();
+    next_l2_of_.clear();
     writer_.add_step(s);
     ++step_;
     return *this;
@@ -162,12 +162,11 @@ class RunFixture {
     return *this;
   }
 
-  // The next step's gradients have each this L2 norm (a clip left every step's total at the
-  // same value).
-  // The next step's gradients each have norm `each_l2` (those of `only`, where given).
-  RunFixture& clipped(double each_l2, std::vector<std::string> only = {}) {
-    next_l2_ = each_l2;
-    clipped_only_ = std::move(only);
+  // The next step's gradients each have the L2 norm `each_l2` (a clip left every step's total
+  // at the same value), or those of `only` where given; calls add up, the last one per layer.
+  RunFixture& clipped(double each_l2, const std::vector<std::string>& only = {}) {
+    if (only.empty()) next_l2_ = each_l2;
+    for (const auto& name : only) next_l2_of_[name] = each_l2;
     return *this;
   }
 
@@ -257,9 +256,10 @@ class RunFixture {
     const std::int64_t subnormal = sub == subnormal_fraction_.end() ? 0 : std::int64_t(sub->second * 4096);
     // The norm moves with the batch (step and layer), as a real gradient's does, unless a
     // test fixed it (clipped()).
-    const bool fixed = next_l2_ > 0.0 && (clipped_only_.empty() ||
-                                          std::find(clipped_only_.begin(), clipped_only_.end(), name) != clipped_only_.end());
-    const double l2 = fixed ? next_l2_ : 10.0 * (1.0 + 0.1 * double((step_ * 7 + id * 3) % 11));
+    const auto own = next_l2_of_.find(name);
+    const double l2 = own != next_l2_of_.end() ? own->second
+                      : next_l2_ > 0.0         ? next_l2_
+                                               : 10.0 * (1.0 + 0.1 * double((step_ * 7 + id * 3) % 11));
     g.stats = {4096, nonfinite ? 5 : 0, nonfinite ? 2 : 0, zeros, subnormal, absmax, subnormal ? 1e-6 : 1e-3, l2};
     if (histograms_) {
       g.histogram.assign(rundb::kHistBins, 0);
@@ -287,8 +287,8 @@ class RunFixture {
   std::vector<std::string> next_finite_first_;
   bool next_no_loss_ = false;
   bool next_found_elsewhere_ = false;
-  double next_l2_ = 0.0;  // 0: the varying default
-  std::vector<std::string> clipped_only_;  // empty: next_l2_ is every layer's
+  double next_l2_ = 0.0;                      // 0: the varying default
+  std::map<std::string, double> next_l2_of_;  // clipped(l2, only) by layer, before next_l2_
 };
 
 }  // namespace ampdiag::test

@@ -269,6 +269,59 @@ TEST_CASE("a bias at 1/300 of its weight's gradient, as inputs of RMS 300 leave 
   CHECK(u->severity == Severity::kWarning);
 }
 
+namespace {
+
+// Two blocks of the same structure: layers.0's key bias at `first_l2` and layers.1's at
+// `second_l2` every step (95 % of each fp16-subnormal), beside their key weights'.
+Report two_block_key_bias_run(const TempDir& dir, double first_l2, double second_l2) {
+  RunFixture f(dir.file("run.db"), {"layers.0.key.weight", "layers.0.key.bias", "layers.1.key.weight",
+                                    "layers.1.key.bias"});
+  f.zeros_fraction("layers.0.key.bias", 0.0, 0.95).zeros_fraction("layers.1.key.bias", 0.0, 0.95);
+  for (int i = 0; i < 10; ++i) f.clipped(first_l2, {"layers.0.key.bias"}).clipped(second_l2, {"layers.1.key.bias"}).step(65536, 65536);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+const Finding* underflow_of(const Report& r, const std::string& layer) {
+  for (const auto& finding : r.findings)
+    if (finding.rule == "underflow" && finding.layer == layer) return &finding;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("a bias at 1/300 of its weight's gradient whose twin in another block cancels to rounding cancels too",
+          "[rules]") {
+  // Marian's first decoder block's key bias keeps more rounding (1/370 of its weight's) than
+  // the second block's (1/1090): the same sum, zero in exact arithmetic in both.
+  TempDir dir;
+  const Report r = two_block_key_bias_run(dir, 0.05, 1e-4);
+  CHECK(r.healthy());
+  const Finding* u = underflow_of(r, "layers.0.key.bias");
+  REQUIRE(u != nullptr);
+  CHECK(u->severity == Severity::kInfo);
+  CHECK_THAT(u->title, Catch::StartsWith("layers.0.key.bias's gradient cancels to rounding"));
+  CHECK_THAT(u->evidence, Catch::Contains("; layers.1.key.bias, the same parameter in another block of the same "
+                                          "structure, sits at"));
+}
+
+TEST_CASE("a bias at 1/300 of its weight's gradient whose twin is at 1/300 as well stays an underflow", "[rules]") {
+  TempDir dir;
+  const Report r = two_block_key_bias_run(dir, 0.05, 0.05);
+  const Finding* u = underflow_of(r, "layers.0.key.bias");
+  REQUIRE(u != nullptr);
+  CHECK(u->severity == Severity::kWarning);
+}
+
+TEST_CASE("a bias near its weight's gradient stays an underflow beside a twin that cancels to rounding", "[rules]") {
+  // A true underflow sits at ~1 / |x| of its weight's: no twin's cancelling makes it rounding.
+  TempDir dir;
+  const Report r = two_block_key_bias_run(dir, 0.5, 1e-4);
+  const Finding* u = underflow_of(r, "layers.0.key.bias");
+  REQUIRE(u != nullptr);
+  CHECK(u->severity == Severity::kWarning);
+}
+
 TEST_CASE("a small bias beside a weight that underflows too is an underflow", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"key.weight", "key.bias"});
