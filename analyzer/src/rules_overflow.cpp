@@ -352,13 +352,20 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     // 0..255 pixels as an autoencoder's targets: a loss around 6600, the scale down to 16).
     // Not where the gradient reaching its output was already NaN/Inf: then the code after it
     // (a gain) made them large in its fp16 backward, and the module's FP32 pin holds them.
+    // Unless the loss is of their size: a loss's gradients add up to ~2 sqrt(loss) (a mean
+    // squared error's), so a loss around true_max² / 256 or more makes them this large itself,
+    // and the gradient it sends into the module's output is then as large at any gain (PPO's
+    // value loss on returns of 500, around 125000: its head went NaN/Inf down to a scale of 128).
     const OutputGradient reaching = output_gradient(run, module);
-    const bool below_floor = harms && run.has_scaler() && !at_any_scale && m.lowest_after < t.scale_floor &&
-                             reaching.seen != "nonfinite";
+    const bool below_floor = harms && run.has_scaler() && !at_any_scale && m.lowest_after < t.scale_floor;
     const TrueGradient true_largest = (at_any_scale || below_floor) && run.fp16()
                                           ? largest_true_gradient_of(run, module, m.layers, scale_of, fp32)
                                           : TrueGradient{};
-    const double true_max = true_largest.value;
+    std::vector<double> overflow_losses = m.losses;
+    const double loss_size = overflow_losses.empty() ? NAN : median_of(overflow_losses);
+    const bool loss_made = reaching.seen == "nonfinite" && true_largest.value > 0.0 &&
+                           std::isfinite(loss_size) && 16.0 * std::sqrt(loss_size) >= true_largest.value;
+    const double true_max = at_any_scale || reaching.seen != "nonfinite" || loss_made ? true_largest.value : 0.0;
     const double limit = at_any_scale ? run.fp_max : run.fp_max / t.scale_floor;
     const bool too_large = true_max > limit;
     const std::vector<std::pair<std::string, double>> others =
@@ -378,6 +385,10 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                                   : ", above 65504 / " + fmt(t.scale_floor) + ": the scale has to stay below the floor "
                                     "to fit them (they overflowed down to " + fmt(m.lowest_scale) + "), where small "
                                     "gradients flush to zero");
+      if (loss_made)
+        f.evidence += "; at step " + std::to_string(reaching.step) + " the gradient reaching " + module +
+                      "'s output already held NaN/Inf: the loss's own, which a loss around " + fmt(loss_size) +
+                      " makes about that large";
       // Without module rows the outputs are unknown (shrink_the_loss says so), while the
       // backward's order shows a layer far too large after it (a LibTorch classifier's head
       // 17000 times too large, its cross-entropy 10760): its gain makes them that large.
@@ -389,7 +400,8 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     const BackwardReplay replay = at_any_scale && !too_large ? backward_replay(run, module) : BackwardReplay{};
     // A replay that ran on a finite output gradient already says where they were made.
     const OutputGradient entry =
-        replay.outcome.empty() || replay.outcome == "unconfirmed" ? reaching : OutputGradient{};
+        (replay.outcome.empty() || replay.outcome == "unconfirmed") && !(too_large && loss_made) ? reaching
+                                                                                                : OutputGradient{};
     const bool entered = entry.seen == "nonfinite";
     const GradientSenders senders = entered ? gradient_senders(run, module) : GradientSenders{};
     const bool sent = !senders.paths.empty();

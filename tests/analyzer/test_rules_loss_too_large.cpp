@@ -225,6 +225,44 @@ TEST_CASE("gradients that overflow at the floor itself and fit only below it are
 
 namespace {
 
+// The same skips down to 64 with a loss of `loss` each step, where the agent's look at step 1
+// found the gradient reaching head's output already NaN/Inf.
+Report entered_below_floor_run(double loss) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  double scale = 65536;
+  for (int i = 0; i < 10; ++i, scale /= 2) {
+    if (i == 1) f.event("module-output-gradient", "head: nonfinite");
+    f.step(scale, scale / 2, 1000, {"head.weight"}, loss);
+  }
+  for (int i = 0; i < 10; ++i) f.step(scale, scale, 37000, {}, loss);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("gradients too large for the scale that entered through the output of a loss of their size are the loss's",
+          "[rules]") {
+  // PPO's value loss on returns of 500, around 125000: the value head's gradient overflowed
+  // at its output at high scales, and its own sum over the batch down to 128.
+  const Report r = entered_below_floor_run(125000);
+  const Finding& o = required(r, "overflow-origin");
+  CHECK(o.title == "head's gradients are too large for a loss scale above the floor of 128 (up to 578.125 unscaled)");
+  CHECK_THAT(o.evidence, Catch::Contains("; at step 1 the gradient reaching head's output already held NaN/Inf: the "
+                                         "loss's own, which a loss around 125000 makes about that large"));
+  CHECK_THAT(o.suggestions.front().summary, Catch::StartsWith("Shrink the loss where it is made (it is around 125000"));
+}
+
+TEST_CASE("gradients that entered through the output of an ordinary loss are the code after the module's", "[rules]") {
+  // A loss around 2 sends gradients of ~3 at most: a gain after the module made them large.
+  const Report r = entered_below_floor_run(2.0);
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.title, Catch::EndsWith("they reach it through its output: the code that uses head's output makes them"));
+}
+
+namespace {
+
 // A decoder stack named for its skips (its first NaN/Inf gradient dec.mlp.weight's, the
 // finite one before it its final norm's) whose last skip left the scale at 64, below the
 // floor; in the 10 finite steps after, the unscaled gradients of dec.mlp are 1000 / 64 and
