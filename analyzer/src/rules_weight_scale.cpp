@@ -110,9 +110,9 @@ std::optional<Suggestion> reinitialise_for_outputs(const Run& run, const std::st
   if (found.empty()) return std::nullopt;
   for (const Oversized& o : found)
     if (suggest::module_for_layer(run, o.layer->info) == maker)
-      return suggest::reinitialise(maker, o.scale, "its outputs reach " + fmt(reach) + ", the loss is around " +
+      return suggest::reinitialise(run, maker, o.scale, "its outputs reach " + fmt(reach) + ", the loss is around " +
                                                        fmt(loss) + ", and the gradients that pass back through it are as large");
-  return suggest::reinitialise(suggest::module_for_layer(run, found.front().layer->info), found.front().scale,
+  return suggest::reinitialise(run, suggest::module_for_layer(run, found.front().layer->info), found.front().scale,
                                "what it makes is about that many times its input, and the loss (around " + fmt(loss) +
                                    ") and the gradients of the layers after it are as large");
 }
@@ -120,7 +120,7 @@ std::optional<Suggestion> reinitialise_for_outputs(const Run& run, const std::st
 std::optional<Suggestion> reinitialise_sender(const Run& run, const std::string& sender, const std::string& receiver) {
   for (const Oversized& o : oversized_layers(run))
     if (suggest::module_for_layer(run, o.layer->info) == sender)
-      return suggest::reinitialise(sender, o.scale, "the gradient its backward sends back to " + receiver +
+      return suggest::reinitialise(run, sender, o.scale, "the gradient its backward sends back to " + receiver +
                                                         " is about that many times the one it receives");
   return std::nullopt;
 }
@@ -176,7 +176,7 @@ std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& 
                            ? run.finishes_at_or_after(maker, module)
                            : maker == module || ran_before.count(maker) > 0;
     if (!maker.empty() && after)
-      return suggest::reinitialise(maker, o.scale,
+      return suggest::reinitialise(run, maker, o.scale,
                                    maker == module ? "its outputs, and the loss and the gradients that follow from "
                                                      "them, are about that many times larger"
                                                    : "the gradients that pass back through it, down to " + module +
@@ -247,7 +247,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
                   g.module + "'s: summed into a residual stream that a norm then divides, a branch that large shrinks "
                   "the gradients of everything else the stream carries by about as much";
     g.suggestions.insert(g.suggestions.begin(),
-                         suggest::reinitialise(module, top.scale, "the other branches' gradients shrink by about as "
+                         suggest::reinitialise(run, module, top.scale, "the other branches' gradients shrink by about as "
                                                                    "much where a norm divides the sum"));
     shrunk.push_back(g.layer.empty() ? g.module : g.layer);
   }
@@ -299,7 +299,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   if (!shrunk.empty())
     f.evidence += "; its outputs reach " + fmt(big->max_absmax) + ", at least " + whole_number(kDominates) +
                   " times those of the modules whose gradients underflow (see underflow)";
-  if (explained || !shrunk.empty()) f.suggestions.push_back(suggest::reinitialise(module));
+  if (explained || !shrunk.empty()) f.suggestions.push_back(suggest::reinitialise(run, module));
   if (!explained && !shrunk.empty()) {
     std::string& by_design = f.suggestions.back().summary;
     const std::string overflow = "the overflow's own fixes";

@@ -1,6 +1,7 @@
 // suggestions.h: the snippets a user pastes to apply a fix.
 #include "suggestions.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -305,7 +306,24 @@ std::string module_for_layer(const Run& run, const rundb::LayerRow& layer) {
   return best.empty() ? layer.module_path : best;
 }
 
-Suggestion reinitialise(const std::string& module, double gain, const std::string& so) {
+namespace {
+
+// The tensors of `module` that a parametrization computes (torch.nn.utils.parametrize holds
+// their originals as "MODULE.parametrizations.NAME.original[N]"): {"weight"} for weight_norm's.
+std::vector<std::string> parametrized_tensors(const Run& run, const std::string& module) {
+  const std::string prefix = module + (module.empty() ? "" : ".") + "parametrizations.";
+  std::vector<std::string> names;
+  for (const auto& layer : run.layers) {
+    if (layer.info.name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string name = layer.info.name.substr(prefix.size(), layer.info.name.find('.', prefix.size()) - prefix.size());
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  return names;
+}
+
+}  // namespace
+
+Suggestion reinitialise(const Run& run, const std::string& module, double gain, const std::string& so) {
   const std::string causes =
       "a custom initialisation with std=1 on a wide layer, a checkpoint saved at another scale, a weight multiplied by "
       "mistake.";
@@ -320,9 +338,21 @@ Suggestion reinitialise(const std::string& module, double gain, const std::strin
                " Where the gain is by design, the overflow's own fixes apply.";
   }
   const std::string torch_path = "model.get_submodule(\"" + module + "\")";
-  Suggestion s{summary,
-               torch_path + ".reset_parameters()  # torch's default initialisation (Linear, Conv)\n"
-               "# or: torch.nn.init.kaiming_uniform_(" + torch_path + ".weight, a=math.sqrt(5))",
+  const std::vector<std::string> computed = parametrized_tensors(run, module);
+  // reset_parameters() writes the initialisation into the tensor the parametrization
+  // computes, a copy: the originals it is computed from keep their values.
+  std::string python = torch_path + ".reset_parameters()  # torch's default initialisation (Linear, Conv)\n"
+                       "# or: torch.nn.init.kaiming_uniform_(" + torch_path + ".weight, a=math.sqrt(5))";
+  if (!computed.empty()) {
+    const std::string& name = computed.front();
+    summary += " Its " + name + " is computed by a parametrization (weight_norm, spectral_norm) from " + module +
+               ".parametrizations." + name + "'s originals: assign the new " + name + " to the module, which sets "
+               "them; reset_parameters() would only write into the computed copy.";
+    python = "layer = " + torch_path + "\n" + name + " = torch.empty_like(layer." + name + ")\n"
+             "torch.nn.init.kaiming_uniform_(" + name + ", a=math.sqrt(5))  # torch's default for Linear, Conv\n"
+             "with torch.no_grad():\n    layer." + name + " = " + name + "  # through the parametrization's right_inverse";
+  }
+  Suggestion s{summary, python,
                "// where the module is made, torch's default initialisation:\nmodule->reset_parameters();", ""};
   s.untried = true;
   return s;

@@ -48,7 +48,9 @@ Suggestion scaler_settings(const Run& run, double init_scale, std::int64_t growt
 // `module` re-initialised at a standard scale, untried. Where `gain` > 0, as another finding's
 // first fix: its weights started at that gain (oversized-weights), and `so` says what it made
 // ("its outputs reach 21088, ..."); else as oversized-weights gives it, beside an overflow's own fixes.
-Suggestion reinitialise(const std::string& module, double gain = 0.0, const std::string& so = "");
+// A module whose weight a parametrization computes (weight_norm, spectral_norm) is given the
+// new weight through it.
+Suggestion reinitialise(const Run& run, const std::string& module, double gain = 0.0, const std::string& so = "");
 
 // The module to act on for a parameter: the innermost probed module containing it, else
 // the parameter's own module.

@@ -97,6 +97,30 @@ TEST_CASE("weights starting far above a standard initialisation's gain are named
   CHECK(r.findings.front().rule == "forward-nonfinite");
 }
 
+TEST_CASE("weights a parametrization computes are re-initialised through it, not by reset_parameters()",
+          "[rules][oversized-weights]") {
+  // weight_norm's magnitude 3e4 times too large on a GAN's generator layer: reset_parameters()
+  // writes into the weight the parametrization computes, a copy, and the magnitude stays.
+  TempDir dir;
+  const std::vector<std::string> layers = {"a.parametrizations.weight.original0", "a.parametrizations.weight.original1",
+                                           "b.weight", "head.weight"};
+  RunFixture f(dir.file("run.db"), layers);
+  for (const auto& name : layers) f.weight_norm(name, name == layers.front() ? 8000.0 : 2.4);
+  double scale = 65536;
+  for (int i = 0; i < 6; ++i, scale /= 2)
+    f.activation("a", false).activation("b", true).activation("head", true).step(scale, scale / 2, 1000, {}, kNaN);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& w = required(r, "oversized-weights");
+  CHECK(w.module == "a");
+  const Suggestion& fix = w.suggestions.front();
+  CHECK_THAT(fix.summary, Catch::Contains("Its weight is computed by a parametrization (weight_norm, spectral_norm) "
+                                          "from a.parametrizations.weight's originals"));
+  CHECK_THAT(fix.python, Catch::StartsWith("layer = model.get_submodule(\"a\")\nweight = torch.empty_like(layer.weight)"));
+  CHECK_THAT(fix.python, Catch::EndsWith("layer.weight = weight  # through the parametrization's right_inverse"));
+  CHECK_THAT(fix.python, !Catch::Contains("reset_parameters"));
+}
+
 TEST_CASE("a forward overflow after weights that start far too large keeps its own confirmed fixes first",
           "[rules][oversized-weights]") {
   // A gain may be by design (trainable Fourier features): the replay-confirmed pin stays the
