@@ -147,9 +147,9 @@ void low_headroom(const Run& run, const Thresholds& t, std::vector<Finding>& out
 namespace {
 
 // The layer scales (a learnt per-channel factor on a residual branch: CaiT's gamma_1, timm's
-// ls1.gamma, ConvNeXt's layer_scale_parameter) of the block holding `layer` whose values
-// started below 1e-3 per element: the branch's gradients are about that much smaller until
-// they grow. "blocks.1.gamma_1 or blocks.1.gamma_2, layer scales that started at about
+// ls1.gamma, ConvNeXt's layer_scale_parameter, FastViT's layer_scale.gamma) of the block
+// holding `layer` whose values started below 1e-3 per element: the branch's gradients are
+// about that much smaller until they grow. "blocks.1.gamma_1 or blocks.1.gamma_2, layer scales that started at about
 // 1e-05 per element"; empty where there is none.
 std::string small_layer_scales(const Run& run, const LayerSummary& layer) {
   std::vector<std::string> names;
@@ -158,8 +158,12 @@ std::string small_layer_scales(const Run& run, const LayerSummary& layer) {
     if (id < 0 || std::size_t(id) >= run.layers.size()) continue;
     const rundb::LayerRow& p = run.layers[std::size_t(id)].info;
     const std::string last = p.name.substr(p.name.rfind('.') + 1);
-    const bool layer_scale = p.module_type == "LayerScale";
-    if (dims_of(p.shape).size() != 1 || p.numel < 2 ||
+    // timm's LayerScale2d holds its gamma as [C, 1, 1], to broadcast over a feature map; its
+    // LayerScaleBlock (CaiT's) is a block, not a layer scale.
+    const bool layer_scale = p.module_type == "LayerScale" || p.module_type == "LayerScale2d";
+    const std::vector<std::int64_t> dims = dims_of(p.shape);
+    const bool per_channel = !dims.empty() && std::all_of(dims.begin() + 1, dims.end(), [](std::int64_t d) { return d == 1; });
+    if (!per_channel || p.numel < 2 ||
         !(layer_scale || last.find("gamma") != std::string::npos || last.find("scale") != std::string::npos))
       continue;
     const double rms = w->l2 / std::sqrt(double(p.numel));

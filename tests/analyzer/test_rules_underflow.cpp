@@ -504,12 +504,12 @@ TEST_CASE("a gradient that underflowed at the largest scale the room allows is n
 namespace {
 
 // blocks.1.attn.qkv.weight's gradients `zeros` exactly zero and `subnormal` fp16-subnormal, in a
-// block with the per-channel factor `scale_name` ([64], of module type `type`) at `value` per
-// element.
+// block with the per-channel factor `scale_name` (of shape `shape`, and module type `type`) at
+// `value` per element.
 Report behind_a_layer_scale(const TempDir& dir, const std::string& scale_name, const std::string& type, double value,
-                            double zeros = 0.1, double subnormal = 0.7) {
+                            double zeros = 0.1, double subnormal = 0.7, std::vector<std::int64_t> shape = {64}) {
   RunFixture f(dir.file("run.db"), {"head.weight", "blocks.1.attn.qkv.weight", scale_name}, 0, 1, "float32",
-               {{scale_name, type}}, {{scale_name, {64}}});
+               {{scale_name, type}}, {{scale_name, std::move(shape)}});
   f.zeros_fraction("blocks.1.attn.qkv.weight", zeros, subnormal);
   for (int i = 0; i < 10; ++i) f.weight_norm(scale_name, value * 8).step(65536, 65536, 1000);
   f.finish();
@@ -533,6 +533,27 @@ TEST_CASE("a LayerScale module beside the underflowing layer is its block's scal
   TempDir dir;
   const Report r = behind_a_layer_scale(dir, "blocks.1.ls1.gamma", "LayerScale", 1e-5);
   CHECK_THAT(required(r, "underflow").evidence, Catch::Contains("its block scales its branch by blocks.1.ls1.gamma"));
+}
+
+TEST_CASE("a LayerScale2d's gamma, shaped to broadcast over a feature map, is its block's scale too", "[rules]") {
+  // FastViT's RepMixer: token_mixer.layer_scale (LayerScale2d) holds gamma as [384, 1, 1].
+  TempDir dir;
+  const Report r = behind_a_layer_scale(dir, "blocks.1.ls.gamma", "LayerScale2d", 1e-5, 0.1, 0.7, {64, 1, 1});
+  CHECK_THAT(required(r, "underflow").evidence, Catch::Contains("its block scales its branch by blocks.1.ls.gamma"));
+}
+
+TEST_CASE("another block's gamma held by CaiT's LayerScaleBlock is not the layer's scale", "[rules]") {
+  // A LayerScaleBlock is a block holding its gammas, not a LayerScale module whose parent is
+  // the block: blocks.0's gamma does not scale blocks.1's branches.
+  TempDir dir;
+  const Report r = behind_a_layer_scale(dir, "blocks.0.gamma_1", "LayerScaleBlock", 1e-5);
+  CHECK_THAT(required(r, "underflow").evidence, !Catch::Contains("layer scale"));
+}
+
+TEST_CASE("a small gamma that is a matrix is no layer scale", "[rules]") {
+  TempDir dir;
+  const Report r = behind_a_layer_scale(dir, "blocks.1.gamma_1", "Block", 1e-5, 0.1, 0.7, {64, 64});
+  CHECK_THAT(required(r, "underflow").evidence, !Catch::Contains("layer scale"));
 }
 
 TEST_CASE("a layer scale of its block that is not small is not named", "[rules]") {
