@@ -352,10 +352,9 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     // 0..255 pixels as an autoencoder's targets: a loss around 6600, the scale down to 16).
     // Not where the gradient reaching its output was already NaN/Inf: then the code after it
     // (a gain) made them large in its fp16 backward, and the module's FP32 pin holds them.
-    // Unless the loss is of their size: a loss's gradients add up to ~2 sqrt(loss) (a mean
-    // squared error's), so a loss around true_max² / 256 or more makes them this large itself,
-    // and the gradient it sends into the module's output is then as large at any gain (PPO's
-    // value loss on returns of 500, around 125000: its head went NaN/Inf down to a scale of 128).
+    // Unless the loss's residuals make them (residuals_explain): the gradient it sends into the
+    // module's output is then as large at any gain (PPO's value loss on returns of 500, around
+    // 125000: its head went NaN/Inf down to a scale of 128).
     const OutputGradient reaching = output_gradient(run, module);
     const bool below_floor = harms && run.has_scaler() && !at_any_scale && m.lowest_after < t.scale_floor;
     const TrueGradient true_largest = (at_any_scale || below_floor) && run.fp16()
@@ -364,7 +363,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     std::vector<double> overflow_losses = m.losses;
     const double loss_size = overflow_losses.empty() ? NAN : median_of(overflow_losses);
     const bool loss_made = reaching.seen == "nonfinite" && true_largest.value > 0.0 &&
-                           std::isfinite(loss_size) && 16.0 * std::sqrt(loss_size) >= true_largest.value;
+                           residuals_explain(loss_size, true_largest.value);
     const double true_max = at_any_scale || reaching.seen != "nonfinite" || loss_made ? true_largest.value : 0.0;
     const double limit = at_any_scale ? run.fp_max : run.fp_max / t.scale_floor;
     const bool too_large = true_max > limit;
@@ -395,7 +394,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       if (run.modules.empty())
         if (auto fix = reinitialise_after(run, module, modules_after(run, m.layers, m.ran_before)))
           f.suggestions.push_back(*fix);
-      shrink_the_loss(run, m.losses, m.steps, true_max / limit, f);
+      shrink_the_loss(run, m.losses, m.steps, true_max, true_max / limit, f);
     }
     const BackwardReplay replay = at_any_scale && !too_large ? backward_replay(run, module) : BackwardReplay{};
     // A replay that ran on a finite output gradient already says where they were made.
