@@ -213,6 +213,11 @@ bool Code::all_full_precision() const {
          });
 }
 
+bool Code::casts_half_up() const {
+  const auto first_half = std::find_if(ops.begin(), ops.end(), [](const Op& op) { return op.dtype == "float16"; });
+  return std::any_of(first_half, ops.end(), [](const Op& op) { return op.name == "ToCopy" && op.dtype == "float32"; });
+}
+
 namespace {
 
 // Autograd's names for the operations CPU and CUDA autocast put in fp16 whatever their

@@ -35,6 +35,10 @@ struct Code {
   // model's output computes nothing; a cast down to half does): computing the loss in FP32
   // cannot help it.
   bool all_full_precision() const;
+  // Whether a float16 tensor (the model's output) is cast up to float32 in it: that cast's
+  // backward casts the scaled gradient back down to float16, which overflows with the scale,
+  // and where the output feeds several terms their Infs of both signs add up to NaN there.
+  bool casts_half_up() const;
   // The operations that computed in float16 ("Mm, Div"), not those that only move or
   // view values (Permute, View, ToCopy); at most four.
   std::string float16_compute() const;

@@ -149,7 +149,9 @@ void parametrized_to_their_module(Run& run, std::size_t first_new) {
 
 // Run::loss_backward_overflow_from: the output-gradient steps' lowest scale, where the rate
 // they came at above it would have put kChance or more among the steps below it, which had
-// none, and the loss code computes in half.
+// none, and the loss code computes in half or casts the model's half output up (an STFT loss
+// on a float16 waveform: Inf at 65536 to 16384 where its gradient is cast back down, NaN
+// where the three resolutions' Infs of both signs add up, none in 36 steps at 8192).
 void find_loss_backward_overflow(Run& run) {
   constexpr double kChance = 4.0;  // none where 4 were expected: a 2 % chance
   run.loss_backward_overflow_from = std::numeric_limits<double>::infinity();
@@ -165,7 +167,8 @@ void find_loss_backward_overflow(Run& run) {
   std::int64_t above = 0, below = 0;
   for (const auto& s : run.steps) (s.row.scale_before < lowest ? below : above) += 1;
   const loss_code::Code code = loss_code::at_steps(run, run.output_gradient_steps);
-  if (!code.empty() && !code.all_full_precision() && double(found) / double(above) * double(below) >= kChance)
+  if (!code.empty() && (!code.all_full_precision() || code.casts_half_up()) &&
+      double(found) / double(above) * double(below) >= kChance)
     run.loss_backward_overflow_from = lowest;
 }
 
