@@ -148,22 +148,30 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
   const double growth = std::sqrt(at->second / start->second);
   if (!(growth >= kGrew)) return;
 
+  // Where every skip only calibrated the scale or answered its growth probes, and no step
+  // went on with NaN/Inf, the growth harmed nothing: weights normalised in the forward (an
+  // ArcFace head's class centres, F.normalize(W) from 0.01 * randn, whose gradient is
+  // 1 / |W| times larger) grow by design until their steps shrink, and the loss falls.
+  bool harmed = harmful_skips(run) > 0;
+  for (const auto& s : run.steps)
+    harmed = harmed || (!s.row.skipped && (run.loss_nonfinite(s.row) || s.gradients_nonfinite()));
   const std::string what = named ? module + "'s weights" : "the model's weights";
   const rundb::EventRow* settings = settings_at(run, at->first);
   const rundb::EventRow* first_settings = run.first_event("optimizer-settings");
   const bool scheduled = settings != first_settings;
   Finding f;
   f.rule = "weight-growth";
-  f.severity = Severity::kError;
-  f.score = 102.0;  // before the overflows it causes (scale-collapse 100)
+  f.severity = harmed ? Severity::kError : Severity::kInfo;
+  f.score = harmed ? 102.0 : 5.0;  // before the overflows it causes (scale-collapse 100)
   f.module = named ? module : "";
   f.steps = {start->first, at->first};
   // Gradients that a module without parameters sent back enlarged (a gradient reversal's
   // lambda far above 1): the steps are that large because of its code, not the learning rate.
   const std::optional<SenderCode> sender = named ? sender_code_in(run, out, module) : std::nullopt;
   f.title = "The weights grew " + times(growth) + " in " + plural(at->first - start->first, "step") +
-            " while the run overflowed: the optimizer's steps are far too large" +
-            (sender ? ", on gradients " + sender->sender + "'s backward enlarges" : std::string());
+            (harmed ? " while the run overflowed: the optimizer's steps are far too large" +
+                          (sender ? ", on gradients " + sender->sender + "'s backward enlarges" : std::string())
+                    : " while the scaler calibrated; the loss scale copes with it");
   f.evidence = what + " (L2 norm, all their parameters together) went from " + fmt(std::sqrt(start->second)) +
                " at step " + std::to_string(start->first) + " to " + fmt(std::sqrt(at->second)) + " at step " +
                std::to_string(at->first) + "; NaN/Inf or skipped steps until step " + std::to_string(last) +
@@ -171,11 +179,18 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
                (scheduled ? " at step " + std::to_string(settings->step) + " (" + lr_of(first_settings->detail) +
                                 " at step " + std::to_string(first_settings->step) + ": a schedule moved it)"
                           : std::string()) +
-               ". The overflows are where the growth left fp16's range, not why";
+               (harmed ? ". The overflows are where the growth left fp16's range, not why" : "");
   if (sender)
     f.evidence += "; at step " + std::to_string(sender->step) + " " + sender->sender + ", given " + module +
                   "'s output, received a finite gradient at its own output and sent NaN/Inf back to it, and it holds "
                   "no parameters: its code enlarges the gradients " + module + " and the layers before it step on";
+  if (!harmed) {
+    f.evidence += "; every skip only calibrated the loss scale or answered its growth probes, and no step went on "
+                  "with NaN/Inf: weights normalised in the forward grow so by design, as their steps shrink with "
+                  "1 / their norm";
+    out.push_back(f);
+    return;
+  }
   const std::string summary =
       "Lower the learning rate (or warm it up): each step moves the weights so far that they and the activations "
       "they make grow until the half-precision range ends. Pinning the module that overflows first to FP32 only "

@@ -209,6 +209,29 @@ TEST_CASE("growth long before the overflows is not taken as their cause", "[rule
   CHECK(find(r, "weight-growth") == nullptr);
 }
 
+TEST_CASE("weights that grew while the scaler calibrated and then trained clear of NaN/Inf are information",
+          "[rules][weight-growth]") {
+  // An ArcFace head, F.normalize(W) from 0.01 * randn under SGD at 0.1: W's gradient is 1 / |W|
+  // times larger, so W grows 29x in two steps, the scale comes down from 65536 to 4096 in four
+  // skips during its descent, and the run then trains, its loss falling.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"head.weight", "body.weight"});
+  double scale = 65536, l2 = 0.8;
+  for (int i = 0; i < 2; ++i, scale /= 2) f.weight_norms(l2).step(scale, scale / 2, 1000, {"head.weight"}, 43.0);
+  for (int i = 0; i < 2; ++i) f.weight_norms(l2 *= 5.4).step(scale, scale, 1000, {}, 30.0);
+  for (int i = 0; i < 2; ++i, scale /= 2) f.weight_norms(l2).step(scale, scale / 2, 1000, {"head.weight"}, 30.0);
+  for (int i = 0; i < 20; ++i) f.weight_norms(l2).step(scale, scale, 1000, {}, 5.0);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  CHECK(r.healthy());
+  const Finding& g = required(r, "weight-growth");
+  CHECK(g.severity == Severity::kInfo);
+  CHECK(g.title == "The weights grew 29x in 2 steps while the scaler calibrated; the loss scale copes with it");
+  CHECK(g.suggestions.empty());
+  for (const auto& o : r.findings)
+    for (const auto& s : o.suggestions) CHECK_THAT(s.summary, !Catch::Contains("see weight-growth"));
+}
+
 TEST_CASE("grown weights in a run that never overflowed are no finding", "[rules][weight-growth]") {
   TempDir dir;
   const Report r = grown(dir, 57.0, 0);
