@@ -247,7 +247,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::training_raised(run, found);
     rules::evaluation_overflow(run, found);
     rules::loss_divergence(run, found);
-    rules::weight_growth(run, found);
+    rules::weight_growth(run, t, found);
     rules::fused_sgd_momentum(run, found);
     rules::oversized_weights(run, found);
     rules::gradients_not_zeroed(run, found);  // after the findings it explains

@@ -182,7 +182,7 @@ void precision_loss(const Run& run, const Thresholds& t, std::vector<Finding>& o
 // The weights of the module that overflowed first (the model's, if none is named) grew many
 // times over in the steps before the first NaN/Inf (Run::weight_norms): error, the overflow
 // findings from then on point to it. Runs after them, before gradients_not_zeroed.
-void weight_growth(const Run& run, std::vector<Finding>& out);
+void weight_growth(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 // A layer whose weights' gain (RMS times the square root of its fan-in) was far above any
 // standard initialisation's at their first reading (Run::weight_norms): a warning where an
 // overflow finding's module is it or after it in forward order, else info. Runs after them.

@@ -89,7 +89,7 @@ std::string times(double r) {
 
 }  // namespace
 
-void weight_growth(const Run& run, std::vector<Finding>& out) {
+void weight_growth(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   if (run.weight_norms.empty() || find_divergence(run).found || updates_held_scale(run) ||
       run.first_event("gradients-not-zeroed") != nullptr || fused_momentum_uninitialised(run))
     return;  // loss-divergence, optimizer-outside-scaler, gradients-not-zeroed or fused-sgd-momentum says why
@@ -148,11 +148,12 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
   const double growth = std::sqrt(at->second / start->second);
   if (!(growth >= kGrew)) return;
 
-  // Where every skip only calibrated the scale or answered its growth probes, and no step
-  // went on with NaN/Inf, the growth harmed nothing: weights normalised in the forward (an
-  // ArcFace head's class centres, F.normalize(W) from 0.01 * randn, whose gradient is
-  // 1 / |W| times larger) grow by design until their steps shrink, and the loss falls.
-  bool harmed = harmful_skips(run) > 0;
+  // Where every skip only calibrated the scale or answered its growth probes, the scale
+  // stayed above the floor and no step went on with NaN/Inf, the growth harmed nothing:
+  // weights normalised in the forward (an ArcFace head's class centres, F.normalize(W) from
+  // 0.01 * randn, whose gradient is 1 / |W| times larger) grow by design until their steps
+  // shrink, and the loss falls.
+  bool harmed = harmful_skips(run) > 0 || scale_collapsed(run, t);
   for (const auto& s : run.steps)
     harmed = harmed || (!s.row.skipped && (run.loss_nonfinite(s.row) || s.gradients_nonfinite()));
   const std::string what = named ? module + "'s weights" : "the model's weights";
@@ -185,8 +186,8 @@ void weight_growth(const Run& run, std::vector<Finding>& out) {
                   "'s output, received a finite gradient at its own output and sent NaN/Inf back to it, and it holds "
                   "no parameters: its code enlarges the gradients " + module + " and the layers before it step on";
   if (!harmed) {
-    f.evidence += "; every skip only calibrated the loss scale or answered its growth probes, and no step went on "
-                  "with NaN/Inf: weights normalised in the forward grow so by design, as their steps shrink with "
+    f.evidence += "; every skip only calibrated the loss scale or answered its growth probes, the scale stayed above "
+                  "the floor of " + fmt(t.scale_floor) + " and no step went on with NaN/Inf: weights normalised in the forward grow so by design, as their steps shrink with "
                   "1 / their norm";
     out.push_back(f);
     return;

@@ -232,6 +232,22 @@ TEST_CASE("weights that grew while the scaler calibrated and then trained clear 
     for (const auto& s : o.suggestions) CHECK_THAT(s.summary, !Catch::Contains("see weight-growth"));
 }
 
+TEST_CASE("weights that grew while the scale descended below the floor stay the error", "[rules][weight-growth]") {
+  // AdamW at 0.3: the weights grow 14x while every other step skips, from 65536 down to 64,
+  // and the run then trains at that scale: each skip was the descent's, but it collapsed.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"head.weight", "body.weight"});
+  double scale = 65536, l2 = 1.8;
+  for (int i = 0; i < 10; ++i, scale /= 2) {
+    f.weight_norms(l2).step(scale, scale / 2, 1000, {"head.weight"}, 3.0);
+    f.weight_norms(l2 *= 1.3).step(scale / 2, scale / 2, 1000, {}, 3.0);
+  }
+  for (int i = 0; i < 20; ++i) f.weight_norms(l2).step(scale, scale, 1000, {}, 2.3);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  CHECK(required(r, "weight-growth").severity == Severity::kError);
+}
+
 TEST_CASE("grown weights in a run that never overflowed are no finding", "[rules][weight-growth]") {
   TempDir dir;
   const Report r = grown(dir, 57.0, 0);
