@@ -3,8 +3,11 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 namespace ampdiag::analyzer::rules {
 
@@ -112,8 +115,8 @@ Cancellation cancellation_of(const Run& run, const LayerSummary& layer, double u
   std::tie(c.ratio, c.sibling) = below_siblings(run, layer, underflow_fraction);
   if (c.sibling != nullptr) c.input = input_rms(run, *c.sibling);
   // What makes a sum zero in exact arithmetic is the block's structure, which its repeats
-  // share: Marian's first decoder block's key bias, whose causal first query sums a single
-  // key, keeps more rounding (1/370 of its weight's) than the second's (1/1090). A bias that
+  // share: Marian's first decoder block's key bias keeps more rounding (1/370 of its
+  // weight's) than the second's (1/1090). A bias that
   // truly underflows sits at ~1 / |x| of its weight's, above 1/128 for inputs below RMS 128.
   if (c.sibling == nullptr || own_cancels(c.ratio, c.sibling, c.input) || c.ratio >= 1.0 / 128.0) return c;
   const std::string shape = block_free(layer.info.name);
