@@ -13,7 +13,7 @@ EntryWatches::Ended EntryWatches::step_ended(const std::string& named, const std
     count_down();
   } else if (!watches_.empty() && named == watches_.front().path) {
     if (!watches_.front().done && seen(0) != kNotSeen) {
-      judged_.insert(named);
+      if (judged_.insert(named).second && seen(0) == kFinite) again_.insert(named);
       watches_.front().done = true;
       ended.events.push_back({kKind, named + verdict(0)});
       if (seen(0) == kNonfinite) ended.nonfinite = named;
@@ -31,7 +31,7 @@ EntryWatches::Ended EntryWatches::step_ended(const std::string& named, const std
       watches_.clear();
     else
       count_down();
-  } else if (!judged_.count(named) && judged_.size() < std::size_t{kVerdicts}) {
+  } else if ((!judged_.count(named) && judged_.size() < std::size_t{kVerdicts}) || again_.erase(named) > 0) {
     watches_.assign(1, Watch{named});
     for (const std::string& other : others)
       if (watches_.size() <= kCompanions && other != named && !beside_judged_.count({other, named}))

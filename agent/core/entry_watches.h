@@ -10,7 +10,11 @@
 // at its first call of each step after that, and the next skipped step that names it again
 // gives the verdict: event "module-output-gradient", "PATH: nonfinite" or "PATH: finite". A
 // skip naming another module moves the watch there; one verdict a module, at most kVerdicts a
-// run, and a watch no skip answers within kWatchSteps steps is dropped.
+// run, and a watch no skip answers within kWatchSteps steps is dropped. A module judged
+// "finite" is watched once more from a later skip naming it, and judged again: a run's first
+// skips (the scaler's calibration) may overflow in the module's own backward and its later
+// ones through its output (a Gaussian likelihood's exp() of a log-variance head, whose
+// gradient passes 65504 once the variance is small).
 //
 // The other modules whose gradients went NaN/Inf in that skip (at most kCompanions) are
 // watched with it, and judged at a later skip naming it where theirs went NaN/Inf again (the
@@ -70,6 +74,7 @@ class EntryWatches {
   std::vector<Watch> watches_;
   int left_ = 0;
   std::set<std::string> judged_;                                // named modules' verdicts
+  std::set<std::string> again_;                                 // judged "finite" once: to watch once more
   std::set<std::pair<std::string, std::string>> beside_judged_;  // companions' verdicts: (q, k)
 };
 

@@ -63,7 +63,8 @@ BackwardReplay backward_replay(const Run& run, const std::string& module);
 // first NaN/Inf gradient was that module's (event "module-output-gradient", "PATH: SEEN",
 // the Python agent's _gradient_entry.py): "nonfinite" where the NaN/Inf came in through its
 // output, made by the code after it in forward; "finite" where its own backward made them;
-// empty where none was taken.
+// empty where none was taken. Of two looks (one judged "finite" is looked at again at a later
+// skip), the latest.
 struct OutputGradient {
   std::string seen;
   std::int64_t step = -1;

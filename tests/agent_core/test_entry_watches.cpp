@@ -116,10 +116,36 @@ TEST_CASE("a skip naming another module moves the watch there", "[entry-watches]
   CHECK(paths(w) == std::vector<std::string>{"m"});
 }
 
-TEST_CASE("a module is judged once", "[entry-watches]") {
+TEST_CASE("a module judged nonfinite is judged once", "[entry-watches]") {
+  EntryWatches w;
+  w.step_ended("k", {}, {});
+  w.step_ended("k", {}, {kNan});
+  w.step_ended("k", {}, {});
+  CHECK_FALSE(w.armed());
+}
+
+TEST_CASE("a module judged finite is watched once more from a later skip naming it, and judged again",
+          "[entry-watches]") {
+  // A log-variance head: its own backward overflowed in the scaler's first skips, and the
+  // Gaussian likelihood's exp() sent it NaN/Inf through its output once the variance was small.
   EntryWatches w;
   w.step_ended("k", {}, {});
   w.step_ended("k", {}, {kFin});
+  w.step_ended("k", {}, {});
+  CHECK(paths(w) == std::vector<std::string>{"k"});
+  const auto e = w.step_ended("k", {}, {kNan});
+  CHECK(details(e) == std::vector<std::string>{"module-output-gradient k: nonfinite"});
+  CHECK(e.nonfinite == "k");
+  w.step_ended("k", {}, {});
+  CHECK_FALSE(w.armed());
+}
+
+TEST_CASE("a module judged finite twice is not watched a third time", "[entry-watches]") {
+  EntryWatches w;
+  for (int look = 0; look < 2; ++look) {
+    w.step_ended("k", {}, {});
+    REQUIRE(w.step_ended("k", {}, {kFin}).events.size() == 1);
+  }
   w.step_ended("k", {}, {});
   CHECK_FALSE(w.armed());
 }

@@ -29,6 +29,26 @@ Report entry_run(const std::string& seen, int skips, int finite = 0, const std::
 
 }  // namespace
 
+TEST_CASE("of two looks at a module's output, the later one says where the NaN/Inf came from",
+          "[rules][gradient-entry]") {
+  // A log-variance head: its own backward overflowed at the scaler's second skip ("finite"),
+  // and the look taken again at a later skip saw NaN/Inf arrive through its output, sent by
+  // the exp() of a Gaussian likelihood once the variance was small.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"dec.weight", "enc.weight"});
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2) {
+    if (i == 1) f.event("module-output-gradient", "enc: finite");
+    if (i == 7) f.event("module-output-gradient", "enc: nonfinite");
+    f.finite_first({"dec.weight"}).step(scale, scale / 2, 1000, {"enc.weight"});
+  }
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.title, Catch::EndsWith("they reach it through its output: the code that uses enc's output makes them"));
+  CHECK_THAT(o.evidence, Catch::Contains("at step 7 the gradient reaching enc's output already held NaN/Inf"));
+}
+
 TEST_CASE("a NaN/Inf that reached a module through its output's gradient is blamed on the code after it",
           "[rules][gradient-entry]") {
   // A VAE's encoder output times a gain of 30: the gain's fp16 backward overflows, and enc
