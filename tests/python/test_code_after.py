@@ -104,3 +104,24 @@ def test_the_code_after_a_module_split_between_the_models_forward_and_the_loss_s
     db = tmp_path / "run.db"
     train(db, Encoder(), loss_of=lambda out: out.float().mean())
     assert events(db, "output-code-place") == ["enc: model, then loss"]
+
+
+class TowersWithAnEmptyParameter(Towers):
+    """The Towers, whose loss adds the sum of an empty parameter (a placeholder kept for a
+    state dict), zero: the code after a tower reads it."""
+
+    def __init__(self, logit_scale):
+        super().__init__(logit_scale)
+        self.placeholder = nn.Parameter(torch.empty(0))
+
+    def forward(self, x):
+        return super().forward(x) + self.placeholder.sum()
+
+
+def test_an_empty_parameter_the_code_after_a_tower_reads_is_passed_over(tmp_path):
+    # Describing it took the largest of no values, which raised inside the backward.
+    db = str(tmp_path / "run.db")
+    train(db, TowersWithAnEmptyParameter(11.5))
+    described = events(db, "output-parameters")
+    assert described and "placeholder" not in described[0]
+    assert "logit_scale: 11.5" in described[0]

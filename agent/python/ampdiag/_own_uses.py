@@ -82,6 +82,8 @@ def describe_parameters(found) -> "str | None":
     operation reading it)}, by name; None for none."""
     described = []
     for name, (p, reader) in sorted(found.items(), key=lambda item: item[0]):
+        if p.numel() == 0:
+            continue  # an empty placeholder (a parameters buffer kept for a state dict) enlarges nothing
         with torch.no_grad():
             value = f"{p.item():.4g}" if p.numel() == 1 else f"|x| up to {p.abs().max().item():.4g}"
         count = "1 value" if p.numel() == 1 else f"{p.numel()} values"
