@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import ampdiag
+from conftest import amp_training
 
 
 class Heteroscedastic(nn.Module):
@@ -23,22 +24,17 @@ class Heteroscedastic(nn.Module):
 
 def train(db, pin):
     torch.manual_seed(0)
-    model = Heteroscedastic()
+    model, w = Heteroscedastic(), torch.randn(8)
     if pin:
         ampdiag.pin_fp32(model.logvar)
-    opt, scaler, w = torch.optim.Adam(model.parameters(), 3e-3), torch.amp.GradScaler("cpu"), torch.randn(8)
-    with ampdiag.attach(model, scaler, opt, db=str(db)):
-        for step in range(120):
-            g = torch.Generator().manual_seed(step)
-            x = torch.randn(256, 8, generator=g)
-            y = x @ w + 0.001 * torch.randn(256, generator=g)
-            with torch.autocast("cpu", dtype=torch.float16):
-                mu, logvar = model(x)
-                loss = (0.5 * (logvar + (y - mu) ** 2 / logvar.exp())).mean()
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
+
+    def loss_of(g):
+        x = torch.randn(256, 8, generator=g)
+        y = x @ w + 0.001 * torch.randn(256, generator=g)
+        mu, logvar = model(x)
+        return (0.5 * (logvar + (y - mu) ** 2 / logvar.exp())).mean()
+
+    amp_training(db, model, torch.optim.Adam(model.parameters(), 3e-3), 120, loss_of)
 
 
 def test_a_log_variance_head_whose_later_skips_come_through_its_output_is_named_so(tmp_path, verdict):
