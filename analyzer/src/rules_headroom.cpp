@@ -149,8 +149,8 @@ namespace {
 // The layer scales (a learnt per-channel factor on a residual branch: CaiT's gamma_1, timm's
 // ls1.gamma, ConvNeXt's layer_scale_parameter, FastViT's layer_scale.gamma) of the block
 // holding `layer` whose values started below 1e-3 per element: the branch's gradients are
-// about that much smaller until they grow. "blocks.1.gamma_1 or blocks.1.gamma_2, layer scales that started at about
-// 1e-05 per element"; empty where there is none.
+// about that much smaller until they grow. "blocks.1.gamma_1 or blocks.1.gamma_2, layer
+// scales that started at about 1e-05 per element"; empty where there is none.
 std::string small_layer_scales(const Run& run, const LayerSummary& layer) {
   std::vector<std::string> names;
   double largest = 0.0;
@@ -162,7 +162,8 @@ std::string small_layer_scales(const Run& run, const LayerSummary& layer) {
     // LayerScaleBlock (CaiT's) is a block, not a layer scale.
     const bool layer_scale = p.module_type == "LayerScale" || p.module_type == "LayerScale2d";
     const std::vector<std::int64_t> dims = dims_of(p.shape);
-    const bool per_channel = !dims.empty() && std::all_of(dims.begin() + 1, dims.end(), [](std::int64_t d) { return d == 1; });
+    const bool per_channel =
+        !dims.empty() && std::all_of(dims.begin() + 1, dims.end(), [](std::int64_t d) { return d == 1; });
     if (!per_channel || p.numel < 2 ||
         !(layer_scale || last.find("gamma") != std::string::npos || last.find("scale") != std::string::npos))
       continue;

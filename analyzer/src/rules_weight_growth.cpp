@@ -187,8 +187,8 @@ void weight_growth(const Run& run, const Thresholds& t, std::vector<Finding>& ou
                   "no parameters: its code enlarges the gradients " + module + " and the layers before it step on";
   if (!harmed) {
     f.evidence += "; every skip only calibrated the loss scale or answered its growth probes, the scale stayed above "
-                  "the floor of " + fmt(t.scale_floor) + " and no step went on with NaN/Inf: weights normalised in the forward grow so by design, as their steps shrink with "
-                  "1 / their norm";
+                  "the floor of " + fmt(t.scale_floor) + " and no step went on with NaN/Inf: weights normalised in the "
+                  "forward grow so by design, as their steps shrink with 1 / their norm";
     out.push_back(f);
     return;
   }

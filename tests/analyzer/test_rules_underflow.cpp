@@ -277,7 +277,8 @@ Report two_block_key_bias_run(const TempDir& dir, double first_l2, double second
   RunFixture f(dir.file("run.db"), {"layers.0.key.weight", "layers.0.key.bias", "layers.1.key.weight",
                                     "layers.1.key.bias"});
   f.zeros_fraction("layers.0.key.bias", 0.0, 0.95).zeros_fraction("layers.1.key.bias", 0.0, 0.95);
-  for (int i = 0; i < 10; ++i) f.clipped(first_l2, {"layers.0.key.bias"}).clipped(second_l2, {"layers.1.key.bias"}).step(65536, 65536);
+  for (int i = 0; i < 10; ++i)
+    f.clipped(first_l2, {"layers.0.key.bias"}).clipped(second_l2, {"layers.1.key.bias"}).step(65536, 65536);
   f.finish();
   return report_of(dir.file("run.db"));
 }
