@@ -19,79 +19,11 @@
 #include "own_overflows.h"
 #include "rules.h"
 #include "suggestions.h"
+#include "true_gradients.h"
 
 namespace ampdiag::analyzer::rules {
 
-std::pair<double, std::int64_t> largest_true_gradient(const LayerSummary& layer, const std::map<std::int64_t, double>& scale_of) {
-  double largest = 0.0;
-  std::int64_t at = -1;
-  for (const auto& g : layer.samples) {
-    const auto it = scale_of.find(g.step);
-    if (g.nonfinite || it == scale_of.end() || it->second <= 0.0) continue;
-    if (const double v = double(g.absmax) / it->second; v > largest) {
-      largest = v;
-      at = g.step;
-    }
-  }
-  return {largest, at};
-}
-
-bool float32_embedding(const rundb::LayerRow& layer) {
-  return layer.module_type.find("Embedding") != std::string::npos && layer.dtype == "float32";
-}
-
 namespace {
-
-// Whether `layer`'s gradient is computed in FP32, so that it can pass 65504 without an fp16
-// backward: autocast runs normalisation layers and float32 embeddings so, and the run so
-// computed those `fp32` holds (pinned modules', event fp32-gradients).
-bool gradient_made_in_fp32(const LayerSummary& layer, const Fp32Gradients& fp32) {
-  return layer.info.module_type.find("Norm") != std::string::npos || float32_embedding(layer.info) ||
-         fp32.holds(layer.info);
-}
-
-// The largest unscaled gradient (largest_true_gradient()) of the layers `module` was first in
-// and of the others under it that fp16 holds, its step and its layer (-1: none). A module
-// holding many layers (an LM's decoder stack, named where its first NaN/Inf gradient and the
-// finite one before it meet) may be first by a layer whose gradients fit, while the ones too
-// large for the scale are its other layers'.
-struct TrueGradient {
-  double value = 0.0;
-  std::int64_t step = -1, layer = -1;
-};
-TrueGradient largest_true_gradient_of(const Run& run, const std::string& module,
-                                      const std::map<std::int64_t, std::int64_t>& first_in,
-                                      const std::map<std::int64_t, double>& scale_of, const Fp32Gradients& fp32) {
-  TrueGradient largest;
-  for (const LayerSummary& layer : run.layers) {
-    const bool first = first_in.count(layer.info.id) > 0;
-    if (!first && (module.empty() || !suggest::within(layer.info.module_path, module) ||
-                   gradient_made_in_fp32(layer, fp32)))
-      continue;
-    if (const auto [value, step] = largest_true_gradient(layer, scale_of); value > largest.value)
-      largest = {value, step, layer.info.id};
-  }
-  return largest;
-}
-
-// The layers outside `module` whose unscaled gradients, in the steps where they stayed
-// finite, were above `limit` too, largest first: with them beyond it, pinning `module` alone
-// leaves the scale where it is (a loss too large for every layer's gradients, not one
-// layer's). Gradients computed in FP32 (gradient_made_in_fp32) are left out: they can pass
-// 65504 without an fp16 backward.
-std::vector<std::pair<std::string, double>> also_beyond(const Run& run, const std::string& module, double limit,
-                                                        const std::map<std::int64_t, double>& scale_of,
-                                                        const Fp32Gradients& fp32) {
-  std::vector<std::pair<std::string, double>> beyond;
-  for (const LayerSummary& layer : run.layers) {
-    const std::string& path = layer.info.module_path;
-    const bool inside = path == module || (!module.empty() && path.rfind(module + ".", 0) == 0);
-    if (inside || gradient_made_in_fp32(layer, fp32)) continue;
-    if (const double v = largest_true_gradient(layer, scale_of).first; v > limit) beyond.emplace_back(layer.info.name, v);
-  }
-  std::stable_sort(beyond.begin(), beyond.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
-  return beyond;
-}
 
 // The key counted most often; "" for none.
 std::string most_often(const std::map<std::string, std::int64_t>& counts) {

@@ -1,0 +1,39 @@
+// How large a layer's gradients were without the loss scale (|g| / the scale it ran at), in
+// the steps where they stayed finite: what overflow-origin weighs against the range the
+// scale leaves them.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "overflow_events.h"
+#include "rules.h"
+
+namespace ampdiag::analyzer::rules {
+
+// The largest unscaled gradient (largest_true_gradient()) of the layers `module` was first in
+// and of the others under it that fp16 holds, its step and its layer (-1: none). A module
+// holding many layers (an LM's decoder stack, named where its first NaN/Inf gradient and the
+// finite one before it meet) may be first by a layer whose gradients fit, while the ones too
+// large for the scale are its other layers'.
+struct TrueGradient {
+  double value = 0.0;
+  std::int64_t step = -1, layer = -1;
+};
+TrueGradient largest_true_gradient_of(const Run& run, const std::string& module,
+                                      const std::map<std::int64_t, std::int64_t>& first_in,
+                                      const std::map<std::int64_t, double>& scale_of, const Fp32Gradients& fp32);
+
+// The layers outside `module` whose unscaled gradients, in the steps where they stayed
+// finite, were above `limit` too, largest first: with them beyond it, pinning `module` alone
+// leaves the scale where it is (a loss too large for every layer's gradients, not one
+// layer's). Gradients computed in FP32 (gradient_made_in_fp32) are left out: they can pass
+// 65504 without an fp16 backward.
+std::vector<std::pair<std::string, double>> also_beyond(const Run& run, const std::string& module, double limit,
+                                                        const std::map<std::int64_t, double>& scale_of,
+                                                        const Fp32Gradients& fp32);
+
+}  // namespace ampdiag::analyzer::rules
