@@ -132,11 +132,8 @@ void scale_held(const Run& run, const Thresholds& t, std::vector<Finding>& out) 
   f.steps = {held.front()};
   f.title = "The loss scale is held by hand: it did not back off after " + plural(std::int64_t(held.size()), "overflow") +
             ", so each step that overflows at it is skipped";
-  std::string listed;
-  for (std::size_t i = 0; i < held.size() && i < 6; ++i) listed += (i ? ", " : "") + std::to_string(held[i]);
-  if (held.size() > 6) listed += ", ...";
   f.evidence = std::to_string(held.size()) + " of " + plural(skipped, "skipped step") +
-               " kept their scale (up to " + fmt(scale) + " before and after; steps " + listed +
+               " kept their scale (up to " + fmt(scale) + " before and after; steps " + step_list(held) +
                "), where a GradScaler lowers it after each overflow (its backoff_factor, which torch requires below "
                "1): " + (set ? "scaler.update(new_scale=" + set->detail + ") set it, from step " + std::to_string(set->step)
                               : "something sets it after the back-off: update(new_scale=...), a second update() or "
