@@ -163,6 +163,16 @@ bool matches(const Op& op, const Known& k) {
   return end == args.c_str() || p < 1.0;
 }
 
+
+// Operations that only move, view or copy values: in half precision they compute nothing
+// (a ToCopy that made a half tensor is a cast down, which can overflow: see all_full_precision).
+bool moves(const std::string& name) {
+  static const std::set<std::string> names = {"View", "Reshape", "Permute", "Transpose", "T", "Unsqueeze", "Squeeze",
+                                              "Expand", "Select", "Slice", "Index", "Clone", "ToCopy", "Cat", "Stack",
+                                              "Split", "Unbind", "Contiguous", "AsStrided", "Alias", "UnsafeView"};
+  return names.count(name) > 0;
+}
+
 }  // namespace
 
 double Op::gain() const {
@@ -170,10 +180,15 @@ double Op::gain() const {
   return name == "Div" ? 1.0 / std::fabs(constant) : name == "Mul" ? std::fabs(constant) : 1.0;
 }
 
-const Op* float16_enlarging(const Code& code) {
+const Op* float16_enlarging(const Code& code, double input_absmax) {
   const auto op = std::find_if(code.ops.rbegin(), code.ops.rend(),
                                [](const Op& o) { return o.dtype == "float16" && o.gain() >= kEnlarging; });
-  return op == code.ops.rend() ? nullptr : &*op;
+  if (op == code.ops.rend()) return nullptr;
+  // x * 255 on outputs of at most 2.4 makes at most 612: the Inf came later (a Gram
+  // matrix's sum over a feature map), however much it multiplies.
+  const bool takes_output = std::all_of(code.ops.begin(), op.base() - 1, [](const Op& o) { return moves(o.name); });
+  if (takes_output && input_absmax > 0.0 && input_absmax * op->gain() < 65504.0) return nullptr;
+  return &*op;
 }
 
 std::string enlarging_text(const Op& op, double fp_max) {
@@ -193,18 +208,6 @@ bool Code::any_half() const {
   return std::any_of(ops.begin(), ops.end(), [](const Op& op) { return half(op.dtype); });
 }
 
-namespace {
-
-// Operations that only move, view or copy values: in half precision they compute nothing
-// (a ToCopy that made a half tensor is a cast down, which can overflow: see all_full_precision).
-bool moves(const std::string& name) {
-  static const std::set<std::string> names = {"View", "Reshape", "Permute", "Transpose", "T", "Unsqueeze", "Squeeze",
-                                              "Expand", "Select", "Slice", "Index", "Clone", "ToCopy", "Cat", "Stack",
-                                              "Split", "Unbind", "Contiguous", "AsStrided", "Alias", "UnsafeView"};
-  return names.count(name) > 0;
-}
-
-}  // namespace
 
 bool Code::all_full_precision() const {
   // logits.view(-1, V).float(): the view of the model's half output is half, and computes nothing.
@@ -403,7 +406,7 @@ std::string look_also(const std::vector<Fix>& found, const std::string& look) {
   return "Else, " + (others.empty() ? std::string() : "as " + others + " can make NaN/Inf too, ") + lowered;
 }
 
-std::vector<Suggestion> forward_suggestions(const Code& code, const std::string& look) {
+std::vector<Suggestion> forward_suggestions(const Code& code, const std::string& look, double output_absmax) {
   const std::vector<Fix> found = fixes(code, Phase::kForward);
   std::vector<Suggestion> out;
   const std::string rest = look_also(found, look);
@@ -411,11 +414,19 @@ std::vector<Suggestion> forward_suggestions(const Code& code, const std::string&
     // The loss already runs in FP32: computing it so cannot change what it makes.
     if (!found.empty()) out.push_back(found.front().suggestion);
     out.push_back({rest + " The loss code ran in float32 here, so computing it in FP32 will not help.", "", "", ""});
-  } else if (const Op* enlarging = found.empty() ? float16_enlarging(code) : nullptr) {
+  } else if (const Op* enlarging = found.empty() ? float16_enlarging(code, output_absmax) : nullptr) {
     // A temperature's division in float16 overflows where float32 would not: no operation
     // that makes NaN/Inf in any precision, and the FP32 loss is the fix.
     out.push_back(suggest::fp32_loss(code.float16_compute() + " ran in float16, whose range ends at 65504, and " +
                                      enlarging_text(*enlarging, 65504.0) + "."));
+    out.push_back({rest, "", "", ""});
+  } else if (found.empty() && !code.autocast_float16().empty()) {
+    // No operation that makes NaN/Inf from finite values, and none that multiplies by a
+    // large constant: what autocast keeps in fp16 sums products (a Gram matrix over a
+    // feature map, a perceptual loss's frozen network).
+    out.push_back(suggest::fp32_loss(code.autocast_float16() +
+                                     " ran in float16 whatever their inputs' dtype, and each value they make sums "
+                                     "many products: such a sum passes 65504 where float32 holds it."));
     out.push_back({rest, "", "", ""});
   } else if (found.empty()) {
     out.push_back(suggest::fp32_loss(rest));

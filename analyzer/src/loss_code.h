@@ -53,8 +53,11 @@ struct Code {
 // at least kEnlarging (x / tau, a temperature below 1/8; x * 1e4): in float16 every input
 // above 65504 / gain passes the range, where float32 holds it. Null where none does. (A
 // smaller factor, x * 2, leaves values up to 32752: too near the range to tell a cause.)
+// `input_absmax` (0: unknown) is the largest |value| of the model's output: where only
+// moves and views come before the operation, that is what it multiplies, and an operation
+// whose input times its gain stays within the range made nothing (null then).
 constexpr double kEnlarging = 8.0;
-const Op* float16_enlarging(const Code& code);
+const Op* float16_enlarging(const Code& code, double input_absmax = 0.0);
 // "the division by 0.07 (Div) multiplies what it divides by 14.29, so every value above
 // 4585 passes fp16's 65504" for such an operation.
 std::string enlarging_text(const Op& op, double fp_max);
@@ -122,7 +125,8 @@ std::string look_also(const std::vector<Fix>& found, const std::string& look);
 // `look`, then computing the loss in FP32 unless the loss code ran in float32 throughout
 // (`look` then says it will not help). Where that operation ran in float16, its NaN/Inf
 // may be fp16's range as well (a division by 0.07 overflows as surely as one by 0, a
-// probability below 6e-8 is 0 before its log): the FP32 loss comes first.
-std::vector<Suggestion> forward_suggestions(const Code& code, const std::string& look);
+// probability below 6e-8 is 0 before its log): the FP32 loss comes first. `output_absmax`
+// (0: unknown): the largest |value| of the model's output, which float16_enlarging reads.
+std::vector<Suggestion> forward_suggestions(const Code& code, const std::string& look, double output_absmax = 0.0);
 
 }  // namespace ampdiag::analyzer::loss_code

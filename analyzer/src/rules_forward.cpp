@@ -37,6 +37,14 @@ std::string dropped_evidence(std::int64_t dropped) {
          "`if not torch.isfinite(loss): continue` loses the batch, it does not avoid the overflow)";
 }
 
+// The largest |value| of the model's output: its own row's, else that of the module nearest
+// it (a model whose forward() ends in its last submodule); 0 where neither was recorded.
+double model_output_absmax(const Run& run) {
+  if (const ModuleSummary* own = run.module_named(""); own && own->max_absmax > 0.0f) return own->max_absmax;
+  const ModuleSummary* last = run.last_module();
+  return last ? double(last->max_absmax) : 0.0;
+}
+
 // Steps where `module` was the forward's cause and the loss went NaN/Inf.
 std::int64_t nonfinite_losses_caused(const Run& run, const std::string& module) {
   std::int64_t n = 0;
@@ -97,7 +105,8 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
       code,
       "Look at the code after the model's last module: the loss, and the model's own forward() after its last "
       "submodule. Keep log() and divisions away from 0 (a mean over no element, as when every label is "
-      "ignore_index, is 0/0); a sum, pow or exp in fp16 overflows above 65504.");
+      "ignore_index, is 0/0); a sum, pow or exp in fp16 overflows above 65504.",
+      model_output_absmax(run));
   // A target (or another model's output) the loss was given already held NaN/Inf.
   if (const loss_code::NonfiniteInput in = loss_code::nonfinite_input_at(run, steps); in.seen > 0) {
     const std::string what = in.op + "'s " + in.argument;
