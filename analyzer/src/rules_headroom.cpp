@@ -291,6 +291,9 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   std::vector<ScaleRoom> rooms;  // read once a layer underflows at all
   bool rooms_read = false;
   std::map<std::string, std::vector<Finding>> unliftable;  // by the layer that would overflow
+  // Information alike: a style-transfer network's eight convolution biases before their
+  // InstanceNorms say one thing, once.
+  std::vector<Finding> structural_zeros, cancelled;
   const Fp32Gradients fp32 = fp32_gradients(run);
   for (const auto& layer : run.layers) {
     if (layer.info.numel < 16) continue;  // a handful of values says nothing about a distribution
@@ -341,7 +344,7 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
                    "first, so zeros this many beside normal values are mostly zero in any precision (a softmax "
                    "saturated to 0 and 1, dead units, masked positions); no scale lifts them";
       f.steps.push_back(first);
-      out.push_back(f);
+      structural_zeros.push_back(std::move(f));
       continue;
     }
     const Cancellation c = cancellation_of(run, layer, t.underflow_fraction);
@@ -364,7 +367,7 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
         f.evidence += "; " + c.twin->info.name + ", the same parameter in another block of the same structure, sits "
                       "at " + fmt(c.twin_ratio) + " of its weight's: the same sum, with more rounding left in this block";
       f.steps.push_back(first);
-      out.push_back(f);
+      cancelled.push_back(std::move(f));
       continue;
     }
     f.score = 30.0 + 10.0 * mean;
@@ -488,7 +491,11 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
     add_alike("most of their gradients are below fp16's normal range, and no loss scale lifts them without " + limit +
                   " overflowing",
               std::move(found), out);
-
+  add_alike("their gradients are mostly exact zeros that the loss scale does not make", std::move(structural_zeros),
+            out);
+  add_alike("their gradients cancel to rounding, far below the other gradients of their modules: not flushed by the "
+            "scale",
+            std::move(cancelled), out);
 }
 
 void group_underflows(std::vector<Finding>& found) {
