@@ -14,6 +14,17 @@ namespace ampdiag::analyzer::rules {
 namespace {
 
 // The median of the finite recorded losses of the steps not in `steps` (ascending), NaN where none.
+// The lowest finite recorded loss below 0, or 0 where none went below: a likelihood that
+// leaves out its constant (PyTorch's Poisson NLL without Stirling's term, a Gaussian NLL)
+// crosses 0 as it trains, so its size says nothing of its gradients (a Poisson loss on
+// counts around 2000, around 111 while its gradients reached 7468).
+double lowest_negative_loss(const Run& run) {
+  double lowest = 0.0;
+  for (const auto& s : run.steps)
+    if (run.loss_known(s.row) && std::isfinite(s.row.loss)) lowest = std::min(lowest, s.row.loss);
+  return lowest;
+}
+
 double median_loss_outside(const Run& run, const std::vector<std::int64_t>& steps) {
   std::vector<double> losses;
   for (const auto& s : run.steps)
@@ -113,6 +124,7 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
   // of those steps at all (an expert the router picks only then).
   const double calm = median_loss_outside(run, steps);
   const bool intermittent = !overflowed.empty() && std::isfinite(calm) && calm > 0.0 && loss >= 100.0 * calm;
+  const double negative = lowest_negative_loss(run);
   // Outputs near the loss's root are the model's: large targets learnt, or a model that
   // makes large values (a head initialised 1e4 times too large), which no target
   // normalisation fixes. Small ones leave the targets, or a sum.
@@ -124,8 +136,9 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
                                        " times the largest output of any module before it in forward order (its "
                                        "weights, its input's scale)"
                                  : "";
-  const bool large_outputs =
-      last && std::isfinite(loss) && loss > 0 && double(last->max_absmax) >= std::sqrt(loss) / 10.0;
+  // A loss that goes below 0 has no size to set the outputs against.
+  const bool large_outputs = last && std::isfinite(loss) && loss > 0 && !(negative < 0.0) &&
+                             double(last->max_absmax) >= std::sqrt(loss) / 10.0;
   std::string summary = "Shrink the loss where it is made";
   if (intermittent) {
     summary += " (it is around " + fmt(loss) + " in the steps where its gradients overflowed, against " + fmt(calm) +
@@ -134,7 +147,7 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
                (jumped.empty() ? std::string() : "; where the outputs jump: " + jumped) +
                "; or average over the batch instead of summing, or divide the loss by a constant.";
     f.suggestions.push_back({summary, "", "", ""});
-  } else if (std::isfinite(loss) && !loss_explains(loss, gradient)) {
+  } else if (std::isfinite(loss) && !(negative < 0.0) && !loss_explains(loss, gradient)) {
     // MobileOne's 1x1 depthwise scale branch before a BatchNorm, whose weight's gradient is
     // zero in exact arithmetic, left fp16 rounding of 790 under a cross-entropy around 2.9.
     f.evidence += "; the loss is around " + fmt(loss) + ", whose gradients are of the order of it: "
@@ -165,11 +178,29 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
                                 "where the targets are, normalise them to unit spread, and where they are not, find "
                                 "what makes the outputs so large (its weights, its input's scale); or average"
         : classifies(code)    ? ": its targets are class indices, which no normalisation shrinks; average"
-                              : ": normalise the regression targets to unit spread, average";
-    summary += (std::isfinite(loss) ? " (it is around " + fmt(loss) + ", and its gradients are as large)" : std::string()) +
+        // A likelihood's targets may have to stay non-negative (a Poisson's counts): scaled, not centred.
+        : negative < 0.0 ? ": scale the regression targets down to units of their typical size (counts stay "
+                           "non-negative, as a Poisson likelihood needs), average"
+                         : ": normalise the regression targets to unit spread, average";
+    const std::string size =
+        negative < 0.0 ? " (it goes below 0, down to " + fmt(negative) + ": it leaves out a constant, so its size does "
+                         "not show how large its gradients are, " +
+                         (gradient >= run.fp_max ? "beyond " + fmt(run.fp_max) : "up to " + fmt(gradient)) +
+                         " unscaled)"
+        : std::isfinite(loss) ? " (it is around " + fmt(loss) + ", and its gradients are as large)"
+                              : std::string();
+    summary += size +
                targets + " over the batch instead of summing, or divide the loss by a constant.";
     if (!large_outputs && !run.modules.empty() && classifies(code))
       f.suggestions.push_back({summary, "", "", ""});
+    else if (negative < 0.0 && !run.modules.empty())
+      f.suggestions.push_back(
+          {summary,
+           "y = y / y_scale  # targets in units of their typical size (predictions: * y_scale)\n"
+           "loss = loss_fn(model(x).float(), y)",
+           "auto y_n = y / y_scale;  // predictions: * y_scale\n"
+           "auto loss = loss_fn(model->forward(x).to(torch::kFloat), y_n);",
+           ""});
     else
       f.suggestions.push_back(
           {summary,

@@ -337,7 +337,21 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     const GradientSenders senders = entered ? gradient_senders(run, module) : GradientSenders{};
     const bool sent = !senders.paths.empty();
     bool sender_code_given = false;  // the look at a sender's code that holds no parameters
-    if (at_any_scale && !too_large) {
+    // torch's Linear turning a finite gradient at its output into Inf at a scale of 1 took a
+    // true gradient beyond the range: nothing in its backward makes NaN from finite values (a
+    // Poisson regression diverging on counts around 2000, its loss up to 61495).
+    const std::string products = at_any_scale && !too_large && reaching.seen == "finite" && m.between.empty() &&
+                                         replay.outcome != "finite" && replay.outcome != "intrinsic"
+                                     ? products_only_type(run, module)
+                                     : std::string();
+    if (!products.empty()) {
+      f.title = place + "'s gradients exceed fp16's range even unscaled: they went NaN/Inf first down to a loss scale "
+                "of " + fmt(m.lowest_scale);
+      f.evidence += "; down to a loss scale of " + fmt(m.lowest_scale) + ", which no longer enlarges the gradients: " +
+                    module + " is torch's " + products + ", whose backward only multiplies and adds, so from the "
+                    "finite gradient reaching its output it made Inf only where its true gradients passed 65504";
+      shrink_the_loss(run, m.losses, m.steps, run.fp_max, 1.0, f);
+    } else if (at_any_scale && !too_large) {
       f.title = place + " goes NaN/Inf first in backward at every loss scale, down to " + fmt(m.lowest_scale);
       f.evidence += "; down to a loss scale of " + fmt(m.lowest_scale) + ", which no longer enlarges the gradients";
       if (replay.outcome == "finite") {
@@ -516,7 +530,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         if (reinit) f.suggestions.push_back(*reinit);
         if (!pin_with_own_overflows(run, module, place, m.steps, !too_large && !at_any_scale, f)) {
           f.suggestions.push_back(suggest::fp32_at(run, module, row));
-          if (at_any_scale && !too_large && replay.outcome != "finite")
+          if (at_any_scale && !too_large && products.empty() && replay.outcome != "finite")
             f.suggestions.back().summary = "If its true gradients are the ones beyond fp16: " + f.suggestions.back().summary;
         }
         if (reinit) by_design(f.suggestions[before_fixes + 1]);

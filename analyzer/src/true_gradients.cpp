@@ -2,6 +2,8 @@
 #include "true_gradients.h"
 
 #include <algorithm>
+#include <set>
+#include <string>
 
 #include "suggestions.h"
 
@@ -64,6 +66,15 @@ std::vector<std::pair<std::string, double>> also_beyond(const Run& run, const st
   }
   std::stable_sort(beyond.begin(), beyond.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   return beyond;
+}
+
+std::string products_only_type(const Run& run, const std::string& module) {
+  static const std::set<std::string> types = {"Linear", "NonDynamicallyQuantizableLinear", "LazyLinear", "Bilinear",
+                                              "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+                                              "ConvTranspose3d", "Embedding", "EmbeddingBag"};
+  const ModuleSummary* m = module.empty() ? nullptr : run.module_named(module);
+  if (m == nullptr || !types.count(m->info.module_type) || m->info.source.find("/torch/nn/") == std::string::npos) return {};
+  return m->info.module_type;
 }
 
 }  // namespace ampdiag::analyzer::rules

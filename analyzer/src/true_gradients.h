@@ -36,4 +36,10 @@ std::vector<std::pair<std::string, double>> also_beyond(const Run& run, const st
                                                         const std::map<std::int64_t, double>& scale_of,
                                                         const Fp32Gradients& fp32);
 
+// The type of `module` where it is one of torch's own modules whose backward only multiplies
+// and adds (Linear, the convolutions, Embedding): nothing in it makes NaN from finite values,
+// so where it turns a finite gradient at its output into NaN/Inf at a loss scale of 1, its
+// true gradients passed fp16's range. Empty otherwise (a custom module, a normalisation).
+std::string products_only_type(const Run& run, const std::string& module);
+
 }  // namespace ampdiag::analyzer::rules

@@ -92,7 +92,9 @@ class RunFixture {
       id = std::int64_t(modules_.size());
       modules_.push_back(module);
       const auto source = sources_.find(module);
-      writer_.add_module({id, module, "Module", source == sources_.end() ? "" : source->second, ""});
+      const auto type = module_types_.find(module);
+      writer_.add_module({id, module, type == module_types_.end() ? "Module" : type->second,
+                          source == sources_.end() ? "" : source->second, ""});
     }
     rundb::ActStatRow a;
     a.step = step_;
@@ -113,6 +115,12 @@ class RunFixture {
   // before its first activation().
   RunFixture& module_source(const std::string& module, const std::string& source) {
     sources_[module] = source;
+    return *this;
+  }
+
+  // The type of `module` ("Linear"), as its row will say: call before its first activation().
+  RunFixture& module_type(const std::string& module, const std::string& type) {
+    module_types_[module] = type;
     return *this;
   }
 
@@ -278,6 +286,7 @@ class RunFixture {
   std::map<std::string, double> zero_fraction_;
   std::map<std::string, double> absmax_factor_;
   std::map<std::string, std::string> sources_;  // module_source()
+  std::map<std::string, std::string> module_types_;  // module_type()
   std::map<std::string, double> subnormal_fraction_;
   std::int64_t step_ = 0;
   bool histograms_ = false;
