@@ -26,6 +26,13 @@ namespace {
 constexpr double kGrew = 8.0;            // the module's weights' L2 norm, this many times its start
 constexpr std::int64_t kWindow = 256;   // ...within this many steps up to the last NaN/Inf
 constexpr double kLeast = 1e-3;          // ...from a root-mean-square value of at least this
+// Or this many times in one optimizer step, from an RMS of at least kTrained, where the loss
+// at least doubled with it: a step that moves the weights by about their own size (AdamW at
+// 0.1 moves every weight by ~0.1, on weights of RMS 0.06 the norm grows 1.9x and a
+// cross-entropy of 1.7 becomes 104; a sound rate moves them a thousandth). A step as large
+// that lowers the loss is learning (a regression from a loss of 16 to 3.6 in one SGD step),
+// and weights started smaller (a head at std 1e-3) may be meant to take such steps.
+constexpr double kJump = 1.5, kTrained = 3e-3, kLossRose = 2.0;
 
 
 bool one_of(const std::string& name, std::initializer_list<const char*> names) {
@@ -83,7 +90,7 @@ std::pair<std::string, std::string> lower_lr(const rundb::EventRow* settings, bo
 
 std::string times(double r) {
   char b[32];
-  std::snprintf(b, sizeof b, r < 100 ? "%.0fx" : "%.3gx", r);
+  std::snprintf(b, sizeof b, r < 10 ? "%.1fx" : r < 100 ? "%.0fx" : "%.3gx", r);
   return b;
 }
 
@@ -146,7 +153,29 @@ void weight_growth(const Run& run, const Thresholds& t, std::vector<Finding>& ou
   if (start == at || !(std::sqrt(start->second / double(std::max<std::int64_t>(values[start->first], 1))) >= kLeast))
     return;
   const double growth = std::sqrt(at->second / start->second);
-  if (!(growth >= kGrew)) return;
+  // The largest growth in one optimizer step (samples a step apart) from trained weights
+  // that the loss rose with.
+  std::map<std::int64_t, double> losses;
+  for (const auto& s : run.steps)
+    if (run.loss_known(s.row)) losses[s.row.step] = s.row.loss;
+  const auto loss_rose = [&](std::int64_t step) {
+    const auto before = losses.find(step), after = losses.find(step + 1);
+    if (before == losses.end() || after == losses.end() || !(before->second > 0.0)) return false;
+    return !std::isfinite(after->second) || after->second >= kLossRose * before->second;
+  };
+  double jump = 0.0;
+  std::int64_t jump_step = -1;
+  for (auto a = start; a != at; ++a) {
+    const auto b = std::next(a);
+    const double rms = std::sqrt(a->second / double(std::max<std::int64_t>(values[a->first], 1)));
+    if (b->first != a->first + 1 || !(rms >= kTrained) || !(a->second > 0.0) || !loss_rose(a->first)) continue;
+    if (const double r = std::sqrt(b->second / a->second); r > jump) {
+      jump = r;
+      jump_step = a->first;
+    }
+  }
+  const bool jumped = jump >= kJump;
+  if (!(growth >= kGrew) && !jumped) return;
 
   // Where every skip only calibrated the scale or answered its growth probes, the scale
   // stayed above the floor and no step went on with NaN/Inf, the growth harmed nothing:
@@ -169,13 +198,22 @@ void weight_growth(const Run& run, const Thresholds& t, std::vector<Finding>& ou
   // Gradients that a module without parameters sent back enlarged (a gradient reversal's
   // lambda far above 1): the steps are that large because of its code, not the learning rate.
   const std::optional<SenderCode> sender = named ? sender_code_in(run, out, module) : std::nullopt;
-  f.title = "The weights grew " + times(growth) + " in " + plural(at->first - start->first, "step") +
+  const std::string grew = growth >= kGrew || !jumped
+                               ? times(growth) + " in " + plural(at->first - start->first, "step")
+                               : times(jump) + " in one step (step " + std::to_string(jump_step) + ")";
+  f.title = "The weights grew " + grew +
             (harmed ? " while the run overflowed: the optimizer's steps are far too large" +
                           (sender ? ", on gradients " + sender->sender + "'s backward enlarges" : std::string())
                     : " while the scaler calibrated; the loss scale copes with it");
   f.evidence = what + " (L2 norm, all their parameters together) went from " + fmt(std::sqrt(start->second)) +
                " at step " + std::to_string(start->first) + " to " + fmt(std::sqrt(at->second)) + " at step " +
-               std::to_string(at->first) + "; NaN/Inf or skipped steps until step " + std::to_string(last) +
+               std::to_string(at->first) +
+               (jumped ? ", " + times(jump) + " in the one optimizer step from step " + std::to_string(jump_step) +
+                             " to " + std::to_string(jump_step + 1) + ", the loss " +
+                             fmt(losses[jump_step]) + " before it and " + fmt(losses[jump_step + 1]) +
+                             " after: a step of about their own size"
+                       : std::string()) +
+               "; NaN/Inf or skipped steps until step " + std::to_string(last) +
                (settings != nullptr ? "; optimizer: " + settings->detail : std::string()) +
                (scheduled ? " at step " + std::to_string(settings->step) + " (" + lr_of(first_settings->detail) +
                                 " at step " + std::to_string(first_settings->step) + ": a schedule moved it)"

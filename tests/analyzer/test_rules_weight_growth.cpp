@@ -189,6 +189,49 @@ TEST_CASE("a learning rate of 0 recorded at a warm-up's first step is not offere
   CHECK_THAT(f->suggestions.front().python, Catch::Contains("lr=...)  # well below the present lr"));
 }
 
+namespace {
+
+// The weights at L2 1.8 (RMS 0.028), 1.9x larger after the first optimizer step, the loss
+// 1.7 before it and `loss_after` after; then 4 steps of slight growth and 6 steps where
+// mlp.down's output goes Inf (skipped).
+Report one_step_jump(const TempDir& dir, double loss_after) {
+  RunFixture f(dir.file("run.db"), {"mlp.down.weight", "head.weight"});
+  f.event("optimizer-settings", "AdamW lr=0.1 weight_decay=0.01");
+  f.weight_norms(1.8).step(65536, 65536, 1000, {}, 1.7);
+  double l2 = 1.8 * 1.9;
+  f.weight_norms(l2).step(65536, 65536, 1000, {}, loss_after);
+  for (int i = 0; i < 4; ++i) f.weight_norms(l2 *= 1.05).step(65536, 65536, 1000, {}, loss_after);
+  double scale = 65536;
+  for (int i = 0; i < 6; ++i, scale /= 2)
+    f.weight_norms(l2).activation("mlp.down", true).step(scale, scale / 2, 1000, {}, kNaN);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("weights that grew 1.9x in one step as the loss rose 60x are a learning rate far too high",
+          "[rules][weight-growth]") {
+  // AdamW at 0.1 on a small transformer: every weight moves by ~0.1 on weights of RMS 0.06.
+  TempDir dir;
+  const Report r = one_step_jump(dir, 104.0);
+  const Finding& g = required(r, "weight-growth");
+  CHECK(g.severity == Severity::kError);
+  CHECK(g.title == "The weights grew 1.9x in one step (step 0) while the run overflowed: the optimizer's steps are far "
+                   "too large");
+  CHECK_THAT(g.evidence, Catch::Contains("1.9x in the one optimizer step from step 0 to 1, the loss 1.7 before it and "
+                                         "104 after"));
+  CHECK_THAT(g.suggestions.front().python, Catch::Contains("lr=0.01"));
+}
+
+TEST_CASE("weights that grew 1.9x in one step as the loss fell are learning, not a learning rate too high",
+          "[rules][weight-growth]") {
+  // A regression whose loss falls from 16 to 3.6 in its first SGD step.
+  TempDir dir;
+  const Report r = one_step_jump(dir, 0.4);
+  CHECK(find(r, "weight-growth") == nullptr);
+}
+
 TEST_CASE("weights that grew a little before an overflow leave the overflow its own finding", "[rules][weight-growth]") {
   TempDir dir;
   const Report r = grown(dir, 2.0);

@@ -112,3 +112,47 @@ def test_the_same_schedule_at_a_sane_peak_is_healthy(tmp_path, verdict):
     train_one_cycle(tmp_path / "run.db", peak=0.05)
     code, rep = verdict(tmp_path / "run.db")
     assert (code, rep["healthy"]) == (0, True), [f["title"] for f in rep["findings"]]
+
+
+class TokenClassifier(nn.Module):
+    """Three pre-norm transformer layers over 32 tokens, mean-pooled into a 5-way head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(1000, 128), nn.Parameter(torch.zeros(1, 32, 128))
+        self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(128, 4, 256, batch_first=True, norm_first=True), 3,
+                                         enable_nested_tensor=False)
+        self.head = nn.Linear(128, 5)
+
+    def forward(self, ids):
+        return self.head(self.enc(self.emb(ids) + self.pos).mean(1))
+
+
+def train_classifier(db, lr):
+    torch.manual_seed(0)
+    model = TokenClassifier()
+
+    def loss_of(g):
+        ids = torch.randint(0, 1000, (32, 32), generator=g)
+        return nn.functional.cross_entropy(model(ids), ids[:, 0] % 5)
+
+    amp_training(db, model, torch.optim.AdamW(model.parameters(), lr=lr), 45, loss_of)
+
+
+def test_a_first_step_as_large_as_the_weights_that_raises_the_loss_is_weight_growth(tmp_path, verdict):
+    # AdamW at 0.1 moves every weight by about 0.1, on weights of RMS 0.06: the cross-entropy
+    # goes from 1.7 to 104 in that step, and the weights grow less than 8x before the scale
+    # collapses. The report told to shrink the loss and normalise the targets.
+    train_classifier(tmp_path / "run.db", 0.1)
+    code, rep = verdict(tmp_path / "run.db")
+    assert code == 1
+    first = rep["findings"][0]
+    assert (first["rule"], first["severity"]) == ("weight-growth", "error"), first["title"]
+    assert "in one step (step 0)" in first["title"]
+    assert first["suggestions"][0]["python"].startswith("optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)")
+
+
+def test_the_same_classifier_at_a_tenth_of_that_rate_is_healthy(tmp_path, verdict):
+    train_classifier(tmp_path / "run.db", 0.01)
+    code, rep = verdict(tmp_path / "run.db")
+    assert (code, rep["healthy"]) == (0, True), [f["title"] for f in rep["findings"]]
