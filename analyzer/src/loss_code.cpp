@@ -36,8 +36,8 @@ struct Known {
 };
 
 constexpr const char* kTiny =
-    " It ran in float16, where 1e-12 rounds to 0: clamp in float32, in the loss computed in FP32 (above), since the "
-    "large gradient near the clamp overflows when sent back in float16.";
+    " It ran in float16, where 1e-12 rounds to 0: clamp in float32, in the loss computed in FP32 (its own fix), since "
+    "the large gradient near the clamp overflows when sent back in float16.";
 
 constexpr const char* kCtcPython =
     "ctc = nn.CTCLoss(blank=0, zero_infinity=True)\n"
@@ -91,7 +91,7 @@ const std::vector<Known>& known() {
         ""},
        {"cos.clamp", "cos.float().clamp", "cos.clamp", "cos.to(torch::kFloat).clamp",
         " It ran in half precision, where 1 - 1e-7 rounds to 1: clamp in float32, in the loss computed in FP32 "
-        "(above).", true}},
+        "(its own fix).", true}},
       {{"Div"},
        {"A division by 0 (a count, a norm or a sum of weights that is 0 in some batch) is Inf or NaN: clamp the "
         "denominator away from 0.",
@@ -300,6 +300,15 @@ Code at_steps(const Run& run, const std::vector<std::int64_t>& steps, const std:
     if (code.step >= 0 && e.step >= code.step) continue;
     code.step = e.step;
     code.ops = parse(e.detail);
+  }
+  return code;
+}
+
+Code origin(const Run& run) {
+  Code code;
+  if (const rundb::EventRow* e = run.first_event("loss-code-origin")) {
+    code.step = e->step;
+    code.ops = parse(e->detail);
   }
   return code;
 }

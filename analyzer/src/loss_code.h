@@ -69,6 +69,12 @@ std::vector<Op> parse(const std::string& detail);
 // Python agent) where the model's output went NaN/Inf while every module's was finite.
 Code at_steps(const Run& run, const std::vector<std::int64_t>& steps, const std::string& kind = "loss-code");
 
+// Where the loss code's backward made the NaN/Inf that reached the model's output (event
+// "loss-code-origin", traced by the Python agent at a later step): the operations from the
+// model's output to the first whose backward sent NaN/Inf back from finite gradients, that one
+// last. Empty where none was traced.
+Code origin(const Run& run);
+
 // The code after a module, read (by the Python agent) where the gradient reaching its output
 // held NaN/Inf: `kind` "output-code", the operations from its output to the loss ("PATH:
 // ops"); "output-code-origin", those from its output to the first whose backward made the

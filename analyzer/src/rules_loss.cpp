@@ -98,10 +98,33 @@ void loss_backward(const Run& run, std::vector<Finding>& out) {
         code.float16_compute() + " ran in float16, and in " + plural(overflows, "step") +
         " the float16 gradient they sent into the model's output held Inf at loss scales down to " +
         fmt(lowest_overflow(run, steps)) + ":"));
-  const std::vector<loss_code::Fix> found = loss_code::fixes(code, loss_code::Phase::kBackward);
+  std::vector<loss_code::Fix> found = loss_code::fixes(code, loss_code::Phase::kBackward);
+  // Traced: the operation whose backward made them leads, whatever comes before it in forward
+  // order (a pairwise distance's sqrt of 0 after F.normalize's division, which divides by
+  // norms far from 0); the others' fixes cannot be the origin.
+  const loss_code::Code traced = loss_code::origin(run);
+  std::string traced_op;
+  if (!traced.empty()) {
+    const loss_code::Op& made = traced.ops.back();
+    traced_op = made.name + " (" + made.dtype + ")";
+    f.evidence += "; at step " + std::to_string(traced.step) + " " + traced_op + " was the first of it whose backward "
+                  "sent NaN/Inf back from finite gradients";
+    if (traced.ops.size() > 1) {
+      loss_code::Code before = traced;
+      before.ops.pop_back();
+      f.evidence += ", after " + before.describe();
+    }
+    loss_code::Code last;
+    last.ops = {made};
+    found = loss_code::fixes(last, loss_code::Phase::kBackward);
+  }
   if (!found.empty()) f.suggestions.push_back(found.front().suggestion);
+  // That fix clamps in float32, "in the loss computed in FP32": its own fix follows.
+  if (!found.empty() && !fp16_backward && (found.front().dtype == "float16" || found.front().dtype == "bfloat16"))
+    f.suggestions.push_back(suggest::fp32_loss("To clamp in float32:"));
   const std::string look = loss_code::look_also(
       found,
+      (found.empty() && !traced_op.empty() ? traced_op + "'s backward made them from finite gradients. " : "") +
       std::string("Look at the code between the model's output and the loss, where backward starts: a function whose "
                   "gradient is infinite where it is evaluated (sqrt of 0, as a distance from a point to itself; log of "
                   "0; a division by 0; acos or asin at 1) makes NaN from finite values in any precision. Keep its "

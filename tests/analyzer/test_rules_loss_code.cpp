@@ -20,9 +20,11 @@ Report nan_loss_run(const TempDir& dir, const std::string& code) {
 }
 
 // A run whose gradient reaching the model's output held NaN at every scale, the loss finite,
-// the agent having read `code` in each step.
-Report nan_loss_gradient_run(const TempDir& dir, const std::string& code) {
+// the agent having read `code` in each step, and traced `origin` (event loss-code-origin)
+// where given.
+Report nan_loss_gradient_run(const TempDir& dir, const std::string& code, const std::string& origin = "") {
   RunFixture f(dir.file("run.db"), kLayers);
+  if (!origin.empty()) f.event("loss-code-origin", origin);
   double scale = 65536;
   for (int i = 0; i < 24; ++i, scale /= 2)
     f.event("output-gradient-nonfinite", "float32 [16, 32]: 512 NaN, 0 Inf of 512 values")
@@ -345,6 +347,40 @@ TEST_CASE("the gradient of sqrt at 0 is named in the loss's backward, past a har
   CHECK_THAT(lb->evidence, Catch::Contains("Sub, Pow(2), Sum, Sqrt, Mean (all float32)"));
   CHECK_THAT(lb->suggestions.front().summary, Catch::StartsWith("sqrt()'s gradient at 0 is infinite"));
   CHECK_THAT(lb->suggestions.at(1).summary, Catch::StartsWith("Else, look at the code between"));
+}
+
+// A batch-hard triplet loss on normalised embeddings: F.normalize's division, then sqrt() of
+// each embedding's squared distance to itself, 0.
+const std::string kTripletCode = "LinalgVectorNorm:float16, ClampMin:float16, Expand:float16, Div:float16, "
+                                 "Unsqueeze:float16, Sub:float16, Pow(2):float16, Sum:float16, Sqrt:float16, "
+                                 "Add:float32, Min:float32, Relu:float32, Mean:float32";
+
+TEST_CASE("the operation traced as the loss backward's origin leads, not the first known one", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_gradient_run(dir, kTripletCode,
+                                         "LinalgVectorNorm:float16, ClampMin:float16, Expand:float16, Div:float16, "
+                                         "Unsqueeze:float16, Sub:float16, Pow(2):float16, Sum:float16, Sqrt:float16");
+  const Finding& lb = required(r, "loss-backward");
+  CHECK_THAT(lb.evidence, Catch::Contains("; at step 0 Sqrt (float16) was the first of it whose backward sent NaN/Inf "
+                                          "back from finite gradients, after LinalgVectorNorm, ClampMin"));
+  REQUIRE(lb.suggestions.size() >= 2);
+  CHECK_THAT(lb.suggestions.front().summary, Catch::StartsWith("sqrt()'s gradient at 0 is infinite"));
+  CHECK_THAT(lb.suggestions.at(1).summary, Catch::StartsWith("To clamp in float32: Compute the loss in FP32"));
+  for (const auto& s : lb.suggestions) CHECK_THAT(s.summary, !Catch::StartsWith("a / b's gradient"));
+}
+
+TEST_CASE("without a traced origin the loss backward's first known operation leads", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_gradient_run(dir, kTripletCode);
+  CHECK_THAT(required(r, "loss-backward").suggestions.front().summary, Catch::StartsWith("a / b's gradient at b = 0"));
+}
+
+TEST_CASE("a traced origin with no known fix is named in the look", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = nan_loss_gradient_run(dir, kTripletCode, "LinalgVectorNorm:float16, Expand:float16, Mul:float16");
+  const Finding& lb = required(r, "loss-backward");
+  CHECK_THAT(lb.suggestions.front().summary, Catch::StartsWith("Mul (float16)'s backward made them from finite "
+                                                               "gradients. Look at the code between"));
 }
 
 TEST_CASE("a power below 1 is named in the loss's backward", "[rules][loss-code]") {

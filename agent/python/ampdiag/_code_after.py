@@ -40,9 +40,7 @@ class CodeAfter:
         self._left = 0         # steps that trace has left
         self._forward = None   # its forward hook, which keeps this step's output node
         self._node = None      # this step's output node of that module
-        self._hooks = []       # this step's node hooks
-        self._nodes = []       # this step's traced nodes, held while hooked
-        self._origin = None    # index in _nodes of the node that made them
+        self._trace = _Trace(handle)
 
     @property
     def armed(self):
@@ -86,10 +84,83 @@ class CodeAfter:
     def before_backward(self):
         """As scaler.scale() hands over the loss: the code after the module hooked, where
         its origin is looked for."""
-        if self._node is None or self._hooks or not self._handle._loss_nodes:
+        if self._node is not None and self._handle._loss_nodes:
+            self._trace.hook(path_nodes(self._handle._loss_nodes, [self._node]))
+
+    def step_ended(self):
+        """As a step ends: event "output-code-origin" where its traced backward made NaN/Inf
+        (the trace then ends), the hooks removed with the step's graph either way."""
+        if self._path is None:
             return
-        nodes = path_nodes(self._handle._loss_nodes, [self._node])
-        if not nodes or len(nodes) > TRACE_NODES:
+        code, self._node = self._trace.finish(), None
+        self._left -= 1
+        if code is not None:
+            self._handle._session.event("output-code-origin", f"{self._path}: {code}")
+        if code is not None or self._left <= 0:
+            self.close()
+
+    def close(self):
+        self._trace.finish()
+        if self._forward is not None:
+            self._forward.remove()
+        self._path, self._forward, self._node = None, None, None
+
+
+class LossCodeOrigin:
+    """The same trace for the loss code itself: where the gradient reaching the model's
+    output held NaN (event "output-gradient-nonfinite"), made by the loss's backward from a
+    finite loss, the first operation of that code whose backward sends NaN/Inf back from
+    finite gradients is the one to fix, whatever comes before it in forward order (a
+    pairwise distance's sqrt of 0 after F.normalize's division): event "loss-code-origin",
+    the operations from the model's output to it, it last. Once a run, at one of the next
+    TRACE_STEPS steps; host tensors only."""
+
+    def __init__(self, handle):
+        self._handle = handle
+        self._left = 0         # steps the trace has left; 0: not armed
+        self._done = False     # traced, or given up: once a run
+        self._trace = _Trace(handle)
+
+    @property
+    def armed(self):
+        return self._left > 0
+
+    def arm(self):
+        if not self._done and not self.armed:
+            self._left = TRACE_STEPS
+
+    def before_backward(self):
+        handle = self._handle
+        if self.armed and handle._loss_nodes and handle._output_nodes:
+            self._trace.hook(path_nodes(handle._loss_nodes, handle._output_nodes))
+
+    def step_ended(self):
+        if not self.armed:
+            return
+        code = self._trace.finish()
+        self._left -= 1
+        if code is not None:
+            self._handle._session.event("loss-code-origin", code)
+        if code is not None or self._left <= 0:
+            self._left, self._done = 0, True
+
+    def close(self):
+        self._trace.finish()
+        self._left = 0
+
+
+class _Trace:
+    """One step's hooks on the nodes of a stretch of code (in forward order), and the first
+    of them whose backward sent NaN/Inf back from finite gradients."""
+
+    def __init__(self, handle):
+        self._handle = handle
+        self._hooks = []     # this step's node hooks
+        self._nodes = []     # the traced nodes, held while hooked
+        self._origin = None  # index in _nodes of the node that made them
+
+    def hook(self, nodes):
+        if self._hooks or not nodes or len(nodes) > TRACE_NODES:
             return
         self._nodes, self._origin = nodes, None
         self._hooks = [n.register_hook(self._check(i)) for i, n in enumerate(nodes)]
@@ -102,29 +173,16 @@ class CodeAfter:
                 self._origin = index
         return check
 
-    def step_ended(self):
-        """As a step ends: event "output-code-origin" where its traced backward made NaN/Inf
-        (the trace then ends), the hooks removed with the step's graph either way."""
-        if self._path is None:
-            return
+    def finish(self) -> "str | None":
+        """The hooks removed; the code from the stretch's start to the node that made
+        NaN/Inf, that one last, where one did."""
         for hook in self._hooks:
             hook.remove()
         nodes, origin = self._nodes, self._origin if self._hooks else None
-        self._hooks, self._nodes, self._node, self._origin = [], [], None, None
-        self._left -= 1
-        if origin is not None:
-            code = loss_code(_between(nodes, nodes[origin]) + [nodes[origin]])
-            if code is not None:
-                self._handle._session.event("output-code-origin", f"{self._path}: {code}")
-        if origin is not None or self._left <= 0:
-            self.close()
-
-    def close(self):
-        for hook in self._hooks:
-            hook.remove()
-        if self._forward is not None:
-            self._forward.remove()
-        self._path, self._forward, self._node, self._hooks, self._nodes = None, None, None, [], []
+        self._hooks, self._nodes, self._origin = [], [], None
+        if origin is None:
+            return None
+        return loss_code(_between(nodes, nodes[origin]) + [nodes[origin]])
 
 
 def _place(nodes, in_model) -> "str | None":

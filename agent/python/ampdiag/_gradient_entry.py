@@ -16,7 +16,7 @@ import torch
 
 from . import _ampdiag
 from ._backward_replay import backward_origin_module
-from ._code_after import CodeAfter
+from ._code_after import CodeAfter, LossCodeOrigin
 from ._gradient_sender import GradientSenders
 from ._tensors import first_float_tensor, holds_nonfinite
 
@@ -46,6 +46,7 @@ class GradientEntries:
         self.watching = False   # a watch is armed (read by the end of every step: no call when not)
         self._senders = GradientSenders(handle)
         self._code_after = CodeAfter(handle)  # the code after the named module, where it received NaN/Inf
+        self._loss_origin = LossCodeOrigin(handle)  # where the loss's backward made the output's NaN/Inf
 
     def step_ended(self, judge: bool):
         """Called as a host step ends that was skipped, or while a watch is armed; `judge`:
@@ -55,6 +56,7 @@ class GradientEntries:
             reached.append(look.reached)
             look.reached, look.hooked, look.node = _NOT_SEEN, False, None
         self._code_after.step_ended()
+        self._loss_origin.step_ended()
         path = backward_origin_module(self._handle) if judge else ""
         others = self._handle._session.nonfinite_modules(COMPANIONS) if path else []
         self._senders.step_ended(path)  # before a verdict below arms it: a later skip answers
@@ -70,7 +72,16 @@ class GradientEntries:
         else:
             for look, (_, done) in zip(self._looks, watches):
                 look.done = done
-        self.watching = bool(self._looks) or self._senders.armed or self._code_after.armed
+        self.watching = self._watching()
+
+    def _watching(self):
+        return bool(self._looks) or self._senders.armed or self._code_after.armed or self._loss_origin.armed
+
+    def trace_loss_code(self):
+        """The gradient reaching the model's output held NaN made by the loss's backward: its
+        origin in the loss code is traced at the next steps."""
+        self._loss_origin.arm()
+        self.watching = self._watching()
 
     def _arm(self, watches):
         handle = self._handle
@@ -109,6 +120,7 @@ class GradientEntries:
         """As scaler.scale() hands over the loss: the named module's code after it traced
         for where it made NaN/Inf, once that code was read."""
         self._code_after.before_backward()
+        self._loss_origin.before_backward()
 
     def _drop(self):
         for look in self._looks:
@@ -119,4 +131,5 @@ class GradientEntries:
     def close(self):
         self._drop()
         self._code_after.close()
+        self._loss_origin.close()
         self._senders.close()

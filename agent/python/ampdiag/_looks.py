@@ -167,6 +167,8 @@ def output_gradient(handle, grad):
     handle._session.event("output-gradient-nonfinite",
                         f"{dtype} {list(grad.shape)}: {nan} NaN, {inf} Inf of {grad.numel()} values")
     look_at_loss_code(handle)
+    if handle._gradient_entries is not None and handle._first_nonfinite is None:
+        handle._gradient_entries.trace_loss_code()
     return None
 
 
