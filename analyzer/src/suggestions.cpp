@@ -271,7 +271,20 @@ Suggestion fp32_loss(const std::string& why) {
 }
 
 Suggestion add_scaler(const Run& run) {
-  if (run.first_event("scaler-disabled"))  // GradScaler(enabled=False) beside fp16 autocast: a setting left off
+  const rundb::EventRow* disabled = run.first_event("scaler-disabled");
+  // Made for a device torch does not have here ("the GradScaler made for cuda is disabled: ..."):
+  // torch turned it off, with one warning (timm's NativeScaler() defaults to cuda).
+  const std::string made = "the GradScaler made for ";
+  if (disabled && disabled->detail.rfind(made, 0) == 0) {
+    const std::string device = disabled->detail.substr(made.size(), disabled->detail.find(' ', made.size()) - made.size());
+    return {"Create the GradScaler for " + device_type(run) + ": it was made for " + device + ", which this machine "
+            "does not have, so torch disabled it (torch.amp.GradScaler() and timm's NativeScaler() default to cuda), "
+            "and fp16 keeps small gradients at their true size, below fp16's range.",
+            "scaler = torch.amp.GradScaler(\"" + device_type(run) + "\")  # timm: NativeScaler(device=\"" +
+                device_type(run) + "\")",
+            "ampdiag::GradScaler scaler;"};
+  }
+  if (disabled)  // GradScaler(enabled=False) beside fp16 autocast: a setting left off
     return {"Enable the loss scaler: the GradScaler was created with enabled=False, so fp16 keeps small gradients at "
             "their true size, below fp16's range.",
             "scaler = torch.amp.GradScaler(\"" + device_type(run) + "\", enabled=True)  # not enabled=False with fp16",

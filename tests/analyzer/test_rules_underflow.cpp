@@ -144,6 +144,23 @@ TEST_CASE("an underflow beside gradients already at fp16's top says the scale ca
   for (const auto& s : u.suggestions) CHECK_THAT(s.python, !Catch::Contains("init_scale"));
 }
 
+TEST_CASE("an fp16 run whose GradScaler torch disabled for a device it lacks is told to make it for the run's own",
+          "[rules]") {
+  // timm's NativeScaler() on a CPU-only machine: a GradScaler for cuda, which torch turns off.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.meta("scaler_enabled", "0")
+      .event("scaler-disabled", "the GradScaler made for cuda is disabled: torch turns it off where no cuda device is "
+                                "available, and the model trains on cpu; there is no loss scale");
+  f.zeros_fraction("b.weight", 0.6, 0.2);
+  for (int i = 0; i < 10; ++i) f.step(1, 1);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Suggestion& fix = required(r, "underflow").suggestions.front();
+  CHECK_THAT(fix.summary, Catch::StartsWith("Create the GradScaler for cpu: it was made for cuda"));
+  CHECK_THAT(fix.python, Catch::StartsWith("scaler = torch.amp.GradScaler(\"cpu\")"));
+}
+
 TEST_CASE("an fp16 run whose GradScaler was disabled is told to enable it, not to add one", "[rules]") {
   // GradScaler(enabled=use_amp) with use_amp off while autocast still runs in fp16.
   TempDir dir;

@@ -63,6 +63,24 @@ def test_the_disabled_scaler_is_said_once(tmp_path):
     assert rows(tmp_path / "run.db", "SELECT step FROM events WHERE kind = 'scaler-disabled'") == [(0,)]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="torch disables a cuda GradScaler only without a cuda device")
+def test_a_scaler_torch_disabled_for_a_device_it_lacks_says_which(tmp_path):
+    # timm's NativeScaler() makes torch.amp.GradScaler("cuda"), which torch turns off here.
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        scaler = torch.amp.GradScaler("cuda")
+    with ampdiag.attach(model, scaler, db=tmp_path / "run.db"):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.randn(4, 8)).float().mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    [(detail,)] = rows(tmp_path / "run.db", "SELECT detail FROM events WHERE kind = 'scaler-disabled'")
+    assert detail.startswith("the GradScaler made for cuda is disabled: torch turns it off where no cuda device is "
+                             "available, and the model trains on cpu"), detail
+
+
 def test_two_optimizers_stepped_through_the_disabled_scaler_end_one_step_each_cycle(tmp_path):
     recipe(tmp_path / "run.db", optimizers=2)
     assert rows(tmp_path / "run.db", "SELECT COUNT(*) FROM steps")[0][0] == 6

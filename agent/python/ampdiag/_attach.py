@@ -37,7 +37,7 @@ from ._grad_reads import optimizer_gradients, post_stats
 from ._precision import PrecisionChecker
 from ._replay import Replayer
 from ._weights import WeightSampler
-from ._scaler import wrap_disabled_scaler, wrap_scaler
+from ._scaler import disabled_scaler_detail, wrap_disabled_scaler, wrap_scaler
 from ._step_end import end_step
 from ._updates import UpdateProbe, holds_half_parameters
 from ._tensors import bounded_by_input, describe_inputs
@@ -193,9 +193,8 @@ class AttachHandle:
                     if disabled is None:
                         self._hooks.append(_replaced_optimizer.watch(self))
                 if disabled is not None:
-                    self._event("scaler-disabled", "the GradScaler is disabled (enabled=False): there is no loss "
-                                "scale, and the run is recorded as one without a scaler, each optimizer found in "
-                                "scaler.step()")
+                    self._event("scaler-disabled",
+                                disabled_scaler_detail(disabled, params[0].device.type if params else None))
                     wrap_disabled_scaler(self, disabled)
                 _loss.watch(self)
             setattr(root, _ATTACHED, weakref.ref(self))

@@ -90,6 +90,19 @@ def _scale_set(handle, new_scale):
     handle._session.event("update-new-scale", value)
 
 
+def disabled_scaler_detail(scaler, trains_on) -> str:
+    """Event "scaler-disabled": why there is no loss scale. torch itself disables a scaler
+    made for a device it does not have (torch.amp.GradScaler() and timm's NativeScaler()
+    default to cuda), with one warning, while the model trains on `trains_on`."""
+    made_for = getattr(scaler, "_device", None)
+    if isinstance(made_for, str) and trains_on is not None and made_for != trains_on:
+        return (f"the GradScaler made for {made_for} is disabled: torch turns it off where no {made_for} device is "
+                f"available, and the model trains on {trains_on}; there is no loss scale, and the run is recorded as "
+                "one without a scaler, each optimizer found in scaler.step()")
+    return ("the GradScaler is disabled (enabled=False): there is no loss scale, and the run is recorded as one "
+            "without a scaler, each optimizer found in scaler.step()")
+
+
 def wrap_disabled_scaler(handle, scaler):
     """A disabled GradScaler's step(optimizer) is the optimizer's own and its update() does
     nothing: each optimizer it is given is watched from that call on, its first step
