@@ -12,6 +12,7 @@
 #include <iterator>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,6 +95,44 @@ std::string times(double r) {
   return b;
 }
 
+// The steepest growth of a module's weights (`sumsq`, `values`: per sampled step, their
+// squared L2 norms and values together) between samples from `from` to `to`, per optimizer
+// step applied between them, where the loss at least doubled from one to the other.
+struct Jump {
+  double per_step = 0.0, total = 0.0;
+  std::int64_t from = -1, to = -1, steps = 0;
+  double loss_before = 0.0, loss_after = 0.0;
+  std::int64_t applied = -1;  // the first optimizer step applied between the samples
+
+  // "in one step (step 7)", "in 2 optimizer steps (steps 8 to 10)"
+  std::string span() const {
+    return steps == 1 ? " in one step (step " + std::to_string(applied) + ")"
+                      : " in " + std::to_string(steps) + " optimizer steps (steps " + std::to_string(from) + " to " +
+                            std::to_string(to) + ")";
+  }
+};
+
+Jump steepest_jump(const std::map<std::int64_t, double>& sumsq, const std::map<std::int64_t, std::int64_t>& values,
+                   const std::map<std::int64_t, double>& losses, const std::set<std::int64_t>& applied,
+                   std::int64_t from, std::int64_t to) {
+  Jump best;
+  for (auto a = sumsq.lower_bound(from); a != sumsq.end() && a->first < to; ++a) {
+    const auto b = std::next(a);
+    if (b == sumsq.end() || b->first > to || !(a->second > 0.0)) continue;
+    const auto n = std::int64_t(std::distance(applied.lower_bound(a->first), applied.lower_bound(b->first)));
+    const auto held = values.find(a->first);
+    const double rms = std::sqrt(a->second / double(held == values.end() ? 1 : std::max<std::int64_t>(held->second, 1)));
+    const auto before = losses.find(a->first), after = losses.find(b->first);
+    if (n == 0 || n > 4 || !(rms >= kTrained) || before == losses.end() || after == losses.end() ||
+        !(before->second > 0.0) || !(!std::isfinite(after->second) || after->second >= kLossRose * before->second))
+      continue;
+    const double total = std::sqrt(b->second / a->second), per_step = std::pow(total, 1.0 / double(n));
+    if (per_step > best.per_step)
+      best = {per_step, total, a->first, b->first, n, before->second, after->second, *applied.lower_bound(a->first)};
+  }
+  return best;
+}
+
 }  // namespace
 
 void weight_growth(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
@@ -150,32 +189,44 @@ void weight_growth(const Run& run, const Thresholds& t, std::vector<Finding>& ou
   while (start != at && std::next(start)->second == start->second) ++start;
   // Weights that start near zero (a layer scale at 1e-5, a zero-initialised adapter) are
   // meant to grow many times over: only weights that start at a trained magnitude count.
-  if (start == at || !(std::sqrt(start->second / double(std::max<std::int64_t>(values[start->first], 1))) >= kLeast))
-    return;
-  const double growth = std::sqrt(at->second / start->second);
-  // The largest growth in one optimizer step (samples a step apart) from trained weights
-  // that the loss rose with.
+  const bool moved =
+      start != at && std::sqrt(start->second / double(std::max<std::int64_t>(values[start->first], 1))) >= kLeast;
+  double growth = moved ? std::sqrt(at->second / start->second) : 0.0;
+  // Or steps of about the weights' own size that the loss rose with: in the module, else in
+  // the module whose weights grew the most so (a Mask R-CNN from scratch at SGD 0.01: its
+  // stem convolution 2.7x in two steps as the loss went from 21 to 416, while the first to
+  // overflow was an FPN block whose weights barely moved).
   std::map<std::int64_t, double> losses;
-  for (const auto& s : run.steps)
+  std::set<std::int64_t> applied;
+  for (const auto& s : run.steps) {
     if (run.loss_known(s.row)) losses[s.row.step] = s.row.loss;
-  const auto loss_rose = [&](std::int64_t step) {
-    const auto before = losses.find(step), after = losses.find(step + 1);
-    if (before == losses.end() || after == losses.end() || !(before->second > 0.0)) return false;
-    return !std::isfinite(after->second) || after->second >= kLossRose * before->second;
-  };
-  double jump = 0.0;
-  std::int64_t jump_step = -1;
-  for (auto a = start; a != at; ++a) {
-    const auto b = std::next(a);
-    const double rms = std::sqrt(a->second / double(std::max<std::int64_t>(values[a->first], 1)));
-    if (b->first != a->first + 1 || !(rms >= kTrained) || !(a->second > 0.0) || !loss_rose(a->first)) continue;
-    if (const double r = std::sqrt(b->second / a->second); r > jump) {
-      jump = r;
-      jump_step = a->first;
-    }
+    if (!s.row.skipped) applied.insert(s.row.step);
   }
-  const bool jumped = jump >= kJump;
-  if (!(growth >= kGrew) && !jumped) return;
+  Jump jump = moved ? steepest_jump(sumsq, values, losses, applied, start->first, at->first) : Jump{};
+  bool scanned = false;  // the module is the one whose weights grew the most so, not the overflow's
+  if (!(growth >= kGrew) && !(jump.per_step >= kJump)) {
+    std::set<std::string> modules;
+    for (const auto& w : run.weight_norms) modules.insert(run.layers[std::size_t(w.layer_id)].info.module_path);
+    std::string steepest;
+    for (const std::string& path : modules) {
+      if (path.empty() || path == module) continue;
+      sample(path);
+      const Jump j = steepest_jump(sumsq, values, losses, applied, last - kWindow, last);
+      if (j.per_step >= kJump && j.per_step > jump.per_step) {
+        jump = j;
+        steepest = path;
+      }
+    }
+    if (steepest.empty()) return;
+    module = steepest;
+    named = true;
+    sample(module);
+    start = sumsq.find(jump.from);
+    at = sumsq.find(jump.to);
+    growth = jump.total;
+    scanned = true;
+  }
+  const bool jumped = jump.per_step >= kJump;
 
   // Where every skip only calibrated the scale or answered its growth probes, the scale
   // stayed above the floor and no step went on with NaN/Inf, the growth harmed nothing:
@@ -198,9 +249,9 @@ void weight_growth(const Run& run, const Thresholds& t, std::vector<Finding>& ou
   // Gradients that a module without parameters sent back enlarged (a gradient reversal's
   // lambda far above 1): the steps are that large because of its code, not the learning rate.
   const std::optional<SenderCode> sender = named ? sender_code_in(run, out, module) : std::nullopt;
-  const std::string grew = growth >= kGrew || !jumped
-                               ? times(growth) + " in " + plural(at->first - start->first, "step")
-                               : times(jump) + " in one step (step " + std::to_string(jump_step) + ")";
+  const std::string grew =
+      (growth >= kGrew && !scanned) || !jumped ? times(growth) + " in " + plural(at->first - start->first, "step")
+                                 : times(jump.total) + jump.span();
   f.title = "The weights grew " + grew +
             (harmed ? " while the run overflowed: the optimizer's steps are far too large" +
                           (sender ? ", on gradients " + sender->sender + "'s backward enlarges" : std::string())
@@ -208,10 +259,11 @@ void weight_growth(const Run& run, const Thresholds& t, std::vector<Finding>& ou
   f.evidence = what + " (L2 norm, all their parameters together) went from " + fmt(std::sqrt(start->second)) +
                " at step " + std::to_string(start->first) + " to " + fmt(std::sqrt(at->second)) + " at step " +
                std::to_string(at->first) +
-               (jumped ? ", " + times(jump) + " in the one optimizer step from step " + std::to_string(jump_step) +
-                             " to " + std::to_string(jump_step + 1) + ", the loss " +
-                             fmt(losses[jump_step]) + " before it and " + fmt(losses[jump_step + 1]) +
-                             " after: a step of about their own size"
+               (jumped ? ", " + times(jump.total) +
+                             jump.span() + ", the loss " + fmt(jump.loss_before) + " at step " +
+                             std::to_string(jump.from) + " and " + fmt(jump.loss_after) + " at step " +
+                             std::to_string(jump.to) + ": " + (jump.steps == 1 ? "a step" : "steps") +
+                             " of about their own size"
                        : std::string()) +
                "; NaN/Inf or skipped steps until step " + std::to_string(last) +
                (settings != nullptr ? "; optimizer: " + settings->detail : std::string()) +
