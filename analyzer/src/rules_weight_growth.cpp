@@ -28,11 +28,13 @@ constexpr double kGrew = 8.0;            // the module's weights' L2 norm, this 
 constexpr std::int64_t kWindow = 256;   // ...within this many steps up to the last NaN/Inf
 constexpr double kLeast = 1e-3;          // ...from a root-mean-square value of at least this
 // Or this many times in one optimizer step, from an RMS of at least kTrained, where the loss
-// at least doubled with it: a step that moves the weights by about their own size (AdamW at
-// 0.1 moves every weight by ~0.1, on weights of RMS 0.06 the norm grows 1.9x and a
-// cross-entropy of 1.7 becomes 104; a sound rate moves them a thousandth). A step as large
-// that lowers the loss is learning (a regression from a loss of 16 to 3.6 in one SGD step),
-// and weights started smaller (a head at std 1e-3) may be meant to take such steps.
+// at least doubled with it and stayed finite: a step that moves the weights by about their
+// own size (AdamW at 0.1 moves every weight by ~0.1, on weights of RMS 0.06 the norm grows
+// 1.9x and a cross-entropy of 1.7 becomes 104; a sound rate moves them a thousandth). A step
+// as large that lowers the loss is learning (a regression from a loss of 16 to 3.6 in one SGD
+// step); one followed by NaN says more of its gradients than of the rate (the one step a
+// similarity times 98716 let through); and weights started smaller (a head at std 1e-3) may
+// be meant to take such steps.
 constexpr double kJump = 1.5, kTrained = 3e-3, kLossRose = 2.0;
 
 
@@ -124,7 +126,7 @@ Jump steepest_jump(const std::map<std::int64_t, double>& sumsq, const std::map<s
     const double rms = std::sqrt(a->second / double(held == values.end() ? 1 : std::max<std::int64_t>(held->second, 1)));
     const auto before = losses.find(a->first), after = losses.find(b->first);
     if (n == 0 || n > 4 || !(rms >= kTrained) || before == losses.end() || after == losses.end() ||
-        !(before->second > 0.0) || !(!std::isfinite(after->second) || after->second >= kLossRose * before->second))
+        !(before->second > 0.0) || !std::isfinite(after->second) || !(after->second >= kLossRose * before->second))
       continue;
     const double total = std::sqrt(b->second / a->second), per_step = std::pow(total, 1.0 / double(n));
     if (per_step > best.per_step)
