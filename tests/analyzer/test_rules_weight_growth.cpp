@@ -232,6 +232,14 @@ TEST_CASE("weights that grew 1.9x in one step as the loss fell are learning, not
   CHECK(find(r, "weight-growth") == nullptr);
 }
 
+TEST_CASE("weights that grew 1.9x in one step after which the loss was NaN are the gradients', not the rate's",
+          "[rules][weight-growth]") {
+  // The one step a similarity times 98716 let through at a low scale, the loss NaN from then.
+  TempDir dir;
+  const Report r = one_step_jump(dir, kNaN);
+  CHECK(find(r, "weight-growth") == nullptr);
+}
+
 namespace {
 
 // mlp.down's output goes Inf from step 2 on, its weights still; stem's weights grow 11x in the
