@@ -144,38 +144,6 @@ TEST_CASE("an underflow beside gradients already at fp16's top says the scale ca
   for (const auto& s : u.suggestions) CHECK_THAT(s.python, !Catch::Contains("init_scale"));
 }
 
-TEST_CASE("an fp16 run whose GradScaler torch disabled for a device it lacks is told to make it for the run's own",
-          "[rules]") {
-  // timm's NativeScaler() on a CPU-only machine: a GradScaler for cuda, which torch turns off.
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.meta("scaler_enabled", "0")
-      .event("scaler-disabled", "the GradScaler made for cuda is disabled: torch turns it off where no cuda device is "
-                                "available, and the model trains on cpu; there is no loss scale");
-  f.zeros_fraction("b.weight", 0.6, 0.2);
-  for (int i = 0; i < 10; ++i) f.step(1, 1);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Suggestion& fix = required(r, "underflow").suggestions.front();
-  CHECK_THAT(fix.summary, Catch::StartsWith("Create the GradScaler for cpu: it was made for cuda"));
-  CHECK_THAT(fix.python, Catch::StartsWith("scaler = torch.amp.GradScaler(\"cpu\")"));
-}
-
-TEST_CASE("an fp16 run whose GradScaler was disabled is told to enable it, not to add one", "[rules]") {
-  // GradScaler(enabled=use_amp) with use_amp off while autocast still runs in fp16.
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.meta("scaler_enabled", "0").event("scaler-disabled", "the GradScaler is disabled (enabled=False)");
-  f.zeros_fraction("b.weight", 0.6, 0.2);
-  for (int i = 0; i < 10; ++i) f.step(1, 1);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* u = find(r, "underflow");
-  REQUIRE(u != nullptr);
-  CHECK_THAT(u->suggestions.front().summary, Catch::StartsWith("Enable the loss scaler"));
-  CHECK_THAT(u->suggestions.front().python, Catch::Contains("enabled=True"));
-}
-
 namespace {
 
 // An attention key's bias whose gradient has the L2 norm `bias_l2` at every step (95 % of it
@@ -446,61 +414,6 @@ TEST_CASE("two underflows that the scale lifts with the same fix stay two findin
 TEST_CASE("two underflows that the same layer leaves no scale to lift stay two findings", "[rules]") {
   TempDir dir;
   CHECK(count_of(vanishing(dir, 2), "underflow") == 2);
-}
-
-namespace {
-
-// `blocks` convolutions c0..cN, each a bias whose gradient cancels before a normalisation
-// (95 % fp16-subnormal, 1e-4 of its weight's per element) beside its weight's.
-Report cancelled_biases_run(const TempDir& dir, int blocks) {
-  std::vector<std::string> layers;
-  for (int i = 0; i < blocks; ++i) {
-    layers.push_back("c" + std::to_string(i) + ".weight");
-    layers.push_back("c" + std::to_string(i) + ".bias");
-  }
-  RunFixture f(dir.file("run.db"), layers);
-  std::vector<std::string> biases;
-  for (int i = 0; i < blocks; ++i) {
-    f.zeros_fraction("c" + std::to_string(i) + ".bias", 0.0, 0.95);
-    biases.push_back("c" + std::to_string(i) + ".bias");
-  }
-  for (int step = 0; step < 10; ++step) f.clipped(1e-4, biases).step(65536, 65536);
-  f.finish();
-  return report_of(dir.file("run.db"));
-}
-
-}  // namespace
-
-TEST_CASE("three or more biases that cancel to rounding are one information finding", "[rules]") {
-  // A style-transfer network's eight convolution biases, each before an InstanceNorm.
-  TempDir dir;
-  const Report r = cancelled_biases_run(dir, 3);
-  CHECK(r.healthy());
-  REQUIRE(count_of(r, "underflow") == 1);
-  const Finding& u = required(r, "underflow");
-  CHECK(u.severity == Severity::kInfo);
-  CHECK(u.title == "c0.bias and 2 more layers: their gradients cancel to rounding, far below the other gradients of "
-                   "their modules: not flushed by the scale");
-  CHECK_THAT(u.evidence, Catch::EndsWith("; the same holds for c1.bias, c2.bias"));
-}
-
-TEST_CASE("two biases that cancel to rounding stay two findings", "[rules]") {
-  TempDir dir;
-  CHECK(count_of(cancelled_biases_run(dir, 2), "underflow") == 2);
-}
-
-TEST_CASE("three or more gradients of exact zeros no scale makes are one information finding", "[rules]") {
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), {"l1.weight", "l2.weight", "l3.weight", "head.weight"});
-  for (const char* layer : {"l1.weight", "l2.weight", "l3.weight"}) f.zeros_fraction(layer, 0.75, 0.09);
-  for (int i = 0; i < 10; ++i) f.step(65536, 65536, 1000);
-  f.finish();
-  const Report r = report_of(dir.file("run.db"));
-  REQUIRE(count_of(r, "underflow") == 1);
-  const Finding& u = required(r, "underflow");
-  CHECK(u.severity == Severity::kInfo);
-  CHECK(u.title == "l1.weight and 2 more layers: their gradients are mostly exact zeros that the loss scale does not "
-                   "make");
 }
 
 TEST_CASE("a weight's gradient far below its bias's is an underflow, not a bias cancelled to rounding", "[rules]") {
