@@ -196,8 +196,8 @@ void weight_growth(const Run& run, const Thresholds& t, std::vector<Finding>& ou
   double growth = moved ? std::sqrt(at->second / start->second) : 0.0;
   // Or steps of about the weights' own size that the loss rose with: in the module, else in
   // the module whose weights grew the most so (a Mask R-CNN from scratch at SGD 0.01: its
-  // stem convolution 2.7x in two steps as the loss went from 21 to 416, while the first to
-  // overflow was an FPN block whose weights barely moved).
+  // stem convolution 11x in one step as the loss went from 10 to 21, while the first to
+  // overflow was an FPN block whose weights barely moved; in FP32 it diverged too).
   std::map<std::int64_t, double> losses;
   std::set<std::int64_t> applied;
   for (const auto& s : run.steps) {
@@ -251,9 +251,9 @@ void weight_growth(const Run& run, const Thresholds& t, std::vector<Finding>& ou
   // Gradients that a module without parameters sent back enlarged (a gradient reversal's
   // lambda far above 1): the steps are that large because of its code, not the learning rate.
   const std::optional<SenderCode> sender = named ? sender_code_in(run, out, module) : std::nullopt;
-  const std::string grew =
-      (growth >= kGrew && !scanned) || !jumped ? times(growth) + " in " + plural(at->first - start->first, "step")
-                                 : times(jump.total) + jump.span();
+  const bool by_growth = (growth >= kGrew && !scanned) || !jumped;
+  const std::string grew = by_growth ? times(growth) + " in " + plural(at->first - start->first, "step")
+                                     : times(jump.total) + jump.span();
   f.title = "The weights grew " + grew +
             (harmed ? " while the run overflowed: the optimizer's steps are far too large" +
                           (sender ? ", on gradients " + sender->sender + "'s backward enlarges" : std::string())
