@@ -13,7 +13,6 @@ namespace ampdiag::analyzer::rules {
 
 namespace {
 
-// The median of the finite recorded losses of the steps not in `steps` (ascending), NaN where none.
 // The lowest finite recorded loss below 0, or 0 where none went below: a likelihood that
 // leaves out its constant (PyTorch's Poisson NLL without Stirling's term, a Gaussian NLL)
 // crosses 0 as it trains, so its size says nothing of its gradients (a Poisson loss on
@@ -25,6 +24,7 @@ double lowest_negative_loss(const Run& run) {
   return lowest;
 }
 
+// The median of the finite recorded losses of the steps not in `steps` (ascending), NaN where none.
 double median_loss_outside(const Run& run, const std::vector<std::int64_t>& steps) {
   std::vector<double> losses;
   for (const auto& s : run.steps)
