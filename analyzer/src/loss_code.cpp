@@ -163,7 +163,6 @@ bool matches(const Op& op, const Known& k) {
   return end == args.c_str() || p < 1.0;
 }
 
-
 // Operations that only move, view or copy values: in half precision they compute nothing
 // (a ToCopy that made a half tensor is a cast down, which can overflow: see all_full_precision).
 bool moves(const std::string& name) {
@@ -207,7 +206,6 @@ std::string enlarging_text(const Op& op, double fp_max) {
 bool Code::any_half() const {
   return std::any_of(ops.begin(), ops.end(), [](const Op& op) { return half(op.dtype); });
 }
-
 
 bool Code::all_full_precision() const {
   // logits.view(-1, V).float(): the view of the model's half output is half, and computes nothing.
