@@ -116,11 +116,15 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
     const bool half = in.dtype == "float16" || in.dtype == "bfloat16" || !in.made_in.empty();
     // Where it was made: its own dtype, or the half type whose values alone it held.
     const std::string made = in.made_in.empty() ? in.dtype : in.made_in;
+    // A loss code that runs matmuls in fp16 itself (a style loss's Gram matrices beside float16
+    // style targets) may overflow too once the target is mended: not cleared of it.
+    const std::string matmuls = code.autocast_float16();
+    const std::string cleared = matmuls.empty() ? "not the model or the loss code" : "not the model";
     if (in.seen == in.looked)
       f.title = "The loss is NaN/Inf because " + what + " already held NaN/Inf" +
-                (!in.made_in.empty() ? ", a tensor made in " + made + " outside the model: not the model or the loss code"
-                 : half              ? ", a " + in.dtype + " tensor made outside the model: not the model or the loss code"
-                                     : ": not the model or the loss code");
+                (!in.made_in.empty() ? ", a tensor made in " + made + " outside the model: " + cleared
+                 : half              ? ", a " + in.dtype + " tensor made outside the model: " + cleared
+                                     : ": " + cleared);
     f.evidence += "; before backward, the " + in.argument + " given to " + in.op + " held NaN/Inf in " +
                   std::to_string(in.seen) + " of the " + plural(in.looked, "step") + " whose loss code was read (step " +
                   std::to_string(in.step) + ": " + in.counts + (in.dtype.empty() ? "" : ", " + in.dtype) +
@@ -154,7 +158,13 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
            "at::autocast::set_autocast_enabled(" + at_device + ", true);",
            ""});
     }
-    if (in.seen == in.looked) f.suggestions.resize(half ? 2 : 1);  // nothing else is to blame
+    if (in.seen == in.looked) {
+      f.suggestions.resize(half ? 2 : 1);  // nothing else is to blame, but the loss code's own fp16 matmuls
+      if (!matmuls.empty())
+        f.suggestions.push_back(suggest::fp32_loss("Once " + what + " is mended, the loss code's own " + matmuls +
+                                                   " run in float16 too, and each value they make sums many "
+                                                   "products, which can pass 65504 on its own:"));
+    }
   }
   return f;
 }

@@ -47,3 +47,22 @@ TEST_CASE("a constant's product after an operation that computes is named", "[ru
   REQUIRE_FALSE(fw.suggestions.empty());
   CHECK_THAT(fw.suggestions.front().summary, Catch::Contains("the multiplication by 255 (Mul)"));
 }
+
+TEST_CASE("a float16 target beside a loss code's own fp16 matmuls clears the model only", "[rules][loss-code]") {
+  // A style loss whose style Grams were made under autocast (Inf) beside the generated
+  // image's own Grams, whose Bmm runs in fp16 as well.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.activation("enc", false, 2.4).step(65536, 65536);
+  f.event("loss-code", kGramLoss)
+      .event("loss-input-nonfinite", "MseLoss target: 0 NaN, 3 Inf of 64 values, float16")
+      .activation("enc", false, 2.4)
+      .step(65536, 32768, 1000, {"head.weight"}, kNaN);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& fw = required(r, "forward-nonfinite");
+  CHECK_THAT(fw.title, Catch::EndsWith("a float16 tensor made outside the model: not the model"));
+  REQUIRE(fw.suggestions.size() == 3);
+  CHECK_THAT(fw.suggestions[2].summary, Catch::StartsWith("Once MseLoss's target is mended, the loss code's own "
+                                                          "Convolution and Bmm run in float16 too"));
+}
