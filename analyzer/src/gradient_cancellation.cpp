@@ -116,8 +116,8 @@ Cancellation cancellation_of(const Run& run, const LayerSummary& layer, double u
   if (c.sibling != nullptr) c.input = input_rms(run, *c.sibling);
   // What makes a sum zero in exact arithmetic is the block's structure, which its repeats
   // share: Marian's first decoder block's key bias keeps more rounding (1/370 of its
-  // weight's) than the second's (1/1090). A bias that
-  // truly underflows sits at ~1 / |x| of its weight's, above 1/128 for inputs below RMS 128.
+  // weight's) than the second's (1/1090). A bias that truly underflows sits at ~1 / |x| of
+  // its weight's, above 1/128 for inputs below RMS 128.
   if (c.sibling == nullptr || own_cancels(c.ratio, c.sibling, c.input) || c.ratio >= 1.0 / 128.0) return c;
   const std::string shape = block_free(layer.info.name);
   if (shape == layer.info.name) return c;

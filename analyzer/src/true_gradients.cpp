@@ -59,9 +59,7 @@ std::vector<std::pair<std::string, double>> also_beyond(const Run& run, const st
                                                         const Fp32Gradients& fp32) {
   std::vector<std::pair<std::string, double>> beyond;
   for (const LayerSummary& layer : run.layers) {
-    const std::string& path = layer.info.module_path;
-    const bool inside = path == module || (!module.empty() && path.rfind(module + ".", 0) == 0);
-    if (inside || gradient_made_in_fp32(layer, fp32)) continue;
+    if (suggest::within(layer.info.module_path, module) || gradient_made_in_fp32(layer, fp32)) continue;
     if (const double v = largest_true_gradient(layer, scale_of).first; v > limit) beyond.emplace_back(layer.info.name, v);
   }
   std::stable_sort(beyond.begin(), beyond.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
