@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "true_gradients.h"
+
 namespace ampdiag::analyzer::rules {
 
 namespace {
@@ -88,9 +90,23 @@ double input_rms(const Run& run, const LayerSummary& weight) {
 // Below a weight taking small inputs, a true gradient sits ~1 / |x| of the weight's, so
 // the same bound holds for the ratio times |x|: the embeddings of DeBERTa's relative
 // positions (RMS 0.02 without their norm) leave its position keys' bias at 1/47 of the
-// weight's, rounding all the same (2^-11 / 0.02).
-bool own_cancels(double ratio, const LayerSummary* sibling, double input) {
-  return sibling != nullptr && (ratio < 1.0 / 512.0 || (input > 0.0 && input < 1.0 && ratio * input < 1.0 / 512.0));
+// weight's, rounding all the same (2^-11 / 0.02). Where the weight's module is torch's own
+// Linear or convolution, its output is W x + b and the estimate of |x| holds at any size: a
+// true gradient's ratio times |x| is about 1, and rounding's a few 2^-11, so below 1/64
+// separates them. DETR's key biases sit at 1/114 to 1/293 of their weights' on inputs of
+// RMS 1 (more rounding than 2^-11 / |x|: the softmax's gradient is rounded to fp16 before
+// the product that sums it to zero); raw pixels of up to 255 give a true bias's ratio
+// times |x| of about 1 still.
+bool own_cancels(double ratio, const LayerSummary* sibling, double input, bool products_only) {
+  if (sibling == nullptr) return false;
+  if (ratio < 1.0 / 512.0) return true;
+  if (!(input > 0.0)) return false;
+  return (input < 1.0 && ratio * input < 1.0 / 512.0) || (products_only && ratio * input < 1.0 / 64.0);
+}
+
+// Whether the estimate of a sibling's input holds at any size (input_rms above).
+bool products_only(const Run& run, const LayerSummary* sibling) {
+  return sibling != nullptr && !products_only_type(run, sibling->info.module_path).empty();
 }
 
 // The name with each run of digits made one mark: "decoder.layers.#.self_attn.k_proj.bias".
@@ -108,23 +124,24 @@ std::string block_free(const std::string& name) {
 
 }  // namespace
 
-bool Cancellation::cancels() const { return own_cancels(ratio, sibling, input) || twin != nullptr; }
+bool Cancellation::cancels() const { return own_cancels(ratio, sibling, input, plain) || twin != nullptr; }
 
 Cancellation cancellation_of(const Run& run, const LayerSummary& layer, double underflow_fraction) {
   Cancellation c;
   std::tie(c.ratio, c.sibling) = below_siblings(run, layer, underflow_fraction);
   if (c.sibling != nullptr) c.input = input_rms(run, *c.sibling);
+  c.plain = products_only(run, c.sibling);
   // What makes a sum zero in exact arithmetic is the block's structure, which its repeats
   // share: Marian's first decoder block's key bias keeps more rounding (1/370 of its
   // weight's) than the second's (1/1090). A bias that truly underflows sits at ~1 / |x| of
   // its weight's, above 1/128 for inputs below RMS 128.
-  if (c.sibling == nullptr || own_cancels(c.ratio, c.sibling, c.input) || c.ratio >= 1.0 / 128.0) return c;
+  if (c.sibling == nullptr || own_cancels(c.ratio, c.sibling, c.input, c.plain) || c.ratio >= 1.0 / 128.0) return c;
   const std::string shape = block_free(layer.info.name);
   if (shape == layer.info.name) return c;
   for (const auto& other : run.layers) {
     if (&other == &layer || other.info.shape != layer.info.shape || block_free(other.info.name) != shape) continue;
     const auto [ratio, sibling] = below_siblings(run, other, underflow_fraction);
-    if (own_cancels(ratio, sibling, sibling != nullptr ? input_rms(run, *sibling) : 0.0)) {
+    if (own_cancels(ratio, sibling, sibling != nullptr ? input_rms(run, *sibling) : 0.0, products_only(run, sibling))) {
       c.twin = &other;
       c.twin_ratio = ratio;
       break;

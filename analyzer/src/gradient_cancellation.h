@@ -14,6 +14,7 @@ struct Cancellation {
   const LayerSummary* sibling = nullptr;
   // What the sibling's module takes in per element, estimated from its outputs; 0 unknown.
   double input = 0.0;
+  bool plain = false;  // the sibling's module is torch's Linear or convolution: that estimate holds at any size
   // The same parameter in another block of the same structure whose gradient cancels on its
   // own evidence, where this one's is far below its weight's yet not that far: null if none.
   const LayerSummary* twin = nullptr;

@@ -357,9 +357,9 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
                    plural(finite, "sampled step") + ", while per element its gradient was " + fmt(c.ratio) + " of " +
                    c.sibling->info.name + "'s at the same steps";
       if (c.twin == nullptr && c.ratio >= 1.0 / 512.0)
-        f.evidence += " (whose module's input is small, about " + fmt(c.input) + " per element, estimated from its "
-                      "outputs and weights: a true gradient would be about " + fmt(1.0 / c.input) +
-                      " times the weight's)";
+        f.evidence += " (whose module's input is " + std::string(c.input < 1.0 ? "small, " : "") + "about " +
+                      fmt(c.input) + " per element, estimated from its outputs and weights: a true gradient would be "
+                      "about " + fmt(1.0 / c.input) + " times the weight's)";
       f.evidence += ", which the same scale keeps in range: a sum that is "
                     "zero in exact arithmetic (an attention key's bias, which shifts every score of a query alike "
                     "under softmax; a bias just before a normalisation), left with rounding; no scale helps";
