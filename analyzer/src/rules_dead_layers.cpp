@@ -6,6 +6,7 @@
 // task leaves unused behind `0 * p` (DDP's workaround for unused parameters), not a finding;
 // every gradient zero is zero-gradients'.
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -13,6 +14,46 @@
 #include "rules.h"
 
 namespace ampdiag::analyzer::rules {
+
+namespace {
+
+bool trains_own(const Run& run, const std::string& module) {
+  for (const auto& layer : run.layers)
+    if (layer.info.trainable && layer.info.module_path == module) return true;
+  return false;
+}
+
+// A normalisation with nothing of its own to train whose output was all zeros from `first`
+// on, while the module that finished just before it never made all zeros: it maps values
+// to zeros, which only a weight of 0 does, and that weight stays 0 (a frozen BatchNorm whose
+// copy of a ResNet block's zero-initialised last norm never trains away). The fix names the
+// first such norm and how many there were.
+std::optional<Suggestion> frozen_zero_norm(const Run& run, std::int64_t first) {
+  const ModuleSummary* named = nullptr;
+  const ModuleSummary* before_named = nullptr;
+  std::int64_t count = 0;
+  for (const auto& m : run.modules) {
+    if (m.zero_step < first || m.info.module_type.find("Norm") == std::string::npos || m.before_last < 0 ||
+        trains_own(run, m.info.path))
+      continue;
+    const ModuleSummary& before = run.modules[std::size_t(m.before_last)];
+    if (before.zero_step >= 0 || !(before.max_absmax > 0.0f)) continue;
+    if (count++ == 0) named = &m, before_named = &before;
+  }
+  if (named == nullptr) return std::nullopt;
+  return Suggestion{
+      named->info.path + " (" + named->info.module_type + ") trains nothing of its own and made all zeros of " +
+          before_named->info.path + "'s output, which was not zeros" +
+          (count > 1 ? " (" + plural(count - 1, "more normalisation") + " alike)" : std::string()) +
+          ": a normalisation whose weight is 0 and frozen (a buffer, or requires_grad=False) outputs only its bias and "
+          "sends no gradient back. ResNets in timm and torchvision start each residual block's last norm at weight 0 "
+          "(timm's zero_init_last, torchvision's zero_init_residual) for the norm to train away from it; frozen, it "
+          "stays 0. Load the backbone's pretrained weights before its norms are frozen, or build it without that zero "
+          "initialisation.",
+      "", "", ""};
+}
+
+}  // namespace
 
 void dead_layers(const Run& run, std::vector<Finding>& out) {
   constexpr std::int64_t kMinSamples = 5;
@@ -79,11 +120,15 @@ void dead_layers(const Run& run, std::vector<Finding>& out) {
     }
   if (!zeros.empty())
     f.evidence += "; the output of " + zeros + " was all zeros, which sends back no gradient";
-  f.suggestions.push_back(
-      {"Look for what zeroes everything after them: a ReLU whose every input is below 0 (a bias or an update that "
-       "pushed its inputs there: lower the learning rate, initialise the bias at 0, or use LeakyReLU or GELU), a gate or "
-       "mask stuck at 0. Where they are meant to be unused, freeze them and leave them out of the optimizer.",
-       "", "", ""});
+  std::string look =
+      "Look for what zeroes everything after them: a ReLU whose every input is below 0 (a bias or an update that "
+      "pushed its inputs there: lower the learning rate, initialise the bias at 0, or use LeakyReLU or GELU), a gate or "
+      "mask stuck at 0. Where they are meant to be unused, freeze them and leave them out of the optimizer.";
+  if (auto norm = frozen_zero_norm(run, first)) {
+    f.suggestions.push_back(*norm);
+    look = "Otherwise, l" + look.substr(1);
+  }
+  f.suggestions.push_back({look, "", "", ""});
   out.push_back(f);
 }
 
