@@ -327,6 +327,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         if (auto fix = reinitialise_after(run, module, modules_after(run, m.layers, m.ran_before)))
           f.suggestions.push_back(*fix);
       shrink_the_loss(run, m.losses, m.steps, true_max, true_max / limit, f);
+      f.evidence += flat_normalisation_after(run, module);
     }
     const BackwardReplay replay = at_any_scale && !too_large ? backward_replay(run, module) : BackwardReplay{};
     // A replay that ran on a finite output gradient already says where they were made.
@@ -516,6 +517,15 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                       (at_any_scale ? std::string("65504") : "65504 / " + fmt(t.scale_floor)) + " too (" + named +
                       "), so pinning " + (module.empty() ? row.name : module) + " alone would leave " +
                       (at_any_scale ? "theirs overflowing" : "the scale below the floor");
+        // Where they all lie in one block, its pin makes and sums every one of them in float32
+        // (DETR's first decoder self-attention: its output and value projections' biases).
+        if (const std::string holder = holding_all(run, module, others); !holder.empty()) {
+          f.suggestions.push_back(suggest::pin_fp32(run, holder));
+          f.suggestions.back().summary =
+              "Run " + holder + " in FP32, which holds " + module + " and every other layer whose gradients passed " +
+              (at_any_scale ? std::string("65504") : "65504 / " + fmt(t.scale_floor)) + ": autocast off around it, "
+              "its floating-point inputs cast to float32, so that their backwards make and sum them in float32.";
+        }
       } else if (!entered && !was_pinned) {
         // Its own backward overflowed, on gradients that passed back through a layer whose
         // weights start far too large, at or after it in forward: they are that many times

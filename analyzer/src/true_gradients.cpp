@@ -2,6 +2,7 @@
 #include "true_gradients.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <string>
 
@@ -73,6 +74,80 @@ std::string products_only_type(const Run& run, const std::string& module) {
   const ModuleSummary* m = module.empty() ? nullptr : run.module_named(module);
   if (m == nullptr || !types.count(m->info.module_type) || m->info.source.find("/torch/nn/") == std::string::npos) return {};
   return m->info.module_type;
+}
+
+namespace {
+
+// The per-element RMS of `layer`'s recorded weights, averaged over its rows; 0: none.
+double weight_rms(const Run& run, const std::string& layer) {
+  for (const LayerSummary& l : run.layers) {
+    if (l.info.name != layer || l.info.numel <= 0) continue;
+    double sum = 0.0;
+    std::int64_t rows = 0;
+    for (const auto& w : run.weight_norms)
+      if (w.layer_id == l.info.id && std::isfinite(w.l2)) {
+        sum += w.l2 / std::sqrt(double(l.info.numel));
+        ++rows;
+      }
+    return rows == 0 ? 0.0 : sum / double(rows);
+  }
+  return 0.0;
+}
+
+}  // namespace
+
+std::string flat_normalisation_after(const Run& run, const std::string& module) {
+  if (module.empty()) return {};
+  for (const ModuleSummary& norm : run.modules) {
+    if (norm.info.module_type.find("Norm") == std::string::npos || norm.before_last < 0) continue;
+    const std::string& before = run.modules[std::size_t(norm.before_last)].info.path;
+    if (before != module && !suggest::within(module, before) && !suggest::within(before, module)) continue;
+    // A weight of 0 would make zeros too, and send no gradient back: only a known one counts.
+    const double weight = weight_rms(run, norm.info.path + ".weight");
+    if (!(weight > 0.0)) continue;
+    const double output = norm.output_rms_rows > 0 ? norm.output_rms_sum / double(norm.output_rms_rows) : -1.0;
+    std::string made;
+    if (norm.zero_step >= 0) {
+      made = "its output was all zeros at step " + std::to_string(norm.zero_step);
+    } else if (output >= 0.0 && output < weight / 8.0) {
+      made = "its outputs' RMS was " + fmt(output) + ", 1/" + fmt(std::round(weight / output)) + " of its weight's";
+    } else {
+      continue;
+    }
+    return "; " + norm.info.path + " (" + norm.info.module_type + "), which takes " + module + "'s output, normalised "
+           "an input with next to no spread (" + made + "): a normalisation's backward multiplies the gradient by its "
+           "weight over that spread, sqrt(variance + eps), which is sqrt(eps) where the variance is 0 (316 times for "
+           "eps 1e-5), so " + module + " receives a gradient that many times the one reaching the norm: an input "
+           "constant over what the norm normalises (a residual stream that starts at zeros, as a DETR decoder's first "
+           "self-attention over queries of zeros)";
+  }
+  return {};
+}
+
+std::string holding_all(const Run& run, const std::string& module,
+                        const std::vector<std::pair<std::string, double>>& others) {
+  std::vector<std::string> paths;
+  for (const auto& [name, value] : others)
+    for (const LayerSummary& layer : run.layers)
+      if (layer.info.name == name) paths.push_back(layer.info.module_path);
+  if (paths.size() != others.size()) return {};
+  std::int64_t trained = 0;
+  for (const LayerSummary& layer : run.layers)
+    if (layer.info.trainable) trained += layer.info.numel;
+  for (std::string holder = module; !holder.empty();) {
+    if (run.module_named(holder) != nullptr &&
+        std::all_of(paths.begin(), paths.end(), [&](const std::string& p) { return suggest::within(p, holder); })) {
+      // A block that holds most of the model (an LM's decoder stack, a feature extractor) is
+      // the model trained in FP32, not a pin.
+      std::int64_t held = 0;
+      for (const LayerSummary& layer : run.layers)
+        if (layer.info.trainable && suggest::within(layer.info.module_path, holder)) held += layer.info.numel;
+      return 4 * held <= trained ? holder : std::string();
+    }
+    const auto dot = holder.rfind('.');
+    holder = dot == std::string::npos ? std::string() : holder.substr(0, dot);
+  }
+  return {};
 }
 
 }  // namespace ampdiag::analyzer::rules
