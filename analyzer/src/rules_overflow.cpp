@@ -174,7 +174,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     if (s.last_finite_before >= 0) {
       const std::string common =
           rundb::common_module(run.layers[std::size_t(s.last_finite_before)].info.module_path, layer.module_path);
-      if (!common.empty() && common != whole) module = common;
+      if (!common.empty() && common != whole) module = suggest::probed_module(run, common);
     }
     PerModule& m = modules[module];
     ++m.first;

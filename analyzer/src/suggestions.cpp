@@ -311,12 +311,16 @@ Suggestion scaler_settings(const Run& run, double init_scale, std::int64_t growt
 bool within(const std::string& path, const std::string& module) { return rundb::within(path, module); }
 
 std::string module_for_layer(const Run& run, const rundb::LayerRow& layer) {
+  return probed_module(run, layer.module_path);
+}
+
+std::string probed_module(const Run& run, const std::string& path) {
   std::string best;
   for (const auto& m : run.modules) {
     const std::string& p = m.info.path;
-    if (p.size() > best.size() && !p.empty() && within(layer.module_path, p)) best = p;
+    if (p.size() > best.size() && !p.empty() && within(path, p)) best = p;
   }
-  return best.empty() ? layer.module_path : best;
+  return best.empty() ? path : best;
 }
 
 namespace {

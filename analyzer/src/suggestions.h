@@ -56,6 +56,12 @@ Suggestion reinitialise(const Run& run, const std::string& module, double gain =
 // the parameter's own module.
 std::string module_for_layer(const Run& run, const rundb::LayerRow& layer);
 
+// The same for a module path: the innermost probed module holding it, itself where it was
+// probed, else the path. A module holding parameters that the agent never saw run (torch's
+// MultiheadAttention calls F.linear on its out_proj's weights, not out_proj's forward) is
+// acted on, pinned, through the module that uses them.
+std::string probed_module(const Run& run, const std::string& path);
+
 // A parameter the optimizer steps that is no parameter of the attached model (another
 // model's: a GAN's discriminator attached without it). The agent names it "optimizer.paramN".
 bool outside_model(const rundb::LayerRow& layer);
