@@ -11,6 +11,7 @@
 #include "overflow_events.h"
 #include "rules.h"
 #include "suggestions.h"
+#include "true_gradients.h"
 
 namespace ampdiag::analyzer::rules {
 
@@ -443,9 +444,22 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
                                     room_gradients(room) + " stay within " + top +
                                     ", its typical RMS (" + fmt(typical) + " unscaled) leaves at most " +
                                     pct(reach * reach) + " of its values in fp16's normal range";
+        // The gradients that hold the scale down made large by a normalisation of a flat input
+        // after their module: pinned, that module makes and sums them in float32, and the scale
+        // grows (DETR's first decoder self-attention: from 256 to 8192).
+        const std::string holder = suggest::probed_module(run, room.layer->info.module_path);
+        if (const FlatNorm flat = flat_normalisation_after(run, holder); flat.norm != nullptr) {
+          f.suggestions.push_back(suggest::pin_fp32(run, holder));
+          f.suggestions.back().summary =
+              "Run " + holder + " in FP32: " + flat.norm->info.path + ", which takes its output, normalised an input "
+              "with next to no spread (" + flat.made + "), and a normalisation's backward divides by that spread, so "
+              "the gradients " + holder + " receives are hundreds of times the rest; pinned, it makes and sums " +
+              room.layer->info.name + "'s in float32, and the scale can grow to lift these.";
+        }
         Suggestion bf16 = suggest::use_bf16(run);
-        bf16.summary = "Train in bfloat16 (fp32's range, no loss scaler needed) if the hardware supports it: no loss "
-                       "scale keeps these gradients and " + room.layer->info.name + "'s in fp16's range at once.";
+        bf16.summary = std::string(f.suggestions.empty() ? "Train" : "Or train") + " in bfloat16 (fp32's range, no "
+                       "loss scaler needed) if the hardware supports it: no loss scale keeps these gradients and " +
+                       room.layer->info.name + "'s in fp16's range at once.";
         f.suggestions.push_back(bf16);
         unliftable[room.layer->info.name].push_back(std::move(f));
         continue;

@@ -327,7 +327,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         if (auto fix = reinitialise_after(run, module, modules_after(run, m.layers, m.ran_before)))
           f.suggestions.push_back(*fix);
       shrink_the_loss(run, m.losses, m.steps, true_max, true_max / limit, f);
-      f.evidence += flat_normalisation_after(run, module);
+      f.evidence += flat_norm_evidence(flat_normalisation_after(run, module), module);
     }
     const BackwardReplay replay = at_any_scale && !too_large ? backward_replay(run, module) : BackwardReplay{};
     // A replay that ran on a finite output gradient already says where they were made.

@@ -96,32 +96,37 @@ double weight_rms(const Run& run, const std::string& layer) {
 
 }  // namespace
 
-std::string flat_normalisation_after(const Run& run, const std::string& module) {
+FlatNorm flat_normalisation_after(const Run& run, const std::string& module) {
   if (module.empty()) return {};
   for (const ModuleSummary& norm : run.modules) {
-    if (norm.info.module_type.find("Norm") == std::string::npos || norm.before_last < 0) continue;
+    // Only what divides by its input's own spread: MobileBERT's NoNorm is an affine map, and a
+    // FrozenBatchNorm divides by statistics it keeps.
+    const std::string& type = norm.info.module_type;
+    if (type.find("Norm") == std::string::npos || type.find("NoNorm") != std::string::npos ||
+        type.find("Frozen") != std::string::npos || norm.before_last < 0)
+      continue;
     const std::string& before = run.modules[std::size_t(norm.before_last)].info.path;
     if (before != module && !suggest::within(module, before) && !suggest::within(before, module)) continue;
     // A weight of 0 would make zeros too, and send no gradient back: only a known one counts.
     const double weight = weight_rms(run, norm.info.path + ".weight");
     if (!(weight > 0.0)) continue;
     const double output = norm.output_rms_rows > 0 ? norm.output_rms_sum / double(norm.output_rms_rows) : -1.0;
-    std::string made;
-    if (norm.zero_step >= 0) {
-      made = "its output was all zeros at step " + std::to_string(norm.zero_step);
-    } else if (output >= 0.0 && output < weight / 8.0) {
-      made = "its outputs' RMS was " + fmt(output) + ", 1/" + fmt(std::round(weight / output)) + " of its weight's";
-    } else {
-      continue;
-    }
-    return "; " + norm.info.path + " (" + norm.info.module_type + "), which takes " + module + "'s output, normalised "
-           "an input with next to no spread (" + made + "): a normalisation's backward multiplies the gradient by its "
-           "weight over that spread, sqrt(variance + eps), which is sqrt(eps) where the variance is 0 (316 times for "
-           "eps 1e-5), so " + module + " receives a gradient that many times the one reaching the norm: an input "
-           "constant over what the norm normalises (a residual stream that starts at zeros, as a DETR decoder's first "
-           "self-attention over queries of zeros)";
+    if (norm.zero_step >= 0) return {&norm, "its output was all zeros at step " + std::to_string(norm.zero_step)};
+    if (output >= 0.0 && output < weight / 8.0)
+      return {&norm, "its outputs' RMS was " + fmt(output) + ", 1/" + fmt(std::round(weight / output)) +
+                         " of its weight's"};
   }
   return {};
+}
+
+std::string flat_norm_evidence(const FlatNorm& flat, const std::string& module) {
+  if (flat.norm == nullptr) return {};
+  return "; " + flat.norm->info.path + " (" + flat.norm->info.module_type + "), which takes " + module + "'s output, "
+         "normalised an input with next to no spread (" + flat.made + "): a normalisation's backward multiplies the "
+         "gradient by its weight over that spread, sqrt(variance + eps), which is sqrt(eps) where the variance is 0 "
+         "(316 times for eps 1e-5), so " + module + " receives a gradient that many times the one reaching the norm: "
+         "an input constant over what the norm normalises (a residual stream that starts at zeros, as a DETR "
+         "decoder's first self-attention over queries of zeros)";
 }
 
 std::string holding_all(const Run& run, const std::string& module,

@@ -42,13 +42,20 @@ std::vector<std::pair<std::string, double>> also_beyond(const Run& run, const st
 // true gradients passed fp16's range. Empty otherwise (a custom module, a normalisation).
 std::string products_only_type(const Run& run, const std::string& module);
 
-// Where a normalisation takes `module`'s output (it finished just after it, or after a module
-// holding it) and normalised an input with next to no spread (its output all zeros in a
-// step, or of an RMS below 1/8 of its weight's), why `module`'s true gradients are that large:
-// a normalisation's backward divides by its input's spread, sqrt(eps) where that is 0
+// A normalisation that takes `module`'s output (it finished just after it, or after a module
+// holding it) and normalised an input with next to no spread: its output all zeros in a step,
+// or of an RMS below 1/8 of its weight's. A normalisation's backward divides by its input's
+// spread, sqrt(eps) where that is 0, so `module`'s true gradients are that many times larger
 // (DETR's first decoder layer normalises self-attention over queries of zeros: its output
-// projection's bias takes gradients of 4960). The evidence that says so, or empty.
-std::string flat_normalisation_after(const Run& run, const std::string& module);
+// projection's bias takes gradients of 4960). `made` says what its output showed.
+struct FlatNorm {
+  const ModuleSummary* norm = nullptr;
+  std::string made;
+};
+FlatNorm flat_normalisation_after(const Run& run, const std::string& module);
+
+// The evidence that `flat` makes `module`'s gradients that large; empty where it has no norm.
+std::string flat_norm_evidence(const FlatNorm& flat, const std::string& module);
 
 // The smallest probed module below the model that holds `module` and every layer of `others`
 // (names): pinned, all their fp16 backwards run in float32. Empty where only the model does,

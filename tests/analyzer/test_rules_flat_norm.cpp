@@ -8,6 +8,7 @@ namespace {
 struct FlatNormRun {
   bool flat = true;           // blk.norm's output all zeros; else of RMS 1, its weight's
   double backbone = 1 << 20;  // values of backbone.weight, outside blk
+  std::string norm_type = "LayerNorm";
 };
 
 // blk.o_proj.bias overflows first 12 times from a scale of 65536, then the scale settles at 16
@@ -19,7 +20,7 @@ Report flat_norm_run(const TempDir& dir, const FlatNormRun& run) {
                {{"backbone.weight", {run.backbone}}, {"blk.v_proj.bias", {64}}, {"blk.o_proj.bias", {64}},
                 {"blk.norm.weight", {64}}});
   f.absmax_times("backbone.weight", 0.001).absmax_times("blk.v_proj.bias", 0.5).absmax_times("blk.norm.weight", 0.001);
-  f.module_type("blk.norm", "LayerNorm");
+  f.module_type("blk.norm", run.norm_type);
   double scale = 65536;
   for (int i = 0; i < 32; ++i) {
     f.weight_norm("blk.norm.weight", 8.0);
@@ -53,6 +54,12 @@ TEST_CASE("gradients too large behind a norm of a varied input do not name it", 
   CHECK_THAT(required(r, "overflow-origin").evidence, !Catch::Contains("blk.norm"));
 }
 
+TEST_CASE("gradients too large behind MobileBERT's NoNorm, an affine map, do not name it", "[rules][flat]") {
+  TempDir dir;
+  const Report r = flat_norm_run(dir, {true, 1 << 20, "NoNorm"});
+  CHECK_THAT(required(r, "overflow-origin").evidence, !Catch::Contains("blk.norm"));
+}
+
 TEST_CASE("gradients too large in two layers of one small block are told to pin that block", "[rules][flat]") {
   TempDir dir;
   const Report r = flat_norm_run(dir, {});
@@ -69,4 +76,49 @@ TEST_CASE("gradients too large in two layers of a block holding most of the mode
   TempDir dir;
   const Report r = flat_norm_run(dir, {true, 64});
   for (const auto& s : required(r, "overflow-origin").suggestions) CHECK_THAT(s.summary, !Catch::Contains("Run blk"));
+}
+
+namespace {
+
+// blk.q.weight's gradients mostly fp16-subnormal at a scale of 256, while blk.o_proj.bias's
+// come within 1.6 of 65504 there: no scale lifts them; blk.norm after blk all zeros when
+// `flat`.
+Report held_down_run(const TempDir& dir, bool flat) {
+  RunFixture f(dir.file("run.db"), {"backbone.weight", "blk.q.weight", "blk.o_proj.bias", "blk.norm.weight"}, 0, 1,
+               "float32", {{"blk.norm.weight", "LayerNorm"}},
+               {{"backbone.weight", {1 << 20}}, {"blk.q.weight", {64, 64}}, {"blk.o_proj.bias", {64}},
+                {"blk.norm.weight", {64}}});
+  f.absmax_times("backbone.weight", 0.01).absmax_times("blk.q.weight", 0.01).absmax_times("blk.norm.weight", 0.01);
+  f.zeros_fraction("blk.q.weight", 0.3, 0.6);
+  f.module_type("blk.norm", "LayerNorm");
+  for (int i = 0; i < 20; ++i) {
+    f.weight_norm("blk.norm.weight", 8.0);
+    f.activation("blk.o_proj", false, 0.0, 0.0, true).activation("blk", false, 0.0, 0.0, true);
+    f.activation("blk.norm", false, flat ? 0.0 : 3.0, flat ? 0.0 : 64.0, flat);
+    f.step(256, 256, 40000);
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("an underflow held down by gradients behind a norm of a constant input is told to pin their block",
+          "[rules][flat]") {
+  TempDir dir;
+  const Report r = held_down_run(dir, true);
+  const Finding& u = required(r, "underflow");
+  CHECK_THAT(u.title, Catch::EndsWith("no loss scale lifts it without blk.o_proj.bias overflowing"));
+  REQUIRE(u.suggestions.size() == 2);
+  CHECK_THAT(u.suggestions[0].summary, Catch::StartsWith("Run blk.o_proj in FP32: blk.norm, which takes its output, "
+                                                         "normalised an input with next to no spread"));
+  CHECK_THAT(u.suggestions[1].summary, Catch::StartsWith("Or train in bfloat16"));
+}
+
+TEST_CASE("an underflow held down by gradients behind a norm of a varied input is told bf16 only", "[rules][flat]") {
+  TempDir dir;
+  const Report r = held_down_run(dir, false);
+  const Finding& u = required(r, "underflow");
+  REQUIRE(u.suggestions.size() == 1);
+  CHECK_THAT(u.suggestions[0].summary, Catch::StartsWith("Train in bfloat16"));
 }
