@@ -138,7 +138,7 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
                                  : "";
   // A loss that goes below 0 has no size to set the outputs against.
   const bool large_outputs = last && std::isfinite(loss) && loss > 0 && !(negative < 0.0) &&
-                             double(last->max_absmax) >= std::sqrt(loss) / 10.0;
+                             double(last->max_absmax) >= std::max(8.0, std::sqrt(loss) / 10.0);
   std::string summary = "Shrink the loss where it is made";
   if (intermittent) {
     summary += " (it is around " + fmt(loss) + " in the steps where its gradients overflowed, against " + fmt(calm) +

@@ -66,3 +66,37 @@ TEST_CASE("a module of the user's own making Inf from a finite gradient at a sca
   REQUIRE(!o.suggestions.empty());
   CHECK_THAT(o.suggestions.front().summary, Catch::StartsWith("Look first at the backward of head"));
 }
+
+namespace {
+
+// head's gradients go NaN/Inf first 12 times from 65536, then fit at 16 (700 unscaled), under
+// a loss of 54; head's outputs reach `outputs`.
+Report weighted_loss_run(const TempDir& dir, double outputs) {
+  RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2)
+    f.activation("head", false, outputs).step(scale, scale / 2, 1000, {"head.weight"}, 54.0);
+  for (int i = 0; i < 20; ++i) f.activation("head", false, outputs).step(scale, scale, 11200, {}, 54.0);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("outputs of about 1 beside a loss of 54 are not called large", "[rules]") {
+  // A detector's class logits and sigmoid boxes under its loss terms summed over three decoder
+  // layers: the root of the loss, 7.4, says nothing of outputs this small.
+  TempDir dir;
+  const Report r = weighted_loss_run(dir, 1.09);
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE(!o.suggestions.empty());
+  CHECK_THAT(o.suggestions.front().summary, Catch::StartsWith("Shrink the loss where it is made") &&
+                                                !Catch::Contains("outputs are large too"));
+}
+
+TEST_CASE("outputs of 20 beside a loss of 54 are called large", "[rules]") {
+  TempDir dir;
+  const Report r = weighted_loss_run(dir, 20.0);
+  CHECK_THAT(required(r, "overflow-origin").suggestions.front().summary,
+             Catch::Contains("the model's outputs are large too (head's, the last module's, reach 20)"));
+}
