@@ -447,8 +447,9 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
         // The gradients that hold the scale down made large by a normalisation of a flat input
         // after their module: pinned, that module makes and sums them in float32, and the scale
         // grows (DETR's first decoder self-attention: from 256 to 8192).
-        const std::string holder = suggest::probed_module(run, room.layer->info.module_path);
-        if (const FlatNorm flat = flat_normalisation_after(run, holder); flat.norm != nullptr) {
+        const std::string before = suggest::probed_module(run, room.layer->info.module_path);
+        if (const FlatNorm flat = flat_normalisation_after(run, before); flat.norm != nullptr) {
+          const std::string holder = block_before(run, before, *flat.norm);
           f.suggestions.push_back(suggest::pin_fp32(run, holder));
           f.suggestions.back().summary =
               "Run " + holder + " in FP32: " + flat.norm->info.path + ", which takes its output, normalised an input "

@@ -129,6 +129,27 @@ std::string flat_norm_evidence(const FlatNorm& flat, const std::string& module) 
          "decoder's first self-attention over queries of zeros)";
 }
 
+namespace {
+
+std::string parent_of(const std::string& path) {
+  const auto dot = path.rfind('.');
+  return dot == std::string::npos ? std::string() : path.substr(0, dot);
+}
+
+// Whether `block` holds at most a quarter of the trained values: a block that holds most of
+// the model (an LM's decoder stack, a feature extractor) pinned is the model trained in FP32.
+bool small_block(const Run& run, const std::string& block) {
+  std::int64_t trained = 0, held = 0;
+  for (const LayerSummary& layer : run.layers) {
+    if (!layer.info.trainable) continue;
+    trained += layer.info.numel;
+    if (suggest::within(layer.info.module_path, block)) held += layer.info.numel;
+  }
+  return 4 * held <= trained;
+}
+
+}  // namespace
+
 std::string holding_all(const Run& run, const std::string& module,
                         const std::vector<std::pair<std::string, double>>& others) {
   std::vector<std::string> paths;
@@ -136,23 +157,20 @@ std::string holding_all(const Run& run, const std::string& module,
     for (const LayerSummary& layer : run.layers)
       if (layer.info.name == name) paths.push_back(layer.info.module_path);
   if (paths.size() != others.size()) return {};
-  std::int64_t trained = 0;
-  for (const LayerSummary& layer : run.layers)
-    if (layer.info.trainable) trained += layer.info.numel;
-  for (std::string holder = module; !holder.empty();) {
+  for (std::string holder = module; !holder.empty(); holder = parent_of(holder))
     if (run.module_named(holder) != nullptr &&
-        std::all_of(paths.begin(), paths.end(), [&](const std::string& p) { return suggest::within(p, holder); })) {
-      // A block that holds most of the model (an LM's decoder stack, a feature extractor) is
-      // the model trained in FP32, not a pin.
-      std::int64_t held = 0;
-      for (const LayerSummary& layer : run.layers)
-        if (layer.info.trainable && suggest::within(layer.info.module_path, holder)) held += layer.info.numel;
-      return 4 * held <= trained ? holder : std::string();
-    }
-    const auto dot = holder.rfind('.');
-    holder = dot == std::string::npos ? std::string() : holder.substr(0, dot);
-  }
+        std::all_of(paths.begin(), paths.end(), [&](const std::string& p) { return suggest::within(p, holder); }))
+      return small_block(run, holder) ? holder : std::string();
   return {};
+}
+
+std::string block_before(const Run& run, const std::string& module, const ModuleSummary& norm) {
+  std::string block = module;
+  for (std::string up = parent_of(block); !up.empty() && run.module_named(up) != nullptr &&
+                                          !suggest::within(norm.info.path, up) && small_block(run, up);
+       up = parent_of(up))
+    block = up;
+  return block;
 }
 
 }  // namespace ampdiag::analyzer::rules

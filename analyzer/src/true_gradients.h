@@ -63,4 +63,10 @@ std::string flat_norm_evidence(const FlatNorm& flat, const std::string& module);
 std::string holding_all(const Run& run, const std::string& module,
                         const std::vector<std::pair<std::string, double>>& others);
 
+// The largest probed module that holds `module` and not `norm`, which takes its output: the
+// block whose every backward the flat norm's gradient passes through (DETR's self-attention,
+// whose output and value projections' biases both take it), at most a quarter of the
+// trained values; `module` itself where none above it qualifies.
+std::string block_before(const Run& run, const std::string& module, const ModuleSummary& norm);
+
 }  // namespace ampdiag::analyzer::rules

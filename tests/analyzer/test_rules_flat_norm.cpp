@@ -81,20 +81,20 @@ TEST_CASE("gradients too large in two layers of a block holding most of the mode
 namespace {
 
 // blk.q.weight's gradients mostly fp16-subnormal at a scale of 256, while blk.o_proj.bias's
-// come within 1.6 of 65504 there: no scale lifts them; blk.norm after blk all zeros when
-// `flat`.
-Report held_down_run(const TempDir& dir, bool flat) {
-  RunFixture f(dir.file("run.db"), {"backbone.weight", "blk.q.weight", "blk.o_proj.bias", "blk.norm.weight"}, 0, 1,
-               "float32", {{"blk.norm.weight", "LayerNorm"}},
+// come within 1.6 of 65504 there: no scale lifts them; `norm` (blk.norm, inside blk, or a
+// sibling of blk) after blk all zeros when `flat`.
+Report held_down_run(const TempDir& dir, bool flat, const std::string& norm = "blk.norm") {
+  RunFixture f(dir.file("run.db"), {"backbone.weight", "blk.q.weight", "blk.o_proj.bias", norm + ".weight"}, 0, 1,
+               "float32", {{norm + ".weight", "LayerNorm"}},
                {{"backbone.weight", {1 << 20}}, {"blk.q.weight", {64, 64}}, {"blk.o_proj.bias", {64}},
-                {"blk.norm.weight", {64}}});
-  f.absmax_times("backbone.weight", 0.01).absmax_times("blk.q.weight", 0.01).absmax_times("blk.norm.weight", 0.01);
+                {norm + ".weight", {64}}});
+  f.absmax_times("backbone.weight", 0.01).absmax_times("blk.q.weight", 0.01).absmax_times(norm + ".weight", 0.01);
   f.zeros_fraction("blk.q.weight", 0.3, 0.6);
-  f.module_type("blk.norm", "LayerNorm");
+  f.module_type(norm, "LayerNorm");
   for (int i = 0; i < 20; ++i) {
-    f.weight_norm("blk.norm.weight", 8.0);
+    f.weight_norm(norm + ".weight", 8.0);
     f.activation("blk.o_proj", false, 0.0, 0.0, true).activation("blk", false, 0.0, 0.0, true);
-    f.activation("blk.norm", false, flat ? 0.0 : 3.0, flat ? 0.0 : 64.0, flat);
+    f.activation(norm, false, flat ? 0.0 : 3.0, flat ? 0.0 : 64.0, flat);
     f.step(256, 256, 40000);
   }
   f.finish();
@@ -121,4 +121,14 @@ TEST_CASE("an underflow held down by gradients behind a norm of a varied input i
   const Finding& u = required(r, "underflow");
   REQUIRE(u.suggestions.size() == 1);
   CHECK_THAT(u.suggestions[0].summary, Catch::StartsWith("Train in bfloat16"));
+}
+
+TEST_CASE("an underflow held down behind a norm after a block is told to pin the whole block", "[rules][flat]") {
+  // DETR's self_attn_layer_norm takes the output of self_attn, whose output projection's and
+  // value projection's biases both take its gradient.
+  TempDir dir;
+  const Report r = held_down_run(dir, true, "norm_after_blk");
+  REQUIRE(!required(r, "underflow").suggestions.empty());
+  CHECK_THAT(required(r, "underflow").suggestions[0].summary,
+             Catch::StartsWith("Run blk in FP32: norm_after_blk, which takes its output, normalised an input"));
 }
