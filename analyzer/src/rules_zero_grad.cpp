@@ -156,12 +156,25 @@ void gradients_cleared(const Run& run, const std::map<std::int64_t, StepGradient
       f.title = "Every gradient was exactly zero when the optimizer stepped: the model's output was all zeros, so "
                 "backward sent none back, and nothing trains";
       f.evidence += "; " + zeros;
-      f.suggestions.push_back({"Find what zeroes the model's output: with every output 0 the loss's gradient stops "
-                               "there and no layer gets any. A ReLU at the end whose inputs have all gone negative "
-                               "(a dead ReLU, after an optimizer step too large: SqueezeNet's classifier ends in a "
-                               "ReLU before its pooling) passes none back. Lower the learning rate or warm it up, and "
-                               "end the model with its last linear layer or convolution, no activation after it.",
-                               "", ""});
+      // Zeros from the first recorded step came before any optimizer step: the initialisation's
+      // (DPT's depth head, a ReLU after a convolution of weights at std 0.02 and a bias of 0
+      // over features that barely vary), which no learning rate explains.
+      if (first <= run.steps.front().row.step)
+        f.suggestions.push_back({"Find what zeroes the model's output: with every output 0 the loss's gradient stops "
+                                 "there and no layer gets any. It was all zeros from the first step, before any "
+                                 "optimizer step, so what the model started with made it (its initialisation, or a "
+                                 "checkpoint it was loaded from): a ReLU at the end whose inputs all start below 0 (a "
+                                 "dead ReLU) passes none back. Start the bias before it above 0, end in Softplus where "
+                                 "the output must stay positive, or end the model with its last linear layer or "
+                                 "convolution, no activation after it.",
+                                 "", ""});
+      else
+        f.suggestions.push_back({"Find what zeroes the model's output: with every output 0 the loss's gradient stops "
+                                 "there and no layer gets any. A ReLU at the end whose inputs have all gone negative "
+                                 "(a dead ReLU, after an optimizer step too large: SqueezeNet's classifier ends in a "
+                                 "ReLU before its pooling) passes none back. Lower the learning rate or warm it up, and "
+                                 "end the model with its last linear layer or convolution, no activation after it.",
+                                 "", ""});
     } else {
       f.suggestions.push_back({"Look at the loss, not at zero_grad(): its gradient is zero. It is exactly 0 or "
                                "saturated (a softmax temperature so small that every pair is already separated, a "

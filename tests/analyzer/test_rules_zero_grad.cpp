@@ -116,16 +116,16 @@ TEST_CASE("all-zero gradients that arrived zero from backward are the loss's, no
 
 namespace {
 
-// A classifier whose last module's output turned all zeros from step 3 on (SqueezeNet's
+// A classifier whose last module's output turned all zeros from step `from` on (SqueezeNet's
 // dead ReLU before its pooling), its gradients all zero in those steps, seen arriving zero
 // from backward; `dead` false: its output stays nonzero (a loss that saturated).
-Report dead_output(const TempDir& dir, bool dead) {
+Report dead_output(const TempDir& dir, bool dead, int from = 3) {
   RunFixture f(dir.file("run.db"), kLayers);
   for (int i = 0; i < 11; ++i) {
-    if (i == 3) f.event("gradients-arrived-zero", "head.bias's gradient arrived from backward all zeros");
+    if (i == from) f.event("gradients-arrived-zero", "head.bias's gradient arrived from backward all zeros");
     f.activation("features", false).activation("classifier.1", false).activation("classifier.3", false, 10.0, 100.0,
-                                                                                  dead && i >= 3);
-    if (i < 3)
+                                                                                  dead && i >= from);
+    if (i < from)
       f.step(65536, 65536, 1000.0, {}, 2.2);
     else
       f.step(65536, 65536, 0.0, {}, 2.302585);
@@ -148,6 +148,17 @@ TEST_CASE("all-zero gradients under a model output of all zeros name that output
                                          "values), while classifier.1's, which finished just before it, was not"));
   CHECK_THAT(z.suggestions.front().summary, Catch::StartsWith("Find what zeroes the model's output") &&
                                                 Catch::Contains("a dead ReLU"));
+}
+
+TEST_CASE("a model output of all zeros from the first step is the initialisation's, not a step's", "[rules][zero-grad]") {
+  // DPT's depth head ends in a ReLU after a convolution at std 0.02 and a bias of 0: dead
+  // before any optimizer step, which no learning rate explains.
+  TempDir dir;
+  const Report r = dead_output(dir, true, 0);
+  const Finding& z = required(r, "zero-gradients");
+  CHECK_THAT(z.suggestions.front().summary, Catch::Contains("It was all zeros from the first step, before any optimizer "
+                                                            "step, so what the model started with made it") &&
+                                                !Catch::Contains("Lower the learning rate"));
 }
 
 TEST_CASE("all-zero gradients under a model output that is not zero keep the look at the loss", "[rules][zero-grad]") {
