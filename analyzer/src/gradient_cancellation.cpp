@@ -69,16 +69,10 @@ double input_rms(const Run& run, const LayerSummary& weight) {
   if (dims.size() < 2 || dims.front() <= 0 || weight.info.numel <= 0) return 0.0;
   const ModuleSummary* module = run.module_named(weight.info.module_path);
   if (module == nullptr || module->output_rms_rows == 0) return 0.0;
-  double sum = 0.0;
-  std::int64_t rows = 0;
-  for (const auto& w : run.weight_norms)
-    if (w.layer_id == weight.info.id && std::isfinite(w.l2)) {
-      sum += w.l2 / std::sqrt(double(weight.info.numel));
-      ++rows;
-    }
-  if (rows == 0 || !(sum > 0.0)) return 0.0;
+  const double rms = mean_weight_rms(run, weight);
+  if (!(rms > 0.0)) return 0.0;
   const double fan_in = double(weight.info.numel) / double(dims.front());
-  return module->output_rms_sum / double(module->output_rms_rows) / (std::sqrt(fan_in) * sum / double(rows));
+  return module->output_rms_sum / double(module->output_rms_rows) / (std::sqrt(fan_in) * rms);
 }
 
 // Rounding left by a sum that cancels (n terms of a gradient g, each rounded to fp16's

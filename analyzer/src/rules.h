@@ -65,6 +65,8 @@ std::string replay_absmax(double v);
 double median_of(std::vector<double>& values);
 // Each layer's weights at the first step the agent read them (Run::weight_norms), by layer id.
 std::map<std::int64_t, const rundb::WeightNormRow*> first_weight_norms(const Run& run);
+// The per-element RMS of `layer`'s weights, averaged over the rows the agent read; 0: none.
+double mean_weight_rms(const Run& run, const LayerSummary& layer);
 // A parameter dtype of a model stored in half precision (the layers table's name).
 bool half_dtype(const std::string& dtype);
 

@@ -47,6 +47,18 @@ std::map<std::int64_t, const rundb::WeightNormRow*> first_weight_norms(const Run
   return first;
 }
 
+double mean_weight_rms(const Run& run, const LayerSummary& layer) {
+  if (layer.info.numel <= 0) return 0.0;
+  double sum = 0.0;
+  std::int64_t rows = 0;
+  for (const auto& w : run.weight_norms)
+    if (w.layer_id == layer.info.id && std::isfinite(w.l2)) {
+      sum += w.l2 / std::sqrt(double(layer.info.numel));
+      ++rows;
+    }
+  return rows == 0 ? 0.0 : sum / double(rows);
+}
+
 namespace {
 
 // RMS times the square root of the fan-in from which a layer's weights count as oversized:

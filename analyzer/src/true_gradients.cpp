@@ -38,6 +38,23 @@ bool gradient_made_in_fp32(const LayerSummary& layer, const Fp32Gradients& fp32)
          fp32.holds(layer.info);
 }
 
+std::string parent_of(const std::string& path) {
+  const auto dot = path.rfind('.');
+  return dot == std::string::npos ? std::string() : path.substr(0, dot);
+}
+
+// Whether `block` holds at most a quarter of the trained values: a block that holds most of
+// the model (an LM's decoder stack, a feature extractor) pinned is the model trained in FP32.
+bool small_block(const Run& run, const std::string& block) {
+  std::int64_t trained = 0, held = 0;
+  for (const LayerSummary& layer : run.layers) {
+    if (!layer.info.trainable) continue;
+    trained += layer.info.numel;
+    if (suggest::within(layer.info.module_path, block)) held += layer.info.numel;
+  }
+  return 4 * held <= trained;
+}
+
 }  // namespace
 
 TrueGradient largest_true_gradient_of(const Run& run, const std::string& module,
@@ -76,26 +93,6 @@ std::string products_only_type(const Run& run, const std::string& module) {
   return m->info.module_type;
 }
 
-namespace {
-
-// The per-element RMS of `layer`'s recorded weights, averaged over its rows; 0: none.
-double weight_rms(const Run& run, const std::string& layer) {
-  for (const LayerSummary& l : run.layers) {
-    if (l.info.name != layer || l.info.numel <= 0) continue;
-    double sum = 0.0;
-    std::int64_t rows = 0;
-    for (const auto& w : run.weight_norms)
-      if (w.layer_id == l.info.id && std::isfinite(w.l2)) {
-        sum += w.l2 / std::sqrt(double(l.info.numel));
-        ++rows;
-      }
-    return rows == 0 ? 0.0 : sum / double(rows);
-  }
-  return 0.0;
-}
-
-}  // namespace
-
 FlatNorm flat_normalisation_after(const Run& run, const std::string& module) {
   if (module.empty()) return {};
   for (const ModuleSummary& norm : run.modules) {
@@ -108,7 +105,9 @@ FlatNorm flat_normalisation_after(const Run& run, const std::string& module) {
     const std::string& before = run.modules[std::size_t(norm.before_last)].info.path;
     if (before != module && !suggest::within(module, before) && !suggest::within(before, module)) continue;
     // A weight of 0 would make zeros too, and send no gradient back: only a known one counts.
-    const double weight = weight_rms(run, norm.info.path + ".weight");
+    double weight = 0.0;
+    for (const LayerSummary& layer : run.layers)
+      if (layer.info.name == norm.info.path + ".weight") weight = mean_weight_rms(run, layer);
     if (!(weight > 0.0)) continue;
     const double output = norm.output_rms_rows > 0 ? norm.output_rms_sum / double(norm.output_rms_rows) : -1.0;
     if (norm.zero_step >= 0) return {&norm, "its output was all zeros at step " + std::to_string(norm.zero_step)};
@@ -128,27 +127,6 @@ std::string flat_norm_evidence(const FlatNorm& flat, const std::string& module) 
          "an input constant over what the norm normalises (a residual stream that starts at zeros, as a DETR "
          "decoder's first self-attention over queries of zeros)";
 }
-
-namespace {
-
-std::string parent_of(const std::string& path) {
-  const auto dot = path.rfind('.');
-  return dot == std::string::npos ? std::string() : path.substr(0, dot);
-}
-
-// Whether `block` holds at most a quarter of the trained values: a block that holds most of
-// the model (an LM's decoder stack, a feature extractor) pinned is the model trained in FP32.
-bool small_block(const Run& run, const std::string& block) {
-  std::int64_t trained = 0, held = 0;
-  for (const LayerSummary& layer : run.layers) {
-    if (!layer.info.trainable) continue;
-    trained += layer.info.numel;
-    if (suggest::within(layer.info.module_path, block)) held += layer.info.numel;
-  }
-  return 4 * held <= trained;
-}
-
-}  // namespace
 
 std::string holding_all(const Run& run, const std::string& module,
                         const std::vector<std::pair<std::string, double>>& others) {
