@@ -302,14 +302,22 @@ Code at_steps(const Run& run, const std::vector<std::int64_t>& steps, const std:
   return code;
 }
 
-Code origin(const Run& run) {
+namespace {
+
+Code of_event(const Run& run, const std::string& kind) {
   Code code;
-  if (const rundb::EventRow* e = run.first_event("loss-code-origin")) {
+  if (const rundb::EventRow* e = run.first_event(kind)) {
     code.step = e->step;
     code.ops = parse(e->detail);
   }
   return code;
 }
+
+}  // namespace
+
+Code origin(const Run& run) { return of_event(run, "loss-code-origin"); }
+
+Code first(const Run& run) { return of_event(run, "loss-code-first"); }
 
 Code after_module(const Run& run, const std::string& module, const std::string& kind) {
   Code code;

@@ -75,6 +75,11 @@ Code at_steps(const Run& run, const std::vector<std::int64_t>& steps, const std:
 // last. Empty where none was traced.
 Code origin(const Run& run);
 
+// The loss code as the run's first backward was about to start (event "loss-code-first",
+// from the Python agent, once a run): what a finding without a reading at its own steps
+// (gradients too large for the scale, the loss finite) can still tell the loss by.
+Code first(const Run& run);
+
 // The code after a module, read (by the Python agent) where the gradient reaching its output
 // held NaN/Inf: `kind` "output-code", the operations from its output to the loss ("PATH:
 // ops"); "output-code-origin", those from its output to the first whose backward made the

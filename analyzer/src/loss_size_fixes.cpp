@@ -64,6 +64,7 @@ const loss_code::Op* largest_factor(const Run& run, const std::vector<std::int64
                                     loss_code::Code& code) {
   code = loss_code::at_steps(run, steps);
   if (code.empty()) code = loss_code::at_steps(run, run.output_overflow_steps);
+  if (code.empty()) code = loss_code::first(run);
   const loss_code::Op* largest = nullptr;
   double net = 1.0;
   for (const auto& op : code.ops) {

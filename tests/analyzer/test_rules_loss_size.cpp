@@ -70,9 +70,11 @@ TEST_CASE("a module of the user's own making Inf from a finite gradient at a sca
 namespace {
 
 // head's gradients go NaN/Inf first 12 times from 65536, then fit at 16 (700 unscaled), under
-// a loss of 54; head's outputs reach `outputs`.
-Report weighted_loss_run(const TempDir& dir, double outputs) {
+// a loss of 54; head's outputs reach `outputs`; the loss code read before the first backward
+// `first_code`, where given.
+Report weighted_loss_run(const TempDir& dir, double outputs, const std::string& first_code = "") {
   RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
+  if (!first_code.empty()) f.event("loss-code-first", first_code);
   double scale = 65536;
   for (int i = 0; i < 12; ++i, scale /= 2)
     f.activation("head", false, outputs).step(scale, scale / 2, 1000, {"head.weight"}, 54.0);
@@ -99,4 +101,16 @@ TEST_CASE("outputs of 20 beside a loss of 54 are called large", "[rules]") {
   const Report r = weighted_loss_run(dir, 20.0);
   CHECK_THAT(required(r, "overflow-origin").suggestions.front().summary,
              Catch::Contains("the model's outputs are large too (head's, the last module's, reach 20)"));
+}
+
+TEST_CASE("a loss too large whose first loss code multiplies it by 16 is told to take the factor out", "[rules]") {
+  // Nothing went NaN/Inf in the loss, so the loss code was read only before the first backward.
+  TempDir dir;
+  const Report r = weighted_loss_run(dir, 1.09, "ToCopy:float32, LogSoftmax:float32, NllLoss(mean of 160):float32, "
+                                                "Mul(16):float32");
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE(o.suggestions.size() >= 2);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Take out the loss code's multiplication by 16 (Mul, float32)"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::Contains(": its targets are class indices, which no normalisation "
+                                                       "shrinks"));
 }

@@ -233,6 +233,16 @@ def test_a_healthy_run_reads_no_loss_code(tmp_path):
     assert loss_code_events(db) == []
 
 
+def test_the_first_loss_code_is_written_once_a_run_with_its_numbers(tmp_path):
+    # What a run whose gradients are too large for the scale, its loss finite, has to tell a
+    # loss over class indices or a factor on it by.
+    db = tmp_path / "run.db"
+    train(db, lambda step, out: nn.functional.cross_entropy(out.float(), torch.zeros(6, dtype=torch.long)) * 16)
+    with sqlite3.connect(db) as c:
+        rows = c.execute("SELECT step, detail FROM events WHERE kind = 'loss-code-first'").fetchall()
+    assert rows == [(0, "ToCopy:float32, LogSoftmax:float32, NllLoss(mean of 6):float32, Mul(16):float32")]
+
+
 def test_a_nan_target_the_loss_saved_is_named_with_its_counts_and_dtype():
     out = torch.randn(4, 1, requires_grad=True) * 1
     target = torch.ones(4, 1)

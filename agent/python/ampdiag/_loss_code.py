@@ -137,9 +137,13 @@ def loss_code(nodes) -> "str | None":
 def read_first_loss_code(handle):
     """The loss code as the run's first backward is about to start, its saved values alive,
     kept as handle._first_loss_code: a look during a backward finds a Mul's or Div's number
-    freed (with_numbers)."""
+    freed (with_numbers). Written once as event "loss-code-first": a run whose gradients are
+    too large for the scale without a NaN/Inf loss has no other reading of its loss code,
+    which says whether the loss is over class indices or holds a factor."""
     if handle._first_loss_code is None and handle._output_nodes and handle._loss_nodes:
         handle._first_loss_code = loss_code(path_nodes(handle._loss_nodes, handle._output_nodes)) or ""
+        if handle._first_loss_code:
+            handle._event("loss-code-first", handle._first_loss_code)
 
 
 def with_numbers(code, read_before) -> "str | None":
