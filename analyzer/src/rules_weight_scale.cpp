@@ -264,6 +264,24 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
     shrunk.push_back(g.layer.empty() ? g.module : g.layer);
   }
 
+  // Where no underflow follows from it: its own gradient mostly exact zeros (a quarter of its
+  // values or more, on average over its finite samples). A gain this large
+  // pushes what takes its outputs to its limits, a tanh or a softmax, where the gradient is
+  // 0 in any precision: nanochat's logits softcapped by tanh at 15 under an lm_head 3e4
+  // times too large, its loss at 20 against ln(256) and its head's gradient 54% zeros, was
+  // called healthy.
+  double saturated = 0.0;
+  if (shrunk.empty()) {
+    std::int64_t finite = 0;
+    double zeros = 0.0;
+    for (const auto& g : top.layer->samples) {
+      if (g.nonfinite) continue;
+      zeros += double(g.zero_q) / 65535.0;
+      ++finite;
+    }
+    if (finite > 0 && zeros / double(finite) >= 0.25) saturated = zeros / double(finite);
+  }
+
   // An occasional overflow the scaler copes with (information) still weighs where it holds
   // the scale down enough for scale-collapse or skip-rate to speak.
   bool scale_hurt = false;
@@ -271,6 +289,9 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
     scale_hurt = scale_hurt || ((g.rule == "scale-collapse" || g.rule == "skip-rate") && g.severity != Severity::kInfo);
   const bool occasional = explained && explained->severity == Severity::kInfo;
   const bool weighs = explained && (!occasional || scale_hurt);
+  // The saturation leads where no overflow it explains weighs: the scaler's calibration it
+  // also brought on is said in the evidence.
+  const bool saturation_leads = saturated > 0.0 && !weighs;
 
   Finding f;
   f.rule = "oversized-weights";
@@ -279,11 +300,13 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   f.steps.push_back(top.step);
   // A warning beside the overflow's own finding, which keeps its fixes: a gain this large is
   // what makes outputs large, but a model may have it by design (trainable Fourier features).
-  f.severity = weighs || !shrunk.empty() ? Severity::kWarning : Severity::kInfo;
-  f.score = weighs || !shrunk.empty() ? 60.0 : 5.0;
+  f.severity = weighs || !shrunk.empty() || saturated > 0.0 ? Severity::kWarning : Severity::kInfo;
+  f.score = weighs || !shrunk.empty() || saturated > 0.0 ? 60.0 : 5.0;
   f.title = top.layer->info.name + " starts at a gain of " + whole_number(top.scale) +
             ", far above any standard initialisation's" +
-            (explained && unplaced_loss(*explained) ? ": the NaN/Inf loss likely follows from it"
+            (saturation_leads ? ": " + pct(saturated) + " of its own gradient was exactly zero, what takes its outputs "
+                                "saturated"
+             : explained && unplaced_loss(*explained) ? ": the NaN/Inf loss likely follows from it"
              : explained && occasional && deep
                  ? ": the overflows at " + place + " that brought the loss scale down " +
                        plural(calibration, "halving") + " at the start likely follow from it"
@@ -311,7 +334,16 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   if (!shrunk.empty())
     f.evidence += "; its outputs reach " + fmt(big->max_absmax) + ", at least " + whole_number(kDominates) +
                   " times those of the modules whose gradients underflow (see underflow)";
-  if (explained || !shrunk.empty()) f.suggestions.push_back(suggest::reinitialise(run, module));
+  if (saturated > 0.0)
+    f.evidence += "; on average " + pct(saturated) + " of its gradient's values were exactly zero: outputs that many "
+                  "times too large push what takes them to its limits, a tanh or a softmax, where the gradient is 0 "
+                  "in any precision, so it and the layers before it barely train whatever the loss scale";
+  if (explained || !shrunk.empty() || saturated > 0.0) f.suggestions.push_back(suggest::reinitialise(run, module));
+  if (saturated > 0.0 && !explained) {  // no overflow's fixes to fall back on
+    std::string& summary = f.suggestions.back().summary;
+    const std::string by_design = " Where the gain is by design, the overflow's own fixes apply.";
+    if (const std::size_t at = summary.find(by_design); at != std::string::npos) summary.erase(at, by_design.size());
+  }
   if (!explained && !shrunk.empty()) {
     std::string& by_design = f.suggestions.back().summary;
     const std::string overflow = "the overflow's own fixes";
