@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "overflow_events.h"
 #include "true_gradients.h"
 
 namespace ampdiag::analyzer::rules {
@@ -29,8 +30,10 @@ bool bias_like(const rundb::LayerRow& info) {
 // over what a normalisation after it removes is zero in exact arithmetic is left with
 // rounding, hundreds to thousands of times below its weight's gradient: not what the scale
 // flushes.
+// `any_range`: against a sibling whatever share of it underflows, for a bias whose sum is
+// zero by the structure after it (below).
 std::pair<double, const LayerSummary*> below_siblings(const Run& run, const LayerSummary& layer,
-                                                     double underflow_fraction) {
+                                                     double underflow_fraction, bool any_range = false) {
   std::pair<double, const LayerSummary*> lowest{1.0, nullptr};
   if (layer.info.module_path.empty() || !bias_like(layer.info)) return lowest;
   for (const auto& other : run.layers) {
@@ -55,7 +58,7 @@ std::pair<double, const LayerSummary*> below_siblings(const Run& run, const Laye
     // key weights 3000 times too large: 98 % zeros, 0.9 % subnormal, 1.3 % normal).
     const double zeros = their_zeros / double(n), sub = their_sub / double(n);
     const bool in_range = zeros + sub <= underflow_fraction || (zeros >= 5.0 * sub && 1.0 - zeros - sub > sub);
-    if (theirs > 0.0 && in_range && mine / theirs < lowest.first) lowest = {mine / theirs, &other};
+    if (theirs > 0.0 && (in_range || any_range) && mine / theirs < lowest.first) lowest = {mine / theirs, &other};
   }
   return lowest;
 }
@@ -116,15 +119,48 @@ std::string block_free(const std::string& name) {
   return out;
 }
 
+// The batch or instance normalisation given `module`'s output straight (event
+// module-input-from), which takes away each channel's mean: a bias of `module` adds the
+// same value to every value it averages, so its gradient is zero in exact arithmetic (a
+// GIN layer's Linear before its BatchNorm1d). Not a frozen one, which keeps its statistics.
+const ModuleSummary* mean_removing_norm_after(const Run& run, const std::string& module) {
+  for (const auto& [user, producer] : inputs_from(run)) {
+    if (producer != module) continue;
+    const ModuleSummary* norm = run.module_named(user);
+    if (norm == nullptr) continue;
+    const std::string& type = norm->info.module_type;
+    if (type.rfind("BatchNorm", 0) == 0 || type.rfind("SyncBatchNorm", 0) == 0 || type.rfind("InstanceNorm", 0) == 0)
+      return norm;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
-bool Cancellation::cancels() const { return own_cancels(ratio, sibling, input, plain) || twin != nullptr; }
+bool Cancellation::cancels() const {
+  return own_cancels(ratio, sibling, input, plain) || twin != nullptr || norm_after != nullptr;
+}
 
 Cancellation cancellation_of(const Run& run, const LayerSummary& layer, double underflow_fraction) {
   Cancellation c;
   std::tie(c.ratio, c.sibling) = below_siblings(run, layer, underflow_fraction);
   if (c.sibling != nullptr) c.input = input_rms(run, *c.sibling);
   c.plain = products_only(run, c.sibling);
+  // A bias before a batch normalisation whose weight's gradient underflows too (no sibling
+  // in range to set it against): far below that weight's all the same, and zero by the
+  // structure, it is rounding.
+  if (!own_cancels(c.ratio, c.sibling, c.input, c.plain) && bias_like(layer.info))
+    if (const ModuleSummary* norm = mean_removing_norm_after(run, layer.info.module_path)) {
+      const auto [ratio, sibling] = below_siblings(run, layer, underflow_fraction, true);
+      if (sibling != nullptr && ratio < 1.0 / 512.0) {
+        c.ratio = ratio;
+        c.sibling = sibling;
+        c.input = 0.0;
+        c.plain = false;
+        c.norm_after = norm;
+        return c;
+      }
+    }
   // What makes a sum zero in exact arithmetic is the block's structure, which its repeats
   // share: Marian's first decoder block's key bias keeps more rounding (1/370 of its
   // weight's) than the second's (1/1090). A bias that truly underflows sits at ~1 / |x| of

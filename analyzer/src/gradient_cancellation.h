@@ -19,6 +19,9 @@ struct Cancellation {
   // own evidence, where this one's is far below its weight's yet not that far: null if none.
   const LayerSummary* twin = nullptr;
   double twin_ratio = 1.0;
+  // The batch or instance normalisation given its module's output straight, which takes away
+  // each channel's mean: the bias's sum is zero by that structure; null where none.
+  const ModuleSummary* norm_after = nullptr;
 
   bool cancels() const;
 };

@@ -361,9 +361,15 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
         f.evidence += " (whose module's input is " + std::string(c.input < 1.0 ? "small, " : "") + "about " +
                       fmt(c.input) + " per element, estimated from its outputs and weights: a true gradient would be "
                       "about " + fmt(1.0 / c.input) + " times the weight's)";
-      f.evidence += ", which the same scale keeps in range: a sum that is "
-                    "zero in exact arithmetic (an attention key's bias, which shifts every score of a query alike "
-                    "under softmax; a bias just before a normalisation), left with rounding; no scale helps";
+      if (c.norm_after != nullptr)
+        f.evidence += ", and " + layer.info.module_path + "'s output goes straight into " + c.norm_after->info.path +
+                      " (" + c.norm_after->info.module_type + "), which takes away each channel's mean: a bias there "
+                      "adds the same value to all it averages, so its gradient is a sum that is zero in exact "
+                      "arithmetic, left with rounding; no scale helps";
+      else
+        f.evidence += ", which the same scale keeps in range: a sum that is "
+                      "zero in exact arithmetic (an attention key's bias, which shifts every score of a query alike "
+                      "under softmax; a bias just before a normalisation), left with rounding; no scale helps";
       if (c.twin != nullptr)
         f.evidence += "; " + c.twin->info.name + ", the same parameter in another block of the same structure, sits "
                       "at " + fmt(c.twin_ratio) + " of its weight's: the same sum, with more rounding left in this block";
