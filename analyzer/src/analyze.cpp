@@ -111,7 +111,10 @@ void make_consistent(Report& report) {
   });
   if (damage != report.findings.end() && !damage->steps.empty()) {
     const std::string cause =
-        damage->rule == "nonfinite-parameters" ? "the NaN/Inf the parameters held from the start"
+        damage->rule == "nonfinite-parameters"
+            ? (rules::ends_with(damage->title, "code outside the optimizer wrote them")
+                   ? "the NaN/Inf written into the parameters by step " + std::to_string(damage->steps.front())
+                   : std::string("the NaN/Inf the parameters held from the start"))
         : damage->rule == "loss-backward"
             ? "the NaN/Inf the loss's backward makes"
             : "the NaN/Inf that step " + std::to_string(damage->steps.front()) + "'s update wrote into the parameters";

@@ -72,6 +72,27 @@ Finding from_start(const Run& run) {
   f.severity = Severity::kError;
   f.score = 93.0;
   f.steps = {run.parameters_found_nonfinite};
+  // The Python agent read them at attach(): finite there, code between it and the optimizer's
+  // step wrote them in place (SAM's first_step adding rho times gradients the scaler found
+  // Inf in, its parameters NaN in the first step).
+  if (run.meta_or("parameters_at_attach", "") == "finite") {
+    const std::string step = std::to_string(run.parameters_found_nonfinite);
+    f.title = "The parameters went NaN/Inf by step " + step + " before any optimizer step recorded: code outside the "
+              "optimizer wrote them";
+    f.evidence = found_in(run) + ", no recorded optimizer step ran before it, and they were all finite when attach() "
+                 "read them: between the two, code that writes the parameters in place put NaN/Inf there" +
+                 consequences(run, "this");
+    f.suggestions.push_back(
+        {"Look at what writes the parameters outside the optimizer's step: a sharpness-aware (SAM) first_step() that "
+         "adds rho times the gradients, which hold NaN/Inf where the loss scale overflowed (take it only on finite "
+         "unscaled gradients, as scaler.step() does for the real step); an average or swap of weights (EMA); a manual "
+         "update under torch.no_grad(); a checkpoint loaded after attach().",
+         "scaler.unscale_(optimizer)\n"
+         "if all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None):\n"
+         "    optimizer.first_step(zero_grad=True)  # SAM's ascent: not on gradients the scale overflowed",
+         "", ""});
+    return f;
+  }
   f.title = "The parameters held NaN/Inf before the first optimizer step recorded: they came with the model";
   f.evidence = found_in(run) + ", and no recorded optimizer step ran before it" + consequences(run, "this");
   f.suggestions.push_back(

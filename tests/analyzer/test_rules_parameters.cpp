@@ -13,10 +13,13 @@ const char* kFound = "2 of 4 parameter tensors: a.weight, a.bias";
 // output NaN, its FP32 replay "intrinsic": its weights make NaN from finite inputs),
 // after `found` finite steps; every step from then on is NaN. `events`: more agent events
 // on that step.
+// `at_attach`: what the agent read of the parameters at attach() (meta), where given.
 Report parameters_found_at(TempDir& dir, int found, const std::string& dtype = "Float",
-                           const std::vector<std::pair<std::string, std::string>>& events = {}) {
+                           const std::vector<std::pair<std::string, std::string>>& events = {},
+                           const std::string& at_attach = "") {
   RunFixture f(dir.file("run.db"), kLayers, 0, 1, dtype);
   f.meta("scaler_enabled", "0").replay("enc", "intrinsic");
+  if (!at_attach.empty()) f.meta("parameters_at_attach", at_attach);
   for (int i = 0; i < found; ++i) f.activation("enc", false).step(1, 1);
   f.event("parameters-nonfinite", kFound);
   for (const auto& [kind, detail] : events) f.event(kind, detail);
@@ -83,6 +86,28 @@ TEST_CASE("parameters found NaN before any update came with the model", "[rules]
   CHECK(find(r, "nonfinite-update") == nullptr);
   CHECK(find(r, "forward-nonfinite") == nullptr);
   REQUIRE(r.skipped.empty());
+}
+
+TEST_CASE("parameters found NaN before any update that were finite at attach were written outside the optimizer",
+          "[rules]") {
+  // SAM's first_step() added rho times gradients the scale had overflowed, within step 0.
+  TempDir dir;
+  const Report r = parameters_found_at(dir, 0, "Float", {}, "finite");
+  const Finding* p = find(r, "nonfinite-parameters");
+  REQUIRE(p != nullptr);
+  CHECK(p->title == "The parameters went NaN/Inf by step 0 before any optimizer step recorded: code outside the "
+                    "optimizer wrote them");
+  CHECK_THAT(p->evidence, Catch::Contains("they were all finite when attach() read them"));
+  CHECK_THAT(p->suggestions.front().summary, Catch::StartsWith("Look at what writes the parameters outside the "
+                                                               "optimizer's step: a sharpness-aware (SAM) first_step()"));
+}
+
+TEST_CASE("parameters found NaN before any update that held NaN at attach came with the model", "[rules]") {
+  TempDir dir;
+  const Report r = parameters_found_at(dir, 0, "Float", {}, "nonfinite");
+  const Finding* p = find(r, "nonfinite-parameters");
+  REQUIRE(p != nullptr);
+  CHECK_THAT(p->title, Catch::EndsWith("they came with the model"));
 }
 
 TEST_CASE("a skipped step wrote nothing: the update named is the last one the scaler let through", "[rules]") {

@@ -433,3 +433,17 @@ def test_permuted_outputs_are_read_in_place_with_the_same_statistics():
     a = _ampdiag.tensor_stats(permuted.data_ptr(), permuted.numel(), 1)
     b = _ampdiag.tensor_stats(base.contiguous().data_ptr(), base.numel(), 1)
     assert a == b and a["inf"] == 1
+
+
+@pytest.mark.parametrize("poisoned", [False, True])
+def test_attach_records_whether_the_parameters_were_finite(tmp_path, poisoned):
+    # NaN/Inf found before any optimizer step came with the model only where attach() saw it.
+    model = nn.Linear(4, 2)
+    if poisoned:
+        with torch.no_grad():
+            model.weight[0, 0] = float("nan")
+    db = tmp_path / "run.db"
+    with ampdiag.attach(model, torch.amp.GradScaler("cpu"), db=db):
+        pass
+    assert rows(db, "SELECT value FROM meta WHERE key = 'parameters_at_attach'") == [
+        ("nonfinite" if poisoned else "finite",)]

@@ -28,7 +28,8 @@ from ._fused_momentum import FusedMomentumProbe
 from ._forward import compiled_in_place, forward_hook, input_hook, output_hook, outside_compiled_graph
 from ._looks import look_at_loss_code, look_at_parameters
 from ._loss_code import read_first_loss_code
-from ._names import clean, named_modules
+from ._names import clean, named_modules, named_parameters
+from ._parameters import nonfinite_parameters
 from ._unreached import UnreachedParameters
 from ._options import check_options, check_watched, default_amp_dtype, trains_fp16_parameters
 from ._backward_replay import BackwardReplayer
@@ -144,6 +145,10 @@ class AttachHandle:
         try:
             guessed = amp_dtype or default_amp_dtype(scaler, params)
             self._write_meta(scaler, every, context_steps, fused_unscale, histogram, guessed, params)
+            # NaN/Inf found before any optimizer step came with the model only where it held them
+            # now: else code that writes the parameters in place put them there (SAM's first_step).
+            self._session.set_meta("parameters_at_attach", "finite" if nonfinite_parameters(
+                named_parameters(root)) is None else "nonfinite")
             if amp_dtype is None and not trains_fp16_parameters(params):
                 self._hooks.append(learn_amp_dtype(self, root, params[0].device.type, guessed, params))
             self._activations_on = activations
