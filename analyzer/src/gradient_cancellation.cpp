@@ -29,9 +29,8 @@ bool bias_like(const rundb::LayerRow& info) {
 // it has none. A bias whose sum over a softmax's shifted dimension (an attention key's) or
 // over what a normalisation after it removes is zero in exact arithmetic is left with
 // rounding, hundreds to thousands of times below its weight's gradient: not what the scale
-// flushes.
-// `any_range`: against a sibling whatever share of it underflows, for a bias whose sum is
-// zero by the structure after it (below).
+// flushes. `any_range`: against a sibling whatever share of it underflows, for a bias whose
+// sum is zero by the structure after it (mean_removing_norm_after).
 std::pair<double, const LayerSummary*> below_siblings(const Run& run, const LayerSummary& layer,
                                                      double underflow_fraction, bool any_range = false) {
   std::pair<double, const LayerSummary*> lowest{1.0, nullptr};

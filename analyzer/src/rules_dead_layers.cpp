@@ -38,7 +38,10 @@ std::optional<Suggestion> frozen_zero_norm(const Run& run, std::int64_t first) {
       continue;
     const ModuleSummary& before = run.modules[std::size_t(m.before_last)];
     if (before.zero_step >= 0 || !(before.max_absmax > 0.0f)) continue;
-    if (count++ == 0) named = &m, before_named = &before;
+    if (count++ == 0) {
+      named = &m;
+      before_named = &before;
+    }
   }
   if (named == nullptr) return std::nullopt;
   return Suggestion{

@@ -265,11 +265,11 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   }
 
   // Where no underflow follows from it: its own gradient mostly exact zeros (a quarter of its
-  // values or more, on average over its finite samples). A gain this large
-  // pushes what takes its outputs to its limits, a tanh or a softmax, where the gradient is
-  // 0 in any precision: nanochat's logits softcapped by tanh at 15 under an lm_head 3e4
-  // times too large, its loss at 20 against ln(256) and its head's gradient 54% zeros, was
-  // called healthy.
+  // values or more, on average over its finite samples). A gain this large pushes what takes
+  // its outputs to its limits, a tanh or a softmax, where the gradient is 0 in any
+  // precision: nanochat's logits softcapped by tanh at 15 under an lm_head 3e4 times too
+  // large, its loss at 20 against ln(256) and its head's gradient 54% zeros, was called
+  // healthy.
   double saturated = 0.0;
   if (shrunk.empty()) {
     std::int64_t finite = 0;
@@ -300,8 +300,9 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   f.steps.push_back(top.step);
   // A warning beside the overflow's own finding, which keeps its fixes: a gain this large is
   // what makes outputs large, but a model may have it by design (trainable Fourier features).
-  f.severity = weighs || !shrunk.empty() || saturated > 0.0 ? Severity::kWarning : Severity::kInfo;
-  f.score = weighs || !shrunk.empty() || saturated > 0.0 ? 60.0 : 5.0;
+  const bool warns = weighs || !shrunk.empty() || saturated > 0.0;
+  f.severity = warns ? Severity::kWarning : Severity::kInfo;
+  f.score = warns ? 60.0 : 5.0;
   f.title = top.layer->info.name + " starts at a gain of " + whole_number(top.scale) +
             ", far above any standard initialisation's" +
             (saturation_leads ? ": " + pct(saturated) + " of its own gradient was exactly zero, what takes its outputs "
@@ -338,7 +339,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
     f.evidence += "; on average " + pct(saturated) + " of its gradient's values were exactly zero: outputs that many "
                   "times too large push what takes them to its limits, a tanh or a softmax, where the gradient is 0 "
                   "in any precision, so it and the layers before it barely train whatever the loss scale";
-  if (explained || !shrunk.empty() || saturated > 0.0) f.suggestions.push_back(suggest::reinitialise(run, module));
+  if (explained || warns) f.suggestions.push_back(suggest::reinitialise(run, module));
   if (saturated > 0.0 && !explained) {  // no overflow's fixes to fall back on
     std::string& summary = f.suggestions.back().summary;
     const std::string by_design = " Where the gain is by design, the overflow's own fixes apply.";

@@ -15,6 +15,8 @@ buffer is a mask, by design.
 """
 import torch
 
+from ._tensors import local_shard
+
 HALF = (torch.float16, torch.bfloat16)
 _LISTED = 5  # names in the event's detail; the rest are counted
 
@@ -27,6 +29,7 @@ def nonfinite_parameters(named_parameters) -> "str | None":
     by_device = {}
     with torch.no_grad():
         for name, p in named_parameters:
+            p = local_shard(p)  # FSDP2's DTensors: this rank's shard, a plain tensor
             if p.is_floating_point():
                 names, flags = by_device.setdefault(p.device, ([], []))
                 names.append(name)
