@@ -1,5 +1,5 @@
 // What the analyzer's rule tests share: the layers of their fixtures, a NaN loss, the
-// report of one run.db, and a finding by rule.
+// report of one run.db, and a finding by rule (and layer).
 #pragma once
 
 #include <limits>
@@ -22,5 +22,13 @@ inline const analyzer::Finding* find(const analyzer::Report& r, const std::strin
 }
 // A pointer into a temporary Report dangles at the end of the statement (ASan found three).
 const analyzer::Finding* find(analyzer::Report&& r, const std::string& rule) = delete;
+
+// The finding of `rule` that names `layer` (one rule may name several layers), or null.
+inline const analyzer::Finding* find(const analyzer::Report& r, const std::string& rule, const std::string& layer) {
+  for (const auto& f : r.findings)
+    if (f.rule == rule && f.layer == layer) return &f;
+  return nullptr;
+}
+const analyzer::Finding* find(analyzer::Report&& r, const std::string& rule, const std::string& layer) = delete;
 
 }  // namespace ampdiag::test::rule_checks

@@ -20,18 +20,12 @@ Report bias_before_norm_run(const TempDir& dir, const std::string& norm_type) {
   return report_of(dir.file("run.db"));
 }
 
-const Finding* underflow_of(const Report& r, const std::string& layer) {
-  for (const auto& finding : r.findings)
-    if (finding.rule == "underflow" && finding.layer == layer) return &finding;
-  return nullptr;
-}
-
 }  // namespace
 
 TEST_CASE("a bias straight before a BatchNorm1d whose weight underflows too cancels", "[rules][bias-norm]") {
   TempDir dir;
   const Report r = bias_before_norm_run(dir, "BatchNorm1d");
-  const Finding* u = underflow_of(r, "fc.bias");
+  const Finding* u = find(r, "underflow", "fc.bias");
   REQUIRE(u != nullptr);
   CHECK(u->severity == Severity::kInfo);
   CHECK_THAT(u->title, Catch::StartsWith("fc.bias's gradient cancels to rounding, far below fc.weight's"));
@@ -44,7 +38,7 @@ TEST_CASE("the same bias straight before a LayerNorm stays an underflow", "[rule
   // does not shift alike.
   TempDir dir;
   const Report r = bias_before_norm_run(dir, "LayerNorm");
-  const Finding* u = underflow_of(r, "fc.bias");
+  const Finding* u = find(r, "underflow", "fc.bias");
   REQUIRE(u != nullptr);
   CHECK(u->severity == Severity::kWarning);
 }

@@ -268,12 +268,6 @@ Report two_block_key_bias_run(const TempDir& dir, double first_l2, double second
   return report_of(dir.file("run.db"));
 }
 
-const Finding* underflow_of(const Report& r, const std::string& layer) {
-  for (const auto& finding : r.findings)
-    if (finding.rule == "underflow" && finding.layer == layer) return &finding;
-  return nullptr;
-}
-
 }  // namespace
 
 TEST_CASE("a bias at 1/300 of its weight's gradient whose twin in another block cancels to rounding cancels too",
@@ -283,7 +277,7 @@ TEST_CASE("a bias at 1/300 of its weight's gradient whose twin in another block 
   TempDir dir;
   const Report r = two_block_key_bias_run(dir, 0.05, 1e-4);
   CHECK(r.healthy());
-  const Finding* u = underflow_of(r, "layers.0.key.bias");
+  const Finding* u = find(r, "underflow", "layers.0.key.bias");
   REQUIRE(u != nullptr);
   CHECK(u->severity == Severity::kInfo);
   CHECK_THAT(u->title, Catch::StartsWith("layers.0.key.bias's gradient cancels to rounding"));
@@ -294,7 +288,7 @@ TEST_CASE("a bias at 1/300 of its weight's gradient whose twin in another block 
 TEST_CASE("a bias at 1/300 of its weight's gradient whose twin is at 1/300 as well stays an underflow", "[rules]") {
   TempDir dir;
   const Report r = two_block_key_bias_run(dir, 0.05, 0.05);
-  const Finding* u = underflow_of(r, "layers.0.key.bias");
+  const Finding* u = find(r, "underflow", "layers.0.key.bias");
   REQUIRE(u != nullptr);
   CHECK(u->severity == Severity::kWarning);
 }
@@ -303,7 +297,7 @@ TEST_CASE("a bias near its weight's gradient stays an underflow beside a twin th
   // A true underflow sits at ~1 / |x| of its weight's: no twin's cancelling makes it rounding.
   TempDir dir;
   const Report r = two_block_key_bias_run(dir, 0.5, 1e-4);
-  const Finding* u = underflow_of(r, "layers.0.key.bias");
+  const Finding* u = find(r, "underflow", "layers.0.key.bias");
   REQUIRE(u != nullptr);
   CHECK(u->severity == Severity::kWarning);
 }
