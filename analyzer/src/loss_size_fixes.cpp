@@ -126,6 +126,7 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
   const double calm = median_loss_outside(run, steps);
   const bool intermittent = !overflowed.empty() && std::isfinite(calm) && calm > 0.0 && loss >= 100.0 * calm;
   const double negative = lowest_negative_loss(run);
+  const bool crosses_zero = negative < 0.0;
   // Outputs near the loss's root are the model's: large targets learnt, or a model that
   // makes large values (a head initialised 1e4 times too large), which no target
   // normalisation fixes. Small ones leave the targets, or a sum.
@@ -138,7 +139,7 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
                                        "weights, its input's scale)"
                                  : "";
   // A loss that goes below 0 has no size to set the outputs against.
-  const bool large_outputs = last && std::isfinite(loss) && loss > 0 && !(negative < 0.0) &&
+  const bool large_outputs = last && std::isfinite(loss) && loss > 0 && !crosses_zero &&
                              double(last->max_absmax) >= std::max(8.0, std::sqrt(loss) / 10.0);
   std::string summary = "Shrink the loss where it is made";
   if (intermittent) {
@@ -148,7 +149,7 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
                (jumped.empty() ? std::string() : "; where the outputs jump: " + jumped) +
                "; or average over the batch instead of summing, or divide the loss by a constant.";
     f.suggestions.push_back({summary, "", "", ""});
-  } else if (std::isfinite(loss) && !(negative < 0.0) && !loss_explains(loss, gradient)) {
+  } else if (std::isfinite(loss) && !crosses_zero && !loss_explains(loss, gradient)) {
     // MobileOne's 1x1 depthwise scale branch before a BatchNorm, whose weight's gradient is
     // zero in exact arithmetic, left fp16 rounding of 790 under a cross-entropy around 2.9.
     f.evidence += "; the loss is around " + fmt(loss) + ", whose gradients are of the order of it: "
@@ -180,21 +181,20 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
                                 "what makes the outputs so large (its weights, its input's scale); or average"
         : classifies(code)    ? ": its targets are class indices, which no normalisation shrinks; average"
         // A likelihood's targets may have to stay non-negative (a Poisson's counts): scaled, not centred.
-        : negative < 0.0 ? ": scale the regression targets down to units of their typical size (counts stay "
+        : crosses_zero ? ": scale the regression targets down to units of their typical size (counts stay "
                            "non-negative, as a Poisson likelihood needs), average"
                          : ": normalise the regression targets to unit spread, average";
     const std::string size =
-        negative < 0.0 ? " (it goes below 0, down to " + fmt(negative) + ": it leaves out a constant, so its size does "
+        crosses_zero ? " (it goes below 0, down to " + fmt(negative) + ": it leaves out a constant, so its size does "
                          "not show how large its gradients are, " +
                          (gradient >= run.fp_max ? "beyond " + fmt(run.fp_max) : "up to " + fmt(gradient)) +
                          " unscaled)"
         : std::isfinite(loss) ? " (it is around " + fmt(loss) + ", and its gradients are as large)"
                               : std::string();
-    summary += size +
-               targets + " over the batch instead of summing, or divide the loss by a constant.";
+    summary += size + targets + " over the batch instead of summing, or divide the loss by a constant.";
     if (!large_outputs && !run.modules.empty() && classifies(code))
       f.suggestions.push_back({summary, "", "", ""});
-    else if (negative < 0.0 && !run.modules.empty())
+    else if (crosses_zero && !run.modules.empty())
       f.suggestions.push_back(
           {summary,
            "y = y / y_scale  # targets in units of their typical size (predictions: * y_scale)\n"

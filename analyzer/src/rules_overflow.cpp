@@ -509,12 +509,12 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                  std::string(after_a_pin ? "also " : "") + also;
         }
       } else if (!entered && !was_pinned && !others.empty()) {
+        const std::string beyond = at_any_scale ? std::string("65504") : "65504 / " + fmt(t.scale_floor);
         std::string named;
         for (std::size_t k = 0; k < others.size() && k < 3; ++k)
           named += (k ? ", " : "") + others[k].first + " up to " + fmt(others[k].second);
         if (others.size() > 3) named += ", and " + plural(std::int64_t(others.size() - 3), "more layer");
-        f.evidence += "; other layers' unscaled gradients were beyond " +
-                      (at_any_scale ? std::string("65504") : "65504 / " + fmt(t.scale_floor)) + " too (" + named +
+        f.evidence += "; other layers' unscaled gradients were beyond " + beyond + " too (" + named +
                       "), so pinning " + (module.empty() ? row.name : module) + " alone would leave " +
                       (at_any_scale ? "theirs overflowing" : "the scale below the floor");
         // Where they all lie in one block, its pin makes and sums every one of them in float32
@@ -523,8 +523,8 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
           f.suggestions.push_back(suggest::pin_fp32(run, holder));
           f.suggestions.back().summary =
               "Run " + holder + " in FP32, which holds " + module + " and every other layer whose gradients passed " +
-              (at_any_scale ? std::string("65504") : "65504 / " + fmt(t.scale_floor)) + ": autocast off around it, "
-              "its floating-point inputs cast to float32, so that their backwards make and sum them in float32.";
+              beyond + ": autocast off around it, its floating-point inputs cast to float32, so that their backwards "
+              "make and sum them in float32.";
         }
       } else if (!entered && !was_pinned) {
         // Its own backward overflowed, on gradients that passed back through a layer whose

@@ -97,6 +97,13 @@ std::string times(double r) {
   return b;
 }
 
+// The root-mean-square value of a module's weights at a sample: their squared L2 norm there
+// (`sumsq`) over how many values they hold (`values`, by sampled step).
+double rms_at(double sumsq, const std::map<std::int64_t, std::int64_t>& values, std::int64_t step) {
+  const auto held = values.find(step);
+  return std::sqrt(sumsq / double(held == values.end() ? 1 : std::max<std::int64_t>(held->second, 1)));
+}
+
 // The steepest growth of a module's weights (`sumsq`, `values`: per sampled step, their
 // squared L2 norms and values together) between samples from `from` to `to`, per optimizer
 // step applied between them, where the loss at least doubled from one to the other.
@@ -122,8 +129,7 @@ Jump steepest_jump(const std::map<std::int64_t, double>& sumsq, const std::map<s
     const auto b = std::next(a);
     if (b == sumsq.end() || b->first > to || !(a->second > 0.0)) continue;
     const auto n = std::int64_t(std::distance(applied.lower_bound(a->first), applied.lower_bound(b->first)));
-    const auto held = values.find(a->first);
-    const double rms = std::sqrt(a->second / double(held == values.end() ? 1 : std::max<std::int64_t>(held->second, 1)));
+    const double rms = rms_at(a->second, values, a->first);
     const auto before = losses.find(a->first), after = losses.find(b->first);
     if (n == 0 || n > 4 || !(rms >= kTrained) || before == losses.end() || after == losses.end() ||
         !(before->second > 0.0) || !std::isfinite(after->second) || !(after->second >= kLossRose * before->second))
@@ -192,7 +198,7 @@ void weight_growth(const Run& run, const Thresholds& t, std::vector<Finding>& ou
   // Weights that start near zero (a layer scale at 1e-5, a zero-initialised adapter) are
   // meant to grow many times over: only weights that start at a trained magnitude count.
   const bool moved =
-      start != at && std::sqrt(start->second / double(std::max<std::int64_t>(values[start->first], 1))) >= kLeast;
+      start != at && rms_at(start->second, values, start->first) >= kLeast;
   double growth = moved ? std::sqrt(at->second / start->second) : 0.0;
   // Or steps of about the weights' own size that the loss rose with: in the module, else in
   // the module whose weights grew the most so (a Mask R-CNN from scratch at SGD 0.01: its

@@ -7,7 +7,7 @@ namespace {
 
 struct FlatNormRun {
   bool flat = true;           // blk.norm's output all zeros; else of RMS 1, its weight's
-  double backbone = 1 << 20;  // values of backbone.weight, outside blk
+  std::int64_t backbone = 1 << 20;  // values of backbone.weight, outside blk
   std::string norm_type = "LayerNorm";
 };
 
