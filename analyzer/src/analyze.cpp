@@ -39,7 +39,7 @@ const std::vector<std::string>& rule_ids() {
                                                "gradients-not-zeroed", "gradients-cleared", "zero-gradients", "fused-sgd-momentum",
                                                "accumulated-gradients-cleared", "precision-loss",
                                                "weight-growth", "oversized-weights", "training-raised", "evaluation-overflow",
-                                               "scale-held", "unreached-layers", "dead-layers"};
+                                               "scale-held", "unreached-layers", "dead-layers", "flushed-weights"};
   return ids;
 }
 
@@ -257,6 +257,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::scale_held(run, t, found);            // so too
     rules::gradients_cleared(run, by_step, found);
     rules::accumulated_gradients_cleared(run, found);
+    rules::flushed_weights(run, t, found);
     rules::precision_loss(run, t, found);
     rules::unreached_layers(run, found);
     rules::dead_layers(run, found);

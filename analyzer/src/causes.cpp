@@ -3,20 +3,17 @@
 
 #include <cmath>
 
+#include "ampdiag/rundb/module_paths.h"
+
 namespace ampdiag::analyzer {
 
 namespace {
-
-std::string parent_of(const std::string& path) {
-  const auto dot = path.rfind('.');
-  return dot == std::string::npos ? "" : path.substr(0, dot);
-}
 
 // The nearest enclosing module the agent replayed, or the nearest probed one when none
 // was replayed (the one whose own code the NaN/Inf must come from), or "" (the model).
 const rundb::ReplayRow* enclosing_replay(const Run& run, const std::string& path, std::string& probed) {
   probed.clear();
-  for (std::string p = parent_of(path); !p.empty(); p = parent_of(p)) {
+  for (std::string p = rundb::parent_of(path); !p.empty(); p = rundb::parent_of(p)) {
     if (const rundb::ReplayRow* r = run.replay_of(p)) return r;
     if (probed.empty() && run.module_named(p)) probed = p;
   }

@@ -65,6 +65,13 @@ std::string replay_absmax(double v);
 double median_of(std::vector<double>& values);
 // Each layer's weights at the first step the agent read them (Run::weight_norms), by layer id.
 std::map<std::int64_t, const rundb::WeightNormRow*> first_weight_norms(const Run& run);
+// Whether a parameter's name is a weight's: its last part holds "weight", or it is a
+// parametrized weight's original (M.parametrizations.weight.original).
+bool weight_named(const std::string& name);
+// Whether `layer` is a weight matrix or kernel whose gain can be read (at least 16 values,
+// a weight by name: weight, in_proj_weight, weight_ih_l0, parametrizations.weight.original),
+// not an embedding table.
+bool weight_matrix(const rundb::LayerRow& layer);
 // The per-element RMS of `layer`'s weights, averaged over the rows the agent read; 0: none.
 double mean_weight_rms(const Run& run, const LayerSummary& layer);
 // A parameter dtype of a model stored in half precision (the layers table's name).
@@ -178,6 +185,25 @@ bool has_half_loss(const Run& run);
 bool half_loss_skip(const StepSummary& s);
 // The first optimizer step taken with NaN/Inf gradients (Run::first_nonfinite_update): error.
 void nonfinite_update(const Run& run, std::vector<Finding>& out);
+// A weight matrix whose values were all below float16's smallest positive value (2^-24) at a
+// reading, in an fp16 run, while its module's output was all zeros: autocast's cast made them
+// zeros. `reading` is its reading at or before `zero_step` (its module's last all-zero
+// output), `since` the first of the readings below range up to it; `in_range` the first later
+// reading fp16 holds (-1: none), its largest |value|.
+struct FlushedLayer {
+  const LayerSummary* layer = nullptr;
+  const rundb::WeightNormRow* reading = nullptr;
+  std::int64_t zero_step = -1;
+  std::int64_t since = -1;
+  std::int64_t in_range = -1;
+  double in_range_absmax = 0.0;
+};
+std::vector<FlushedLayer> flushed_layers(const Run& run);
+// Whether a layer of `flushed` inside `module` was flushed at `step`.
+bool flushed_at(const std::vector<FlushedLayer>& flushed, const std::string& module, std::int64_t step);
+// Weights that float16 holds none of (flushed_layers): error where they stayed so, a warning
+// where the optimizer's steps lifted them into range.
+void flushed_weights(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 // A module whose fp16/bf16 output is far from FP32's in most of the agent's precision checks
 // (Run::precision_checks), the innermost such: error where most of it is wrong, else warning.
 void precision_loss(const Run& run, const Thresholds& t, std::vector<Finding>& out);

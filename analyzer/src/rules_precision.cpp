@@ -45,9 +45,16 @@ void precision_loss(const Run& run, const Thresholds& t, std::vector<Finding>& o
   }
   // Lossy in at least half its checks: one check that lands on a near tie (a routing
   // decision flipped by rounding) does not name a module.
+  // Checks made while weights inside the module were too small for float16 are flushed-weights'.
+  const std::vector<FlushedLayer> flushed = flushed_layers(run);
+  const auto explained = [&](const std::string& path, const ModuleChecks& m) {
+    return std::all_of(m.lossy_steps.begin(), m.lossy_steps.end(),
+                       [&](std::int64_t step) { return flushed_at(flushed, path, step); });
+  };
   std::vector<std::string> lossy;
   for (const auto& [path, m] : by_module)
-    if (!m.lossy_steps.empty() && 2 * std::int64_t(m.lossy_steps.size()) >= m.checks) lossy.push_back(path);
+    if (!m.lossy_steps.empty() && 2 * std::int64_t(m.lossy_steps.size()) >= m.checks && !explained(path, m))
+      lossy.push_back(path);
   for (const std::string& path : lossy) {
     // A lossy module inside it is where the loss is made; it only hands the loss on.
     const auto inside = [&](const std::string& other) { return other != path && suggest::within(other, path); };

@@ -59,26 +59,32 @@ double mean_weight_rms(const Run& run, const LayerSummary& layer) {
   return rows == 0 ? 0.0 : sum / double(rows);
 }
 
-namespace {
-
-// RMS times the square root of the fan-in from which a layer's weights count as oversized:
-// 45 times Kaiming-normal's sqrt(2), over 100 times torch's default for Linear and Conv.
-constexpr double kOversized = 64.0;
-// Values from which a matrix's gain is read: a head of 16 inputs and 4 outputs (a box
-// regressor) has 64, and its gain is as telling as a wide layer's; below, a handful of
-// values (a 2 x 2 mixing matrix) says little.
-constexpr std::int64_t kFewestValues = 16;
-// Calibration skips from which the scaler's own descent counts as an overflow the layer
-// explains: a healthy run usually backs off from 65536 once or twice, not down to 2^12 or below.
-constexpr std::int64_t kDeepCalibration = 4;
-
-// Whether a parameter's name is a weight's: its last part holds "weight", or it is a
-// parametrized weight's original (M.parametrizations.weight.original).
 bool weight_named(const std::string& name) {
   const std::size_t dot = name.rfind('.');
   return name.find("weight", dot == std::string::npos ? 0 : dot) != std::string::npos ||
          name.find(".weight.") != std::string::npos;
 }
+
+bool weight_matrix(const rundb::LayerRow& layer) {
+  // Values from which a matrix's gain is read: a head of 16 inputs and 4 outputs (a box
+  // regressor) has 64, and its gain is as telling as a wide layer's; below, a handful of
+  // values (a 2 x 2 mixing matrix) says little.
+  constexpr std::int64_t kFewestValues = 16;
+  // Not a table whose rows are looked up or added, not summed over: an embedding's (torch
+  // initialises them at 1), a position embedding or class token held as a plain parameter
+  // (vit-pytorch's torch.randn(1, 65, dim)). Biases and norms' scales have no fan-in.
+  return dims_of(layer.shape).size() >= 2 && layer.numel >= kFewestValues &&
+         layer.module_type.find("Embedding") == std::string::npos && weight_named(layer.name);
+}
+
+namespace {
+
+// RMS times the square root of the fan-in from which a layer's weights count as oversized:
+// 45 times Kaiming-normal's sqrt(2), over 100 times torch's default for Linear and Conv.
+constexpr double kOversized = 64.0;
+// Calibration skips from which the scaler's own descent counts as an overflow the layer
+// explains: a healthy run usually backs off from 65536 once or twice, not down to 2^12 or below.
+constexpr std::int64_t kDeepCalibration = 4;
 
 struct Oversized {
   const LayerSummary* layer = nullptr;
@@ -97,15 +103,8 @@ std::vector<Oversized> oversized_layers(const Run& run) {
   std::vector<Oversized> found;
   for (const auto& [id, w] : first_weight_norms(run)) {
     const LayerSummary& layer = run.layers[std::size_t(id)];
+    if (!weight_matrix(layer.info)) continue;
     const std::vector<std::int64_t> dims = dims_of(layer.info.shape);
-    // A layer's weight matrix or kernel (biases and norms' scales have no fan-in), by its
-    // name (weight, in_proj_weight, weight_ih_l0, parametrizations.weight.original); not a
-    // table whose rows are looked up or added, not summed over: an embedding's (torch
-    // initialises them at 1), a position embedding or class token held as a plain parameter
-    // (vit-pytorch's torch.randn(1, 65, dim)).
-    if (dims.size() < 2 || layer.info.numel < kFewestValues ||
-        layer.info.module_type.find("Embedding") != std::string::npos || !weight_named(layer.info.name))
-      continue;
     const double fan_in = double(layer.info.numel) / double(dims.front());
     const double scale = w->l2 / std::sqrt(double(layer.info.numel)) * std::sqrt(fan_in);
     if (scale >= kOversized) found.push_back({&layer, scale, w->step});

@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "ampdiag/rundb/module_paths.h"
 #include "suggestions.h"
 
 namespace ampdiag::analyzer::rules {
@@ -36,11 +37,6 @@ namespace {
 bool gradient_made_in_fp32(const LayerSummary& layer, const Fp32Gradients& fp32) {
   return layer.info.module_type.find("Norm") != std::string::npos || float32_embedding(layer.info) ||
          fp32.holds(layer.info);
-}
-
-std::string parent_of(const std::string& path) {
-  const auto dot = path.rfind('.');
-  return dot == std::string::npos ? std::string() : path.substr(0, dot);
 }
 
 // Whether `block` holds at most a quarter of the trained values: a block that holds most of
@@ -135,7 +131,7 @@ std::string holding_all(const Run& run, const std::string& module,
     for (const LayerSummary& layer : run.layers)
       if (layer.info.name == name) paths.push_back(layer.info.module_path);
   if (paths.size() != others.size()) return {};
-  for (std::string holder = module; !holder.empty(); holder = parent_of(holder))
+  for (std::string holder = module; !holder.empty(); holder = rundb::parent_of(holder))
     if (run.module_named(holder) != nullptr &&
         std::all_of(paths.begin(), paths.end(), [&](const std::string& p) { return suggest::within(p, holder); }))
       return small_block(run, holder) ? holder : std::string();
@@ -144,9 +140,9 @@ std::string holding_all(const Run& run, const std::string& module,
 
 std::string block_before(const Run& run, const std::string& module, const ModuleSummary& norm) {
   std::string block = module;
-  for (std::string up = parent_of(block); !up.empty() && run.module_named(up) != nullptr &&
+  for (std::string up = rundb::parent_of(block); !up.empty() && run.module_named(up) != nullptr &&
                                           !suggest::within(norm.info.path, up) && small_block(run, up);
-       up = parent_of(up))
+       up = rundb::parent_of(up))
     block = up;
   return block;
 }

@@ -17,4 +17,9 @@ bool within(const std::string& path, const std::string& outer) {
          (path.size() > outer.size() && path.compare(0, outer.size(), outer) == 0 && path[outer.size()] == '.');
 }
 
+std::string parent_of(const std::string& path) {
+  const auto dot = path.rfind('.');
+  return dot == std::string::npos ? std::string() : path.substr(0, dot);
+}
+
 }  // namespace ampdiag::rundb

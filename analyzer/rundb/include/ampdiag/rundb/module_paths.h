@@ -14,5 +14,7 @@ std::string common_module(const std::string& a, const std::string& b);
 // Whether module `path` is `outer` or inside it, by whole components ("enc.1" is in "enc",
 // "enc10" is not); nothing is inside "" but "" itself.
 bool within(const std::string& path, const std::string& outer);
+// The module that holds `path` directly ("enc.1.fc" -> "enc.1"); "" for a top-level one.
+std::string parent_of(const std::string& path);
 
 }  // namespace ampdiag::rundb
