@@ -16,6 +16,19 @@
 
 namespace ampdiag::analyzer::rules {
 
+namespace {
+
+// The first six of the event's comma-separated names, "and N more" for the others of `count`.
+std::string first_names(const std::string& names, long long count) {
+  constexpr long long kShown = 6;
+  std::size_t end = 0;
+  for (long long i = 0; i < kShown && end != std::string::npos; ++i) end = names.find(", ", end == 0 ? 0 : end + 2);
+  if (end == std::string::npos || names.find(" more", end) != std::string::npos) return names;
+  return names.substr(0, end) + " and " + std::to_string(count - kShown) + " more";
+}
+
+}  // namespace
+
 void unreached_layers(const Run& run, std::vector<Finding>& out) {
   const rundb::EventRow* e = run.first_event("parameters-unreached");
   if (!e) return;
@@ -38,12 +51,14 @@ void unreached_layers(const Run& run, std::vector<Finding>& out) {
   f.title = std::to_string(count) + " of the " + plural(held, "parameter") + " the optimizer holds never received a " +
             "gradient (" + pct(double(values) / double(total)) + " of their values): the backward from the loss never reached them, so they do "
             "not train";
-  f.evidence = "by step " + std::to_string(f.steps.front()) + " no gradient of " + names +
+  f.evidence = "by step " + std::to_string(f.steps.front()) + " no gradient of " + first_names(names, count) +
                " had arrived; no overflow or underflow of theirs could be judged";
   f.suggestions.push_back(
       {"Find where the path from the loss to them is cut: torch.utils.checkpoint(..., use_reentrant=True) over an input "
        "that needs no gradient (a frozen embedding's output) gives the checkpointed block none, which "
-       "use_reentrant=False does; or a .detach() or torch.no_grad() in forward(). Where they are meant to stay as "
+       "use_reentrant=False does; a .detach() or torch.no_grad() in forward(); or a vector quantizer that hands on its "
+       "codebook's entries by their integer codes, which carry no gradient, with no straight-through estimator "
+       "(quantized = x + (q - x).detach()) to pass the gradient on to its encoder. Where they are meant to stay as "
        "they are, freeze them (requires_grad_(False)) and leave them out of the optimizer.",
        "h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False)  # not use_reentrant=True",
        "", ""});

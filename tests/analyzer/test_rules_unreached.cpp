@@ -38,3 +38,14 @@ TEST_CASE("a small module an optimizer holds without a gradient is no unreached 
   CHECK(find(r, "unreached-layers") == nullptr);
   CHECK(r.healthy());
 }
+
+TEST_CASE("unreached layers name six parameters and count the others", "[rules][unreached]") {
+  // Encodec's encoder behind its quantizer's integer codes: 34 parameters.
+  TempDir dir;
+  std::string names;
+  for (int i = 0; i < 10; ++i) names += (i ? ", " : "") + std::string("blocks.") + std::to_string(i) + ".weight";
+  const Report r = unreached(dir, "8192 of 9216 values, 10 of 12 parameters the optimizers hold: " + names);
+  CHECK_THAT(required(r, "unreached-layers").evidence,
+             Catch::StartsWith("by step 0 no gradient of blocks.0.weight, blocks.1.weight, blocks.2.weight, "
+                               "blocks.3.weight, blocks.4.weight, blocks.5.weight and 4 more had arrived"));
+}
