@@ -1,6 +1,5 @@
 """Weights initialised far below float16's smallest positive value (2^-24), as Hugging Face's
-BLIP, BLIP-2, SAM and Pix2Struct vision configs do by default (initializer_range=1e-10, for
-loading pretrained weights): autocast casts them to zeros, the layers compute zeros, and
+BLIP vision config does by default (initializer_range=1e-10, for loading pretrained weights): autocast casts them to zeros, the layers compute zeros, and
 nothing overflows. A BLIP built from its config had its vision tower called 100 % lost to
 float16 by the precision check, with only a pin as the fix; the report now names the
 weights, and says whether the optimizer lifted them or they never train."""
