@@ -5,6 +5,7 @@
 // nothing wrong. A module whose output was all zeros is named. A small share is a module the
 // task leaves unused behind `0 * p` (DDP's workaround for unused parameters), not a finding;
 // every gradient zero is zero-gradients'.
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <set>
@@ -127,7 +128,17 @@ void dead_layers(const Run& run, std::vector<Finding>& out) {
       "Look for what zeroes everything after them: a ReLU whose every input is below 0 (a bias or an update that "
       "pushed its inputs there: lower the learning rate, initialise the bias at 0, or use LeakyReLU or GELU), a gate or "
       "mask stuck at 0. Where they are meant to be unused, freeze them and leave them out of the optimizer.";
-  if (auto norm = frozen_zero_norm(run, first)) {
+  const std::vector<FlushedLayer> flushed = flushed_layers(run);
+  const bool flushed_dead = std::any_of(flushed.begin(), flushed.end(), [&](const FlushedLayer& w) {
+    return w.in_range < 0 && std::find(dead.begin(), dead.end(), w.layer) != dead.end();
+  });
+  if (flushed_dead) {
+    f.suggestions.push_back({"Initialise the weights that float16 holds none of at a standard scale (see "
+                             "flushed-weights): cast to float16 they are zeros, which make zeros and send no gradient "
+                             "back, so neither they nor the layers before them train.",
+                             "", "", ""});
+    look = "Otherwise, l" + look.substr(1);
+  } else if (auto norm = frozen_zero_norm(run, first)) {
     f.suggestions.push_back(*norm);
     look = "Otherwise, l" + look.substr(1);
   }

@@ -72,3 +72,21 @@ TEST_CASE("a precision check with no flushed weights inside stays precision lost
   const Report r = tower_run(dir, 8.0, 8.0, "float16", true);
   CHECK(find(r, "precision-loss") != nullptr);
 }
+
+TEST_CASE("dead layers whose weights float16 flushes lead with their re-initialisation", "[rules][flushed]") {
+  // SAM's image encoder at initializer_range 1e-10: every gradient of it exactly zero.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"tower.fc.weight", "head.weight"}, 0, 1, "float32", {},
+               {{"tower.fc.weight", {256, 64}}});
+  f.zeros_fraction("tower.fc.weight", 1.0);
+  for (int i = 0; i < 8; ++i) {
+    f.weight_norm("tower.fc.weight", 1e-8).weight_norm("head.weight", 8.0);
+    f.activation("tower.fc", false, 0.0, 0.0, true).activation("head", false).step(65536, 65536);
+  }
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& dead = required(r, "dead-layers");
+  REQUIRE(dead.suggestions.size() == 2);
+  CHECK_THAT(dead.suggestions[0].summary, Catch::StartsWith("Initialise the weights that float16 holds none of"));
+  CHECK_THAT(dead.suggestions[1].summary, Catch::StartsWith("Otherwise, look for what zeroes everything after them"));
+}
