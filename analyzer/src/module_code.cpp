@@ -10,6 +10,7 @@
 #include "loss_code.h"
 #include "rules.h"
 #include "suggestions.h"
+#include "true_gradients.h"
 
 namespace ampdiag::analyzer::rules {
 
@@ -168,6 +169,49 @@ std::optional<Suggestion> enlarging_in_input_code(const Run& run, const std::str
               "F.gumbel_softmax(logits.float(), tau), (logits.float() / tau).softmax(-1).";
   s.python = div ? "y = x.float() / tau  # was x / tau in float16: x / tau passes 65504 where x is above 65504 * tau"
                  : "y = x.float() * c  # was x * c in float16: x * c passes 65504 where x is above 65504 / c";
+  s.untried = true;
+  return s;
+}
+
+std::optional<Suggestion> matmul_in_input_code(const Run& run, const std::string& first_seen, const std::string& who,
+                                               const std::string& where) {
+  const ModuleSummary* seen = run.module_named(first_seen);
+  if (!run.fp16() || seen == nullptr || seen->position < 0) return std::nullopt;
+  const loss_code::Code code = loss_code::after_module(run, first_seen, "input-code");
+  const std::string matmuls = code.autocast_float16();
+  if (matmuls.empty()) return std::nullopt;
+  const double root = std::sqrt(run.fp_max);
+  const ModuleSummary* large = nullptr;
+  for (const auto& m : run.modules)
+    if (!m.info.path.empty() && m.position >= 0 && m.position < seen->position && m.max_absmax > root &&
+        (large == nullptr || m.max_absmax > large->max_absmax))
+      large = &m;
+  if (large == nullptr) return std::nullopt;
+  // Its weights' scale where one of them is far from any standard initialisation's: torch
+  // starts an embedding at RMS 1, a Linear below 1.
+  std::string weights;
+  for (const LayerSummary& layer : run.layers)
+    if (layer.info.module_path == large->info.path && weight_named(layer.info.name))
+      if (const double rms = mean_weight_rms(run, layer); rms >= 64.0)
+        weights = " (" + layer.info.name + "'s RMS is " + three_digits(rms) + ", where torch initialises an embedding "
+                  "at 1 and a Linear below 1)";
+  // What takes the product in fp16 overflows next: the matmul in FP32 alone moves it on.
+  const std::string taker = products_only_type(run, first_seen);
+  const bool takes_half = !taker.empty() && taker.find("Embedding") == std::string::npos;
+  Suggestion s;
+  s.summary = "Bring " + large->info.path + "'s outputs down: they reach " + three_digits(large->max_absmax) +
+              ", above " + fmt(std::round(root)) + ", and " + who + " multiplies them " + where + " in " + matmuls +
+              ", which autocast runs in float16 whatever its inputs' dtype, where a product of two values above " +
+              fmt(std::round(root)) + " passes " + fmt(run.fp_max) + "; " + first_seen +
+              " received NaN/Inf from that code. Find why they are that large: its weights' scale" + weights +
+              ", its input's. " +
+              (takes_half ? "Computing the " + matmuls + " in FP32 alone would hand its product on to " + first_seen +
+                                " (" + taker + "), which autocast runs in float16 too."
+                          : "Or compute the " + matmuls + " in FP32, autocast off around it and its operands cast to "
+                            "float32, where what takes its product holds it.");
+  if (!takes_half)
+    s.python = "with torch.autocast(device_type=\"" + suggest::device_type(run) + "\", enabled=False):\n"
+               "    y = torch.bmm(a.float(), b.float())  # was torch.bmm(a, b) under autocast, in float16";
   s.untried = true;
   return s;
 }

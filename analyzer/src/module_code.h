@@ -51,4 +51,13 @@ std::optional<Suggestion> exp_in_input_code(const Run& run, const std::string& f
 std::optional<Suggestion> enlarging_in_input_code(const Run& run, const std::string& first_seen, const std::string& who,
                                                   const std::string& where);
 
+// Where that code runs in float16 an operation autocast keeps there whatever its inputs'
+// dtype (a matmul: Bmm, Mm) and a module that finished before `first_seen` in forward made
+// outputs above sqrt(65504), 256, the largest such named: a product of two of them passes
+// 65504, where float32 holds it; the operation in FP32, untried (a recommender's feature
+// interaction, bmm(feats, feats^T), over an embedding table 3000 times too large). `who`
+// and `where` as for exp_in_input_code.
+std::optional<Suggestion> matmul_in_input_code(const Run& run, const std::string& first_seen, const std::string& who,
+                                               const std::string& where);
+
 }  // namespace ampdiag::analyzer::rules

@@ -507,6 +507,8 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
       if (auto scaled = enlarging_in_input_code(run, cause.first_seen, who, where))
         f.suggestions.insert(f.suggestions.begin(), *scaled);
       if (auto exp = exp_in_input_code(run, cause.first_seen, who, where)) f.suggestions.insert(f.suggestions.begin(), *exp);
+      if (auto matmul = matmul_in_input_code(run, cause.first_seen, who, where))
+        f.suggestions.insert(f.suggestions.begin(), *matmul);
     }
     if (const CallGrowth* growth = recurrence(run, cause))
       recurrence_fixes(run, name, *growth, f);
