@@ -327,8 +327,12 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         if (auto fix = reinitialise_after(run, module, modules_after(run, m.layers, m.ran_before)))
           f.suggestions.push_back(*fix);
       shrink_the_loss(run, m.losses, m.steps, true_max, true_max / limit, f);
-      f.evidence += flat_norm_evidence(flat_normalisation_after(run, module), module);
     }
+    // A norm that made all zeros says why without a finite step to measure them in (BLIP-2's
+    // Q-Former over query tokens of zeros, layer_norm_eps 1e-12: every step skipped to 1).
+    const FlatNorm flat = flat_normalisation_after(run, module);
+    const bool flat_shown = flat.norm != nullptr && (too_large || flat.norm->zero_step >= 0);
+    if (flat_shown) f.evidence += flat_norm_evidence(flat, module);
     const BackwardReplay replay = at_any_scale && !too_large ? backward_replay(run, module) : BackwardReplay{};
     // A replay that ran on a finite output gradient already says where they were made.
     const OutputGradient entry =
@@ -554,6 +558,8 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     if (harms && sent && !sender_code_given && (too_large || !at_any_scale))
       if (auto code = sender_code_fix(run, senders.paths.front(), module))
         f.suggestions.insert(f.suggestions.begin(), *code);
+    if (harms && flat_shown)
+      if (auto spread = spread_zero_inputs(run, *flat.norm)) f.suggestions.insert(f.suggestions.begin(), *spread);
     out.push_back(f);
     top = top && !harms;
   }

@@ -116,12 +116,40 @@ FlatNorm flat_normalisation_after(const Run& run, const std::string& module) {
 
 std::string flat_norm_evidence(const FlatNorm& flat, const std::string& module) {
   if (flat.norm == nullptr) return {};
-  return "; " + flat.norm->info.path + " (" + flat.norm->info.module_type + "), which takes " + module + "'s output, "
-         "normalised an input with next to no spread (" + flat.made + "): a normalisation's backward multiplies the "
-         "gradient by its weight over that spread, sqrt(variance + eps), which is sqrt(eps) where the variance is 0 "
-         "(316 times for eps 1e-5), so " + module + " receives a gradient that many times the one reaching the norm: "
-         "an input constant over what the norm normalises (a residual stream that starts at zeros, as a DETR "
-         "decoder's first self-attention over queries of zeros)";
+  const bool inside = suggest::within(flat.norm->info.path, module);
+  return "; " + flat.norm->info.path + " (" + flat.norm->info.module_type + "), " +
+         (inside ? std::string("inside it") : "which takes " + module + "'s output") + ", normalised an input with next "
+         "to no spread (" + flat.made + "): a normalisation's backward multiplies the gradient by its weight over that "
+         "spread, sqrt(variance + eps), which is sqrt(eps) where the variance is 0 (316 times for eps 1e-5, 1e6 for "
+         "1e-12), so " + (inside ? "the layers of " + module + " before it receive" : module + " receives") +
+         " a gradient that many times the one reaching the norm: an input constant over what the norm normalises (a "
+         "residual stream that starts at zeros, as a DETR decoder's first self-attention over queries of zeros)";
+}
+
+std::optional<Suggestion> spread_zero_inputs(const Run& run, const ModuleSummary& norm) {
+  std::vector<const LayerSummary*> zero;
+  for (const auto& [id, w] : first_weight_norms(run)) {
+    const LayerSummary& layer = run.layers[std::size_t(id)];
+    const std::string& name = layer.info.name;
+    if (layer.info.trainable && w->l2 == 0.0 && dims_of(layer.info.shape).size() >= 2 && !weight_named(name) &&
+        !ends_with(name, "bias"))
+      zero.push_back(&layer);
+  }
+  if (zero.empty()) return std::nullopt;
+  const std::string& name = zero.front()->info.name;
+  std::string others;
+  for (std::size_t i = 1; i < zero.size() && i < 4; ++i) others += ", " + zero[i]->info.name;
+  Suggestion s;
+  s.summary = "Initialise " + name + others + " away from zero (torch.nn.init.normal_ with std 0.02, as BLIP-2's "
+              "original code starts its query tokens): " + (zero.size() == 1 ? "it" : "they") + " started at exactly "
+              "zero, a learned input that " + norm.info.path + " and the normalisations before it then normalise with "
+              "no spread, and a normalisation's backward multiplies the gradient by 1/sqrt(eps) there: 316 for eps "
+              "1e-5, 1e6 for the 1e-12 of BERT-style layers, beyond fp16 at any scale and a step far too large in FP32 "
+              "too. Hugging Face initialises BLIP-2's and InstructBLIP's query_tokens to zeros, for loading pretrained "
+              "weights.";
+  s.python = "torch.nn.init.normal_(model.get_parameter(\"" + name + "\"), std=0.02)  # was all zeros";
+  s.untried = true;
+  return s;
 }
 
 std::string holding_all(const Run& run, const std::string& module,

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,6 +57,12 @@ FlatNorm flat_normalisation_after(const Run& run, const std::string& module);
 
 // The evidence that `flat` makes `module`'s gradients that large; empty where it has no norm.
 std::string flat_norm_evidence(const FlatNorm& flat, const std::string& module);
+
+// Where `norm` normalised an input with no spread and the model holds learned inputs that
+// started at exactly zero (parameters of two or more dimensions named neither weight nor
+// bias: BLIP-2's query_tokens, which Hugging Face initialises to zeros): their initialisation
+// away from zero, untried. None where it holds none (DETR's queries are zeros made in forward).
+std::optional<Suggestion> spread_zero_inputs(const Run& run, const ModuleSummary& norm);
 
 // The smallest probed module below the model that holds `module` and every layer of `others`
 // (names): pinned, all their fp16 backwards run in float32. Empty where only the model does,

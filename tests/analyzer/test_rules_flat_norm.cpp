@@ -132,3 +132,53 @@ TEST_CASE("an underflow held down behind a norm after a block is told to pin the
   CHECK_THAT(required(r, "underflow").suggestions[0].summary,
              Catch::StartsWith("Run blk in FP32: norm_after_blk, which takes its output, normalised an input"));
 }
+
+namespace {
+
+// BLIP-2's Q-Former in miniature: out.dense's gradient NaN/Inf first in each of 12 steps, the
+// scale halving from 65536 with no finite step; out.norm, inside out, made all zeros; a
+// learned input `zero_input` ([1, 8, 64]) at exactly zero, beside a zero bias.
+Report zero_queries_run(const TempDir& dir, const std::string& zero_input) {
+  RunFixture f(dir.file("run.db"), {zero_input, "out.dense.weight", "out.dense.bias", "out.norm.weight"}, 0, 1,
+               "float32", {{"out.norm.weight", "LayerNorm"}},
+               {{zero_input, {1, 8, 64}}, {"out.dense.bias", {64}}, {"out.norm.weight", {64}}});
+  f.module_type("out.norm", "LayerNorm");
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i) {
+    f.weight_norm(zero_input, 0.0).weight_norm("out.dense.bias", 0.0).weight_norm("out.norm.weight", 8.0);
+    f.activation("out.dense", false, 0.0, 0.0, true).activation("out.norm", false, 0.0, 0.0, true);
+    f.activation("out", false, 0.0, 0.0, true);
+    f.step(scale, scale / 2, 1000, {"out.dense.weight"}, 2.3);
+    scale /= 2;
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("gradients with no finite step behind a norm that made all zeros name that norm", "[rules][flat]") {
+  TempDir dir;
+  const Report r = zero_queries_run(dir, "query_tokens");
+  const Finding& o = required(r, "overflow-origin");
+  CHECK(o.module == "out.dense");
+  CHECK_THAT(o.evidence, Catch::Contains("; out.norm (LayerNorm), which takes out.dense's output, normalised an input "
+                                         "with next to no spread (its output was all zeros at step 11)"));
+}
+
+TEST_CASE("a learned input that started at zeros before a flat norm leads with its initialisation", "[rules][flat]") {
+  TempDir dir;
+  const Report r = zero_queries_run(dir, "query_tokens");
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Initialise query_tokens away from zero"));
+  CHECK(o.suggestions[0].python == "torch.nn.init.normal_(model.get_parameter(\"query_tokens\"), std=0.02)  # was all zeros");
+}
+
+TEST_CASE("a weight that started at zeros before a flat norm is no learned input to initialise", "[rules][flat]") {
+  TempDir dir;  // LoRA's lora_B starts at zeros by design
+  const Report r = zero_queries_run(dir, "adapter.lora_B.weight");
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, !Catch::StartsWith("Initialise"));
+}
