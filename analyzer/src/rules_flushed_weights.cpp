@@ -2,8 +2,9 @@
 // Linear's or a convolution's weights to fp16 for the matmul; every value below 2^-24
 // (5.96e-08, fp16's smallest positive one) comes out 0 or that one value, so the layer
 // computes with zeros and hands on zeros, with no NaN, no skipped step, no gradient out of
-// range. Hugging Face's BLIP and SAM vision configs default to initializer_range=1e-10, meant
-// for loading pretrained weights: built from the config, their vision encoders run on zeros.
+// range. Hugging Face's BLIP, BLIP-2, InstructBLIP and SAM vision configs default to
+// initializer_range=1e-10, meant for loading pretrained weights: built from the config,
+// their vision encoders run on zeros.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -146,7 +147,7 @@ void flushed_weights(const Run& run, const Thresholds& t, std::vector<Finding>& 
       "Initialise " + (one ? target : "the Linear and convolution layers of " + (target.empty() ? "the model" : target)) +
           " at a standard scale (torch's default, Kaiming or Xavier, or a normal of std 0.02): at an RMS of " +
           three_digits(rms) + (one ? " its" : " their") + " weights are 0 in float16. A Hugging Face config's initializer_range does this "
-          "where it is set for loading pretrained weights (BLIP's and SAM's vision configs default to 1e-10): load the pretrained weights, or set initializer_range=0.02 before "
+          "where it is set for loading pretrained weights (the vision configs of BLIP, BLIP-2, InstructBLIP and SAM default to 1e-10): load the pretrained weights, or set initializer_range=0.02 before "
           "building the model.",
       one ? torch_path + ".reset_parameters()  # torch's default initialisation"
           : "for layer in " + torch_path + ".modules():\n"
