@@ -147,8 +147,11 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
           f.suggestions.begin(),
           {what + (in.made_in.empty() ? " was " + in.dtype : " was made in " + made) +
                ": where the loop computes it under autocast, compute it in FP32 (.float() first, autocast off around "
-               "it). In " + made + " an epsilon such as 1e-8 is 0, so (x - mean) / (std + 1e-8) is 0/0 = NaN when "
-               "every value is equal, and a sum or square above 65504 is Inf.",
+               "it)." + (made == "float16" ? " In float16 an epsilon such as 1e-8 is 0, so (x - mean) / (std + 1e-8) "
+                                             "is 0/0 = NaN when every value is equal, and a sum, a square or an exp() "
+                                             "above 65504 is Inf: exp() of anything above 11.09 (SwAV's Sinkhorn codes, "
+                                             "exp(scores / 0.05) under no_grad)."
+                                           : std::string()),
            "with torch.autocast(device_type=\"" + device + "\", enabled=False):\n"
            "    adv = adv.float()\n"
            "    adv = (adv - adv.mean()) / (adv.std() + 1e-8)  # e.g. advantages: 1e-8 is 0 in float16",

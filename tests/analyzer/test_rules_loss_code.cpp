@@ -384,6 +384,24 @@ TEST_CASE("a float16 tensor the loss was given that held NaN is not cleared of f
                                            !Catch::Contains("computing the loss in FP32"));
 }
 
+TEST_CASE("a float16 tensor the loss was given that held NaN names fp16's epsilon, sums and exp()", "[rules][loss-code]") {
+  // SwAV's Sinkhorn codes, exp(scores / 0.05) under no_grad from float16 scores.
+  const Finding f = given_nonfinite_finding("Div:float16, LogSoftmax:float16, Mul:float16, Sum:float16, Mean:float16",
+                                            "Mul self: 3200 NaN, 0 Inf of 3200 values, float16");
+  REQUIRE_FALSE(f.suggestions.empty());
+  CHECK_THAT(f.suggestions[0].summary, Catch::Contains("In float16 an epsilon such as 1e-8 is 0") &&
+                                           Catch::Contains("exp() of anything above 11.09"));
+}
+
+TEST_CASE("a bfloat16 tensor the loss was given that held NaN is told FP32 without fp16's reasons", "[rules][loss-code]") {
+  const Finding f = given_nonfinite_finding("Div:bfloat16, LogSoftmax:bfloat16, Mul:bfloat16, Mean:bfloat16",
+                                            "Mul self: 64 NaN, 0 Inf of 64 values, bfloat16");
+  REQUIRE_FALSE(f.suggestions.empty());
+  CHECK_THAT(f.suggestions[0].summary, Catch::StartsWith("Mul's self was bfloat16: where the loop computes it under "
+                                                         "autocast, compute it in FP32") &&
+                                           !Catch::Contains("1e-8 is 0") && !Catch::Contains("65504"));
+}
+
 TEST_CASE("a target held NaN in some of the steps looked at: its fix leads and the loss code's stay", "[rules][loss-code]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
