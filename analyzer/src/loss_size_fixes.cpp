@@ -171,7 +171,12 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
     // No module probed (a LibTorch model no agent.probe() or forward() watched): either may
     // hold (a classifier's head 17000 times too large makes a cross-entropy of 10760).
     const std::string targets =
-        large_outputs ? "; the model's outputs are large too (" + last->info.path + "'s, the last module's, reach " +
+        large_outputs && classifies(code)
+            ? "; the model's outputs are large (" + last->info.path + "'s, the last module's, reach " +
+                  fmt(last->max_absmax) + ") and its targets are class indices, which no normalisation shrinks: find "
+                  "what makes the outputs so large" +
+                  (jumped.empty() ? std::string(" (its weights, its input's scale)") : ": " + jumped) + "; or average"
+        : large_outputs ? "; the model's outputs are large too (" + last->info.path + "'s, the last module's, reach " +
                             fmt(last->max_absmax) + "): where the targets are that large, normalise them to unit "
                             "spread, and where they are not, find what makes the outputs so large" +
                             (jumped.empty() ? std::string(" (its weights, its input's scale)") : ": " + jumped) +
@@ -192,7 +197,7 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
         : std::isfinite(loss) ? " (it is around " + fmt(loss) + ", and its gradients are as large)"
                               : std::string();
     summary += size + targets + " over the batch instead of summing, or divide the loss by a constant.";
-    if (!large_outputs && !run.modules.empty() && classifies(code))
+    if (!run.modules.empty() && classifies(code))
       f.suggestions.push_back({summary, "", "", ""});
     else if (crosses_zero && !run.modules.empty())
       f.suggestions.push_back(

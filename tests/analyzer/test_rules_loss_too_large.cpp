@@ -304,3 +304,18 @@ TEST_CASE("a normalisation layer's or a float32 embedding's large gradients are 
     CHECK_THAT(o.title, !Catch::Contains("too large for a loss scale"));
   }
 }
+
+TEST_CASE("a loss over class indices with large model outputs names the outputs and no target normalisation", "[rules]") {
+  // An LM whose lm_head starts 3e4 times too large, its cross-entropy computed in the model.
+  const Report r = loss_too_large_run(2e5, 0.0, 0.0, 0.0, "head.weight", true,
+                                      "ToCopy:float32, LogSoftmax:float32, NllLoss(mean of 184):float32, Div(1):float32");
+  const Finding& o = required(r, "overflow-origin");
+  const auto shrink = std::find_if(o.suggestions.begin(), o.suggestions.end(), [](const Suggestion& s) {
+    return s.summary.rfind("Shrink the loss where it is made", 0) == 0;
+  });
+  REQUIRE(shrink != o.suggestions.end());
+  CHECK_THAT(shrink->summary, Catch::Contains("the model's outputs are large (head's, the last module's, reach 200000) "
+                                              "and its targets are class indices, which no normalisation shrinks") &&
+                                  !Catch::Contains("normalise them"));
+  CHECK(shrink->python.empty());
+}

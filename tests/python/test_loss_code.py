@@ -307,3 +307,34 @@ def test_an_operations_own_saved_results_are_not_what_it_was_given():
     loss = nn.functional.ctc_loss(logp, targets, torch.full((2,), 10), torch.full((2,), 30))
     assert not torch.isfinite(loss)
     assert nonfinite_constants(path_nodes([loss.grad_fn], [logp.grad_fn])) is None
+
+
+class ReturnsItsLoss(nn.Module):
+    """As Hugging Face's models given labels: (loss, logits), the loss computed in forward()."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    def forward(self, x, labels):
+        logits = self.net(x)
+        return nn.functional.cross_entropy(logits.float(), labels), logits
+
+
+def test_the_loss_code_of_a_model_returning_its_loss_runs_from_its_logits_through_that_loss(tmp_path):
+    # Divided by the accumulation steps in the loop: the loss scaled is not the model's own,
+    # and the walk from it had stopped at that output, the code read "Div(2)" alone.
+    torch.manual_seed(0)
+    model, db = ReturnsItsLoss(), tmp_path / "run.db"
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdiag.attach(model, scaler, db=db):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss, _ = model(torch.randn(6, 8), torch.zeros(6, dtype=torch.long))
+        scaler.scale(loss / 2).backward()
+        scaler.step(opt)
+        scaler.update()
+    with sqlite3.connect(db) as c:
+        rows = c.execute("SELECT detail FROM events WHERE kind = 'loss-code-first'").fetchall()
+    assert rows == [("ToCopy:float32, LogSoftmax:float32, NllLoss(mean of 6):float32, Div(2):float32",)]

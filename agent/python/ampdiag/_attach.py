@@ -112,7 +112,7 @@ class AttachHandle:
         self._loss_code_looks = 0  # loss-code events written (see _looks.look_at_loss_code)
         self._model_code_looks = 0  # model-code events written (see _forward.look_at_model_output)
         self._module_code_read = set()  # (event kind, module) of the code _looks.py read
-        self._output_nodes = []  # the grad_fn of the last training forward's outputs
+        self._output_nodes, self._loss_code_outputs = [], []  # the last training forward's outputs' grad_fn (_forward.py)
         self._dropped = DroppedForwards()
         self._evaluations = Evaluations(self)
         self._loss_nodes = []    # the grad_fn of this cycle's losses

@@ -131,8 +131,8 @@ class LossCodeOrigin:
 
     def before_backward(self):
         handle = self._handle
-        if self.armed and handle._loss_nodes and handle._output_nodes:
-            self._trace.hook(path_nodes(handle._loss_nodes, handle._output_nodes))
+        if self.armed and handle._loss_nodes and handle._loss_code_outputs:
+            self._trace.hook(path_nodes(handle._loss_nodes, handle._loss_code_outputs))
 
     def step_ended(self):
         if not self.armed:

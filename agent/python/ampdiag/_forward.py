@@ -168,6 +168,10 @@ def output_hook(handle, owner):
         # Where the loss code begins, should it go NaN/Inf (one forward's: an evaluation
         # run with gradients on must not keep every graph alive).
         handle._output_nodes = [t.grad_fn for t in floats if t.grad_fn is not None]
+        # A model that returns its loss beside its logits (Hugging Face's, given labels): the
+        # loss code runs from the logits through that loss, which the loop may divide further.
+        made = [t.grad_fn for t in floats if t.grad_fn is not None and t.numel() > 1]
+        handle._loss_code_outputs = made if made and len(made) < len(handle._output_nodes) else handle._output_nodes
         return None
 
     return hook

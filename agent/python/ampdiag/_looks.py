@@ -182,7 +182,7 @@ def look_at_loss_code(handle, looks=LOSS_CODE_LOOKS):
             or handle._input_nan or handle._parameters_nonfinite):
         return
     handle._loss_code_seen = True
-    nodes = path_nodes(handle._loss_nodes, handle._output_nodes)
+    nodes = path_nodes(handle._loss_nodes, handle._loss_code_outputs)
     code = with_numbers(loss_code(nodes), handle._first_loss_code)
     if code is not None:
         handle._loss_code_looks += 1

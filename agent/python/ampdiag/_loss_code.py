@@ -140,8 +140,8 @@ def read_first_loss_code(handle):
     freed (with_numbers). Written once as event "loss-code-first": a run whose gradients are
     too large for the scale without a NaN/Inf loss has no other reading of its loss code,
     which says whether the loss is over class indices or holds a factor."""
-    if handle._first_loss_code is None and handle._output_nodes and handle._loss_nodes:
-        handle._first_loss_code = loss_code(path_nodes(handle._loss_nodes, handle._output_nodes)) or ""
+    if handle._first_loss_code is None and handle._loss_code_outputs and handle._loss_nodes:
+        handle._first_loss_code = loss_code(path_nodes(handle._loss_nodes, handle._loss_code_outputs)) or ""
         if handle._first_loss_code:
             handle._event("loss-code-first", handle._first_loss_code)
 

@@ -103,7 +103,7 @@ def _step_ended(handle):
     handle._in_cycle = False
     handle._live = False
     handle._root_inputs = None  # the batch is the user's again
-    handle._output_nodes, handle._loss_nodes, handle._scaled = [], [], []  # the step's graph is the user's to free
+    handle._output_nodes, handle._loss_code_outputs, handle._loss_nodes, handle._scaled = [], [], [], []  # the step's graph is the user's to free
     handle._last_node, handle._module_nodes = None, []
     if handle._autopin is not None:
         handle._autopin.pin()
