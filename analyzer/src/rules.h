@@ -165,7 +165,8 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 // (after the rules that add to each: oversized-weights).
 void group_underflows(std::vector<Finding>& found);
 // Three or more overflow-origin information findings whose skips only calibrated the scale
-// or answered its growth probes, made one (after every rule that reads them).
+// or answered its growth probes, made one, and so three or more of those first only above
+// the floor that name the same module below it (after every rule that reads them).
 void group_calibration_overflows(std::vector<Finding>& found);
 void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out);
 // Modules the agent pinned itself (events "autopin"): info, with the skips after the pin.
