@@ -69,6 +69,21 @@ TEST_CASE("exact zeros many times the subnormals beside normal values are inform
   CHECK(u.suggestions.empty());
 }
 
+TEST_CASE("exact zeros many times the subnormals beside more normal values than subnormal ones are information",
+          "[rules]") {
+  // A 3x3 depthwise kernel over a 1x1 map, eight of its nine taps on padding: 89% zero, 5%
+  // subnormal, 6% normal.
+  TempDir dir;
+  const auto r = underflowing_b(dir, 0.89, 0.05);
+  CHECK(required(r, "underflow").severity == Severity::kInfo);
+}
+
+TEST_CASE("exact zeros beside fewer normal values than subnormal ones stay an underflow", "[rules]") {
+  TempDir dir;
+  const auto r = underflowing_b(dir, 0.85, 0.1);
+  CHECK(required(r, "underflow").severity == Severity::kWarning);
+}
+
 namespace {
 
 // 20 steps of b.weight's gradient half exactly zero (dead units), `early_sub` subnormal in
