@@ -78,6 +78,26 @@ std::vector<Suggestion> code_after_fixes(const Run& run, const std::string& modu
   }
   const std::string made = origin.ops.back().name;
   const std::string half = origin.autocast_float16();
+  // That operation a product by a constant of 256 or more (read before the backward freed it):
+  // its backward multiplies the gradient by as much (a LoRA adapter's scaling alpha / r of
+  // 50000 on lora_B's output), and where it is a setting, lowering it is the fix.
+  // Not where the code reads a parameter of the model's own (CLIP's learnt temperature, one
+  // value read through exp()): its bound is the fix (bound_exp_parameter).
+  std::vector<Suggestion> fixes;
+  if (const loss_code::Op& op = origin.ops.back();
+      op.gain() >= 256.0 && (op.name == "Mul" || op.name == "Div") && loss_code::parameters_after(run, module).empty()) {
+    Suggestion lower;
+    lower.summary = "Bring down the constant " + name.code + " " + uses + " " +
+                    (op.name == "Div" ? "divides" : "multiplies") + " by: " + loss_code::enlarging_text(op, run.fp_max) +
+                    ", and its backward multiplies the gradient it sends back into " + module + " by as much, which "
+                    "made the NaN/Inf at step " + std::to_string(origin.step) + ". Where it is a setting (a LoRA "
+                    "adapter's scaling alpha / r, a loss or output multiplier), lower it; where it is by design, the "
+                    "fixes that follow apply.";
+    lower.python = "# where " + name.code + " multiplies by the constant: a LoRA adapter's\n"
+                   "self.scaling = alpha / r  # 1 or 2 is usual (PEFT: LoraConfig(r=8, lora_alpha=16))";
+    lower.untried = true;
+    fixes.push_back(lower);
+  }
   if (!half.empty()) {
     // Pinned, the module's float32 output still reaches that operation through one autocast
     // keeps in fp16 (CLIP's similarities' Mm before the temperature's Mul): tried, its
@@ -88,7 +108,8 @@ std::vector<Suggestion> code_after_fixes(const Run& run, const std::string& modu
                       " in fp16 whatever the inputs' dtype, so pinning " + module + " alone leaves it in fp16; "
                       "autocast off around that code, its inputs cast to float32. Or move that code into a module, "
                       "which ampdiag then names and pin_fp32() pins.";
-    return {in_fp32};
+    fixes.push_back(in_fp32);
+    return fixes;
   }
   // Between the module's output and that operation, only operations that keep their input's
   // dtype: pinned, its backward runs in float32 too (a VAE's gain and the KL's exp() of the
@@ -97,8 +118,9 @@ std::vector<Suggestion> code_after_fixes(const Run& run, const std::string& modu
                  "'s float32 output.";
   in_fp32.summary = "Or run " + name.code + " " + uses + " in FP32: autocast off around it, its inputs cast to "
                     "float32.";
-  if (pinned) return {in_fp32};
-  return {pin, in_fp32};
+  if (!pinned) fixes.push_back(pin);
+  fixes.push_back(in_fp32);
+  return fixes;
 }
 
 }  // namespace ampdiag::analyzer::rules

@@ -150,3 +150,25 @@ TEST_CASE("code after the module in the model's forward() is fixed there", "[rul
   CHECK_THAT(o.suggestions[0].python, Catch::StartsWith("# in the model's forward(), around the code that uses enc's "
                                                         "output:"));
 }
+
+TEST_CASE("an overflow made by a product with a large constant after the module lowers that constant first",
+          "[rules][code-after]") {
+  // PEFT's LoRA at lora_alpha 4e5 over r 8: lora_B's output times 50000 in its layer's forward().
+  const Report r = code_after_run("Mul(50000):float16", "", {}, "Mul(50000):float16, Add:float16, ToCopy:float32");
+  const Finding& o = required(r, "overflow-origin");
+  REQUIRE(o.suggestions.size() >= 2);
+  CHECK_THAT(o.suggestions[0].summary,
+             Catch::StartsWith("Bring down the constant the code that uses enc's output multiplies by: the "
+                               "multiplication by 50000 (Mul)") &&
+                 Catch::Contains("its backward multiplies the gradient it sends back into enc by as much"));
+  CHECK_THAT(o.suggestions[0].python, Catch::Contains("lora_alpha"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Run enc in FP32"));
+}
+
+TEST_CASE("a product with a parameter of the model's own read through exp() is not told to lower a constant",
+          "[rules][code-after]") {
+  const Report r = code_after_run("Div:float16, Mm:float16, Mul(98715.8):float16",
+                                  "logit_scale: 11.5 (float32, 1 value), read by Exp");
+  for (const auto& s : required(r, "overflow-origin").suggestions)
+    CHECK_THAT(s.summary, !Catch::StartsWith("Bring down the constant"));
+}

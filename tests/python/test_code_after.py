@@ -83,7 +83,15 @@ def test_the_origin_traced_is_the_temperatures_mul_after_the_matmul(tmp_path):
     db = tmp_path / "run.db"
     train(db, Towers(11.5))
     [origin] = events(db, "output-code-origin")
-    assert origin.endswith(", Mm:float16, Mul:float16"), origin
+    # The product by exp(logit_scale), one value, read before backward freed it: about 98716.
+    assert origin.endswith(", Mm:float16, Mul(98715.8):float16"), origin
+
+
+def test_the_origin_traced_names_the_constant_it_multiplies_by(tmp_path):
+    # Read as the trace is hooked, before the backward frees the Mul's saved number.
+    db = tmp_path / "run.db"
+    train(db, Gain())
+    assert events(db, "output-code-origin") == ["enc: Mul(3000):float16"]
 
 
 def test_the_origin_traced_after_a_gain_has_nothing_autocast_keeps_in_fp16_before_it(tmp_path):

@@ -157,12 +157,13 @@ class _Trace:
         self._handle = handle
         self._hooks = []     # this step's node hooks
         self._nodes = []     # the traced nodes, held while hooked
+        self._names = []     # their names, read before backward frees a Mul's or Div's number
         self._origin = None  # index in _nodes of the node that made them
 
     def hook(self, nodes):
         if self._hooks or not nodes or len(nodes) > TRACE_NODES:
             return
-        self._nodes, self._origin = nodes, None
+        self._nodes, self._names, self._origin = nodes, [op_name(n) for n in nodes], None
         self._hooks = [n.register_hook(self._check(i)) for i, n in enumerate(nodes)]
 
     def _check(self, index):
@@ -178,11 +179,13 @@ class _Trace:
         NaN/Inf, that one last, where one did."""
         for hook in self._hooks:
             hook.remove()
-        nodes, origin = self._nodes, self._origin if self._hooks else None
-        self._hooks, self._nodes, self._origin = [], [], None
+        nodes, names, origin = self._nodes, self._names, self._origin if self._hooks else None
+        self._hooks, self._nodes, self._names, self._origin = [], [], [], None
         if origin is None:
             return None
-        return loss_code(_between(nodes, nodes[origin]) + [nodes[origin]])
+        index = {id(n): i for i, n in enumerate(nodes)}
+        return loss_code(_between(nodes, nodes[origin]) + [nodes[origin]],
+                         names=lambda n: names[index[id(n)]])
 
 
 def _place(nodes, in_model) -> "str | None":

@@ -125,13 +125,14 @@ def path_nodes(loss_nodes, output_nodes) -> list:
     return order
 
 
-def loss_code(nodes) -> "str | None":
+def loss_code(nodes, names=op_name) -> "str | None":
     """'Name:dtype, ...' ('Pow(0.5):float32' for a power with a scalar exponent,
     'Div(0.07):float16' for a division or a product by one number, 'NllLoss(mean of
-    0):float32' for nll_loss) for path_nodes()'s nodes; None for none."""
+    0):float32' for nll_loss) for path_nodes()'s nodes; None for none. `names`: each node's
+    name, where it was read before a backward freed the numbers."""
     if not nodes:
         return None
-    return ", ".join(f"{op_name(n)}:{made_dtype(n)}" for n in nodes[:_MAX_NAMED])
+    return ", ".join(f"{names(n)}:{made_dtype(n)}" for n in nodes[:_MAX_NAMED])
 
 
 def read_first_loss_code(handle):
