@@ -134,6 +134,41 @@ const ModuleSummary* mean_removing_norm_after(const Run& run, const std::string&
   return nullptr;
 }
 
+// The same parameter in another block of the same structure whose gradient cancels on its
+// own evidence, and its ratio: {null, 1} where none does.
+std::pair<const LayerSummary*, double> cancelling_twin(const Run& run, const LayerSummary& layer,
+                                                       double underflow_fraction) {
+  const std::string shape = block_free(layer.info.name);
+  if (shape == layer.info.name) return {nullptr, 1.0};
+  for (const auto& other : run.layers) {
+    if (&other == &layer || other.info.shape != layer.info.shape || block_free(other.info.name) != shape) continue;
+    const auto [ratio, sibling] = below_siblings(run, other, underflow_fraction);
+    if (own_cancels(ratio, sibling, sibling != nullptr ? input_rms(run, *sibling) : 0.0, products_only(run, sibling)))
+      return {&other, ratio};
+  }
+  return {nullptr, 1.0};
+}
+
+// A bias with no sibling in range, its weight's gradient underflowing too: DETR's first
+// encoder block at a scale its decoder holds at 256 (62 % of the key weight's values
+// subnormal, the second block's 46 %). Alone that is a module the scale flushes; far below
+// that weight all the same (under 1/128, where a true gradient sits at ~1 / |x|) and the
+// twin of a bias that cancels on its own evidence, it is the same sum's rounding.
+Cancellation beside_underflowing_weight(const Run& run, const LayerSummary& layer, double underflow_fraction,
+                                        Cancellation c) {
+  if (!bias_like(layer.info)) return c;
+  const auto [ratio, sibling] = below_siblings(run, layer, underflow_fraction, true);
+  if (sibling == nullptr || ratio >= 1.0 / 128.0) return c;
+  const auto [twin, twin_ratio] = cancelling_twin(run, layer, underflow_fraction);
+  if (twin == nullptr) return c;
+  c.ratio = ratio;
+  c.sibling = sibling;
+  c.sibling_underflows = true;
+  c.twin = twin;
+  c.twin_ratio = twin_ratio;
+  return c;
+}
+
 }  // namespace
 
 bool Cancellation::cancels() const {
@@ -164,18 +199,9 @@ Cancellation cancellation_of(const Run& run, const LayerSummary& layer, double u
   // share: Marian's first decoder block's key bias keeps more rounding (1/370 of its
   // weight's) than the second's (1/1090). A bias that truly underflows sits at ~1 / |x| of
   // its weight's, above 1/128 for inputs below RMS 128.
-  if (c.sibling == nullptr || own_cancels(c.ratio, c.sibling, c.input, c.plain) || c.ratio >= 1.0 / 128.0) return c;
-  const std::string shape = block_free(layer.info.name);
-  if (shape == layer.info.name) return c;
-  for (const auto& other : run.layers) {
-    if (&other == &layer || other.info.shape != layer.info.shape || block_free(other.info.name) != shape) continue;
-    const auto [ratio, sibling] = below_siblings(run, other, underflow_fraction);
-    if (own_cancels(ratio, sibling, sibling != nullptr ? input_rms(run, *sibling) : 0.0, products_only(run, sibling))) {
-      c.twin = &other;
-      c.twin_ratio = ratio;
-      break;
-    }
-  }
+  if (c.sibling == nullptr) return beside_underflowing_weight(run, layer, underflow_fraction, c);
+  if (own_cancels(c.ratio, c.sibling, c.input, c.plain) || c.ratio >= 1.0 / 128.0) return c;
+  std::tie(c.twin, c.twin_ratio) = cancelling_twin(run, layer, underflow_fraction);
   return c;
 }
 

@@ -19,6 +19,8 @@ struct Cancellation {
   // own evidence, where this one's is far below its weight's yet not that far: null if none.
   const LayerSummary* twin = nullptr;
   double twin_ratio = 1.0;
+  // The sibling's own gradient underflows: set against it only beside a twin that cancels.
+  bool sibling_underflows = false;
   // The batch or instance normalisation given its module's output straight, which takes away
   // each channel's mean: the bias's sum is zero by that structure; null where none.
   const ModuleSummary* norm_after = nullptr;

@@ -395,9 +395,11 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
                       "adds the same value to all it averages, so its gradient is a sum that is zero in exact "
                       "arithmetic, left with rounding; no scale helps";
       else
-        f.evidence += ", which the same scale keeps in range: a sum that is "
-                      "zero in exact arithmetic (an attention key's bias, which shifts every score of a query alike "
-                      "under softmax; a bias just before a normalisation), left with rounding; no scale helps";
+        f.evidence += std::string(c.sibling_underflows ? ", whose own gradient underflows too, yet far above this one's"
+                                                       : ", which the same scale keeps in range") +
+                      ": a sum that is zero in exact arithmetic (an attention key's bias, which shifts every score of "
+                      "a query alike under softmax; a bias just before a normalisation), left with rounding; no scale "
+                      "helps";
       if (c.twin != nullptr)
         f.evidence += "; " + c.twin->info.name + ", the same parameter in another block of the same structure, sits "
                       "at " + fmt(c.twin_ratio) + " of its weight's: the same sum, with more rounding left in this block";

@@ -147,11 +147,15 @@ TEST_CASE("a bias at 1/300 of its weight's gradient, as inputs of RMS 300 leave 
 namespace {
 
 // Two blocks of the same structure: layers.0's key bias at `first_l2` and layers.1's at
-// `second_l2` every step (95 % of each fp16-subnormal), beside their key weights'.
-Report two_block_key_bias_run(const TempDir& dir, double first_l2, double second_l2) {
+// `second_l2` every step (95 % of each fp16-subnormal), beside their key weights'; layers.0's
+// key weight 62 % fp16-subnormal where `first_weight_underflows` (DETR's first encoder block
+// at a scale its decoder holds at 256).
+Report two_block_key_bias_run(const TempDir& dir, double first_l2, double second_l2,
+                              bool first_weight_underflows = false) {
   RunFixture f(dir.file("run.db"), {"layers.0.key.weight", "layers.0.key.bias", "layers.1.key.weight",
                                     "layers.1.key.bias"});
   f.zeros_fraction("layers.0.key.bias", 0.0, 0.95).zeros_fraction("layers.1.key.bias", 0.0, 0.95);
+  if (first_weight_underflows) f.zeros_fraction("layers.0.key.weight", 0.005, 0.62);
   for (int i = 0; i < 10; ++i)
     f.clipped(first_l2, {"layers.0.key.bias"}).clipped(second_l2, {"layers.1.key.bias"}).step(65536, 65536);
   f.finish();
@@ -187,6 +191,25 @@ TEST_CASE("a bias near its weight's gradient stays an underflow beside a twin th
   // A true underflow sits at ~1 / |x| of its weight's: no twin's cancelling makes it rounding.
   TempDir dir;
   const Report r = two_block_key_bias_run(dir, 0.5, 1e-4);
+  const Finding* u = find(r, "underflow", "layers.0.key.bias");
+  REQUIRE(u != nullptr);
+  CHECK(u->severity == Severity::kWarning);
+}
+
+TEST_CASE("a bias far below a weight that underflows too cancels where its twin in another block does", "[rules]") {
+  TempDir dir;
+  const Report r = two_block_key_bias_run(dir, 1e-4, 1e-4, true);
+  const Finding* u = find(r, "underflow", "layers.0.key.bias");
+  REQUIRE(u != nullptr);
+  CHECK(u->severity == Severity::kInfo);
+  CHECK_THAT(u->evidence, Catch::Contains("whose own gradient underflows too, yet far above this one's"));
+  CHECK_THAT(u->evidence, Catch::Contains("layers.1.key.bias, the same parameter in another block"));
+}
+
+TEST_CASE("a bias at 1/30 of a weight that underflows too stays an underflow beside a twin that cancels",
+          "[rules]") {
+  TempDir dir;
+  const Report r = two_block_key_bias_run(dir, 0.5, 1e-4, true);
   const Finding* u = find(r, "underflow", "layers.0.key.bias");
   REQUIRE(u != nullptr);
   CHECK(u->severity == Severity::kWarning);
