@@ -243,6 +243,7 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::half_loss(run, found);
     rules::loss_backward(run, found);
     rules::nonfinite_update(run, found);
+    rules::per_sample_gradients(run, found);
     rules::optimizer_outside_scaler(run, found);
     const std::map<std::int64_t, rules::StepGradients> by_step = rules::gradients_by_step(run);
     rules::clip_before_unscale(run, by_step, found);

@@ -186,6 +186,13 @@ bool has_half_loss(const Run& run);
 bool half_loss_skip(const StepSummary& s);
 // The first optimizer step taken with NaN/Inf gradients (Run::first_nonfinite_update): error.
 void nonfinite_update(const Run& run, std::vector<Finding>& out);
+// Opacus's per-sample gradients under a GradScaler (Python agent's event per-sample-gradients):
+// warning; error where they held NaN/Inf at a step the scaler applied.
+void per_sample_gradients(const Run& run, std::vector<Finding>& out);
+// The first event per-sample-nonfinite at a step the scaler applied, or null.
+const rundb::EventRow* applied_per_sample_nonfinite(const Run& run);
+// Its fix: DP-SGD without a GradScaler, in bfloat16.
+Suggestion per_sample_fix(const Run& run);
 // A weight matrix whose values were all below float16's smallest positive value (2^-24) at a
 // reading, in an fp16 run, while its module's output was all zeros: autocast's cast made them
 // zeros. `reading` is its reading at or before `zero_step` (its module's last all-zero

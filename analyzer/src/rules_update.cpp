@@ -42,6 +42,14 @@ std::string consequences(const Run& run, const std::string& what) {
 // Why an update makes NaN/Inf from finite gradients, and what to change, as far as the run says.
 void update_fixes(const Run& run, Finding& f) {
   const bool half = trains_half_parameters(run);
+  if (const rundb::EventRow* samples = applied_per_sample_nonfinite(run);
+      samples != nullptr && samples->step <= run.first_nonfinite_update) {
+    f.evidence += "; at step " + std::to_string(samples->step) + " " + samples->detail +
+                  ", which the DP optimizer clips and sums into the update and the GradScaler never checks (see "
+                  "per-sample-gradients)";
+    f.suggestions.push_back(per_sample_fix(run));
+    return;
+  }
   if (const rundb::EventRow* eps = run.first_event("optimizer-eps")) {
     f.evidence += "; " + eps->detail;
     f.suggestions.push_back(

@@ -94,8 +94,8 @@ class AttachHandle:
         self._fused_momentum = FusedMomentumProbe(self)
         self._accumulation_probe = None  # _accumulation.AccumulationProbe, set with the layers
         self._own_backward = False  # the backward under way is the loss's (with a scaler: from scale()'s output)
-        self._grad_calls = 0
-        self._grad_calls_before = 0
+        self._grad_calls = self._grad_calls_before = 0
+        self._per_sample = None  # _per_sample.PerSampleGradients, made with the scaler's wrap
         self._scaler_scaled = False  # the attached scaler's scale() has run: see _other_scaler.py
         self._backwards_without_scale = 0
         self._root_inputs = None  # (args, kwargs) of the model's last forward in this cycle
@@ -269,11 +269,9 @@ class AttachHandle:
             self._backward_replayer.close()
         if self._gradient_entries is not None:
             self._gradient_entries.close()
-        if self._updates is not None:
-            self._updates.flush()
-        if self._gradient_probe is not None:
-            self._gradient_probe.flush()
-        self._fused_momentum.flush()
+        for probe in (self._updates, self._gradient_probe, self._fused_momentum, self._per_sample):
+            if probe is not None:
+                probe.flush()
         self._unreached.close()
         if self._weights is not None:
             self._weights.flush()

@@ -39,10 +39,14 @@ def torch_optimizer(optimizer):
     a wrapper go wrong: Accelerate's AcceleratedOptimizer subclasses torch's Optimizer
     without running its __init__ (no step hooks at all), and Lightning's LightningOptimizer
     poses as its optimizer's class and reaches the optimizer's own hooks through it, so the
-    optimizer stepping would look like a second one."""
+    optimizer stepping would look like a second one. Opacus's DPOptimizer, alike in the
+    first, holds it as `.original_optimizer` and steps it once the clipped, noised
+    per-sample gradients are in .grad."""
     given = optimizer
     for _ in range(4):
         inner = getattr(optimizer, "optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer):
+            inner = getattr(optimizer, "original_optimizer", None)  # Opacus's DPOptimizer
         if not isinstance(inner, torch.optim.Optimizer) or inner is optimizer:
             break
         optimizer = inner

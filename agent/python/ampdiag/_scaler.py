@@ -11,6 +11,7 @@ import torch
 from . import _fp32_gradients, _loss
 from ._grad_reads import optimizer_gradients, post_stats
 from ._loss_code import read_first_loss_code
+from ._per_sample import PerSampleGradients
 from ._step_end import end_step, end_step_on_device
 from ._tensors import (directly_readable, found_inf_tensor, host_gradients, host_outcome, host_scale, inf_checked,
                        scale_on_device)
@@ -23,6 +24,7 @@ def wrap_scaler(handle, scaler):
     original_scale = scaler.scale
     original_update = scaler.update
     original_step = scaler.step
+    handle._per_sample = PerSampleGradients(handle)
 
     def _unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16):
         return _unscale(handle, original_unscale, optimizer, inv_scale, found_inf, allow_fp16)
@@ -181,6 +183,7 @@ def _unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16):
         handle._last_unscaled = weakref.ref(optimizer)
     if handle._updates is not None:
         handle._updates.watch(optimizer)
+    handle._per_sample.unscaled(optimizer)
     if handle._profile is not None:
         handle._profile.watch_optimizer(optimizer)
         original = functools.partial(handle._profile.unscale, original)
