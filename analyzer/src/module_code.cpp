@@ -211,7 +211,7 @@ std::optional<Suggestion> matmul_in_input_code(const Run& run, const std::string
                             "float32, where what takes its product holds it.");
   if (!takes_half)
     s.python = "with torch.autocast(device_type=\"" + suggest::device_type(run) + "\", enabled=False):\n"
-               "    y = torch.bmm(a.float(), b.float())  # was torch.bmm(a, b) under autocast, in float16";
+               "    y = a.float() @ b.float()  # was the " + matmuls + " of a and b under autocast, in float16";
   s.untried = true;
   return s;
 }
