@@ -105,6 +105,30 @@ Finding unordered_overflow(const Run& run, const std::vector<std::int64_t>& step
   return f;
 }
 
+// Other layers' unscaled gradients beyond the limit too (65504, or 65504 / the floor): the
+// module's pin alone leaves theirs overflowing or the scale below the floor. Where they all
+// lie in one block, its pin makes and sums every one of them in float32 (DETR's first
+// decoder self-attention: its output and value projections' biases).
+void pin_beyond_others(const Run& run, const std::string& module, const std::string& layer,
+                       const std::vector<std::pair<std::string, double>>& others, bool at_any_scale,
+                       double scale_floor, Finding& f) {
+  const std::string beyond = at_any_scale ? std::string("65504") : "65504 / " + fmt(scale_floor);
+  std::string named;
+  for (std::size_t k = 0; k < others.size() && k < 3; ++k)
+    named += (k ? ", " : "") + others[k].first + " up to " + fmt(others[k].second);
+  if (others.size() > 3) named += ", and " + plural(std::int64_t(others.size() - 3), "more layer");
+  f.evidence += "; other layers' unscaled gradients were beyond " + beyond + " too (" + named + "), so pinning " +
+                (module.empty() ? layer : module) + " alone would leave " +
+                (at_any_scale ? "theirs overflowing" : "the scale below the floor");
+  if (const std::string holder = holding_all(run, module, others); !holder.empty()) {
+    f.suggestions.push_back(suggest::pin_fp32(run, holder));
+    f.suggestions.back().summary =
+        "Run " + holder + " in FP32, which holds " + module + " and every other layer whose gradients passed " + beyond +
+        ": autocast off around it, its floating-point inputs cast to float32, so that their backwards make and sum "
+        "them in float32.";
+  }
+}
+
 }  // namespace
 
 void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
@@ -299,8 +323,14 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     const double true_max = at_any_scale || reaching.seen != "nonfinite" || loss_made ? true_largest.value : 0.0;
     const double limit = at_any_scale ? run.fp_max : run.fp_max / t.scale_floor;
     const bool too_large = true_max > limit;
+    // Where the code after the module made them under a scale that collapsed below the floor,
+    // other layers' own finite steps beyond 65504 / the floor hold it there whatever is done
+    // around the module (a RealNVP flow on unnormalised data: its last coupling's scale net
+    // pinned, the next coupling's gradients of up to 584 kept the scale at 64).
+    const bool made_after = harms && collapsed && !at_any_scale && reaching.seen == "nonfinite" && !loss_made;
     const std::vector<std::pair<std::string, double>> others =
-        too_large ? also_beyond(run, module, limit, scale_of, fp32) : std::vector<std::pair<std::string, double>>{};
+        too_large || made_after ? also_beyond(run, module, limit, scale_of, fp32)
+                                : std::vector<std::pair<std::string, double>>{};
     if (too_large) {
       f.title = at_any_scale ? place + "'s gradients exceed fp16's range even unscaled (up to " + fmt(true_max) + ")"
                              : place + "'s gradients are too large for a loss scale above the floor of " +
@@ -453,7 +483,9 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       const bool was_pinned = pinned.count(module) > 0;
       if (was_pinned)
         f.evidence += "; " + module + " already ran in FP32 (pinned), so pinning it is no fix";
-      if (entered && !at_any_scale) {
+      if (entered && !at_any_scale && !was_pinned && !others.empty()) {
+        pin_beyond_others(run, module, row.name, others, false, t.scale_floor, f);
+      } else if (entered && !at_any_scale) {
         // The gradient that code sends back is beyond fp16 all the way into the module: the
         // pin keeps it float32 there (and the code after it up to the next operation that
         // autocast runs in fp16), autocast off around the code keeps that operation's too.
@@ -513,23 +545,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                  std::string(after_a_pin ? "also " : "") + also;
         }
       } else if (!entered && !was_pinned && !others.empty()) {
-        const std::string beyond = at_any_scale ? std::string("65504") : "65504 / " + fmt(t.scale_floor);
-        std::string named;
-        for (std::size_t k = 0; k < others.size() && k < 3; ++k)
-          named += (k ? ", " : "") + others[k].first + " up to " + fmt(others[k].second);
-        if (others.size() > 3) named += ", and " + plural(std::int64_t(others.size() - 3), "more layer");
-        f.evidence += "; other layers' unscaled gradients were beyond " + beyond + " too (" + named +
-                      "), so pinning " + (module.empty() ? row.name : module) + " alone would leave " +
-                      (at_any_scale ? "theirs overflowing" : "the scale below the floor");
-        // Where they all lie in one block, its pin makes and sums every one of them in float32
-        // (DETR's first decoder self-attention: its output and value projections' biases).
-        if (const std::string holder = holding_all(run, module, others); !holder.empty()) {
-          f.suggestions.push_back(suggest::pin_fp32(run, holder));
-          f.suggestions.back().summary =
-              "Run " + holder + " in FP32, which holds " + module + " and every other layer whose gradients passed " +
-              beyond + ": autocast off around it, its floating-point inputs cast to float32, so that their backwards "
-              "make and sum them in float32.";
-        }
+        pin_beyond_others(run, module, row.name, others, at_any_scale, t.scale_floor, f);
       } else if (!entered && !was_pinned) {
         // Its own backward overflowed, on gradients that passed back through a layer whose
         // weights start far too large, at or after it in forward: they are that many times
@@ -550,6 +566,10 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         if (reinit) by_design(f.suggestions[before_fixes + 1]);
       }
       f.suggestions.push_back(suggest::use_bf16(run));
+      if (f.suggestions.size() == 1) {  // no other way is left: not an "Or"
+        std::string& only = f.suggestions.back().summary;
+        if (only.rfind("Or t", 0) == 0) only = "T" + only.substr(4);
+      }
     }
     // A sender without parameters enlarged the gradient in its own code, whatever the scale
     // and the loss: that code leads every other fix (a gradient reversal's lambda of 1e5).

@@ -172,3 +172,46 @@ TEST_CASE("a product with a parameter of the model's own read through exp() is n
   for (const auto& s : required(r, "overflow-origin").suggestions)
     CHECK_THAT(s.summary, !Catch::StartsWith("Bring down the constant"));
 }
+
+namespace {
+
+// 12 skips halving the scale from 65536 to 16, enc's gradients the first NaN/Inf ones and the
+// gradient reaching its output NaN/Inf at the third; then 4 steps applied at 16 in which
+// other.weight's gradient, outside enc, reaches `other_unscaled` unscaled.
+Report collapsed_beside(double other_unscaled) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"other.weight", "enc.weight"});
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2) {
+    if (i == 2) f.event("module-output-gradient", "enc: nonfinite");
+    f.finite_first({"other.weight"}).step(scale, scale / 2, 1000, {"enc.weight"});
+  }
+  f.absmax_times("other.weight", other_unscaled * 16.0 / 1000.0);
+  for (int i = 0; i < 4; ++i) f.step(16, 16);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("an overflow made after a module beside another layer's gradients beyond 65504 / 128 offers no pin of it",
+          "[rules][code-after]") {
+  // A RealNVP flow on unnormalised data: its last coupling's scale net pinned, the gradients of
+  // an earlier coupling's (up to 584 unscaled) held the scale at 64 all the same.
+  const Report r = collapsed_beside(600.0);
+  const Finding& o = required(r, "overflow-origin");
+  CHECK(o.severity == Severity::kError);
+  CHECK_THAT(o.evidence, Catch::Contains("; other layers' unscaled gradients were beyond 65504 / 128 too (other.weight "
+                                         "up to 600), so pinning enc alone would leave the scale below the floor"));
+  REQUIRE(o.suggestions.size() == 1);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Train in bfloat16"));
+}
+
+TEST_CASE("an overflow made after a module beside gradients that fit above the floor keeps its pin first",
+          "[rules][code-after]") {
+  const Report r = collapsed_beside(100.0);
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.evidence, !Catch::Contains("other layers' unscaled gradients"));
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run enc in FP32"));
+}
