@@ -39,7 +39,8 @@ const std::vector<std::string>& rule_ids() {
                                                "gradients-not-zeroed", "gradients-cleared", "zero-gradients", "fused-sgd-momentum",
                                                "accumulated-gradients-cleared", "precision-loss",
                                                "weight-growth", "oversized-weights", "training-raised", "evaluation-overflow",
-                                               "scale-held", "unreached-layers", "dead-layers", "flushed-weights"};
+                                               "scale-held", "unreached-layers", "dead-layers", "flushed-weights",
+                                               "per-sample-gradients"};
   return ids;
 }
 

@@ -59,6 +59,31 @@ std::optional<Suggestion> bound_exp_parameter(const Run& run, const std::string&
   return model_parameters::exp_factor_bound(module, loss_code::parameters_after(run, module));
 }
 
+std::optional<Suggestion> lower_constant(const Run& run, const std::string& module) {
+  const loss_code::Code origin = loss_code::after_module(run, module, "output-code-origin");
+  if (origin.empty()) return std::nullopt;
+  // That operation a product by a constant of 256 or more (read before the backward freed it):
+  // its backward multiplies the gradient by as much (a LoRA adapter's scaling alpha / r of
+  // 50000 on lora_B's output), and where it is a setting, lowering it is the fix.
+  // Not where the code reads a parameter of the model's own (CLIP's learnt temperature, one
+  // value read through exp()): its bound is the fix (bound_exp_parameter).
+  const loss_code::Op& op = origin.ops.back();
+  if (op.gain() < 256.0 || (op.name != "Mul" && op.name != "Div") || !loss_code::parameters_after(run, module).empty())
+    return std::nullopt;
+  const CodeName name = code_name(run, module);
+  Suggestion lower;
+  lower.summary = "Bring down the constant " + name.code + " that uses " + module + "'s output " +
+                  (op.name == "Div" ? "divides" : "multiplies") + " by: " + loss_code::enlarging_text(op, run.fp_max) +
+                  ", and its backward multiplies the gradient it sends back into " + module + " by as much, which "
+                  "made the NaN/Inf at step " + std::to_string(origin.step) + ". Where it is a setting (a LoRA "
+                  "adapter's scaling alpha / r, a loss or output multiplier), lower it; where it is by design, the "
+                  "fixes that follow apply.";
+  lower.python = "# where " + name.code + " multiplies by the constant: a LoRA adapter's\n"
+                 "self.scaling = alpha / r  # 1 or 2 is usual (PEFT: LoraConfig(r=8, lora_alpha=16))";
+  lower.untried = true;
+  return lower;
+}
+
 std::vector<Suggestion> code_after_fixes(const Run& run, const std::string& module, const std::string& code_after,
                                          bool pinned) {
   const loss_code::Code origin = loss_code::after_module(run, module, "output-code-origin");
@@ -78,26 +103,8 @@ std::vector<Suggestion> code_after_fixes(const Run& run, const std::string& modu
   }
   const std::string made = origin.ops.back().name;
   const std::string half = origin.autocast_float16();
-  // That operation a product by a constant of 256 or more (read before the backward freed it):
-  // its backward multiplies the gradient by as much (a LoRA adapter's scaling alpha / r of
-  // 50000 on lora_B's output), and where it is a setting, lowering it is the fix.
-  // Not where the code reads a parameter of the model's own (CLIP's learnt temperature, one
-  // value read through exp()): its bound is the fix (bound_exp_parameter).
   std::vector<Suggestion> fixes;
-  if (const loss_code::Op& op = origin.ops.back();
-      op.gain() >= 256.0 && (op.name == "Mul" || op.name == "Div") && loss_code::parameters_after(run, module).empty()) {
-    Suggestion lower;
-    lower.summary = "Bring down the constant " + name.code + " " + uses + " " +
-                    (op.name == "Div" ? "divides" : "multiplies") + " by: " + loss_code::enlarging_text(op, run.fp_max) +
-                    ", and its backward multiplies the gradient it sends back into " + module + " by as much, which "
-                    "made the NaN/Inf at step " + std::to_string(origin.step) + ". Where it is a setting (a LoRA "
-                    "adapter's scaling alpha / r, a loss or output multiplier), lower it; where it is by design, the "
-                    "fixes that follow apply.";
-    lower.python = "# where " + name.code + " multiplies by the constant: a LoRA adapter's\n"
-                   "self.scaling = alpha / r  # 1 or 2 is usual (PEFT: LoraConfig(r=8, lora_alpha=16))";
-    lower.untried = true;
-    fixes.push_back(lower);
-  }
+  if (auto lower = lower_constant(run, module)) fixes.push_back(*lower);
   if (!half.empty()) {
     // Pinned, the module's float32 output still reaches that operation through one autocast
     // keeps in fp16 (CLIP's similarities' Mm before the temperature's Mul): tried, its

@@ -33,6 +33,11 @@ std::string code_after_place(const Run& run, const std::string& module);
 std::vector<Suggestion> code_after_fixes(const Run& run, const std::string& module, const std::string& code_after,
                                          bool pinned);
 
+// Where the operation whose backward made the NaN/Inf (event "output-code-origin") is a product
+// by a constant of 256 or more, or a division by its inverse, and the code reads no parameter
+// of the model's own: lowering that constant (a LoRA adapter's scaling), untried.
+std::optional<Suggestion> lower_constant(const Run& run, const std::string& module);
+
 // Where that code reads one of the model's own parameters through exp() to a factor above
 // CLIP's bound of 100 (event "output-parameters": a learnt temperature grown too large, or
 // set so): its clamp, the parameter named.

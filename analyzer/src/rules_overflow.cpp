@@ -484,6 +484,16 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       if (was_pinned)
         f.evidence += "; " + module + " already ran in FP32 (pinned), so pinning it is no fix";
       if (entered && !at_any_scale && !was_pinned && !others.empty()) {
+        // What enlarges the gradient itself is still the fix (a temperature's bound, a constant
+        // lowered, a sender's weights re-initialised); the module's pin and that code in FP32
+        // leave the other layers' gradients as large (CLIP's towers at logit_scale 11.5 with
+        // the similarities computed in FP32: the scale still down to 8).
+        if (!sent && user.empty()) {
+          if (auto bound = bound_exp_parameter(run, module)) f.suggestions.push_back(*bound);
+          if (auto lower = lower_constant(run, module)) f.suggestions.push_back(*lower);
+        }
+        for (const std::string& sender : sent ? senders.paths : std::vector<std::string>{})
+          if (auto fix = reinitialise_sender(run, sender, module)) f.suggestions.push_back(*fix);
         pin_beyond_others(run, module, row.name, others, false, t.scale_floor, f);
       } else if (entered && !at_any_scale) {
         // The gradient that code sends back is beyond fp16 all the way into the module: the

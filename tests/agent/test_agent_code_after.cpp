@@ -96,11 +96,13 @@ TEST_CASE("the first operation of that code whose backward made them is traced a
   const std::vector<std::string> origin = event_details(db, "output-code-origin");
   REQUIRE(origin.size() == 1);
   CHECK_THAT(origin[0], Catch::EndsWith("Mm:float16, Mul:float16"));
-  // The report then gives that code in FP32, not the module's pin alone.
+  // The report then quotes it, and offers no pin of the module alone: the temperature of 98716
+  // makes the other encoder's gradients as large, which hold the scale below the floor too.
   const auto report = analyzer::analyze({analyzer::load_run(db)});
   const analyzer::Finding& o = overflow_origin_of(report);
-  REQUIRE_FALSE(o.suggestions.empty());
-  CHECK_THAT(o.suggestions[0].summary, Catch::Contains("Mul's fp16 backward made the NaN/Inf, after Mm"));
+  CHECK_THAT(o.evidence, Catch::Contains("Mul (float16) was the first of it whose backward sent NaN/Inf back from "
+                                         "finite gradients, after"));
+  for (const auto& fix : o.suggestions) CHECK_THAT(fix.summary, !Catch::Contains("in FP32 (pinned"));
 }
 
 TEST_CASE("a gain after a module, before any matmul, keeps the module's pin first", "[agent][code-after]") {
