@@ -155,6 +155,7 @@ namespace {
 std::string small_layer_scales(const Run& run, const LayerSummary& layer) {
   std::vector<std::string> names;
   double largest = 0.0;
+  bool gains = false;
   for (const auto& [id, w] : first_weight_norms(run)) {
     if (id < 0 || std::size_t(id) >= run.layers.size()) continue;
     const rundb::LayerRow& p = run.layers[std::size_t(id)].info;
@@ -165,25 +166,33 @@ std::string small_layer_scales(const Run& run, const LayerSummary& layer) {
     const std::vector<std::int64_t> dims = dims_of(p.shape);
     const bool per_channel =
         !dims.empty() && std::all_of(dims.begin() + 1, dims.end(), [](std::int64_t d) { return d == 1; });
-    if (!per_channel || p.numel < 2 ||
-        !(layer_scale || last.find("gamma") != std::string::npos || last.find("scale") != std::string::npos))
+    // One gain on the whole branch that starts at 0 (SkipInit's, which timm's DeepMind NFNets
+    // hold as skipinit_gain; ReZero's resweight): its branch's gradients start at exactly zero
+    // and stay that much smaller while it grows.
+    const bool branch_gain = dims.empty() && p.numel == 1 &&
+                             (last.find("skipinit") != std::string::npos || last.find("resweight") != std::string::npos);
+    if (!branch_gain && (!per_channel || p.numel < 2 ||
+                         !(layer_scale || last.find("gamma") != std::string::npos ||
+                           last.find("scale") != std::string::npos)))
       continue;
     const double rms = w->l2 / std::sqrt(double(p.numel));
     // Its block: the module holding it, or a LayerScale module's parent.
     const std::string block = layer_scale ? p.module_path.substr(0, p.module_path.rfind('.') == std::string::npos
                                                                         ? 0 : p.module_path.rfind('.'))
                                           : p.module_path;
-    if (!(rms > 0.0) || rms >= 1e-3 || block.empty() || !rundb::within(layer.info.module_path, block) ||
+    if (!(rms > 0.0 || branch_gain) || rms >= 1e-3 || block.empty() || !rundb::within(layer.info.module_path, block) ||
         layer.info.module_path == p.module_path)
       continue;
     names.push_back(p.name);
     largest = std::max(largest, rms);
+    gains = gains || branch_gain;
   }
   if (names.empty()) return "";
   std::string joined;
   for (std::size_t i = 0; i < names.size() && i < 3; ++i) joined += (i ? " or " : "") + names[i];
-  return joined + (names.size() == 1 ? ", a layer scale that" : ", layer scales that") +
-         " started at about " + fmt(largest) + " per element";
+  const std::string what = gains ? (names.size() == 1 ? ", a gain on its branch that" : ", gains on its branches that")
+                                 : (names.size() == 1 ? ", a layer scale that" : ", layer scales that");
+  return joined + what + (largest > 0.0 ? " started at about " + fmt(largest) + " per element" : " started at 0");
 }
 
 // The largest loss scale at which none of a layer's recorded finite gradients would have
@@ -412,8 +421,10 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
     f.evidence = "on average " + pct(mean) + " of its values were zero (" + pct(mean_zero) + ") or fp16-subnormal (" +
                  pct(mean_sub) + ") over " + plural(finite, "sampled step");
     if (!scales.empty())
-      f.evidence += "; its block scales its branch by " + scales + ": the branch's gradients are about that much "
-                    "smaller until they grow";
+      f.evidence += "; its block scales its branch by " + scales +
+                    (scales.size() > 12 && scales.compare(scales.size() - 12, 12, "started at 0") == 0
+                         ? ": the branch's gradients start at zero and stay far smaller until it grows"
+                         : ": the branch's gradients are about that much smaller until they grow");
     f.steps.push_back(first);
     if (!run.has_scaler()) {
       f.suggestions.push_back(suggest::add_scaler(run));

@@ -402,6 +402,15 @@ TEST_CASE("a LayerScale2d's gamma, shaped to broadcast over a feature map, is it
   CHECK_THAT(required(r, "underflow").evidence, Catch::Contains("its block scales its branch by blocks.1.ls.gamma"));
 }
 
+TEST_CASE("a SkipInit gain of its block that starts at 0 is named as its branch's scale", "[rules]") {
+  // DeepMind's NFNets in timm: each block multiplies its branch by skipinit_gain, a scalar at 0.
+  TempDir dir;
+  const Report r = behind_a_layer_scale(dir, "blocks.1.skipinit_gain", "NormFreeBlock", 0.0, 0.2, 0.7, {});
+  CHECK_THAT(required(r, "underflow").evidence,
+             Catch::Contains("; its block scales its branch by blocks.1.skipinit_gain, a gain on its branch that "
+                             "started at 0: the branch's gradients start at zero and stay far smaller until it grows"));
+}
+
 TEST_CASE("another block's gamma held by CaiT's LayerScaleBlock is not the layer's scale", "[rules]") {
   // A LayerScaleBlock is a block holding its gammas, not a LayerScale module whose parent is
   // the block: blocks.0's gamma does not scale blocks.1's branches.
