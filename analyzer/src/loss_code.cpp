@@ -319,6 +319,14 @@ Code origin(const Run& run) { return of_event(run, "loss-code-origin"); }
 
 Code first(const Run& run) { return of_event(run, "loss-code-first"); }
 
+double hand_scale(const Run& run) {
+  if (run.has_scaler()) return 0.0;
+  const Code code = first(run);
+  if (code.empty()) return 0.0;
+  const Op& last = code.ops.back();
+  return (last.name == "Mul" || last.name == "Div") && last.gain() >= 2.0 ? last.gain() : 0.0;
+}
+
 Code after_module(const Run& run, const std::string& module, const std::string& kind) {
   Code code;
   if (module.empty()) return code;

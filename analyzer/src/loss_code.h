@@ -80,6 +80,11 @@ Code origin(const Run& run);
 // (gradients too large for the scale, the loss finite) can still tell the loss by.
 Code first(const Run& run);
 
+// In a run without a GradScaler, the factor the loss code's last operation multiplies the loss
+// by before backward() (a Mul by 2 or more, a Div by 1/2 or less: "(loss * 1024).backward()",
+// a loss scale set by hand, apex-style); 0 where there is none.
+double hand_scale(const Run& run);
+
 // The code after a module, read (by the Python agent) where the gradient reaching its output
 // held NaN/Inf: `kind` "output-code", the operations from its output to the loss ("PATH:
 // ops"); "output-code-origin", those from its output to the first whose backward made the

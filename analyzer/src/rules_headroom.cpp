@@ -8,6 +8,7 @@
 
 #include "ampdiag/rundb/module_paths.h"
 #include "gradient_cancellation.h"
+#include "loss_code.h"
 #include "overflow_events.h"
 #include "rules.h"
 #include "suggestions.h"
@@ -427,6 +428,19 @@ void underflow(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
                          : ": the branch's gradients are about that much smaller until they grow");
     f.steps.push_back(first);
     if (!run.has_scaler()) {
+      // A loss scaled by hand: the agent read the gradients at the optimizer's step, after
+      // code that may have divided them again (static.py's apex-style loop: the same 52% at a
+      // scale of 1, 1024 or 65536), so the shares say nothing of what flushed at that scale.
+      if (const double by_hand = loss_code::hand_scale(run); by_hand > 0.0) {
+        f.severity = Severity::kInfo;
+        f.score = 5.0;
+        f.title = layer.info.name + ": most of its gradient is below fp16's normal range where the agent read it, "
+                  "after the loss scale set by hand";
+        f.evidence += "; the loss code multiplies the loss by " + fmt(by_hand) + " before backward() (a loss scale "
+                      "set by hand), and without a GradScaler the agent reads the gradients at the optimizer's step, "
+                      "after any code that divides them again: what it read says nothing of what flushed at " +
+                      fmt(by_hand);
+      }
       f.suggestions.push_back(suggest::add_scaler(run));
     } else {
       // How far the scale can grow is what the other gradients leave below fp16's top. Where

@@ -9,6 +9,8 @@
 #include "ampdiag/analyzer/escape.h"
 #include "ampdiag/rundb/module_paths.h"
 #include "device_profile.h"
+#include "loss_code.h"
+#include "rules.h"
 
 namespace ampdiag::analyzer::suggest {
 
@@ -288,6 +290,14 @@ Suggestion add_scaler(const Run& run) {
     return {"Enable the loss scaler: the GradScaler was created with enabled=False, so fp16 keeps small gradients at "
             "their true size, below fp16's range.",
             "scaler = torch.amp.GradScaler(\"" + device_type(run) + "\", enabled=True)  # not enabled=False with fp16",
+            "ampdiag::GradScaler scaler;"};
+  if (const double by_hand = loss_code::hand_scale(run); by_hand > 0.0)
+    return {"Use torch.amp.GradScaler in place of the loss scale of " + rules::fmt(by_hand) + " set by hand: it scales the "
+            "loss as that code does, lowers the scale where the gradients overflow and skips those steps, raises it "
+            "where they fit, and ampdiag reads the gradients between its scale and unscale.",
+            "scaler = torch.amp.GradScaler(\"" + device_type(run) +
+                "\")\nscaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()  # no loss * S, no "
+                "division of the gradients",
             "ampdiag::GradScaler scaler;"};
   return {"Use a loss scaler: fp16 without one keeps small gradients at their true size, below fp16's range.",
           "scaler = torch.amp.GradScaler(\"" + device_type(run) +
