@@ -90,7 +90,28 @@ struct Oversized {
   const LayerSummary* layer = nullptr;
   double scale = 0.0;  // RMS * sqrt(fan-in) at its first reading
   std::int64_t step = 0;
+  std::string module;  // the module to re-initialise: the Linear that uses a tied table
+  std::string name;    // as findings name it
 };
+
+// The Linear that uses an embedding's table as its own weight (event "shared-parameter":
+// "lm_head.weight is the same tensor as layer 0"), its weight's name; empty where none does.
+// Tied to the embedding, an LM head's weight is recorded under the embedding's name, which
+// no fan-in sums over: BART's lm_head 3e4 times too large, a loss of 36000 that did not move,
+// had been called healthy.
+std::string tied_linear_use(const Run& run, const LayerSummary& table) {
+  static const std::string kAs = " is the same tensor as layer ";
+  for (const auto& e : run.events) {
+    const std::size_t at = e.kind == "shared-parameter" ? e.detail.find(kAs) : std::string::npos;
+    if (at == std::string::npos || std::atoll(e.detail.c_str() + at + kAs.size()) != table.info.id) continue;
+    const std::string name = e.detail.substr(0, at);
+    const std::size_t dot = name.rfind('.');
+    const ModuleSummary* user = dot == std::string::npos ? nullptr : run.module_named(name.substr(0, dot));
+    if (user != nullptr && user->info.module_type.find("Linear") != std::string::npos && weight_named(name))
+      return name;
+  }
+  return "";
+}
 
 std::string whole_number(double v) {
   char b[32];
@@ -103,11 +124,19 @@ std::vector<Oversized> oversized_layers(const Run& run) {
   std::vector<Oversized> found;
   for (const auto& [id, w] : first_weight_norms(run)) {
     const LayerSummary& layer = run.layers[std::size_t(id)];
-    if (!weight_matrix(layer.info)) continue;
+    const std::string tied = weight_matrix(layer.info) || dims_of(layer.info.shape).size() != 2
+                                 ? std::string()
+                                 : tied_linear_use(run, layer);
+    if (!weight_matrix(layer.info) && tied.empty()) continue;
     const std::vector<std::int64_t> dims = dims_of(layer.info.shape);
     const double fan_in = double(layer.info.numel) / double(dims.front());
     const double scale = w->l2 / std::sqrt(double(layer.info.numel)) * std::sqrt(fan_in);
-    if (scale >= kOversized) found.push_back({&layer, scale, w->step});
+    if (scale < kOversized) continue;
+    if (tied.empty())
+      found.push_back({&layer, scale, w->step, suggest::module_for_layer(run, layer.info), layer.info.name});
+    else
+      found.push_back({&layer, scale, w->step, tied.substr(0, tied.rfind('.')),
+                       tied + " (the same tensor as " + layer.info.name + ")"});
   }
   std::stable_sort(found.begin(), found.end(), [](const Oversized& a, const Oversized& b) { return a.scale > b.scale; });
   return found;
@@ -120,17 +149,17 @@ std::optional<Suggestion> reinitialise_for_outputs(const Run& run, const std::st
   const std::vector<Oversized> found = oversized_layers(run);
   if (found.empty()) return std::nullopt;
   for (const Oversized& o : found)
-    if (suggest::module_for_layer(run, o.layer->info) == maker)
+    if (o.module == maker)
       return suggest::reinitialise(run, maker, o.scale, "its outputs reach " + fmt(reach) + ", the loss is around " +
                                                        fmt(loss) + ", and the gradients that pass back through it are as large");
-  return suggest::reinitialise(run, suggest::module_for_layer(run, found.front().layer->info), found.front().scale,
+  return suggest::reinitialise(run, found.front().module, found.front().scale,
                                "what it makes is about that many times its input, and the loss (around " + fmt(loss) +
                                    ") and the gradients of the layers after it are as large");
 }
 
 std::optional<Suggestion> reinitialise_sender(const Run& run, const std::string& sender, const std::string& receiver) {
   for (const Oversized& o : oversized_layers(run))
-    if (suggest::module_for_layer(run, o.layer->info) == sender)
+    if (o.module == sender)
       return suggest::reinitialise(run, sender, o.scale, "the gradient its backward sends back to " + receiver +
                                                         " is about that many times the one it receives");
   return std::nullopt;
@@ -180,7 +209,7 @@ std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& 
                                              const std::set<std::string>& ran_before) {
   if (module.empty()) return std::nullopt;
   for (const Oversized& o : oversized_layers(run)) {
-    const std::string maker = suggest::module_for_layer(run, o.layer->info);
+    const std::string& maker = o.module;
     // Where both were probed their places in forward decide; else the backward's order: a
     // module whose gradient arrived before `module`'s NaN/Inf one ran after it in forward.
     const bool after = run.module_named(module) && run.module_named(maker)
@@ -200,7 +229,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   const std::vector<Oversized> found = oversized_layers(run);
   if (found.empty()) return;
   const Oversized& top = found.front();
-  const std::string module = suggest::module_for_layer(run, top.layer->info);
+  const std::string& module = top.module;
 
   // Its outputs are large from it on in forward, and the gradients that pass back through it
   // are as large before it: it explains a forward overflow at or after it, and a backward
@@ -302,7 +331,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   const bool warns = weighs || !shrunk.empty() || saturated > 0.0;
   f.severity = warns ? Severity::kWarning : Severity::kInfo;
   f.score = warns ? 60.0 : 5.0;
-  f.title = top.layer->info.name + " starts at a gain of " + whole_number(top.scale) +
+  f.title = top.name + " starts at a gain of " + whole_number(top.scale) +
             ", far above any standard initialisation's" +
             (saturation_leads ? ": " + pct(saturated) + " of its own gradient was exactly zero, what takes its outputs "
                                 "saturated"
@@ -322,7 +351,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
                fmt(top.scale) + " (Kaiming, Xavier and torch's default initialisations give 0.6 to 1.4: a layer that "
                "keeps its input's scale), so its outputs are about that many times its inputs";
   for (std::size_t i = 1; i < found.size() && i < 4; ++i)
-    f.evidence += (i == 1 ? "; also " : ", ") + found[i].layer->info.name + " (" + fmt(found[i].scale) + ")";
+    f.evidence += (i == 1 ? "; also " : ", ") + found[i].name + " (" + fmt(found[i].scale) + ")";
   if (found.size() > 4) f.evidence += " and " + plural(std::int64_t(found.size() - 4), "more layer");
   if (explained && unplaced_loss(*explained))
     f.evidence += "; the loss went NaN/Inf, and no module output was probed to say where it started (see "

@@ -166,6 +166,41 @@ TEST_CASE("an embedding's table, which torch initialises at 1 and only looks up,
   CHECK(find(r, "oversized-weights") == nullptr);
 }
 
+namespace {
+
+// a.weight, an Embedding's table, read at a gain of 1000 as a [64, 64] matrix, the same tensor
+// as `user`.weight (event shared-parameter), `user` a module of type `user_type`; 6 healthy steps.
+Report tied_table_run(const TempDir& dir, const std::string& user, const std::string& user_type) {
+  RunFixture f(dir.file("run.db"), kNet, 0, 1, "float32", {{"a.weight", "Embedding"}});
+  for (const auto& name : kNet) f.weight_norm(name, name == "a.weight" ? 8000.0 : 2.4);
+  f.event("shared-parameter", user + ".weight is the same tensor as layer 0; its statistics are recorded once, under "
+                              "that layer");
+  f.module_type(user, user_type);
+  for (int i = 0; i < 6; ++i) f.activation("a", false).activation("b", false).activation(user, false).step(65536, 65536);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("an embedding's table that a Linear head uses as its weight is judged by the head's fan-in",
+          "[rules][oversized-weights]") {
+  // BART's lm_head holds model.shared's table: 3e4 times its initialisation, a loss of 36000
+  // that did not move had been called healthy.
+  TempDir dir;
+  const Report r = tied_table_run(dir, "lm_head", "Linear");
+  const Finding& o = required(r, "oversized-weights");
+  CHECK_THAT(o.title, Catch::StartsWith("lm_head.weight (the same tensor as a.weight) starts at a gain of 1000"));
+  CHECK(o.module == "lm_head");
+  CHECK(o.layer == "a.weight");
+}
+
+TEST_CASE("an embedding's table that another embedding shares is not oversized", "[rules][oversized-weights]") {
+  TempDir dir;
+  const Report r = tied_table_run(dir, "decoder.embed_tokens", "Embedding");
+  CHECK(find(r, "oversized-weights") == nullptr);
+}
+
 TEST_CASE("a position embedding held as a plain parameter, added and not summed over, is not oversized",
           "[rules][oversized-weights]") {
   // vit-pytorch's nn.Parameter(torch.randn(1, 65, dim)): values of 1 over a "fan-in" of 65 * dim.
