@@ -6,7 +6,7 @@ the run healthy; it now names the head's weight by its use, with the table's own
 import torch
 from torch import nn
 
-import ampdiag
+from conftest import amp_training
 
 
 class TiedLM(nn.Module):
@@ -26,19 +26,12 @@ class TiedLM(nn.Module):
 def train_tied(db, std, steps=12):
     torch.manual_seed(0)
     model = TiedLM(std)
-    opt = torch.optim.AdamW(model.parameters(), 1e-3)
-    scaler = torch.amp.GradScaler("cpu")
-    g = torch.Generator().manual_seed(0)
-    with ampdiag.attach(model, scaler, opt, db=db):
-        for _ in range(steps):
-            ids = torch.randint(0, 128, (8, 24), generator=g)
-            with torch.autocast("cpu", dtype=torch.float16):
-                logits = model(ids[:, :-1])
-            loss = nn.functional.cross_entropy(logits.float().reshape(-1, 128), ids[:, 1:].reshape(-1))
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad()
+
+    def loss_of(g):
+        ids = torch.randint(0, 128, (8, 24), generator=g)
+        return nn.functional.cross_entropy(model(ids[:, :-1]).float().reshape(-1, 128), ids[:, 1:].reshape(-1))
+
+    amp_training(db, model, torch.optim.AdamW(model.parameters(), 1e-3), steps, loss_of)
 
 
 def test_a_tied_head_far_too_large_is_named_by_its_use(tmp_path, verdict):
