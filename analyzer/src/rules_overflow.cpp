@@ -563,8 +563,10 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         // next (an LM head 12000 times too large: the two down projections pinned, the
         // attention output's overflow is next). The pins stay, for a gain by design.
         const std::size_t before_fixes = f.suggestions.size();
+        // Not at every scale unless its replay was finite in FP32: a function whose gradient
+        // is infinite somewhere (sqrt of 0) makes NaN at any gain.
         const std::optional<Suggestion> reinit =
-            too_large || at_any_scale
+            too_large || (at_any_scale && replay.outcome != "finite")
                 ? std::nullopt
                 : reinitialise_after(run, module, modules_after(run, m.layers, m.ran_before));
         if (reinit) f.suggestions.push_back(*reinit);

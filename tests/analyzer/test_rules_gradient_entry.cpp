@@ -173,17 +173,20 @@ TEST_CASE("a module that sent the NaN/Inf back with weights far too large is re-
 
 namespace {
 
-// 12 skips halving the scale from 65536, `first`'s gradient the first NaN/Inf one each time
-// and judged "finite" at its output (its own backward made them); enc probed before head in
-// forward, and `oversized`'s weights read at a gain of 7000.
-Report own_overflow_run(const std::string& first, const std::string& oversized) {
+// `skips` skips halving the scale from 65536, `first`'s gradient the first NaN/Inf one each
+// time and judged "finite" at its output (its own backward made them); enc probed before head
+// in forward, and `oversized`'s weights read at a gain of 7000. `replay`: the agent's backward
+// replay of `first` at the 18th skip, where given.
+Report own_overflow_run(const std::string& first, const std::string& oversized, int skips = 12,
+                        const std::string& replay = "") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
   f.weight_norm(oversized + ".weight", 8.0 * 7000.0);  // [64, 64]
   double scale = 65536;
-  for (int i = 0; i < 12; ++i, scale /= 2) {
+  for (int i = 0; i < skips; ++i, scale /= 2) {
     f.activation("enc", false, 3.0).activation("head", false, 10.0);
     if (i == 2) f.event("module-output-gradient", first + ": finite");
+    if (i == 17 && !replay.empty()) f.event("backward-replay", first + ": " + replay);
     f.finite_first({first == "enc" ? "head.weight" : "enc.weight"}).step(scale, scale / 2, 1000, {first + ".weight"});
   }
   f.finish();
@@ -206,6 +209,19 @@ TEST_CASE("a module whose own backward overflowed on gradients that passed throu
                                "through it, down to enc's, are about that many times larger."));
   CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Where that gain is by design, run enc in FP32"));
   CHECK_THAT(o.suggestions[2].summary, Catch::Contains("bfloat16"));
+}
+
+TEST_CASE("a backward NaN at every scale yet finite replayed in FP32, on gradients that passed through weights far "
+          "too large after it, gets their re-initialisation first",
+          "[rules][gradient-entry]") {
+  // Hugging Face's DETR with its class head 3e4 times too large: its first decoder layer went
+  // NaN/Inf first down to a scale of 0.125, finite in FP32, and was told only to be pinned.
+  const Report r = own_overflow_run("enc", "head", 20, "finite: float16 autocast: NaN/Inf in 1 of 1 gradients; FP32: 0");
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.title, Catch::EndsWith("in FP32 its backward is finite (replayed)"));
+  REQUIRE(o.suggestions.size() == 3);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Initialise head at a standard scale"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Where that gain is by design, run enc in FP32"));
 }
 
 TEST_CASE("weights far too large before the module whose own backward overflowed leave its pin first",
