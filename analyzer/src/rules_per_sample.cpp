@@ -52,8 +52,8 @@ void per_sample_gradients(const Run& run, std::vector<Finding>& out) {
   f.steps = {held->step};
   f.title = "The DP optimizer clips and sums per-sample gradients of the scaled loss, which the GradScaler neither "
             "unscales nor checks";
-  f.evidence = held->detail + "; at loss scales " +
-               (low == high ? "of " + fmt(low) : "from " + fmt(low) + " to " + fmt(high)) +
+  f.evidence = held->detail + "; at " +
+               (low == high ? "a loss scale of " + fmt(low) : "loss scales from " + fmt(low) + " to " + fmt(high)) +
                " its max_grad_norm bounds them times the scale, not the gradients it was chosen for";
   if (const rundb::EventRow* bad = applied_per_sample_nonfinite(run)) {
     f.severity = Severity::kError;

@@ -42,7 +42,7 @@ TEST_CASE("per-sample gradients under a GradScaler are warned of: it neither uns
   REQUIRE(p != nullptr);
   CHECK(p->severity == Severity::kWarning);
   CHECK_THAT(p->evidence, Catch::StartsWith(kHeld));
-  CHECK_THAT(p->evidence, Catch::Contains("at loss scales of 65536 its max_grad_norm bounds them times the scale"));
+  CHECK_THAT(p->evidence, Catch::Contains("at a loss scale of 65536 its max_grad_norm bounds them times the scale"));
   REQUIRE(!p->suggestions.empty());
   CHECK_THAT(p->suggestions.front().summary, Catch::StartsWith("Train the DP-SGD loop without a GradScaler"));
 }
