@@ -189,6 +189,9 @@ void nonfinite_update(const Run& run, std::vector<Finding>& out);
 // Opacus's per-sample gradients under a GradScaler (Python agent's event per-sample-gradients):
 // warning; error where they held NaN/Inf at a step the scaler applied.
 void per_sample_gradients(const Run& run, std::vector<Finding>& out);
+// The small layer scales of the block holding `layer`, in words for the evidence; empty where
+// there is none (layer_scales.cpp).
+std::string small_layer_scales(const Run& run, const LayerSummary& layer);
 // The first event per-sample-nonfinite at a step the scaler applied, or null.
 const rundb::EventRow* applied_per_sample_nonfinite(const Run& run);
 // Its fix: DP-SGD without a GradScaler, in bfloat16.

@@ -105,30 +105,6 @@ Finding unordered_overflow(const Run& run, const std::vector<std::int64_t>& step
   return f;
 }
 
-// Other layers' unscaled gradients beyond the limit too (65504, or 65504 / the floor): the
-// module's pin alone leaves theirs overflowing or the scale below the floor. Where they all
-// lie in one block, its pin makes and sums every one of them in float32 (DETR's first
-// decoder self-attention: its output and value projections' biases).
-void pin_beyond_others(const Run& run, const std::string& module, const std::string& layer,
-                       const std::vector<std::pair<std::string, double>>& others, bool at_any_scale,
-                       double scale_floor, Finding& f) {
-  const std::string beyond = at_any_scale ? std::string("65504") : "65504 / " + fmt(scale_floor);
-  std::string named;
-  for (std::size_t k = 0; k < others.size() && k < 3; ++k)
-    named += (k ? ", " : "") + others[k].first + " up to " + fmt(others[k].second);
-  if (others.size() > 3) named += ", and " + plural(std::int64_t(others.size() - 3), "more layer");
-  f.evidence += "; other layers' unscaled gradients were beyond " + beyond + " too (" + named + "), so pinning " +
-                (module.empty() ? layer : module) + " alone would leave " +
-                (at_any_scale ? "theirs overflowing" : "the scale below the floor");
-  if (const std::string holder = holding_all(run, module, others); !holder.empty()) {
-    f.suggestions.push_back(suggest::pin_fp32(run, holder));
-    f.suggestions.back().summary =
-        "Run " + holder + " in FP32, which holds " + module + " and every other layer whose gradients passed " + beyond +
-        ": autocast off around it, its floating-point inputs cast to float32, so that their backwards make and sum "
-        "them in float32.";
-  }
-}
-
 }  // namespace
 
 void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& out) {

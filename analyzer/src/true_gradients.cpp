@@ -175,4 +175,25 @@ std::string block_before(const Run& run, const std::string& module, const Module
   return block;
 }
 
+// DETR's first decoder self-attention: its output and value projections' biases, one block's.
+void pin_beyond_others(const Run& run, const std::string& module, const std::string& layer,
+                       const std::vector<std::pair<std::string, double>>& others, bool at_any_scale,
+                       double scale_floor, Finding& f) {
+  const std::string beyond = at_any_scale ? std::string("65504") : "65504 / " + fmt(scale_floor);
+  std::string named;
+  for (std::size_t k = 0; k < others.size() && k < 3; ++k)
+    named += (k ? ", " : "") + others[k].first + " up to " + fmt(others[k].second);
+  if (others.size() > 3) named += ", and " + plural(std::int64_t(others.size() - 3), "more layer");
+  f.evidence += "; other layers' unscaled gradients were beyond " + beyond + " too (" + named + "), so pinning " +
+                (module.empty() ? layer : module) + " alone would leave " +
+                (at_any_scale ? "theirs overflowing" : "the scale below the floor");
+  if (const std::string holder = holding_all(run, module, others); !holder.empty()) {
+    f.suggestions.push_back(suggest::pin_fp32(run, holder));
+    f.suggestions.back().summary =
+        "Run " + holder + " in FP32, which holds " + module + " and every other layer whose gradients passed " + beyond +
+        ": autocast off around it, its floating-point inputs cast to float32, so that their backwards make and sum "
+        "them in float32.";
+  }
+}
+
 }  // namespace ampdiag::analyzer::rules

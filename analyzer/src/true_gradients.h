@@ -70,6 +70,14 @@ std::optional<Suggestion> spread_zero_inputs(const Run& run, const ModuleSummary
 std::string holding_all(const Run& run, const std::string& module,
                         const std::vector<std::pair<std::string, double>>& others);
 
+// Says in `f`'s evidence that `others` (also_beyond's) passed the limit too (65504 where
+// `at_any_scale`, else 65504 / `scale_floor`), so that `module`'s pin alone (`layer`'s where
+// no module holds it) leaves theirs overflowing or the scale below the floor; and where one
+// block holds them all (holding_all), adds its pin to `f`'s fixes.
+void pin_beyond_others(const Run& run, const std::string& module, const std::string& layer,
+                       const std::vector<std::pair<std::string, double>>& others, bool at_any_scale,
+                       double scale_floor, Finding& f);
+
 // The largest probed module that holds `module` and not `norm`, which takes its output: the
 // block whose every backward the flat norm's gradient passes through (DETR's self-attention,
 // whose output and value projections' biases both take it), at most a quarter of the
