@@ -141,6 +141,11 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
   // A loss that goes below 0 has no size to set the outputs against.
   const bool large_outputs = last && std::isfinite(loss) && loss > 0 && !crosses_zero &&
                              double(last->max_absmax) >= std::max(8.0, std::sqrt(loss) / 10.0);
+  // Outputs that large made inside the model, before a last module whose own are small (DETR's
+  // class head 3e4 times too large, its logits up to 11096 under a loss of 5360, before a box
+  // head of sigmoid-bound outputs): that module makes the loss, not the targets.
+  const bool large_jump = !large_outputs && !jumped.empty() && std::isfinite(loss) && loss > 0 && !crosses_zero &&
+                          double(jump.absmax) >= std::max(8.0, std::sqrt(loss) / 10.0);
   std::string summary = "Shrink the loss where it is made";
   if (intermittent) {
     summary += " (it is around " + fmt(loss) + " in the steps where its gradients overflowed, against " + fmt(calm) +
@@ -164,7 +169,7 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
     if (const loss_code::Op* factor = largest_factor(run, steps, excess, code))
       f.suggestions.push_back(take_out_factor(code, *factor, loss));
     const ModuleSummary* maker = !jumped.empty() ? jump.module : last;
-    if (large_outputs && maker)
+    if ((large_outputs || large_jump) && maker)
       if (auto fix = reinitialise_for_outputs(run, maker->info.path,
                                               maker == last ? last->max_absmax : jump.absmax, loss))
         f.suggestions.push_back(*fix);
@@ -181,6 +186,8 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
                             "spread, and where they are not, find what makes the outputs so large" +
                             (jumped.empty() ? std::string(" (its weights, its input's scale)") : ": " + jumped) +
                             "; or average"
+        : large_jump ? "; inside the model the outputs are large: " + jumped + "; find what makes them so large, or "
+                       "average"
         : run.modules.empty() ? "; no module output was probed to say whether the model's outputs are that large: "
                                 "where the targets are, normalise them to unit spread, and where they are not, find "
                                 "what makes the outputs so large (its weights, its input's scale); or average"
@@ -197,7 +204,7 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
         : std::isfinite(loss) ? " (it is around " + fmt(loss) + ", and its gradients are as large)"
                               : std::string();
     summary += size + targets + " over the batch instead of summing, or divide the loss by a constant.";
-    if (!run.modules.empty() && classifies(code))
+    if (!run.modules.empty() && (classifies(code) || large_jump))
       f.suggestions.push_back({summary, "", "", ""});
     else if (crosses_zero && !run.modules.empty())
       f.suggestions.push_back(

@@ -209,6 +209,19 @@ TEST_CASE("a loss too large for fp16 names the module where the outputs jump", "
                              "of any module before it in forward order"));
 }
 
+TEST_CASE("a loss too large for fp16 whose outputs jump inside the model before a small head names that module, "
+          "not the targets",
+          "[rules]") {
+  // DETR's class head 3e4 times too large: logits up to 11096 under a loss of 5360, before a
+  // box head whose outputs are sigmoid-bound; told to normalise its regression targets.
+  const Report r = loss_too_large_run(10.0, 30000.0);
+  const Suggestion& fix = required(r, "overflow-origin").suggestions[0];
+  CHECK_THAT(fix.summary, Catch::Contains("; inside the model the outputs are large: mid's reach 30000, 10000 times the "
+                                          "largest output of any module before it in forward order"));
+  CHECK_THAT(fix.summary, !Catch::Contains("regression targets"));
+  CHECK(fix.python.empty());
+}
+
 TEST_CASE("gradients that overflow at the floor itself and fit only below it are too large for the scale", "[rules]") {
   // The last skip at a scale of 128 left it at 64, where the gradients (up to 37000 / 64) fit:
   // a scale settled below the floor, as one that overflowed at 64 would have.
