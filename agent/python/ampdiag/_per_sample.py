@@ -6,9 +6,10 @@ max_grad_norm bounds them times the scale, and one that overflows float16 makes 
 NaN/Inf on a step the scaler applies.
 
 Where the optimizer's parameters hold them at the first unscale, event "per-sample-gradients"
-says so (once); a step whose per-sample gradients hold NaN/Inf gets event
-"per-sample-nonfinite" naming the parameters, read back without the training thread waiting
-(a CUDA flag lands with a later step)."""
+says so (once); a step whose per-sample gradients hold NaN/Inf while the scaler found .grad
+finite, so that it applies the step, gets event "per-sample-nonfinite" naming the parameters
+(the first 16 such steps), read back without the training thread waiting (a CUDA flag lands
+with a later step)."""
 import torch
 
 from ._device_reads import DeviceReads
@@ -16,6 +17,8 @@ from ._names import named_parameters
 
 EVENT = "per-sample-gradients"
 NONFINITE = "per-sample-nonfinite"
+# Steps recorded, the first ones: once the parameters are NaN every later step holds them too.
+WRITTEN = 16
 
 
 def _tensors(samples):
@@ -29,9 +32,10 @@ class PerSampleGradients:
         self._looked = False
         self._params = []  # (name, parameter) of those holding per-sample gradients
         self._reads = DeviceReads(self._landed)
+        self._written = 0  # per-sample-nonfinite events, one a step up to WRITTEN
 
-    def unscaled(self, optimizer):
-        """At the scaler's unscale of `optimizer`'s gradients."""
+    def unscaled(self, optimizer, found_inf):
+        """After the scaler's unscale of `optimizer`'s gradients, `found_inf` its check of .grad."""
         if self._reads.pending:
             self._reads.poll()
         if not self._looked:
@@ -40,7 +44,7 @@ class PerSampleGradients:
         if not self._params:
             return
         try:
-            self._check()
+            self._check(found_inf)
         except Exception as error:  # a look must never break the training
             self._params = []
             self._handle._event("warning", f"per-sample gradients were not checked: {type(error).__name__}: "
@@ -61,7 +65,7 @@ class PerSampleGradients:
                             "its optimizer clips and sums inside step(), after the GradScaler has unscaled and checked "
                             ".grad; the scaler neither unscales nor checks them")
 
-    def _check(self):
+    def _check(self, found_inf):
         names, flags = {}, {}
         with torch.no_grad():
             for name, p in self._params:
@@ -71,17 +75,25 @@ class PerSampleGradients:
                 for t in _tensors(samples):
                     flags.setdefault(t.device, []).append(torch.isfinite(t).all().logical_not())
                     names.setdefault(t.device, []).append(name)
+            if found_inf.device in flags:  # None: the scaler's own finding, a step it skips
+                flags[found_inf.device].append(found_inf.reshape(()) > 0)
+                names[found_inf.device].append(None)
         step = self._handle._session.step
         for device, held in flags.items():
             self._reads.send(torch.stack(held), (step, names[device]))
 
     def _landed(self, values, what):
         step, names = what
+        if any(flag for name, flag in zip(names, values) if name is None):
+            return  # the scaler found NaN/Inf in .grad too: the step is skipped, nothing applied
         bad = list(dict.fromkeys(name for name, flag in zip(names, values) if flag))
-        if not bad:
+        if not bad or self._written >= WRITTEN:
             return
+        self._written += 1
         more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
-        self._handle._event(NONFINITE, f"the per-sample gradients of {bad[0]}{more} held NaN/Inf", step=step)
+        # Keyed by the step: the same words at a later step are another step's.
+        self._handle._event(NONFINITE, f"the per-sample gradients of {bad[0]}{more} held NaN/Inf",
+                            key=(NONFINITE, step), step=step)
 
     def flush(self):
         self._reads.poll(wait=True)

@@ -171,6 +171,13 @@ def _scale(handle, outputs, scaled):
 
 
 def _unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16):
+    result = _read_and_unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16)
+    if handle._live:  # a cycle the agent records, whose gradients it read
+        handle._per_sample.unscaled(optimizer, found_inf)
+    return result
+
+
+def _read_and_unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16):
     t0 = time.perf_counter_ns()
     if not handle._live and not handle._begin_cycle():
         return original(optimizer, inv_scale, found_inf, allow_fp16)
@@ -183,7 +190,6 @@ def _unscale(handle, original, optimizer, inv_scale, found_inf, allow_fp16):
         handle._last_unscaled = weakref.ref(optimizer)
     if handle._updates is not None:
         handle._updates.watch(optimizer)
-    handle._per_sample.unscaled(optimizer)
     if handle._profile is not None:
         handle._profile.watch_optimizer(optimizer)
         original = functools.partial(handle._profile.unscale, original)
