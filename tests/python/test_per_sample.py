@@ -11,15 +11,19 @@ from ampdiag._per_sample import NONFINITE, PerSampleGradients
 
 
 class Handle:
-    """The handle's parts the look uses: the model, the session's step, events."""
+    """The handle's parts the look uses: the model, the session's step, and events written
+    once a key, as the session's event_once() does."""
 
     def __init__(self, model):
         self._watched_model = model
         self._session = types.SimpleNamespace(step=0)
         self.events = []
+        self._keys = set()
 
     def _event(self, kind, detail, key=None, step=None):
-        self.events.append((kind, detail, step))
+        if repr(key or (kind, detail)) not in self._keys:
+            self._keys.add(repr(key or (kind, detail)))
+            self.events.append((kind, detail, step))
 
 
 def looked_at(skipped_steps, applied_step):
@@ -52,9 +56,26 @@ def test_the_run_is_told_once_that_its_parameters_carry_per_sample_gradients():
     handle = Handle(model)
     model.weight.grad_sample = torch.zeros(3, 2, 4, dtype=torch.float16)
     look = PerSampleGradients(handle)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(3):
-        look.unscaled(torch.optim.SGD(model.parameters(), lr=0.1), torch.tensor(0.0))
+        look.unscaled(opt, torch.tensor(0.0))
     [(kind, detail, _)] = handle.events
     assert kind == "per-sample-gradients"
     assert detail.startswith("1 of the optimizer's parameters carry per-sample gradients (grad_sample, float16, as "
                              "Opacus's DP-SGD keeps them: weight of shape [3, 2, 4])")
+
+
+def test_per_sample_gradients_of_the_second_optimizer_stepped_are_found():
+    # A GAN whose discriminator trains with DP-SGD: the generator's optimizer is unscaled first.
+    generator, discriminator = nn.Linear(4, 4), nn.Linear(4, 1)
+    model = nn.ModuleDict({"g": generator, "d": discriminator})
+    handle = Handle(model)
+    look = PerSampleGradients(handle)
+    opt_g, opt_d = torch.optim.SGD(generator.parameters(), lr=0.1), torch.optim.SGD(discriminator.parameters(), lr=0.1)
+    discriminator.weight.grad_sample = torch.full((3, 1, 4), float("inf"), dtype=torch.float16)
+    look.unscaled(opt_g, torch.tensor(0.0))
+    look.unscaled(opt_d, torch.tensor(0.0))
+    look.flush()
+    kinds = [(kind, detail) for kind, detail, _ in handle.events]
+    assert kinds[0][0] == "per-sample-gradients" and "d.weight of shape [3, 1, 4]" in kinds[0][1]
+    assert kinds[1] == (NONFINITE, "the per-sample gradients of d.weight held NaN/Inf")

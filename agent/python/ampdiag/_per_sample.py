@@ -5,11 +5,13 @@ unscaled `.grad` and checked it for NaN/Inf. The scaler neither unscales nor che
 max_grad_norm bounds them times the scale, and one that overflows float16 makes the update
 NaN/Inf on a step the scaler applies.
 
-Where the optimizer's parameters hold them at the first unscale, event "per-sample-gradients"
-says so (once); a step whose per-sample gradients hold NaN/Inf while the scaler found .grad
+Where an optimizer's parameters hold them at its first unscale, event "per-sample-gradients"
+says so (once a run); a step whose per-sample gradients hold NaN/Inf while the scaler found .grad
 finite, so that it applies the step, gets event "per-sample-nonfinite" naming the parameters
 (the first 16 such steps), read back without the training thread waiting (a CUDA flag lands
 with a later step)."""
+import weakref
+
 import torch
 
 from ._device_reads import DeviceReads
@@ -29,8 +31,9 @@ def _tensors(samples):
 class PerSampleGradients:
     def __init__(self, handle):
         self._handle = handle
-        self._looked = False
-        self._params = []  # (name, parameter) of those holding per-sample gradients
+        # Each optimizer's (name, parameter) of those holding per-sample gradients, found at its
+        # first unscale (a GAN's discriminator trained with DP-SGD may be the second stepped).
+        self._params_of = weakref.WeakKeyDictionary()
         self._reads = DeviceReads(self._landed)
         self._written = 0  # per-sample-nonfinite events, one a step up to WRITTEN
 
@@ -38,37 +41,38 @@ class PerSampleGradients:
         """After the scaler's unscale of `optimizer`'s gradients, `found_inf` its check of .grad."""
         if self._reads.pending:
             self._reads.poll()
-        if not self._looked:
-            self._looked = True
-            self._find(optimizer)
-        if not self._params:
+        params = self._params_of.get(optimizer)
+        if params is None:
+            params = self._params_of[optimizer] = self._find(optimizer)
+        if not params:
             return
         try:
-            self._check(found_inf)
+            self._check(params, found_inf)
         except Exception as error:  # a look must never break the training
-            self._params = []
+            params.clear()
             self._handle._event("warning", f"per-sample gradients were not checked: {type(error).__name__}: "
                                 f"{str(error).splitlines()[0][:200] if str(error) else ''}", key=(NONFINITE, "look"))
 
     def _find(self, optimizer):
+        """The optimizer's parameters of the model holding per-sample gradients, as (name, parameter)."""
         held = {id(p) for group in optimizer.param_groups for p in group["params"]
                 if getattr(p, "grad_sample", None) is not None}
         if not held:
-            return
-        self._params = [(name, p) for name, p in named_parameters(self._handle._watched_model) if id(p) in held]
-        if not self._params:
-            return
-        first = _tensors(self._params[0][1].grad_sample)[0]
-        self._handle._event(EVENT, f"{len(self._params)} of the optimizer's parameters carry per-sample gradients "
-                            f"(grad_sample, {str(first.dtype).replace('torch.', '')}, as Opacus's DP-SGD keeps them: "
-                            f"{self._params[0][0]} of shape {list(first.shape)}): gradients of the scaled loss, which "
-                            "its optimizer clips and sums inside step(), after the GradScaler has unscaled and checked "
-                            ".grad; the scaler neither unscales nor checks them")
+            return []
+        params = [(name, p) for name, p in named_parameters(self._handle._watched_model) if id(p) in held]
+        if params:
+            first = _tensors(params[0][1].grad_sample)[0]
+            self._handle._event(EVENT, f"{len(params)} of the optimizer's parameters carry per-sample gradients "
+                                f"(grad_sample, {str(first.dtype).replace('torch.', '')}, as Opacus's DP-SGD keeps "
+                                f"them: {params[0][0]} of shape {list(first.shape)}): gradients of the scaled loss, "
+                                "which its optimizer clips and sums inside step(), after the GradScaler has unscaled "
+                                "and checked .grad; the scaler neither unscales nor checks them", key=(EVENT,))
+        return params
 
-    def _check(self, found_inf):
+    def _check(self, params, found_inf):
         names, flags = {}, {}
         with torch.no_grad():
-            for name, p in self._params:
+            for name, p in params:
                 samples = getattr(p, "grad_sample", None)
                 if samples is None:
                     continue
