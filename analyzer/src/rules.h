@@ -72,6 +72,9 @@ bool weight_named(const std::string& name);
 // a weight by name: weight, in_proj_weight, weight_ih_l0, parametrizations.weight.original),
 // not an embedding table.
 bool weight_matrix(const rundb::LayerRow& layer);
+// Each name a parameter was registered under besides its first, with the layer that records
+// it (event "shared-parameter": "lm_head.weight is the same tensor as layer 0").
+std::vector<std::pair<std::string, std::int64_t>> shared_names(const Run& run);
 // The per-element RMS of `layer`'s weights, averaged over the rows the agent read; 0: none.
 double mean_weight_rms(const Run& run, const LayerSummary& layer);
 // A parameter dtype of a model stored in half precision (the layers table's name).

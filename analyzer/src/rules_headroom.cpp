@@ -20,15 +20,10 @@ bool embedding_like(const rundb::LayerRow& layer) { return layer.module_type.fin
 
 namespace {
 
-// Layer ids that share their tensor with another parameter (event "shared-parameter":
-// "lm_head.weight is the same tensor as layer 0; ...").
+// Layer ids that share their tensor with another parameter.
 std::set<std::int64_t> shared_layers(const Run& run) {
-  static const std::string kAs = " is the same tensor as layer ";
   std::set<std::int64_t> ids;
-  for (const auto& e : run.events) {
-    const std::size_t at = e.kind == "shared-parameter" ? e.detail.find(kAs) : std::string::npos;
-    if (at != std::string::npos) ids.insert(std::atoll(e.detail.c_str() + at + kAs.size()));
-  }
+  for (const auto& [name, layer] : shared_names(run)) ids.insert(layer);
   return ids;
 }
 

@@ -65,6 +65,16 @@ bool weight_named(const std::string& name) {
          name.find(".weight.") != std::string::npos;
 }
 
+std::vector<std::pair<std::string, std::int64_t>> shared_names(const Run& run) {
+  static const std::string kAs = " is the same tensor as layer ";
+  std::vector<std::pair<std::string, std::int64_t>> names;
+  for (const auto& e : run.events) {
+    const std::size_t at = e.kind == "shared-parameter" ? e.detail.find(kAs) : std::string::npos;
+    if (at != std::string::npos) names.emplace_back(e.detail.substr(0, at), std::atoll(e.detail.c_str() + at + kAs.size()));
+  }
+  return names;
+}
+
 bool weight_matrix(const rundb::LayerRow& layer) {
   // Values from which a matrix's gain is read: a head of 16 inputs and 4 outputs (a box
   // regressor) has 64, and its gain is as telling as a wide layer's; below, a handful of
@@ -94,17 +104,13 @@ struct Oversized {
   std::string name;    // as findings name it
 };
 
-// The Linear that uses an embedding's table as its own weight (event "shared-parameter":
-// "lm_head.weight is the same tensor as layer 0"), its weight's name; empty where none does.
-// Tied to the embedding, an LM head's weight is recorded under the embedding's name, which
-// no fan-in sums over: BART's lm_head 3e4 times too large, a loss of 36000 that did not move,
-// had been called healthy.
+// The Linear that uses an embedding's table as its own weight (shared_names), its weight's
+// name; empty where none does. Tied to the embedding, an LM head's weight is recorded under
+// the embedding's name, which no fan-in sums over: BART's lm_head 3e4 times too large, a loss
+// of 36000 that did not move, had been called healthy.
 std::string tied_linear_use(const Run& run, const LayerSummary& table) {
-  static const std::string kAs = " is the same tensor as layer ";
-  for (const auto& e : run.events) {
-    const std::size_t at = e.kind == "shared-parameter" ? e.detail.find(kAs) : std::string::npos;
-    if (at == std::string::npos || std::atoll(e.detail.c_str() + at + kAs.size()) != table.info.id) continue;
-    const std::string name = e.detail.substr(0, at);
+  for (const auto& [name, layer] : shared_names(run)) {
+    if (layer != table.info.id) continue;
     const std::size_t dot = name.rfind('.');
     const ModuleSummary* user = dot == std::string::npos ? nullptr : run.module_named(name.substr(0, dot));
     if (user != nullptr && user->info.module_type.find("Linear") != std::string::npos && weight_named(name))
