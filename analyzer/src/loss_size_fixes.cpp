@@ -139,13 +139,14 @@ void shrink_the_loss(const Run& run, const std::vector<double>& losses, const st
                                        "weights, its input's scale)"
                                  : "";
   // A loss that goes below 0 has no size to set the outputs against.
-  const bool large_outputs = last && std::isfinite(loss) && loss > 0 && !crosses_zero &&
-                             double(last->max_absmax) >= std::max(8.0, std::sqrt(loss) / 10.0);
+  const auto of_the_loss_size = [&](double absmax) {
+    return std::isfinite(loss) && loss > 0 && !crosses_zero && absmax >= std::max(8.0, std::sqrt(loss) / 10.0);
+  };
+  const bool large_outputs = last && of_the_loss_size(double(last->max_absmax));
   // Outputs that large made inside the model, before a last module whose own are small (DETR's
   // class head 3e4 times too large, its logits up to 11096 under a loss of 5360, before a box
   // head of sigmoid-bound outputs): that module makes the loss, not the targets.
-  const bool large_jump = !large_outputs && !jumped.empty() && std::isfinite(loss) && loss > 0 && !crosses_zero &&
-                          double(jump.absmax) >= std::max(8.0, std::sqrt(loss) / 10.0);
+  const bool large_jump = !large_outputs && !jumped.empty() && of_the_loss_size(double(jump.absmax));
   std::string summary = "Shrink the loss where it is made";
   if (intermittent) {
     summary += " (it is around " + fmt(loss) + " in the steps where its gradients overflowed, against " + fmt(calm) +
