@@ -102,7 +102,42 @@ struct Oversized {
   std::int64_t step = 0;
   std::string module;  // the module to re-initialise: the Linear that uses a tied table
   std::string name;    // as findings name it
+  std::string stacked;  // a stacked experts' weight: its attribute on the module (gate_up_proj)
 };
+
+// One parameter holding every expert's matrix, [experts, out, in] (Mixtral's, Qwen's in
+// Hugging Face's fused MoE) or [experts, in, out] (Llama 4's), in the module of the experts:
+// weight-named or not (gate_up_proj), its gain is each matrix's. Phimoe's experts 3e4 times
+// too large had gone unnamed beside the underflows they caused.
+bool stacked_experts(const rundb::LayerRow& layer) {
+  const std::size_t dot = layer.module_path.rfind('.');
+  const std::string last = dot == std::string::npos ? layer.module_path : layer.module_path.substr(dot + 1);
+  return dims_of(layer.shape).size() == 3 && layer.numel >= 16 &&
+         (last == "experts" || layer.module_type.find("Experts") != std::string::npos);
+}
+
+// The fan-in a layer's gain is read with: an experts' stack's is the smaller of each matrix's
+// two dimensions, since which is the input depends on the model; it never overstates the gain.
+double fan_in_of(const rundb::LayerRow& layer, const std::vector<std::int64_t>& dims) {
+  if (stacked_experts(layer)) return double(std::min(dims[1], dims[2]));
+  return double(layer.numel) / double(dims.front());
+}
+
+Suggestion reinitialise(const Run& run, const Oversized& o, double gain, const std::string& so) {
+  Suggestion s = suggest::reinitialise(run, o.module, gain, so);
+  if (o.stacked.empty()) return s;
+  // An experts' module has no reset_parameters(); Hugging Face initialises the stack itself.
+  const std::string generic = "Initialise " + o.module + " at a standard scale (torch's default, Kaiming or Xavier)";
+  if (s.summary.rfind(generic, 0) == 0)
+    s.summary.replace(0, generic.size(), "Initialise " + o.module + "." + o.stacked + " at a standard scale (each "
+                                         "expert's matrix as one Linear's: Hugging Face's normal(0, initializer_range), "
+                                         "Kaiming or Xavier)");
+  s.python = "experts = model.get_submodule(\"" + o.module + "\")\n"
+             "torch.nn.init.normal_(experts." + o.stacked + ", std=0.02)  # the config's initializer_range, as Hugging "
+             "Face initialises experts";
+  s.cpp = "// where the experts are made:\ntorch::nn::init::normal_(" + o.stacked + ", 0.0, 0.02);";
+  return s;
+}
 
 // The Linear that uses an embedding's table as its own weight (shared_names), its weight's
 // name; empty where none does. Tied to the embedding, an LM head's weight is recorded under
@@ -133,16 +168,17 @@ std::vector<Oversized> oversized_layers(const Run& run) {
     const std::string tied = weight_matrix(layer.info) || dims_of(layer.info.shape).size() != 2
                                  ? std::string()
                                  : tied_linear_use(run, layer);
-    if (!weight_matrix(layer.info) && tied.empty()) continue;
-    const std::vector<std::int64_t> dims = dims_of(layer.info.shape);
-    const double fan_in = double(layer.info.numel) / double(dims.front());
+    const bool stacked = stacked_experts(layer.info);
+    if (!weight_matrix(layer.info) && !stacked && tied.empty()) continue;
+    const double fan_in = fan_in_of(layer.info, dims_of(layer.info.shape));
     const double scale = w->l2 / std::sqrt(double(layer.info.numel)) * std::sqrt(fan_in);
     if (scale < kOversized) continue;
     if (tied.empty())
-      found.push_back({&layer, scale, w->step, suggest::module_for_layer(run, layer.info), layer.info.name});
+      found.push_back({&layer, scale, w->step, suggest::module_for_layer(run, layer.info), layer.info.name,
+                       stacked ? layer.info.name.substr(layer.info.name.rfind('.') + 1) : ""});
     else
       found.push_back({&layer, scale, w->step, tied.substr(0, tied.rfind('.')),
-                       tied + " (the same tensor as " + layer.info.name + ")"});
+                       tied + " (the same tensor as " + layer.info.name + ")", ""});
   }
   std::stable_sort(found.begin(), found.end(), [](const Oversized& a, const Oversized& b) { return a.scale > b.scale; });
   return found;
@@ -156,9 +192,9 @@ std::optional<Suggestion> reinitialise_for_outputs(const Run& run, const std::st
   if (found.empty()) return std::nullopt;
   for (const Oversized& o : found)
     if (o.module == maker)
-      return suggest::reinitialise(run, maker, o.scale, "its outputs reach " + fmt(reach) + ", the loss is around " +
+      return reinitialise(run, o, o.scale, "its outputs reach " + fmt(reach) + ", the loss is around " +
                                                        fmt(loss) + ", and the gradients that pass back through it are as large");
-  return suggest::reinitialise(run, found.front().module, found.front().scale,
+  return reinitialise(run, found.front(), found.front().scale,
                                "what it makes is about that many times its input, and the loss (around " + fmt(loss) +
                                    ") and the gradients of the layers after it are as large");
 }
@@ -166,7 +202,7 @@ std::optional<Suggestion> reinitialise_for_outputs(const Run& run, const std::st
 std::optional<Suggestion> reinitialise_sender(const Run& run, const std::string& sender, const std::string& receiver) {
   for (const Oversized& o : oversized_layers(run))
     if (o.module == sender)
-      return suggest::reinitialise(run, sender, o.scale, "the gradient its backward sends back to " + receiver +
+      return reinitialise(run, o, o.scale, "the gradient its backward sends back to " + receiver +
                                                         " is about that many times the one it receives");
   return std::nullopt;
 }
@@ -222,11 +258,11 @@ std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& 
                            ? run.finishes_at_or_after(maker, module)
                            : maker == module || ran_before.count(maker) > 0;
     if (!maker.empty() && after)
-      return suggest::reinitialise(run, maker, o.scale,
-                                   maker == module ? "its outputs, and the loss and the gradients that follow from "
-                                                     "them, are about that many times larger"
-                                                   : "the gradients that pass back through it, down to " + module +
-                                                         "'s, are about that many times larger");
+      return reinitialise(run, o, o.scale,
+                          maker == module ? "its outputs, and the loss and the gradients that follow from "
+                                            "them, are about that many times larger"
+                                          : "the gradients that pass back through it, down to " + module +
+                                                "'s, are about that many times larger");
   }
   return std::nullopt;
 }
@@ -293,7 +329,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
                   g.module + "'s: summed into a residual stream that a norm then divides, a branch that large shrinks "
                   "the gradients of everything else the stream carries by about as much";
     g.suggestions.insert(g.suggestions.begin(),
-                         suggest::reinitialise(run, module, top.scale, "the other branches' gradients shrink by about as "
+                         reinitialise(run, top, top.scale, "the other branches' gradients shrink by about as "
                                                                    "much where a norm divides the sum"));
     shrunk.push_back(g.layer.empty() ? g.module : g.layer);
   }
@@ -353,7 +389,11 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
                                      " likely follows from it"
              : harmful || calibration > 0 ? ", and no overflow follows from it"
                                           : ", and nothing overflowed");
-  f.evidence = "at step " + std::to_string(top.step) + " its gain, the root-mean-square value times the square root of its fan-in, was " +
+  const std::vector<std::int64_t> dims = dims_of(top.layer->info.shape);
+  const std::string each = top.stacked.empty() ? "" : " (each of its " + std::to_string(dims.front()) +
+                                                          " experts' matrices, the fan-in taken as the smaller of their "
+                                                          "two dimensions, " + std::to_string(std::min(dims[1], dims[2])) + ")";
+  f.evidence = "at step " + std::to_string(top.step) + " its gain, the root-mean-square value times the square root of its fan-in" + each + ", was " +
                fmt(top.scale) + " (Kaiming, Xavier and torch's default initialisations give 0.6 to 1.4: a layer that "
                "keeps its input's scale), so its outputs are about that many times its inputs";
   for (std::size_t i = 1; i < found.size() && i < 4; ++i)
@@ -373,7 +413,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
     f.evidence += "; on average " + pct(saturated) + " of its gradient's values were exactly zero: outputs that many "
                   "times too large push what takes them to its limits, a tanh or a softmax, where the gradient is 0 "
                   "in any precision, so it and the layers before it barely train whatever the loss scale";
-  if (explained || warns) f.suggestions.push_back(suggest::reinitialise(run, module));
+  if (explained || warns) f.suggestions.push_back(reinitialise(run, top, 0.0, ""));
   if (saturated > 0.0 && !explained) {  // no overflow's fixes to fall back on
     std::string& summary = f.suggestions.back().summary;
     const std::string by_design = " Where the gain is by design, the overflow's own fixes apply.";

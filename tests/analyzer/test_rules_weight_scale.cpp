@@ -392,3 +392,57 @@ TEST_CASE("weights whose outputs are not far above an underflowing module's leav
   CHECK_THAT(u.evidence, !Catch::Contains("see oversized-weights"));
   CHECK_THAT(u.suggestions.front().summary, Catch::StartsWith("Let the scale grow"));
 }
+
+namespace {
+
+// a, then a Hugging Face MoE's experts whose stacked gate_up_proj (of shape `shape`, 32768
+// values) is read at an RMS of `rms`, then head; 12 skipped steps halving the scale whose
+// first NaN/Inf gradient is a.weight's.
+Report stacked_experts_run(const TempDir& dir, double rms, const std::vector<std::int64_t>& shape) {
+  const std::vector<std::string> layers = {"a.weight", "moe.experts.gate_up_proj", "head.weight"};
+  RunFixture f(dir.file("run.db"), layers, 0, 1, "float32", {{"moe.experts.gate_up_proj", "MixtralExperts"}},
+               {{"moe.experts.gate_up_proj", shape}});
+  f.weight_norm("a.weight", 2.4).weight_norm("head.weight", 2.4);
+  f.weight_norm("moe.experts.gate_up_proj", rms * std::sqrt(32768.0));
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2)
+    f.activation("a", false).activation("moe.experts", false).activation("head", false).step(scale, scale / 2, 1000,
+                                                                                              {"a.weight"});
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("an MoE's stacked experts' weight far above a standard gain is named and re-initialised as a stack",
+          "[rules][oversized-weights]") {
+  // Phimoe's experts 3e4 times too large had gone unnamed beside the underflows they caused:
+  // the stack is not weight-named and has no reset_parameters().
+  TempDir dir;
+  const Report r = stacked_experts_run(dir, 125.0, {4, 128, 64});
+  const Finding& o = required(r, "oversized-weights");
+  CHECK(o.title == "moe.experts.gate_up_proj starts at a gain of 1000, far above any standard initialisation's: the "
+                   "overflow at a likely follows from it");
+  CHECK(o.module == "moe.experts");
+  CHECK_THAT(o.evidence, Catch::Contains("(each of its 4 experts' matrices, the fan-in taken as the smaller of their two "
+                                         "dimensions, 64)"));
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Initialise moe.experts.gate_up_proj at a standard scale"));
+  CHECK_THAT(o.suggestions[0].python, Catch::Contains("torch.nn.init.normal_(experts.gate_up_proj, std=0.02)"));
+  CHECK_THAT(o.suggestions[0].python, !Catch::Contains("reset_parameters"));
+}
+
+TEST_CASE("an MoE's stacked experts' weight stored input-first is read with the same fan-in",
+          "[rules][oversized-weights]") {
+  // Llama 4 stores [experts, in, out]: the smaller dimension is taken either way.
+  TempDir dir;
+  const Report r = stacked_experts_run(dir, 125.0, {4, 64, 128});
+  CHECK_THAT(required(r, "oversized-weights").title, Catch::StartsWith("moe.experts.gate_up_proj starts at a gain of 1000"));
+}
+
+TEST_CASE("an MoE's stacked experts' weight at Hugging Face's initialisation is not oversized",
+          "[rules][oversized-weights]") {
+  TempDir dir;  // normal(0, 0.02), a gain of 0.16 on a fan-in of 64
+  const Report r = stacked_experts_run(dir, 0.02, {4, 128, 64});
+  CHECK(find(r, "oversized-weights") == nullptr);
+}
