@@ -95,7 +95,6 @@ void merge_grads(Run& run, std::vector<GradPart>& parts) {
   }
 }
 
-// Run::first_nonfinite_update and what it rests on.
 // The steps of the events of one kind, sorted, for the Run's binary searches.
 std::vector<std::int64_t> event_steps(const std::vector<rundb::EventRow>& events, const std::string& kind) {
   std::vector<std::int64_t> steps;
@@ -105,6 +104,13 @@ std::vector<std::int64_t> event_steps(const std::vector<rundb::EventRow>& events
   return steps;
 }
 
+// The step of the first event of that kind (one written before the first step counts from 0); -1: none.
+std::int64_t first_event_step(const std::vector<rundb::EventRow>& events, const std::string& kind) {
+  const std::vector<std::int64_t> steps = event_steps(events, kind);
+  return steps.empty() ? -1 : std::max<std::int64_t>(steps.front(), 0);
+}
+
+// Run::first_nonfinite_update and what it rests on.
 void find_nonfinite_update(Run& run) {
   run.first_nonfinite_update = -1;
   run.update_from_finite_gradients = false;
@@ -211,11 +217,8 @@ void apply_run_delta(Run& run, RunDelta&& d) {
   run.output_overflow_steps = event_steps(run.events, "output-gradient-overflow");
   run.forward_dropped_steps = event_steps(run.events, "forward-dropped");
   run.evaluation_steps = event_steps(run.events, "evaluation-nonfinite");
-  run.scaled_gradients_in_loss_from = -1;
-  for (const auto& e : run.events)
-    if (e.kind == "scaled-gradients-in-loss" &&
-        (run.scaled_gradients_in_loss_from < 0 || e.step < run.scaled_gradients_in_loss_from))
-      run.scaled_gradients_in_loss_from = std::max<std::int64_t>(e.step, 0);
+  run.scaled_gradients_in_loss_from = first_event_step(run.events, "scaled-gradients-in-loss");
+  run.gradients_differentiated_from = first_event_step(run.events, "gradients-differentiated");
   run.replays = std::move(d.replays);
   run.precision_checks = std::move(d.precision_checks);
   for (const auto& w : d.weight_norms)

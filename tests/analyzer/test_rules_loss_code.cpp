@@ -307,6 +307,43 @@ TEST_CASE("the gradient of sqrt at 0 is named in the loss's backward, past a har
   CHECK_THAT(lb->suggestions.at(1).summary, Catch::StartsWith("Else, look at the code between"));
 }
 
+// MAML's meta step: its first two steps' gradient reaching the model's output held NaN, the
+// loss code float32 (an MSE), then 20 clean steps at the scale they came down to; `second_order`
+// adds the agent's event that the loop differentiated gradients it took itself.
+Report meta_learning_run(const TempDir& dir, bool second_order) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  if (second_order)
+    f.event("gradients-differentiated", "torch.autograd.grad with create_graph=True on a loss scaler.scale() did not "
+                                        "make: a backward through those gradients also differentiates the model's backward");
+  double scale = 65536;
+  for (int i = 0; i < 2; ++i, scale /= 2)
+    f.event("output-gradient-nonfinite", "float16 [10, 1]: 8 NaN, 2 Inf of 10 values")
+        .event("loss-code", "ToCopy:float32, MseLoss(mean):float32, Div:float32, Add:float32")
+        .activation("enc", false)
+        .step(scale, scale / 2, 1000, {"head.weight", "b.weight"});
+  for (int i = 0; i < 20; ++i) f.activation("enc", false).step(scale, scale);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+TEST_CASE("NaN reaching the model's output in a second-order loop is not put on the loss code's backward",
+          "[rules][loss-code]") {
+  // MAML's meta backward runs the modules' backward in reverse (the inner step's
+  // create_graph=True), which overflows fp16 at 65536 and reaches the inner call's output:
+  // the scaler's calibration, which had been an error naming the loss's backward.
+  TempDir dir;
+  const Report r = meta_learning_run(dir, true);
+  CHECK(find(r, "loss-backward") == nullptr);
+  CHECK(r.healthy());
+  CHECK(required(r, "overflow-origin").severity == Severity::kInfo);
+}
+
+TEST_CASE("NaN reaching the model's output in a first-order loop is still the loss code's backward", "[rules][loss-code]") {
+  TempDir dir;
+  const Report r = meta_learning_run(dir, false);
+  CHECK(required(r, "loss-backward").severity == Severity::kError);
+}
+
 // A batch-hard triplet loss on normalised embeddings: F.normalize's division, then sqrt() of
 // each embedding's squared distance to itself, 0.
 const std::string kTripletCode = "LinalgVectorNorm:float16, ClampMin:float16, Expand:float16, Div:float16, "

@@ -27,6 +27,17 @@ def test_a_frozen_parameter_holding_nan_is_named():
     assert nonfinite_parameters([("frozen", frozen)]) == "1 of 1 parameter tensors: frozen"
 
 
+def test_adapted_weights_functional_call_puts_in_the_parameters_place_are_not_read():
+    # MAML's inner step: torch.func.functional_call swaps computed tensors in for the call,
+    # and an Inf inner gradient makes them NaN, while the stored parameters stay finite.
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    adapted = {name: p - float("inf") * torch.ones_like(p) for name, p in model.named_parameters()}
+    seen = []
+    model[1].register_forward_hook(lambda *_: seen.append(nonfinite_parameters(model.named_parameters())))
+    torch.func.functional_call(model, adapted, (torch.ones(2, 4),))
+    assert seen == [None]
+
+
 def test_past_five_names_the_rest_are_counted():
     named = [(f"p{i}", nn.Parameter(torch.tensor([float("nan")]))) for i in range(7)]
     assert nonfinite_parameters(named) == "7 of 7 parameter tensors: p0, p1, p2, p3, p4 (+2 more)"

@@ -453,11 +453,15 @@ class AttachHandle:
         if self._inert:
             return
         self._session.backward_began()  # its own backward: what it reaches is ordered anew
-        if not self._scaled:
-            return
         taken = [loss for t, loss, _ in self._scaled if any(t is o for o in _loss.tensors(outputs))]
         if taken and create_graph:
             self._scaled_gradients_differentiated()
+        elif create_graph and self._live:
+            # MAML's inner step: a backward through these gradients runs the model's backward
+            # in reverse, and what that makes reaches the model's output with the loss's.
+            self._event("gradients-differentiated", "torch.autograd.grad with create_graph=True on a loss "
+                        "scaler.scale() did not make: a backward through those gradients also differentiates "
+                        "the model's backward", key=("gradients-differentiated",))
         if taken:
             self._taken_losses.extend(taken)  # the step's loss where no backward follows (gradient surgery)
             self._losses = [loss for loss in self._losses if not any(loss is t for t in taken)]

@@ -29,6 +29,10 @@ def nonfinite_parameters(named_parameters) -> "str | None":
     by_device = {}
     with torch.no_grad():
         for name, p in named_parameters:
+            if not isinstance(p, torch.nn.Parameter):
+                # A tensor put in a parameter's place for one call (torch.func.functional_call:
+                # MAML's adapted weights) is computed by the step, not stored by an update.
+                continue
             p = local_shard(p)  # FSDP2's DTensors: this rank's shard, a plain tensor
             if p.is_floating_point():
                 names, flags = by_device.setdefault(p.device, ([], []))

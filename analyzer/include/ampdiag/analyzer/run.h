@@ -195,6 +195,11 @@ struct Run {
   // "scaled-gradients-in-loss": a gradient penalty through torch.autograd.grad with
   // create_graph=True), so it goes NaN/Inf where they overflow; -1: never.
   std::int64_t scaled_gradients_in_loss_from = -1;
+  // From this step on the loop differentiated gradients it took itself (event
+  // "gradients-differentiated": torch.autograd.grad with create_graph=True on a loss the
+  // scaler did not scale, MAML's inner step), so the step's backward also runs the model's
+  // backward in reverse, and the gradient reaching its output carries what that made; -1: never.
+  std::int64_t gradients_differentiated_from = -1;
   // The gradient reaching the model's output went NaN/Inf only in steps at loss scales of
   // this and above, in loss code that computes in half precision, while the steps at lower
   // scales stayed clear of it, more of them than chance allows: the loss code's fp16
@@ -248,6 +253,12 @@ struct Run {
   // lower scale avoids, not a NaN the loss code makes at any scale.
   bool loss_holds_scale(const rundb::StepRow& row) const {
     return scaled_gradients_in_loss_from >= 0 && row.step >= scaled_gradients_in_loss_from && row.scale_before > 1.0;
+  }
+  // Whether the step's backward differentiated the model's own backward (a second-order
+  // loop): NaN/Inf reaching the model's output may then come from the modules' fp16 double
+  // backward, not only from the loss code's.
+  bool second_order(const rundb::StepRow& row) const {
+    return gradients_differentiated_from >= 0 && row.step >= gradients_differentiated_from;
   }
   // Whether NaN/Inf in the gradient reaching the model's output at this step's scale is the
   // loss code's fp16 backward overflowing (loss_backward_overflow_from).
