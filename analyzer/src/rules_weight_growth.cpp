@@ -36,6 +36,9 @@ constexpr double kLeast = 1e-3;          // ...from a root-mean-square value of 
 // similarity times 98716 let through); and weights started smaller (a head at std 1e-3) may
 // be meant to take such steps.
 constexpr double kJump = 1.5, kTrained = 3e-3, kLossRose = 2.0;
+// A jump whose loss rose this many times harmed the run whatever the scaler made of it:
+// growth by design (weights normalised in the forward) comes with a falling loss.
+constexpr double kLossDiverged = 10.0;
 
 
 bool one_of(const std::string& name, std::initializer_list<const char*> names) {
@@ -241,7 +244,11 @@ void weight_growth(const Run& run, const Thresholds& t, std::vector<Finding>& ou
   // weights normalised in the forward (an ArcFace head's class centres, F.normalize(W) from
   // 0.01 * randn, whose gradient is 1 / |W| times larger) grow by design until their steps
   // shrink, and the loss falls.
-  bool harmed = harmful_skips(run) > 0 || scale_collapsed(run, t);
+  // A LibTorch MLP at AdamW lr=0.3: a cross-entropy of 2.3 became 299 in one step, and the
+  // scaler's nine halvings stopped at the floor of 128, which on one CPU's kernels had read as
+  // calibration only.
+  bool harmed = harmful_skips(run) > 0 || scale_collapsed(run, t) ||
+                (jumped && jump.loss_after >= kLossDiverged * jump.loss_before);
   for (const auto& s : run.steps)
     harmed = harmed || (!s.row.skipped && (run.loss_nonfinite(s.row) || s.gradients_nonfinite()));
   const std::string what = named ? module + "'s weights" : "the model's weights";

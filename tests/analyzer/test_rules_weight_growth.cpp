@@ -340,6 +340,26 @@ TEST_CASE("weights that grew while the scale descended below the floor stay the 
   CHECK(required(r, "weight-growth").severity == Severity::kError);
 }
 
+TEST_CASE("weights that jumped as the loss rose a hundredfold are the error though the scale stopped at the floor",
+          "[rules][weight-growth]") {
+  // A LibTorch MLP at AdamW lr=0.3: 8.3x in one step as a cross-entropy of 2.3 became 299,
+  // then nine halvings from 65536 that stopped at the floor of 128 and a loss that never came
+  // back; read as calibration only, it had been called healthy.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"head.weight", "body.weight"});
+  f.event("optimizer-settings", "AdamW lr=0.3 weight_decay=0.01");
+  f.weight_norms(1.8).step(65536, 65536, 1000, {}, 2.3);
+  double scale = 65536, l2 = 1.8 * 8.3;
+  for (int i = 0; i < 9; ++i, scale /= 2) f.weight_norms(l2).step(scale, scale / 2, 1000, {"head.weight"}, 299.0);
+  for (int i = 0; i < 20; ++i) f.weight_norms(l2).step(scale, scale, 1000, {}, 40.0);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& g = required(r, "weight-growth");
+  CHECK(g.severity == Severity::kError);
+  CHECK_THAT(g.evidence, Catch::Contains("the loss 2.3 at step 0 and 299 at step 1"));
+  CHECK_THAT(g.suggestions.front().python, Catch::Contains("lr=0.03"));
+}
+
 TEST_CASE("grown weights in a run that never overflowed are no finding", "[rules][weight-growth]") {
   TempDir dir;
   const Report r = grown(dir, 57.0, 0);

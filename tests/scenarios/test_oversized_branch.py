@@ -9,7 +9,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from conftest import amp_training
+from tiny_lm import TinyLm, lm_steps
 
 
 class ParallelBlock(nn.Module):
@@ -25,36 +25,17 @@ class ParallelBlock(nn.Module):
         return x + attention + self.fc2(F.gelu(self.fc1(h)))
 
 
-class ParallelLm(nn.Module):
-    def __init__(self, gain, d=64):
-        super().__init__()
-        self.embed, self.norm, self.head = nn.Embedding(256, d), nn.LayerNorm(d), nn.Linear(d, 256)
-        self.blocks = nn.ModuleList([ParallelBlock(d), ParallelBlock(d)])
-        with torch.no_grad():
-            self.blocks[0].fc2.weight.mul_(gain)
-
-    def forward(self, ids):
-        x = self.embed(ids)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
-
-
-def lm_steps(db, gain):
+def lm_run(db, gain):
     torch.manual_seed(0)
-    model = ParallelLm(gain)
-
-    def loss_of(g):
-        ids = torch.randint(0, 256, (8, 25), generator=g)
-        logits = model(ids[:, :-1]).float()
-        return 0.01 * F.cross_entropy(logits.reshape(-1, 256), ids[:, 1:].reshape(-1))  # an auxiliary loss's weight
-
-    amp_training(db, model, torch.optim.AdamW(model.parameters(), 3e-4), 20, loss_of)
+    model = TinyLm(ParallelBlock)
+    with torch.no_grad():
+        model.blocks[0].fc2.weight.mul_(gain)
+    lm_steps(db, model)
 
 
 def test_an_oversized_branch_explains_the_underflow_beside_it_and_is_re_initialised_first(tmp_path, verdict):
     db = tmp_path / "lm.db"
-    lm_steps(db, 3e4)
+    lm_run(db, 3e4)
     _, rep = verdict(db)
     first = rep["findings"][0]
     assert (first["rule"], first["severity"], first["module"]) == ("oversized-weights", "warning", "blocks.0.fc2")
@@ -68,6 +49,6 @@ def test_an_oversized_branch_explains_the_underflow_beside_it_and_is_re_initiali
 
 def test_the_branch_at_a_standard_initialisation_is_healthy(tmp_path, verdict):
     db = tmp_path / "lm.db"
-    lm_steps(db, 1.0)
+    lm_run(db, 1.0)
     code, rep = verdict(db)
     assert (code, rep["healthy"]) == (0, True), rep["findings"]

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from conftest import amp_training
+from tiny_lm import TinyLm, lm_steps
 
 
 class Experts(nn.Module):
@@ -48,38 +48,18 @@ class MoeBlock(nn.Module):
         return x + self.experts(h, expert_ids, weights).reshape(b, t, d)
 
 
-class MoeLm(nn.Module):
-    def __init__(self, gain, d=64):
-        super().__init__()
-        self.embed, self.norm, self.head = nn.Embedding(256, d), nn.LayerNorm(d), nn.Linear(d, 256)
-        self.blocks = nn.ModuleList([MoeBlock(d, 0.02), MoeBlock(d, 0.02)])
-        with torch.no_grad():
-            self.blocks[0].experts.gate_up_proj.mul_(gain)
-
-    def forward(self, ids):
-        x = self.embed(ids)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
-
-
-def lm_steps(db, gain):
+def lm_run(db, gain):
     torch.manual_seed(0)
-    model = MoeLm(gain)
-
-    def loss_of(g):
-        ids = torch.randint(0, 256, (8, 25), generator=g)
-        logits = model(ids[:, :-1]).float()
-        return 0.01 * F.cross_entropy(logits.reshape(-1, 256), ids[:, 1:].reshape(-1))  # an auxiliary loss's weight
-
-    amp_training(db, model, torch.optim.AdamW(model.parameters(), 3e-4), 20, loss_of)
+    model = TinyLm(lambda d: MoeBlock(d, 0.02))
+    with torch.no_grad():
+        model.blocks[0].experts.gate_up_proj.mul_(gain)
+    lm_steps(db, model)
 
 
 def test_oversized_stacked_experts_are_named_and_re_initialised_as_a_stack(tmp_path, verdict):
     db = tmp_path / "moe.db"
-    lm_steps(db, 3e4)
+    lm_run(db, 3e4)
     _, rep = verdict(db)
-    print(rep["findings"])
     oversized = next(f for f in rep["findings"] if f["rule"] == "oversized-weights")
     assert (oversized["severity"], oversized["module"], oversized["layer"]) == (
         "warning", "blocks.0.experts", "blocks.0.experts.gate_up_proj")
@@ -91,6 +71,6 @@ def test_oversized_stacked_experts_are_named_and_re_initialised_as_a_stack(tmp_p
 
 def test_stacked_experts_at_hugging_faces_initialisation_are_healthy(tmp_path, verdict):
     db = tmp_path / "moe.db"
-    lm_steps(db, 1.0)
+    lm_run(db, 1.0)
     code, rep = verdict(db)
     assert (code, rep["healthy"]) == (0, True), rep["findings"]
