@@ -192,18 +192,18 @@ std::optional<Suggestion> reinitialise_for_outputs(const Run& run, const std::st
   if (found.empty()) return std::nullopt;
   for (const Oversized& o : found)
     if (o.module == maker)
-      return reinitialise(run, o, o.scale, "its outputs reach " + fmt(reach) + ", the loss is around " +
-                                                       fmt(loss) + ", and the gradients that pass back through it are as large");
+      return reinitialise(run, o, o.scale, "its outputs reach " + fmt(reach) + ", the loss is around " + fmt(loss) +
+                                               ", and the gradients that pass back through it are as large");
   return reinitialise(run, found.front(), found.front().scale,
-                               "what it makes is about that many times its input, and the loss (around " + fmt(loss) +
-                                   ") and the gradients of the layers after it are as large");
+                      "what it makes is about that many times its input, and the loss (around " + fmt(loss) +
+                          ") and the gradients of the layers after it are as large");
 }
 
 std::optional<Suggestion> reinitialise_sender(const Run& run, const std::string& sender, const std::string& receiver) {
   for (const Oversized& o : oversized_layers(run))
     if (o.module == sender)
       return reinitialise(run, o, o.scale, "the gradient its backward sends back to " + receiver +
-                                                        " is about that many times the one it receives");
+                                               " is about that many times the one it receives");
   return std::nullopt;
 }
 
@@ -330,7 +330,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
                   "the gradients of everything else the stream carries by about as much";
     g.suggestions.insert(g.suggestions.begin(),
                          reinitialise(run, top, top.scale, "the other branches' gradients shrink by about as "
-                                                                   "much where a norm divides the sum"));
+                                                           "much where a norm divides the sum"));
     shrunk.push_back(g.layer.empty() ? g.module : g.layer);
   }
 
@@ -390,10 +390,12 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
              : harmful || calibration > 0 ? ", and no overflow follows from it"
                                           : ", and nothing overflowed");
   const std::vector<std::int64_t> dims = dims_of(top.layer->info.shape);
-  const std::string each = top.stacked.empty() ? "" : " (each of its " + std::to_string(dims.front()) +
-                                                          " experts' matrices, the fan-in taken as the smaller of their "
-                                                          "two dimensions, " + std::to_string(std::min(dims[1], dims[2])) + ")";
-  f.evidence = "at step " + std::to_string(top.step) + " its gain, the root-mean-square value times the square root of its fan-in" + each + ", was " +
+  const std::string each =
+      top.stacked.empty() ? ""
+                          : " (each of its " + std::to_string(dims.front()) + " experts' matrices, the fan-in taken as "
+                            "the smaller of their two dimensions, " + std::to_string(std::min(dims[1], dims[2])) + ")";
+  f.evidence = "at step " + std::to_string(top.step) +
+               " its gain, the root-mean-square value times the square root of its fan-in" + each + ", was " +
                fmt(top.scale) + " (Kaiming, Xavier and torch's default initialisations give 0.6 to 1.4: a layer that "
                "keeps its input's scale), so its outputs are about that many times its inputs";
   for (std::size_t i = 1; i < found.size() && i < 4; ++i)
