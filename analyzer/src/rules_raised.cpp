@@ -97,6 +97,12 @@ constexpr ScalerRefusal kScalerRefusals[] = {
     {"No inf checks were recorded prior to update",
      "Call scaler.step(optimizer) before scaler.update() in each step: update() reads what the step's unscale found, "
      "and an update() after no step is refused."},
+    // torch's fused unscale has no complex kernel (a Fourier layer's cfloat weights): the
+    // scaler fails at its first unscale, before any step.
+    {"_amp_foreach_non_finite_check_and_unscale_cpu\" not implemented for 'ComplexFloat'",
+     "GradScaler cannot unscale complex gradients (torch's unscale has no complex kernel on the CPU): keep each "
+     "complex weight as a real Parameter, nn.Parameter(torch.view_as_real(w)), and use torch.view_as_complex(self.w) "
+     "in forward; or train in bfloat16 without a scaler."},
     {"Closure use is not currently supported if GradScaler is enabled",
      "GradScaler cannot step an optimizer with a closure (LBFGS re-evaluates the loss inside step()): train that "
      "optimizer in float32 or bfloat16, without a loss scaler."},

@@ -120,6 +120,17 @@ TEST_CASE("a run that clip_grad_norm_ stopped before its first step under a scal
                                         "down from init_scale."));
 }
 
+TEST_CASE("a GradScaler refusing complex gradients before the first step says to keep them as real tensors",
+          "[rules][raised]") {
+  // A Fourier neural operator's cfloat spectral weights under torch.amp.GradScaler("cpu").
+  TempDir dir;
+  raised_before_step_0(dir.file("run.db"), "NotImplementedError: \"_amp_foreach_non_finite_check_and_unscale_cpu\" not "
+                                           "implemented for 'ComplexFloat'");
+  CHECK_THROWS_WITH(load_run(dir.file("run.db")),
+                    Catch::Contains("not implemented for 'ComplexFloat'. GradScaler cannot unscale complex gradients") &&
+                        Catch::Contains("nn.Parameter(torch.view_as_real(w))"));
+}
+
 TEST_CASE("a GradScaler refusing a .half() model's gradients before the first step says to keep FP32 master weights",
           "[rules][raised]") {
   TempDir dir;
