@@ -112,13 +112,12 @@ StepCause step_cause(const Run& run, const StepSummary& step) {
   // the loss code's. Below that it is the loss code's again.
   if ((c.forward == ForwardSource::kLoss || c.forward == ForwardSource::kLossBackward) && run.loss_holds_scale(step.row))
     c.forward = ForwardSource::kNone;
-  // The loss code's fp16 backward overflowing with the scale: the scaler's to answer, and the
-  // first layer it reached names it (overflow-origin, with the gradient at its output).
-  if (c.forward == ForwardSource::kLossBackward && run.loss_backward_overflows(step.row)) c.forward = ForwardSource::kNone;
-  // A second-order loop's backward reaches the model's output through the modules' own
-  // differentiated backward too (MAML's inner step): NaN/Inf there is no proof of the loss
-  // code, and the first layer it reached names it.
-  if (c.forward == ForwardSource::kLossBackward && run.second_order(step.row)) c.forward = ForwardSource::kNone;
+  // The first layer the NaN/Inf reached names it (overflow-origin, with the gradient at its
+  // output) where the loss code's fp16 backward overflowed with the scale, the scaler's to
+  // answer; and in a second-order loop, whose backward reaches the model's output through the
+  // modules' own differentiated backward too (MAML's inner step): no proof of the loss code.
+  if (c.forward == ForwardSource::kLossBackward && (run.loss_backward_overflows(step.row) || run.second_order(step.row)))
+    c.forward = ForwardSource::kNone;
   if (step.nonfinite_ordered) c.first_gradient = run.layers[std::size_t(step.nonfinite_layers.front())].info.name;
   return c;
 }

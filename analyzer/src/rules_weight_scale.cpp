@@ -75,11 +75,12 @@ std::vector<std::pair<std::string, std::int64_t>> shared_names(const Run& run) {
   return names;
 }
 
+// Values from which a matrix's gain is read: a head of 16 inputs and 4 outputs (a box
+// regressor) has 64, and its gain is as telling as a wide layer's; below, a handful of values
+// (a 2 x 2 mixing matrix) says little.
+constexpr std::int64_t kFewestValues = 16;
+
 bool weight_matrix(const rundb::LayerRow& layer) {
-  // Values from which a matrix's gain is read: a head of 16 inputs and 4 outputs (a box
-  // regressor) has 64, and its gain is as telling as a wide layer's; below, a handful of
-  // values (a 2 x 2 mixing matrix) says little.
-  constexpr std::int64_t kFewestValues = 16;
   // Not a table whose rows are looked up or added, not summed over: an embedding's (torch
   // initialises them at 1), a position embedding or class token held as a plain parameter
   // (vit-pytorch's torch.randn(1, 65, dim)). Biases and norms' scales have no fan-in.
@@ -112,7 +113,7 @@ struct Oversized {
 bool stacked_experts(const rundb::LayerRow& layer) {
   const std::size_t dot = layer.module_path.rfind('.');
   const std::string last = dot == std::string::npos ? layer.module_path : layer.module_path.substr(dot + 1);
-  return dims_of(layer.shape).size() == 3 && layer.numel >= 16 &&
+  return dims_of(layer.shape).size() == 3 && layer.numel >= kFewestValues &&
          (last == "experts" || layer.module_type.find("Experts") != std::string::npos);
 }
 
@@ -121,22 +122,6 @@ bool stacked_experts(const rundb::LayerRow& layer) {
 double fan_in_of(const rundb::LayerRow& layer, const std::vector<std::int64_t>& dims) {
   if (stacked_experts(layer)) return double(std::min(dims[1], dims[2]));
   return double(layer.numel) / double(dims.front());
-}
-
-Suggestion reinitialise(const Run& run, const Oversized& o, double gain, const std::string& so) {
-  Suggestion s = suggest::reinitialise(run, o.module, gain, so);
-  if (o.stacked.empty()) return s;
-  // An experts' module has no reset_parameters(); Hugging Face initialises the stack itself.
-  const std::string generic = "Initialise " + o.module + " at a standard scale (torch's default, Kaiming or Xavier)";
-  if (s.summary.rfind(generic, 0) == 0)
-    s.summary.replace(0, generic.size(), "Initialise " + o.module + "." + o.stacked + " at a standard scale (each "
-                                         "expert's matrix as one Linear's: Hugging Face's normal(0, initializer_range), "
-                                         "Kaiming or Xavier)");
-  s.python = "experts = model.get_submodule(\"" + o.module + "\")\n"
-             "torch.nn.init.normal_(experts." + o.stacked + ", std=0.02)  # the config's initializer_range, as Hugging "
-             "Face initialises experts";
-  s.cpp = "// where the experts are made:\ntorch::nn::init::normal_(" + o.stacked + ", 0.0, 0.02);";
-  return s;
 }
 
 // The Linear that uses an embedding's table as its own weight (shared_names), its weight's
@@ -192,18 +177,23 @@ std::optional<Suggestion> reinitialise_for_outputs(const Run& run, const std::st
   if (found.empty()) return std::nullopt;
   for (const Oversized& o : found)
     if (o.module == maker)
-      return reinitialise(run, o, o.scale, "its outputs reach " + fmt(reach) + ", the loss is around " + fmt(loss) +
-                                               ", and the gradients that pass back through it are as large");
-  return reinitialise(run, found.front(), found.front().scale,
-                      "what it makes is about that many times its input, and the loss (around " + fmt(loss) +
-                          ") and the gradients of the layers after it are as large");
+      return suggest::reinitialise(run, o.module, o.scale,
+                                   "its outputs reach " + fmt(reach) + ", the loss is around " + fmt(loss) +
+                                       ", and the gradients that pass back through it are as large",
+                                   o.stacked);
+  return suggest::reinitialise(run, found.front().module, found.front().scale,
+                               "what it makes is about that many times its input, and the loss (around " + fmt(loss) +
+                                   ") and the gradients of the layers after it are as large",
+                               found.front().stacked);
 }
 
 std::optional<Suggestion> reinitialise_sender(const Run& run, const std::string& sender, const std::string& receiver) {
   for (const Oversized& o : oversized_layers(run))
     if (o.module == sender)
-      return reinitialise(run, o, o.scale, "the gradient its backward sends back to " + receiver +
-                                               " is about that many times the one it receives");
+      return suggest::reinitialise(run, o.module, o.scale,
+                                   "the gradient its backward sends back to " + receiver +
+                                       " is about that many times the one it receives",
+                                   o.stacked);
   return std::nullopt;
 }
 
@@ -258,11 +248,12 @@ std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& 
                            ? run.finishes_at_or_after(maker, module)
                            : maker == module || ran_before.count(maker) > 0;
     if (!maker.empty() && after)
-      return reinitialise(run, o, o.scale,
-                          maker == module ? "its outputs, and the loss and the gradients that follow from "
-                                            "them, are about that many times larger"
-                                          : "the gradients that pass back through it, down to " + module +
-                                                "'s, are about that many times larger");
+      return suggest::reinitialise(run, maker, o.scale,
+                                   maker == module ? "its outputs, and the loss and the gradients that follow from "
+                                                     "them, are about that many times larger"
+                                                   : "the gradients that pass back through it, down to " + module +
+                                                         "'s, are about that many times larger",
+                                   o.stacked);
   }
   return std::nullopt;
 }
@@ -329,8 +320,10 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
                   g.module + "'s: summed into a residual stream that a norm then divides, a branch that large shrinks "
                   "the gradients of everything else the stream carries by about as much";
     g.suggestions.insert(g.suggestions.begin(),
-                         reinitialise(run, top, top.scale, "the other branches' gradients shrink by about as "
-                                                           "much where a norm divides the sum"));
+                         suggest::reinitialise(run, module, top.scale,
+                                               "the other branches' gradients shrink by about as much where a norm "
+                                               "divides the sum",
+                                               top.stacked));
     shrunk.push_back(g.layer.empty() ? g.module : g.layer);
   }
 
@@ -415,7 +408,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
     f.evidence += "; on average " + pct(saturated) + " of its gradient's values were exactly zero: outputs that many "
                   "times too large push what takes them to its limits, a tanh or a softmax, where the gradient is 0 "
                   "in any precision, so it and the layers before it barely train whatever the loss scale";
-  if (explained || warns) f.suggestions.push_back(reinitialise(run, top, 0.0, ""));
+  if (explained || warns) f.suggestions.push_back(suggest::reinitialise(run, module, 0.0, "", top.stacked));
   if (saturated > 0.0 && !explained) {  // no overflow's fixes to fall back on
     std::string& summary = f.suggestions.back().summary;
     const std::string by_design = " Where the gain is by design, the overflow's own fixes apply.";

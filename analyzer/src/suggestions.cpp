@@ -350,11 +350,15 @@ std::vector<std::string> parametrized_tensors(const Run& run, const std::string&
 
 }  // namespace
 
-Suggestion reinitialise(const Run& run, const std::string& module, double gain, const std::string& so) {
+Suggestion reinitialise(const Run& run, const std::string& module, double gain, const std::string& so,
+                        const std::string& stacked) {
   const std::string causes =
       "a custom initialisation with std=1 on a wide layer, a checkpoint saved at another scale, a weight multiplied by "
       "mistake.";
-  std::string summary = "Initialise " + module + " at a standard scale (torch's default, Kaiming or Xavier)";
+  std::string summary = stacked.empty() ? "Initialise " + module + " at a standard scale (torch's default, Kaiming or Xavier)"
+                                        : "Initialise " + module + "." + stacked + " at a standard scale (each expert's "
+                                          "matrix as one Linear's: Hugging Face's normal(0, initializer_range), Kaiming "
+                                          "or Xavier)";
   if (gain > 0.0) {
     char start[32];
     std::snprintf(start, sizeof start, "%.0f", gain);
@@ -381,6 +385,11 @@ Suggestion reinitialise(const Run& run, const std::string& module, double gain, 
   }
   Suggestion s{summary, python,
                "// where the module is made, torch's default initialisation:\nmodule->reset_parameters();", ""};
+  if (!stacked.empty()) {  // an experts' module has no reset_parameters(); Hugging Face initialises the stack itself
+    s.python = "experts = " + torch_path + "\ntorch.nn.init.normal_(experts." + stacked +
+               ", std=0.02)  # the config's initializer_range, as Hugging Face initialises experts";
+    s.cpp = "// where the experts are made:\ntorch::nn::init::normal_(" + stacked + ", 0.0, 0.02);";
+  }
   s.untried = true;
   return s;
 }

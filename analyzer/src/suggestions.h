@@ -49,8 +49,10 @@ Suggestion scaler_settings(const Run& run, double init_scale, std::int64_t growt
 // first fix: its weights started at that gain (oversized-weights), and `so` says what it made
 // ("its outputs reach 21088, ..."); else as oversized-weights gives it, beside an overflow's own fixes.
 // A module whose weight a parametrization computes (weight_norm, spectral_norm) is given the
-// new weight through it.
-Suggestion reinitialise(const Run& run, const std::string& module, double gain = 0.0, const std::string& so = "");
+// new weight through it. `stacked`: the module's attribute holding an MoE's stacked experts
+// (gate_up_proj), which has no reset_parameters() and is initialised as Hugging Face does.
+Suggestion reinitialise(const Run& run, const std::string& module, double gain = 0.0, const std::string& so = "",
+                        const std::string& stacked = "");
 
 // The module to act on for a parameter: the innermost probed module containing it, else
 // the parameter's own module.

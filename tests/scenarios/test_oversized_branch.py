@@ -9,7 +9,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from tiny_lm import TinyLm, lm_steps
+from tiny_lm import oversized_lm_run
 
 
 class ParallelBlock(nn.Module):
@@ -26,11 +26,7 @@ class ParallelBlock(nn.Module):
 
 
 def lm_run(db, gain):
-    torch.manual_seed(0)
-    model = TinyLm(ParallelBlock)
-    with torch.no_grad():
-        model.blocks[0].fc2.weight.mul_(gain)
-    lm_steps(db, model)
+    oversized_lm_run(db, ParallelBlock, lambda model: model.blocks[0].fc2.weight, gain)
 
 
 def test_an_oversized_branch_explains_the_underflow_beside_it_and_is_re_initialised_first(tmp_path, verdict):

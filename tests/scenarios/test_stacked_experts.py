@@ -10,7 +10,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from tiny_lm import TinyLm, lm_steps
+from tiny_lm import oversized_lm_run
 
 
 class Experts(nn.Module):
@@ -49,11 +49,7 @@ class MoeBlock(nn.Module):
 
 
 def lm_run(db, gain):
-    torch.manual_seed(0)
-    model = TinyLm(lambda d: MoeBlock(d, 0.02))
-    with torch.no_grad():
-        model.blocks[0].experts.gate_up_proj.mul_(gain)
-    lm_steps(db, model)
+    oversized_lm_run(db, lambda d: MoeBlock(d, 0.02), lambda model: model.blocks[0].experts.gate_up_proj, gain)
 
 
 def test_oversized_stacked_experts_are_named_and_re_initialised_as_a_stack(tmp_path, verdict):

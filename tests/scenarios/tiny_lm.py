@@ -30,3 +30,12 @@ def lm_steps(db, model, steps=20):
         return 0.01 * F.cross_entropy(logits.reshape(-1, 256), ids[:, 1:].reshape(-1))  # an auxiliary loss's weight
 
     amp_training(db, model, torch.optim.AdamW(model.parameters(), 3e-4), steps, loss_of)
+
+
+def oversized_lm_run(db, block, weight, gain):
+    """lm_steps() of a TinyLm of `block`s, seeded 0, whose `weight(model)` is multiplied by `gain`."""
+    torch.manual_seed(0)
+    model = TinyLm(block)
+    with torch.no_grad():
+        weight(model).mul_(gain)
+    lm_steps(db, model)

@@ -456,9 +456,7 @@ class AttachHandle:
         taken = [loss for t, loss, _ in self._scaled if any(t is o for o in _loss.tensors(outputs))]
         if taken and create_graph:
             self._scaled_gradients_differentiated()
-        elif create_graph and self._live:
-            # MAML's inner step: a backward through these gradients runs the model's backward
-            # in reverse, and what that makes reaches the model's output with the loss's.
+        elif create_graph and self._live:  # MAML's inner step: its meta-backward differentiates the model's
             self._event("gradients-differentiated", "torch.autograd.grad with create_graph=True on a loss "
                         "scaler.scale() did not make: a backward through those gradients also differentiates "
                         "the model's backward", key=("gradients-differentiated",))
