@@ -21,7 +21,13 @@ std::size_t calibration_end(const Run& run);
 bool is_calibration(const Run& run, std::size_t step_index, std::size_t end);
 // A skip right after the scale grew: the scaler probing for room, normal behaviour.
 bool is_growth_probe(const Run& run, std::size_t step_index);
-// Skipped steps that are neither calibration nor growth probes.
+// A skip in the back-offs right after a growth probe, at a scale the run had not held for
+// calibration.h's kSettledSteps steps in a row before that probe: a growth_interval so short
+// (1 grows after every step that fits) that the scale it comes back to was itself a probe
+// that fitted once, and the next batch need not. After a scale that held, such a skip is a
+// batch that no longer fits, and hurts.
+bool answers_growth_probe(const Run& run, std::size_t step_index);
+// Skipped steps that are neither calibration, growth probes nor their answers.
 std::int64_t harmful_skips(const Run& run);
 // The same per step (by index in run.steps).
 std::vector<bool> harmful_skip_mask(const Run& run);

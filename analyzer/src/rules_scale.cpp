@@ -93,11 +93,42 @@ bool is_growth_probe(const Run& run, std::size_t i) {
   return i > 0 && run.steps[i].row.skipped && run.steps[i].row.scale_before > run.steps[i - 1].row.scale_before;
 }
 
+namespace {
+
+// Optimizer steps taken in a row at `scale` just before step `probe`.
+std::size_t held_before(const Run& run, std::size_t probe, double scale) {
+  std::size_t held = 0;
+  for (std::size_t j = probe; j-- > 0 && !run.steps[j].row.skipped && run.steps[j].row.scale_before == scale;) ++held;
+  return held;
+}
+
+}  // namespace
+
+bool answers_growth_probe(const Run& run, std::size_t i) {
+  if (!run.steps[i].row.skipped) return false;
+  // Back through the skips that halved the scale, each at a scale it had not rested at
+  // before the probe that began them.
+  std::vector<double> scales;
+  for (std::size_t k = i; k > 0; --k) {
+    const auto& row = run.steps[k].row;
+    const auto& before = run.steps[k - 1].row;
+    if (!before.skipped || !(row.scale_before < before.scale_before)) return false;
+    scales.push_back(row.scale_before);
+    if (is_growth_probe(run, k - 1)) {
+      for (const double scale : scales)
+        if (held_before(run, k - 1, scale) >= kSettledSteps) return false;
+      return true;
+    }
+  }
+  return false;
+}
+
 std::vector<bool> harmful_skip_mask(const Run& run) {
   const std::size_t end = calibration_end(run);
   std::vector<bool> harmful(run.steps.size());
   for (std::size_t i = 0; i < run.steps.size(); ++i)
-    harmful[i] = run.steps[i].row.skipped && !is_calibration(run, i, end) && !is_growth_probe(run, i);
+    harmful[i] = run.steps[i].row.skipped && !is_calibration(run, i, end) && !is_growth_probe(run, i) &&
+                 !answers_growth_probe(run, i);
   return harmful;
 }
 
@@ -140,7 +171,7 @@ void scale_collapse(const Run& run, const Thresholds& t, std::vector<Finding>& o
   const std::size_t end = calibration_end(run);
   for (std::size_t i = 0; i < run.steps.size(); ++i)
     harmful_backoffs += run.steps[i].row.scale_after < run.steps[i].row.scale_before && !is_calibration(run, i, end) &&
-                        !is_growth_probe(run, i);
+                        !is_growth_probe(run, i) && !answers_growth_probe(run, i);
   const double first = run.steps.front().row.scale_before, last = run.steps.back().row.scale_after;
   // Still falling: the scale ends at its lowest after at least `backoff_run` back-offs that
   // were not the initial calibration, and is within 4 bits (16x) of the floor. A scale that
@@ -210,9 +241,9 @@ Finding skipped_share(double rate, const std::string& rest) {
 // every 2000 steps its skip costs nothing. A short growth_interval asks so often that the
 // probes themselves throw away a share of the steps, while every one of them is excused
 // as probing.
-void probing_too_often(const Run& run, std::int64_t probes, std::int64_t first_probe, std::int64_t considered,
-                       std::size_t end, std::vector<Finding>& out) {
-  const double rate = double(probes) / double(considered);
+void probing_too_often(const Run& run, std::int64_t probes, std::int64_t answers, std::int64_t first_probe,
+                       std::int64_t considered, std::size_t end, std::vector<Finding>& out) {
+  const double rate = double(probes + answers) / double(considered);
   const std::string interval = run.meta_or("scaler_growth_interval", "");
   // Where it settles between probes: the median scale of the steps that were taken.
   std::vector<double> taken;
@@ -221,6 +252,9 @@ void probing_too_often(const Run& run, std::int64_t probes, std::int64_t first_p
   Finding f = skipped_share(rate, " by the scaler's own growth probes: it tries a higher scale too often");
   f.evidence = std::to_string(probes) + " of " + plural(considered, "step") +
                " were skipped right after the scale grew, each try at a scale the gradients do not fit";
+  if (answers > 0)
+    f.evidence += ", and " + std::to_string(answers) + " more as it came back down, at scales it had held for only a "
+                  "step or few before the try";
   if (!interval.empty()) f.evidence += "; growth_interval=" + interval;
   f.steps.push_back(first_probe);
   const double settled = taken.empty() ? run.steps.back().row.scale_after : median_of(taken);
@@ -237,13 +271,17 @@ void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   if (!run.has_scaler()) return;
   const std::size_t end = calibration_end(run);
   const std::int64_t calibration = calibration_skips(run);
-  std::int64_t skipped = 0, probes = 0, considered = 0, first = -1, first_probe = -1;
+  std::int64_t skipped = 0, probes = 0, answers = 0, considered = 0, first = -1, first_probe = -1;
   for (std::size_t i = 0; i < run.steps.size(); ++i) {
     if (is_calibration(run, i, end)) continue;
     ++considered;
     if (!run.steps[i].row.skipped) continue;
     if (is_growth_probe(run, i)) {
       if (probes++ == 0) first_probe = run.steps[i].row.step;
+      continue;
+    }
+    if (answers_growth_probe(run, i)) {
+      ++answers;
       continue;
     }
     ++skipped;
@@ -257,8 +295,8 @@ void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   }
   // Probes are the scaler's planned cost: twice the unplanned skips' share (a growth_interval
   // of 4 or less) before they are a finding; torch's own interval is 2000.
-  if (considered > 0 && double(probes) > 2.0 * t.skip_rate * double(considered))
-    probing_too_often(run, probes, first_probe, considered, end, out);
+  if (considered > 0 && double(probes + answers) > 2.0 * t.skip_rate * double(considered))
+    probing_too_often(run, probes, answers, first_probe, considered, end, out);
   const double rate = harmful_skip_rate(run);
   if (rate <= t.skip_rate) return;
   Finding f = skipped_share(rate, "");
@@ -266,7 +304,9 @@ void skip_rate(const Run& run, const Thresholds& t, std::vector<Finding>& out) {
   if (calibration > 0 && considered < std::int64_t(run.steps.size()))
     f.evidence += " (not counting " + std::to_string(calibration) + " skipped at the start while the scale came down from " +
                   fmt(run.steps.front().row.scale_before) + ")";
-  if (probes > 0) f.evidence += " (not counting " + std::to_string(probes) + " right after the scale grew: the scaler probing)";
+  if (probes + answers > 0)
+    f.evidence += " (not counting " + std::to_string(probes + answers) + " right after the scale grew" +
+                  (answers > 0 ? " or coming back down from it" : "") + ": the scaler probing)";
   f.evidence += "; threshold " + fmt(t.skip_rate * 100.0) + "%";
   if (first >= 0) f.steps.push_back(first);
   if (calibration >= 4 && rate <= 0.5) {

@@ -231,3 +231,49 @@ TEST_CASE("under a collapse the loss code's NaNs took down, a layer whose only s
   CHECK_THAT(collapse->suggestions.front().summary, Catch::StartsWith("Fix the NaN/Inf made in") ||
                                                         Catch::Contains("(see forward-nonfinite)"));
 }
+
+namespace {
+
+// growth_interval=1 after settling at 8192: each step that fits doubles the scale, so it
+// climbs 8192 -> 16384 -> 32768, the try at 32768 overflows, and `fallback_fits` says
+// whether 16384, held for only the one step before the try, fits the next batch or is
+// skipped on the way back down.
+Report climbing_run(const TempDir& dir, bool fallback_fits, int held = 1) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.meta("scaler_growth_interval", std::to_string(held));
+  f.step(65536, 32768, 1000, {"head.weight"}).step(32768, 16384, 1000, {"head.weight"});
+  f.step(16384, 8192, 1000, {"head.weight"});
+  for (int cycle = 0; cycle < 10; ++cycle) {
+    f.step(8192, 16384);
+    for (int i = 1; i < held; ++i) f.step(16384, 16384);
+    f.step(16384, 32768);
+    f.step(32768, 16384, 1000, {"head.weight"});  // the probe
+    if (fallback_fits) continue;
+    f.step(16384, 8192, 1000, {"head.weight"});
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("a skip coming back down from a growth probe to a scale held one step is the probe's", "[rules]") {
+  TempDir dir;
+  const auto r = climbing_run(dir, false);
+  CHECK(r.runs.front().harmful_skips == 0);
+  head_origin_as_information(r);
+  const Finding* s = find(r, "skip-rate");
+  REQUIRE(s != nullptr);
+  CHECK_THAT(s->title, Catch::Contains("by the scaler's own growth probes"));
+  CHECK_THAT(s->evidence, Catch::Contains("10 of 40 steps were skipped right after the scale grew"));
+  CHECK_THAT(s->evidence, Catch::Contains("and 10 more as it came back down"));
+}
+
+TEST_CASE("a skip coming back down from a growth probe to a scale held for steps hurts", "[rules]") {
+  TempDir dir;
+  const auto r = climbing_run(dir, false, 6);
+  CHECK(r.runs.front().harmful_skips == 10);
+  const Finding* o = find(r, "overflow-origin");
+  REQUIRE(o != nullptr);
+  CHECK(o->severity == Severity::kError);
+}
