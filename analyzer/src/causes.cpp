@@ -43,7 +43,9 @@ ForwardCause forward_cause(const Run& run, const std::string& first_seen) {
       c.intrinsic = true;
       c.own_code = path != first_seen;
       c.reason = (path.empty() ? std::string("the model's own forward()") : path) +
-                 " makes NaN/Inf from finite inputs in FP32 too, so fp16's range is not the cause";
+                 " makes NaN/Inf from finite inputs in FP32 too, " +
+                 (buffers_went_inf(replayed_buffers(run, path)) ? "from the Inf that training wrote into its buffers"
+                                                                 : "so fp16's range is not the cause");
       return c;
     }
     if (r->outcome != "nonfinite") {  // unconfirmed: evidence of nothing, never escalated past
@@ -71,6 +73,12 @@ ForwardCause forward_cause(const Run& run, const std::string& first_seen) {
     r = up;
   }
 }
+
+std::string replayed_buffers(const Run& run, const std::string& path) {
+  return run.module_event("buffers-nan", path).second;
+}
+
+bool buffers_went_inf(const std::string& buffers) { return buffers.find(" Inf") != std::string::npos; }
 
 const ModuleSummary* overflow_after_intrinsic(const Run& run, const std::string& intrinsic) {
   const ModuleSummary* found = nullptr;

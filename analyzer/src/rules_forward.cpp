@@ -283,15 +283,25 @@ std::string own_code_place(const Run& run, const std::string& owner, const std::
   return after.empty() ? "before " + first_seen : "between " + after + " and " + first_seen;
 }
 
-// The module's buffers that held NaN when its FP32 replay made NaN from finite inputs
-// (event "buffers-nan", "PATH: running_var (1 of 8 values NaN)"): the part after "PATH: ";
-// empty where none did.
-std::string nan_buffers(const Run& run, const std::string& path) { return run.module_event("buffers-nan", path).second; }
-
 // Replacing them: a BatchNorm's running statistics are reset (and recomputed in train
-// mode); any other buffer is named for the user to restore.
-Suggestion buffers_fix(const Run&, const std::string& path, const std::string& buffers) {
+// mode); any other buffer is named for the user to restore. Buffers a step wrote Inf into
+// are computed in FP32 from then on: the module's pin, as its forward updates them.
+Suggestion buffers_fix(const Run& run, const std::string& path, const std::string& buffers) {
   const std::string name = path.empty() ? "the model" : path;
+  if (buffers_went_inf(buffers) && !path.empty()) {
+    Suggestion pin = suggest::pin_fp32(run, path);
+    pin.summary = "Update " + name + "'s buffers in FP32: run " + name +
+                  " in FP32 (autocast off around it, its floating-point inputs cast to float32). They held no Inf at "
+                  "attach(), so a step wrote values beyond range into them: " +
+                  (buffers.find("(float32:") != std::string::npos
+                       ? "a float32 buffer reaches Inf only past 3.4e38, or from a value computed in float16, as autocast "
+                         "computes a matmul or a convolution in its forward (an EMA codebook's sum of a batch's vectors, "
+                         "one-hot times z, passes 65504)"
+                       : "a half-precision buffer holds no value beyond 65504 (float16) and rounds what its update "
+                         "computes; keep it in float32") +
+                  ". Start from buffers without Inf: a new run, or a checkpoint from before.";
+    return pin;
+  }
   if (buffers.find("running_var") != std::string::npos || buffers.find("running_mean") != std::string::npos)
     return {"Reset " + name + "'s running statistics, which a checkpoint saved after a NaN batch (or an earlier step's "
                 "NaN in train mode) left NaN: reset_running_stats(), then a few batches in train mode to recompute "
@@ -469,9 +479,13 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
       }
       if (lost > 0) f.evidence += "; the loss was NaN/Inf in " + plural(lost, "step") + " it started";
       f.blame = name;  // what a symptom's fix points to: no overflow
-      if (const std::string buffers = nan_buffers(run, path); !buffers.empty()) {
+      if (const std::string buffers = replayed_buffers(run, path); !buffers_went_inf(buffers) && !buffers.empty()) {
         f.title = name + " makes NaN from finite inputs because its buffers hold NaN, not its code or fp16's range";
         f.evidence += "; when its FP32 replay ran, its buffers held NaN: " + buffers;
+        f.suggestions.push_back(buffers_fix(run, path, buffers));
+      } else if (!buffers.empty()) {
+        f.title = name + " makes NaN/Inf from finite inputs because training wrote Inf into its buffers";
+        f.evidence += "; when its FP32 replay ran, its buffers held Inf that they did not hold at attach(): " + buffers;
         f.suggestions.push_back(buffers_fix(run, path, buffers));
       } else {
         f.title = name + " makes NaN/Inf from finite inputs even in FP32: its code, not fp16's range";

@@ -1,5 +1,6 @@
 // The module an FP32 replay confirms or clears: where a NaN/Inf in forward is pinned, and where
-// it is a mask's -inf, a buffer's NaN or the caller's code (one situation per test).
+// it is a mask's -inf or the caller's code (one situation per test; a buffer's NaN/Inf is
+// test_rules_buffers.cpp's).
 #include <cstdio>
 
 #include "rule_test.h"
@@ -299,39 +300,6 @@ TEST_CASE("a module's own code that made NaN/Inf before its first child is place
   REQUIRE(fw != nullptr);
   CHECK(fw->module == "block");
   CHECK_THAT(fw->title, Catch::EndsWith("in its own code, before block.conv"));
-}
-
-TEST_CASE("a module whose buffers held NaN when its replay made NaN is named for them, with a reset", "[rules][replay]") {
-  // A frozen BatchNorm whose running variance a checkpoint left NaN.
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), {"conv.weight", "bn.weight", "head.weight"});
-  f.replay("bn", "intrinsic").event("buffers-nan", "bn: running_var (1 of 8 values NaN)");
-  double scale = 65536;
-  for (int i = 0; i < 12; ++i, scale /= 2)
-    f.activation("conv", false).activation("bn", true).step(scale, scale / 2, 1000, {"head.weight"}, kNaN);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK(fw->module == "bn");
-  CHECK_THAT(fw->title, Catch::Contains("because its buffers hold NaN"));
-  CHECK_THAT(fw->evidence, Catch::EndsWith("its buffers held NaN: running_var (1 of 8 values NaN)"));
-  CHECK(fw->suggestions.front().python == "model.bn.reset_running_stats()");
-  const Finding* collapse = find(r, "scale-collapse");
-  REQUIRE(collapse != nullptr);
-  CHECK_THAT(collapse->suggestions.front().summary, Catch::StartsWith("Fix the NaN/Inf made in bn (see forward-nonfinite)"));
-}
-
-TEST_CASE("another buffer holding NaN is named for the user to restore", "[rules][replay]") {
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), {"norm.weight", "head.weight"});
-  f.replay("norm", "intrinsic").event("buffers-nan", "norm: scale (2 of 64 values NaN)");
-  for (int i = 0; i < 4; ++i) f.activation("norm", true).step(65536, 32768, 1000, {"head.weight"}, kNaN);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  CHECK_THAT(fw->suggestions.front().summary, Catch::StartsWith("Restore norm's buffers (scale (2 of 64 values NaN))"));
 }
 
 TEST_CASE("a replay that raised is unconfirmed and never escalates", "[rules][replay]") {

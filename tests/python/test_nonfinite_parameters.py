@@ -1,13 +1,13 @@
 """Which parameters count as holding NaN/Inf when a step goes NaN/Inf, which optimizer eps
 is 0 in the parameters' dtype (the agent's evidence for nonfinite-update), which of a
-module's buffers hold NaN where its FP32 replay made NaN from finite inputs, and when the
-parameters are not read at all."""
+module's buffers hold NaN (or an Inf training wrote) where its FP32 replay made NaN from
+finite inputs, and when the parameters are not read at all."""
 import torch
 from torch import nn
 
 import ampdiag
 import ampdiag._looks
-from ampdiag._parameters import eps_rounding_to_zero, nan_buffers, nonfinite_parameters
+from ampdiag._parameters import eps_rounding_to_zero, finite_buffers, nan_buffers, nonfinite_parameters
 
 
 def test_a_trainable_parameter_holding_inf_is_named_with_the_count():
@@ -66,6 +66,20 @@ def test_a_minus_inf_mask_buffer_is_by_design_and_a_clean_module_has_none():
     attn.register_buffer("mask", torch.full((4, 4), float("-inf")).triu(1))
     assert nan_buffers("attn", attn) is None
     assert nan_buffers("bn", nn.BatchNorm1d(4)) is None
+
+
+def test_an_inf_in_a_buffer_finite_at_attach_is_named_and_a_mask_present_then_is_not():
+    vq = nn.Module()
+    vq.register_buffer("codebook", torch.zeros(4, 8))
+    vq.register_buffer("mask", torch.full((4, 4), float("-inf")).triu(1))
+    at_attach = finite_buffers(vq)
+    assert at_attach == {(id(vq), "codebook")}
+    vq.codebook[1, :3] = float("inf")  # an EMA update that overflowed float16
+    vq.mask[0, 0] = float("inf")
+    assert nan_buffers("vq", vq, at_attach) == "vq: codebook (float32: 3 of 32 values Inf, finite at attach())"
+    assert nan_buffers("vq", vq) is None  # without what attach() saw, an Inf may be a mask
+    vq.codebook[2, 0] = float("nan")
+    assert nan_buffers("vq", vq, at_attach) == "vq: codebook (float32: 1 NaN and 3 Inf of 32 values, finite at attach())"
 
 
 def test_a_submodules_buffers_are_its_own_to_name():

@@ -29,7 +29,7 @@ from ._forward import compiled_in_place, forward_hook, input_hook, output_hook, 
 from ._looks import look_at_loss_code, look_at_parameters
 from ._loss_code import read_first_loss_code
 from ._names import clean, named_modules, named_parameters
-from ._parameters import nonfinite_parameters
+from ._parameters import finite_buffers, nonfinite_parameters
 from ._unreached import UnreachedParameters
 from ._options import check_options, check_watched, default_amp_dtype, trains_fp16_parameters
 from ._backward_replay import BackwardReplayer
@@ -149,6 +149,7 @@ class AttachHandle:
             # now: else code that writes the parameters in place put them there (SAM's first_step).
             self._session.set_meta("parameters_at_attach", "finite" if nonfinite_parameters(
                 named_parameters(root)) is None else "nonfinite")
+            self._finite_buffers = finite_buffers(root)  # an Inf in them later is a step's, not a mask
             if amp_dtype is None and not trains_fp16_parameters(params):
                 self._hooks.append(learn_amp_dtype(self, root, params[0].device.type, guessed, params))
             self._activations_on = activations

@@ -59,7 +59,7 @@ def on_nonfinite_output(handle, path, module, args, kwargs, output):
         # It makes NaN/Inf from finite inputs in FP32 too (a -inf mask): no fp16 cause to
         # find above it, and the next module to go NaN/Inf in this step is looked at.
         handle._first_nonfinite = None
-        buffers = nan_buffers(path, module)
+        buffers = nan_buffers(path, module, handle._finite_buffers)
         if buffers is not None:
             handle._event("buffers-nan", buffers)
         elif replays_now:

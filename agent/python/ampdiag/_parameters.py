@@ -10,8 +10,10 @@ gradients: Adam's eps=1e-8 is 0 in float16, so an element whose gradient is 0 ge
 
 A module's buffers are looked at where its FP32 replay made NaN from finite inputs: a
 frozen BatchNorm's running variance that a checkpoint (or an earlier NaN batch) left NaN
-makes every output NaN in any precision, and its code is not to blame. NaN only: an -inf
-buffer is a mask, by design.
+makes every output NaN in any precision, and its code is not to blame. So does an Inf that
+a step wrote into a buffer (an EMA codebook whose update autocast ran in float16). An Inf
+buffer may be a mask, by design: one counts only where the buffer held no NaN/Inf at
+attach() (finite_buffers()).
 """
 import torch
 
@@ -62,16 +64,35 @@ def eps_rounding_to_zero(optimizers) -> "str | None":
     return None
 
 
-def nan_buffers(path, module) -> "str | None":
+def finite_buffers(root) -> "set[tuple[int, str]]":
+    """(id(module), name) of the floating-point buffers without NaN/Inf now, at attach(): one
+    read-back per device."""
+    by_device = {}
+    with torch.no_grad():
+        for module in root.modules():
+            for name, b in module.named_buffers(recurse=False):
+                if b.is_floating_point() and b.numel():
+                    keys, flags = by_device.setdefault(b.device, ([], []))
+                    keys.append((id(module), name))
+                    flags.append(torch.isfinite(b).all())
+    return {key for keys, flags in by_device.values() for key, finite in zip(keys, torch.stack(flags).tolist()) if finite}
+
+
+def nan_buffers(path, module, finite_at_attach=frozenset()) -> "str | None":
     """'backbone.1: running_var (1 of 8 values NaN)' for the module's own floating-point
-    buffers that hold NaN (a submodule's are its own to name, as it goes NaN first); None
-    when none does."""
+    buffers that hold NaN, or Inf where they were in `finite_at_attach`, finite_buffers()'s
+    ('vq: codebook (float32: 40 of 2048 values Inf, finite at attach())'); a submodule's are
+    its own to name, as it goes NaN first. None when none does."""
     found = []
     with torch.no_grad():
         for name, b in module.named_buffers(recurse=False):
             if b.is_floating_point():
                 nan = int(torch.isnan(b).sum())
-                if nan:
+                inf = int(torch.isinf(b).sum()) if (id(module), name) in finite_at_attach else 0
+                if inf:
+                    counts = f"{nan} NaN and {inf} Inf of {b.numel()} values" if nan else f"{inf} of {b.numel()} values Inf"
+                    found.append(f"{name} ({str(b.dtype).replace('torch.', '')}: {counts}, finite at attach())")
+                elif nan:
                     found.append(f"{name} ({nan} of {b.numel()} values NaN)")
     if not found:
         return None

@@ -59,6 +59,15 @@ struct StepCause {
 
 StepCause step_cause(const Run& run, const StepSummary& step);
 
+// The module's buffers that held NaN when its FP32 replay made NaN from finite inputs
+// (event "buffers-nan", "PATH: running_var (1 of 8 values NaN)"), or Inf where they held
+// none at attach() ("PATH: codebook (float32: 40 of 2048 values Inf, finite at attach())"):
+// the part after "PATH: "; empty where none did.
+std::string replayed_buffers(const Run& run, const std::string& path);
+// Whether those held Inf: training wrote values beyond range into them (an EMA updated in
+// float16), so fp16's range is a cause after all.
+bool buffers_went_inf(const std::string& buffers);
+
 // Where the step's forward went wrong, in words ("" when it did not): the report's
 // skipped-steps list and the GUI's tooltip.
 std::string forward_sentence(ForwardSource forward, const std::string& forward_module);
