@@ -78,6 +78,8 @@ def test_an_inf_in_a_buffer_finite_at_attach_is_named_and_a_mask_present_then_is
     vq.mask[0, 0] = float("inf")
     assert nan_buffers("vq", vq, at_attach) == "vq: codebook (float32: 3 of 32 values Inf, finite at attach())"
     assert nan_buffers("vq", vq) is None  # without what attach() saw, an Inf may be a mask
+    vq.mask.fill_(0.0)[0, 1] = float("-inf")  # a per-batch mask kept in a buffer
+    assert nan_buffers("vq", vq, finite_buffers(vq)) is None
     vq.codebook[2, 0] = float("nan")
     assert nan_buffers("vq", vq, at_attach) == "vq: codebook (float32: 1 NaN and 3 Inf of 32 values, finite at attach())"
 

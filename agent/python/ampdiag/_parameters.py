@@ -80,15 +80,18 @@ def finite_buffers(root) -> "set[tuple[int, str]]":
 
 def nan_buffers(path, module, finite_at_attach=frozenset()) -> "str | None":
     """'backbone.1: running_var (1 of 8 values NaN)' for the module's own floating-point
-    buffers that hold NaN, or Inf where they were in `finite_at_attach`, finite_buffers()'s
-    ('vq: codebook (float32: 40 of 2048 values Inf, finite at attach())'); a submodule's are
+    buffers that hold NaN, or +Inf where they were in `finite_at_attach`, finite_buffers()'s
+    ('vq: codebook (float32: 40 of 2048 values Inf, finite at attach())', counting both
+    signs); a submodule's are
     its own to name, as it goes NaN first. None when none does."""
     found = []
     with torch.no_grad():
         for name, b in module.named_buffers(recurse=False):
             if b.is_floating_point():
                 nan = int(torch.isnan(b).sum())
-                inf = int(torch.isinf(b).sum()) if (id(module), name) in finite_at_attach else 0
+                # +Inf: a per-batch mask kept in a buffer fills -inf, by design, after attach().
+                written = (id(module), name) in finite_at_attach and bool((b == float("inf")).any())
+                inf = int(torch.isinf(b).sum()) if written else 0
                 if inf:
                     counts = f"{nan} NaN and {inf} Inf of {b.numel()} values" if nan else f"{inf} of {b.numel()} values Inf"
                     found.append(f"{name} ({str(b.dtype).replace('torch.', '')}: {counts}, finite at attach())")
