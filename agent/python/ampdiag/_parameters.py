@@ -71,7 +71,8 @@ def finite_buffers(root) -> "set[tuple[int, str]]":
     with torch.no_grad():
         for module in root.modules():
             for name, b in module.named_buffers(recurse=False):
-                if b.is_floating_point() and b.numel():
+                b = local_shard(b)
+                if b.is_floating_point() and b.numel() and not b.is_meta:
                     keys, flags = by_device.setdefault(b.device, ([], []))
                     keys.append((id(module), name))
                     flags.append(torch.isfinite(b).all())
