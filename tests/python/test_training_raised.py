@@ -1,7 +1,10 @@
 """A run.db that holds no step says why: the exception the training raised inside
-attach()'s with-block (event "training-raised"), or which call the loop never reached."""
+attach()'s with-block, or that ended a program whose handle was still open (event
+"training-raised"), or which call the loop never reached."""
 import sqlite3
 import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -44,6 +47,28 @@ def test_a_run_without_steps_whose_training_raised_is_reported_with_the_exceptio
     raised_inside(db, ValueError("bad batch"))
     assert report_error(ampdiag_cli, db).endswith(
         "holds no steps: before its first step was recorded, the training raised ValueError: bad batch")
+
+
+def test_an_exception_that_ends_a_program_attached_without_with_is_recorded_and_still_printed(tmp_path, ampdiag_cli):
+    # attach() at the top and close() at the end, as the package's docstring writes it: the
+    # exception skips close(), and the program ends through sys.excepthook.
+    db = tmp_path / "uncaught.db"
+    program = textwrap.dedent(f"""
+        import sys, torch, ampdiag
+        sys.excepthook = lambda kind, error, tb: print("user hook:", kind.__name__, file=sys.stderr)
+        model = torch.nn.Linear(4, 1)
+        handle = ampdiag.attach(model, torch.amp.GradScaler("cpu"), db={str(db)!r})
+        with torch.autocast("cpu", dtype=torch.float16):
+            model(torch.randn(2, 4)).float().mean()
+        raise RuntimeError("could not create a primitive descriptor for the LSTM forward propagation primitive")
+        handle.close()
+    """)
+    ran = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 1
+    assert ran.stderr.strip().endswith("user hook: RuntimeError")  # the program's own hook still runs
+    assert report_error(ampdiag_cli, db).endswith(
+        "holds no steps: before its first step was recorded, the training raised RuntimeError: could not create a "
+        "primitive descriptor for the LSTM forward propagation primitive")
 
 
 def test_a_run_without_a_scaler_and_without_steps_names_the_optimizers_step(tmp_path, ampdiag_cli):

@@ -30,6 +30,7 @@ from ._looks import look_at_loss_code, look_at_parameters
 from ._loss_code import read_first_loss_code
 from ._names import clean, named_modules, named_parameters
 from ._parameters import finite_buffers, nonfinite_parameters
+from ._uncaught import ended_by, unwatch, watch
 from ._unreached import UnreachedParameters
 from ._options import check_options, check_watched, default_amp_dtype, trains_fp16_parameters
 from ._backward_replay import BackwardReplayer
@@ -142,6 +143,7 @@ class AttachHandle:
         if rank is not None:
             self._open_session(*rank)
         self._finalizer = weakref.finalize(self, self._session.close)
+        watch(self)  # an exception that ends the program closes it as the with-block would
         try:
             guessed = amp_dtype or default_amp_dtype(scaler, params)
             self._write_meta(scaler, every, context_steps, fused_unscale, histogram, guessed, params)
@@ -250,6 +252,7 @@ class AttachHandle:
                 self._session.event(kind, detail)
         self._closed = self._inert = True
         self._live = False
+        unwatch(self)
         _loss.unwatch(self)
         _loss.unwatch_grad(self)
         for hook in self._hooks:
@@ -284,13 +287,7 @@ class AttachHandle:
         return self
 
     def __exit__(self, kind, error, traceback):
-        # A training that raised inside the block: the report says so where it finds no step,
-        # rather than that the loop never reached its update.
-        self._raised = kind is not None
-        if kind is not None and not self._closed and not self._inert:
-            text = str(error).strip()
-            self._session.event("training-raised", kind.__name__ + (": " + text.splitlines()[0][:300] if text else ""))
-        self.close()
+        ended_by(self, kind, error)  # a training that raised: the report says so
         return False
 
     # --- setup ---------------------------------------------------------------------
