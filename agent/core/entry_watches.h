@@ -7,7 +7,9 @@
 // through its output's gradient, made by the code after it (a gain in the model's forward(),
 // whose fp16 backward overflows), where pinning the module alone is not the fix. So the
 // module a skipped step names is watched: the agent checks the gradient reaching its output
-// at its first call of each step after that, and the next skipped step that names it again
+// in each step after that, at the call that receives its gradient first in backward (the
+// last call of a module the forward runs several times: the others' gradients may hold what
+// its own backward made in between), and the next skipped step that names it again
 // gives the verdict: event "module-output-gradient", "PATH: nonfinite" or "PATH: finite". A
 // skip naming another module moves the watch there; one verdict a module, at most kVerdicts a
 // run, and a watch no skip answers within kWatchSteps steps is dropped. A module judged

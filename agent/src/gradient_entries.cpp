@@ -14,13 +14,15 @@ void GradientEntries::output(const std::string& path, const at::Tensor& y) {
   const std::vector<EntryWatches::Watch>& watches = core_.watches();
   for (std::size_t k = 0; k < watches.size(); ++k) {
     Look& look = looks_[k];
-    if (look.hooked || watches[k].done || watches[k].path != path) continue;
-    look.hooked = true;
+    if (watches[k].done || watches[k].path != path) continue;
     std::shared_ptr<std::atomic<int>> reached = look.reached;
     // The named module's (the first watch): where NaN/Inf reached it, the code after it is read.
     std::function<void(const at::Tensor&)> read = k == 0 ? code_after_.on_gradient(path, y) : nullptr;
+    // Every call is hooked and the first to receive its gradient judged: the others (earlier
+    // calls of a module run again and again, an ODE's function) may hold what its own
+    // backward made in between.
     y.register_hook([reached, read](const at::Tensor& grad) {
-      if (!grad.defined() || !grad.device().is_cpu() || reached->load() == EntryWatches::kNonfinite) return;
+      if (!grad.defined() || !grad.device().is_cpu() || reached->load() != EntryWatches::kNotSeen) return;
       const bool finite = at::isfinite(grad).all().item<bool>();
       reached->store(finite ? EntryWatches::kFinite : EntryWatches::kNonfinite);
       if (!finite && read) read(grad);
@@ -33,7 +35,6 @@ std::vector<EntryWatches::Event> GradientEntries::step_ended(const std::string& 
   std::vector<int> reached;
   for (Look& look : looks_) {
     reached.push_back(look.reached->exchange(EntryWatches::kNotSeen));
-    look.hooked = false;
   }
   std::vector<EntryWatches::Event> events;
   // Before a verdict below arms it: a later skip answers.

@@ -38,7 +38,6 @@ class GradientEntries {
 
  private:
   struct Look {
-    bool hooked = false;
     // EntryWatches::Reached, set by autograd (maybe on another thread).
     std::shared_ptr<std::atomic<int>> reached = std::make_shared<std::atomic<int>>(EntryWatches::kNotSeen);
   };

@@ -1,5 +1,6 @@
 // overflow-origin: where NaN/Inf first appear in backward (forward-nonfinite: rules_forward.cpp).
 #include <algorithm>
+#include <cctype>
 #include <iterator>
 #include <cmath>
 #include <map>
@@ -539,16 +540,22 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         // next (an LM head 12000 times too large: the two down projections pinned, the
         // attention output's overflow is next). The pins stay, for a gain by design.
         const std::size_t before_fixes = f.suggestions.size();
-        // Not at every scale unless its replay was finite in FP32: a function whose gradient
-        // is infinite somewhere (sqrt of 0) makes NaN at any gain.
-        const std::optional<Suggestion> reinit =
-            too_large || (at_any_scale && replay.outcome != "finite")
-                ? std::nullopt
-                : reinitialise_after(run, module, modules_after(run, m.layers, m.ran_before));
+        // At every scale, unless its replay was finite in FP32 or it is one of torch's modules
+        // whose backward only multiplies and adds (`products`), a function whose gradient is
+        // infinite somewhere (sqrt of 0) may make the NaN at any gain: the look at its backward
+        // above leads, and the re-initialisation is for the other case (an ODE's function,
+        // run 24 times a forward, whose output layer starts 3000 times too large).
+        const bool unproven = at_any_scale && !too_large && products.empty() && replay.outcome != "finite";
+        std::optional<Suggestion> reinit =
+            too_large ? std::nullopt : reinitialise_after(run, module, modules_after(run, m.layers, m.ran_before));
+        if (reinit && unproven) {
+          reinit->summary[0] = char(std::tolower(static_cast<unsigned char>(reinit->summary[0])));
+          reinit->summary = "If instead its true gradients are the ones beyond fp16: " + reinit->summary;
+        }
         if (reinit) f.suggestions.push_back(*reinit);
         if (!pin_with_own_overflows(run, module, place, m.steps, !too_large && !at_any_scale, f)) {
           f.suggestions.push_back(suggest::fp32_at(run, module, row));
-          if (at_any_scale && !too_large && products.empty() && replay.outcome != "finite")
+          if (unproven && !reinit)
             f.suggestions.back().summary = "If its true gradients are the ones beyond fp16: " + f.suggestions.back().summary;
         }
         if (reinit) by_design(f.suggestions[before_fixes + 1]);

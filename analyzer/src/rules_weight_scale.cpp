@@ -244,9 +244,10 @@ std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& 
     const std::string& maker = o.module;
     // Where both were probed their places in forward decide; else the backward's order: a
     // module whose gradient arrived before `module`'s NaN/Inf one ran after it in forward.
-    const bool after = run.module_named(module) && run.module_named(maker)
-                           ? run.finishes_at_or_after(maker, module)
-                           : maker == module || ran_before.count(maker) > 0;
+    // A layer inside `module` is in its backward whatever the places (a child finishes first).
+    const bool after = suggest::within(maker, module) ||
+                       (run.module_named(module) && run.module_named(maker) ? run.finishes_at_or_after(maker, module)
+                                                                            : ran_before.count(maker) > 0);
     if (!maker.empty() && after)
       return suggest::reinitialise(run, maker, o.scale,
                                    maker == module ? "its outputs, and the loss and the gradients that follow from "

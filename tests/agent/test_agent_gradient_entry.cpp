@@ -73,6 +73,28 @@ TEST_CASE("modules whose own backward overflows beside the named one's are judge
         std::vector<std::string>{"b: finite, beside c", "a: finite, beside c"});
 }
 
+TEST_CASE("a module called twice in a step is judged at the call its gradient reaches first", "[agent][gradient-entry]") {
+  // b run again on its own output (layer-normalised, then 1000 times smaller), its weights
+  // 3000 times too large: its second call's backward multiplies the finite gradient c sends
+  // by them and overflows, and its first call's output receives what b made itself. The
+  // second call's output is the one to judge; the first's had said the code after b made them.
+  TempDir dir;
+  bool scaled = false;
+  tiny_agent_steps(dir.file("run.db"), 24, [&](Agent& agent, TinyNet& net) {
+    if (!scaled) {
+      torch::NoGradGuard no_grad;
+      net->b->weight.mul_(3000.0);
+      scaled = true;
+    }
+    const auto h = agent.forward("b", net->b, agent.forward("a", net->a, agent.input("x", torch::randn({64, 16}))));
+    const auto twice = agent.forward("b", net->b, torch::layer_norm(h, {32}) * 1e-3);
+    return agent.forward("c", net->c, twice).to(torch::kFloat).mean();
+  });
+  const std::vector<std::string> entries = event_details(dir.file("run.db"), "module-output-gradient");
+  CHECK(std::count(entries.begin(), entries.end(), "b: finite") > 0);
+  CHECK(std::count(entries.begin(), entries.end(), "b: nonfinite") == 0);
+}
+
 namespace {
 
 struct TwoProjectionsImpl : torch::nn::Module {

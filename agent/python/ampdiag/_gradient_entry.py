@@ -7,9 +7,10 @@ model's own forward() or in the loss, whose fp16 backward overflows): pinning th
 would not help there.
 
 So each module the core watches (the one a skip named, and up to COMPANIONS others whose
-gradients went NaN/Inf in that skip) has the gradient reaching its output checked on its
-first call of each step (host tensors only: a device check would wait for the device), and
-what was seen goes to the core as the step ends. Steps whose forward, batch, parameters or
+gradients went NaN/Inf in that skip) has the gradient reaching its output checked in each
+step, at the call whose output receives its gradient first in backward: the last call of a
+module the forward runs several times (host tensors only: a device check would wait for
+the device), and what was seen goes to the core as the step ends. Steps whose forward, batch, parameters or
 loss already held NaN/Inf are the forward's, and judge nothing. A "nonfinite" verdict on the
 named module arms the look for the module that sent them (_gradient_sender.py)."""
 import torch
@@ -27,15 +28,13 @@ _NOT_SEEN, _FINITE, _NONFINITE = -1, 0, 1
 class _Look:
     """One watched module: its forward hook, and this step's look at its output gradient."""
 
-    __slots__ = ("path", "hook", "hooked", "reached", "done", "node")
+    __slots__ = ("path", "hook", "reached", "done")
 
     def __init__(self, path, done):
         self.path = path
         self.hook = None
         self.done = done      # judged: no more looks
-        self.hooked = False   # this step's first call of the module has its gradient hook
         self.reached = _NOT_SEEN
-        self.node = None      # this step's output's grad_fn, for the code after it
 
 
 class GradientEntries:
@@ -54,7 +53,7 @@ class GradientEntries:
         reached = []
         for look in self._looks:
             reached.append(look.reached)
-            look.reached, look.hooked, look.node = _NOT_SEEN, False, None
+            look.reached = _NOT_SEEN
         self._code_after.step_ended()
         self._loss_origin.step_ended()
         path = backward_origin_module(self._handle) if judge else ""
@@ -97,21 +96,26 @@ class GradientEntries:
     def _watcher(self, look, module):
         handle = self._handle
 
-        def on_gradient(grad):
-            if look.reached != _NONFINITE:
+        def judged_by(node):
+            def on_gradient(grad):
+                # The first of the step's calls to receive its gradient is judged: later ones
+                # (earlier calls of a module the forward runs again and again, an ODE's
+                # function, a shared layer) may hold what its own backward made in between.
+                if look.reached != _NOT_SEEN:
+                    return
                 look.reached = _NONFINITE if grad.is_cpu and holds_nonfinite(handle._session, grad) else _FINITE
                 if look.reached == _NONFINITE and self._looks and look is self._looks[0]:  # the named module's
-                    self._code_after.read(look.path, module, look.node)
+                    self._code_after.read(look.path, module, node)
+
+            return on_gradient
 
         def after(mod, args, output):
             # (A deep copy of the model carries this hook: only the watched module's call counts.)
-            if mod is not module or look.hooked or not handle._live or look.done or not torch.is_grad_enabled():
+            if mod is not module or not handle._live or look.done or not torch.is_grad_enabled():
                 return None
             tensor = first_float_tensor(output)
             if tensor is not None and tensor.requires_grad and tensor.is_cpu:
-                look.hooked = True
-                look.node = tensor.grad_fn
-                tensor.register_hook(on_gradient)
+                tensor.register_hook(judged_by(tensor.grad_fn))
             return None
 
         return after
