@@ -83,8 +83,7 @@ def nan_buffers(path, module, finite_at_attach=frozenset()) -> "str | None":
     """'backbone.1: running_var (1 of 8 values NaN)' for the module's own floating-point
     buffers that hold NaN, or +Inf where they were in `finite_at_attach`, finite_buffers()'s
     ('vq: codebook (float32: 40 of 2048 values Inf, finite at attach())', counting both
-    signs); a submodule's are
-    its own to name, as it goes NaN first. None when none does."""
+    signs); a submodule's are its own to name, as it goes NaN first. None when none does."""
     found = []
     with torch.no_grad():
         for name, b in module.named_buffers(recurse=False):
