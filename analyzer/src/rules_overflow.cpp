@@ -33,6 +33,18 @@ std::string most_often(const std::map<std::string, std::int64_t>& counts) {
   return top == counts.end() ? "" : top->first;
 }
 
+// "the run's skips, 8 of 80 steps," as the skip rate counts them: where the scaler's
+// calibration or growth probes skipped steps too, the raw count is larger, and says so.
+std::string counted_skips(const Run& run) {
+  const std::int64_t all = std::int64_t(run.steps.size());
+  const std::int64_t skipped = std::count_if(run.steps.begin(), run.steps.end(), [](const StepSummary& s) { return s.row.skipped; });
+  const std::int64_t counted = harmful_skips(run), considered = all - calibration_skips(run);
+  if (counted == skipped) return "the run's skips, " + std::to_string(counted) + " of " + plural(considered, "step") + ",";
+  return "the run's skips, not counting those that calibrated the scale or answered its growth probes, " +
+         std::to_string(counted) + " of " + plural(considered, "step") + " (" + std::to_string(skipped) + " of " +
+         std::to_string(all) + " with them),";
+}
+
 // A step whose forward already went non-finite is a forward problem: every gradient is
 // NaN then, and "first in backward" would only name the loss's last layer. Not so a module
 // that makes NaN/Inf by design (a -inf mask) while the loss stayed finite.
@@ -269,8 +281,8 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                     fmt(t.scale_floor) + " were " + (took_it.empty() ? std::string("other modules'") : took_it);
     } else if (!harms) {
       f.title = place + " is where the occasional overflow starts; the loss scale copes with it";
-      f.evidence += m.harmful > 0 ? "; the scale stays above the floor and the run's skips stay within the " +
-                                        fmt(t.skip_rate * 100.0) + "% threshold"
+      f.evidence += m.harmful > 0 ? "; the scale stays above the floor and " + counted_skips(run) +
+                                        " stay within the " + fmt(t.skip_rate * 100.0) + "% threshold"
                                   : "; the scale stays above the floor and these skips only calibrate it or answer "
                                     "its growth probes";
     }

@@ -250,8 +250,8 @@ std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& 
                                                                             : ran_before.count(maker) > 0);
     if (!maker.empty() && after)
       return suggest::reinitialise(run, maker, o.scale,
-                                   maker == module ? "its outputs, and the loss and the gradients that follow from "
-                                                     "them, are about that many times larger"
+                                   maker == module ? "its outputs, and the gradients that follow from them, are "
+                                                     "about that many times larger"
                                                    : "the gradients that pass back through it, down to " + module +
                                                          "'s, are about that many times larger",
                                    o.stacked);

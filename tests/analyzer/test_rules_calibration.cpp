@@ -53,6 +53,28 @@ TEST_CASE("a layer whose only skip calibrated the scale is information while for
   CHECK(fw->module == "attn");
 }
 
+TEST_CASE("an overflow within the skip rate quotes the skips it counts, not the calibration's", "[rules]") {
+  // Three skips down from 65536, then 4 overflows in 60 steps: 7 of 63 skipped in all, and
+  // 4 of 60 (7%) as the skip rate counts them.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  double scale = 65536;
+  for (int i = 0; i < 3; ++i, scale /= 2) f.step(scale, scale / 2, 1000, {"head.weight"});
+  for (int i = 0; i < 60; ++i) {
+    if (i % 15 == 14) {
+      f.step(scale, scale / 2, 1000, {"head.weight"});
+      scale /= 2;
+    } else {
+      f.step(scale, scale);
+    }
+  }
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  CHECK_THAT(head_origin_as_information(r).evidence,
+             Catch::Contains("the run's skips, not counting those that calibrated the scale or answered its growth "
+                             "probes, 4 of 60 steps (7 of 63 with them), stay within the 10% threshold"));
+}
+
 TEST_CASE("calibration and growth-probe skips are not harmful", "[rules]") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
@@ -165,13 +187,18 @@ TEST_CASE("a loss scale is printed as the power of two it is, not rounded to six
 
 namespace {
 
-// A scaler whose growth_interval is `interval`: after coming down from 65536 it settles at
-// 8192, and each `interval` steps it doubles to 16384, which overflows and is skipped.
-Report probing_run(const TempDir& dir, int interval, int steps = 80) {
-  RunFixture f(dir.file("run.db"), kLayers);
+// A scaler whose growth_interval is `interval`, coming down from 65536 to 8192 in three skips.
+void descend_to_8192(RunFixture& f, int interval) {
   f.meta("scaler_growth_interval", std::to_string(interval));
   f.step(65536, 32768, 1000, {"head.weight"}).step(32768, 16384, 1000, {"head.weight"});
   f.step(16384, 8192, 1000, {"head.weight"});
+}
+
+// After coming down from 65536 it settles at 8192, and each `interval` steps it doubles to
+// 16384, which overflows and is skipped.
+Report probing_run(const TempDir& dir, int interval, int steps = 80) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  descend_to_8192(f, interval);
   for (int i = 0; i < steps; ++i) {
     if ((i + 1) % (interval + 1) == 0)
       f.step(16384, 8192, 1000, {"head.weight"});  // the probe
@@ -234,21 +261,16 @@ TEST_CASE("under a collapse the loss code's NaNs took down, a layer whose only s
 
 namespace {
 
-// growth_interval=1 after settling at 8192: each step that fits doubles the scale, so it
-// climbs 8192 -> 16384 -> 32768, the try at 32768 overflows, and `fallback_fits` says
-// whether 16384, held for only the one step before the try, fits the next batch or is
-// skipped on the way back down.
-Report climbing_run(const TempDir& dir, bool fallback_fits, int held = 1) {
+// Settled at 8192 with growth_interval `held`: each try climbs to 16384, holds it `held`
+// steps, tries 32768, which overflows, and then overflows again back at 16384 on the way down.
+Report climbing_run(const TempDir& dir, int held) {
   RunFixture f(dir.file("run.db"), kLayers);
-  f.meta("scaler_growth_interval", std::to_string(held));
-  f.step(65536, 32768, 1000, {"head.weight"}).step(32768, 16384, 1000, {"head.weight"});
-  f.step(16384, 8192, 1000, {"head.weight"});
+  descend_to_8192(f, held);
   for (int cycle = 0; cycle < 10; ++cycle) {
     f.step(8192, 16384);
     for (int i = 1; i < held; ++i) f.step(16384, 16384);
     f.step(16384, 32768);
     f.step(32768, 16384, 1000, {"head.weight"});  // the probe
-    if (fallback_fits) continue;
     f.step(16384, 8192, 1000, {"head.weight"});
   }
   f.finish();
@@ -259,7 +281,7 @@ Report climbing_run(const TempDir& dir, bool fallback_fits, int held = 1) {
 
 TEST_CASE("a skip coming back down from a growth probe to a scale held one step is the probe's", "[rules]") {
   TempDir dir;
-  const auto r = climbing_run(dir, false);
+  const auto r = climbing_run(dir, 1);
   CHECK(r.runs.front().harmful_skips == 0);
   head_origin_as_information(r);
   const Finding* s = find(r, "skip-rate");
@@ -271,7 +293,7 @@ TEST_CASE("a skip coming back down from a growth probe to a scale held one step 
 
 TEST_CASE("a skip coming back down from a growth probe to a scale held for steps hurts", "[rules]") {
   TempDir dir;
-  const auto r = climbing_run(dir, false, 6);
+  const auto r = climbing_run(dir, 6);
   CHECK(r.runs.front().harmful_skips == 10);
   const Finding* o = find(r, "overflow-origin");
   REQUIRE(o != nullptr);

@@ -224,7 +224,7 @@ TEST_CASE("an occasional overflow that held the scale down is named with the ove
   const auto r = report_of(dir.file("run.db"));
   const Finding& origin = required(r, "overflow-origin");
   CHECK(origin.severity == Severity::kInfo);
-  CHECK_THAT(origin.evidence, Catch::Contains("the run's skips stay within the 10% threshold"));
+  CHECK_THAT(origin.evidence, Catch::Contains("the run's skips, 8 of 80 steps, stay within the 10% threshold"));
   CHECK(required(r, "scale-collapse").severity == Severity::kWarning);
   const Finding& w = required(r, "oversized-weights");
   CHECK(w.severity == Severity::kWarning);
