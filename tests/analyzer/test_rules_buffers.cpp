@@ -59,3 +59,31 @@ TEST_CASE("a buffer that training wrote Inf into is updated in FP32: the module'
   CHECK_THAT(fw->suggestions.front().summary, Catch::Contains("a float32 buffer reaches Inf only past 3.4e38"));
   CHECK_THAT(fw->suggestions.front().python, Catch::StartsWith("ampdiag.pin_fp32(model.vq)"));
 }
+
+TEST_CASE("a half-precision buffer that training wrote Inf into is stored in float32, not only pinned", "[rules][replay]") {
+  // An EMA kept in a float16 buffer: autocast off around the module still adds into float16,
+  // so the fix names the buffers to keep in float32 before the pin.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"enc.weight", "dec.weight"});
+  f.replay("enc.vq", "intrinsic")
+      .event("buffers-nan",
+             "enc.vq: codebook (float16: 7 of 2048 values Inf, finite at attach()), "
+             "usage (float32: 1 of 64 values Inf, finite at attach()), ema (bfloat16: 2 NaN and 3 Inf of 64 values, "
+             "finite at attach())");
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2)
+    f.activation("enc", false).activation("enc.vq", true).step(scale, scale / 2, 1000, {"dec.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  REQUIRE_FALSE(fw->suggestions.empty());
+  const Suggestion& fix = fw->suggestions.front();
+  CHECK_THAT(fix.summary, Catch::StartsWith("Keep enc.vq's buffers in float32 (codebook, ema) and run enc.vq in FP32"));
+  CHECK_THAT(fix.summary, Catch::Contains("pinning it alone cannot help"));
+  CHECK_THAT(fix.python, Catch::StartsWith("model.enc.vq.codebook = model.enc.vq.codebook.float()"));
+  CHECK_THAT(fix.python, Catch::Contains("\nmodel.enc.vq.ema = model.enc.vq.ema.float()"));
+  CHECK_THAT(fix.python, !Catch::Contains("usage"));
+  CHECK_THAT(fix.python, Catch::Contains("\nampdiag.pin_fp32(model.enc.vq)"));
+  CHECK_THAT(fix.cpp, Catch::Contains("named_buffers(false)[\"codebook\"]; b.set_data(b.to(at::kFloat));"));
+}

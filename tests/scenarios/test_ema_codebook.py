@@ -12,11 +12,11 @@ from conftest import amp_training, rules
 
 
 class EmaCodebook(nn.Module):
-    def __init__(self, codes=2, dim=8, decay=0.9):
+    def __init__(self, codes=2, dim=8, decay=0.9, dtype=torch.float32):
         super().__init__()
         self.decay = decay
-        self.register_buffer("codebook", torch.randn(codes, dim))
-        self.register_buffer("cluster_size", torch.ones(codes))
+        self.register_buffer("codebook", torch.randn(codes, dim).to(dtype))
+        self.register_buffer("cluster_size", torch.ones(codes, dtype=dtype))
         self.register_buffer("embed_sum", self.codebook.clone())
 
     def forward(self, z):
@@ -33,10 +33,10 @@ class EmaCodebook(nn.Module):
 
 
 class VqAutoencoder(nn.Module):
-    def __init__(self, gain):
+    def __init__(self, gain, buffers=torch.float32):
         super().__init__()
         self.enc = nn.Linear(16, 8)
-        self.vq = EmaCodebook()
+        self.vq = EmaCodebook(dtype=buffers)
         self.dec = nn.Linear(8, 16)
         with torch.no_grad():
             self.enc.weight.mul_(gain)
@@ -45,12 +45,13 @@ class VqAutoencoder(nn.Module):
         return self.dec(self.vq(self.enc(x)))
 
 
-def train(db, gain, pin=False, steps=12):
+def train(db, gain, pin=False, steps=12, buffers=torch.float32, fix=""):
     import ampdiag
     torch.manual_seed(0)
-    model = VqAutoencoder(gain)
+    model = VqAutoencoder(gain, buffers)
     if pin:
         ampdiag.pin_fp32(model.vq)
+    exec(fix, {"model": model, "ampdiag": ampdiag, "torch": torch})
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def loss_of(g):
@@ -84,3 +85,38 @@ def test_an_ema_codebook_at_a_standard_scale_trains_healthy(tmp_path, verdict):
     train(db, gain=1.0)
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
+
+
+
+def half_buffers_report(tmp_path, verdict):
+    db = tmp_path / "vq_half.db"
+    train(db, gain=1000.0, buffers=torch.float16)
+    return verdict(db)
+
+
+def test_float16_buffers_written_inf_are_told_to_be_stored_in_float32_before_the_pin(tmp_path, verdict):
+    code, rep = half_buffers_report(tmp_path, verdict)
+    assert code == 1
+    top = rep["findings"][0]
+    assert (top["rule"], top["module"]) == ("forward-nonfinite", "vq")
+    assert "(float16: " in top["evidence"]
+    fix = top["suggestions"][0]
+    assert fix["summary"].startswith("Keep vq's buffers in float32 (")
+    assert "model.vq.embed_sum = model.vq.embed_sum.float()" in fix["python"]
+    assert "\nampdiag.pin_fp32(model.vq)" in fix["python"]
+
+
+def test_float16_buffers_under_the_pin_alone_still_take_inf(tmp_path, verdict):
+    db = tmp_path / "pinned.db"
+    train(db, gain=1000.0, pin=True, buffers=torch.float16)
+    _, rep = verdict(db)
+    assert ("forward-nonfinite", "vq") in rules(rep)
+
+
+def test_float16_buffers_train_healthy_with_the_fix_as_the_report_writes_it(tmp_path, verdict):
+    _, rep = half_buffers_report(tmp_path, verdict)
+    fix = rep["findings"][0]["suggestions"][0]["python"].split("\n# or in plain torch")[0]
+    db = tmp_path / "fixed.db"
+    train(db, gain=1000.0, buffers=torch.float16, fix=fix)
+    code, fixed = verdict(db)
+    assert ("forward-nonfinite", "vq") not in rules(fixed), fixed["findings"]
