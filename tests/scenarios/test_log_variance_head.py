@@ -52,8 +52,12 @@ def test_a_log_variance_head_whose_later_skips_come_through_its_output_is_named_
     assert first["suggestions"][0]["python"].startswith("ampdiag.pin_fp32(model.logvar)")
 
 
-def test_the_same_head_pinned_to_fp32_is_healthy(tmp_path, verdict):
+def test_the_same_head_pinned_to_fp32_passes_the_gate_with_nothing_on_the_head(tmp_path, verdict):
+    # Not always "healthy": the falling variance also scales mu's gradient by 1/exp(logvar),
+    # and on some CPUs' kernels (an AMD EPYC's) mu's own fp16 backward then backs the scale
+    # off to 256 by step 115, which the report rightly warns of.
     db = tmp_path / "run.db"
     train(db, True)
     code, report = verdict(db)
-    assert (code, report["healthy"]) == (0, True), report["findings"]
+    assert code == 0, report["findings"]
+    assert [f for f in report["findings"] if f["module"] == "logvar" or f["severity"] == "error"] == []
