@@ -4,7 +4,6 @@
 #include <cmath>
 #include <map>
 #include <string>
-#include <vector>
 
 #include <cstdio>
 
@@ -14,6 +13,7 @@
 #include "forward_recurrence.h"
 #include "module_code.h"
 #include "rules.h"
+#include "buffers_fix.h"
 #include "suggestions.h"
 
 namespace ampdiag::analyzer::rules {
@@ -282,81 +282,6 @@ std::string own_code_place(const Run& run, const std::string& owner, const std::
   if (!run.module_named(first_seen)) return "";
   const std::string after = own_code_after(run, owner, first_seen);
   return after.empty() ? "before " + first_seen : "between " + after + " and " + first_seen;
-}
-
-// The buffers of a "buffers-nan" list ("codebook (float16: 7 of 2048 values Inf, finite at
-// attach()), ema (float32: ...)") stored in float16 or bfloat16: a pin changes how the module
-// computes, not what dtype its buffers keep.
-std::vector<std::string> half_precision_buffers(const std::string& buffers) {
-  std::vector<std::string> names;
-  std::string name;
-  int depth = 0;
-  for (std::size_t i = 0; i < buffers.size(); ++i) {
-    const char c = buffers[i];
-    if (c == '(' && depth++ == 0) {
-      const std::string inside = buffers.substr(i + 1, 9);
-      while (!name.empty() && name.back() == ' ') name.pop_back();
-      if (inside.rfind("float16:", 0) == 0 || inside.rfind("bfloat16:", 0) == 0) names.push_back(name);
-    } else if (c == ')') {
-      --depth;
-    } else if (depth == 0) {
-      if (c == ',') name.clear();
-      else if (c != ' ' || !name.empty()) name += c;
-    }
-  }
-  return names;
-}
-
-// The lines that store `names` of the module at `path` in float32 from now on.
-void keep_buffers_float32(Suggestion& pin, const std::string& path, const std::vector<std::string>& names) {
-  const std::string attr = suggest::python_attribute(path);
-  std::string python, cpp;
-  for (const std::string& b : names) {
-    python += attr + "." + b + " = " + attr + "." + b + ".float()  # or register_buffer(..., dtype=torch.float32)\n";
-    cpp += "{ at::Tensor b = module->named_buffers(false)[\"" + b + "\"]; b.set_data(b.to(at::kFloat)); }\n";
-  }
-  pin.python = python + pin.python;
-  pin.cpp = "// module: the one at " + path + "; its half-precision buffers in float32, then its pin\n" + cpp + pin.cpp;
-}
-
-// Replacing them: a BatchNorm's running statistics are reset (and recomputed in train
-// mode); any other buffer is named for the user to restore. Buffers a step wrote Inf into
-// are computed in FP32 from then on: the module's pin, as its forward updates them, and
-// half-precision ones stored in float32, which the pin alone leaves as they are.
-Suggestion buffers_fix(const Run& run, const std::string& path, const std::string& buffers) {
-  const std::string name = path.empty() ? "the model" : path;
-  if (buffers_went_inf(buffers) && !path.empty()) {
-    Suggestion pin = suggest::pin_fp32(run, path);
-    if (const auto half = half_precision_buffers(buffers); !half.empty()) {
-      keep_buffers_float32(pin, path, half);
-      std::string listed;
-      for (const std::string& b : half) listed += (listed.empty() ? "" : ", ") + b;
-      pin.summary = "Keep " + name + "'s buffers in float32 (" + listed + ") and run " + name +
-                    " in FP32 (autocast off around it, its floating-point inputs cast to float32). They held no Inf "
-                    "at attach(), so a step wrote values beyond range into them: a half-precision buffer holds no "
-                    "value beyond 65504 (float16) and rounds what its update computes, whatever dtype the module "
-                    "computes in, so pinning it alone cannot help. Start from buffers without Inf: a new run, or a "
-                    "checkpoint from before.";
-      return pin;
-    }
-    pin.summary = "Update " + name + "'s buffers in FP32: run " + name +
-                  " in FP32 (autocast off around it, its floating-point inputs cast to float32). They held no Inf at "
-                  "attach(), so a step wrote values beyond range into them: a float32 buffer reaches Inf only past "
-                  "3.4e38, or from a value computed in float16, as autocast computes a matmul or a convolution in its "
-                  "forward (an EMA codebook's sum of a batch's vectors, one-hot times z, passes 65504). Start from "
-                  "buffers without Inf: a new run, or a checkpoint from before.";
-    return pin;
-  }
-  if (buffers.find("running_var") != std::string::npos || buffers.find("running_mean") != std::string::npos)
-    return {"Reset " + name + "'s running statistics, which a checkpoint saved after a NaN batch (or an earlier step's "
-                "NaN in train mode) left NaN: reset_running_stats(), then a few batches in train mode to recompute "
-                "them, or load a checkpoint from before; pinning it to FP32 cannot help.",
-            suggest::python_attribute(path) + ".reset_running_stats()",
-            "// the BatchNorm module at " + path + ":\nbn->reset_running_stats();", ""};
-  return {"Restore " + name + "'s buffers (" + buffers +
-              "): a checkpoint, or an earlier step's NaN, wrote NaN into them, and every output made from them is NaN; "
-              "pinning it to FP32 cannot help.",
-          "", "", ""};
 }
 
 // The model's own output NaN/Inf while every module's output was finite (the Python agent

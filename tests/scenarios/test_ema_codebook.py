@@ -87,7 +87,6 @@ def test_an_ema_codebook_at_a_standard_scale_trains_healthy(tmp_path, verdict):
     assert code == 0, rep["findings"]
 
 
-
 def half_buffers_report(tmp_path, verdict):
     db = tmp_path / "vq_half.db"
     train(db, gain=1000.0, buffers=torch.float16)
