@@ -12,18 +12,18 @@ namespace ampdiag::analyzer::rules {
 namespace {
 
 // The buffers of a "buffers-nan" list ("codebook (float16: 7 of 2048 values Inf, finite at
-// attach()), ema (float32: ...)") stored in float16 or bfloat16: a pin changes how the module
-// computes, not what dtype its buffers keep.
-std::vector<std::string> half_precision_buffers(const std::string& buffers) {
+// attach()), ema (float32: ...)") stored in `dtype`: a pin changes how the module computes,
+// not what dtype its buffers keep.
+std::vector<std::string> buffers_stored_in(const std::string& buffers, const std::string& dtype) {
+  const std::string tag = dtype + ":";
   std::vector<std::string> names;
   std::string name;
   int depth = 0;
   for (std::size_t i = 0; i < buffers.size(); ++i) {
     const char c = buffers[i];
     if (c == '(' && depth++ == 0) {
-      const std::string inside = buffers.substr(i + 1, 9);
       while (!name.empty() && name.back() == ' ') name.pop_back();
-      if (inside.rfind("float16:", 0) == 0 || inside.rfind("bfloat16:", 0) == 0) names.push_back(name);
+      if (buffers.compare(i + 1, tag.size(), tag) == 0) names.push_back(name);
     } else if (c == ')') {
       --depth;
     } else if (depth == 0) {
@@ -43,7 +43,7 @@ void keep_buffers_float32(Suggestion& pin, const std::string& path, const std::v
     cpp += "{ at::Tensor b = module->named_buffers(false)[\"" + b + "\"]; b.set_data(b.to(at::kFloat)); }\n";
   }
   pin.python = python + pin.python;
-  pin.cpp = "// module: the one at " + path + "; its half-precision buffers in float32, then its pin\n" + cpp + pin.cpp;
+  pin.cpp = "// module: the one at " + path + "; its float16 buffers in float32, then its pin\n" + cpp + pin.cpp;
 }
 
 }  // namespace
@@ -51,24 +51,26 @@ void keep_buffers_float32(Suggestion& pin, const std::string& path, const std::v
 // Replacing them: a BatchNorm's running statistics are reset (and recomputed in train
 // mode); any other buffer is named for the user to restore. Buffers a step wrote Inf into
 // are computed in FP32 from then on: the module's pin, as its forward updates them, and
-// half-precision ones stored in float32, which the pin alone leaves as they are.
+// float16 ones stored in float32, which the pin alone leaves as they are. A bfloat16 buffer
+// already has float32's range: computed in FP32, its update is finite again.
 Suggestion buffers_fix(const Run& run, const std::string& path, const std::string& buffers) {
   const std::string name = path.empty() ? "the model" : path;
   if (buffers_went_inf(buffers) && !path.empty()) {
     Suggestion pin = suggest::pin_fp32(run, path);
-    const std::vector<std::string> half = half_precision_buffers(buffers);
+    const std::vector<std::string> half = buffers_stored_in(buffers, "float16");
     std::string listed;
     for (const std::string& b : half) listed += (listed.empty() ? "" : ", ") + b;
+    const std::string wide =
+        buffers_stored_in(buffers, "bfloat16").empty() ? "a float32 buffer" : "a float32 or bfloat16 buffer";
     pin.summary = (half.empty() ? "Update " + name + "'s buffers in FP32: run " + name
-                                : "Keep " + name + "'s buffers in float32 (" + listed + ") and run " + name) +
+                                : "Keep " + name + "'s float16 buffers in float32 (" + listed + ") and run " + name) +
                   " in FP32 (autocast off around it, its floating-point inputs cast to float32). They held no Inf at "
                   "attach(), so a step wrote values beyond range into them: " +
-                  (half.empty() ? "a float32 buffer reaches Inf only past 3.4e38, or from a value computed in float16, "
+                  (half.empty() ? wide + " reaches Inf only past 3.4e38, or from a value computed in float16, "
                                   "as autocast computes a matmul or a convolution in its forward (an EMA codebook's "
                                   "sum of a batch's vectors, one-hot times z, passes 65504)"
-                                : "a half-precision buffer holds no value beyond 65504 (float16) and rounds what its "
-                                  "update computes, whatever dtype the module computes in, so pinning it alone cannot "
-                                  "help") +
+                                : "a float16 buffer holds no value beyond 65504 and rounds what its update computes, "
+                                  "whatever dtype the module computes in, so pinning it alone cannot help") +
                   ". Start from buffers without Inf: a new run, or a checkpoint from before.";
     if (!half.empty()) keep_buffers_float32(pin, path, half);
     return pin;

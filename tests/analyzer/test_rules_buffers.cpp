@@ -60,7 +60,7 @@ TEST_CASE("a buffer that training wrote Inf into is updated in FP32: the module'
   CHECK_THAT(fw->suggestions.front().python, Catch::StartsWith("ampdiag.pin_fp32(model.vq)"));
 }
 
-TEST_CASE("a half-precision buffer that training wrote Inf into is stored in float32, not only pinned", "[rules][replay]") {
+TEST_CASE("a float16 buffer that training wrote Inf into is stored in float32, not only pinned", "[rules][replay]") {
   // An EMA kept in a float16 buffer: autocast off around the module still adds into float16,
   // so the fix names the buffers to keep in float32 before the pin.
   TempDir dir;
@@ -79,11 +79,32 @@ TEST_CASE("a half-precision buffer that training wrote Inf into is stored in flo
   REQUIRE(fw != nullptr);
   REQUIRE_FALSE(fw->suggestions.empty());
   const Suggestion& fix = fw->suggestions.front();
-  CHECK_THAT(fix.summary, Catch::StartsWith("Keep enc.vq's buffers in float32 (codebook, ema) and run enc.vq in FP32"));
+  CHECK_THAT(fix.summary, Catch::StartsWith("Keep enc.vq's float16 buffers in float32 (codebook) and run enc.vq in FP32"));
   CHECK_THAT(fix.summary, Catch::Contains("pinning it alone cannot help"));
   CHECK_THAT(fix.python, Catch::StartsWith("model.enc.vq.codebook = model.enc.vq.codebook.float()"));
-  CHECK_THAT(fix.python, Catch::Contains("\nmodel.enc.vq.ema = model.enc.vq.ema.float()"));
+  CHECK_THAT(fix.python, !Catch::Contains("ema ="));
   CHECK_THAT(fix.python, !Catch::Contains("usage"));
   CHECK_THAT(fix.python, Catch::Contains("\nampdiag.pin_fp32(model.enc.vq)"));
   CHECK_THAT(fix.cpp, Catch::Contains("named_buffers(false)[\"codebook\"]; b.set_data(b.to(at::kFloat));"));
+}
+
+TEST_CASE("a bfloat16 buffer that training wrote Inf into gets the pin alone: it has float32's range", "[rules][replay]") {
+  // Its Inf came from a float16 value (the update's matmul under autocast): computed in FP32,
+  // the same update fits a bfloat16 buffer.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"enc.weight", "dec.weight"});
+  f.replay("vq", "intrinsic").event("buffers-nan", "vq: ema (bfloat16: 3 of 64 values Inf, finite at attach())");
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2)
+    f.activation("enc", false).activation("vq", true).step(scale, scale / 2, 1000, {"dec.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding* fw = find(r, "forward-nonfinite");
+  REQUIRE(fw != nullptr);
+  REQUIRE_FALSE(fw->suggestions.empty());
+  const Suggestion& fix = fw->suggestions.front();
+  CHECK_THAT(fix.summary, Catch::StartsWith("Update vq's buffers in FP32: run vq in FP32"));
+  CHECK_THAT(fix.summary, Catch::Contains("a float32 or bfloat16 buffer reaches Inf only past 3.4e38"));
+  CHECK_THAT(fix.summary, !Catch::Contains("cannot help"));
+  CHECK_THAT(fix.python, Catch::StartsWith("ampdiag.pin_fp32(model.vq)"));
 }

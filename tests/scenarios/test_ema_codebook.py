@@ -100,7 +100,7 @@ def test_float16_buffers_written_inf_are_told_to_be_stored_in_float32_before_the
     assert (top["rule"], top["module"]) == ("forward-nonfinite", "vq")
     assert "(float16: " in top["evidence"]
     fix = top["suggestions"][0]
-    assert fix["summary"].startswith("Keep vq's buffers in float32 (")
+    assert fix["summary"].startswith("Keep vq's float16 buffers in float32 (")
     assert "model.vq.embed_sum = model.vq.embed_sum.float()" in fix["python"]
     assert "\nampdiag.pin_fp32(model.vq)" in fix["python"]
 
@@ -119,3 +119,22 @@ def test_float16_buffers_train_healthy_with_the_fix_as_the_report_writes_it(tmp_
     train(db, gain=1000.0, buffers=torch.float16, fix=fix)
     code, fixed = verdict(db)
     assert ("forward-nonfinite", "vq") not in rules(fixed), fixed["findings"]
+
+
+def test_bfloat16_buffers_written_inf_are_told_the_pin_alone(tmp_path, verdict):
+    db = tmp_path / "vq_bf16.db"
+    train(db, gain=1000.0, buffers=torch.bfloat16)
+    code, rep = verdict(db)
+    assert code == 1
+    top = rep["findings"][0]
+    assert (top["rule"], top["module"]) == ("forward-nonfinite", "vq")
+    assert "(bfloat16: " in top["evidence"]
+    assert top["suggestions"][0]["python"].startswith("ampdiag.pin_fp32(model.vq)")
+
+
+def test_bfloat16_buffers_under_the_pin_alone_stay_finite(tmp_path, verdict):
+    # bfloat16 has float32's range: the Inf was the float16 matmul's, which the pin removes.
+    db = tmp_path / "vq_bf16_pinned.db"
+    train(db, gain=1000.0, pin=True, buffers=torch.bfloat16)
+    _, rep = verdict(db)
+    assert ("forward-nonfinite", "vq") not in rules(rep), rep["findings"]
