@@ -264,9 +264,14 @@ std::optional<SenderCode> sender_code_in(const Run& run, const std::vector<Findi
 // gradients reaching `module` passed back through it. Both probed, by their places in forward;
 // else (a LibTorch model whose modules no agent.forward() ran) it is `module` itself or one of
 // `ran_before`, the modules whose gradient arrived before `module`'s first NaN/Inf one in its
-// skips. None where there is none.
+// skips. None where there is none. `inside`, where given, says whether that layer is inside
+// `module` itself.
 std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& module,
-                                             const std::set<std::string>& ran_before);
+                                             const std::set<std::string>& ran_before, bool* inside = nullptr);
+// Puts `reinit` before the finding's look for a singular function in its backward, which it
+// rewords as the other case, and says in the evidence how near fp16's range (`fp_max`) the
+// gradients came where they stayed finite (`true_max`). False where there is no such look.
+bool lead_the_look(const Suggestion& reinit, double true_max, double fp_max, Finding& f);
 // Turns a pin that follows such a re-initialisation ("Run X in FP32 ...") into the fix for a
 // gain that is there by design ("Where that gain is by design, run X in FP32 ...").
 void by_design(Suggestion& pin);

@@ -558,13 +558,21 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         // above leads, and the re-initialisation is for the other case (an ODE's function,
         // run 24 times a forward, whose output layer starts 3000 times too large).
         const bool unproven = at_any_scale && !too_large && products.empty() && replay.outcome != "finite";
+        bool inside = false;
         std::optional<Suggestion> reinit =
-            too_large ? std::nullopt : reinitialise_after(run, module, modules_after(run, m.layers, m.ran_before));
-        if (reinit && unproven) {
+            too_large ? std::nullopt
+                      : reinitialise_after(run, module, modules_after(run, m.layers, m.ran_before), &inside);
+        // Unless the oversized layer is inside the module and its finite steps' true gradients
+        // already came within a tenth of the range: then the gain is the likelier cause, and
+        // its re-initialisation goes before the look (an ODE's function whose output layer
+        // starts 3000 times too large, its gradients up to 23392 unscaled).
+        const bool gain_leads = reinit && unproven && inside && true_largest.value >= run.fp_max / 10.0 &&
+                                lead_the_look(*reinit, true_largest.value, run.fp_max, f);
+        if (reinit && unproven && !gain_leads) {
           reinit->summary[0] = char(std::tolower(static_cast<unsigned char>(reinit->summary[0])));
           reinit->summary = "If instead its true gradients are the ones beyond fp16: " + reinit->summary;
         }
-        if (reinit) f.suggestions.push_back(*reinit);
+        if (reinit && !gain_leads) f.suggestions.push_back(*reinit);
         if (!pin_with_own_overflows(run, module, place, m.steps, !too_large && !at_any_scale, f)) {
           f.suggestions.push_back(suggest::fp32_at(run, module, row));
           if (unproven && !reinit)

@@ -237,8 +237,20 @@ void by_design(Suggestion& pin) {
   pin.summary = "Where that gain is by design, " + pin.summary;
 }
 
+bool lead_the_look(const Suggestion& reinit, double true_max, double fp_max, Finding& f) {
+  const std::string look = "Look first at the backward of ";
+  const auto it = std::find_if(f.suggestions.begin(), f.suggestions.end(),
+                               [&](const Suggestion& s) { return s.summary.rfind(look, 0) == 0; });
+  if (it == f.suggestions.end()) return false;
+  it->summary = "If the gain is not the whole cause, look at the backward of " + it->summary.substr(look.size());
+  f.suggestions.insert(it, reinit);
+  f.evidence += "; in the steps where they stayed finite its gradients reached " + fmt(true_max) + " unscaled, " +
+                std::to_string(std::lround(100.0 * true_max / fp_max)) + "% of fp16's " + fmt(fp_max);
+  return true;
+}
+
 std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& module,
-                                             const std::set<std::string>& ran_before) {
+                                             const std::set<std::string>& ran_before, bool* inside) {
   if (module.empty()) return std::nullopt;
   for (const Oversized& o : oversized_layers(run)) {
     const std::string& maker = o.module;
@@ -248,13 +260,17 @@ std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& 
     const bool after = suggest::within(maker, module) ||
                        (run.module_named(module) && run.module_named(maker) ? run.finishes_at_or_after(maker, module)
                                                                             : ran_before.count(maker) > 0);
-    if (!maker.empty() && after)
-      return suggest::reinitialise(run, maker, o.scale,
-                                   maker == module ? "its outputs, and the gradients that follow from them, are "
-                                                     "about that many times larger"
-                                                   : "the gradients that pass back through it, down to " + module +
-                                                         "'s, are about that many times larger",
-                                   o.stacked);
+    if (maker.empty() || !after) continue;
+    const bool within = maker != module && suggest::within(maker, module);
+    if (inside) *inside = within;
+    return suggest::reinitialise(run, maker, o.scale,
+                                 maker == module ? "its outputs, and the gradients that follow from them, are about "
+                                                   "that many times larger"
+                                 : within        ? "the gradients that pass back through it, into the rest of " + module +
+                                                       ", are about that many times larger"
+                                                 : "the gradients that pass back through it, down to " + module +
+                                                       "'s, are about that many times larger",
+                                 o.stacked);
   }
   return std::nullopt;
 }
