@@ -555,17 +555,13 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         // At every scale, unless its replay was finite in FP32 or it is one of torch's modules
         // whose backward only multiplies and adds (`products`), a function whose gradient is
         // infinite somewhere (sqrt of 0) may make the NaN at any gain: the look at its backward
-        // above leads, and the re-initialisation is for the other case (an ODE's function,
-        // run 24 times a forward, whose output layer starts 3000 times too large).
+        // above leads, unless the oversized layer is inside the module and its finite steps'
+        // true gradients reached a tenth of the range (an ODE's function whose output layer
+        // starts 3000 times too large, its gradients up to 23392 unscaled).
         const bool unproven = at_any_scale && !too_large && products.empty() && replay.outcome != "finite";
         bool inside = false;
         std::optional<Suggestion> reinit =
-            too_large ? std::nullopt
-                      : reinitialise_after(run, module, modules_after(run, m.layers, m.ran_before), &inside);
-        // Unless the oversized layer is inside the module and its finite steps' true gradients
-        // already came within a tenth of the range: then the gain is the likelier cause, and
-        // its re-initialisation goes before the look (an ODE's function whose output layer
-        // starts 3000 times too large, its gradients up to 23392 unscaled).
+            too_large ? std::nullopt : reinitialise_after(run, module, modules_after(run, m.layers, m.ran_before), &inside);
         const bool gain_leads = reinit && unproven && inside && true_largest.value >= run.fp_max / 10.0 &&
                                 lead_the_look(*reinit, true_largest.value, run.fp_max, f);
         if (reinit && unproven && !gain_leads) {
