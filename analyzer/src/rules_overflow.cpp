@@ -13,6 +13,7 @@
 
 #include "ampdiag/analyzer/causes.h"
 #include "ampdiag/rundb/module_paths.h"
+#include "backward_order.h"
 #include "code_after_fixes.h"
 #include "loss_code.h"
 #include "loss_size_fixes.h"
@@ -50,51 +51,6 @@ std::string counted_skips(const Run& run) {
 // that makes NaN/Inf by design (a -inf mask) while the loss stayed finite.
 bool forward_failed(const Run& run, const StepSummary& s) {
   return step_cause(run, s).forward != ForwardSource::kNone || run.loss_nonfinite(s.row);
-}
-
-// Probed modules holding no parameter that finished their forward after `first`'s module
-// and before `last_finite`'s: a gradient going from one layer to the other in backward
-// passes through their backward too. Read back from `last_finite`'s module through the
-// module that finished just before each in the last forward with every call's row, which
-// must reach `first`'s (else none: they ran in different forwards, or too far apart to
-// say). Without such forwards, by module ids, which follow the order modules first
-// finished: a module first called later (an expert, a branch) comes after them all. At
-// most a few, by path.
-void parameterless_between(const Run& run, const rundb::LayerRow& first, const rundb::LayerRow& last_finite,
-                           std::set<std::string>& out) {
-  const ModuleSummary* from = run.module_named(first.module_path);
-  const ModuleSummary* to = run.module_named(last_finite.module_path);
-  if (!from || !to) return;
-  std::vector<std::string> found;
-  if (to->position >= 0) {
-    constexpr int kHops = 64;
-    std::int64_t id = to->before_last;
-    for (int hop = 0; id != from->info.id; ++hop) {
-      if (id < 0 || hop == kHops) return;
-      const ModuleSummary& m = run.modules[std::size_t(id)];
-      if (!holds_parameters(run, m.info.path)) found.push_back(m.info.path);
-      id = m.before_last;
-    }
-    std::reverse(found.begin(), found.end());  // nearest `first`'s first, as by ids
-  } else {
-    for (std::int64_t id = from->info.id + 1; id < to->info.id; ++id) {
-      const std::string& path = run.modules[std::size_t(id)].info.path;
-      if (!holds_parameters(run, path)) found.push_back(path);
-    }
-  }
-  for (const auto& path : found)
-    if (out.size() < 3) out.insert(path);
-}
-
-// `ran_before`, and the modules holding a layer whose finite gradient arrived before the NaN/Inf
-// one of a layer in `first` (layer id -> times first) in a step where that went first
-// (Run::arrived_before): their backward ran before, so they come after it in forward.
-std::set<std::string> modules_after(const Run& run, const std::map<std::int64_t, std::int64_t>& first,
-                                     std::set<std::string> ran_before) {
-  for (const auto& [layer, times] : first)
-    if (const auto it = run.arrived_before.find(layer); it != run.arrived_before.end())
-      for (const std::int64_t id : it->second) ran_before.insert(suggest::module_for_layer(run, run.layers[std::size_t(id)].info));
-  return ran_before;
 }
 
 // Skipped steps whose NaN/Inf gradients no hook saw arrive: naming a first one would be a

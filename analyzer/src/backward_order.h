@@ -1,0 +1,25 @@
+// Which modules a gradient passed through in backward, read from the forward's order: those
+// without parameters between two layers (a pairwise distance), and those that ran after a
+// module in forward (their backward ran before its own).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+
+#include "ampdiag/analyzer/run.h"
+
+namespace ampdiag::analyzer::rules {
+
+// Probed modules holding no parameter between `first`'s module and `last_finite`'s, added
+// to `out` (at most three in all).
+void parameterless_between(const Run& run, const rundb::LayerRow& first, const rundb::LayerRow& last_finite,
+                           std::set<std::string>& out);
+
+// `ran_before` and the modules whose finite gradients arrived before the NaN/Inf ones of the
+// layers in `first` (layer id -> times first).
+std::set<std::string> modules_after(const Run& run, const std::map<std::int64_t, std::int64_t>& first,
+                                     std::set<std::string> ran_before);
+
+}  // namespace ampdiag::analyzer::rules
