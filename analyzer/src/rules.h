@@ -264,8 +264,8 @@ std::optional<SenderCode> sender_code_in(const Run& run, const std::vector<Findi
 // gradients reaching `module` passed back through it. Both probed, by their places in forward;
 // else (a LibTorch model whose modules no agent.forward() ran) it is `module` itself or one of
 // `ran_before`, the modules whose gradient arrived before `module`'s first NaN/Inf one in its
-// skips. None where there is none. `inside`, where given, says whether that layer is inside
-// `module` itself.
+// skips. None where there is none. `inside`, where given, says whether that layer is
+// `module`'s own or inside it.
 std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& module,
                                              const std::set<std::string>& ran_before, bool* inside = nullptr);
 // Puts `reinit` before the finding's look for a singular function in its backward, which it

@@ -1,6 +1,7 @@
 // forward-nonfinite: the first module whose output is NaN/Inf in forward, confirmed or
 // cleared by the agent's FP32 replays (causes.h), and the NaN/Inf loss made after the modules.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <string>
@@ -477,6 +478,17 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
       f.evidence += module_code_evidence(run, path);
       const std::vector<Suggestion> own = own_code_fixes(run, path, cause.fp32_absmax);
       f.suggestions.insert(f.suggestions.begin(), own.begin(), own.end());
+      // Beyond fp16's range in FP32 too, from weights of its own that start far too large (a
+      // tied LM head 6e4 times too large: logits up to 89850): no pin of it alone helps, and
+      // the gain is the cause; the confirmed fixes stay, for a gain by design.
+      bool its_own = false;
+      if (own.empty() && suggest::beyond_fp16(run, cause.fp32_absmax))
+        if (auto reinit = reinitialise_after(run, path, {}, &its_own); reinit && its_own) {
+          Suggestion& next = f.suggestions.front();
+          next.summary[0] = char(std::tolower(static_cast<unsigned char>(next.summary[0])));
+          next.summary = "Where that gain is by design, " + next.summary;
+          f.suggestions.insert(f.suggestions.begin(), *reinit);
+        }
     } else if (!path.empty()) {
       f.suggestions.push_back(suggest::pin_fp32(run, path));
     } else if (!cause.own_code) {

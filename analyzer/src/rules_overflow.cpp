@@ -489,9 +489,19 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
         for (std::size_t k = 1; after_a_pin && k < senders.paths.size(); ++k)
           f.suggestions.back().summary += " " + senders.paths[k] + " sent them too: it is pinned with them.";
         if (!sent && user.empty()) {
+          // That code passed the gradient back through a layer after the module whose weights
+          // start far too large (LFM2's tied LM head 3e4 times too large: the gradient reaching
+          // a feed-forward's output overflowed): its gain is the cause, and the pins are for a
+          // gain by design.
+          const std::optional<Suggestion> reinit =
+              was_pinned ? std::nullopt : reinitialise_after(run, module, modules_after(run, m.layers, m.ran_before));
+          if (reinit) f.suggestions.push_back(*reinit);
           if (auto bound = bound_exp_parameter(run, module)) f.suggestions.push_back(*bound);
+          const std::size_t pin_at = f.suggestions.size();
           for (Suggestion& fix : code_after_fixes(run, module, code_after, was_pinned))
             f.suggestions.push_back(std::move(fix));
+          if (reinit && pin_at < f.suggestions.size() && f.suggestions[pin_at].summary.rfind("Run ", 0) == 0)
+            by_design(f.suggestions[pin_at]);
         } else if (!sent) {  // a module that sent them is the code after it, and its pin covers that code
           f.suggestions.push_back(suggest::fp32_model_code(run, "that uses " + module + "'s output", ""));
           std::string& also = f.suggestions.back().summary;

@@ -262,7 +262,7 @@ std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& 
                                                                             : ran_before.count(maker) > 0);
     if (maker.empty() || !after) continue;
     const bool within = maker != module && suggest::within(maker, module);
-    if (inside) *inside = within;
+    if (inside) *inside = maker == module || within;
     return suggest::reinitialise(run, maker, o.scale,
                                  maker == module ? "its outputs, and the gradients that follow from them, are about "
                                                    "that many times larger"

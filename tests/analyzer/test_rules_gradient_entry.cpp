@@ -178,14 +178,14 @@ namespace {
 // in forward, and `oversized`'s weights read at a gain of 7000. `replay`: the agent's backward
 // replay of `first` at the 18th skip, where given.
 Report own_overflow_run(const std::string& first, const std::string& oversized, int skips = 12,
-                        const std::string& replay = "") {
+                        const std::string& replay = "", const std::string& seen = "finite") {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"enc.weight", "head.weight"});
   f.weight_norm(oversized + ".weight", 8.0 * 7000.0);  // [64, 64]
   double scale = 65536;
   for (int i = 0; i < skips; ++i, scale /= 2) {
     f.activation("enc", false, 3.0).activation("head", false, 10.0);
-    if (i == 2) f.event("module-output-gradient", first + ": finite");
+    if (i == 2) f.event("module-output-gradient", first + ": " + seen);
     if (i == 17 && !replay.empty()) f.event("backward-replay", first + ": " + replay);
     f.finite_first({first == "enc" ? "head.weight" : "enc.weight"}).step(scale, scale / 2, 1000, {first + ".weight"});
   }
@@ -209,6 +209,21 @@ TEST_CASE("a module whose own backward overflowed on gradients that passed throu
                                "through it, down to enc's, are about that many times larger."));
   CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Where that gain is by design, run enc in FP32"));
   CHECK_THAT(o.suggestions[2].summary, Catch::Contains("bfloat16"));
+}
+
+TEST_CASE("a NaN/Inf that reached a module through its output, from code after it that passes the gradient back "
+          "through weights far too large, gets their re-initialisation first",
+          "[rules][gradient-entry]") {
+  // LFM2 with its tied LM head 3e4 times too large: the gradient reaching the last
+  // feed-forward's output overflowed in the model's own code after it (a residual add, the
+  // final norm, the head), and the report had led with the feed-forward's pin.
+  const Report r = own_overflow_run("enc", "head", 12, "", "nonfinite");
+  const Finding& o = required(r, "overflow-origin");
+  CHECK_THAT(o.title, Catch::Contains("they reach it through its output"));
+  REQUIRE(o.suggestions.size() >= 3);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Initialise head at a standard scale"));
+  CHECK_THAT(o.suggestions[0].summary, Catch::Contains("down to enc's"));
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("Where that gain is by design, run enc in FP32 (pinned"));
 }
 
 TEST_CASE("a backward NaN at every scale yet finite replayed in FP32, on gradients that passed through weights far "

@@ -130,6 +130,42 @@ TEST_CASE("a forward overflow after weights that start far too large keeps its o
   for (const auto& s : required(r, "forward-nonfinite").suggestions) CHECK_THAT(s.summary, !Catch::StartsWith("Initialise"));
 }
 
+TEST_CASE("a forward overflow beyond fp16's range even in FP32 from the module's own oversized weights leads with them",
+          "[rules][oversized-weights]") {
+  // A tied LM head 6e4 times too large: its FP32 output reaches 89850, so no pin of it alone
+  // helps, and its weights are the cause; the confirmed fixes stay, for a gain by design.
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kNet, 0, 1, "float32");
+  for (const auto& name : kNet) f.weight_norm(name, name == "head.weight" ? 8.0 * 9590 : 2.4);
+  f.finite_replay("head", 89849.9);
+  double scale = 65536;
+  for (int i = 0; i < 6; ++i, scale /= 2)
+    f.activation("a", false).activation("b", false).activation("head", true).step(scale, scale / 2, 1000, {}, kNaN);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& fw = required(r, "forward-nonfinite");
+  CHECK(fw.module == "head");
+  REQUIRE(fw.suggestions.size() >= 2);
+  CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Initialise head at a standard scale"));
+  CHECK_THAT(fw.suggestions[1].summary, Catch::StartsWith("Where that gain is by design, train in bfloat16"));
+}
+
+TEST_CASE("a forward overflow beyond fp16's range after another module's oversized weights keeps its own fixes first",
+          "[rules][oversized-weights]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kNet, 0, 1, "float32");
+  for (const auto& name : kNet) f.weight_norm(name, name == "a.weight" ? 8.0 * 9590 : 2.4);
+  f.finite_replay("head", 89849.9);
+  double scale = 65536;
+  for (int i = 0; i < 6; ++i, scale /= 2)
+    f.activation("a", false).activation("b", false).activation("head", true).step(scale, scale / 2, 1000, {}, kNaN);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  const Finding& fw = required(r, "forward-nonfinite");
+  REQUIRE_FALSE(fw.suggestions.empty());
+  CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Train in bfloat16"));
+}
+
 TEST_CASE("weights far above a standard initialisation's gain in a run that never overflowed are information",
           "[rules][oversized-weights]") {
   TempDir dir;

@@ -23,9 +23,10 @@ class TiedLM(nn.Module):
         return self.head(self.norm(self.block(self.emb(ids))))
 
 
-def train_tied(db, std, steps=12):
+def train_tied(db, std, steps=12, fix=""):
     torch.manual_seed(0)
     model = TiedLM(std)
+    exec(fix, {"model": model, "torch": torch})
 
     def loss_of(g):
         ids = torch.randint(0, 128, (8, 24), generator=g)
@@ -49,3 +50,32 @@ def test_a_tied_head_at_a_standard_scale_is_not_oversized(tmp_path, verdict):
     code, rep = verdict(db)
     assert code == 0, rep["findings"]
     assert not [f for f in rep["findings"] if f["rule"] == "oversized-weights"]
+
+
+# Twice as large (6e4 times the standard table): the head's logits pass 65504 in FP32 too, so
+# every forward overflows fp16 at the head and no pin of the head alone can help. The report
+# led with bfloat16 and the head's pin with the code after it; it now leads with the head's
+# re-initialisation, and the report's own line applied trains healthy.
+
+def test_a_tied_head_whose_own_weights_overflow_it_even_in_fp32_is_re_initialised_first(tmp_path, verdict):
+    code, rep = overflowing_tied_run(tmp_path, verdict)
+    first = rep["findings"][0]
+    assert (code, first["rule"], first["module"]) == (1, "forward-nonfinite", "head")
+    assert "beyond fp16's largest value" in first["evidence"]
+    assert first["suggestions"][0]["python"].startswith('model.get_submodule("head").reset_parameters()')
+    assert first["suggestions"][1]["summary"].startswith("Where that gain is by design, ")
+
+
+def test_the_tied_head_trains_healthy_with_the_reports_re_initialisation(tmp_path, verdict):
+    _, rep = overflowing_tied_run(tmp_path, verdict)
+    reset = rep["findings"][0]["suggestions"][0]["python"].splitlines()[0]
+    db = tmp_path / "fixed.db"
+    train_tied(db, 0.02 * 6e4, fix=reset)
+    code, fixed = verdict(db)
+    assert code == 0, fixed["findings"]
+
+
+def overflowing_tied_run(tmp_path, verdict):
+    db = tmp_path / "overflowing.db"
+    train_tied(db, 0.02 * 6e4)
+    return verdict(db)
