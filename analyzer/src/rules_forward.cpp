@@ -478,11 +478,13 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
       f.evidence += module_code_evidence(run, path);
       const std::vector<Suggestion> own = own_code_fixes(run, path, cause.fp32_absmax);
       f.suggestions.insert(f.suggestions.begin(), own.begin(), own.end());
-      // Beyond fp16's range in FP32 too, from weights of its own that start far too large (a
-      // tied LM head 6e4 times too large: logits up to 89850): no pin of it alone helps, and
-      // the gain is the cause; the confirmed fixes stay, for a gain by design.
+      // Beyond fp16's range in FP32 too, from weights of its own that start far too large, with
+      // no module above it to pin with what uses its output (a tied LM head 6e4 times too
+      // large: logits up to 89850): nothing the replay confirmed is left to lead but bf16, and
+      // the gain is the likelier cause; the other fixes stay, for a gain by design. With such
+      // a module, its pin holds the overflow (a ViT block's MLP), and stays first.
       bool its_own = false;
-      if (own.empty() && suggest::beyond_fp16(run, cause.fp32_absmax))
+      if (own.empty() && suggest::beyond_fp16(run, cause.fp32_absmax) && suggest::range_parent(run, path).empty())
         if (auto reinit = reinitialise_after(run, path, {}, &its_own); reinit && its_own) {
           Suggestion& next = f.suggestions.front();
           next.summary[0] = char(std::tolower(static_cast<unsigned char>(next.summary[0])));

@@ -155,20 +155,25 @@ bool beyond_fp16(const Run& run, double fp32_absmax) {
   return run.fp16() && std::isfinite(fp32_absmax) && fp32_absmax > run.fp_max;
 }
 
+// The module whose call holds it: its nearest ancestor that ran (LoRA's lora_B.default sits
+// in a ModuleDict, a block's layers in a ModuleList, neither of which has a forward to
+// pin). Where none ran: a run of the Python agent, which watches every module, has none
+// to pin; another's (the C++ agent's probes) names the path above it.
+std::string range_parent(const Run& run, const std::string& module_path) {
+  std::string parent = ran_ancestor(run, module_path);
+  const auto dot = module_path.rfind('.');
+  if (parent.empty() && dot != std::string::npos && !python_agent(run))
+    parent = module_path.substr(0, dot);
+  return parent;
+}
+
 std::vector<Suggestion> confirmed_fixes(const Run& run, const std::string& module_path, double fp32_absmax) {
   if (!beyond_fp16(run, fp32_absmax)) {
     std::vector<Suggestion> fixes{pin_fp32(run, module_path)};
     if (run.fp16()) fixes.push_back(use_bf16(run));
     return fixes;
   }
-  // The module whose call holds it: its nearest ancestor that ran (LoRA's lora_B.default sits
-  // in a ModuleDict, a block's layers in a ModuleList, neither of which has a forward to
-  // pin). Where none ran: a run of the Python agent, which watches every module, has none
-  // to pin; another's (the C++ agent's probes) names the path above it.
-  std::string parent = ran_ancestor(run, module_path);
-  const auto dot = module_path.rfind('.');
-  if (parent.empty() && dot != std::string::npos && !python_agent(run))
-    parent = module_path.substr(0, dot);
+  const std::string parent = range_parent(run, module_path);
   if (parent.empty()) {
     Suggestion alone = pin_fp32(run, module_path);
     alone.summary = "Or run " + module_path + " in FP32 together with the code that uses its output: its FP32 output "

@@ -28,6 +28,9 @@ bool beyond_fp16(const Run& run, double fp32_absmax);
 // then fc2; T5's wo feeds a float32 residual sum, and alone is enough): its parent is pinned,
 // with those users inside it (untried), or with no parent bf16 comes first.
 std::vector<Suggestion> confirmed_fixes(const Run& run, const std::string& module_path, double fp32_absmax);
+// The module to pin with `module_path` where its FP32 output is beyond fp16's range, so that
+// what uses that output runs in FP32 too; empty where there is none (a top-level module).
+std::string range_parent(const Run& run, const std::string& module_path);
 Suggestion add_scaler(const Run& run);
 // Parameters kept in float32, the forward under autocast (the model stored them in fp16/bf16).
 Suggestion fp32_master_weights(const Run& run);
