@@ -69,6 +69,31 @@ bool half_fill_overflow(const std::string& raised) {
          raised.find("Half without overflow") != std::string::npos;
 }
 
+// oneDNN, torch's CPU kernels, has no float16 recurrent layer on most CPUs, and autocast gives
+// one float16 inputs: "could not create a primitive descriptor for the LSTM forward
+// propagation primitive". The layer's kind ("LSTM"), or empty for another refusal.
+std::string onednn_refused_rnn(const std::string& raised) {
+  const std::string text = "could not create a primitive descriptor for the ";
+  const std::size_t at = raised.find(text);
+  if (at == std::string::npos) return "";
+  const std::string kind = raised.substr(at + text.size(), raised.find(' ', at + text.size()) - at - text.size());
+  return kind == "LSTM" || kind == "GRU" || kind == "RNN" || kind == "vanilla" ? (kind == "vanilla" ? "RNN" : kind) : "";
+}
+
+// The fix for that refusal: the module the traceback ran through (event "training-raised-in",
+// "rnn (LSTM)") in FP32, or bfloat16, which those kernels have.
+std::string rnn_refusal_fix(const Run& run, const std::string& kind) {
+  std::string module = "the " + kind;
+  if (const rundb::EventRow* in = run.first_event("training-raised-in"))
+    module = in->detail.substr(0, in->detail.find(" ("));
+  const std::string pin = run.first_event("training-raised-in")
+                              ? " (" + std::string("ampdiag.pin_fp32(") + suggest::python_attribute(module) + "))"
+                              : "";
+  return "torch's CPU kernels (oneDNN) have no float16 " + kind + " on this CPU, and autocast gave it float16 inputs: "
+         "run " + module + " in FP32" + pin + ", autocast off inside it and its inputs cast to float32, or autocast "
+         "with dtype=torch.bfloat16, which those kernels support.";
+}
+
 // torch.amp.GradScaler's own refusals of a loop that calls it out of order, by their text
 // (torch/amp/grad_scaler.py), with what the loop should do instead.
 struct ScalerRefusal {
@@ -131,6 +156,7 @@ std::string raised_fix(const Run& run, const std::string& raised) {
            "scaler.step().";
   for (const auto& refusal : kScalerRefusals)
     if (raised.find(refusal.text) != std::string::npos) return refusal.fix;
+  if (const std::string kind = onednn_refused_rnn(raised); !kind.empty()) return rnn_refusal_fix(run, kind);
   return "";
 }
 

@@ -208,3 +208,41 @@ TEST_CASE("the same refusal after recorded steps, in older torch's words, gets t
   REQUIRE(f.suggestions.size() == 1);
   CHECK_THAT(f.suggestions.front().summary, Catch::StartsWith("A constant beyond float16's range (65504)"));
 }
+
+namespace {
+
+const char* kLstmRefused =
+    "RuntimeError: could not create a primitive descriptor for the LSTM forward propagation primitive. Run workload "
+    "with environment variable ONEDNN_VERBOSE=all to get additional diagnostic information.";
+
+}  // namespace
+
+TEST_CASE("oneDNN refusing a float16 LSTM before the first step says to run the module it raised in in FP32",
+          "[rules][raised]") {
+  // torch.autocast("cpu", dtype=torch.float16) around an nn.LSTM: the Python agent read the
+  // module from the traceback (event "training-raised-in").
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.event("training-raised", kLstmRefused).event("training-raised-in", "enc.rnn (LSTM)");
+  f.finish();
+  CHECK_THROWS_WITH(load_run(dir.file("run.db")),
+                    Catch::Contains("information. torch's CPU kernels (oneDNN) have no float16 LSTM on this CPU") &&
+                        Catch::Contains("run enc.rnn in FP32 (ampdiag.pin_fp32(model.enc.rnn))") &&
+                        Catch::Contains("dtype=torch.bfloat16"));
+}
+
+TEST_CASE("oneDNN refusing a float16 GRU after some steps, with no module read, names the layer's kind",
+          "[rules][raised]") {
+  const Report r = report_raised_at_step_3(
+      "RuntimeError: could not create a primitive descriptor for the GRU forward propagation primitive.");
+  const Finding& f = required(r, "training-raised");
+  REQUIRE(f.suggestions.size() == 1);
+  CHECK_THAT(f.suggestions[0].summary, Catch::Contains("no float16 GRU on this CPU") &&
+                                           Catch::Contains("run the GRU in FP32, autocast off inside it"));
+}
+
+TEST_CASE("another oneDNN refusal gets no recurrent layer's fix", "[rules][raised]") {
+  const Report r = report_raised_at_step_3(
+      "RuntimeError: could not create a primitive descriptor for a convolution forward propagation primitive");
+  CHECK(required(r, "training-raised").suggestions.empty());
+}

@@ -42,6 +42,29 @@ def test_an_exception_inside_the_with_block_is_recorded_with_its_first_line(tmp_
             ("RuntimeError: could not create a primitive descriptor",)]
 
 
+def test_an_exception_raised_outside_the_models_modules_names_no_module(tmp_path):
+    db = tmp_path / "raised.db"
+    raised_inside(db, RuntimeError("in the loop's own code"))
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT count(*) FROM events WHERE kind = 'training-raised-in'").fetchone() == (0,)
+
+
+def test_an_exception_raised_in_a_submodules_forward_names_the_innermost_one(tmp_path):
+    class Refusing(torch.nn.Module):
+        def forward(self, x):
+            raise RuntimeError("refused")
+
+    model = Tiny()
+    model.inner = torch.nn.Sequential(Refusing())
+    db = tmp_path / "raised.db"
+    with pytest.raises(RuntimeError):
+        with ampdiag.attach(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), db=db):
+            model.inner(torch.randn(4, 16))
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT detail FROM events WHERE kind = 'training-raised-in'").fetchall() == [
+            ("inner.0 (Refusing)",)]
+
+
 def test_a_run_without_steps_whose_training_raised_is_reported_with_the_exception(tmp_path, ampdiag_cli):
     db = tmp_path / "raised.db"
     raised_inside(db, ValueError("bad batch"))
@@ -66,9 +89,10 @@ def test_an_exception_that_ends_a_program_attached_without_with_is_recorded_and_
     ran = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 1
     assert ran.stderr.strip().endswith("user hook: RuntimeError")  # the program's own hook still runs
-    assert report_error(ampdiag_cli, db).endswith(
-        "holds no steps: before its first step was recorded, the training raised RuntimeError: could not create a "
-        "primitive descriptor for the LSTM forward propagation primitive")
+    error = report_error(ampdiag_cli, db)
+    assert ("holds no steps: before its first step was recorded, the training raised RuntimeError: could not create a "
+            "primitive descriptor for the LSTM forward propagation primitive. ") in error
+    assert "run the LSTM in FP32" in error  # raised outside the model's modules: none to name
 
 
 def test_a_run_without_a_scaler_and_without_steps_names_the_optimizers_step(tmp_path, ampdiag_cli):

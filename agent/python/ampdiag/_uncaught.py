@@ -10,6 +10,8 @@ closes every open handle as the with-block would.
 import sys
 import weakref
 
+from ._names import named_modules
+
 _open = weakref.WeakSet()
 _previous = None  # the hook _hook replaced
 
@@ -21,7 +23,29 @@ def ended_by(handle, kind, error):
     if kind is not None and not handle._closed and not handle._inert:
         text = str(error).strip()
         handle._session.event("training-raised", kind.__name__ + (": " + text.splitlines()[0][:300] if text else ""))
+        module = raised_in(handle, error)
+        if module:
+            handle._session.event("training-raised-in", module)
     handle.close()
+
+
+def raised_in(handle, error) -> str:
+    """"rnn (LSTM)": the innermost module of the attached model whose code the traceback
+    ran through (a method with the module as `self`), so that the report can name what
+    refused (oneDNN's float16 LSTM); "" where none did. Read once, from the frames."""
+    root = getattr(handle, "_watched_model", None)
+    traceback = getattr(error, "__traceback__", None)
+    if root is None or traceback is None:
+        return ""
+    paths = {id(module): path for path, module in named_modules(root) if path}
+    found = ""
+    while traceback is not None:
+        owner = traceback.tb_frame.f_locals.get("self")
+        path = paths.get(id(owner)) if owner is not None else None
+        if path is not None:
+            found = f"{path} ({type(owner).__name__})"
+        traceback = traceback.tb_next
+    return found
 
 
 def watch(handle):
