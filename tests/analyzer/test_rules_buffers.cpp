@@ -2,6 +2,27 @@
 // (event buffers-nan): a checkpoint's NaN, or an Inf a training step wrote into them.
 #include "rule_test.h"
 
+namespace {
+
+// 12 steps halving the scale from 65536, each with `vq`'s output NaN/Inf after enc's finite
+// one, its replay intrinsic and event buffers-nan `buffers` ("vq: codebook (...)"): the
+// forward-nonfinite finding's first fix.
+Suggestion inf_buffers_fix(const std::string& vq, const std::string& buffers) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"enc.weight", "dec.weight"});
+  f.replay(vq, "intrinsic").event("buffers-nan", buffers);
+  double scale = 65536;
+  for (int i = 0; i < 12; ++i, scale /= 2)
+    f.activation("enc", false).activation(vq, true).step(scale, scale / 2, 1000, {"dec.weight"}, kNaN);
+  f.finish();
+  const auto r = report_of(dir.file("run.db"));
+  const Finding& fw = required(r, "forward-nonfinite");
+  REQUIRE_FALSE(fw.suggestions.empty());
+  return fw.suggestions.front();
+}
+
+}  // namespace
+
 TEST_CASE("a module whose buffers held NaN when its replay made NaN is named for them, with a reset", "[rules][replay]") {
   // A frozen BatchNorm whose running variance a checkpoint left NaN.
   TempDir dir;
@@ -63,22 +84,10 @@ TEST_CASE("a buffer that training wrote Inf into is updated in FP32: the module'
 TEST_CASE("a float16 buffer that training wrote Inf into is stored in float32, not only pinned", "[rules][replay]") {
   // An EMA kept in a float16 buffer: autocast off around the module still adds into float16,
   // so the fix names the buffers to keep in float32 before the pin.
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), {"enc.weight", "dec.weight"});
-  f.replay("enc.vq", "intrinsic")
-      .event("buffers-nan",
-             "enc.vq: codebook (float16: 7 of 2048 values Inf, finite at attach()), "
-             "usage (float32: 1 of 64 values Inf, finite at attach()), ema (bfloat16: 2 NaN and 3 Inf of 64 values, "
-             "finite at attach())");
-  double scale = 65536;
-  for (int i = 0; i < 12; ++i, scale /= 2)
-    f.activation("enc", false).activation("enc.vq", true).step(scale, scale / 2, 1000, {"dec.weight"}, kNaN);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  REQUIRE_FALSE(fw->suggestions.empty());
-  const Suggestion& fix = fw->suggestions.front();
+  const Suggestion fix = inf_buffers_fix(
+      "enc.vq",
+      "enc.vq: codebook (float16: 7 of 2048 values Inf, finite at attach()), usage (float32: 1 of 64 values Inf, finite "
+      "at attach()), ema (bfloat16: 2 NaN and 3 Inf of 64 values, finite at attach())");
   CHECK_THAT(fix.summary, Catch::StartsWith("Keep enc.vq's float16 buffers in float32 (codebook) and run enc.vq in FP32"));
   CHECK_THAT(fix.summary, Catch::Contains("pinning it alone cannot help"));
   CHECK_THAT(fix.python, Catch::StartsWith("model.enc.vq.codebook = model.enc.vq.codebook.float()"));
@@ -91,18 +100,7 @@ TEST_CASE("a float16 buffer that training wrote Inf into is stored in float32, n
 TEST_CASE("a bfloat16 buffer that training wrote Inf into gets the pin alone: it has float32's range", "[rules][replay]") {
   // Its Inf came from a float16 value (the update's matmul under autocast): computed in FP32,
   // the same update fits a bfloat16 buffer.
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), {"enc.weight", "dec.weight"});
-  f.replay("vq", "intrinsic").event("buffers-nan", "vq: ema (bfloat16: 3 of 64 values Inf, finite at attach())");
-  double scale = 65536;
-  for (int i = 0; i < 12; ++i, scale /= 2)
-    f.activation("enc", false).activation("vq", true).step(scale, scale / 2, 1000, {"dec.weight"}, kNaN);
-  f.finish();
-  const auto r = report_of(dir.file("run.db"));
-  const Finding* fw = find(r, "forward-nonfinite");
-  REQUIRE(fw != nullptr);
-  REQUIRE_FALSE(fw->suggestions.empty());
-  const Suggestion& fix = fw->suggestions.front();
+  const Suggestion fix = inf_buffers_fix("vq", "vq: ema (bfloat16: 3 of 64 values Inf, finite at attach())");
   CHECK_THAT(fix.summary, Catch::StartsWith("Update vq's buffers in FP32: run vq in FP32"));
   CHECK_THAT(fix.summary, Catch::Contains("a float32 or bfloat16 buffer reaches Inf only past 3.4e38"));
   CHECK_THAT(fix.summary, !Catch::Contains("cannot help"));

@@ -55,6 +55,20 @@ Report own_code_after_a_run(const TempDir& dir, const std::string& layer) {
   return report_of(dir.file("run.db"));
 }
 
+// `layer` read at a gain of 9590, then 6 steps whose NaN/Inf starts at head, whose FP32
+// replay was finite but reached 89850: the forward-nonfinite finding.
+Finding head_beyond_range(const TempDir& dir, const std::string& layer) {
+  RunFixture f(dir.file("run.db"), kNet, 0, 1, "float32");
+  for (const auto& name : kNet) f.weight_norm(name, name == layer ? 8.0 * 9590 : 2.4);
+  f.finite_replay("head", 89849.9);
+  double scale = 65536;
+  for (int i = 0; i < 6; ++i, scale /= 2)
+    f.activation("a", false).activation("b", false).activation("head", true).step(scale, scale / 2, 1000, {}, kNaN);
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  return required(r, "forward-nonfinite");
+}
+
 }  // namespace
 
 TEST_CASE("weights of the module after which the model's own code overflows explain that overflow",
@@ -135,15 +149,7 @@ TEST_CASE("a forward overflow beyond fp16's range even in FP32 from the module's
   // A tied LM head 6e4 times too large: its FP32 output reaches 89850, so no pin of it alone
   // helps, and its weights are the cause; the confirmed fixes stay, for a gain by design.
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kNet, 0, 1, "float32");
-  for (const auto& name : kNet) f.weight_norm(name, name == "head.weight" ? 8.0 * 9590 : 2.4);
-  f.finite_replay("head", 89849.9);
-  double scale = 65536;
-  for (int i = 0; i < 6; ++i, scale /= 2)
-    f.activation("a", false).activation("b", false).activation("head", true).step(scale, scale / 2, 1000, {}, kNaN);
-  f.finish();
-  const Report r = report_of(dir.file("run.db"));
-  const Finding& fw = required(r, "forward-nonfinite");
+  const Finding fw = head_beyond_range(dir, "head.weight");
   CHECK(fw.module == "head");
   REQUIRE(fw.suggestions.size() >= 2);
   CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Initialise head at a standard scale"));
@@ -153,15 +159,7 @@ TEST_CASE("a forward overflow beyond fp16's range even in FP32 from the module's
 TEST_CASE("a forward overflow beyond fp16's range after another module's oversized weights keeps its own fixes first",
           "[rules][oversized-weights]") {
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kNet, 0, 1, "float32");
-  for (const auto& name : kNet) f.weight_norm(name, name == "a.weight" ? 8.0 * 9590 : 2.4);
-  f.finite_replay("head", 89849.9);
-  double scale = 65536;
-  for (int i = 0; i < 6; ++i, scale /= 2)
-    f.activation("a", false).activation("b", false).activation("head", true).step(scale, scale / 2, 1000, {}, kNaN);
-  f.finish();
-  const Report r = report_of(dir.file("run.db"));
-  const Finding& fw = required(r, "forward-nonfinite");
+  const Finding fw = head_beyond_range(dir, "a.weight");
   REQUIRE_FALSE(fw.suggestions.empty());
   CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Train in bfloat16"));
 }
