@@ -272,8 +272,9 @@ std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& 
 // rewords as the other case, and says in the evidence how near fp16's range (`fp_max`) the
 // gradients came where they stayed finite (`true_max`). False where there is no such look.
 bool lead_the_look(const Suggestion& reinit, double true_max, double fp_max, Finding& f);
-// Turns a pin that follows such a re-initialisation ("Run X in FP32 ...") into the fix for a
-// gain that is there by design ("Where that gain is by design, run X in FP32 ...").
+// Turns a fix that follows such a re-initialisation ("Run X in FP32 ...", "Train in bfloat16
+// ...") into the fix for a gain that is there by design ("Where that gain is by design, run X
+// in FP32 ...").
 void by_design(Suggestion& pin);
 void rank_disagreement(const std::vector<Run>& runs, const Thresholds& t, std::vector<Finding>& out);
 

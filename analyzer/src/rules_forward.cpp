@@ -1,7 +1,6 @@
 // forward-nonfinite: the first module whose output is NaN/Inf in forward, confirmed or
 // cleared by the agent's FP32 replays (causes.h), and the NaN/Inf loss made after the modules.
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <map>
 #include <string>
@@ -486,9 +485,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
       bool its_own = false;
       if (own.empty() && suggest::beyond_fp16(run, cause.fp32_absmax) && suggest::range_parent(run, path).empty())
         if (auto reinit = reinitialise_after(run, path, {}, &its_own); reinit && its_own) {
-          Suggestion& next = f.suggestions.front();
-          next.summary[0] = char(std::tolower(static_cast<unsigned char>(next.summary[0])));
-          next.summary = "Where that gain is by design, " + next.summary;
+          by_design(f.suggestions.front());
           f.suggestions.insert(f.suggestions.begin(), *reinit);
         }
     } else if (!path.empty()) {

@@ -77,18 +77,16 @@ std::string onednn_refused_rnn(const std::string& raised) {
   const std::size_t at = raised.find(text);
   if (at == std::string::npos) return "";
   const std::string kind = raised.substr(at + text.size(), raised.find(' ', at + text.size()) - at - text.size());
-  return kind == "LSTM" || kind == "GRU" || kind == "RNN" || kind == "vanilla" ? (kind == "vanilla" ? "RNN" : kind) : "";
+  if (kind == "vanilla") return "RNN";  // "the vanilla RNN ..."
+  return kind == "LSTM" || kind == "GRU" || kind == "RNN" ? kind : "";
 }
 
 // The fix for that refusal: the module the traceback ran through (event "training-raised-in",
 // "rnn (LSTM)") in FP32, or bfloat16, which those kernels have.
 std::string rnn_refusal_fix(const Run& run, const std::string& kind) {
-  std::string module = "the " + kind;
-  if (const rundb::EventRow* in = run.first_event("training-raised-in"))
-    module = in->detail.substr(0, in->detail.find(" ("));
-  const std::string pin = run.first_event("training-raised-in")
-                              ? " (" + std::string("ampdiag.pin_fp32(") + suggest::python_attribute(module) + "))"
-                              : "";
+  const rundb::EventRow* in = run.first_event("training-raised-in");
+  const std::string module = in ? in->detail.substr(0, in->detail.find(" (")) : "the " + kind;
+  const std::string pin = in ? " (ampdiag.pin_fp32(" + suggest::python_attribute(module) + "))" : "";
   return "torch's CPU kernels (oneDNN) have no float16 " + kind + " on this CPU, and autocast gave it float16 inputs: "
          "run " + module + " in FP32" + pin + ", autocast off inside it and its inputs cast to float32, or autocast "
          "with dtype=torch.bfloat16, which those kernels support.";

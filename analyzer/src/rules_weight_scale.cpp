@@ -7,6 +7,7 @@
 // layer, a checkpoint saved at another scale, a weight multiplied by mistake). The module
 // that overflows is where it shows, not why; weight-growth covers weights that grew there.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -233,7 +234,8 @@ std::optional<SenderCode> sender_code_in(const Run& run, const std::vector<Findi
 }
 
 void by_design(Suggestion& pin) {
-  pin.summary[0] = 'r';  // "Run ..." continues the sentence
+  // "Run ...", "Train in bfloat16 ..." continue the sentence.
+  pin.summary[0] = char(std::tolower(static_cast<unsigned char>(pin.summary[0])));
   pin.summary = "Where that gain is by design, " + pin.summary;
 }
 
@@ -257,16 +259,16 @@ std::optional<Suggestion> reinitialise_after(const Run& run, const std::string& 
     // Where both were probed their places in forward decide; else the backward's order: a
     // module whose gradient arrived before `module`'s NaN/Inf one ran after it in forward.
     // A layer inside `module` is in its backward whatever the places (a child finishes first).
-    const bool after = suggest::within(maker, module) ||
-                       (run.module_named(module) && run.module_named(maker) ? run.finishes_at_or_after(maker, module)
-                                                                            : ran_before.count(maker) > 0);
+    const bool in_module = suggest::within(maker, module);
+    const bool after = in_module || (run.module_named(module) && run.module_named(maker)
+                                         ? run.finishes_at_or_after(maker, module)
+                                         : ran_before.count(maker) > 0);
     if (maker.empty() || !after) continue;
-    const bool within = maker != module && suggest::within(maker, module);
-    if (inside) *inside = maker == module || within;
+    if (inside) *inside = in_module;
     return suggest::reinitialise(run, maker, o.scale,
                                  maker == module ? "its outputs, and the gradients that follow from them, are about "
                                                    "that many times larger"
-                                 : within        ? "the gradients that pass back through it, into the rest of " + module +
+                                 : in_module     ? "the gradients that pass back through it, into the rest of " + module +
                                                        ", are about that many times larger"
                                                  : "the gradients that pass back through it, down to " + module +
                                                        "'s, are about that many times larger",
