@@ -240,7 +240,7 @@ void by_design(Suggestion& pin) {
 }
 
 bool lead_the_look(const Suggestion& reinit, double true_max, double fp_max, Finding& f) {
-  const std::string look = "Look first at the backward of ";
+  const std::string look = suggest::kSingularLook;
   const auto it = std::find_if(f.suggestions.begin(), f.suggestions.end(),
                                [&](const Suggestion& s) { return s.summary.rfind(look, 0) == 0; });
   if (it == f.suggestions.end()) return false;

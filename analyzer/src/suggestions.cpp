@@ -245,7 +245,7 @@ Suggestion fp32_model_code(const Run& run, const std::string& after, const std::
 }
 
 Suggestion singular_backward(const std::string& suspects) {
-  return {"Look first at the backward of " + suspects +
+  return {kSingularLook + suspects +
               ": a function whose gradient is infinite where it is evaluated (sqrt or norm of 0, a division by 0, log "
               "of 0) makes NaN from finite values in any precision, which pinning cannot help; keep its argument off "
               "that point (sqrt(x + 1e-12)). Behind a torch.where that masks such values (where(x > 0, x.sqrt(), 0)) "

@@ -44,6 +44,8 @@ Suggestion fp32_model_code(const Run& run, const std::string& after, const std::
 // "Look first at the backward of `suspects`": a function whose gradient is infinite where it
 // is evaluated (sqrt of 0), also behind a torch.where that masks such values; no pin helps.
 Suggestion singular_backward(const std::string& suspects);
+// How singular_backward's summary begins, before the suspects.
+inline constexpr char kSingularLook[] = "Look first at the backward of ";
 // The loss computed in FP32 from the model's output; `why` leads the summary.
 Suggestion fp32_loss(const std::string& why);
 Suggestion scaler_settings(const Run& run, double init_scale, std::int64_t growth_interval, const std::string& why);
