@@ -126,14 +126,21 @@ def check_variants_took_effect(tmp: Path):
                          "the pass): do ampdiag._attach's hook factories still have the names this script replaces?")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--width", type=int, default=384)
+def mlp_options(description: str, width: int, precision: str, least_turns: int) -> argparse.Namespace:
+    """The command line of a benchmark that trains the MLP in turns: --width, --turns,
+    --precision, with these defaults, checked."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--width", type=int, default=width, help=f"the MLP's width (default {width})")
     parser.add_argument("--turns", type=int, default=60, help="turns of 10 steps per loop (default 60)")
-    parser.add_argument("--precision", choices=("fp16", "fp32"), default="fp32")
+    parser.add_argument("--precision", choices=("fp16", "fp32"), default=precision)
     args = parser.parse_args()
-    if args.width < 1 or args.turns < 4:
-        parser.error("--width must be at least 1 and --turns at least 4")
+    if args.width < 1 or args.turns < least_turns:
+        parser.error(f"--width must be at least 1 and --turns at least {least_turns}")
+    return args
+
+
+def main():
+    args = mlp_options(__doc__.splitlines()[0], 384, "fp32", 4)
     autocast = args.precision == "fp16"
     loops = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,8 +1,9 @@
-"""What it would save to give torch hooks that are not Python: the lever docs/PERFORMANCE.md
-names for issue 11's item 5 ("hooks that are not Python"), measured in a training loop
-before anyone builds it. No ampdiag in the loops (its package is imported only for the MLP
-of python_attach_bench.py): every hook's body is empty or one counter, so
-the differences are torch's dispatch to the hooks, which no body can remove.
+"""What hooks that are not Python would save a training step, measured before anyone builds them.
+
+docs/PERFORMANCE.md names that lever for issue 11's item 5 ("hooks that are not Python").
+No ampdiag runs in the loops (its package is imported only for the MLP of
+python_attach_bench.py): every hook's body is empty or one counter, so the differences are
+torch's dispatch to the hooks, which no body can remove.
 
 The MLP of python_attach_bench.py (256-W-W-W-1, batch 128, AdamW, torch's GradScaler),
 trained in these loops, in turns of 10 consecutive steps (the first untimed), rotating:
@@ -20,20 +21,19 @@ trained in these loops, in turns of 10 consecutive steps (the first untimed), ro
 The table gives each loop's median forward (with the loss), backward and whole step, the
 differences from the loop without hooks, and what one hook costs: the difference in the
 phase where the hooks run (backward for gradient hooks, forward for module hooks) divided
-by the hooks a step calls. The whole step's difference is noisier than that phase's. Compiling the extension needs a C++ compiler and ninja, and
-takes about a minute the first time (torch caches it).
+by the hooks a step calls. The whole step's difference is noisier than that phase's.
+Compiling the extension needs a C++ compiler and ninja, and takes about a minute the first
+time (torch caches it).
 
     PYTHONPATH=build/python python bench/python_native_hooks.py [--width W] [--turns N] [--precision fp16|fp32]
 """
-import argparse
 import statistics
-import time
 
 import torch
-from torch import nn
 from torch.utils.cpp_extension import load_inline
 
 from python_attach_bench import mlp_of  # the same MLP, optimizer and batch (this script's folder is on the path)
+from python_attach_phases import PHASES, mlp_options, step  # the same step and options
 
 _SOURCE = r"""
 #include <atomic>
@@ -62,7 +62,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 }
 """
 
-PARTS = ("forward + loss", "backward", "step")
+KINDS = ("no hooks", "python gradient hooks", "C++ gradient hooks", "python forward hooks",
+         "forward hooks, C++ function")
+PARTS = ("forward + loss", "backward", "step")  # of PHASES: where the hooks run, and the whole step
+PICKED = [PHASES.index(part) for part in PARTS]
 
 
 def empty_gradient_hook(grad):
@@ -92,36 +95,13 @@ def hooked(kind, model, native):
     return 0
 
 
-def step(model, optimizer, scaler, x, y, autocast):
-    now = time.perf_counter_ns
-    t0 = now()
-    optimizer.zero_grad()
-    with torch.autocast("cpu", dtype=torch.float16, enabled=autocast):
-        loss = nn.functional.mse_loss(model(x).float(), y)
-    t1 = now()
-    scaler.scale(loss).backward()
-    t2 = now()
-    scaler.step(optimizer)
-    scaler.update()
-    t3 = now()
-    return (t1 - t0, t2 - t1, t3 - t0)
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--width", type=int, default=64, help="the MLP's width (64: about 2 ms a step in fp16 "
-                        "on a CPU that multiplies fp16 natively)")
-    parser.add_argument("--turns", type=int, default=60, help="turns of 10 steps per loop (default 60)")
-    parser.add_argument("--precision", choices=("fp16", "fp32"), default="fp16")
-    args = parser.parse_args()
-    if args.width < 1 or args.turns < 6:
-        parser.error("--width must be at least 1 and --turns at least 6")
+    # 64 wide: about 2 ms a step in fp16 on a CPU that multiplies fp16 natively.
+    args = mlp_options(__doc__.splitlines()[0], 64, "fp16", len(KINDS) + 1)
     autocast = args.precision == "fp16"
     native = load_inline("ampdiag_bench_native_hooks", cpp_sources=_SOURCE, extra_cflags=["-O2"])
-    kinds = ("no hooks", "python gradient hooks", "C++ gradient hooks", "python forward hooks",
-             "forward hooks, C++ function")
     loops = []
-    for kind in kinds:
+    for kind in KINDS:
         torch.manual_seed(0)
         model, optimizer, x, y = mlp_of(args.width)("cpu")
         loops.append((kind, hooked(kind, model, native), model, optimizer, torch.amp.GradScaler("cpu"), x, y, []))
@@ -131,7 +111,7 @@ def main():
             for i in range(10):
                 t = step(model, optimizer, scaler, x, y, autocast)
                 if i > 0 and turn >= len(loops):  # the first of a turn inherits another loop's caches
-                    times.append(t)
+                    times.append([t[p] for p in PICKED])
     before = native.hook_calls()
     step(*loops[2][2:7], autocast)
     step(*loops[4][2:7], autocast)
