@@ -43,6 +43,29 @@ void parameterless_between(const Run& run, const rundb::LayerRow& first, const r
     if (out.size() < 3) out.insert(path);
 }
 
+std::set<std::string> chained_modules(const Run& run) {
+  std::set<std::string> chained;
+  for (const auto& e : run.events)
+    if (e.kind == "chained-calls") chained.insert(e.detail);
+  return chained;
+}
+
+std::string chained_block(const std::set<std::string>& chained, const std::string& module_path) {
+  for (std::string path = module_path; !path.empty();) {
+    if (chained.count(path)) return path;
+    const std::size_t dot = path.rfind('.');
+    path = dot == std::string::npos ? std::string() : path.substr(0, dot);
+  }
+  return "";
+}
+
+void parameterless_inside(const Run& run, const std::string& block, std::set<std::string>& out) {
+  const std::string prefix = block + ".";
+  for (const auto& m : run.modules)
+    if (out.size() < 3 && m.info.path.rfind(prefix, 0) == 0 && !holds_parameters(run, m.info.path))
+      out.insert(m.info.path);
+}
+
 // `ran_before`, and the modules holding a layer whose finite gradient arrived before the NaN/Inf
 // one of a layer in `first` (layer id -> times first) in a step where that went first
 // (Run::arrived_before): their backward ran before, so they come after it in forward.

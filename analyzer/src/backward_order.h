@@ -17,6 +17,17 @@ namespace ampdiag::analyzer::rules {
 void parameterless_between(const Run& run, const rundb::LayerRow& first, const rundb::LayerRow& last_finite,
                            std::set<std::string>& out);
 
+// The modules the agent saw run again and again in one forward, each call taking the last
+// one's output (event "chained-calls": ALBERT's shared layer, a cell called in a loop).
+std::set<std::string> chained_modules(const Run& run);
+
+// The innermost of `chained` that is `module_path` or holds it; empty where none.
+std::string chained_block(const std::set<std::string>& chained, const std::string& module_path);
+
+// Probed modules inside `block` holding no parameter, in the order modules first finished,
+// added to `out` (at most three in all): the backward of each of its calls runs through them.
+void parameterless_inside(const Run& run, const std::string& block, std::set<std::string>& out);
+
 // `ran_before` and the modules whose finite gradients arrived before the NaN/Inf ones of the
 // layers in `first` (layer id -> times first).
 std::set<std::string> modules_after(const Run& run, const std::map<std::int64_t, std::int64_t>& first,

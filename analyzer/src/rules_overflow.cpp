@@ -99,6 +99,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     std::map<std::string, std::vector<std::string>> through;  // the parameterless modules between it and each
     std::set<std::string> tied;      // its layers that another module holds too, first in its use
     std::set<std::string> ran_before;  // the modules whose gradient arrived just before its first NaN/Inf one
+    bool chained = false;  // a block whose calls chain in each forward, named for a layer inside it
   };
   std::map<std::string, PerModule> modules;
   std::int64_t considered = 0;
@@ -109,6 +110,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
   const Fp32Gradients fp32 = fp32_gradients(run);
   const std::set<std::string>& pinned = fp32.pinned;
   const std::string whole = whole_model(run);
+  const std::set<std::string> chained = chained_modules(run);
   // Skips below the floor that no layer's gradient was first in, by what they were: what
   // took the scale down where no module was ever first there.
   std::map<std::string, std::int64_t> others_below_floor;
@@ -145,7 +147,17 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
           rundb::common_module(run.layers[std::size_t(s.last_finite_before)].info.module_path, layer.module_path);
       if (!common.empty() && common != whole) module = suggest::probed_module(run, common);
     }
+    // Inside a block whose calls chain (ALBERT's shared layer), the parameters the calls share
+    // get their gradient once every call's backward has run, so the first of them says only
+    // that the block made it: in some call, somewhere inside.
+    const std::string block = use == tied.end() ? chained_block(chained, layer.module_path) : std::string();
+    const bool inside = !block.empty() && (module == block || module.rfind(block + ".", 0) == 0);
+    if (inside) module = block;
     PerModule& m = modules[module];
+    if (inside && !m.chained) {
+      m.chained = true;
+      parameterless_inside(run, block, m.between);
+    }
     ++m.first;
     m.harmful += harmful[i];
     ++m.layers[first_layer];
@@ -226,6 +238,11 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                     (module.empty() ? " is used by the model's own forward() besides its module: that use"
                                     : " is tied (one tensor held by several modules): " + module + "'s use of it") +
                     " went NaN/Inf first, before its other uses added theirs";
+    if (m.chained)
+      f.evidence += "; " + module + " runs again and again in each forward, each call taking the last one's output: "
+                    "the parameters its calls share receive their gradient once every call's backward has run, and a "
+                    "NaN/Inf one call's backward makes reaches the calls before it, so which of them went NaN/Inf "
+                    "first says neither which call made them nor where in it";
     if (only_above) {
       f.title = place + " went NaN/Inf first only at loss scales above the floor; " +
                 (!took_it.empty()                 ? took_it

@@ -9,6 +9,7 @@ import weakref
 import torch
 
 from ._loss_code import loss_code, made_dtype, path_nodes
+from ._chained_calls import ChainProbe
 from ._looks import on_nonfinite_output, output_gradient
 from ._tensors import (DTYPE_CODE, activation_elsewhere, first_float_tensor, float_tensors, foreign_copy,
                        holds_nonfinite)
@@ -250,6 +251,7 @@ def look_at_model_output(handle, owner, args, kwargs, output, floats):
 
 def forward_hook(handle, path, owner, root):
     module_id = None  # resolved on the first call, when the module first runs
+    probe, probing = ChainProbe(), True  # whether its calls are chained: the first two forwards only
     # Runs for every watched module on every step, between torch's kernels: in a training
     # loop each object it looks up costs cache misses (~20 µs a hook in all, where a warm
     # microbenchmark says 1), so the common case (a recording cycle, a contiguous host
@@ -262,7 +264,7 @@ def forward_hook(handle, path, owner, root):
     in_backward = torch._C._current_graph_task_id  # -1 outside autograd's backward
 
     def hook(module, args, kwargs, output):
-        nonlocal module_id
+        nonlocal module_id, probing
         if traced():
             handle._traced_by_compile = True
             return None
@@ -290,6 +292,8 @@ def forward_hook(handle, path, owner, root):
             return None
         if module_id is None:
             module_id = handle._module_id(path, module, args)  # listed, with or without rows
+        if probing:
+            probing = probe.looking(handle, path, args, kwargs, tensor)
         try:
             version = tensor._version
         except RuntimeError:  # an inference tensor (torch.inference_mode) has no version counter
