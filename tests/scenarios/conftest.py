@@ -41,6 +41,18 @@ def verdict(ampdiag):
 
 
 @pytest.fixture()
+def top_finding(verdict):
+    """The run at `db`'s exit code under --fail-on error and its report's first finding."""
+
+    def _top(db):
+        code, rep = verdict(db)
+        assert rep["findings"], "a healthy report has no first finding"
+        return code, rep["findings"][0]
+
+    return _top
+
+
+@pytest.fixture()
 def healthy_through_skips(verdict):
     """Asserts that the run at `db` skipped at least one step and is healthy (exit 0 under
     --fail-on error); returns its report."""

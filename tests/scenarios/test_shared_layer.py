@@ -56,11 +56,9 @@ def shared_layer_run(db, pin_activation=False, steps=24):
     amp_training(db, model, torch.optim.AdamW(model.parameters(), lr=1e-4), steps, loss_of)
 
 
-def test_a_shared_layer_whose_backward_makes_nan_is_named_whole_with_its_activation_pinned(tmp_path, verdict):
-    db = tmp_path / "run.db"
-    shared_layer_run(db)
-    code, rep = verdict(db)
-    first = rep["findings"][0]
+def test_a_shared_layer_whose_backward_makes_nan_is_named_whole_with_its_activation_pinned(tmp_path, top_finding):
+    shared_layer_run(tmp_path / "run.db")
+    code, first = top_finding(tmp_path / "run.db")
     assert (code, first["rule"], first["module"]) == (1, "overflow-origin", "layer")
     assert "layer runs again and again in each forward, each call taking the last one's output" in first["evidence"]
     pins = [s for s in first["suggestions"] if s["summary"].startswith("If instead a value inside layer.act's backward")]
