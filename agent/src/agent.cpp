@@ -255,10 +255,13 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
                                    const at::Tensor& x) {
   if (closed_) return run(x);
   begin_cycle();
+  const agent::ChainedCalls::Forward forward{session_.step(), losses_};
+  if (chains_.given(path, x, forward)) session_.event_once("chained-calls:" + path, "chained-calls", path);
   at::Tensor y;
   if (replay_pins_.pinned(path)) {
     AutocastDisabled off;
     y = run(to_fp32(x));
+    chains_.returned(path, y, forward);
     record(path, y);
     return y;
   }
@@ -273,6 +276,7 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
   } else {
     y = run(x);
   }
+  chains_.returned(path, y, forward);
   if (record(path, y, &x)) {
     replay_pins_.nonfinite_output(path, replay, x, batch_.viewed_by(x) != nullptr);
   } else if (check) {

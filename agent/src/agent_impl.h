@@ -18,6 +18,7 @@
 #include "ampdiag/agent.h"
 #include "ampdiag/grad_scaler.h"
 #include "batch_looks.h"
+#include "chained_calls.h"
 #include "elapsed.h"
 #include "gradient_entries.h"
 #include "half_updates.h"
@@ -160,6 +161,7 @@ class Agent::Impl final : public ScalerObserver {
   at::Tensor last_output_;
   std::string last_output_path_;
   std::unordered_set<std::string> inputs_seen_;
+  agent::ChainedCalls chains_;  // modules whose calls chain in a forward (event "chained-calls")
   // AgentOptions::amp_dtype was left empty and no training probe has run yet, or the first
   // ran in float32 under a scaler (a warm-up) and autocast has not turned on since.
   bool learn_amp_dtype_ = false;
