@@ -8,7 +8,8 @@ block). Two calls of one encoder on two inputs (a contrastive loss's views) are 
 chained: each call's backward is its own.
 
 Looked at in the first two forwards that reach the module's hook, then never again: one
-attribute test a call after that."""
+flag test a call after that. The C++ agent does the same for modules run through its
+forward() (agent/src/chained_calls.h)."""
 import weakref
 
 
