@@ -255,18 +255,15 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
                                    const at::Tensor& x) {
   if (closed_) return run(x);
   begin_cycle();
-  const agent::ChainedCalls::Forward forward{session_.step(), losses_};
-  if (chains_.given(path, x, forward)) session_.event_once("chained-calls:" + path, "chained-calls", path);
   at::Tensor y;
   if (replay_pins_.pinned(path)) {
     AutocastDisabled off;
     y = run(to_fp32(x));
-    chains_.returned(path, y, forward);
+    chained_call(path, x, y);
     record(path, y);
     return y;
   }
-  if (inputs_seen_.insert(path).second && last_output_.defined() &&
-      (x.is_same(last_output_) || (x.is_view() && x._base().is_same(last_output_))))
+  if (inputs_seen_.insert(path).second && last_output_.defined() && agent::is_or_views(x, last_output_))
     session_.event_once("module-input-from:" + path, "module-input-from", path + ": " + last_output_path_);
   const bool check = checks_.wants(path, x);
   if (check) checks_.before(x);
@@ -276,7 +273,7 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
   } else {
     y = run(x);
   }
-  chains_.returned(path, y, forward);
+  chained_call(path, x, y);
   if (record(path, y, &x)) {
     replay_pins_.nonfinite_output(path, replay, x, batch_.viewed_by(x) != nullptr);
   } else if (check) {
@@ -284,6 +281,11 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
     replay_pins_.lossy_output(path, checks_.after(path, y, replay));
   }
   return y;
+}
+
+void Agent::Impl::chained_call(const std::string& path, const at::Tensor& x, const at::Tensor& y) {
+  if (chains_.call(path, x, y, {session_.step(), losses_}))
+    session_.event_once("chained-calls:" + path, "chained-calls", path);
 }
 
 bool Agent::Impl::begin_module_range(const std::string& path) {

@@ -69,6 +69,9 @@ class Agent::Impl final : public ScalerObserver {
   }
   at::Tensor input(const std::string& name, const at::Tensor& x);
   at::Tensor forward_as(const std::string& path, const Forward& run, const Forward& replay, const at::Tensor& x);
+  // forward_as()'s call of `path` on `x` returned `y`: event "chained-calls" the first time
+  // such a call was given the output of the one before it in the same forward.
+  void chained_call(const std::string& path, const at::Tensor& x, const at::Tensor& y);
   bool begin_module_range(const std::string& path);
   void end_range() { session_.end_range(); }
   void training_raised(const std::exception& error);

@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace ampdiag::agent {
 
@@ -20,11 +20,10 @@ class ChainedCalls {
  public:
   using Forward = std::pair<std::int64_t, std::int64_t>;  // (step, micro-batch)
 
-  // A call of `path` given `input` in forward `forward`: true the first time it is the output of
-  // that module's call before it in the same forward, unchanged or as a view.
-  bool given(const std::string& path, const at::Tensor& input, Forward forward);
-  // What that call returned.
-  void returned(const std::string& path, const at::Tensor& output, Forward forward);
+  // A call of `path` given `input` returned `output` in forward `forward`: true the first
+  // time `input` is the output of that module's call before it in the same forward,
+  // unchanged or as a view.
+  bool call(const std::string& path, const at::Tensor& input, const at::Tensor& output, Forward forward);
 
  private:
   struct Look {

@@ -11,6 +11,12 @@ namespace ampdiag::agent {
 // float16 or bfloat16: what autocast computes in, and what a precision check compares.
 inline bool half_precision(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
+// Whether `x` is `of`, unchanged or a view of it: a module given it receives what `of`'s maker
+// made.
+inline bool is_or_views(const at::Tensor& x, const at::Tensor& of) {
+  return x.is_same(of) || (x.is_view() && x._base().is_same(of));
+}
+
 // The session's device for a tensor's device; false for a device no engine reads.
 bool session_device(const at::Device& d, Device& out);
 

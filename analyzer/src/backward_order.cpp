@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "ampdiag/rundb/module_paths.h"
 #include "overflow_events.h"
 #include "suggestions.h"
 
@@ -51,18 +52,15 @@ std::set<std::string> chained_modules(const Run& run) {
 }
 
 std::string chained_block(const std::set<std::string>& chained, const std::string& module_path) {
-  for (std::string path = module_path; !path.empty();) {
-    if (chained.count(path)) return path;
-    const std::size_t dot = path.rfind('.');
-    path = dot == std::string::npos ? std::string() : path.substr(0, dot);
-  }
-  return "";
+  std::string innermost;  // the longest of those that hold it
+  for (const auto& block : chained)
+    if (!block.empty() && block.size() > innermost.size() && rundb::within(module_path, block)) innermost = block;
+  return innermost;
 }
 
 void parameterless_inside(const Run& run, const std::string& block, std::set<std::string>& out) {
-  const std::string prefix = block + ".";
   for (const auto& m : run.modules)
-    if (out.size() < 3 && m.info.path.rfind(prefix, 0) == 0 && !holds_parameters(run, m.info.path))
+    if (out.size() < 3 && m.info.path != block && rundb::within(m.info.path, block) && !holds_parameters(run, m.info.path))
       out.insert(m.info.path);
 }
 

@@ -151,7 +151,7 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
     // get their gradient once every call's backward has run, so the first of them says only
     // that the block made it: in some call, somewhere inside.
     const std::string block = use == tied.end() ? chained_block(chained, layer.module_path) : std::string();
-    const bool inside = !block.empty() && (module == block || module.rfind(block + ".", 0) == 0);
+    const bool inside = !block.empty() && rundb::within(module, block);
     if (inside) module = block;
     PerModule& m = modules[module];
     if (inside && !m.chained) {

@@ -42,7 +42,7 @@ from ._weights import WeightSampler
 from ._scaler import disabled_scaler_detail, wrap_disabled_scaler, wrap_scaler
 from ._step_end import end_step
 from ._updates import UpdateProbe, holds_half_parameters
-from ._tensors import bounded_by_input, describe_inputs
+from ._tensors import bounded_by_input, describe_inputs, is_or_views
 
 _ATTACHED = "_ampdiag_handle"
 
@@ -540,7 +540,7 @@ class AttachHandle:
     def _module_id(self, path, module, args):
         made = self._last_output() if self._last_output is not None else None
         given = args[0] if args else None
-        if path and made is not None and given is not None and (given is made or getattr(given, "_base", None) is made):
+        if path and made is not None and given is not None and is_or_views(given, made):
             # Its first argument is the output of the module that ran before it, unchanged or
             # viewed: its backward sends that output its gradient (overflow-origin names it).
             self._event("module-input-from", f"{path}: {self._last_output_path}")

@@ -12,11 +12,12 @@ flag test a call after that. The C++ agent does the same for modules run through
 forward() (agent/src/chained_calls.h)."""
 import weakref
 
+from ._tensors import is_or_views
+
 
 def _given(value, previous) -> bool:
-    if value is previous or getattr(value, "_base", None) is previous:
-        return True
-    return type(value) in (tuple, list) and any(v is previous or getattr(v, "_base", None) is previous for v in value)
+    """`value`, an argument, or one of a tuple's (an LSTM's (h, c)), is `previous` or views it."""
+    return is_or_views(value, previous) or type(value) in (tuple, list) and any(is_or_views(v, previous) for v in value)
 
 
 class ChainProbe:

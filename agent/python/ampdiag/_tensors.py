@@ -31,6 +31,12 @@ def holds_nonfinite(session, tensor) -> bool:
     return not bool(torch.isfinite(tensor).all())
 
 
+def is_or_views(value, tensor) -> bool:
+    """Whether `value` is `tensor`, unchanged or a view of it: a module given it receives
+    what that tensor's maker made."""
+    return value is tensor or getattr(value, "_base", None) is tensor
+
+
 def first_float_tensor(value):
     if isinstance(value, torch.Tensor):
         return value if value.is_floating_point() else None
