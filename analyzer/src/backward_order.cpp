@@ -64,6 +64,21 @@ void parameterless_inside(const Run& run, const std::string& block, std::set<std
       out.insert(m.info.path);
 }
 
+LargestValue largest_value_through(const Run& run, const std::set<std::string>& modules) {
+  LargestValue largest;
+  const InputsFrom from = inputs_from(run);
+  const auto consider = [&](const std::string& module, const std::string& source) {
+    const ModuleSummary* s = run.module_named(source);
+    if (s && s->max_absmax > largest.absmax) largest = {module, source, s->max_absmax};
+  };
+  for (const auto& module : modules) {
+    consider(module, module);
+    const auto [begin, end] = from.equal_range(module);
+    for (auto it = begin; it != end; ++it) consider(module, it->second);
+  }
+  return largest;
+}
+
 // `ran_before`, and the modules holding a layer whose finite gradient arrived before the NaN/Inf
 // one of a layer in `first` (layer id -> times first) in a step where that went first
 // (Run::arrived_before): their backward ran before, so they come after it in forward.

@@ -28,6 +28,17 @@ std::string chained_block(const std::set<std::string>& chained, const std::strin
 // added to `out` (at most three in all): the backward of each of its calls runs through them.
 void parameterless_inside(const Run& run, const std::string& block, std::set<std::string>& out);
 
+// What the backward of a module without parameters computes on: the largest finite value
+// recorded at its output or at its input (the output of the module it takes, event
+// module-input-from), over `modules`. A cube of a value above 40 passes fp16's range inside
+// that backward (tanh-approximated GELU's), a square above 256, an exp() above 11.
+struct LargestValue {
+  std::string module;  // whose backward computes on it
+  std::string source;  // whose output held it: `module`, or the module whose output it takes
+  float absmax = 0.0f;
+};
+LargestValue largest_value_through(const Run& run, const std::set<std::string>& modules);
+
 // `ran_before` and the modules whose finite gradients arrived before the NaN/Inf ones of the
 // layers in `first` (layer id -> times first).
 std::set<std::string> modules_after(const Run& run, const std::map<std::int64_t, std::int64_t>& first,

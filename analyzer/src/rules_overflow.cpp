@@ -3,6 +3,7 @@
 #include <cctype>
 #include <iterator>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string>
@@ -393,7 +394,26 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
                       " in FP32. " + (m.between.size() == 1 ? "It holds" : "They hold") +
                       " no parameters, so no replay of its backward was made.";
         pin.untried = true;
-        f.suggestions.push_back(pin);
+        // Values that large in what its backward computes on are evidence for the pin, and a
+        // singular point has none: the pin first (ALBERT's gelu_new on FFN outputs near 2e4).
+        const LargestValue large = largest_value_through(run, m.between);
+        const auto look = f.suggestions.end() - 1;
+        if (large.absmax > std::cbrt(run.fp_max) && look->summary.rfind(suggest::kSingularLook, 0) == 0) {
+          const std::string held = large.source == large.module
+                                       ? large.module + "'s outputs"
+                                       : large.module + "'s input, " + large.source + "'s output,";
+          f.evidence += "; " + held + " reached " + fmt(large.absmax) + ", whose cube passes " + fmt(run.fp_max);
+          pin.summary = "Run " + names + " in FP32: " + large.module + " computes on values up to " +
+                        fmt(large.absmax) + ", and a cube of them (tanh-approximated GELU takes one), a square above "
+                        "256 or an exp() above 11 passes fp16's range inside its backward at any loss scale. " +
+                        (m.between.size() == 1 ? "It holds" : "They hold") +
+                        " no parameters, so no replay of its backward was made.";
+          look->summary = "If pinned it still goes NaN/Inf, look at the backward of " +
+                          look->summary.substr(std::strlen(suggest::kSingularLook));
+          f.suggestions.insert(look, pin);
+        } else {
+          f.suggestions.push_back(pin);
+        }
       }
     }
     const std::string code_after = sent ? senders.paths.front() + "'s backward" : "the code that uses " + module + "'s output";

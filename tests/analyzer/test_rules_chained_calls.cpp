@@ -9,16 +9,17 @@
 namespace {
 
 // 24 skips halving the scale from 65536, blk.ln.weight's gradient the first NaN/Inf one and
-// head.weight's the last finite before it; blk (ffn, act, ln) is called three times a forward.
-Finding shared_block_overflow(bool chained) {
+// head.weight's the last finite before it; blk (ffn, act, ln) is called three times a forward,
+// act on ffn's outputs, which reach `ffn_peak`.
+Finding shared_block_overflow(bool chained, double ffn_peak = 10.0) {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"blk.ffn.weight", "blk.ln.weight", "head.weight"});
   f.module_type("blk.ln", "LayerNorm");
   double scale = 65536;
   for (int i = 0; i < 24; ++i, scale /= 2) {
-    if (chained && i == 0) f.event("chained-calls", "blk");
+    if (chained && i == 0) f.event("chained-calls", "blk").event("module-input-from", "blk.act: blk.ffn");
     for (int call = 0; call < 3; ++call)
-      f.activation("blk.ffn", false).activation("blk.act", false).activation("blk.ln", false).activation("blk", false);
+      f.activation("blk.ffn", false, ffn_peak).activation("blk.act", false).activation("blk.ln", false).activation("blk", false);
     f.activation("head", false).finite_first({"head.weight"}).step(scale, scale / 2, 1000,
                                                                   {"blk.ln.weight", "blk.ffn.weight"});
   }
@@ -55,4 +56,23 @@ TEST_CASE("a layer inside a block run several times without chaining keeps its o
   const Finding o = shared_block_overflow(false);
   CHECK(o.module == "blk.ln");
   CHECK_THAT(o.evidence, !Catch::Contains("runs again and again"));
+}
+
+TEST_CASE("an activation given values whose cube passes fp16's range has its pin before the look for a singular point",
+          "[rules]") {
+  // ALBERT's gelu_new on FFN outputs near 2e4: the cube inside its backward is Inf, and
+  // 0 * Inf is NaN; nothing there evaluates a function at a singular point.
+  const Finding o = shared_block_overflow(true, 2.1e4);
+  CHECK_THAT(o.evidence, Catch::Contains("blk.act's input, blk.ffn's output, reached 21000, whose cube passes 65504"));
+  REQUIRE(o.suggestions.size() >= 2);
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Run blk.act in FP32: blk.act computes on values up to 21000"));
+  CHECK(o.suggestions[0].untried);
+  CHECK_THAT(o.suggestions[1].summary, Catch::StartsWith("If pinned it still goes NaN/Inf, look at the backward of blk.act"));
+}
+
+TEST_CASE("an activation given values of everyday size keeps the look for a singular point first", "[rules]") {
+  const Finding o = shared_block_overflow(true, 30.0);
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Look first at the backward of blk.act"));
+  CHECK_THAT(o.evidence, !Catch::Contains("whose cube passes"));
 }

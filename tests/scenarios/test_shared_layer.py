@@ -5,8 +5,8 @@ cube (`gelu_new`). Its FFN's weights 1e4 times too large give the activation inp
 backward makes 0 times Inf, NaN, at every loss scale. The shared parameters get their
 gradient only after all four calls' backward, so the first of them to hold NaN was the
 layer's last norm, and the report told the user to look in the norm's backward for a sqrt of
-0. It must name the shared layer and offer the activation's FP32 pin, which makes the run
-healthy."""
+0. It must name the shared layer and offer first the activation's FP32 pin, which makes the
+run healthy."""
 import math
 
 import torch
@@ -61,8 +61,11 @@ def test_a_shared_layer_whose_backward_makes_nan_is_named_whole_with_its_activat
     code, first = top_finding(tmp_path / "run.db")
     assert (code, first["rule"], first["module"]) == (1, "overflow-origin", "layer")
     assert "layer runs again and again in each forward, each call taking the last one's output" in first["evidence"]
-    pins = [s for s in first["suggestions"] if s["summary"].startswith("If instead a value inside layer.act's backward")]
-    assert pins and pins[0]["python"].startswith("ampdiag.pin_fp32(model.layer.act)")
+    # The activation's inputs, near 2e4, are the evidence: its pin comes before the look for a sqrt of 0.
+    pin, look = first["suggestions"][:2]
+    assert pin["summary"].startswith("Run layer.act in FP32: layer.act computes on values up to"), pin["summary"]
+    assert pin["python"].startswith("ampdiag.pin_fp32(model.layer.act)")
+    assert look["summary"].startswith("If pinned it still goes NaN/Inf, look at the backward of layer.act")
 
 
 def test_the_shared_layers_activation_pinned_as_the_report_says_is_healthy(tmp_path, verdict):
