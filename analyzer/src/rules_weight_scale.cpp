@@ -352,16 +352,41 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   // precision: nanochat's logits softcapped by tanh at 15 under an lm_head 3e4 times too
   // large, its loss at 20 against ln(256) and its head's gradient 54% zeros, was called
   // healthy.
-  double saturated = 0.0;
-  if (shrunk.empty()) {
+  const auto zero_share = [](const LayerSummary& layer) {
     std::int64_t finite = 0;
     double zeros = 0.0;
-    for (const auto& g : top.layer->samples) {
+    for (const auto& g : layer.samples) {
       if (g.nonfinite) continue;
       zeros += double(g.zero_q) / 65535.0;
       ++finite;
     }
-    if (finite > 0 && zeros / double(finite) >= 0.25) saturated = zeros / double(finite);
+    return finite > 0 ? zeros / double(finite) : 0.0;
+  };
+  constexpr double kSaturated = 0.25;
+  double saturated = 0.0;
+  if (shrunk.empty() && zero_share(*top.layer) >= kSaturated) saturated = zero_share(*top.layer);
+
+  // Underflowing gradients in the module of such a weight, its gradient saturated too, are the
+  // same saturation's: the limits' gradient is 0 or next to it in any precision, so most of
+  // their zeros and subnormals are not fp16's, and bfloat16 would leave them (GPT-2's c_attn at
+  // a gain of 112: its fused query, key and value bias 41% zero and 13% subnormal).
+  std::vector<std::string> saturating;
+  for (auto& g : out) {
+    if (g.rule != "underflow" || g.severity == Severity::kInfo) continue;
+    const auto maker = std::find_if(found.begin(), found.end(), [&](const Oversized& o) { return o.module == g.module; });
+    if (maker == found.end() || zero_share(*maker->layer) < kSaturated) continue;
+    g.evidence += "; " + maker->module + "'s weights start at a gain of " + whole_number(maker->scale) +
+                  " (see oversized-weights), and " + pct(zero_share(*maker->layer)) + " of their own gradient was "
+                  "exactly zero: outputs that many times too large push what takes them, a softmax or a tanh, to its "
+                  "limits, where the gradient is 0 or next to it in any precision, so most of these values are not "
+                  "fp16's to lift";
+    g.suggestions.insert(g.suggestions.begin(),
+                         suggest::reinitialise(run, maker->module, maker->scale,
+                                               "what takes its outputs saturates, and the gradients back through it "
+                                               "are 0 or next to it in any precision",
+                                               maker->stacked));
+    if (std::string& next = g.suggestions[1].summary; next.rfind("Train in bfloat16", 0) == 0) next.replace(0, 5, "Or train");
+    saturating.push_back(g.layer.empty() ? g.module : g.layer);
   }
 
   // An occasional overflow the scaler copes with (information) still weighs where it holds
@@ -427,6 +452,10 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
     f.evidence += "; on average " + pct(saturated) + " of its gradient's values were exactly zero: outputs that many "
                   "times too large push what takes them to its limits, a tanh or a softmax, where the gradient is 0 "
                   "in any precision, so it and the layers before it barely train whatever the loss scale";
+  if (!saturating.empty())
+    f.evidence += "; the underflow in " + saturating.front() +
+                  (saturating.size() > 1 ? " and " + plural(std::int64_t(saturating.size() - 1), "more layer") : "") +
+                  " is that saturation's too (see underflow)";
   if (explained || warns) f.suggestions.push_back(suggest::reinitialise(run, module, 0.0, "", top.stacked));
   if (saturated > 0.0 && !explained) {  // no overflow's fixes to fall back on
     std::string& summary = f.suggestions.back().summary;

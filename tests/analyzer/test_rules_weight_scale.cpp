@@ -480,3 +480,47 @@ TEST_CASE("an MoE's stacked experts' weight at Hugging Face's initialisation is 
   const Report r = stacked_experts_run(dir, 0.02, {4, 128, 64});
   CHECK(find(r, "oversized-weights") == nullptr);
 }
+
+namespace {
+
+// GPT-2's fused attention projection, c_attn, read at a gain of `gain` ([192, 64]), its own
+// gradient 33% exact zeros; its bias [192] 41% zero and 13% fp16-subnormal in every step,
+// nothing overflowing.
+Report saturated_projection_run(const TempDir& dir, double gain) {
+  const std::vector<std::string> layers = {"attn.c_attn.weight", "attn.c_attn.bias", "head.weight"};
+  RunFixture f(dir.file("run.db"), layers, 0, 1, "float32", {},
+               {{"attn.c_attn.weight", {192, 64}}, {"attn.c_attn.bias", {192}}});
+  f.weight_norm("attn.c_attn.weight", gain * std::sqrt(192.0)).weight_norm("attn.c_attn.bias", 0.1);
+  f.weight_norm("head.weight", 2.4);
+  f.zeros_fraction("attn.c_attn.weight", 0.33).zeros_fraction("attn.c_attn.bias", 0.41, 0.13);
+  for (int i = 0; i < 8; ++i) f.activation("attn.c_attn", false, 400.0).activation("head", false, 1.0).step(65536, 65536);
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("an underflow in the module of weights that saturate what takes their outputs is re-initialised first",
+          "[rules][oversized-weights]") {
+  // A softmax pushed to 0 and 1 by queries and keys 100 times too large: its gradient is 0
+  // or next to it in any precision, so bfloat16 would leave most of these zeros.
+  TempDir dir;
+  const Report r = saturated_projection_run(dir, 112.0);
+  const Finding& u = required(r, "underflow");
+  CHECK(u.layer == "attn.c_attn.bias");
+  CHECK_THAT(u.evidence, Catch::Contains("; attn.c_attn's weights start at a gain of 112 (see oversized-weights), and "
+                                         "33% of their own gradient was exactly zero"));
+  REQUIRE(u.suggestions.size() >= 2);
+  CHECK_THAT(u.suggestions[0].summary, Catch::StartsWith("Initialise attn.c_attn at a standard scale"));
+  CHECK_THAT(required(r, "oversized-weights").evidence,
+             Catch::EndsWith("the underflow in attn.c_attn.bias is that saturation's too (see underflow)"));
+}
+
+TEST_CASE("an underflow beside weights at a standard gain keeps its own fixes first", "[rules][oversized-weights]") {
+  TempDir dir;
+  const Report r = saturated_projection_run(dir, 1.0);
+  CHECK(find(r, "oversized-weights") == nullptr);
+  const Finding& u = required(r, "underflow");
+  CHECK_THAT(u.evidence, !Catch::Contains("see oversized-weights"));
+  CHECK_THAT(u.suggestions.front().summary, !Catch::StartsWith("Initialise"));
+}
