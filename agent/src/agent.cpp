@@ -258,7 +258,7 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
   at::Tensor y;
   if (replay_pins_.pinned(path)) {
     AutocastDisabled off;
-    y = run(to_fp32(x));
+    y = run_module(path, run, to_fp32(x));
     chained_call(path, x, y);
     record(path, y);
     return y;
@@ -268,10 +268,10 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
   const bool check = checks_.wants(path, x);
   if (check) checks_.before(x);
   if (options_.replay) {
-    y = run(entries_.input(path, x));
+    y = run_module(path, run, entries_.input(path, x));
     entries_.returned(y);
   } else {
-    y = run(x);
+    y = run_module(path, run, x);
   }
   chained_call(path, x, y);
   if (record(path, y, &x)) {
@@ -281,6 +281,25 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
     replay_pins_.lossy_output(path, checks_.after(path, y, replay));
   }
   return y;
+}
+
+at::Tensor Agent::Impl::run_module(const std::string& path, const Forward& run, const at::Tensor& x) {
+  try {
+    at::Tensor y = run(x);
+    raised_in_.clear();  // one the module's code caught, or the loop caught earlier, and trained on
+    return y;
+  } catch (...) {
+    // The first forward_as() the exception leaves is the innermost: the module whose code
+    // refused (oneDNN's float16 LSTM), which the report names beside the exception.
+    if (raised_in_.empty()) raised_in_ = path;
+    throw;
+  }
+}
+
+void Agent::Impl::raised_in() {
+  if (raised_in_.empty()) return;
+  const std::string type = module_type(raised_in_);
+  session_.event("training-raised-in", type.empty() ? raised_in_ : raised_in_ + " (" + type + ")");
 }
 
 void Agent::Impl::chained_call(const std::string& path, const at::Tensor& x, const at::Tensor& y) {
@@ -476,6 +495,7 @@ void Agent::Impl::training_raised(const std::exception& error) {
   if (closed_ || raised_) return;
   raised_ = true;
   session_.event("training-raised", agent::raised_text(error));
+  raised_in();
 }
 
 void Agent::Impl::close() {

@@ -56,6 +56,7 @@ class Agent::Impl final : public ScalerObserver {
     if (!closed_ && !raised_ && std::uncaught_exceptions() > exceptions_at_start_) {
       try {
         session_.event("training-raised", std::string(kUnwound));
+        raised_in();
       } catch (...) {
         // Nothing may leave a destructor during unwinding; the run.db is finished below.
       }
@@ -182,6 +183,11 @@ class Agent::Impl final : public ScalerObserver {
   void look_at_parameters();
   bool closed_ = false;
   bool raised_ = false;  // training_raised() recorded the exception
+  // The innermost module whose forward() the last exception left (forward_as()'s `run`),
+  // for event "training-raised-in"; empty: none did, or a module ran to its end since.
+  std::string raised_in_;
+  at::Tensor run_module(const std::string& path, const Forward& run, const at::Tensor& x);
+  void raised_in();  // event "training-raised-in", where raised_in_ names a module
   // Exceptions in flight when the Agent was made: one made by a destructor that runs during
   // unwinding is not destroyed by that exception.
   const int exceptions_at_start_ = std::uncaught_exceptions();

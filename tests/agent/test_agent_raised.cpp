@@ -244,3 +244,61 @@ TEST_CASE("anomaly detection raising on the scaler's first overflow, caught and 
   CHECK_THROWS_WITH(rule_checks::report_of(dir.file("run.db")),
                     Catch::Contains("Turn anomaly detection off") && Catch::Contains("with a GradScaler"));
 }
+
+namespace {
+
+// One step of the tiny net with its three layers run through agent.forward(); b's forward
+// throws DataError where `b_throws`, and an error outside every module follows where
+// `then_outside`. The loop gives what reaches it to training_raised(); a DataError from b is
+// caught and skipped where `b_caught`.
+std::vector<rundb::EventRow> raised_in_events(bool b_throws, bool b_caught, bool then_outside) {
+  CaughtLoop loop;
+  auto& [dir, net, optimizer, scaler, options] = loop;
+  {
+    Agent agent(*net, scaler, options);
+    const auto x = torch::randn({8, 16});
+    const Agent::Forward boom = [](const at::Tensor&) -> at::Tensor { throw DataError("b refused its input"); };
+    try {
+      for (int step = 0; step < 2; ++step) {
+        optimizer.zero_grad();
+        torch::Tensor loss;
+        try {
+          HalfAutocast autocast;
+          const auto h = agent.forward("a", net->a, x);
+          const auto r = b_throws && step == 0 ? agent.forward_as("b", boom, boom, h) : agent.forward("b", net->b, h);
+          loss = agent.forward("c", net->c, r).to(torch::kFloat).pow(2).mean();
+        } catch (const DataError&) {
+          if (!b_caught) throw;
+          continue;
+        }
+        if (then_outside) throw std::runtime_error("the loss is not a scalar");
+        scaler.scale(loss).backward();
+        scaler.step(optimizer);
+        scaler.update();
+      }
+    } catch (const std::exception& e) {
+      agent.training_raised(e);
+    }
+  }
+  std::vector<rundb::EventRow> found;
+  for (const auto& e : rundb::RunDbReader(dir.file("run.db")).events())
+    if (e.kind == "training-raised-in") found.push_back(e);
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("an exception that leaves a module run through forward() names that module beside training-raised",
+          "[agent][raised]") {
+  const auto events = raised_in_events(true, false, false);
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].detail == "b (Linear)");
+}
+
+TEST_CASE("an exception raised outside every module names none", "[agent][raised]") {
+  CHECK(raised_in_events(false, false, true).empty());
+}
+
+TEST_CASE("a module's exception the loop caught in an earlier step is not named for a later one", "[agent][raised]") {
+  CHECK(raised_in_events(true, true, true).empty());
+}
