@@ -127,6 +127,36 @@ std::optional<Suggestion> bound_the_exponent_beyond_fp32(const Run& run, const s
                             "Inf whatever the precision");
 }
 
+std::optional<Suggestion> keep_the_root_off_zero(const Run& run, const std::string& module) {
+  const loss_code::Code code = loss_code::after_module(run, module, "module-code");
+  static const char* const kRoots[] = {"Rsqrt", "Pow(-0.5)"};
+  static const char* const kSqrts[] = {"Sqrt", "Norm", "LinalgVectorNorm"};
+  static const char* const kDivides[] = {"Div", "Reciprocal"};
+  static const char* const kOthers[] = {"Exp", "Exp2", "Expm1", "Log", "Log1p", "Log2", "Log10"};
+  // Another operation that makes Inf or NaN from finite values leaves the root unproven.
+  if (last_of(code, kOthers)) return std::nullopt;
+  const loss_code::Op* root = last_of(code, kRoots);
+  const bool divides = last_where(code, [](const loss_code::Op& o) {
+                         return std::any_of(std::begin(kDivides), std::end(kDivides),
+                                            [&](const char* name) { return o.name == name; }) &&
+                                o.constant == 0.0;
+                       }) != nullptr;
+  if (!root && !(divides && (root = last_of(code, kSqrts)))) return std::nullopt;
+  const bool reciprocal = root->name != "Sqrt" && root->name.rfind("Norm") == std::string::npos;
+  Suggestion s;
+  s.summary = "Keep what " + module + "'s own code " +
+              (reciprocal ? "takes the reciprocal square root of (" + root->name + ")"
+                          : "takes the square root or norm of and divides by (" + root->name + ")") +
+              " off 0: there it is Inf in any precision, and a row of all zeros (a padding token's embedding, which "
+              "padding_idx keeps at zero; a masked position) times it is NaN. Add an eps under the root, as RMSNorm "
+              "and LayerNorm do (1e-6; an eps of 0 adds nothing), or clamp it (clamp_min(1e-12)).";
+  s.python = "# in " + module + "'s forward(): an eps under the root\n"
+             "variance = x.pow(2).mean(-1, keepdim=True)\n"
+             "x = x * torch.rsqrt(variance + self.eps)  # self.eps > 0 (1e-6), not 0";
+  s.untried = true;
+  return s;
+}
+
 std::string input_code_evidence(const Run& run, const std::string& first_seen) {
   return code_evidence(run, first_seen, "input-code", "the code that made " + first_seen + "'s input");
 }

@@ -33,6 +33,13 @@ std::vector<Suggestion> own_code_fixes(const Run& run, const std::string& module
 // 88.72, so one without a bound ends in Inf whatever the precision); none otherwise.
 std::optional<Suggestion> bound_the_exponent_beyond_fp32(const Run& run, const std::string& module);
 
+// Where the module makes NaN/Inf from finite inputs in FP32 too and its own code takes a
+// reciprocal square root (Rsqrt, Pow(-0.5)), or a square root or norm it divides by, and
+// nothing else there makes Inf or NaN from finite values (an exp, a log): that root kept off
+// 0 by an eps, untried (a Llama RMSNorm with rms_norm_eps=0 on a padding token's zero
+// embedding: rsqrt(0) is Inf, and 0 times it NaN); none otherwise.
+std::optional<Suggestion> keep_the_root_off_zero(const Run& run, const std::string& module);
+
 // The code that made the NaN/Inf input of `first_seen`, the first module to show it, which
 // only received it (event "input-code", Python agent): "; the code that made dec.0's input,
 // read at step 0: Mul, Exp, Mul, Add (all float16)"; empty where none was read.

@@ -461,6 +461,7 @@ void forward_nonfinite(const Run& run, const Thresholds&, std::vector<Finding>& 
         f.title = name + " makes NaN/Inf from finite inputs even in FP32: its code, not fp16's range";
         f.evidence += module_code_evidence(run, path);
         if (auto bound = bound_the_exponent_beyond_fp32(run, path)) f.suggestions.push_back(*bound);
+        if (auto root = keep_the_root_off_zero(run, path)) f.suggestions.push_back(*root);
         f.suggestions.push_back({"Look at " + name + "'s code: from finite inputs it returns NaN/Inf in FP32 too (a log or "
                                  "a division by 0, an exp beyond float32, an inf fill, a softmax over a row whose every "
                                  "entry is masked: an empty sequence in a padding mask); pinning it to FP32 cannot help.",

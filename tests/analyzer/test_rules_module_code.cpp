@@ -153,3 +153,46 @@ TEST_CASE("a small constant, or one without which the FP32 output still passes f
     std::remove(dir.file("run.db").c_str());
   }
 }
+
+namespace {
+
+// c2 makes NaN/Inf from finite inputs in FP32 too (replayed), its own code read as `code`.
+Finding intrinsic_with_code(const std::string& code) {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), {"c2.lin.weight", "head.weight"});
+  f.replay("c2", "intrinsic");
+  for (int i = 0; i < 4; ++i) {
+    if (i == 0) f.event("module-code", "c2: " + code);
+    f.activation("c2.lin", false).activation("c2", true).activation("head", true).step(65536, 32768, 1000, {}, kNaN);
+  }
+  f.finish();
+  const Report r = report_of(dir.file("run.db"));
+  return required(r, "forward-nonfinite");
+}
+
+}  // namespace
+
+TEST_CASE("a module whose own rsqrt makes NaN in FP32 too has an eps under the root before the look at its code",
+          "[rules][module-code]") {
+  // A Llama RMSNorm with rms_norm_eps=0 on a padding token's zero embedding: rsqrt(0) is Inf.
+  const Finding fw = intrinsic_with_code("Pow(2):float32, Mean:float32, Add:float32, Rsqrt:float32, Mul:float32");
+  REQUIRE(fw.suggestions.size() == 2);
+  CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Keep what c2's own code takes the reciprocal square root of "
+                                                          "(Rsqrt) off 0"));
+  CHECK(fw.suggestions[0].untried);
+  CHECK_THAT(fw.suggestions[0].python, Catch::Contains("torch.rsqrt(variance + self.eps)"));
+  CHECK_THAT(fw.suggestions[1].summary, Catch::StartsWith("Look at c2's code"));
+}
+
+TEST_CASE("a module whose own code divides by a square root it takes has the root kept off 0", "[rules][module-code]") {
+  const Finding fw = intrinsic_with_code("Pow(2):float32, Sum:float32, Sqrt:float32, Div:float32");
+  REQUIRE_FALSE(fw.suggestions.empty());
+  CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Keep what c2's own code takes the square root or norm of and "
+                                                          "divides by (Sqrt) off 0"));
+}
+
+TEST_CASE("a root beside a log in a module's own code is left to the look at its code", "[rules][module-code]") {
+  const Finding fw = intrinsic_with_code("Log:float32, Rsqrt:float32, Mul:float32");
+  REQUIRE(fw.suggestions.size() == 1);
+  CHECK_THAT(fw.suggestions[0].summary, Catch::StartsWith("Look at c2's code"));
+}
