@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/generated/Functions.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -67,10 +69,38 @@ std::vector<Node*> path_nodes(Node* top, const Node* target, std::size_t limit) 
   return order;
 }
 
-std::string described(const std::vector<Node*>& nodes) {
+// "Mul(1e+06)" for a product by one number (a C++ Scalar, or a one-value host tensor), a
+// division by one, or a power with a number exponent, as the Python agent's op_name() writes
+// them: the analyzer needs the number to tell a loss factor or a temperature from a product of
+// tensors. Read before backward frees what the node saved; its name alone where it has none.
+std::string numbered_name(Node& node) {
+  namespace generated = torch::autograd::generated;
+  const std::string name = op_name(node);
+  std::optional<double> number;
+  const auto one_value = [&](const torch::autograd::SavedVariable& saved) -> std::optional<double> {
+    try {
+      const at::Tensor t = saved.unpack(node.getptr());
+      if (t.defined() && t.numel() == 1 && t.dim() == 0 && t.device().is_cpu() && !t.is_complex()) return t.item<double>();
+    } catch (const c10::Error&) {
+      // Freed by a backward: the name alone.
+    }
+    return std::nullopt;
+  };
+  if (const auto* mul = dynamic_cast<const generated::MulBackward1*>(&node)) number = mul->other.toDouble();
+  else if (const auto* div = dynamic_cast<const generated::DivBackward1*>(&node)) number = div->other.toDouble();
+  else if (const auto* pow = dynamic_cast<const generated::PowBackward0*>(&node)) number = pow->exponent.toDouble();
+  else if (const auto* mul0 = dynamic_cast<const generated::MulBackward0*>(&node)) number = one_value(mul0->other_);
+  else if (const auto* div0 = dynamic_cast<const generated::DivBackward0*>(&node)) number = one_value(div0->other_);
+  if (!number) return name;
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", *number);
+  return name + "(" + text + ")";
+}
+
+std::string described(const std::vector<Node*>& nodes, bool numbers = false) {
   std::string out;
   for (std::size_t i = 0; i < nodes.size() && i < CodeAfter::kNamed; ++i)
-    out += (i ? ", " : "") + op_name(*nodes[i]) + ":" + made_dtype(*nodes[i]);
+    out += (i ? ", " : "") + (numbers ? numbered_name(*nodes[i]) : op_name(*nodes[i])) + ":" + made_dtype(*nodes[i]);
   return out;
 }
 
@@ -149,6 +179,8 @@ struct CodeAfter::Shared {
   std::atomic<int> origin{-1};    // index in nodes of the one that made them
   std::vector<EntryWatches::Event> events;
   std::vector<std::pair<std::string, at::Tensor>> own;  // the model's own parameters
+  bool first_read = false;                 // event "loss-code-first" made (or none could be)
+  c10::intrusive_ptr<Node> last_output;    // until then: this step's last probed output's node
 };
 
 namespace {
@@ -179,6 +211,13 @@ void CodeAfter::loss(const at::Tensor& loss) {
   Shared& s = *shared_;
   std::lock_guard<std::mutex> lock(s.mutex);
   s.loss = loss.grad_fn();
+  if (!s.first_read && s.loss && s.last_output) {
+    // The loss code as the run's first backward is about to start, its numbers still saved.
+    s.first_read = true;
+    const std::vector<Node*> nodes = path_nodes(s.loss.get(), s.last_output.get(), kWalkNodes);
+    if (!nodes.empty()) s.events.push_back({"loss-code-first", described(nodes, true)});
+    s.last_output.reset();
+  }
   if (s.tracing.empty() || !s.output || !s.hooks.empty() || !s.loss) return;
   const std::vector<Node*> nodes = path_nodes(s.loss.get(), s.output.get(), kWalkNodes);
   if (nodes.empty() || nodes.size() > kTraceNodes) return;
@@ -199,6 +238,7 @@ void CodeAfter::own_parameters(std::vector<std::pair<std::string, at::Tensor>> p
 void CodeAfter::output(const std::string& path, const at::Tensor& y) {
   Shared& s = *shared_;
   std::lock_guard<std::mutex> lock(s.mutex);
+  if (!s.first_read && y.defined() && y.grad_fn()) s.last_output = y.grad_fn();
   if (s.tracing == path && !s.output && y.defined() && y.device().is_cpu() && y.grad_fn()) s.output = y.grad_fn();
 }
 

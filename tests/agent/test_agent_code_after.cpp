@@ -133,3 +133,27 @@ TEST_CASE("the model's own temperature that code reads through exp() is named, a
   REQUIRE_FALSE(o.suggestions.empty());
   CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Bound logit_scale before its exp()"));
 }
+
+TEST_CASE("the loss code is read once, with its numbers, as the run's first backward is about to start",
+          "[agent][code-after]") {
+  // As the Python agent's event: the analyzer reads it where no skip read the code.
+  TempDir dir;
+  const std::string db = run_code_after(dir, [](const torch::Tensor&, const torch::Tensor& b) {
+    return torch::relu(b).to(torch::kFloat).pow(2).mean() * 1e6;
+  });
+  const std::vector<std::string> code = event_details(db, "loss-code-first");
+  REQUIRE(code.size() == 1);
+  CHECK(code[0] == "Relu:float16, ToCopy:float32, Pow(2):float32, Mean:float32, Mul(1e+06):float32");
+}
+
+TEST_CASE("a loss multiplied by a large number on top of the scaler has the factor taken out first",
+          "[agent][code-after]") {
+  TempDir dir;
+  const std::string db = run_code_after(dir, [](const torch::Tensor&, const torch::Tensor& b) {
+    return torch::relu(b).to(torch::kFloat).pow(2).mean() * 1e6;
+  });
+  const auto report = analyzer::analyze({analyzer::load_run(db)});
+  const analyzer::Finding& o = overflow_origin_of(report);
+  REQUIRE_FALSE(o.suggestions.empty());
+  CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Take out the loss code's multiplication by 1e+06"));
+}
