@@ -2,10 +2,14 @@
 #include "backward_order.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "ampdiag/rundb/module_paths.h"
 #include "overflow_events.h"
+#include "rules.h"
 #include "suggestions.h"
 
 namespace ampdiag::analyzer::rules {
@@ -77,6 +81,37 @@ LargestValue largest_value_through(const Run& run, const std::set<std::string>& 
     for (auto it = begin; it != end; ++it) consider(module, it->second);
   }
   return largest;
+}
+
+void pin_parameterless(const Run& run, const std::set<std::string>& between, Finding& f) {
+  const std::string& first = *between.begin();
+  const std::string second = between.size() > 1 ? *std::next(between.begin()) : std::string();
+  Suggestion pin = second.empty() ? suggest::pin_fp32(run, first) : suggest::pin_fp32_both(run, first, second, "");
+  const std::string names = second.empty() ? first : first + " and " + second;
+  const std::string none = std::string(between.size() == 1 ? "It holds" : "They hold") +
+                           " no parameters, so no replay of its backward was made.";
+  pin.summary = "If instead a value inside " + names + "'s backward passes fp16's range (an exp() above 11, a cube above "
+                "40: at a scale this low the scale no longer matters, an fp16 intermediate does): run " + names +
+                " in FP32. " + none;
+  pin.untried = true;
+  // Values that large in what its backward computes on are evidence for the pin, and a
+  // singular point has none.
+  const LargestValue large = largest_value_through(run, between);
+  if (f.suggestions.empty() || !(large.absmax > std::cbrt(run.fp_max)) ||
+      f.suggestions.back().summary.rfind(suggest::kSingularLook, 0) != 0) {
+    f.suggestions.push_back(pin);
+    return;
+  }
+  const auto look = f.suggestions.end() - 1;
+  const std::string held = large.source == large.module ? large.module + "'s outputs"
+                                                        : large.module + "'s input, " + large.source + "'s output,";
+  f.evidence += "; " + held + " reached " + fmt(large.absmax) + ", whose cube passes " + fmt(run.fp_max);
+  pin.summary = "Run " + names + " in FP32: " + large.module + " computes on values up to " + fmt(large.absmax) +
+                ", and a cube of them (tanh-approximated GELU takes one), a square above 256 or an exp() above 11 "
+                "passes fp16's range inside its backward at any loss scale. " + none;
+  look->summary = "If pinned it still goes NaN/Inf, look at the backward of " +
+                  look->summary.substr(std::strlen(suggest::kSingularLook));
+  f.suggestions.insert(look, pin);
 }
 
 // `ran_before`, and the modules holding a layer whose finite gradient arrived before the NaN/Inf

@@ -8,6 +8,7 @@
 #include <set>
 #include <string>
 
+#include "ampdiag/analyzer/findings.h"
 #include "ampdiag/analyzer/run.h"
 
 namespace ampdiag::analyzer::rules {
@@ -38,6 +39,15 @@ struct LargestValue {
   float absmax = 0.0f;
 };
 LargestValue largest_value_through(const Run& run, const std::set<std::string>& modules);
+
+// The FP32 pin of the first one or two of `between`, modules without parameters a gradient
+// passed, untried: they get no replay of their own, and the other kind of NaN, an fp16 value
+// inside their backward beyond 65504, is theirs to pin (a custom activation whose backward
+// takes exp() of its fp16 input: pinned, it trains). Added after the look at their backward
+// (f's last fix), "If instead ..."; before it, where one of them computes on values whose cube
+// passes fp16's top (largest_value_through), with those values as evidence, the look then "If
+// pinned it still goes NaN/Inf, ..." (ALBERT's gelu_new on FFN outputs near 2e4).
+void pin_parameterless(const Run& run, const std::set<std::string>& between, Finding& f);
 
 // `ran_before` and the modules whose finite gradients arrived before the NaN/Inf ones of the
 // layers in `first` (layer id -> times first).

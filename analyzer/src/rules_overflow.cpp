@@ -3,7 +3,6 @@
 #include <cctype>
 #include <iterator>
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <set>
 #include <string>
@@ -384,37 +383,8 @@ void overflow_origin(const Run& run, const Thresholds& t, std::vector<Finding>& 
       // The modules without parameters it passed get no replay of their own; the other kind
       // of NaN, an fp16 value inside their backward beyond 65504, is theirs to pin (a custom
       // activation whose backward takes exp() of its fp16 input: pinned, it trains).
-      if (replay.outcome != "finite" && replay.outcome != "intrinsic" && !m.between.empty()) {
-        const std::string& first = *m.between.begin();
-        const std::string second = m.between.size() > 1 ? *std::next(m.between.begin()) : std::string();
-        Suggestion pin = second.empty() ? suggest::pin_fp32(run, first) : suggest::pin_fp32_both(run, first, second, "");
-        const std::string names = second.empty() ? first : first + " and " + second;
-        pin.summary = "If instead a value inside " + names + "'s backward passes fp16's range (an exp() above 11, a cube above "
-                      "40: at a scale this low the scale no longer matters, an fp16 intermediate does): run " + names +
-                      " in FP32. " + (m.between.size() == 1 ? "It holds" : "They hold") +
-                      " no parameters, so no replay of its backward was made.";
-        pin.untried = true;
-        // Values that large in what its backward computes on are evidence for the pin, and a
-        // singular point has none: the pin first (ALBERT's gelu_new on FFN outputs near 2e4).
-        const LargestValue large = largest_value_through(run, m.between);
-        const auto look = f.suggestions.end() - 1;
-        if (large.absmax > std::cbrt(run.fp_max) && look->summary.rfind(suggest::kSingularLook, 0) == 0) {
-          const std::string held = large.source == large.module
-                                       ? large.module + "'s outputs"
-                                       : large.module + "'s input, " + large.source + "'s output,";
-          f.evidence += "; " + held + " reached " + fmt(large.absmax) + ", whose cube passes " + fmt(run.fp_max);
-          pin.summary = "Run " + names + " in FP32: " + large.module + " computes on values up to " +
-                        fmt(large.absmax) + ", and a cube of them (tanh-approximated GELU takes one), a square above "
-                        "256 or an exp() above 11 passes fp16's range inside its backward at any loss scale. " +
-                        (m.between.size() == 1 ? "It holds" : "They hold") +
-                        " no parameters, so no replay of its backward was made.";
-          look->summary = "If pinned it still goes NaN/Inf, look at the backward of " +
-                          look->summary.substr(std::strlen(suggest::kSingularLook));
-          f.suggestions.insert(look, pin);
-        } else {
-          f.suggestions.push_back(pin);
-        }
-      }
+      if (replay.outcome != "finite" && replay.outcome != "intrinsic" && !m.between.empty())
+        pin_parameterless(run, m.between, f);
     }
     const std::string code_after = sent ? senders.paths.front() + "'s backward" : "the code that uses " + module + "'s output";
     const auto most = std::max_element(m.after.begin(), m.after.end(),
