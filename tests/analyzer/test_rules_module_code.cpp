@@ -102,18 +102,27 @@ TEST_CASE("a module's sum over a reduction is averaged with mean()", "[rules][mo
   CHECK_THAT(fw.suggestions[0].python, Catch::Contains("out = x.mean(dim)  # was x.sum(dim)"));
 }
 
-TEST_CASE("a module whose own exp() makes Inf in FP32 too has its argument bounded before the look at its code",
-          "[rules][module-code]") {
+namespace {
+
+// c2 makes NaN/Inf from finite inputs in FP32 too (replayed), its own code read as `code`.
+Finding intrinsic_with_code(const std::string& code) {
   TempDir dir;
   RunFixture f(dir.file("run.db"), {"c2.lin.weight", "head.weight"});
   f.replay("c2", "intrinsic");
   for (int i = 0; i < 4; ++i) {
-    if (i == 0) f.event("module-code", "c2: Exp:float16, Mul:float32");
+    if (i == 0) f.event("module-code", "c2: " + code);
     f.activation("c2.lin", false).activation("c2", true).activation("head", true).step(65536, 32768, 1000, {}, kNaN);
   }
   f.finish();
   const Report r = report_of(dir.file("run.db"));
-  const Finding& fw = required(r, "forward-nonfinite");
+  return required(r, "forward-nonfinite");
+}
+
+}  // namespace
+
+TEST_CASE("a module whose own exp() makes Inf in FP32 too has its argument bounded before the look at its code",
+          "[rules][module-code]") {
+  const Finding fw = intrinsic_with_code("Exp:float16, Mul:float32");
   CHECK(fw.module == "c2");
   CHECK_THAT(fw.title, Catch::Contains("even in FP32: its code"));
   CHECK_THAT(fw.evidence, Catch::Contains("its own code after its submodules, read at step 0: Exp (float16), Mul "
@@ -153,24 +162,6 @@ TEST_CASE("a small constant, or one without which the FP32 output still passes f
     std::remove(dir.file("run.db").c_str());
   }
 }
-
-namespace {
-
-// c2 makes NaN/Inf from finite inputs in FP32 too (replayed), its own code read as `code`.
-Finding intrinsic_with_code(const std::string& code) {
-  TempDir dir;
-  RunFixture f(dir.file("run.db"), {"c2.lin.weight", "head.weight"});
-  f.replay("c2", "intrinsic");
-  for (int i = 0; i < 4; ++i) {
-    if (i == 0) f.event("module-code", "c2: " + code);
-    f.activation("c2.lin", false).activation("c2", true).activation("head", true).step(65536, 32768, 1000, {}, kNaN);
-  }
-  f.finish();
-  const Report r = report_of(dir.file("run.db"));
-  return required(r, "forward-nonfinite");
-}
-
-}  // namespace
 
 TEST_CASE("a module whose own rsqrt makes NaN in FP32 too has an eps under the root before the look at its code",
           "[rules][module-code]") {
