@@ -372,7 +372,10 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   // a gain of 112: its fused query, key and value bias 41% zero and 13% subnormal).
   std::vector<std::string> saturating;
   for (auto& g : out) {
-    if (g.rule != "underflow" || g.severity == Severity::kInfo) continue;
+    // (One a weight elsewhere shrank leads with that weight's re-initialisation already.)
+    if (g.rule != "underflow" || g.severity == Severity::kInfo ||
+        std::find(shrunk.begin(), shrunk.end(), g.layer.empty() ? g.module : g.layer) != shrunk.end())
+      continue;
     const auto maker = std::find_if(found.begin(), found.end(), [&](const Oversized& o) { return o.module == g.module; });
     if (maker == found.end() || zero_share(*maker->layer) < kSaturated) continue;
     g.evidence += "; " + maker->module + "'s weights start at a gain of " + whole_number(maker->scale) +
@@ -385,7 +388,8 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
                                                "what takes its outputs saturates, and the gradients back through it "
                                                "are 0 or next to it in any precision",
                                                maker->stacked));
-    if (std::string& next = g.suggestions[1].summary; next.rfind("Train in bfloat16", 0) == 0) next.replace(0, 5, "Or train");
+    if (g.suggestions.size() > 1 && g.suggestions[1].summary.rfind("Train in bfloat16", 0) == 0)
+      g.suggestions[1].summary.replace(0, 5, "Or train");
     saturating.push_back(g.layer.empty() ? g.module : g.layer);
   }
 
@@ -407,7 +411,7 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   f.steps.push_back(top.step);
   // A warning beside the overflow's own finding, which keeps its fixes: a gain this large is
   // what makes outputs large, but a model may have it by design (trainable Fourier features).
-  const bool warns = weighs || !shrunk.empty() || saturated > 0.0;
+  const bool warns = weighs || !shrunk.empty() || saturated > 0.0 || !saturating.empty();
   f.severity = warns ? Severity::kWarning : Severity::kInfo;
   f.score = warns ? 60.0 : 5.0;
   f.title = top.name + " starts at a gain of " + whole_number(top.scale) +

@@ -486,12 +486,13 @@ namespace {
 // GPT-2's fused attention projection, c_attn, read at a gain of `gain` ([192, 64]), its own
 // gradient 33% exact zeros; its bias [192] 41% zero and 13% fp16-subnormal in every step,
 // nothing overflowing.
-Report saturated_projection_run(const TempDir& dir, double gain) {
+// `head_gain`: head's, read as the largest where it is above c_attn's.
+Report saturated_projection_run(const TempDir& dir, double gain, double head_gain = 0.3) {
   const std::vector<std::string> layers = {"attn.c_attn.weight", "attn.c_attn.bias", "head.weight"};
   RunFixture f(dir.file("run.db"), layers, 0, 1, "float32", {},
                {{"attn.c_attn.weight", {192, 64}}, {"attn.c_attn.bias", {192}}});
   f.weight_norm("attn.c_attn.weight", gain * std::sqrt(192.0)).weight_norm("attn.c_attn.bias", 0.1);
-  f.weight_norm("head.weight", 2.4);
+  f.weight_norm("head.weight", head_gain * 8.0);
   f.zeros_fraction("attn.c_attn.weight", 0.33).zeros_fraction("attn.c_attn.bias", 0.41, 0.13);
   for (int i = 0; i < 8; ++i) f.activation("attn.c_attn", false, 400.0).activation("head", false, 1.0).step(65536, 65536);
   f.finish();
@@ -523,4 +524,15 @@ TEST_CASE("an underflow beside weights at a standard gain keeps its own fixes fi
   const Finding& u = required(r, "underflow");
   CHECK_THAT(u.evidence, !Catch::Contains("see oversized-weights"));
   CHECK_THAT(u.suggestions.front().summary, !Catch::StartsWith("Initialise"));
+}
+
+TEST_CASE("a saturating weight that is not the largest still makes the oversized finding a warning",
+          "[rules][oversized-weights]") {
+  // The head's larger gain is named first; c_attn's saturation explains the underflow.
+  TempDir dir;
+  const Report r = saturated_projection_run(dir, 112.0, 500.0);
+  const Finding& o = required(r, "oversized-weights");
+  CHECK(o.layer == "head.weight");
+  CHECK(o.severity == Severity::kWarning);
+  CHECK_THAT(o.evidence, Catch::EndsWith("the underflow in attn.c_attn.bias is that saturation's too (see underflow)"));
 }
