@@ -136,13 +136,14 @@ std::optional<Suggestion> keep_the_root_off_zero(const Run& run, const std::stri
   // Another operation that makes Inf or NaN from finite values leaves the root unproven.
   if (last_of(code, kOthers)) return std::nullopt;
   const loss_code::Op* root = last_of(code, kRoots);
-  const bool divides = last_where(code, [](const loss_code::Op& o) {
-                         return std::any_of(std::begin(kDivides), std::end(kDivides),
-                                            [&](const char* name) { return o.name == name; }) &&
-                                o.constant == 0.0;
-                       }) != nullptr;
-  if (!root && !(divides && (root = last_of(code, kSqrts)))) return std::nullopt;
-  const bool reciprocal = root->name != "Sqrt" && root->name.rfind("Norm") == std::string::npos;
+  const bool reciprocal = root != nullptr;
+  // A square root or norm only where the code divides by a tensor (a constant divisor is no 0).
+  if (!root && last_where(code, [](const loss_code::Op& o) {
+        return o.constant == 0.0 && std::any_of(std::begin(kDivides), std::end(kDivides),
+                                                [&](const char* name) { return o.name == name; });
+      }))
+    root = last_of(code, kSqrts);
+  if (!root) return std::nullopt;
   Suggestion s;
   s.summary = "Keep what " + module + "'s own code " +
               (reciprocal ? "takes the reciprocal square root of (" + root->name + ")"

@@ -363,8 +363,8 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
     return finite > 0 ? zeros / double(finite) : 0.0;
   };
   constexpr double kSaturated = 0.25;
-  double saturated = 0.0;
-  if (shrunk.empty() && zero_share(*top.layer) >= kSaturated) saturated = zero_share(*top.layer);
+  const double top_zeros = zero_share(*top.layer);
+  const double saturated = shrunk.empty() && top_zeros >= kSaturated ? top_zeros : 0.0;
 
   // Underflowing gradients in the module of such a weight, its gradient saturated too, are the
   // same saturation's: the limits' gradient is 0 or next to it in any precision, so most of
@@ -377,9 +377,10 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
         std::find(shrunk.begin(), shrunk.end(), g.layer.empty() ? g.module : g.layer) != shrunk.end())
       continue;
     const auto maker = std::find_if(found.begin(), found.end(), [&](const Oversized& o) { return o.module == g.module; });
-    if (maker == found.end() || zero_share(*maker->layer) < kSaturated) continue;
+    const double zeros = maker == found.end() ? 0.0 : zero_share(*maker->layer);
+    if (zeros < kSaturated) continue;
     g.evidence += "; " + maker->module + "'s weights start at a gain of " + whole_number(maker->scale) +
-                  " (see oversized-weights), and " + pct(zero_share(*maker->layer)) + " of their own gradient was "
+                  " (see oversized-weights), and " + pct(zeros) + " of their own gradient was "
                   "exactly zero: outputs that many times too large push what takes them, a softmax or a tanh, to its "
                   "limits, where the gradient is 0 or next to it in any precision, so most of these values are not "
                   "fp16's to lift";
