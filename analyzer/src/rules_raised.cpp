@@ -81,15 +81,19 @@ std::string onednn_refused_rnn(const std::string& raised) {
   return kind == "LSTM" || kind == "GRU" || kind == "RNN" ? kind : "";
 }
 
-// The fix for that refusal: the module the traceback ran through (event "training-raised-in",
-// "rnn (LSTM)") in FP32, or bfloat16, which those kernels have.
+// The fix for that refusal: the module the exception left (event "training-raised-in",
+// "rnn (LSTM)") in FP32, or bfloat16, which those kernels have; in the words of the agent's
+// language, since a LibTorch loop has no ampdiag.pin_fp32().
 std::string rnn_refusal_fix(const Run& run, const std::string& kind) {
   const rundb::EventRow* in = run.first_event("training-raised-in");
   const std::string module = in ? in->detail.substr(0, in->detail.find(" (")) : "the " + kind;
-  const std::string pin = in ? " (ampdiag.pin_fp32(" + suggest::python_attribute(module) + "))" : "";
+  const bool python = suggest::python_agent(run);
+  const std::string pin = !in ? ""
+                          : python ? " (ampdiag.pin_fp32(" + suggest::python_attribute(module) + "))"
+                                   : " (ampdiag::Fp32Pins, ampdiag/pin_fp32.h)";
   return "torch's CPU kernels (oneDNN) have no float16 " + kind + " on this CPU, and autocast gave it float16 inputs: "
-         "run " + module + " in FP32" + pin + ", autocast off inside it and its inputs cast to float32, or autocast "
-         "with dtype=torch.bfloat16, which those kernels support.";
+         "run " + module + " in FP32" + pin + ", autocast off inside it and its inputs cast to float32, or autocast " +
+         (python ? "with dtype=torch.bfloat16" : "in at::kBFloat16") + ", which those kernels support.";
 }
 
 // torch.amp.GradScaler's own refusals of a loop that calls it out of order, by their text

@@ -88,9 +88,9 @@ std::string ran_ancestor(const Run& run, const std::string& module_path) {
   return "";
 }
 
-bool python_agent(const Run& run) { return run.meta_or("source", "") == "ampdiag Python agent"; }
-
 }  // namespace
+
+bool python_agent(const Run& run) { return run.meta_or("source", "") == "ampdiag Python agent"; }
 
 Suggestion pin_fp32(const Run& run, const std::string& module_path) {
   Suggestion s;

@@ -13,6 +13,8 @@ namespace ampdiag::analyzer::suggest {
 std::string python_attribute(const std::string& module_path);
 // The run's autocast device_type: "cuda" or "cpu".
 std::string device_type(const Run& run);
+// Whether the Python agent wrote the run (its fixes are Python; the C++ agent's, LibTorch).
+bool python_agent(const Run& run);
 
 Suggestion pin_fp32(const Run& run, const std::string& module_path);
 // `first` and `second` pinned together ("Run a and b in FP32 ..."), `why` ending the summary;

@@ -223,12 +223,25 @@ TEST_CASE("oneDNN refusing a float16 LSTM before the first step says to run the 
   // module from the traceback (event "training-raised-in").
   TempDir dir;
   RunFixture f(dir.file("run.db"), kLayers);
+  f.meta("source", "ampdiag Python agent");
   f.event("training-raised", kLstmRefused).event("training-raised-in", "enc.rnn (LSTM)");
   f.finish();
   CHECK_THROWS_WITH(load_run(dir.file("run.db")),
                     Catch::Contains("information. torch's CPU kernels (oneDNN) have no float16 LSTM on this CPU") &&
                         Catch::Contains("run enc.rnn in FP32 (ampdiag.pin_fp32(model.enc.rnn))") &&
                         Catch::Contains("dtype=torch.bfloat16"));
+}
+
+TEST_CASE("the same refusal in a LibTorch run names the C++ pin and dtype, not Python's", "[rules][raised]") {
+  TempDir dir;
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.meta("source", "ampdiag C++ agent");
+  f.event("training-raised", kLstmRefused).event("training-raised-in", "rnn (LSTM)");
+  f.finish();
+  CHECK_THROWS_WITH(load_run(dir.file("run.db")),
+                    Catch::Contains("run rnn in FP32 (ampdiag::Fp32Pins, ampdiag/pin_fp32.h)") &&
+                        Catch::Contains("autocast in at::kBFloat16") && !Catch::Contains("pin_fp32(model") &&
+                        !Catch::Contains("torch.bfloat16"));
 }
 
 TEST_CASE("oneDNN refusing a float16 GRU after some steps, with no module read, names the layer's kind",
