@@ -341,22 +341,26 @@ void Agent::Impl::on_scale(const at::Tensor& outputs) {
   // Its gradient starts as the scale itself, in fp16: the analyzer says what that costs.
   if (scaler_ && outputs.scalar_type() == at::kHalf)  // without a scaler no scale is multiplied in
     session_.event_once("half-loss", "half-loss", "scaler.scale() received a float16 loss");
-  if (options_.replay) entries_.loss(outputs);
-  if (!fp32_gradients_read_ && outputs.grad_fn()) {
-    fp32_gradients_read_ = true;
-    if (const auto graph = agent::gradient_graph(outputs, named_params_))
-      if (const std::string detail = agent::fp32_gradients_detail(agent::fp32_gradient_params(*graph)); !detail.empty())
-        session_.event_once(agent::kFp32GradientsKind, agent::kFp32GradientsKind, detail);
-  }
+  bool host_nonfinite = false;
   if (outputs.numel() == 1 && at::isFloatingType(outputs.scalar_type())) {
     const at::Tensor loss = outputs.detach().reshape({}).to(at::kDouble);
     if (outputs.device().is_cpu()) {
-      loss_sum_ += loss.item<double>();
+      const double value = loss.item<double>();
+      host_nonfinite = !std::isfinite(value);
+      loss_sum_ += value;
     } else {
       const at::Tensor here = device_loss_sum_.defined() ? loss.to(device_loss_sum_.device(), /*non_blocking=*/true) : loss;
       device_loss_sum_ = device_loss_sum_.defined() ? device_loss_sum_ + here : here;
     }
     ++losses_;
+  }
+  // The loss code made the NaN/Inf only where no probed output nor parameter held it first.
+  if (options_.replay) entries_.loss(outputs, host_nonfinite && !nonfinite_seen_ && !parameters_nonfinite_);
+  if (!fp32_gradients_read_ && outputs.grad_fn()) {
+    fp32_gradients_read_ = true;
+    if (const auto graph = agent::gradient_graph(outputs, named_params_))
+      if (const std::string detail = agent::fp32_gradients_detail(agent::fp32_gradient_params(*graph)); !detail.empty())
+        session_.event_once(agent::kFp32GradientsKind, agent::kFp32GradientsKind, detail);
   }
 }
 

@@ -180,7 +180,9 @@ struct CodeAfter::Shared {
   std::vector<EntryWatches::Event> events;
   std::vector<std::pair<std::string, at::Tensor>> own;  // the model's own parameters
   bool first_read = false;                 // event "loss-code-first" made (or none could be)
-  c10::intrusive_ptr<Node> last_output;    // until then: this step's last probed output's node
+  c10::intrusive_ptr<Node> last_output;    // this step's last probed output's node
+  bool code_read = false;                  // this step's "loss-code" made
+  int code_looks = 0;                      // "loss-code" events, a run
 };
 
 namespace {
@@ -207,16 +209,22 @@ CodeAfter::CodeAfter() : shared_(std::make_shared<Shared>()) {}
 
 CodeAfter::~CodeAfter() { step_ended(); }
 
-void CodeAfter::loss(const at::Tensor& loss) {
+void CodeAfter::loss(const at::Tensor& loss, bool nonfinite) {
   Shared& s = *shared_;
   std::lock_guard<std::mutex> lock(s.mutex);
   s.loss = loss.grad_fn();
-  if (!s.first_read && s.loss && s.last_output) {
-    // The loss code as the run's first backward is about to start, its numbers still saved.
-    s.first_read = true;
+  const bool look = nonfinite && !s.code_read && s.code_looks < kLossCodeLooks;
+  if ((!s.first_read || look) && s.loss && s.last_output) {
+    // Read before backward, its numbers still saved: the run's first, and a NaN/Inf loss's.
     const std::vector<Node*> nodes = path_nodes(s.loss.get(), s.last_output.get(), kWalkNodes);
-    if (!nodes.empty()) s.events.push_back({"loss-code-first", described(nodes, true)});
-    s.last_output.reset();
+    const std::string code = nodes.empty() ? "" : described(nodes, true);
+    if (!s.first_read && !code.empty()) s.events.push_back({"loss-code-first", code});
+    s.first_read = true;
+    if (look && !code.empty()) {
+      s.code_read = true;
+      ++s.code_looks;
+      s.events.push_back({"loss-code", code});
+    }
   }
   if (s.tracing.empty() || !s.output || !s.hooks.empty() || !s.loss) return;
   const std::vector<Node*> nodes = path_nodes(s.loss.get(), s.output.get(), kWalkNodes);
@@ -238,7 +246,7 @@ void CodeAfter::own_parameters(std::vector<std::pair<std::string, at::Tensor>> p
 void CodeAfter::output(const std::string& path, const at::Tensor& y) {
   Shared& s = *shared_;
   std::lock_guard<std::mutex> lock(s.mutex);
-  if (!s.first_read && y.defined() && y.grad_fn()) s.last_output = y.grad_fn();
+  if (y.defined() && y.grad_fn()) s.last_output = y.grad_fn();
   if (s.tracing == path && !s.output && y.defined() && y.device().is_cpu() && y.grad_fn()) s.output = y.grad_fn();
 }
 
@@ -295,6 +303,8 @@ std::vector<EntryWatches::Event> CodeAfter::step_ended() {
   s.nodes.clear();
   s.output.reset();
   s.loss.reset();
+  s.last_output.reset();
+  s.code_read = false;
   std::vector<EntryWatches::Event> events;
   events.swap(s.events);
   return events;

@@ -37,9 +37,13 @@ class CodeAfter {
 
   // The model's own parameters (held by no submodule), by name: those the code reads are named.
   void own_parameters(std::vector<std::pair<std::string, at::Tensor>> params);
+  static constexpr int kLossCodeLooks = 8;     // steps whose loss code is read for its NaN/Inf, a run
+
   // scaler.scale()'s input this step: the code after the traced module is hooked, if its
-  // output was seen this step.
-  void loss(const at::Tensor& loss);
+  // output was seen this step. Where `nonfinite` (a host loss gone NaN/Inf while every probed
+  // output stayed finite), the loss code from the step's last probed output is read, as the
+  // Python agent's event "loss-code", once a step, for the analyzer to name what made it.
+  void loss(const at::Tensor& loss, bool nonfinite);
   // A probed module's output in a training forward: the traced module's is kept for the step.
   void output(const std::string& path, const at::Tensor& y);
   // A hook for the gradient reaching module `path`'s output (the named module's): where it

@@ -27,8 +27,9 @@ class GradientEntries {
   // output after (GradientSenders::input, returned).
   at::Tensor input(const std::string& path, const at::Tensor& x) { return senders_.input(path, x); }
   void returned(const at::Tensor& y) { senders_.returned(y); }
-  // scaler.scale()'s input: where the code after the named module is read (code_after.h).
-  void loss(const at::Tensor& loss) { code_after_.loss(loss); }
+  // scaler.scale()'s input: where the code after the named module, and a NaN/Inf loss's
+  // code, are read (code_after.h).
+  void loss(const at::Tensor& loss, bool nonfinite) { code_after_.loss(loss, nonfinite); }
   // The model's own parameters, which that code may read (a temperature).
   void own_parameters(std::vector<std::pair<std::string, at::Tensor>> params) {
     code_after_.own_parameters(std::move(params));

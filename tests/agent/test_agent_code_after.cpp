@@ -5,6 +5,7 @@
 #include "../catch_with_torch.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -156,4 +157,42 @@ TEST_CASE("a loss multiplied by a large number on top of the scaler has the fact
   const analyzer::Finding& o = overflow_origin_of(report);
   REQUIRE_FALSE(o.suggestions.empty());
   CHECK_THAT(o.suggestions[0].summary, Catch::StartsWith("Take out the loss code's multiplication by 1e+06"));
+}
+
+namespace {
+
+// exp() of b's outputs times 40 in fp16: Inf from the first step on, every probed output finite.
+torch::Tensor exp_loss(const torch::Tensor&, const torch::Tensor& b) { return (b * 40).exp().mean().to(torch::kFloat); }
+
+}  // namespace
+
+TEST_CASE("the code of a loss gone NaN/Inf is read in its step, in eight steps a run at most", "[agent][code-after]") {
+  TempDir dir;
+  const std::string db = run_code_after(dir, exp_loss);
+  std::vector<std::int64_t> steps;
+  for (const auto& e : rundb::RunDbReader(db).events())
+    if (e.kind == "loss-code") {
+      CHECK(e.detail == "Mul(40):float16, Exp:float16, Mean:float16, ToCopy:float32");
+      steps.push_back(e.step);
+    }
+  CHECK(steps == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7});
+}
+
+TEST_CASE("a finite loss's code is not read as a NaN/Inf loss's", "[agent][code-after]") {
+  TempDir dir;
+  CHECK(event_details(run_code_after(dir, nullptr), "loss-code").empty());
+}
+
+TEST_CASE("a loss whose fp16 exp() overflows gets the loss in FP32 and logsumexp, as a Python run's",
+          "[agent][code-after]") {
+  TempDir dir;
+  const auto report = analyzer::analyze({analyzer::load_run(run_code_after(dir, exp_loss))});
+  const auto f = std::find_if(report.findings.begin(), report.findings.end(),
+                              [](const analyzer::Finding& x) { return x.rule == "forward-nonfinite"; });
+  REQUIRE(f != report.findings.end());
+  CHECK_THAT(f->evidence, Catch::Contains("the operations from the model's output to the loss (step 0): Mul (float16), "
+                                          "Exp (float16), Mean (float16), ToCopy (float32)"));
+  REQUIRE(f->suggestions.size() >= 2);
+  CHECK_THAT(f->suggestions[0].summary, Catch::StartsWith("Mul, Exp and Mean ran in float16"));
+  CHECK_THAT(f->suggestions[1].summary, Catch::StartsWith("exp() overflows above 88.7 in float32"));
 }
