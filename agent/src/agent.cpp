@@ -265,6 +265,7 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
   }
   if (inputs_seen_.insert(path).second && last_output_.defined() && agent::is_or_views(x, last_output_))
     session_.event_once("module-input-from:" + path, "module-input-from", path + ": " + last_output_path_);
+  const at::Tensor before = last_output_;  // the code between it and x is the caller's
   const bool check = checks_.wants(path, x);
   if (check) checks_.before(x);
   if (options_.replay) {
@@ -275,12 +276,22 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
   }
   chained_call(path, x, y);
   if (record(path, y, &x)) {
-    replay_pins_.nonfinite_output(path, replay, x, batch_.viewed_by(x) != nullptr);
+    if (replay_pins_.nonfinite_output(path, replay, x, batch_.viewed_by(x) != nullptr)) read_input_code(path, before, x);
   } else if (check) {
     const auto timed = agent_time();
     replay_pins_.lossy_output(path, checks_.after(path, y, replay));
   }
   return y;
+}
+
+// The module only received its NaN/Inf: the caller's code that made its input from the last
+// output before it, as the Python agent's event "input-code", which the report names.
+void Agent::Impl::read_input_code(const std::string& path, const at::Tensor& before, const at::Tensor& x) {
+  if (input_code_looks_ >= kInputCodeLooks) return;
+  const std::string code = agent::code_between(before, x);
+  if (code.empty()) return;
+  ++input_code_looks_;
+  session_.event("input-code", path + ": " + code);
 }
 
 at::Tensor Agent::Impl::run_module(const std::string& path, const Forward& run, const at::Tensor& x) {

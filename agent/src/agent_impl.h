@@ -187,6 +187,9 @@ class Agent::Impl final : public ScalerObserver {
   // for event "training-raised-in"; empty: none did, or a module ran to its end since.
   std::string raised_in_;
   at::Tensor run_module(const std::string& path, const Forward& run, const at::Tensor& x);
+  static constexpr int kInputCodeLooks = 4;  // "input-code" events, a run (one a module at most)
+  int input_code_looks_ = 0;
+  void read_input_code(const std::string& path, const at::Tensor& before, const at::Tensor& x);
   void raised_in();  // event "training-raised-in", where raised_in_ names a module
   // Exceptions in flight when the Agent was made: one made by a destructor that runs during
   // unwinding is not destroyed by that exception.

@@ -167,6 +167,12 @@ bool any_nonfinite(const torch::autograd::variable_list& grads) {
 
 }  // namespace
 
+std::string code_between(const at::Tensor& from, const at::Tensor& to) {
+  if (!from.defined() || !to.defined() || !from.grad_fn() || !to.grad_fn()) return "";
+  const std::vector<Node*> nodes = path_nodes(to.grad_fn().get(), from.grad_fn().get(), CodeAfter::kWalkNodes);
+  return nodes.empty() ? "" : described(nodes, true);
+}
+
 struct CodeAfter::Shared {
   std::mutex mutex;
   c10::intrusive_ptr<Node> loss;    // this step's

@@ -24,6 +24,11 @@ struct Node;
 
 namespace ampdiag::agent {
 
+// The operations from `from`'s node down to `to`'s, in forward order, with their numbers, as
+// event "loss-code" writes them ("Mul(20):float16, Exp:float16"); empty where none joins them.
+// Read before a backward frees what the nodes saved.
+std::string code_between(const at::Tensor& from, const at::Tensor& to);
+
 class CodeAfter {
  public:
   static constexpr int kLooks = 4;             // modules whose code after them is read, a run

@@ -178,6 +178,8 @@ std::optional<Suggestion> exp_in_input_code(const Run& run, const std::string& f
               " (a VAE's log-variance, whose exp(0.5 * logvar) grows without limit as logvar does).";
   s.python = half ? "y = torch.exp(x.float().clamp(max=20))  # was torch.exp(x): in FP32, its argument bounded"
                   : "y = torch.exp(x.clamp(max=80))  # was torch.exp(x): its argument bounded";
+  s.cpp = half ? "auto y = torch::exp(x.to(torch::kFloat).clamp_max(20));  // was torch::exp(x): in FP32, bounded"
+               : "auto y = torch::exp(x.clamp_max(80));  // was torch::exp(x): its argument bounded";
   s.untried = true;
   return s;
 }
@@ -200,6 +202,8 @@ std::optional<Suggestion> enlarging_in_input_code(const Run& run, const std::str
               "F.gumbel_softmax(logits.float(), tau), (logits.float() / tau).softmax(-1).";
   s.python = div ? "y = x.float() / tau  # was x / tau in float16: x / tau passes 65504 where x is above 65504 * tau"
                  : "y = x.float() * c  # was x * c in float16: x * c passes 65504 where x is above 65504 / c";
+  s.cpp = div ? "auto y = x.to(torch::kFloat) / tau;  // was x / tau in float16"
+              : "auto y = x.to(torch::kFloat) * c;  // was x * c in float16";
   s.untried = true;
   return s;
 }
@@ -240,9 +244,14 @@ std::optional<Suggestion> matmul_in_input_code(const Run& run, const std::string
                                 " (" + taker + "), which autocast runs in float16 too."
                           : "Or compute the " + matmuls + " in FP32, autocast off around it and its operands cast to "
                             "float32, where what takes its product holds it.");
-  if (!takes_half)
+  if (!takes_half) {
+    const std::string device = suggest::device_type(run) == "cuda" ? "at::kCUDA" : "at::kCPU";
     s.python = "with torch.autocast(device_type=\"" + suggest::device_type(run) + "\", enabled=False):\n"
                "    y = a.float() @ b.float()  # was the " + matmuls + " of a and b under autocast, in float16";
+    s.cpp = "at::autocast::set_autocast_enabled(" + device + ", false);\n"
+            "auto y = a.to(torch::kFloat).matmul(b.to(torch::kFloat));  // was the " + matmuls + " in float16\n"
+            "at::autocast::set_autocast_enabled(" + device + ", true);";
+  }
   s.untried = true;
   return s;
 }

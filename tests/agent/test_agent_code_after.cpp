@@ -196,3 +196,30 @@ TEST_CASE("a loss whose fp16 exp() overflows gets the loss in FP32 and logsumexp
   CHECK_THAT(f->suggestions[0].summary, Catch::StartsWith("Mul, Exp and Mean ran in float16"));
   CHECK_THAT(f->suggestions[1].summary, Catch::StartsWith("exp() overflows above 88.7 in float32"));
 }
+
+namespace {
+
+// The model's own code between a and b: exp() of a's outputs times 20, Inf in fp16.
+torch::Tensor exp_between(const torch::Tensor& a) { return (a * 20).exp(); }
+
+}  // namespace
+
+TEST_CASE("the caller's code that made the NaN/Inf input a module only received is read, with its numbers",
+          "[agent][code-after]") {
+  TempDir dir;
+  CHECK(event_details(run_code_after(dir, nullptr, exp_between), "input-code") ==
+        std::vector<std::string>{"b: Mul(20):float16, Exp:float16"});
+}
+
+TEST_CASE("an exp() between two modules gets its argument bounded in FP32, in C++ too", "[agent][code-after]") {
+  TempDir dir;
+  const auto report = analyzer::analyze({analyzer::load_run(run_code_after(dir, nullptr, exp_between))});
+  const auto f = std::find_if(report.findings.begin(), report.findings.end(),
+                              [](const analyzer::Finding& x) { return x.rule == "forward-nonfinite"; });
+  REQUIRE(f != report.findings.end());
+  CHECK_THAT(f->evidence, Catch::Contains("the code that made b's input, read at step 0: Mul, Exp (all float16)"));
+  REQUIRE_FALSE(f->suggestions.empty());
+  CHECK_THAT(f->suggestions[0].summary, Catch::StartsWith("Bound what the model's own forward() passes to exp() "
+                                                          "between a and b"));
+  CHECK_THAT(f->suggestions[0].cpp, Catch::StartsWith("auto y = torch::exp(x.to(torch::kFloat).clamp_max(20));"));
+}
