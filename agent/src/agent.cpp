@@ -116,8 +116,12 @@ agent::Session::Layer Agent::Impl::register_parameter(const std::string& name, c
 
 void Agent::Impl::register_layers(torch::nn::Module& model) {
   model_ = model.weak_from_this();
-  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true))
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
     module_types_[item.key()] = agent::module_type_name(*item.value());
+    // torch's own leaves are one operation, which their type names: no code of theirs to read.
+    if (item.value()->name().rfind("torch::nn::", 0) == 0 && item.value()->children().empty())
+      torch_leaves_.insert(item.key());
+  }
   for (const auto& item : model.named_parameters(/*recurse=*/true)) register_parameter(item.key(), item.value());
   if (options_.replay) entries_.own_parameters(model.named_parameters(/*recurse=*/false).pairs());
   if (const at::Tensor* probe = agent::StaleGradients::probe_of(named_params_)) {
@@ -166,6 +170,7 @@ bool Agent::Impl::record(const std::string& path, const at::Tensor& x, const at:
   begin_cycle();
   last_output_ = x;
   last_output_path_ = path;
+  if (x.grad_fn()) step_outputs_.push_back(x.grad_fn());
   if (options_.replay) entries_.output(path, x);
   if (learn_amp_dtype_) learn_amp_dtype(x.device().type(), x.scalar_type());
   at::Tensor copy;
@@ -265,7 +270,7 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
   }
   if (inputs_seen_.insert(path).second && last_output_.defined() && agent::is_or_views(x, last_output_))
     session_.event_once("module-input-from:" + path, "module-input-from", path + ": " + last_output_path_);
-  const at::Tensor before = last_output_;  // the code between it and x is the caller's
+  const std::size_t outputs_before = step_outputs_.size();  // the code after them is the caller's
   const bool check = checks_.wants(path, x);
   if (check) checks_.before(x);
   if (options_.replay) {
@@ -275,8 +280,17 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
     y = run_module(path, run, x);
   }
   chained_call(path, x, y);
+  const at::Tensor inner_last = last_output_;  // the last output probed inside it, if any
   if (record(path, y, &x)) {
-    if (replay_pins_.nonfinite_output(path, replay, x, batch_.viewed_by(x) != nullptr)) read_input_code(path, before, x);
+    const std::string outcome = replay_pins_.nonfinite_output(path, replay, x, batch_.viewed_by(x) != nullptr);
+    if (outcome == "nonfinite") {
+      read_code("input-code", path, x, outputs_before, nullptr);
+    } else if ((outcome == "finite" || outcome == "intrinsic") && torch_leaves_.count(path) == 0 &&
+               !(inner_last.defined() && agent::is_or_views(y, inner_last))) {
+      // Its own code made the output (not a Linear's one operation, nor its last submodule's
+      // output as it is): what that code ran after its submodules and its input.
+      read_code("module-code", path, y, step_outputs_.size() - 1, &x);
+    }
   } else if (check) {
     const auto timed = agent_time();
     replay_pins_.lossy_output(path, checks_.after(path, y, replay));
@@ -284,14 +298,20 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
   return y;
 }
 
-// The module only received its NaN/Inf: the caller's code that made its input from the last
-// output before it, as the Python agent's event "input-code", which the report names.
-void Agent::Impl::read_input_code(const std::string& path, const at::Tensor& before, const at::Tensor& x) {
-  if (input_code_looks_ >= kInputCodeLooks) return;
-  const std::string code = agent::code_between(before, x);
+// Event `kind`, "PATH: Op:dtype, ...", the operations that made `t` down to the step's first
+// `outputs` probed outputs (and `input`), as the Python agent's _read_code(): "input-code", the
+// caller's code that made the NaN/Inf input a module only received; "module-code", a module's
+// own code, where it made the NaN/Inf. Once a module and kind, kCodeLooks a run.
+void Agent::Impl::read_code(const char* kind, const std::string& path, const at::Tensor& t, std::size_t outputs,
+                            const at::Tensor* input) {
+  if (code_looks_ >= kCodeLooks) return;
+  std::vector<const torch::autograd::Node*> stops;
+  for (std::size_t i = 0; i < outputs && i < step_outputs_.size(); ++i) stops.push_back(step_outputs_[i].get());
+  if (input != nullptr && input->defined() && input->grad_fn()) stops.push_back(input->grad_fn().get());
+  const std::string code = agent::code_under(t, stops);
   if (code.empty()) return;
-  ++input_code_looks_;
-  session_.event("input-code", path + ": " + code);
+  ++code_looks_;
+  session_.event_once(std::string(kind) + ":" + path, kind, path + ": " + code);
 }
 
 at::Tensor Agent::Impl::run_module(const std::string& path, const Forward& run, const at::Tensor& x) {
@@ -337,6 +357,7 @@ void Agent::Impl::begin_cycle() {
   checks_.step_began();
   nonfinite_seen_ = false;
   last_output_ = at::Tensor();  // held no longer than its cycle
+  step_outputs_.clear();
   batch_.step_began();
   loss_sum_ = 0.0;
   device_loss_sum_ = at::Tensor();

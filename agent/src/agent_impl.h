@@ -164,6 +164,7 @@ class Agent::Impl final : public ScalerObserver {
   // module).
   at::Tensor last_output_;
   std::string last_output_path_;
+  std::vector<c10::intrusive_ptr<torch::autograd::Node>> step_outputs_;  // the cycle's probed outputs' nodes
   std::unordered_set<std::string> inputs_seen_;
   agent::ChainedCalls chains_;  // modules whose calls chain in a forward (event "chained-calls")
   // AgentOptions::amp_dtype was left empty and no training probe has run yet, or the first
@@ -187,9 +188,11 @@ class Agent::Impl final : public ScalerObserver {
   // for event "training-raised-in"; empty: none did, or a module ran to its end since.
   std::string raised_in_;
   at::Tensor run_module(const std::string& path, const Forward& run, const at::Tensor& x);
-  static constexpr int kInputCodeLooks = 4;  // "input-code" events, a run (one a module at most)
-  int input_code_looks_ = 0;
-  void read_input_code(const std::string& path, const at::Tensor& before, const at::Tensor& x);
+  static constexpr int kCodeLooks = 4;  // "input-code" and "module-code" events, a run
+  int code_looks_ = 0;
+  std::unordered_set<std::string> torch_leaves_;  // paths of torch's own modules without submodules
+  void read_code(const char* kind, const std::string& path, const at::Tensor& t, std::size_t outputs,
+                 const at::Tensor* input);
   void raised_in();  // event "training-raised-in", where raised_in_ names a module
   // Exceptions in flight when the Agent was made: one made by a destructor that runs during
   // unwinding is not destroyed by that exception.

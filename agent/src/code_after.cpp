@@ -97,9 +97,9 @@ std::string numbered_name(Node& node) {
   return name + "(" + text + ")";
 }
 
-std::string described(const std::vector<Node*>& nodes, bool numbers = false) {
+std::string described(const std::vector<Node*>& nodes, bool numbers = false, std::size_t limit = CodeAfter::kNamed) {
   std::string out;
-  for (std::size_t i = 0; i < nodes.size() && i < CodeAfter::kNamed; ++i)
+  for (std::size_t i = 0; i < nodes.size() && i < limit; ++i)
     out += (i ? ", " : "") + (numbers ? numbered_name(*nodes[i]) : op_name(*nodes[i])) + ":" + made_dtype(*nodes[i]);
   return out;
 }
@@ -167,10 +167,31 @@ bool any_nonfinite(const torch::autograd::variable_list& grads) {
 
 }  // namespace
 
-std::string code_between(const at::Tensor& from, const at::Tensor& to) {
-  if (!from.defined() || !to.defined() || !from.grad_fn() || !to.grad_fn()) return "";
-  const std::vector<Node*> nodes = path_nodes(to.grad_fn().get(), from.grad_fn().get(), CodeAfter::kWalkNodes);
-  return nodes.empty() ? "" : described(nodes, true);
+std::string code_under(const at::Tensor& y, const std::vector<const Node*>& stops) {
+  Node* top = y.defined() ? y.grad_fn().get() : nullptr;
+  if (top == nullptr || std::find(stops.begin(), stops.end(), top) != stops.end()) return "";
+  const std::unordered_set<const Node*> ends(stops.begin(), stops.end());
+  std::unordered_set<const Node*> done;
+  std::vector<Node*> order;
+  std::vector<std::pair<Node*, bool>> stack{{top, false}};
+  while (!stack.empty() && done.size() < 4 * kOwnNodes) {
+    auto [node, expanded] = stack.back();
+    stack.pop_back();
+    if (expanded) {
+      order.push_back(node);  // children first: forward order
+      continue;
+    }
+    if (!done.insert(node).second) continue;
+    stack.push_back({node, true});
+    for (const auto& edge : node->next_edges()) {
+      Node* child = edge.function.get();
+      if (child != nullptr && ends.count(child) == 0 && done.count(child) == 0 &&
+          dynamic_cast<const torch::autograd::AccumulateGrad*>(child) == nullptr)
+        stack.push_back({child, false});
+    }
+  }
+  if (order.size() > kOwnNodes) order.erase(order.begin(), order.end() - kOwnNodes);
+  return described(order, true, kOwnNodes);
 }
 
 struct CodeAfter::Shared {

@@ -24,10 +24,13 @@ struct Node;
 
 namespace ampdiag::agent {
 
-// The operations from `from`'s node down to `to`'s, in forward order, with their numbers, as
-// event "loss-code" writes them ("Mul(20):float16, Exp:float16"); empty where none joins them.
-// Read before a backward frees what the nodes saved.
-std::string code_between(const at::Tensor& from, const at::Tensor& to);
+// The operations that made `y`, down to `stops` (the step's probed outputs, a module's input)
+// and the parameters, in forward order, the kOwnNodes nearest `y`, with their numbers, as the
+// Python agent's nodes_under() and event "loss-code" write them ("Mul(20):float16,
+// Exp:float16"); empty where `y` is data or one of `stops`. Read before a backward frees what
+// the nodes saved.
+constexpr std::size_t kOwnNodes = 64;
+std::string code_under(const at::Tensor& y, const std::vector<const torch::autograd::Node*>& stops);
 
 class CodeAfter {
  public:

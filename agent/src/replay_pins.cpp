@@ -26,9 +26,9 @@ std::string first_line(const char* what) {
 
 }  // namespace
 
-bool ReplayPins::nonfinite_output(const std::string& path, const Forward& replay, const at::Tensor& x,
-                                  bool model_input) {
-  if (!replay_ || !replayed_.insert(path).second) return false;
+std::string ReplayPins::nonfinite_output(const std::string& path, const Forward& replay, const at::Tensor& x,
+                                         bool model_input) {
+  if (!replay_ || !replayed_.insert(path).second) return "";
   std::string outcome = "unconfirmed", reason;
   double absmax = std::numeric_limits<double>::quiet_NaN();
   try {
@@ -48,7 +48,7 @@ bool ReplayPins::nonfinite_output(const std::string& path, const Forward& replay
   session_.replay(path, outcome, absmax, reason);
   if (outcome == "finite") look_at_input_range(path, x, model_input);
   if (outcome == "finite" && may_pin(path)) confirmed_.push_back(path);
-  return outcome == "nonfinite";
+  return outcome;
 }
 
 // Autocast casts x to fp16 for the module's fp16 operations, and fp16 rounds |x| >= 65520

@@ -28,8 +28,9 @@ class ReplayPins {
   // step ends (within the limit). Where it was finite, a host x holding finite values that
   // fp16 cannot hold under float16 autocast is event "input-beyond-fp16", as the Python
   // agent words it (`model_input`: x is the model's input, given to Agent::input()).
-  // Returns whether the module only received the NaN/Inf: x held it, and so did the replay.
-  bool nonfinite_output(const std::string& path, const Forward& replay, const at::Tensor& x, bool model_input);
+  // Returns the replay's outcome, as the event says it ("finite", "intrinsic": NaN/Inf from
+  // finite x, "nonfinite": x held it, "unconfirmed"), or "" where the module was replayed before.
+  std::string nonfinite_output(const std::string& path, const Forward& replay, const at::Tensor& x, bool model_input);
   // A precision check found `lost` (relative L2 error against FP32) of the module's finite
   // output: at kLost or more it is pinned when the step ends (within the limit), event
   // "autopin-precision".

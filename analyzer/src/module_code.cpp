@@ -36,6 +36,11 @@ Suggestion divide_the_sum(const Run& run, const std::string& module, const std::
                                : std::string("out = torch.zeros(n, d, dtype=m.dtype).index_add_(0, dst, m)\n"
                                              "out = out / deg.clamp(min=1).unsqueeze(1).to(out.dtype)  # deg: the "
                                              "terms each row summed"));
+  s.cpp = "// in " + module + "'s forward(): an average, not a sum\n" +
+          (op == "Sum"      ? std::string("auto out = x.mean(dim);  // was x.sum(dim)")
+           : op == "Cumsum" ? std::string("auto out = x.cumsum(dim) / torch::arange(1, x.size(dim) + 1);  // a running mean")
+                            : std::string("out = out / deg.clamp_min(1).unsqueeze(1).to(out.scalar_type());  // deg: the "
+                                          "terms each row summed"));
   s.untried = true;
   return s;
 }
@@ -48,6 +53,9 @@ Suggestion bound_the_exponent(const std::string& module, const std::string& op, 
   s.python = "# in " + module + "'s forward(): exp() of a bounded value\n"
              "s = torch.tanh(s)  # or s.clamp(max=c); a learnt range: s = scale * torch.tanh(s / scale)\n"
              "y = x * torch.exp(s)";
+  s.cpp = "// in " + module + "'s forward(): exp() of a bounded value\n"
+          "s = torch::tanh(s);  // or s.clamp_max(c)\n"
+          "auto y = x * torch::exp(s);";
   s.untried = true;
   return s;
 }
@@ -65,6 +73,8 @@ Suggestion shrink_the_factor(const Run& run, const std::string& module, const lo
               "where it is by design, the fixes that follow apply.";
   s.python = "# in " + module + "'s forward(), where it multiplies by the constant: a LoRA adapter's\n"
              "self.scaling = alpha / r  # 1 or 2 is usual (PEFT: LoraConfig(r=8, lora_alpha=16))";
+  s.cpp = "// in " + module + "'s forward(), where it multiplies by the constant\n"
+          "scaling = alpha / r;  // 1 or 2 is usual";
   s.untried = true;
   return s;
 }
@@ -154,6 +164,9 @@ std::optional<Suggestion> keep_the_root_off_zero(const Run& run, const std::stri
   s.python = "# in " + module + "'s forward(): an eps under the root\n"
              "variance = x.pow(2).mean(-1, keepdim=True)\n"
              "x = x * torch.rsqrt(variance + self.eps)  # self.eps > 0 (1e-6), not 0";
+  s.cpp = "// in " + module + "'s forward(): an eps under the root\n"
+          "auto variance = x.pow(2).mean(-1, /*keepdim=*/true);\n"
+          "x = x * torch::rsqrt(variance + eps);  // eps > 0 (1e-6), not 0";
   s.untried = true;
   return s;
 }
