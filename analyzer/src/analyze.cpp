@@ -254,13 +254,13 @@ Report analyze(const std::vector<Run>& runs, const Thresholds& t) {
     rules::loss_divergence(run, found);
     rules::weight_growth(run, t, found);
     rules::fused_sgd_momentum(run, found);
+    rules::precision_loss(run, t, found);  // before oversized_weights: a norm losing its outputs to fp16
     rules::oversized_weights(run, found);
     rules::gradients_not_zeroed(run, found);  // after the findings it explains
     rules::scale_held(run, t, found);            // so too
     rules::gradients_cleared(run, by_step, found);
     rules::accumulated_gradients_cleared(run, found);
     rules::flushed_weights(run, t, found);
-    rules::precision_loss(run, t, found);
     rules::unreached_layers(run, found);
     rules::dead_layers(run, found);
     rules::group_underflows(found);

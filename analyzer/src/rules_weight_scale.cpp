@@ -365,6 +365,18 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   constexpr double kSaturated = 0.25;
   const double top_zeros = zero_share(*top.layer);
   const double saturated = shrunk.empty() && top_zeros >= kSaturated ? top_zeros : 0.0;
+  // Or what takes its outputs loses them to fp16 (see precision-loss): a hand-written norm whose
+  // x.pow(2) passes 65504 on outputs that large divides by Inf and returns its bias alone, so
+  // the gradient back through it is 0 whatever its input.
+  Finding* lossy = nullptr;
+  if (saturated > 0.0) {
+    const InputsFrom from = inputs_from(run);
+    for (auto& g : out)
+      if (g.rule == "precision-loss" && g.severity != Severity::kInfo && takes_output_of(run, from, g.module, module)) {
+        lossy = &g;
+        break;
+      }
+  }
 
   // Underflowing gradients in the module of such a weight, its gradient saturated too, are the
   // same saturation's: the limits' gradient is 0 or next to it in any precision, so most of
@@ -417,8 +429,10 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   f.score = warns ? 60.0 : 5.0;
   f.title = top.name + " starts at a gain of " + whole_number(top.scale) +
             ", far above any standard initialisation's" +
-            (saturation_leads ? ": " + pct(saturated) + " of its own gradient was exactly zero, what takes its outputs "
-                                "saturated"
+            (saturation_leads ? ": " + pct(saturated) + " of its own gradient was exactly zero, " +
+                                    (lossy ? "and " + lossy->module + ", which takes its outputs, loses its output to "
+                                             "float16"
+                                           : std::string("what takes its outputs saturated"))
              : explained && unplaced_loss(*explained) ? ": the NaN/Inf loss likely follows from it"
              : explained && occasional && deep
                  ? ": the overflows at " + place + " that brought the loss scale down " +
@@ -453,7 +467,13 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
   if (!shrunk.empty())
     f.evidence += "; its outputs reach " + fmt(big->max_absmax) + ", at least " + whole_number(kDominates) +
                   " times those of the modules whose gradients underflow (see underflow)";
-  if (saturated > 0.0)
+  if (saturated > 0.0 && lossy)
+    f.evidence += "; on average " + pct(saturated) + " of its gradient's values were exactly zero: " + lossy->module +
+                  ", which takes its outputs, loses its output to float16 on values that many times too large (see "
+                  "precision-loss), where an intermediate inside it passes fp16's range and its output no longer "
+                  "follows its input, so the gradient back through it is 0 there, and it and the layers before it "
+                  "barely train whatever the loss scale";
+  else if (saturated > 0.0)
     f.evidence += "; on average " + pct(saturated) + " of its gradient's values were exactly zero: outputs that many "
                   "times too large push what takes them to its limits, a tanh or a softmax, where the gradient is 0 "
                   "in any precision, so it and the layers before it barely train whatever the loss scale";
@@ -462,6 +482,16 @@ void oversized_weights(const Run& run, std::vector<Finding>& out) {
                   (saturating.size() > 1 ? " and " + plural(std::int64_t(saturating.size() - 1), "more layer") : "") +
                   " is that saturation's too (see underflow)";
   if (explained || warns) f.suggestions.push_back(suggest::reinitialise(run, module, 0.0, "", top.stacked));
+  if (lossy) {
+    lossy->evidence += "; its input comes from " + module + ", whose weights start at a gain of " +
+                       whole_number(top.scale) + " (see oversized-weights)";
+    Suggestion reinit = suggest::reinitialise(run, module, top.scale,
+                                              "its outputs are that many times what " + lossy->module +
+                                                  " was written for, and in float16 it loses them",
+                                              top.stacked);
+    reinit.summary.replace(0, 10, "Or initialise");
+    lossy->suggestions.push_back(reinit);
+  }
   if (saturated > 0.0 && !explained) {  // no overflow's fixes to fall back on
     std::string& summary = f.suggestions.back().summary;
     const std::string by_design = " Where the gain is by design, the overflow's own fixes apply.";

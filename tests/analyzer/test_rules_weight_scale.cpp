@@ -536,3 +536,50 @@ TEST_CASE("a saturating weight that is not the largest still makes the oversized
   CHECK(o.severity == Severity::kWarning);
   CHECK_THAT(o.evidence, Catch::EndsWith("the underflow in attn.c_attn.bias is that saturation's too (see underflow)"));
 }
+
+namespace {
+
+// A hand-written LayerNorm, norm, takes the outputs of inp, read at a gain of `gain` ([64,
+// 64]), inp's gradient 28% exact zeros; the agent's precision checks found norm's fp16 output
+// 98% away from FP32 where `lossy`, and rounding alone where not.
+Report norm_after_oversized_run(const TempDir& dir, bool lossy) {
+  RunFixture f(dir.file("run.db"), {"inp.weight", "norm.g", "out.weight"});
+  f.weight_norm("inp.weight", 8.0 * 175).weight_norm("norm.g", 8.0).weight_norm("out.weight", 2.4);
+  f.zeros_fraction("inp.weight", 0.28).event("module-input-from", "norm: inp");
+  for (int i = 0; i < 8; ++i) {
+    f.activation("inp", false, 500.0).activation("norm", false, 1.0).activation("out", false, 1.0);
+    if (i % 2 == 0) f.precision_check("norm", lossy ? 0.98 : 0.0004, lossy ? 300 : 0);
+    f.step(65536, 65536);
+  }
+  f.finish();
+  return report_of(dir.file("run.db"));
+}
+
+}  // namespace
+
+TEST_CASE("weights whose outputs a norm after them loses to fp16 are named for it, and the norm's finding points back",
+          "[rules][oversized-weights]") {
+  // A hand-written norm whose x.pow(2) passes 65504 divides by Inf and returns its bias alone:
+  // the gradient back through it is 0, not a tanh's or a softmax's saturation.
+  TempDir dir;
+  const Report r = norm_after_oversized_run(dir, true);
+  const Finding& o = required(r, "oversized-weights");
+  CHECK_THAT(o.title, Catch::EndsWith("28% of its own gradient was exactly zero, and norm, which takes its outputs, "
+                                      "loses its output to float16"));
+  CHECK_THAT(o.evidence, Catch::Contains("norm, which takes its outputs, loses its output to float16 on values that many "
+                                         "times too large (see precision-loss)") &&
+                             !Catch::Contains("a tanh or a softmax"));
+  const Finding& p = required(r, "precision-loss");
+  CHECK_THAT(p.evidence, Catch::EndsWith("its input comes from inp, whose weights start at a gain of 175 (see "
+                                         "oversized-weights)"));
+  REQUIRE(p.suggestions.size() == 2);
+  CHECK_THAT(p.suggestions[0].summary, Catch::StartsWith("Run norm in FP32"));
+  CHECK_THAT(p.suggestions[1].summary, Catch::StartsWith("Or initialise inp at a standard scale"));
+}
+
+TEST_CASE("weights whose outputs the norm after them keeps in fp16 are named for saturation", "[rules][oversized-weights]") {
+  TempDir dir;
+  const Report r = norm_after_oversized_run(dir, false);
+  CHECK_THAT(required(r, "oversized-weights").title, Catch::EndsWith("what takes its outputs saturated"));
+  CHECK(find(r, "precision-loss") == nullptr);
+}

@@ -3,6 +3,8 @@ it) fed activations above 256 computes x.pow(2) beyond fp16's range, rsqrt(Inf) 
 hands on rows of zeros. The loss scale stays steady and nothing is NaN, so without the
 precision checks the report was healthy. Trained through the real GradScaler, judged
 through the CLI; and loops that lose nothing get no such finding, in fp16 and in bf16."""
+import re
+
 import torch
 from torch import nn
 
@@ -95,3 +97,23 @@ def test_autopin_pins_the_norm_its_check_found_lossy_and_later_checks_find_it_wh
     pinned = next(f for f in rep["findings"] if f["rule"] == "autopin")
     assert pinned["evidence"].startswith("a precision check found its float16 output 100 % away from FP32")
     assert (code, rep["healthy"]) == (0, True), [f["title"] for f in rep["findings"]]
+
+
+def test_weights_far_too_large_before_the_norm_are_named_with_the_norm_that_loses_their_outputs(tmp_path, verdict):
+    # The same norm after a Linear whose weights start 300 times too large, on readings of
+    # ordinary size: the norm's zeroed rows send no gradient back, so the Linear's gradient is
+    # mostly exact zeros. The report said a tanh or a softmax after it saturated.
+    model = sensor_model()
+    with torch.no_grad():
+        model[0].weight.mul_(300)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    amp_training(tmp_path / "run.db", model, opt, 20, lambda g: nn.functional.mse_loss(
+        model(torch.randn(64, 16, generator=g)).float(), torch.randn(64, 1, generator=g)), precision_budget=1.0)
+    code, rep = verdict(tmp_path / "run.db")
+    assert code == 1
+    oversized = next(f for f in rep["findings"] if f["rule"] == "oversized-weights")
+    assert oversized["title"].endswith("and 1, which takes its outputs, loses its output to float16"), oversized["title"]
+    lost = next(f for f in rep["findings"] if f["rule"] == "precision-loss")
+    assert re.search(r"its input comes from 0, whose weights start at a gain of 17\d \(see oversized-weights\)$",
+                     lost["evidence"]), lost["evidence"]
+    assert lost["suggestions"][1]["python"].startswith('model.get_submodule("0").reset_parameters()')
