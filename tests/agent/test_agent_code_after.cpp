@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../analyzer/rule_checks.h"
 #include "../rundb/temp_dir.h"
 #include "ampdiag/analyzer/analyze.h"
 #include "ampdiag/analyzer/run.h"
@@ -186,10 +187,9 @@ TEST_CASE("a finite loss's code is not read as a NaN/Inf loss's", "[agent][code-
 TEST_CASE("a loss whose fp16 exp() overflows gets the loss in FP32 and logsumexp, as a Python run's",
           "[agent][code-after]") {
   TempDir dir;
-  const auto report = analyzer::analyze({analyzer::load_run(run_code_after(dir, exp_loss))});
-  const auto f = std::find_if(report.findings.begin(), report.findings.end(),
-                              [](const analyzer::Finding& x) { return x.rule == "forward-nonfinite"; });
-  REQUIRE(f != report.findings.end());
+  const auto report = rule_checks::report_of(run_code_after(dir, exp_loss));
+  const analyzer::Finding* f = rule_checks::find(report, "forward-nonfinite");
+  REQUIRE(f != nullptr);
   CHECK_THAT(f->evidence, Catch::Contains("the operations from the model's output to the loss (step 0): Mul (float16), "
                                           "Exp (float16), Mean (float16), ToCopy (float32)"));
   REQUIRE(f->suggestions.size() >= 2);
@@ -213,10 +213,9 @@ TEST_CASE("the caller's code that made the NaN/Inf input a module only received 
 
 TEST_CASE("an exp() between two modules gets its argument bounded in FP32, in C++ too", "[agent][code-after]") {
   TempDir dir;
-  const auto report = analyzer::analyze({analyzer::load_run(run_code_after(dir, nullptr, exp_between))});
-  const auto f = std::find_if(report.findings.begin(), report.findings.end(),
-                              [](const analyzer::Finding& x) { return x.rule == "forward-nonfinite"; });
-  REQUIRE(f != report.findings.end());
+  const auto report = rule_checks::report_of(run_code_after(dir, nullptr, exp_between));
+  const analyzer::Finding* f = rule_checks::find(report, "forward-nonfinite");
+  REQUIRE(f != nullptr);
   CHECK_THAT(f->evidence, Catch::Contains("the code that made b's input, read at step 0: Mul, Exp (all float16)"));
   REQUIRE_FALSE(f->suggestions.empty());
   CHECK_THAT(f->suggestions[0].summary, Catch::StartsWith("Bound what the model's own forward() passes to exp() "

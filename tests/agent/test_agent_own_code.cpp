@@ -4,14 +4,12 @@
 // of that code (an eps under a root, an exp() of a bounded value) instead of "look at its code".
 #include "../catch_with_torch.h"
 
-#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "../analyzer/rule_checks.h"
 #include "../rundb/temp_dir.h"
-#include "ampdiag/analyzer/analyze.h"
-#include "ampdiag/analyzer/run.h"
 #include "tiny_training.h"
 
 using namespace ampdiag;
@@ -61,13 +59,6 @@ std::string run_own_code(const TempDir& dir, std::function<torch::Tensor(const t
 torch::Tensor rms_without_eps(const torch::Tensor& x) { return x * torch::rsqrt(x.pow(2).mean(-1, true)); }
 torch::Tensor exp_of_30x(const torch::Tensor& x) { return (x * 30).exp(); }
 
-const analyzer::Finding& forward_nonfinite_of(const analyzer::Report& report) {
-  const auto f = std::find_if(report.findings.begin(), report.findings.end(),
-                              [](const analyzer::Finding& x) { return x.rule == "forward-nonfinite"; });
-  REQUIRE(f != report.findings.end());
-  return *f;
-}
-
 }  // namespace
 
 TEST_CASE("a module of the program's that makes NaN from finite inputs has its own code read", "[agent][own-code]") {
@@ -78,8 +69,10 @@ TEST_CASE("a module of the program's that makes NaN from finite inputs has its o
 
 TEST_CASE("a root without eps in a module's own code is kept off 0 first, with its C++ line", "[agent][own-code]") {
   TempDir dir;
-  const auto report = analyzer::analyze({analyzer::load_run(run_own_code(dir, rms_without_eps, true))});
-  const analyzer::Finding& f = forward_nonfinite_of(report);
+  const auto report = rule_checks::report_of(run_own_code(dir, rms_without_eps, true));
+  const analyzer::Finding* found = rule_checks::find(report, "forward-nonfinite");
+  REQUIRE(found != nullptr);
+  const analyzer::Finding& f = *found;
   REQUIRE_FALSE(f.suggestions.empty());
   CHECK_THAT(f.suggestions[0].summary,
              Catch::StartsWith("Keep what own's own code takes the reciprocal square root of (Rsqrt) off 0"));
@@ -90,8 +83,10 @@ TEST_CASE("an exp() in a module's own code that passes fp16's range has its argu
   TempDir dir;
   const std::string db = run_own_code(dir, exp_of_30x);
   CHECK(event_details(db, "module-code") == std::vector<std::string>{"own: Mul(30):float16, Exp:float16"});
-  const auto report = analyzer::analyze({analyzer::load_run(db)});
-  const analyzer::Finding& f = forward_nonfinite_of(report);
+  const auto report = rule_checks::report_of(db);
+  const analyzer::Finding* found = rule_checks::find(report, "forward-nonfinite");
+  REQUIRE(found != nullptr);
+  const analyzer::Finding& f = *found;
   REQUIRE_FALSE(f.suggestions.empty());
   CHECK_THAT(f.suggestions[0].summary, Catch::StartsWith("Bound what own's own code passes to exp() (Exp)"));
   CHECK_THAT(f.suggestions[0].cpp, Catch::Contains("torch::tanh(s)"));
@@ -101,7 +96,9 @@ TEST_CASE("torch's own Linear that goes NaN/Inf first has no code of its own rea
   TempDir dir;
   // Inputs beyond fp16's range: a's output is Inf, and its FP32 replay finite.
   const std::string db = run_own_code(dir, [](const torch::Tensor& x) { return x; }, false, 3e4);
-  const auto report = analyzer::analyze({analyzer::load_run(db)});
-  CHECK(forward_nonfinite_of(report).module == "a");
+  const auto report = rule_checks::report_of(db);
+  const analyzer::Finding* f = rule_checks::find(report, "forward-nonfinite");
+  REQUIRE(f != nullptr);
+  CHECK(f->module == "a");
   CHECK(event_details(db, "module-code").empty());
 }

@@ -215,6 +215,16 @@ const char* kLstmRefused =
     "RuntimeError: could not create a primitive descriptor for the LSTM forward propagation primitive. Run workload "
     "with environment variable ONEDNN_VERBOSE=all to get additional diagnostic information.";
 
+// A run.db the agent `source` wrote, whose training raised kLstmRefused before any step, the
+// exception having left module `raised_in` ("rnn (LSTM)", event "training-raised-in").
+std::string lstm_refused_at_start(const TempDir& dir, const std::string& source, const std::string& raised_in) {
+  RunFixture f(dir.file("run.db"), kLayers);
+  f.meta("source", source);
+  f.event("training-raised", kLstmRefused).event("training-raised-in", raised_in);
+  f.finish();
+  return dir.file("run.db");
+}
+
 }  // namespace
 
 TEST_CASE("oneDNN refusing a float16 LSTM before the first step says to run the module it raised in in FP32",
@@ -222,11 +232,7 @@ TEST_CASE("oneDNN refusing a float16 LSTM before the first step says to run the 
   // torch.autocast("cpu", dtype=torch.float16) around an nn.LSTM: the Python agent read the
   // module from the traceback (event "training-raised-in").
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.meta("source", "ampdiag Python agent");
-  f.event("training-raised", kLstmRefused).event("training-raised-in", "enc.rnn (LSTM)");
-  f.finish();
-  CHECK_THROWS_WITH(load_run(dir.file("run.db")),
+  CHECK_THROWS_WITH(load_run(lstm_refused_at_start(dir, "ampdiag Python agent", "enc.rnn (LSTM)")),
                     Catch::Contains("information. torch's CPU kernels (oneDNN) have no float16 LSTM on this CPU") &&
                         Catch::Contains("run enc.rnn in FP32 (ampdiag.pin_fp32(model.enc.rnn))") &&
                         Catch::Contains("dtype=torch.bfloat16"));
@@ -234,11 +240,7 @@ TEST_CASE("oneDNN refusing a float16 LSTM before the first step says to run the 
 
 TEST_CASE("the same refusal in a LibTorch run names the C++ pin and dtype, not Python's", "[rules][raised]") {
   TempDir dir;
-  RunFixture f(dir.file("run.db"), kLayers);
-  f.meta("source", "ampdiag C++ agent");
-  f.event("training-raised", kLstmRefused).event("training-raised-in", "rnn (LSTM)");
-  f.finish();
-  CHECK_THROWS_WITH(load_run(dir.file("run.db")),
+  CHECK_THROWS_WITH(load_run(lstm_refused_at_start(dir, "ampdiag C++ agent", "rnn (LSTM)")),
                     Catch::Contains("run rnn in FP32 (ampdiag::Fp32Pins, ampdiag/pin_fp32.h)") &&
                         Catch::Contains("autocast in at::kBFloat16") && !Catch::Contains("pin_fp32(model") &&
                         !Catch::Contains("torch.bfloat16"));
