@@ -170,7 +170,7 @@ bool Agent::Impl::record(const std::string& path, const at::Tensor& x, const at:
   begin_cycle();
   last_output_ = x;
   last_output_path_ = path;
-  if (x.grad_fn()) step_outputs_.push_back(x.grad_fn());
+  if (x.grad_fn() && step_outputs_.size() < kStepOutputs) step_outputs_.push_back(agent::mark_of(x));
   if (options_.replay) entries_.output(path, x);
   if (learn_amp_dtype_) learn_amp_dtype(x.device().type(), x.scalar_type());
   at::Tensor copy;
@@ -305,9 +305,8 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
 void Agent::Impl::read_code(const char* kind, const std::string& path, const at::Tensor& t, std::size_t outputs,
                             const at::Tensor* input) {
   if (code_looks_ >= kCodeLooks) return;
-  std::vector<const torch::autograd::Node*> stops;
-  for (std::size_t i = 0; i < outputs && i < step_outputs_.size(); ++i) stops.push_back(step_outputs_[i].get());
-  if (input != nullptr && input->defined() && input->grad_fn()) stops.push_back(input->grad_fn().get());
+  std::vector<agent::NodeMark> stops(step_outputs_.begin(), step_outputs_.begin() + std::min(outputs, step_outputs_.size()));
+  if (input != nullptr) stops.push_back(agent::mark_of(*input));
   const std::string code = agent::code_under(t, stops);
   if (code.empty()) return;
   ++code_looks_;

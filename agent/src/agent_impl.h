@@ -164,7 +164,10 @@ class Agent::Impl final : public ScalerObserver {
   // module).
   at::Tensor last_output_;
   std::string last_output_path_;
-  std::vector<c10::intrusive_ptr<torch::autograd::Node>> step_outputs_;  // the cycle's probed outputs' nodes
+  // The cycle's probed outputs' nodes, marked, not held: a validation pass with gradients on
+  // between two steps would keep every batch's graph alive.
+  static constexpr std::size_t kStepOutputs = 65536;
+  std::vector<agent::NodeMark> step_outputs_;
   std::unordered_set<std::string> inputs_seen_;
   agent::ChainedCalls chains_;  // modules whose calls chain in a forward (event "chained-calls")
   // AgentOptions::amp_dtype was left empty and no training probe has run yet, or the first

@@ -167,10 +167,22 @@ bool any_nonfinite(const torch::autograd::variable_list& grads) {
 
 }  // namespace
 
-std::string code_under(const at::Tensor& y, const std::vector<const Node*>& stops) {
+NodeMark mark_of(const at::Tensor& t) {
+  const Node* node = t.defined() ? t.grad_fn().get() : nullptr;
+  return node == nullptr ? NodeMark{nullptr, 0} : NodeMark{node, node->sequence_nr()};
+}
+
+std::string code_under(const at::Tensor& y, const std::vector<NodeMark>& stops) {
+  std::unordered_map<const Node*, std::uint64_t> ends;
+  for (const auto& [node, sequence] : stops)
+    if (node != nullptr) ends.emplace(node, sequence);
+  // Marks of nodes since freed may share an address with a live one, never its number.
+  const auto is_end = [&](const Node* n) {
+    const auto at = ends.find(n);
+    return at != ends.end() && at->second == n->sequence_nr();
+  };
   Node* top = y.defined() ? y.grad_fn().get() : nullptr;
-  if (top == nullptr || std::find(stops.begin(), stops.end(), top) != stops.end()) return "";
-  const std::unordered_set<const Node*> ends(stops.begin(), stops.end());
+  if (top == nullptr || is_end(top)) return "";
   std::unordered_set<const Node*> done;
   std::vector<Node*> order;
   std::vector<std::pair<Node*, bool>> stack{{top, false}};
@@ -185,7 +197,7 @@ std::string code_under(const at::Tensor& y, const std::vector<const Node*>& stop
     stack.push_back({node, true});
     for (const auto& edge : node->next_edges()) {
       Node* child = edge.function.get();
-      if (child != nullptr && ends.count(child) == 0 && done.count(child) == 0 &&
+      if (child != nullptr && !is_end(child) && done.count(child) == 0 &&
           dynamic_cast<const torch::autograd::AccumulateGrad*>(child) == nullptr)
         stack.push_back({child, false});
     }

@@ -10,6 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -30,7 +31,11 @@ namespace ampdiag::agent {
 // Exp:float16"); empty where `y` is data or one of `stops`. Read before a backward frees what
 // the nodes saved.
 constexpr std::size_t kOwnNodes = 64;
-std::string code_under(const at::Tensor& y, const std::vector<const torch::autograd::Node*>& stops);
+// A node named without holding it (holding a node holds its graph): its address and sequence
+// number, which a node later made at the same address does not share.
+using NodeMark = std::pair<const torch::autograd::Node*, std::uint64_t>;
+NodeMark mark_of(const at::Tensor& t);  // {nullptr, 0} for a tensor without grad_fn
+std::string code_under(const at::Tensor& y, const std::vector<NodeMark>& stops);
 
 class CodeAfter {
  public:

@@ -102,3 +102,23 @@ TEST_CASE("torch's own Linear that goes NaN/Inf first has no code of its own rea
   CHECK(f->module == "a");
   CHECK(event_details(db, "module-code").empty());
 }
+
+TEST_CASE("forwards with gradients on between steps hold no earlier forward's graph", "[agent][own-code]") {
+  // A validation pass without NoGradGuard: what marks the step's outputs for the code reads
+  // must not keep every batch's activations alive until the next step.
+  TempDir dir;
+  torch::manual_seed(0);
+  Net net([](const torch::Tensor& x) { return x; });
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
+  GradScaler scaler;
+  Agent agent(*net, scaler, options_for(dir.file("run.db")));
+  amp_steps(1, optimizer, scaler, [&](int) {
+    return agent.forward("b", net->b, agent.forward("a", net->a, torch::randn({8, 16}))).to(torch::kFloat).mean();
+  });
+  c10::weak_intrusive_ptr<torch::autograd::Node> first(c10::intrusive_ptr<torch::autograd::Node>{});
+  for (int batch = 0; batch < 3; ++batch) {
+    const auto y = agent.forward("b", net->b, agent.forward("a", net->a, torch::randn({8, 16})));
+    if (batch == 0) first = c10::weak_intrusive_ptr<torch::autograd::Node>(y.grad_fn());
+  }
+  CHECK(first.expired());
+}
