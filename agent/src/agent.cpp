@@ -281,6 +281,7 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
   }
   chained_call(path, x, y);
   const at::Tensor inner_last = last_output_;  // the last output probed inside it, if any
+  const std::size_t outputs_inside = step_outputs_.size();
   if (record(path, y, &x)) {
     const std::string outcome = replay_pins_.nonfinite_output(path, replay, x, batch_.viewed_by(x) != nullptr);
     if (outcome == "nonfinite") {
@@ -289,7 +290,7 @@ at::Tensor Agent::Impl::forward_as(const std::string& path, const Forward& run, 
                !(inner_last.defined() && agent::is_or_views(y, inner_last))) {
       // Its own code made the output (not a Linear's one operation, nor its last submodule's
       // output as it is): what that code ran after its submodules and its input.
-      read_code("module-code", path, y, step_outputs_.size() - 1, &x);
+      read_code("module-code", path, y, outputs_inside, &x);
     }
   } else if (check) {
     const auto timed = agent_time();

@@ -3,7 +3,9 @@
 // output holds NaN/Inf, the operations from its output to the loss (event "output-code"),
 // and, at a later step, the first of them whose backward sent NaN/Inf back from finite
 // gradients, with those between the output and it ("output-code-origin"), and the model's
-// own parameters beside that code ("output-parameters": a temperature read through exp()).
+// own parameters beside that code ("output-parameters": a temperature read through exp()); and
+// the loss code, from the last probed output, read once ("loss-code-first") and in a step whose
+// host loss went NaN/Inf ("loss-code").
 // The analyzer then tells a pin that stops at a matmul autocast keeps in fp16 from one that
 // keeps the gradient in FP32, and bounds such a temperature. Host tensors only.
 #pragma once
@@ -25,16 +27,17 @@ struct Node;
 
 namespace ampdiag::agent {
 
-// The operations that made `y`, down to `stops` (the step's probed outputs, a module's input)
-// and the parameters, in forward order, the kOwnNodes nearest `y`, with their numbers, as the
-// Python agent's nodes_under() and event "loss-code" write them ("Mul(20):float16,
-// Exp:float16"); empty where `y` is data or one of `stops`. Read before a backward frees what
-// the nodes saved.
-constexpr std::size_t kOwnNodes = 64;
 // A node named without holding it (holding a node holds its graph): its address and sequence
 // number, which a node later made at the same address does not share.
 using NodeMark = std::pair<const torch::autograd::Node*, std::uint64_t>;
 NodeMark mark_of(const at::Tensor& t);  // {nullptr, 0} for a tensor without grad_fn
+
+// The operations that made `y`, down to `stops` (the step's probed outputs, a module's input)
+// and the parameters, in forward order, the kOwnNodes nearest `y`, with their numbers, as the
+// Python agent's nodes_under() and event "loss-code" write them ("Mul(20):float16,
+// Exp:float16"); empty where `y` is data or one of `stops`. Read before a backward frees what
+// the nodes saved: events "input-code" and "module-code" (agent.cpp).
+constexpr std::size_t kOwnNodes = 64;
 std::string code_under(const at::Tensor& y, const std::vector<NodeMark>& stops);
 
 class CodeAfter {
