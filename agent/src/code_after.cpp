@@ -70,8 +70,8 @@ std::vector<Node*> path_nodes(Node* top, const Node* target, std::size_t limit) 
 }
 
 // "Mul(1e+06)" for a product by one number (a C++ Scalar, or a one-value host tensor), a
-// division by one, or a power with a number exponent, as the Python agent's op_name() writes
-// them: the analyzer needs the number to tell a loss factor or a temperature from a product of
+// division by one, a power with a number exponent, or nll_loss with its reduction, as the
+// Python agent's op_name() writes them: the analyzer needs the number to tell a loss factor or a temperature from a product of
 // tensors. Read before backward frees what the node saved; its name alone where it has none.
 std::string numbered_name(Node& node) {
   namespace generated = torch::autograd::generated;
@@ -86,6 +86,22 @@ std::string numbered_name(Node& node) {
     }
     return std::nullopt;
   };
+  // nll_loss is 0/0 only as a mean over a total target weight of 0 (every target ignore_index):
+  // "NllLoss(none)", "NllLoss(mean of 0)", as the Python agent's _nll_name().
+  const auto nll = [&](std::int64_t reduction, const torch::autograd::SavedVariable& total) {
+    static const char* const kReductions[] = {"none", "mean", "sum"};
+    if (reduction < 0 || reduction > 2) return name;
+    if (reduction != 1) return name + "(" + kReductions[reduction] + ")";
+    const std::optional<double> weight = one_value(total);
+    if (!weight) return name + "(mean)";
+    char text[48];
+    std::snprintf(text, sizeof text, "(mean of %g)", *weight);
+    return name + text;
+  };
+  if (const auto* loss = dynamic_cast<const generated::NllLossBackward0*>(&node))
+    return nll(loss->reduction, loss->total_weight_);
+  if (const auto* loss = dynamic_cast<const generated::NllLoss2DBackward0*>(&node))
+    return nll(loss->reduction, loss->total_weight_);
   if (const auto* mul = dynamic_cast<const generated::MulBackward1*>(&node)) number = mul->other.toDouble();
   else if (const auto* div = dynamic_cast<const generated::DivBackward1*>(&node)) number = div->other.toDouble();
   else if (const auto* pow = dynamic_cast<const generated::PowBackward0*>(&node)) number = pow->exponent.toDouble();

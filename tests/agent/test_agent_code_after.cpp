@@ -222,3 +222,44 @@ TEST_CASE("an exp() between two modules gets its argument bounded in FP32, in C+
                                                           "between a and b"));
   CHECK_THAT(f->suggestions[0].cpp, Catch::StartsWith("auto y = torch::exp(x.to(torch::kFloat).clamp_max(20));"));
 }
+
+namespace {
+
+// Cross-entropy of b's outputs over 32 classes, every target ignored (-100) where `all_ignored`:
+// a mean over no target, 0/0. Else valid targets, on b's outputs times 1e5 in fp16 (Inf logits).
+torch::Tensor cross_entropy_loss(const torch::Tensor& b, bool all_ignored) {
+  namespace F = torch::nn::functional;
+  if (all_ignored) return F::cross_entropy(b.to(torch::kFloat), torch::full({64}, -100, torch::kLong));
+  return F::cross_entropy((b * 1e5).to(torch::kFloat), torch::arange(64) % 32);
+}
+
+}  // namespace
+
+TEST_CASE("a cross-entropy over targets all ignored is read as a mean over a weight of 0, and gets its fix",
+          "[agent][code-after]") {
+  TempDir dir;
+  const std::string db =
+      run_code_after(dir, [](const torch::Tensor&, const torch::Tensor& b) { return cross_entropy_loss(b, true); });
+  const std::vector<std::string> code = event_details(db, "loss-code");
+  REQUIRE_FALSE(code.empty());
+  CHECK_THAT(code[0], Catch::EndsWith("NllLoss(mean of 0):float32"));
+  const auto report = rule_checks::report_of(db);
+  const analyzer::Finding* f = rule_checks::find(report, "forward-nonfinite");
+  REQUIRE(f != nullptr);
+  REQUIRE_FALSE(f->suggestions.empty());
+  CHECK_THAT(f->suggestions[0].summary, Catch::Contains("every target of the batch is ignore_index"));
+}
+
+TEST_CASE("a cross-entropy over real targets of logits overflowed in fp16 is not given the ignore_index fix",
+          "[agent][code-after]") {
+  TempDir dir;
+  const std::string db =
+      run_code_after(dir, [](const torch::Tensor&, const torch::Tensor& b) { return cross_entropy_loss(b, false); });
+  const std::vector<std::string> code = event_details(db, "loss-code");
+  REQUIRE_FALSE(code.empty());
+  CHECK_THAT(code[0], Catch::Contains("NllLoss(mean of 64):float32"));
+  const auto report = rule_checks::report_of(db);
+  const analyzer::Finding* f = rule_checks::find(report, "forward-nonfinite");
+  REQUIRE(f != nullptr);
+  for (const auto& s : f->suggestions) CHECK_THAT(s.summary, !Catch::Contains("ignore_index:"));
+}
