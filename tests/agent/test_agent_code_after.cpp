@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../analyzer/rule_checks.h"
@@ -233,33 +234,37 @@ torch::Tensor cross_entropy_loss(const torch::Tensor& b, bool all_ignored) {
   return F::cross_entropy((b * 1e5).to(torch::kFloat), torch::arange(64) % 32);
 }
 
+// The first "loss-code" of 24 steps whose loss is cross_entropy_loss(b, all_ignored), and the
+// summaries of its report's forward-nonfinite fixes.
+std::pair<std::string, std::vector<std::string>> cross_entropy_read(const TempDir& dir, bool all_ignored) {
+  const std::string db = run_code_after(
+      dir, [&](const torch::Tensor&, const torch::Tensor& b) { return cross_entropy_loss(b, all_ignored); });
+  const std::vector<std::string> code = event_details(db, "loss-code");
+  REQUIRE_FALSE(code.empty());
+  const auto report = rule_checks::report_of(db);
+  const analyzer::Finding* f = rule_checks::find(report, "forward-nonfinite");
+  REQUIRE(f != nullptr);
+  std::vector<std::string> fixes;
+  for (const auto& s : f->suggestions) fixes.push_back(s.summary);
+  return {code[0], fixes};
+}
+
 }  // namespace
 
 TEST_CASE("a cross-entropy over targets all ignored is read as a mean over a weight of 0, and gets its fix",
           "[agent][code-after]") {
   TempDir dir;
-  const std::string db =
-      run_code_after(dir, [](const torch::Tensor&, const torch::Tensor& b) { return cross_entropy_loss(b, true); });
-  const std::vector<std::string> code = event_details(db, "loss-code");
-  REQUIRE_FALSE(code.empty());
-  CHECK_THAT(code[0], Catch::EndsWith("NllLoss(mean of 0):float32"));
-  const auto report = rule_checks::report_of(db);
-  const analyzer::Finding* f = rule_checks::find(report, "forward-nonfinite");
-  REQUIRE(f != nullptr);
-  REQUIRE_FALSE(f->suggestions.empty());
-  CHECK_THAT(f->suggestions[0].summary, Catch::Contains("every target of the batch is ignore_index"));
+  const auto [code, fixes] = cross_entropy_read(dir, true);
+  CHECK_THAT(code, Catch::EndsWith("NllLoss(mean of 0):float32"));
+  REQUIRE_FALSE(fixes.empty());
+  CHECK_THAT(fixes[0], Catch::Contains("every target of the batch is ignore_index"));
 }
 
 TEST_CASE("a cross-entropy over real targets of logits overflowed in fp16 is not given the ignore_index fix",
           "[agent][code-after]") {
   TempDir dir;
-  const std::string db =
-      run_code_after(dir, [](const torch::Tensor&, const torch::Tensor& b) { return cross_entropy_loss(b, false); });
-  const std::vector<std::string> code = event_details(db, "loss-code");
-  REQUIRE_FALSE(code.empty());
-  CHECK_THAT(code[0], Catch::Contains("NllLoss(mean of 64):float32"));
-  const auto report = rule_checks::report_of(db);
-  const analyzer::Finding* f = rule_checks::find(report, "forward-nonfinite");
-  REQUIRE(f != nullptr);
-  for (const auto& s : f->suggestions) CHECK_THAT(s.summary, !Catch::Contains("ignore_index:"));
+  const auto [code, fixes] = cross_entropy_read(dir, false);
+  CHECK_THAT(code, Catch::Contains("NllLoss(mean of 64):float32"));
+  for (const auto& fix : fixes) CHECK_THAT(fix, !Catch::Contains("ignore_index:"));
 }
+
