@@ -258,7 +258,7 @@ std::optional<Suggestion> matmul_in_input_code(const Run& run, const std::string
                           : "Or compute the " + matmuls + " in FP32, autocast off around it and its operands cast to "
                             "float32, where what takes its product holds it.");
   if (!takes_half) {
-    const std::string device = suggest::device_type(run) == "cuda" ? "at::kCUDA" : "at::kCPU";
+    const std::string device = suggest::cpp_device_type(run);
     s.python = "with torch.autocast(device_type=\"" + suggest::device_type(run) + "\", enabled=False):\n"
                "    y = a.float() @ b.float()  # was the " + matmuls + " of a and b under autocast, in float16";
     s.cpp = "at::autocast::set_autocast_enabled(" + device + ", false);\n"

@@ -143,7 +143,7 @@ Finding loss_after_modules(const Run& run, std::int64_t known_losses) {
          "auto keep = torch::isfinite(y).all(-1);\nauto loss = loss_fn(out.index({keep}), y.index({keep}));", ""});
     if (half) {
       const std::string device = suggest::device_type(run);
-      const std::string at_device = device == "cuda" ? "at::kCUDA" : "at::kCPU";
+      const std::string at_device = suggest::cpp_device_type(run);
       f.suggestions.insert(
           f.suggestions.begin(),
           {what + (in.made_in.empty() ? " was " + in.dtype : " was made in " + made) +

@@ -19,6 +19,8 @@ std::string device_type(const Run& run) {
   return device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
 }
 
+std::string cpp_device_type(const Run& run) { return device_type(run) == "cuda" ? "at::kCUDA" : "at::kCPU"; }
+
 namespace {
 
 bool all_digits(const std::string& s) {
@@ -145,7 +147,7 @@ Suggestion use_bf16(const Run& run) {
   s.python = "with torch.autocast(device_type=\"" + device_type(run) + "\", dtype=torch.bfloat16):\n"
              "    loss = model(x)\n"
              "loss.backward()  # no GradScaler with bf16";
-  const std::string type = device_type(run) == "cuda" ? "at::kCUDA" : "at::kCPU";
+  const std::string type = cpp_device_type(run);
   s.cpp = "at::autocast::set_autocast_dtype(" + type + ", at::kBFloat16);\n"
           "at::autocast::set_autocast_enabled(" + type + ", true);";
   return s;
@@ -201,7 +203,7 @@ Suggestion fp32_master_weights(const Run& run) {
   s.summary = "Keep FP32 master weights: leave the parameters in float32 and run the forward under autocast; "
               "the optimizer then adds each update to an FP32 weight, where it does not round away "
               "(torch.amp does this by default).";
-  const std::string type = device == "cuda" ? "at::kCUDA" : "at::kCPU";
+  const std::string type = cpp_device_type(run);
   if (!run.fp16()) {
     // The run's own dtype: bfloat16 keeps fp32's range and needs no scaler.
     s.python = "model = model.float()  # before building the optimizer\n"
@@ -227,7 +229,7 @@ Suggestion fp32_master_weights(const Run& run) {
 Suggestion fp32_model_code(const Run& run, const std::string& after, const std::string& ops, const std::string& code,
                            const std::string& where) {
   const std::string device = device_type(run);
-  const std::string type = device == "cuda" ? "at::kCUDA" : "at::kCPU";
+  const std::string type = cpp_device_type(run);
   Suggestion s;
   s.summary = "Run " + code + " " + after + (ops.empty() ? "" : " (" + ops + ")") +
               " in FP32: autocast off around it, its inputs cast to float32. Or move that code into a module, "

@@ -13,6 +13,8 @@ namespace ampdiag::analyzer::suggest {
 std::string python_attribute(const std::string& module_path);
 // The run's autocast device_type: "cuda" or "cpu".
 std::string device_type(const Run& run);
+// The same device as LibTorch's C++ snippets name it: "at::kCUDA" or "at::kCPU".
+std::string cpp_device_type(const Run& run);
 // Whether the Python agent wrote the run (its fixes are Python; the C++ agent's, LibTorch).
 bool python_agent(const Run& run);
 
