@@ -71,8 +71,9 @@ std::vector<Node*> path_nodes(Node* top, const Node* target, std::size_t limit) 
 
 // "Mul(1e+06)" for a product by one number (a C++ Scalar, or a one-value host tensor), a
 // division by one, a power with a number exponent, or nll_loss with its reduction, as the
-// Python agent's op_name() writes them: the analyzer needs the number to tell a loss factor or a temperature from a product of
-// tensors. Read before backward frees what the node saved; its name alone where it has none.
+// Python agent's op_name() writes them: the analyzer needs the number to tell a loss factor
+// or a temperature from a product of tensors. Read before backward frees what the node saved;
+// its name alone where it has none.
 std::string numbered_name(Node& node) {
   namespace generated = torch::autograd::generated;
   const std::string name = op_name(node);
